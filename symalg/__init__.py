@@ -1,0 +1,39 @@
+"""symalg: parameter-space symmetries of neural networks, derived symbolically and checked numerically.
+
+Pipeline (each stage usable on its own)::
+
+    front end ──► Architecture ──► infer_sites ──► derive ──► lower ──► verify
+    (parse, from_torch) (networkx)  (catalogue)     (SymPy)    (torch)   (report)
+
+Example
+-------
+>>> import symalg
+>>> analysis = symalg.derive(symalg.parse("linear(n, h) -> relu -> linear(h, m)"))
+>>> [s.group.name for s in analysis.symmetries]
+['PositiveScaling(h, alpha=1)', 'S(h)']
+>>> analysis.orbit_dimension()
+h
+>>> symalg.verify(analysis.subs({"n": 3, "h": 5, "m": 2})).passed
+True
+"""
+from . import catalogue, groups, nn
+from .catalogue import CATALOGUE, CatalogueEntry, overlay, register
+from .derive import Analysis, Symmetry, derive, parameter_symbols
+from .frontend import Spec, from_torch, parse, to_module, to_spec_string
+from .graph import Architecture, SpecError, validate
+from .inference import Blocked, Site, infer_sites
+from .lowering import LoweredFunction, lower
+from .numeric import network_function, random_data, random_params
+
+__all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry", "LoweredFunction", "Site", "Spec",
+           "SpecError", "Symmetry", "catalogue", "derive", "from_torch", "groups", "infer_sites", "lower",
+           "network_function", "nn", "overlay", "parameter_symbols", "parse", "random_data", "random_params",
+           "register", "to_module", "to_spec_string", "validate", "verify"]
+__version__ = "0.1.0"
+
+
+def verify(analysis, params=None, data=None, **options):
+    """Numerically verify every symmetry of ``analysis``; see :func:`symalg.verify.verify`."""
+    from .verification import verify as _verify
+
+    return _verify(analysis, params=params, data=data, **options)

@@ -1,0 +1,129 @@
+"""Conserved quantities of gradient flow, ``Q_M(θ) = ⟨θ, M·θ⟩``, and angular-momentum relations.
+
+For a site with producer ``(W_in, b_in)`` and consumer ``W_out`` and Lie-algebra element ``M``
+(``dπ(M) = α M``), the infinitesimal action ``M·θ = (M W_in, M b_in, −α W_out M)`` is a
+self-adjoint linear map of θ when ``M`` is symmetric, and ``⟨∇L, M·θ⟩ = 0`` by invariance. Hence
+
+    d/dt Q_M = 2 ⟨θ̇, M·θ⟩ = −2 ⟨∇L, M·θ⟩ = 0,     Q_M = tr(M C),
+    C = W_in W_inᵀ + b_in b_inᵀ − α W_outᵀ W_out                     (layer imbalance)
+
+(only the diagonal of ``C`` for positive scaling: ``q_j = ‖W_in[j]‖² + b_in[j]² − α‖W_out[:, j]‖²``).
+Under gradient descent ``θ' = θ − η g`` the same algebra gives the exact drift
+``Q_M(θ') − Q_M(θ) = η² Q_M(g)`` (``C`` evaluated at the gradient).
+
+For antisymmetric ``M`` (``O(h)``), ``Q_M ≡ 0``; the invariance gives instead the angular-momentum
+relation ``J(θ, θ̇) = X − Xᵀ = 0`` along gradient flow, ``X = W_in Ẇ_inᵀ + b_in ḃ_inᵀ − Ẇ_outᵀ W_out``
+(``⟨θ̇, A·θ⟩ = tr(A X)`` for every antisymmetric ``A``). Under heavy-ball dynamics
+``θ̈ + γ θ̇ = −∇L`` the same ``⟨θ̇, A·θ⟩`` decays as ``e^{−γt}`` and is conserved when ``γ = 0``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import sympy as sp
+
+from .lowering import LoweredFunction, lower
+
+__all__ = ["ConservedQuantity", "AngularMomentum"]
+
+
+def _reads(symbols: dict) -> dict:
+    return {symbol: name for name, symbol in symbols.items()}
+
+
+def _biases(symbols: dict) -> list:
+    """The symbols of bias parameters (read from torch vectors)."""
+    return [symbol for name, symbol in symbols.items() if name.endswith(".bias")]
+
+
+@dataclass(frozen=True, eq=False)
+class ConservedQuantity:
+    """The conserved quantities of one symmetry, all at once.
+
+    ``expr`` is the matrix ``C`` (``h × h``, for ``GL``) or the vector ``q`` (``h × 1``, for positive
+    scaling) whose entries are conserved; ``q_expr`` is ``Q_M = tr(M C)`` (resp. ``mᵀ q``) for a
+    symmetric algebra element ``M``; ``count`` is the number of independent ``M`` (the dimension of the
+    symmetric part of the algebra). ``symbols`` maps parameter names to their symbols.
+    """
+
+    symmetry: "object"
+    expr: sp.MatrixExpr
+    generator: sp.MatrixSymbol
+    symbols: dict
+
+    @property
+    def name(self) -> str:
+        return ("C" if self.expr.shape[1] != 1 else "q") + f"_{self.symmetry.site.index}"
+
+    @property
+    def q_expr(self) -> sp.Expr:
+        if self.expr.shape[1] == 1:
+            return (self.generator.T * self.expr)[0, 0]
+        return sp.Trace(self.generator * self.expr)
+
+    @property
+    def count(self) -> sp.Expr:
+        return self.symmetry.group.n_symmetric
+
+    def at(self, substitutions: dict) -> sp.MatrixExpr:
+        """``expr`` with parameter symbols replaced by other matrix expressions (e.g. gradients)."""
+        return self.expr.xreplace(substitutions)
+
+    def latex(self) -> str:
+        site = self.symmetry.site
+        head = rf"Q_{{M}} = {sp.latex(self.q_expr)}" if self.expr.shape[1] != 1 else rf"Q_{{m}} = m^{{T}} q_{{{site.index}}}"
+        return rf"{head},\quad {sp.latex(sp.Symbol(self.name))} = {sp.latex(self.expr)}"
+
+    def __str__(self):
+        return f"{self.name} = {sp.sstr(self.expr)}   ({self.count} independent; Q_M = <M, {self.name}>)"
+
+    def _repr_latex_(self):
+        return f"${self.latex()}$"
+
+    @cached_property
+    def lowered(self) -> LoweredFunction:
+        """``params ↦ C`` (or ``q`` as a vector) as a torch callable."""
+        return lower(self.name, {"value": self.expr}, _reads(self.symbols),
+                     vector_outputs=("value",) if self.expr.shape[1] == 1 else (), vector_inputs=_biases(self.symbols))
+
+    def __call__(self, params):
+        return self.lowered(params)["value"]
+
+
+@dataclass(frozen=True, eq=False)
+class AngularMomentum:
+    """The relation ``J(θ, θ̇) = X − Xᵀ = 0`` replacing the vacuous ``Q`` of antisymmetric generators.
+
+    ``velocities`` maps each parameter name to the symbol of its velocity ``θ̇``.
+    """
+
+    symmetry: "object"
+    expr: sp.MatrixExpr
+    symbols: dict
+    velocities: dict
+
+    @property
+    def name(self) -> str:
+        return f"J_{self.symmetry.site.index}"
+
+    def latex(self) -> str:
+        return rf"{sp.latex(sp.Symbol(self.name))} = {sp.latex(self.expr)} = 0 \ \text{{along gradient flow}}"
+
+    def __str__(self):
+        return f"{self.name} = {sp.sstr(self.expr)} = 0 along gradient flow (angular momentum)"
+
+    def _repr_latex_(self):
+        return f"${self.latex()}$"
+
+    @cached_property
+    def lowered(self) -> LoweredFunction:
+        """``(params, velocity) ↦ J``: ``velocity`` is a dict name → tensor like ``params``."""
+        reads = {**_reads(self.symbols), **{v: f"__velocity__{k}" for k, v in self.velocities.items()}}
+        vectors = _biases(self.symbols) + _biases(self.velocities)
+        return lower(self.name, {"value": self.expr}, reads, vector_inputs=vectors)
+
+    def __call__(self, params, velocity):
+        merged = dict(params)
+        merged.update({f"__velocity__{k}": v for k, v in velocity.items()})
+        return self.lowered(merged)["value"]

@@ -1,0 +1,208 @@
+"""The architecture graph: one validated ``networkx.DiGraph`` schema shared by every front end.
+
+Schema
+------
+Nodes are strings. ``"input"`` and ``"output"`` are the two boundary nodes; every other node is a
+layer named like the module of the equivalent ``torch.nn.Sequential`` (``"0"``, ``"1"``, ...).
+Every node carries ``kind`` and ``op``:
+
+========== ============ ========================================================================
+kind       op           further attributes
+========== ============ ========================================================================
+input      ``input``    ``features``: width of the data
+linear     ``linear``   ``in_features``, ``out_features``, ``weight`` (parameter name),
+                        ``bias`` (parameter name or ``None``)
+activation canonical    ``params``: hyper-parameters (e.g. ``{"slope": 0.01}``), ``module``:
+           name         the torch module for ops the catalogue does not know (else ``None``)
+output     ``output``   ``features``: width of the network output
+========== ============ ========================================================================
+
+Edges carry ``features`` (the width of the feature axis flowing along them) and ``axis`` (its name:
+``x`` for the input, ``h1, h2, ...`` for hidden sites, ``y`` for the output). Widths are positive
+``int``\\ s or positive-integer SymPy symbols. Layers follow torch's ``nn.Linear`` layout,
+``y = W x + b`` with ``W`` of shape ``(out_features, in_features)``.
+
+Example
+-------
+>>> import symalg
+>>> arch = symalg.parse("linear(n, h) -> relu -> linear(h, m)")
+>>> [arch.graph.nodes[v]["op"] for v in arch.layer_names]
+['linear', 'relu', 'linear']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import networkx as nx
+import sympy as sp
+
+__all__ = ["Architecture", "SpecError", "Width", "as_width", "validate"]
+
+Width = int | sp.Symbol
+
+
+class SpecError(ValueError):
+    """An architecture is malformed; the message names the offending layer or argument."""
+
+
+def as_width(value, where: str) -> Width:
+    """Return ``value`` as a width (positive int or positive-integer symbol), or raise naming ``where``.
+
+    >>> as_width("h", "layer 0"), as_width(3, "layer 0")
+    (h, 3)
+    """
+    if isinstance(value, bool):
+        raise SpecError(f"{where}: width {value!r} is not an integer or a symbol")
+    if isinstance(value, str):
+        if not value.isidentifier():
+            raise SpecError(f"{where}: width {value!r} is not a valid symbol name")
+        return sp.Symbol(value, integer=True, positive=True)
+    if isinstance(value, sp.Symbol):
+        if value.is_positive is not True or value.is_integer is not True:
+            return sp.Symbol(value.name, integer=True, positive=True)
+        return value
+    if isinstance(value, (int, sp.Integer)) or (hasattr(value, "__index__") and not isinstance(value, float)):
+        value = int(value)
+        if value <= 0:
+            raise SpecError(f"{where}: width {value} must be positive")
+        return value
+    raise SpecError(f"{where}: width {value!r} is not an integer or a symbol")
+
+
+def _same_width(a: Width, b: Width) -> bool:
+    return sp.simplify(sp.sympify(a) - sp.sympify(b)) == 0
+
+
+def validate(graph: nx.DiGraph) -> None:
+    """Check ``graph`` against the schema; raise :class:`SpecError` naming the offending node.
+
+    Feed-forward networks are a single path ``input -> layer -> ... -> output`` containing at
+    least one linear layer; widths must agree along every edge.
+    """
+    if not isinstance(graph, nx.DiGraph):
+        raise SpecError(f"expected a networkx.DiGraph, got {type(graph).__name__}")
+    for required in ("input", "output"):
+        if required not in graph:
+            raise SpecError(f"graph has no {required!r} node")
+    if not nx.is_directed_acyclic_graph(graph):
+        cycle = nx.find_cycle(graph)
+        raise SpecError(f"layer {cycle[0][0]}: the graph has a cycle through {[u for u, _ in cycle]}")
+    for node, data in graph.nodes(data=True):
+        kind = data.get("kind")
+        if kind not in ("input", "linear", "activation", "output"):
+            raise SpecError(f"layer {node}: unknown node kind {kind!r}")
+        if kind != "input" and graph.in_degree(node) != 1:
+            raise SpecError(f"layer {node}: expected one incoming edge, found {graph.in_degree(node)}")
+        if kind != "output" and graph.out_degree(node) != 1:
+            raise SpecError(f"layer {node}: expected one outgoing edge, found {graph.out_degree(node)}")
+    order = list(nx.topological_sort(graph))
+    if order[0] != "input" or order[-1] != "output":
+        raise SpecError("the graph must run from 'input' to 'output'")
+    if not any(graph.nodes[v]["kind"] == "linear" for v in order):
+        raise SpecError("the network is empty: it has no linear layer")
+    for u, v, data in graph.edges(data=True):
+        width = as_width(data.get("features"), f"edge {u}->{v}")
+        target = graph.nodes[v]
+        if target["kind"] == "linear" and not _same_width(target["in_features"], width):
+            raise SpecError(
+                f"layer {v} (linear): in_features={target['in_features']} but the previous "
+                f"layer {u} produces {width} features")
+        source = graph.nodes[u]
+        produced = source.get("out_features", source.get("features", width))
+        if not _same_width(produced, width):
+            raise SpecError(f"layer {u}: produces {produced} features but its edge says {width}")
+    for node, data in graph.nodes(data=True):
+        if data["kind"] == "linear":
+            as_width(data["in_features"], f"layer {node} (linear) in_features")
+            as_width(data["out_features"], f"layer {node} (linear) out_features")
+            if not data.get("weight"):
+                raise SpecError(f"layer {node} (linear): no weight parameter name")
+
+
+@dataclass(frozen=True, eq=False)
+class Architecture:
+    """A validated feed-forward architecture: the graph plus convenient read-only views.
+
+    Build one with :func:`symalg.parse`, :class:`symalg.Spec` or :func:`symalg.from_torch`.
+    """
+
+    graph: nx.DiGraph
+
+    def __post_init__(self):
+        validate(self.graph)
+
+    @property
+    def layer_names(self) -> list[str]:
+        """Layer nodes in data-flow order (boundary nodes excluded)."""
+        return [v for v in nx.topological_sort(self.graph) if v not in ("input", "output")]
+
+    def node(self, name: str) -> Mapping:
+        return self.graph.nodes[name]
+
+    @property
+    def linear_layers(self) -> list[str]:
+        return [v for v in self.layer_names if self.graph.nodes[v]["kind"] == "linear"]
+
+    @property
+    def widths(self) -> set[sp.Symbol]:
+        """The symbolic widths (empty when every width is concrete)."""
+        symbols = set()
+        for v in self.linear_layers:
+            node = self.graph.nodes[v]
+            symbols |= sp.sympify(node["in_features"]).free_symbols | sp.sympify(node["out_features"]).free_symbols
+        return symbols
+
+    @property
+    def parameter_shapes(self) -> dict[str, tuple]:
+        """``{parameter name: shape}`` in torch layout (weights ``(out, in)``, biases ``(out,)``)."""
+        shapes = {}
+        for v in self.linear_layers:
+            node = self.graph.nodes[v]
+            shapes[node["weight"]] = (node["out_features"], node["in_features"])
+            if node["bias"]:
+                shapes[node["bias"]] = (node["out_features"],)
+        return shapes
+
+    def subs(self, widths: Mapping) -> "Architecture":
+        """A copy with symbolic widths replaced, e.g. ``arch.subs({"h": 8})``; names may be str."""
+        by_name = {str(k): v for k, v in widths.items()}
+        unknown = set(by_name) - {s.name for s in self.widths}
+        if unknown:
+            raise SpecError(f"subs: no width named {sorted(unknown)} (widths are {sorted(s.name for s in self.widths)})")
+
+        def concrete(w):
+            expr = sp.sympify(w).subs({s: by_name[s.name] for s in sp.sympify(w).free_symbols if s.name in by_name})
+            return as_width(int(expr) if expr.is_Integer else expr, "subs")
+
+        graph = self.graph.copy()
+        for v, data in graph.nodes(data=True):
+            for key in ("in_features", "out_features", "features"):
+                if key in data:
+                    data[key] = concrete(data[key])
+        for _, _, data in graph.edges(data=True):
+            data["features"] = concrete(data["features"])
+        return Architecture(graph)
+
+    def widths_from_params(self, params: Mapping) -> dict[sp.Symbol, int]:
+        """Read the symbolic widths off concrete parameter tensors; raise on missing or mismatched ones."""
+        found: dict[sp.Symbol, int] = {}
+        for name, shape in self.parameter_shapes.items():
+            if name not in params:
+                raise SpecError(f"parameter {name!r} is missing (expected names: {sorted(self.parameter_shapes)})")
+            actual = tuple(params[name].shape)
+            if len(actual) != len(shape):
+                raise SpecError(f"parameter {name!r}: expected {len(shape)} dimensions, got shape {actual}")
+            for expected, size in zip(shape, actual):
+                expected = sp.sympify(expected)
+                if expected.is_Symbol:
+                    if found.setdefault(expected, size) != size:
+                        raise SpecError(f"parameter {name!r}: width {expected} is {size} here but {found[expected]} elsewhere")
+                elif int(expected) != size:
+                    raise SpecError(f"parameter {name!r}: expected shape {shape}, got {actual}")
+        return found
+
+    def __repr__(self) -> str:
+        from .frontend import to_spec_string
+
+        return f"Architecture({to_spec_string(self)!r})"

@@ -1,0 +1,63 @@
+"""Torch modules for catalogue activations that ``torch.nn`` lacks (radial, ``max(z, 0)^α``, ...).
+
+``Activation(op, **params)`` evaluates the catalogue entry's SymPy function lowered to torch, so the
+module computes exactly the function the analysis reasons about.
+
+>>> import torch, symalg
+>>> act = symalg.nn.Activation("radial")
+>>> act(torch.tensor([[3.0, 4.0]]))
+tensor([[0.5883, 0.7845]])
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Mapping
+
+import sympy as sp
+import torch
+
+from .catalogue import CATALOGUE
+
+__all__ = ["Activation", "activation_function"]
+
+
+@lru_cache(maxsize=None)
+def _compiled(entry, params: tuple):
+    from .lowering import torch_source
+
+    if entry.radial:
+        r = sp.Symbol("_norm", positive=True)
+        body = f"z * ({torch_source(entry.expression(r, **dict(params)))})"
+        prologue = "    _norm = torch.linalg.vector_norm(z, dim=-1, keepdim=True)\n"
+    else:
+        z = sp.Symbol("z", real=True)
+        body, prologue = torch_source(entry.expression(z, **dict(params))), ""
+    source = f"def {entry.name}(z):\n{prologue}    return {body}"
+    namespace = {"torch": torch}
+    exec(compile(source, f"<symalg.activation.{entry.name}>", "exec"), namespace)
+    return namespace[entry.name], source
+
+
+def activation_function(op: str, params: Mapping | None = None, catalogue: Mapping = CATALOGUE):
+    """The torch function of catalogue entry ``op`` (acting on the last axis), and its source."""
+    if op not in catalogue:
+        raise KeyError(f"activation {op!r} is not in the catalogue ({sorted(catalogue)})")
+    entry = catalogue[op]
+    items = tuple(sorted((k, sp.nsimplify(v)) for k, v in entry.resolve(dict(params or {})).items()))
+    return _compiled(entry, items)
+
+
+class Activation(torch.nn.Module):
+    """An activation from the catalogue as a module: ``Activation("leaky_relu", slope=0.2)``."""
+
+    def __init__(self, op: str, **params):
+        super().__init__()
+        self.op = op
+        self.params = dict(CATALOGUE[op].resolve(params)) if op in CATALOGUE else dict(params)
+        self._fn, self.source = activation_function(op, self.params)
+
+    def forward(self, z):
+        return self._fn(z)
+
+    def extra_repr(self):
+        return ", ".join([repr(self.op)] + [f"{k}={v}" for k, v in self.params.items()])
