@@ -16,7 +16,7 @@ h
 >>> symalg.verify(analysis.subs({"n": 3, "h": 5, "m": 2})).passed
 True
 """
-from . import catalogue, groups, nn
+from . import catalogue, groups, nn, report
 from .catalogue import CATALOGUE, CatalogueEntry, overlay, register
 from .derive import Analysis, Symmetry, derive, parameter_symbols
 from .frontend import Spec, from_torch, parse, to_module, to_spec_string

@@ -23,6 +23,7 @@ from functools import cached_property
 
 import sympy as sp
 
+from .printing import latex, sstr
 from .lowering import LoweredFunction, lower
 
 __all__ = ["ConservedQuantity", "AngularMomentum"]
@@ -72,11 +73,11 @@ class ConservedQuantity:
 
     def latex(self) -> str:
         site = self.symmetry.site
-        head = rf"Q_{{M}} = {sp.latex(self.q_expr)}" if self.expr.shape[1] != 1 else rf"Q_{{m}} = m^{{T}} q_{{{site.index}}}"
-        return rf"{head},\quad {sp.latex(sp.Symbol(self.name))} = {sp.latex(self.expr)}"
+        head = rf"Q_{{M}} = {latex(self.q_expr)}" if self.expr.shape[1] != 1 else rf"Q_{{m}} = m^{{T}} q_{{{site.index}}}"
+        return rf"{head},\quad {latex(sp.Symbol(self.name))} = {latex(self.expr)}"
 
     def __str__(self):
-        return f"{self.name} = {sp.sstr(self.expr)}   ({self.count} independent; Q_M = <M, {self.name}>)"
+        return f"{self.name} = {sstr(self.expr)}   ({self.count} independent; Q_M = <M, {self.name}>)"
 
     def _repr_latex_(self):
         return f"${self.latex()}$"
@@ -108,10 +109,10 @@ class AngularMomentum:
         return f"J_{self.symmetry.site.index}"
 
     def latex(self) -> str:
-        return rf"{sp.latex(sp.Symbol(self.name))} = {sp.latex(self.expr)} = 0 \ \text{{along gradient flow}}"
+        return rf"{latex(sp.Symbol(self.name))} = {latex(self.expr)} = 0 \ \text{{along gradient flow}}"
 
     def __str__(self):
-        return f"{self.name} = {sp.sstr(self.expr)} = 0 along gradient flow (angular momentum)"
+        return f"{self.name} = {sstr(self.expr)} = 0 along gradient flow (angular momentum)"
 
     def _repr_latex_(self):
         return f"${self.latex()}$"

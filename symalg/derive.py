@@ -27,6 +27,7 @@ from .conserved import AngularMomentum, ConservedQuantity
 from .graph import Architecture
 from .groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
 from .inference import Blocked, Site, infer_sites
+from .printing import latex, sstr
 from .lowering import LoweredFunction, lower
 
 __all__ = ["derive", "Analysis", "Symmetry", "SymbolicCheck", "parameter_symbols"]
@@ -165,7 +166,7 @@ class Symmetry:
         return self.group.generators()
 
     def discrete_generators(self) -> list[sp.ImmutableMatrix]:
-        return [sp.ImmutableMatrix(g.tolist()) for g in self.group.discrete_generators()]
+        return [sp.ImmutableMatrix(g.to(torch.int64).tolist()) for g in self.group.discrete_generators()]
 
     @cached_property
     def conserved(self) -> ConservedQuantity | AngularMomentum | None:
@@ -177,7 +178,7 @@ class Symmetry:
         b_in = syms[roles["b_in"]] if roles["b_in"] else None
         alpha = sp.sympify(self.group.alpha)
         if isinstance(self.group, Orthogonal):
-            velocities = {name: sp.MatrixSymbol(rf"\dot{{{s.name}}}", *s.shape) for name, s in syms.items()}
+            velocities = {name: sp.MatrixSymbol(_dotted(s.name), *s.shape) for name, s in syms.items()}
             x = w_in * velocities[roles["W_in"]].T - velocities[roles["W_out"]].T * w_out
             if b_in is not None:
                 x = x + b_in * velocities[roles["b_in"]].T
@@ -233,17 +234,23 @@ class Symmetry:
     def latex(self) -> str:
         lines = [rf"\text{{site }} {self.site.name}\ ({self.site.op}):\ {self.group.latex()}"]
         for name, expr in self.action.items():
-            lines.append(rf"{sp.latex(self.symbols[name])} \mapsto {sp.latex(expr)}")
+            lines.append(rf"{latex(self.symbols[name])} \mapsto {latex(expr)}")
         for name, expr in self.infinitesimal.items():
-            lines.append(rf"\delta {sp.latex(self.symbols[name])} = {sp.latex(expr)}")
+            lines.append(rf"\delta {latex(self.symbols[name])} = {latex(expr)}")
         return r" \\ ".join(lines)
 
     def __str__(self):
-        action = "; ".join(f"{self.symbols[n]} -> {sp.sstr(e)}" for n, e in self.action.items())
+        action = "; ".join(f"{self.symbols[n]} -> {sstr(e)}" for n, e in self.action.items())
         return f"{self.label} (dim {self.group.dim}): {action}"
 
     def _repr_latex_(self):
         return f"$\\begin{{gathered}}{self.latex()}\\end{{gathered}}$"
+
+
+def _dotted(name: str) -> str:
+    """The velocity's symbol name: ``W_1`` → ``\\dot{W}_{1}``."""
+    base, _, index = name.partition("_")
+    return rf"\dot{{{base}}}_{{{index}}}"
 
 
 def _reads(symbols: Mapping[str, sp.MatrixSymbol]) -> dict:
@@ -281,12 +288,17 @@ def _symmetry(arch: Architecture, site: Site, group: SiteGroup, symbols: dict, e
         if roles["b_in"]:
             infinitesimal[roles["b_in"]] = M_op * role_symbol["b_in"]
     params = tuple(sorted(site.params.items()))
-    return Symmetry(site, group, touched, g, action, M, infinitesimal, _checks(entry, group, params), roles)
+    checks = _checks(entry, dataclasses.replace(group, width=_GENERIC_WIDTH), params)
+    return Symmetry(site, group, touched, g, action, M, infinitesimal, checks, roles)
+
+
+_GENERIC_WIDTH = sp.Symbol("h", integer=True, positive=True)
 
 
 @lru_cache(maxsize=None)
 def _checks(entry: CatalogueEntry, group: SiteGroup, params: tuple) -> tuple[SymbolicCheck, ...]:
-    """The symbolic checks of one (activation, group) pair; they do not depend on the widths."""
+    """The symbolic checks of one (activation, group) pair, at a symbolic width (cached: they do not
+    depend on the width)."""
     params = dict(params)
     return (_identity_check(entry, group, params), _invariance_check(group),
             _infinitesimal_check(entry, group, params))
@@ -296,8 +308,7 @@ def _invariance_check(group: SiteGroup) -> SymbolicCheck:
     """Prove that, given the declared identity, the site's contribution to the next layer is unchanged,
     ``W_out' (π(g) s + τ(g)) + b_out' = W_out s + b_out`` for the activation output ``s``: first for
     symbolic widths, else with width-2 matrices of symbols."""
-    h, q = sp.symbols("h q", integer=True, positive=True)
-    group = dataclasses.replace(group, width=h)
+    h, q = group.width, sp.Symbol("q", integer=True, positive=True)
     g = group.element_symbol("g")
     s, w_out, b_out = sp.MatrixSymbol("s", h, 1), sp.MatrixSymbol("U", q, h), sp.MatrixSymbol("c", q, 1)
     action = _site_action(group, g, None, None, w_out, b_out)

@@ -84,7 +84,7 @@ class SiteGroup:
 
     def generators(self) -> list[sp.ImmutableMatrix]:
         """The Lie-algebra basis as SymPy matrices (concrete, small widths), for display."""
-        return [self._to_matrix(sp.ImmutableMatrix(b.tolist())) for b in self.algebra_basis()]
+        return [self._to_matrix(sp.ImmutableMatrix(b.to(torch.int64).tolist())) for b in self.algebra_basis()]
 
     def symmetric_basis(self, dtype=torch.float64, device="cpu") -> torch.Tensor:
         """Basis of the symmetric elements of the Lie algebra (those with a conserved ``Q_M``)."""

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
+import re
+
 import numpy as np
 import sympy as sp
 import torch
@@ -30,8 +32,18 @@ from sympy.printing.pytorch import TorchPrinter
 __all__ = ["SymalgTorchPrinter", "LoweredFunction", "lower", "torch_source", "evaluate_symbolic"]
 
 
+def identifier(name: str) -> str:
+    """A Python identifier for a symbol name (``\\dot{W}_{1}`` → ``dot_W_1``)."""
+    cleaned = re.sub(r"\W+", "_", name.replace("\\", "")).strip("_")
+    return cleaned if cleaned.isidentifier() else f"_{cleaned}"
+
+
 class SymalgTorchPrinter(TorchPrinter):
     """SymPy's torch printer with fixes for batching, devices and a few wrong translations."""
+
+    def _print_MatrixSymbol(self, expr):
+        # Symbol names may be LaTeX (velocities are \dot{W}_{1}); print them as Python identifiers.
+        return identifier(expr.name)
 
     def _print_Max(self, expr):
         # SymPy maps Max to torch.max, which for (tensor, 0) reduces over dim 0 and returns
@@ -158,24 +170,24 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     """
     outputs = dict(expr) if isinstance(expr, Mapping) else None
     exprs = list(outputs.values()) if outputs is not None else [expr]
-    lines = [f"def {name}(params{''.join(', ' + str(a) for a in args)}):"]
+    lines = [f"def {name}(params{''.join(', ' + identifier(a.name) for a in args)}):"]
     bound: dict[sp.Symbol, str] = {}
     reference = None
     vector_inputs = set(vector_inputs)
     for symbol, param_name in params.items():
         suffix = ".unsqueeze(-1)" if symbol in vector_inputs else ""
-        lines.append(f"    {symbol.name} = params[{param_name!r}]{suffix}")
-        reference = reference or symbol.name
+        lines.append(f"    {identifier(symbol.name)} = params[{param_name!r}]{suffix}")
+        reference = reference or identifier(symbol.name)
     for symbol in args:
         if symbol in vector_inputs:
-            lines.append(f"    {symbol.name} = {symbol.name}.unsqueeze(-1)")
-        reference = reference or symbol.name
+            lines.append(f"    {identifier(symbol.name)} = {identifier(symbol.name)}.unsqueeze(-1)")
+        reference = reference or identifier(symbol.name)
     for symbol in list(params) + list(args):
         for axis, size in enumerate(symbol.shape):
             size = sp.sympify(size)
             if size.is_Symbol and size not in bound:
-                bound[size] = symbol.name
-                lines.append(f"    {size} = {symbol.name}.shape[{axis - 2}]")
+                bound[size] = identifier(symbol.name)
+                lines.append(f"    {size} = {bound[size]}.shape[{axis - 2}]")
     free = set().union(*(e.free_symbols for e in exprs)) - set(params) - set(args) - set(bound)
     free = {s for s in free if not isinstance(s, sp.MatrixSymbol) or s not in params}
     stray = sorted(str(s) for s in free if isinstance(s, sp.MatrixSymbol))
@@ -194,7 +206,7 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     source = "\n".join(lines)
     namespace = {"torch": torch}
     exec(compile(source, f"<symalg.lowered.{name}>", "exec"), namespace)
-    return LoweredFunction(name, source, tuple(str(a) for a in args), namespace[name])
+    return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), namespace[name])
 
 
 def evaluate_symbolic(expr: sp.Basic, values: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -1,0 +1,263 @@
+"""Numerical verification of an :class:`~symalg.derive.Analysis`, returning a report (never asserting).
+
+Checks, each reported per symmetry with its maximum relative error and the tolerance of the dtype:
+
+``invariance``
+    output and loss unchanged under group elements near (``exp(10⁻³ M)``) and far (``exp(M)``,
+    ``‖M‖ = 1``) from the identity, under every discrete generator, and (for ``GL``/``O``) under an
+    element of the other component.
+``gradient_orthogonality``
+    ``⟨∇L, M·θ⟩ = 0`` for every Lie-algebra basis generator, relative to ``‖∇L‖ ‖M·θ‖``.
+``gd_drift``
+    one gradient-descent step ``θ' = θ − η ∇L`` changes ``C`` by exactly ``η² C(∇L)``.
+``gradient_flow``
+    ``C`` stays constant along gradient flow (RK4, small steps); for ``O(h)`` the angular momentum
+    ``J(θ, −∇L)`` vanishes instead.
+``orbit_dimension``
+    the formula at the model's widths equals the numeric rank at θ.
+``lowering``
+    lowered callables agree with SymPy's exact evaluation (small models only).
+
+>>> import symalg
+>>> report = symalg.verify(symalg.derive("linear(3, 4) -> tanh -> linear(4, 2)"))
+>>> report.passed, sorted({c.check for c in report.checks})
+(True, ['gradient_flow', 'gradient_orthogonality', 'invariance', 'lowering', 'orbit_dimension'])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from .conserved import AngularMomentum, ConservedQuantity
+from .graph import SpecError
+from .groups import GeneralLinear, Orthogonal
+from .lowering import evaluate_symbolic
+from .numeric import mse_loss, network_function, random_data, random_params
+
+__all__ = ["verify", "CheckResult", "VerificationReport", "TOLERANCES"]
+
+TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
+"""Relative tolerance of every check, keyed by dtype."""
+
+_SYMBOLIC_LIMIT = 400  # parameters above which the exact SymPy comparison is skipped
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check on one symmetry (or on the whole analysis, ``symmetry='*'``)."""
+
+    check: str
+    symmetry: str
+    max_error: float
+    tolerance: float
+    detail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.max_error <= self.tolerance
+
+    def __str__(self):
+        verdict = "pass" if self.passed else "FAIL"
+        return f"{verdict:4}  {self.check:22} {self.symmetry:34} err={self.max_error:.2e} tol={self.tolerance:.0e}  {self.detail}"
+
+
+@dataclass(frozen=True)
+class VerificationReport:
+    """All check results; ``passed`` when every check passed."""
+
+    checks: tuple[CheckResult, ...]
+    dtype: torch.dtype
+    device: str
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [c for c in self.checks if not c.passed]
+
+    def summary(self) -> str:
+        n_fail = len(self.failures)
+        return (f"{len(self.checks) - n_fail} passed, {n_fail} failed "
+                f"({len(self.checks)} checks, {str(self.dtype).replace('torch.', '')}, {self.device})")
+
+    def __str__(self):
+        return "\n".join([str(c) for c in self.checks] + [self.summary()])
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    scale = max(a.abs().max().item(), b.abs().max().item(), torch.finfo(a.dtype).tiny)
+    return (a - b).abs().max().item() / scale
+
+
+def _gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+    value = loss(leaves)
+    grads = torch.autograd.grad(value, list(leaves.values()))
+    return dict(zip(leaves, grads))
+
+
+def _elements(symmetry, generator, dtype, device):
+    """Group elements to test: (description, element)."""
+    group = symmetry.group
+    elements = [(f"generator {i}", g) for i, g in enumerate(group.discrete_generators(dtype, device))]
+    if group.is_continuous:
+        for scale, label in ((1e-3, "near identity"), (1.0, "far from identity")):
+            M = group.random_algebra_element(scale, generator, dtype, device)
+            elements.append((label, group.exp(M)))
+        if isinstance(group, (GeneralLinear, Orthogonal)):
+            reflection = group.discrete_generators(dtype, device)[0]
+            elements.append(("other component", reflection @ group.exp(group.random_algebra_element(1.0, generator, dtype, device))))
+    return elements
+
+
+def _check_invariance(symmetry, forward, loss, params, x, generator, tol):
+    reference_out, reference_loss = forward(params, x), loss(params)
+    worst, where = 0.0, ""
+    for label, g in _elements(symmetry, generator, reference_out.dtype, reference_out.device):
+        moved = symmetry.apply(params, g)
+        error = max(_relative(forward(moved, x), reference_out), _relative(loss(moved), reference_loss))
+        if error >= worst:
+            worst, where = error, label
+    return CheckResult("invariance", symmetry.label, worst, tol, f"worst: {where}")
+
+
+def _check_gradient_orthogonality(symmetry, params, grads, tol):
+    reference = params[symmetry.roles["W_in"]]
+    basis = symmetry.group.algebra_basis(reference.dtype, reference.device)
+    tangent = symmetry.tangent(params, basis)
+    inner = sum((tangent[n] * grads[n]).flatten(1).sum(1) for n in tangent)
+    norms = torch.sqrt(sum(tangent[n].flatten(1).pow(2).sum(1) for n in tangent))
+    grad_norm = torch.sqrt(sum(grads[n].pow(2).sum() for n in tangent))
+    error = (inner.abs() / (norms * grad_norm).clamp_min(torch.finfo(reference.dtype).tiny)).max().item()
+    return CheckResult("gradient_orthogonality", symmetry.label, error, tol, f"{basis.shape[0]} generators")
+
+
+def _check_gd_drift(quantity: ConservedQuantity, params, grads, tol, learning_rate=0.1):
+    """``C(θ − η g) − C(θ) = η² C(g)``; the error is relative to the size of ``C(θ)`` and of the drift."""
+    value = quantity(params)
+    drift = quantity({k: v - learning_rate * grads[k] for k, v in params.items()}) - value
+    predicted = learning_rate ** 2 * quantity(grads)
+    scale = max(value.abs().max().item(), drift.abs().max().item(), predicted.abs().max().item(), 1e-300)
+    return CheckResult("gd_drift", quantity.symmetry.label, (drift - predicted).abs().max().item() / scale, tol,
+                       f"ΔC = η² C(∇L), η = {learning_rate}, max|ΔC| = {drift.abs().max().item():.2e}")
+
+
+def _rk4(loss, params, dt, steps):
+    state = {k: v.detach() for k, v in params.items()}
+
+    def velocity(p):
+        return {k: -g for k, g in _gradients(loss, p).items()}
+
+    for _ in range(steps):
+        k1 = velocity(state)
+        k2 = velocity({k: state[k] + dt / 2 * k1[k] for k in state})
+        k3 = velocity({k: state[k] + dt / 2 * k2[k] for k in state})
+        k4 = velocity({k: state[k] + dt * k3[k] for k in state})
+        state = {k: state[k] + dt / 6 * (k1[k] + 2 * k2[k] + 2 * k3[k] + k4[k]) for k in state}
+    return state
+
+
+def _check_flow(analysis, loss, params, grads, tol, dt=2.5e-4, steps=40):
+    results = []
+    quantities = analysis.conserved_quantities()
+    if quantities:
+        flowed = _rk4(loss, params, dt, steps)
+        moved = max(_relative(flowed[k], params[k]) for k in params)
+        for q in quantities:
+            results.append(CheckResult("gradient_flow", q.symmetry.label, _relative(q(flowed), q(params)), tol,
+                                       f"RK4 dt={dt}, {steps} steps; θ moved {moved:.1e} (relative)"))
+    for j in analysis.angular_momenta():
+        velocity = {k: -g for k, g in grads.items()}
+        value = j(params, velocity)
+        scale = sum(params[n].norm() * grads[n].norm() for n in j.symmetry.symbols).item()
+        results.append(CheckResult("gradient_flow", j.symmetry.label, value.abs().max().item() / max(scale, 1e-300), tol,
+                                   "angular momentum J(θ, −∇L) = 0"))
+    return results
+
+
+def _check_orbit_dimension(analysis, params):
+    numeric = analysis.orbit_dimension(params)
+    try:
+        formula = analysis.orbit_dimension()
+    except NotImplementedError as error:
+        return CheckResult("orbit_dimension", "*", 0.0, 0.0, f"numeric rank {numeric}; formula skipped: {error}")
+    formula = int(formula.subs(analysis.architecture.widths_from_params(params)))
+    return CheckResult("orbit_dimension", "*", float(abs(formula - numeric)), 0.0, f"formula {formula}, numeric rank {numeric}")
+
+
+def _check_lowering(analysis, params, generator, tol):
+    """Lowered torch values against SymPy's exact evaluation at the same numbers."""
+    values = {s.name: params[n].detach().cpu().double().numpy() for n, s in analysis.symbols.items()}
+    results = []
+    for symmetry in analysis.symmetries:
+        reference = params[symmetry.roles["W_in"]]
+        g = _elements(symmetry, generator, reference.dtype, reference.device)[-1][1]
+        lowered = symmetry.lowered_action(params, g)
+        exact_values = {**values, symmetry.element.name: g.detach().cpu().double().numpy()}
+        error = max(_relative(lowered[n].detach().cpu().double(),
+                              torch.from_numpy(evaluate_symbolic(e, exact_values)).reshape(lowered[n].shape))
+                    for n, e in symmetry.action.items())
+        results.append(CheckResult("lowering", symmetry.label, error, tol, "action vs SymPy"))
+        if isinstance(symmetry.conserved, ConservedQuantity):
+            q = symmetry.conserved
+            lowered_q = q(params).detach().cpu().double()
+            exact = torch.from_numpy(evaluate_symbolic(q.expr, values)).reshape(lowered_q.shape)
+            results.append(CheckResult("lowering", symmetry.label, _relative(lowered_q, exact), tol, f"{q.name} vs SymPy"))
+    return results
+
+
+def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tuple | None = None, device: str = "cpu",
+           dtype: torch.dtype = torch.float64, widths: Mapping | None = None, seed: int = 0,
+           symbolic_limit: int = _SYMBOLIC_LIMIT) -> VerificationReport:
+    """Check every symmetry of ``analysis`` numerically and return a :class:`VerificationReport`.
+
+    Parameters
+    ----------
+    analysis : the result of :func:`symalg.derive`.
+    params : ``{name: tensor}`` (e.g. ``dict(model.named_parameters())``); random when None.
+    data : ``(x, y)`` in torch's row layout; random when None.
+    device, dtype : where and in which precision to run (float64 by default).
+    widths : values for symbolic widths when ``params`` is None.
+    seed : seed of the random parameters, data and group elements.
+    symbolic_limit : largest parameter count for the exact SymPy comparison of lowered code.
+    """
+    if dtype not in TOLERANCES:
+        raise ValueError(f"dtype {dtype} is not supported; use one of {list(TOLERANCES)}")
+    tol = TOLERANCES[dtype]
+    generator = torch.Generator().manual_seed(seed)
+    arch = analysis.architecture
+    if params is not None:
+        params = {k: v.detach().to(device=device, dtype=dtype) for k, v in params.items()}
+        concrete = arch.widths_from_params(params)
+        if concrete:
+            analysis = analysis.subs({str(k): v for k, v in concrete.items()})
+    else:
+        if arch.widths:
+            if not widths:
+                raise SpecError(f"verify: widths {sorted(map(str, arch.widths))} are symbolic; pass params or widths=")
+            analysis = analysis.subs(widths)
+        params = random_params(analysis.architecture, generator, dtype, device)
+    arch = analysis.architecture
+    x, y = data if data is not None else random_data(arch, generator=generator, dtype=dtype, device=device)
+    x, y = x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
+    forward = network_function(arch, analysis.catalogue)
+    loss = mse_loss(forward, x, y)
+    grads = _gradients(loss, params)
+    checks = []
+    with torch.no_grad():
+        for symmetry in analysis.symmetries:
+            checks.append(_check_invariance(symmetry, forward, loss, params, x, generator, tol))
+            if symmetry.group.is_continuous:
+                checks.append(_check_gradient_orthogonality(symmetry, params, grads, tol))
+        for q in analysis.conserved_quantities():
+            checks.append(_check_gd_drift(q, params, grads, tol))
+    checks += _check_flow(analysis, loss, params, grads, tol)
+    checks.append(_check_orbit_dimension(analysis, params))
+    if sum(p.numel() for p in params.values()) <= symbolic_limit:
+        with torch.no_grad():
+            checks += _check_lowering(analysis, params, generator, tol)
+    return VerificationReport(tuple(checks), dtype, str(device))
