@@ -374,8 +374,18 @@ class Analysis:
         return [s.conserved for s in self.symmetries if isinstance(s.conserved, AngularMomentum)]
 
     def conserved_count(self) -> sp.Expr:
-        """Number of independent symmetric generators over the whole network (a formula in the widths)."""
+        """Number of symmetric generators over the whole network: one quadratic quantity each."""
         return sp.Add(*[q.count for q in self.conserved_quantities()])
+
+    def independent_conserved(self, params: Mapping[str, torch.Tensor] | None = None):
+        """Number of *functionally independent* conserved quantities: a formula at generic θ
+        (``params=None``) or the numeric rank at ``params``. Below :meth:`conserved_count` when a
+        linear site is wider than its neighbours together (the entries of ``C`` are then related)."""
+        from .orbit import independent_conserved_formula, independent_conserved_rank
+
+        if params is None:
+            return independent_conserved_formula(self)
+        return independent_conserved_rank(self, params)
 
     @property
     def continuous(self) -> list[Symmetry]:

@@ -40,7 +40,8 @@ import torch
 
 from .groups import GeneralLinear, Orthogonal
 
-__all__ = ["orbit_dimension_formula", "orbit_rank", "action_matrix", "gl_chain_kernel_dimension"]
+__all__ = ["orbit_dimension_formula", "orbit_rank", "action_matrix", "gl_chain_kernel_dimension",
+           "independent_conserved_formula", "independent_conserved_rank"]
 
 
 def gl_chain_kernel_dimension(widths: list, biases: list) -> sp.Expr:
@@ -65,10 +66,7 @@ def gl_chain_kernel_dimension(widths: list, biases: list) -> sp.Expr:
 
 def orbit_dimension_formula(analysis) -> sp.Expr:
     """Generic orbit dimension of ``analysis`` as a SymPy expression in the widths."""
-    arch = analysis.architecture
-    layers = [arch.node(name) for name in arch.linear_layers]
-    widths = [sp.sympify(layers[0]["in_features"])] + [sp.sympify(layer["out_features"]) for layer in layers]
-    has_bias = [layer["bias"] is not None for layer in layers]
+    widths, has_bias = _widths_and_biases(analysis)
     continuous = {s.site.index: s.group for s in analysis.continuous}
     total = sp.Add(*[g.dim for g in continuous.values()])
     soft = lambda k: isinstance(continuous.get(k), (GeneralLinear, Orthogonal))  # noqa: E731
@@ -95,15 +93,60 @@ def orbit_dimension_formula(analysis) -> sp.Expr:
     return sp.simplify(total) if total.free_symbols else sp.Integer(total)
 
 
-def action_matrix(analysis, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The matrix of ``M ↦ M·θ`` over the Lie-algebra bases of all continuous symmetries:
-    one row per basis generator, one column per parameter entry (all parameters, flattened)."""
+def _widths_and_biases(analysis):
+    arch = analysis.architecture
+    layers = [arch.node(name) for name in arch.linear_layers]
+    widths = [sp.sympify(layers[0]["in_features"])] + [sp.sympify(layer["out_features"]) for layer in layers]
+    return widths, [layer["bias"] is not None for layer in layers]
+
+
+def independent_conserved_formula(analysis) -> sp.Expr:
+    """Number of functionally independent conserved quantities at generic θ, as a formula.
+
+    ``dQ_M(θ)[δ] = 2⟨δ, M·θ⟩``, so the count is the rank of ``M ↦ M·θ`` on the symmetric
+    generators. Positive scaling sites contribute ``h`` (their kernel is zero, see above); a ``GL``
+    site between rigid neighbours loses the symmetric ``M`` vanishing on
+    ``col[W_in, b_in] + row(W_out)``: ``h(h+1)/2 − f(f+1)/2`` with ``f = h − min(h, h_prev + β + h_next)``.
+    Adjacent ``GL`` sites couple; there only :func:`independent_conserved_rank` applies.
+    """
+    widths, has_bias = _widths_and_biases(analysis)
+    continuous = {s.site.index: s.group for s in analysis.continuous}
+    total = sp.Integer(0)
+    for k, group in continuous.items():
+        if isinstance(group, Orthogonal):
+            continue
+        if isinstance(group, GeneralLinear):
+            if isinstance(continuous.get(k - 1), GeneralLinear) or isinstance(continuous.get(k + 1), GeneralLinear):
+                raise NotImplementedError(f"no closed form for the conserved quantities of adjacent GL sites at h{k}; "
+                                          "use independent_conserved(params)")
+            h = widths[k]
+            free = h - sp.Min(h, widths[k - 1] + int(has_bias[k - 1]) + widths[k + 1])
+            total += group.n_symmetric - free * (free + 1) / 2
+        else:
+            total += group.n_symmetric
+    return sp.simplify(total) if total.free_symbols else sp.Integer(total)
+
+
+def independent_conserved_rank(analysis, params: Mapping[str, torch.Tensor]) -> int:
+    """Numeric count of functionally independent conserved quantities at ``params``."""
+    analysis.architecture.widths_from_params(params)
+    matrix = action_matrix(analysis, {k: v.detach() for k, v in params.items()}, symmetric=True)
+    return int(torch.linalg.matrix_rank(matrix).item()) if matrix.numel() else 0
+
+
+def action_matrix(analysis, params: Mapping[str, torch.Tensor], symmetric: bool = False) -> torch.Tensor:
+    """The matrix of ``M ↦ M·θ`` over the Lie-algebra bases of all continuous symmetries (only
+    their symmetric elements when ``symmetric``): one row per basis generator, one column per
+    parameter entry (all parameters, flattened)."""
     names = list(analysis.architecture.parameter_shapes)
     reference = params[names[0]]
     total = sum(params[n].numel() for n in names)
     rows = []
     for symmetry in analysis.continuous:
-        basis = symmetry.group.algebra_basis(reference.dtype, reference.device)
+        group = symmetry.group
+        basis = (group.symmetric_basis if symmetric else group.algebra_basis)(reference.dtype, reference.device)
+        if basis.shape[0] == 0:
+            continue
         tangent = symmetry.tangent(params, basis)
         block = torch.zeros(basis.shape[0], total, dtype=reference.dtype, device=reference.device)
         offset = 0

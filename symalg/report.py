@@ -14,9 +14,9 @@ from .printing import latex, sstr
 __all__ = ["describe", "describe_latex"]
 
 
-def _orbit_text(analysis) -> str:
+def _formula_text(method) -> str:
     try:
-        return sstr(analysis.orbit_dimension())
+        return sstr(method())
     except NotImplementedError as error:
         return f"no closed form ({error})"
 
@@ -65,8 +65,9 @@ def describe(analysis) -> str:
         lines += [f"    {line}" for line in _generators_text(symmetry)]
         lines += [f"    check: {check}" for check in symmetry.checks]
     lines.append("")
-    lines.append(f"orbit dimension (generic): {_orbit_text(analysis)}")
-    lines.append(f"independent conserved quantities: {sstr(analysis.conserved_count())}")
+    lines.append(f"orbit dimension (generic): {_formula_text(analysis.orbit_dimension)}")
+    lines.append(f"conserved quantities: {sstr(analysis.conserved_count())} (one per symmetric generator); "
+                 f"functionally independent at generic θ: {_formula_text(analysis.independent_conserved)}")
     for quantity in analysis.conserved_quantities():
         lines.append(f"  {quantity}")
     for momentum in analysis.angular_momenta():
@@ -77,7 +78,7 @@ def describe(analysis) -> str:
 def describe_latex(analysis) -> str:
     """LaTeX report: one ``align*``-ready line per action and conserved quantity."""
     lines = [rf"\text{{orbit dimension}} &= {latex(analysis.orbit_dimension())}"
-             if "no closed form" not in _orbit_text(analysis) else r"\text{orbit dimension: numeric only}"]
+             if "no closed form" not in _formula_text(analysis.orbit_dimension) else r"\text{orbit dimension: numeric only}"]
     for symmetry in analysis.symmetries:
         lines.append(rf"&\text{{{symmetry.site.name}: }} {symmetry.group.latex()}")
         lines += [rf"{latex(symmetry.symbols[n])} &\mapsto {latex(e)}" for n, e in symmetry.action.items()]

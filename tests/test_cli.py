@@ -1,0 +1,68 @@
+"""The `symalg` command and the README's documented usage."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import symalg
+from symalg.cli import DEFAULT_SPEC, main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_default_run_prints_groups_generators_orbit_conserved_latex_and_verification(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert f"network: {DEFAULT_SPEC}" in out
+    assert "h1:PositiveScaling(h1, alpha=1)" in out and "h2:GL(h2)" in out
+    assert "Lie-algebra basis (9)" in out and "discrete generators (2)" in out
+    assert "orbit dimension (generic): h1 + h2**2 - (h2 - Min(h2, m))*(h2 - Min(h2, h1 + 1))" in out
+    assert "orbit dimension (generic): 13" in out
+    assert "C_2 = W_2*W_2.T + b_2*b_2.T - W_3.T*W_3" in out
+    assert r"C_{2} = W_{2} W_{2}^{T} + b_{2} b_{2}^{T} - W_{3}^{T} W_{3}" in out
+    assert re.search(r"verification:\n  \d+ passed, 0 failed", out)
+
+
+def test_custom_spec_widths_and_verbose_checks(capsys):
+    assert main(["linear(n, h) -> tanh -> linear(h, m)", "--widths", "n=2,h=3,m=1", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "SignFlips(3)" in out and "pass  invariance" in out
+
+
+def test_symbolic_spec_without_widths_skips_verification(capsys):
+    assert main(["linear(n, h) -> relu -> linear(h, m)"]) == 0
+    assert "no verification: give --widths for h, m, n" in capsys.readouterr().out
+
+
+def test_latex_only(capsys):
+    assert main(["linear(n, h) -> identity -> linear(h, m)", "--latex"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(r"\text{orbit dimension} &=") and "network:" not in out
+
+
+def test_bad_spec_exits_with_an_error_naming_the_layer(capsys):
+    assert main(["linear(3, 4) -> swish -> linear(4, 1)"]) == 2
+    assert "layer 1: unknown activation 'swish'" in capsys.readouterr().err
+    assert main(["linear(3, 4)", "--widths", "h=x"]) == 2
+
+
+def test_failing_verification_gives_exit_status_1(capsys, monkeypatch):
+    wrong = symalg.overlay({"tanh": symalg.CatalogueEntry("tanh", symalg.CATALOGUE["tanh"].function,
+                                                          symalg.catalogue.declare_homogeneous())})
+    monkeypatch.setattr(symalg.cli, "parse", lambda spec: symalg.parse(spec, catalogue=wrong))
+    monkeypatch.setattr(symalg.cli, "derive", lambda arch: symalg.derive(arch, wrong))
+    assert main(["linear(2, 3) -> tanh -> linear(3, 1)"]) == 1
+    assert "FAIL  invariance" in capsys.readouterr().out
+
+
+def test_console_script_is_installed_and_runs():
+    result = subprocess.run([sys.executable, "-m", "symalg.cli", "--no-verify"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "orbit dimension" in result.stdout
+
+
+def test_readme_python_example_runs():
+    code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["report"].passed
+    assert namespace["concrete"].orbit_dimension(namespace["params"]) == 5

@@ -1,0 +1,144 @@
+"""The symbolic derivation: groups per site, actions, generators, conserved quantities, API names."""
+import pytest
+import sympy as sp
+import torch
+
+import symalg
+from symalg.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips
+
+n, h, m = sp.symbols("n h m", integer=True, positive=True)
+
+
+def _groups(spec):
+    return [(s.site.name, type(s.group)) for s in symalg.derive(spec).symmetries]
+
+
+@pytest.mark.parametrize("activation, expected", [
+    ("identity", [GeneralLinear]),
+    ("relu", [PositiveScaling, Permutations]),
+    ("leaky_relu(slope=0.2)", [PositiveScaling, Permutations]),
+    ("relu_pow(alpha=3)", [PositiveScaling, Permutations]),
+    ("tanh", [SignFlips, Permutations]),
+    ("sigmoid", [SignFlips, Permutations]),
+    ("gelu", [Permutations]),
+    ("silu", [Permutations]),
+    ("softplus", [Permutations]),
+    ("radial", [Orthogonal]),
+])
+def test_each_activation_gets_its_declared_groups(activation, expected):
+    assert [g for _, g in _groups(f"linear(n, h) -> {activation} -> linear(h, m)")] == expected
+
+
+def test_group_dimensions_are_formulas_in_the_width():
+    dims = {type(s.group): s.group.dim for s in symalg.derive("linear(n, h) -> identity -> linear(h, m)").symmetries}
+    assert dims[GeneralLinear] == h ** 2
+    radial = symalg.derive("linear(n, h) -> radial -> linear(h, m)").symmetries[0].group
+    assert radial.dim == h * (h - 1) / 2 and radial.is_continuous
+    relu = symalg.derive("linear(n, h) -> relu -> linear(h, m)").symmetries
+    assert relu[0].group.dim == h and relu[0].group.is_continuous
+    assert relu[1].group.dim == 0 and not relu[1].group.is_continuous
+
+
+def test_every_hidden_layer_of_a_deep_network_is_a_site():
+    analysis = symalg.derive("linear(4, 5) -> relu -> linear(5, 6) -> tanh -> linear(6, 3) -> identity -> linear(3, 2)")
+    assert [s.name for s in analysis.sites] == ["h1", "h2", "h3"]
+    assert [(s.producer, s.consumer) for s in analysis.sites] == [("0", "2"), ("2", "4"), ("4", "6")]
+    assert [s.site.name for s in analysis.continuous] == ["h1", "h3"]
+
+
+def test_action_on_every_parameter_including_biases():
+    symmetry = symalg.derive("linear(n, h) -> identity -> linear(h, m)").symmetries[0]
+    W1, b1, W2 = (symmetry.symbols[k] for k in ("0.weight", "0.bias", "2.weight"))
+    g = symmetry.element
+    assert symmetry.action == {"0.weight": g * W1, "0.bias": g * b1, "2.weight": W2 * g.I}
+    M = symmetry.algebra_element
+    assert symmetry.infinitesimal == {"0.weight": M * W1, "2.weight": -W2 * M, "0.bias": M * b1}
+
+
+def test_sigmoid_sign_flip_shifts_the_next_bias():
+    flips = symalg.derive("linear(n, h) -> sigmoid -> linear(h, m)").symmetries[0]
+    b2 = flips.symbols["2.bias"]
+    assert flips.action["2.bias"].has(b2) and flips.action["2.bias"] != b2
+
+
+def test_symbolic_invariance_is_proved_for_the_linear_case_at_all_widths():
+    checks = symalg.derive("linear(n, h) -> identity -> linear(h, m)").symmetries[0].checks
+    assert all(c.proved is True for c in checks)
+    assert "all widths" in checks[1].detail
+
+
+def test_wrong_declaration_is_refuted_symbolically():
+    wrong = symalg.overlay({"tanh": symalg.CatalogueEntry("tanh", lambda z: sp.tanh(z),
+                                                          symalg.catalogue.declare_homogeneous())})
+    symmetry = symalg.derive(symalg.parse("linear(2, 3) -> tanh -> linear(3, 1)", catalogue=wrong), wrong).symmetries[0]
+    assert symmetry.checks[0].proved is False
+
+
+def test_generators_are_an_explicit_basis_at_concrete_widths():
+    gl = symalg.derive("linear(2, 3) -> identity -> linear(3, 1)").symmetries[0]
+    basis = gl.generators()
+    assert len(basis) == 9 and sp.Matrix.hstack(*[b.reshape(9, 1) for b in basis]).rank() == 9
+    o = symalg.derive("linear(2, 3) -> radial -> linear(3, 1)").symmetries[0]
+    assert all(b.T == -b for b in o.generators()) and len(o.generators()) == 3
+    perms = symalg.derive("linear(2, 5) -> gelu -> linear(5, 1)").symmetries[0]
+    assert len(perms.discrete_generators()) == 2  # a transposition and a 5-cycle, never 5! elements
+
+
+def test_conserved_quantity_closed_forms():
+    linear = symalg.derive("linear(n, h) -> identity -> linear(h, m)").conserved_quantities()[0]
+    W1, b1, W2 = sp.MatrixSymbol("W_1", h, n), sp.MatrixSymbol("b_1", h, 1), sp.MatrixSymbol("W_2", m, h)
+    assert linear.expr == W1 * W1.T + b1 * b1.T - W2.T * W2
+    assert linear.count == h * (h + 1) / 2
+    degree = symalg.derive("linear(n, h) -> relu_pow(alpha=3) -> linear(h, m, bias=False)").conserved_quantities()[0]
+    assert degree.count == h
+    params = {"0.weight": torch.randn(4, 2), "0.bias": torch.randn(4), "2.weight": torch.randn(3, 4)}
+    expected = (params["0.weight"] ** 2).sum(1) + params["0.bias"] ** 2 - 3 * (params["2.weight"] ** 2).sum(0)
+    torch.testing.assert_close(degree(params), expected)  # the imbalance is weighted by the degree α = 3
+
+
+def test_conserved_quantity_values_match_a_hand_computation(generator):
+    analysis = symalg.derive("linear(3, 4) -> leaky_relu(slope=0.1) -> linear(4, 2) -> identity -> linear(2, 2)")
+    params = symalg.random_params(analysis.architecture, generator)
+    q1, C2 = analysis.conserved_quantities()
+    W1, b1, W2, b2, W3 = (params[k] for k in ("0.weight", "0.bias", "2.weight", "2.bias", "4.weight"))
+    torch.testing.assert_close(q1(params), (W1 ** 2).sum(1) + b1 ** 2 - (W2 ** 2).sum(0))
+    torch.testing.assert_close(C2(params), W2 @ W2.T + torch.outer(b2, b2) - W3.T @ W3)
+
+
+def test_radial_networks_get_an_angular_momentum_relation_not_a_vacuous_q():
+    analysis = symalg.derive("linear(n, h) -> radial -> linear(h, m)")
+    assert analysis.conserved_quantities() == []
+    (momentum,) = analysis.angular_momenta()
+    assert momentum.expr.shape == (h, h)
+    assert r"\dot{W}_{1}" in momentum.latex()
+
+
+def test_counts_of_conserved_quantities():
+    analysis = symalg.derive("linear(n, h) -> relu -> linear(h, k) -> identity -> linear(k, m)")
+    k = sp.Symbol("k", integer=True, positive=True)
+    assert sp.simplify(analysis.conserved_count() - (h + k * (k + 1) / 2)) == 0
+    wide = symalg.derive("linear(2, 9) -> identity -> linear(9, 3, bias=False)")
+    assert wide.conserved_count() == 45
+    # C = W1 W1^T + b b^T - W2^T W2 has rank <= 2 + 1 + 3 = 6 here, so only 45 - (9-6)(9-6+1)/2 = 39 are independent
+    assert wide.independent_conserved() == 39
+    assert wide.independent_conserved(symalg.random_params(wide.architecture)) == 39
+
+
+def test_latex_str_and_notebook_repr_for_every_object():
+    analysis = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
+    for obj in [analysis, *analysis.symmetries, *analysis.conserved_quantities()]:
+        assert obj._repr_latex_().startswith("$") and obj._repr_latex_().endswith("$")
+        assert obj.latex() and str(obj)
+
+
+def test_analysis_subs_makes_widths_concrete():
+    concrete = symalg.derive("linear(n, h) -> relu -> linear(h, m)").subs({"n": 2, "h": 3, "m": 1})
+    assert concrete.symmetries[0].group.dim == 3
+    assert concrete.orbit_dimension() == 3
+
+
+def test_lowered_analysis_exposes_every_callable_with_source():
+    lowered = symalg.derive("linear(2, 3) -> relu -> linear(3, 2) -> radial -> linear(2, 1)").lower()
+    assert set(lowered.actions) == {"h1:PositiveScaling(3, alpha=1)", "h1:S(3)", "h2:O(2)"}
+    assert set(lowered.conserved_quantities) == {"q_1"} and set(lowered.angular_momenta) == {"J_2"}
+    assert "def q_1(params):" in lowered.source()
