@@ -9,7 +9,7 @@ replace entries for one call, overlay a mapping — never mutate the global one:
     >>> from symalg.catalogue import CATALOGUE, CatalogueEntry, overlay, declare_odd
     >>> import sympy as sp
     >>> mine = overlay({"sin": CatalogueEntry("sin", lambda z: sp.sin(z), declare_odd())})
-    >>> analysis = symalg.derive(symalg.parse("linear(2, 3) -> sin -> linear(3, 1)", catalogue=mine))
+    >>> analysis = symalg.derive(symalg.parse("linear(2, 3) -> sin -> linear(3, 1)", catalogue=mine), mine)
     >>> [s.group.name for s in analysis.symmetries]
     ['SignFlips(3)', 'S(3)']
 

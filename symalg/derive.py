@@ -8,8 +8,8 @@ samples as columns). Widths stay symbolic unless the architecture is concrete.
 >>> analysis = symalg.derive(symalg.parse("linear(n, h) -> relu -> linear(h, m)"))
 >>> [(s.group.name, s.group.is_continuous) for s in analysis.symmetries]
 [('PositiveScaling(h, alpha=1)', True), ('S(h)', False)]
->>> print(analysis.conserved_quantities()[0].expr)
--W_2.T∘W_2.T*1 + W_1∘W_1*1 + b_1∘b_1
+>>> print(analysis.conserved_quantities()[0])
+q_1 = W_1∘^2*1 + b_1∘^2 - W_2.T∘^2*1   (h independent; Q_M = <M, q_1>)
 """
 from __future__ import annotations
 
@@ -455,7 +455,11 @@ class LoweredAnalysis:
 
 
 def derive(arch, catalogue: Mapping | None = None) -> Analysis:
-    """Run inference and the symbolic derivation for an architecture (or anything :func:`parse` takes)."""
+    """Run inference and the symbolic derivation for an architecture (or anything :func:`parse` takes).
+
+    ``catalogue`` defaults to the built-in one; pass the same overlay used to parse the architecture,
+    otherwise its extra ops count as unknown (no symmetry, listed in ``analysis.blocked``).
+    """
     from .frontend import parse
 
     catalogue = CATALOGUE if catalogue is None else catalogue

@@ -67,7 +67,8 @@ class SymalgTorchPrinter(TorchPrinter):
     def _print_Transpose(self, expr):
         # SymPy prints torch.transpose(X).t() (an invalid call) for square matrices and a reversed
         # permute string otherwise; neither works on batches. Swap the last two axes.
-        return f"{self.parenthesize(expr.arg, 1000)}.transpose(-1, -2)"
+        arg = self._print(expr.arg)
+        return f"{arg if isinstance(expr.arg, sp.MatrixSymbol) else f'({arg})'}.transpose(-1, -2)"
 
     def _print_Trace(self, expr):
         # torch.trace accepts 2-D tensors only; sum the diagonal of the last two axes instead.

@@ -19,9 +19,9 @@ Checks, each reported per symmetry with its maximum relative error and the toler
     lowered callables agree with SymPy's exact evaluation (small models only).
 
 >>> import symalg
->>> report = symalg.verify(symalg.derive("linear(3, 4) -> tanh -> linear(4, 2)"))
+>>> report = symalg.verify(symalg.derive("linear(3, 4) -> relu -> linear(4, 2)"))
 >>> report.passed, sorted({c.check for c in report.checks})
-(True, ['gradient_flow', 'gradient_orthogonality', 'invariance', 'lowering', 'orbit_dimension'])
+(True, ['gd_drift', 'gradient_flow', 'gradient_orthogonality', 'invariance', 'lowering', 'orbit_dimension'])
 """
 from __future__ import annotations
 
