@@ -61,6 +61,9 @@ class SiteGroup:
     def latex(self) -> str:
         return rf"\mathrm{{{self.symbol}}}({sp.latex(sp.sympify(self.width))})"
 
+    def _repr_latex_(self) -> str:
+        return f"${self.latex()}$"
+
     @property
     def dim(self) -> sp.Expr:
         """Dimension of the Lie algebra (0 for discrete groups)."""

@@ -196,18 +196,32 @@ def _check_lowering(analysis, params, generator, tol):
     for symmetry in analysis.symmetries:
         reference = params[symmetry.roles["W_in"]]
         g = _elements(symmetry, generator, reference.dtype, reference.device)[-1][1]
-        lowered = symmetry.lowered_action(params, g)
-        exact_values = {**values, symmetry.element.name: g.detach().cpu().double().numpy()}
-        error = max(_relative(lowered[n].detach().cpu().double(),
-                              torch.from_numpy(evaluate_symbolic(e, exact_values)).reshape(lowered[n].shape))
-                    for n, e in symmetry.action.items())
+        error = _compare(symmetry.lowered_action(params, g), symmetry.action,
+                         {**values, symmetry.element.name: g.detach().cpu().double().numpy()})
         results.append(CheckResult("lowering", symmetry.label, error, tol, "action vs SymPy"))
+        if symmetry.group.is_continuous:
+            M = symmetry.group.random_algebra_element(1.0, generator, reference.dtype, reference.device)
+            results.append(CheckResult("lowering", symmetry.label, _compare(
+                symmetry.tangent(params, M), symmetry.infinitesimal,
+                {**values, symmetry.algebra_element.name: M.cpu().double().numpy()}), tol, "infinitesimal action vs SymPy"))
         if isinstance(symmetry.conserved, ConservedQuantity):
             q = symmetry.conserved
-            lowered_q = q(params).detach().cpu().double()
-            exact = torch.from_numpy(evaluate_symbolic(q.expr, values)).reshape(lowered_q.shape)
-            results.append(CheckResult("lowering", symmetry.label, _relative(lowered_q, exact), tol, f"{q.name} vs SymPy"))
+            results.append(CheckResult("lowering", symmetry.label, _compare({"C": q(params)}, {"C": q.expr}, values), tol,
+                                       f"{q.name} vs SymPy"))
+        elif isinstance(symmetry.conserved, AngularMomentum):
+            j = symmetry.conserved
+            velocity = {n: torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for n, p in params.items()}
+            exact_values = {**values, **{s.name: velocity[n].cpu().double().numpy() for n, s in j.velocities.items()}}
+            results.append(CheckResult("lowering", symmetry.label, _compare({"J": j(params, velocity)}, {"J": j.expr},
+                                                                            exact_values), tol, f"{j.name} vs SymPy"))
     return results
+
+
+def _compare(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values: Mapping) -> float:
+    """Largest relative difference between lowered tensors and SymPy's exact values of ``exprs``."""
+    return max(_relative(lowered[n].detach().cpu().double(),
+                         torch.from_numpy(evaluate_symbolic(e, values)).reshape(lowered[n].shape))
+               for n, e in exprs.items())
 
 
 def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tuple | None = None, device: str = "cpu",
