@@ -269,7 +269,8 @@ def to_spec_string(arch: Architecture) -> str:
 def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generator | None = None) -> torch.nn.Sequential:
     """An ``nn.Sequential`` for a concrete-width architecture, named like its parameters.
 
-    Weights get torch's default initialisation (drawn from ``generator`` when given).
+    Parameters get torch's default initialisation, ``U(±1/√in_features)`` for weights and biases
+    (drawn from ``generator`` when given).
     """
     from .nn import Activation
 
@@ -288,7 +289,9 @@ def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generato
     model = torch.nn.Sequential(*modules)
     if generator is not None:
         with torch.no_grad():
-            for p in model.parameters():
-                bound = 1 / p.shape[-1] ** 0.5 if p.dim() > 1 else 0.5
-                p.uniform_(-bound, bound, generator=generator)
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    bound = 1 / layer.in_features ** 0.5
+                    for p in layer.parameters():
+                        p.uniform_(-bound, bound, generator=generator)
     return model

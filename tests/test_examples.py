@@ -1,0 +1,53 @@
+"""The examples run end to end and reproduce their closed forms and scaling laws (quick mode)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+# Tolerance in standard errors for Monte-Carlo estimates: the estimates are approximately normal, so a
+# correct closed form fails with probability about 6e-7 (two-sided, 5 sigma); the seed is fixed anyway.
+N_STANDARD_ERRORS = 5
+
+
+def _values(stdout: str) -> dict[str, float]:
+    """Every ``key=number`` token printed by an example."""
+    return {key: float(value) for key, value in re.findall(r"(\w+)=([-+0-9.eE]+)", stdout)}
+
+
+@pytest.fixture(scope="module")
+def two_layer_linear(tmp_path_factory):
+    out = tmp_path_factory.mktemp("two_layer_linear")
+    result = subprocess.run([sys.executable, str(EXAMPLES / "two_layer_linear_conserved.py"), "--quick",
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    return result, out
+
+
+def test_two_layer_linear_runs_and_plots(two_layer_linear):
+    result, out = two_layer_linear
+    assert result.returncode == 0, result.stderr
+    for name in ("xavier_distribution.png", "gd_drift.png"):
+        assert (out / name).stat().st_size > 0, name
+
+
+def test_two_layer_linear_xavier_moments(two_layer_linear):
+    values = _values(two_layer_linear[0].stdout)
+    assert values["crosscheck_max_error"] < 1e-12
+    assert abs(values["mean_diag_empirical"] - values["mean_diag_closed_form"]) \
+        < N_STANDARD_ERRORS * values["mean_diag_standard_error"]
+    assert abs(values["var_diag_empirical"] - values["var_diag_closed_form"]) \
+        < N_STANDARD_ERRORS * values["var_diag_standard_error"]
+    assert abs(values["mean_offdiag_empirical"]) < N_STANDARD_ERRORS * values["mean_offdiag_standard_error"]
+    # The standard errors come from the closed-form variance; guard against a vacuous tolerance.
+    assert values["mean_diag_standard_error"] < 0.02 * values["mean_diag_closed_form"]
+
+
+def test_two_layer_linear_gradient_descent_drift(two_layer_linear):
+    values = _values(two_layer_linear[0].stdout)
+    assert 1.8 <= values["fitted_slope"] <= 2.2
+    assert values["max_step_identity_error"] < 1e-9
