@@ -29,7 +29,17 @@ import sympy as sp
 from .groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
 
 __all__ = ["CATALOGUE", "CatalogueEntry", "register", "overlay", "declare_linear", "declare_homogeneous",
-           "declare_odd", "declare_pointwise", "declare_radial"]
+           "declare_odd", "declare_pointwise", "declare_radial", "exact"]
+
+
+def exact(value) -> sp.Expr:
+    """A hyper-parameter as an exact SymPy number: floats by their decimal repr (``0.2`` → ``1/5``),
+    never guessed into irrationals (``0.7071067811865476`` stays that decimal, not ``√2/2``)."""
+    if isinstance(value, bool):
+        raise ValueError(f"hyper-parameter {value!r} is not a number")
+    if isinstance(value, float):
+        return sp.Rational(repr(value))
+    return sp.sympify(value, rational=True)
 
 GroupDeclaration = Callable[..., tuple[SiteGroup, ...]]
 
@@ -116,7 +126,7 @@ def declare_homogeneous(degree_param: str | None = None, degree=1) -> GroupDecla
     The degree is ``degree``, or the hyper-parameter named ``degree_param`` when given.
     """
     def groups(width, **params):
-        alpha = sp.nsimplify(params[degree_param]) if degree_param else sp.sympify(degree)
+        alpha = exact(params[degree_param]) if degree_param else sp.sympify(degree)
         return PositiveScaling(width, alpha), Permutations(width)
     return groups
 
@@ -161,12 +171,12 @@ class CatalogueEntry:
         return self.function(z, **self.resolve(params))
 
     def resolve(self, params: Mapping) -> dict:
-        """Defaults merged with ``params``; unknown hyper-parameters raise, naming the entry."""
+        """Defaults merged with ``params`` as exact numbers; unknown hyper-parameters raise, naming the entry."""
         unknown = set(params) - set(self.defaults)
         if unknown:
             raise ValueError(f"activation {self.name!r} has no hyper-parameter {sorted(unknown)} "
                              f"(it takes {sorted(self.defaults) or 'none'})")
-        return {**self.defaults, **params}
+        return {k: exact(v) for k, v in {**self.defaults, **params}.items()}
 
     def site_groups(self, width, **params) -> tuple[SiteGroup, ...]:
         return self.groups(width, **self.resolve(params))
@@ -216,12 +226,12 @@ def _relu(z):
 
 @register("leaky_relu", declare_homogeneous(), slope=sp.Rational(1, 100))
 def _leaky_relu(z, slope):
-    return sp.Max(z, 0) + sp.nsimplify(slope) * sp.Min(z, 0)
+    return sp.Max(z, 0) + exact(slope) * sp.Min(z, 0)
 
 
 @register("relu_pow", declare_homogeneous("alpha"), alpha=2)
 def _relu_pow(z, alpha):
-    return sp.Max(z, 0) ** sp.nsimplify(alpha)
+    return sp.Max(z, 0) ** exact(alpha)
 
 
 @register("tanh", declare_odd())
@@ -249,7 +259,24 @@ def _softplus(z):
     return softplus(z)
 
 
+class inverse_hypot(_TorchActivation):
+    """``1 / √(1 + r²)``, printed as ``1 / hypot(1, r)`` so that large ``r`` cannot overflow."""
+
+    def _torchcode(self, printer):
+        r = printer._print(self.args[0])
+        return f"torch.reciprocal(torch.hypot(torch.ones_like({r}), {r}))"
+
+    def _latex(self, printer):
+        return rf"\left(1 + {printer._print(self.args[0])}^{{2}}\right)^{{-1/2}}"
+
+    def _eval_rewrite_as_sqrt(self, r, **kwargs):
+        return 1 / sp.sqrt(1 + r ** 2)
+
+    def fdiff(self, argindex=1):
+        return -self.args[0] * inverse_hypot(self.args[0]) ** 3
+
+
 @register("radial", declare_radial(), radial=True)
 def _radial(r):
     """``σ(z) = z / √(1 + ‖z‖²)``: a smooth, bounded radial rescaling."""
-    return 1 / sp.sqrt(1 + r ** 2)
+    return inverse_hypot(r)

@@ -5,7 +5,7 @@ the bias) or an activation from the catalogue, with optional hyper-parameters::
 
     >>> import symalg
     >>> symalg.parse("linear(n, h) -> leaky_relu(slope=0.2) -> linear(h, m, bias=False)")
-    Architecture('linear(n, h) -> leaky_relu(slope=1/5) -> linear(h, m, bias=False)')
+    Architecture('linear(n, h) -> leaky_relu(slope=0.2) -> linear(h, m, bias=False)')
     >>> symalg.Spec().linear("n", "h").relu().linear("h", "m").build()
     Architecture('linear(n, h) -> relu -> linear(h, m)')
 
@@ -22,7 +22,7 @@ import networkx as nx
 import sympy as sp
 import torch
 
-from .catalogue import CATALOGUE
+from .catalogue import CATALOGUE, exact
 from .graph import Architecture, SpecError, as_width
 
 __all__ = ["Spec", "parse", "from_torch", "to_module", "to_spec_string"]
@@ -112,7 +112,7 @@ def _architecture(layers: list[tuple], catalogue: Mapping) -> Architecture:
                 raise SpecError(f"layer {index}: unknown activation {op!r}; the catalogue has {sorted(catalogue)}")
             _check_activation_position(nodes, f"{index} ({op})")
             try:
-                params = {k: sp.nsimplify(v) for k, v in catalogue[op].resolve(params).items()}
+                params = catalogue[op].resolve(params)
             except ValueError as error:
                 raise SpecError(f"layer {index}: {error}") from None
             nodes.append((str(index), dict(kind="activation", op=op, params=params, module=None)))
@@ -134,8 +134,10 @@ def _parse_layer(text: str, index: int) -> tuple:
                 return arg.id
             if isinstance(arg, ast.Constant):
                 return arg.value
-            if isinstance(arg, ast.UnaryOp) and isinstance(arg.op, ast.USub) and isinstance(arg.operand, ast.Constant):
-                return -arg.operand.value
+            numeric = (ast.Constant, ast.UnaryOp, ast.BinOp, ast.operator, ast.unaryop, ast.expr_context)
+            if all(isinstance(n, numeric) for n in ast.walk(arg)) and \
+                    all(isinstance(n.value, (int, float)) for n in ast.walk(arg) if isinstance(n, ast.Constant)):
+                return sp.sympify(ast.unparse(arg), rational=True)  # arithmetic of numbers only, e.g. 1/5
             raise SpecError(f"layer {index} ({name}): argument {ast.unparse(arg)!r} must be a number or a name")
 
         args = [value(a) for a in node.args]
@@ -189,9 +191,9 @@ def _torch_activation(module: torch.nn.Module):
 
     nn = torch.nn
     if isinstance(module, Activation):
-        return module.op, dict(module.params)
+        return module.op, {k: exact(v) for k, v in module.params.items()}
     if isinstance(module, nn.LeakyReLU):
-        return "leaky_relu", {"slope": sp.nsimplify(module.negative_slope)}
+        return "leaky_relu", {"slope": exact(module.negative_slope)}
     if isinstance(module, nn.GELU):
         return ("gelu", {}) if module.approximate == "none" else None
     if isinstance(module, nn.Softplus):
@@ -238,9 +240,10 @@ def from_torch(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) -> Archi
         if known is not None and known[0] in catalogue:
             nodes.append((path, dict(kind="activation", op=known[0], params=known[1], module=None)))
             continue
+        reference = next(module.parameters(), torch.zeros(()))
         with torch.no_grad():
             try:
-                shape = tuple(child(torch.zeros(2, width)).shape)
+                shape = tuple(child(torch.zeros(2, width, dtype=reference.dtype, device=reference.device)).shape)
             except Exception as error:  # the module's own failure, reported with its name
                 raise SpecError(f"layer {path} ({type(child).__name__}): cannot run it on a (batch, {width}) "
                                 f"input: {error}") from None
@@ -249,6 +252,12 @@ def from_torch(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) -> Archi
                             f"{(2, width)} -> {shape}")
         nodes.append((path, dict(kind="activation", op=type(child).__name__, params={}, module=child)))
     return _chain_graph(nodes)
+
+
+def _number(value) -> str:
+    """A hyper-parameter as spec text: integers as such, anything else as a Python float."""
+    value = sp.sympify(value)
+    return str(value) if value.is_Integer else repr(float(value))
 
 
 def to_spec_string(arch: Architecture) -> str:
@@ -260,7 +269,7 @@ def to_spec_string(arch: Architecture) -> str:
             bias = "" if node["bias"] else ", bias=False"
             parts.append(f"linear({node['in_features']}, {node['out_features']}{bias})")
         elif node["params"]:
-            parts.append(f"{node['op']}({', '.join(f'{k}={v}' for k, v in node['params'].items())})")
+            parts.append(f"{node['op']}({', '.join(f'{k}={_number(v)}' for k, v in node['params'].items())})")
         else:
             parts.append(node["op"])
     return " -> ".join(parts)

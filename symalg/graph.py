@@ -109,9 +109,14 @@ def validate(graph: nx.DiGraph) -> None:
                 f"layer {v} (linear): in_features={target['in_features']} but the previous "
                 f"layer {u} produces {width} features")
         source = graph.nodes[u]
-        produced = source.get("out_features", source.get("features", width))
+        if source["kind"] == "activation":
+            produced = graph.edges[next(iter(graph.in_edges(u)))]["features"]
+        else:
+            produced = source.get("out_features", source.get("features"))
         if not _same_width(produced, width):
-            raise SpecError(f"layer {u}: produces {produced} features but its edge says {width}")
+            raise SpecError(f"layer {u}: produces {produced} features but its edge to {v} says {width}")
+        if target["kind"] == "output" and not _same_width(target.get("features"), width):
+            raise SpecError(f"layer {v}: output features={target.get('features')} but layer {u} produces {width}")
     for node, data in graph.nodes(data=True):
         if data["kind"] == "linear":
             as_width(data["in_features"], f"layer {node} (linear) in_features")
@@ -173,7 +178,7 @@ class Architecture:
 
         def concrete(w):
             expr = sp.sympify(w).subs({s: by_name[s.name] for s in sp.sympify(w).free_symbols if s.name in by_name})
-            return as_width(int(expr) if expr.is_Integer else expr, "subs")
+            return as_width(int(expr) if expr.is_Integer else expr, f"subs: width {w}")
 
         graph = self.graph.copy()
         for v, data in graph.nodes(data=True):

@@ -34,7 +34,7 @@ __all__ = ["SymalgTorchPrinter", "LoweredFunction", "lower", "torch_source", "ev
 
 def identifier(name: str) -> str:
     """A Python identifier for a symbol name (``\\dot{W}_{1}`` → ``dot_W_1``)."""
-    cleaned = re.sub(r"\W+", "_", name.replace("\\", "")).strip("_")
+    cleaned = re.sub(r"[\W_]+", "_", name.replace("\\", "")).strip("_")
     return cleaned if cleaned.isidentifier() else f"_{cleaned}"
 
 
@@ -118,11 +118,13 @@ class SymalgTorchPrinter(TorchPrinter):
     def _print_Identity(self, expr):
         return f"torch.eye({self._print(expr.shape[0])}, **_like)"
 
-    def _print_Rational(self, expr):
-        # Exact rationals as Python floats (SymPy's default prints integer division for some cases).
-        return repr(float(expr))
-
-    _print_Half = _print_Rational
+    def _print(self, expr, **kwargs):
+        # Any non-integer real constant (1/5, sqrt(2)/2, pi) as a Python float: SymPy would print
+        # torch.sqrt(2), which fails on a Python int.
+        if isinstance(expr, sp.Expr) and not isinstance(expr, sp.MatrixExpr) and expr.is_number \
+                and not expr.is_Integer and expr.is_real:
+            return repr(float(expr))
+        return super()._print(expr, **kwargs)
 
 
 _PRINTER = SymalgTorchPrinter({"fully_qualified_modules": True})
@@ -189,11 +191,10 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
             if size.is_Symbol and size not in bound:
                 bound[size] = identifier(symbol.name)
                 lines.append(f"    {size} = {bound[size]}.shape[{axis - 2}]")
-    free = set().union(*(e.free_symbols for e in exprs)) - set(params) - set(args) - set(bound)
-    free = {s for s in free if not isinstance(s, sp.MatrixSymbol) or s not in params}
-    stray = sorted(str(s) for s in free if isinstance(s, sp.MatrixSymbol))
+    stray = sorted(str(s) for s in set().union(*(e.free_symbols for e in exprs)) - set(params) - set(args) - set(bound))
     if stray:
-        raise ValueError(f"lower({name}): expression uses {stray}, which are neither params nor args")
+        raise ValueError(f"lower({name}): expression uses {stray}, which are neither params, args nor widths "
+                         "read off their shapes")
     if reference is not None:
         lines.append(f"    _like = dict(dtype={reference}.dtype, device={reference}.device)")
     if outputs is None:

@@ -28,7 +28,9 @@ def _compiled(entry, params: tuple):
     if entry.radial:
         r = sp.Symbol("_norm", positive=True)
         body = f"z * ({torch_source(entry.expression(r, **dict(params)))})"
-        prologue = "    _norm = torch.linalg.vector_norm(z, dim=-1, keepdim=True)\n"
+        # ‖z‖ computed as s‖z/s‖ with s = max|z_i|, so that huge inputs do not overflow
+        prologue = ("    _scale = z.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(z.dtype).tiny)\n"
+                    "    _norm = _scale * torch.linalg.vector_norm(z / _scale, dim=-1, keepdim=True)\n")
     else:
         z = sp.Symbol("z", real=True)
         body, prologue = torch_source(entry.expression(z, **dict(params))), ""
@@ -43,7 +45,7 @@ def activation_function(op: str, params: Mapping | None = None, catalogue: Mappi
     if op not in catalogue:
         raise KeyError(f"activation {op!r} is not in the catalogue ({sorted(catalogue)})")
     entry = catalogue[op]
-    items = tuple(sorted((k, sp.nsimplify(v)) for k, v in entry.resolve(dict(params or {})).items()))
+    items = tuple(sorted(entry.resolve(dict(params or {})).items()))
     return _compiled(entry, items)
 
 

@@ -11,6 +11,8 @@ SymPy's own printers write ``\\operatorname{DiagMatrix}(d)``, ``1`` for a column
 """
 from __future__ import annotations
 
+import re
+
 import sympy as sp
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.str import StrPrinter
@@ -38,6 +40,11 @@ class SymalgStrPrinter(StrPrinter):
 
     def _print_OneMatrix(self, expr):
         return "1"
+
+    def _print_MatrixSymbol(self, expr):
+        # Velocity symbols are named in LaTeX (\dot{W}_{1}); print them as Ẇ_1 in plain text.
+        match = re.fullmatch(r"\\dot\{(\w+)\}_\{(\w+)\}", expr.name)
+        return f"{match[1]}\u0307_{match[2]}" if match else expr.name
 
 
 def latex(expr) -> str:
