@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+import sympy as sp
+
 from .catalogue import CATALOGUE
 from .graph import Architecture
 from .groups import SignFlips, SiteGroup
@@ -54,6 +56,11 @@ class Blocked:
         return f"{self.site} (node {self.node}): {self.reason}"
 
 
+def _is_trivial(group: SiteGroup) -> bool:
+    """True for a group with only the identity at a concrete width (e.g. ``S_1``): nothing to claim."""
+    return sp.sympify(group.width).is_Integer and not group.is_continuous and not group.discrete_generators()
+
+
 def infer_sites(arch: Architecture, catalogue: Mapping = CATALOGUE) -> tuple[tuple[Site, ...], tuple[Blocked, ...]]:
     """The hidden sites of ``arch`` with the groups acting on them, and the blocked symmetries."""
     linear = arch.linear_layers
@@ -73,6 +80,8 @@ def infer_sites(arch: Architecture, catalogue: Mapping = CATALOGUE) -> tuple[tup
         else:
             groups = []
             for group in catalogue[op].site_groups(width, **params):
+                if _is_trivial(group):
+                    continue
                 if isinstance(group, SignFlips) and group.center != 0 and not arch.node(consumer)["bias"]:
                     blocked.append(Blocked(consumer, name, f"sign flips need a bias in layer {consumer} to absorb "
                                                            f"the shift 2c = {2 * group.center} of {op}"))

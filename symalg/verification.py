@@ -161,15 +161,24 @@ def _rk4(loss, params, dt, steps):
     return state
 
 
-def _check_flow(analysis, loss, params, grads, tol, dt=2.5e-4, steps=40):
+def _flow_step(params, grads, max_dt=2.5e-4, max_move=1e-4) -> float:
+    """RK4 step for the conservation check: at most ``max_dt``, and small enough that one step moves θ
+    by at most ``max_move`` relative, so that integrator error stays far below the tolerance."""
+    theta = torch.sqrt(sum(p.pow(2).sum() for p in params.values())).item()
+    grad = torch.sqrt(sum(g.pow(2).sum() for g in grads.values())).item()
+    return min(max_dt, max_move * theta / max(grad, 1e-300))
+
+
+def _check_flow(analysis, loss, params, grads, tol, steps=40):
     results = []
     quantities = analysis.conserved_quantities()
+    dt = _flow_step(params, grads)
     if quantities:
         flowed = _rk4(loss, params, dt, steps)
         moved = max(_relative(flowed[k], params[k]) for k in params)
         for q in quantities:
             results.append(CheckResult("gradient_flow", q.symmetry.label, _relative(q(flowed), q(params)), tol,
-                                       f"RK4 dt={dt}, {steps} steps; θ moved {moved:.1e} (relative)"))
+                                       f"RK4 dt={dt:.1e}, {steps} steps; θ moved {moved:.1e} (relative)"))
     for j in analysis.angular_momenta():
         velocity = {k: -g for k, g in grads.items()}
         value = j(params, velocity)

@@ -1,0 +1,204 @@
+"""Orbit dimension: the generic formula in the widths against the numeric rank of ``M ↦ M·θ``.
+
+The symbolic formula is derived once per architecture family and substituted at many width
+combinations; the numeric rank needs a concrete analysis, so each combination is one ``subs``.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+
+import pytest
+import sympy as sp
+import torch
+
+import symalg
+
+MIN_COMBINATIONS = 50
+
+# name -> (spec, hidden width names)
+FAMILIES = {
+    "linear2_bias": ("linear(n, h) -> identity -> linear(h, m)", ["h"]),
+    "linear2_no_bias": ("linear(n, h, bias=False) -> identity -> linear(h, m, bias=False)", ["h"]),
+    "linear2_bias_in_only": ("linear(n, h) -> identity -> linear(h, m, bias=False)", ["h"]),
+    "linear2_bias_out_only": ("linear(n, h, bias=False) -> identity -> linear(h, m)", ["h"]),
+    "linear3_bias": ("linear(n, h1) -> identity -> linear(h1, h2) -> identity -> linear(h2, m)", ["h1", "h2"]),
+    "linear4_bias": ("linear(n, h1) -> identity -> linear(h1, h2) -> identity -> linear(h2, h3) -> identity "
+                     "-> linear(h3, m)", ["h1", "h2", "h3"]),
+    "linear3_no_bias": ("linear(n, h1, bias=False) -> identity -> linear(h1, h2, bias=False) -> identity "
+                        "-> linear(h2, m, bias=False)", ["h1", "h2"]),
+    "relu": ("linear(n, h) -> relu -> linear(h, m)", ["h"]),
+    "relu_no_bias": ("linear(n, h, bias=False) -> relu -> linear(h, m, bias=False)", ["h"]),
+    "relu_pow_relu": ("linear(n, h1) -> relu_pow -> linear(h1, h2) -> relu -> linear(h2, m)", ["h1", "h2"]),
+    "linear_relu_linear": ("linear(n, h1) -> identity -> linear(h1, h2) -> relu -> linear(h2, h3) -> identity "
+                           "-> linear(h3, m)", ["h1", "h2", "h3"]),
+    "tanh": ("linear(n, h) -> tanh -> linear(h, m)", ["h"]),
+    "sigmoid": ("linear(n, h) -> sigmoid -> linear(h, m)", ["h"]),
+    "gelu": ("linear(n, h1) -> gelu -> linear(h1, h2) -> gelu -> linear(h2, m)", ["h1", "h2"]),
+    "radial": ("linear(n, h) -> radial -> linear(h, m)", ["h"]),
+    "radial_no_bias": ("linear(n, h, bias=False) -> radial -> linear(h, m, bias=False)", ["h"]),
+    "radial_relu_radial": ("linear(n, h1) -> radial -> linear(h1, h2) -> relu -> linear(h2, h3, bias=False) -> radial "
+                           "-> linear(h3, m)", ["h1", "h2", "h3"]),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def family(name: str):
+    """The symbolic analysis and its orbit-dimension formula, derived once."""
+    spec, _ = FAMILIES[name]
+    analysis = symalg.derive(spec)
+    return analysis, analysis.orbit_dimension()
+
+
+def width_combinations(name: str) -> list[dict]:
+    """At least 50 deterministic width combinations, with hidden layers both narrower and (much)
+    wider than input + output."""
+    analysis, _ = family(name)
+    names = sorted(s.name for s in analysis.architecture.widths)
+    hidden = FAMILIES[name][1]
+    rng = random.Random(name)
+    combos = []
+    # hidden widths larger than input + output width, e.g. n = 2, h = 9, m = 3
+    for n, m in [(2, 3), (1, 1), (1, 2), (3, 1), (2, 2)]:
+        for extra in (1, 3):
+            combos.append({w: (n if w == "n" else m if w == "m" else n + m + extra + i) for i, w in
+                           enumerate(w for w in names)})
+    combos.append({w: (2 if w == "n" else 3 if w == "m" else 9) for w in names})
+    # all-small grid corners and random draws
+    for values in itertools.product((1, 2), repeat=len(names)):
+        combos.append(dict(zip(names, values)))
+    unique = []
+    for combo in combos:
+        if combo not in unique:
+            unique.append(combo)
+    while len(unique) < MIN_COMBINATIONS + 10:
+        combo = {w: rng.randint(1, 9 if w in hidden else 5) for w in names}
+        if combo not in unique:
+            unique.append(combo)
+    return unique
+
+
+def numeric_rank(name: str, widths: dict, seed: int) -> int:
+    analysis, _ = family(name)
+    concrete = analysis.subs(widths)
+    params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(seed))
+    return concrete.orbit_dimension(params)
+
+
+def formula_at(formula: sp.Expr, widths: dict) -> int:
+    value = formula.subs({s: widths[s.name] for s in formula.free_symbols})
+    assert value.is_Integer, f"formula {formula} at {widths} is {value}"
+    return int(value)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_formula_equals_numeric_rank(name):
+    _, formula = family(name)
+    combos = width_combinations(name)
+    assert len(combos) >= MIN_COMBINATIONS
+    hidden = FAMILIES[name][1]
+    assert any(all(c[h] > c["n"] + c["m"] for h in hidden) for c in combos)
+    mismatches = []
+    for seed, widths in enumerate(combos):
+        expected, actual = formula_at(formula, widths), numeric_rank(name, widths, seed)
+        if expected != actual:
+            mismatches.append((widths, expected, actual))
+    assert not mismatches, f"{name}: formula {formula} vs numeric rank (widths, formula, rank): {mismatches}"
+
+
+def test_wide_hidden_layer_example():
+    """n = 2, h = 9, m = 3: GL(9) acting on 9×2 + 9 + 3×9 parameters."""
+    widths = {"n": 2, "h": 9, "m": 3}
+    assert formula_at(family("linear2_bias")[1], widths) == numeric_rank("linear2_bias", widths, 0) == 81 - 6 * 6
+    assert formula_at(family("linear2_no_bias")[1], widths) == numeric_rank("linear2_no_bias", widths, 0) == 81 - 7 * 6
+    assert formula_at(family("relu")[1], widths) == numeric_rank("relu", widths, 0) == 9
+    assert formula_at(family("radial")[1], widths) == numeric_rank("radial", widths, 0) == 36 - 3  # so(9) minus so(3)
+
+
+@pytest.mark.parametrize("name, value", [("tanh", 0), ("sigmoid", 0), ("gelu", 0)])
+def test_families_without_continuous_symmetry_have_orbit_dimension_zero(name, value):
+    assert family(name)[1] == value
+
+
+def test_two_layer_linear_without_biases_closed_form():
+    formula = family("linear2_no_bias")[1]
+    n, h, m = sorted(formula.free_symbols, key=lambda s: "nhm".index(s.name))
+    for a, b, c in itertools.product(range(1, 11), repeat=3):
+        expected = b * b - (b - min(b, a)) * (b - min(b, c))
+        assert int(formula.subs({n: a, h: b, m: c})) == expected, (a, b, c)
+
+
+def test_two_layer_linear_with_biases_closed_form():
+    """A bias on the producer adds one to the input side: ``h² − (h − min(h, n + 1))(h − min(h, m))``."""
+    formula = family("linear2_bias")[1]
+    symbols = {s.name: s for s in formula.free_symbols}
+    for a, b, c in itertools.product(range(1, 9), repeat=3):
+        expected = b * b - (b - min(b, a + 1)) * (b - min(b, c))
+        assert int(formula.subs({symbols["n"]: a, symbols["h"]: b, symbols["m"]: c})) == expected, (a, b, c)
+
+
+@pytest.mark.parametrize("op", ["relu", "leaky_relu", "relu_pow"])
+@pytest.mark.parametrize("depth", [2, 3, 4, 5])
+@pytest.mark.parametrize("bias", [True, False])
+def test_relu_mlp_orbit_dimension_is_sum_of_hidden_widths(op, depth, bias):
+    b = "" if bias else ", bias=False"
+    widths = ["n"] + [f"h{i}" for i in range(1, depth)] + ["m"]
+    layers = []
+    for i in range(depth):
+        layers.append(f"linear({widths[i]}, {widths[i + 1]}{b})")
+        if i < depth - 1:
+            layers.append(op)
+    analysis = symalg.derive(" -> ".join(layers))
+    hidden = sp.Add(*[sp.Symbol(w, integer=True, positive=True) for w in widths[1:-1]])
+    assert sp.simplify(analysis.orbit_dimension() - hidden) == 0
+
+
+@pytest.mark.parametrize("spec, sites", [
+    ("linear(n, h1) -> radial -> linear(h1, h2) -> identity -> linear(h2, m)", ["h1", "h2"]),
+    ("linear(n, h1) -> identity -> linear(h1, h2) -> radial -> linear(h2, m)", ["h1", "h2"]),
+    ("linear(n, h1) -> relu -> linear(h1, h2) -> radial -> linear(h2, h3) -> identity -> linear(h3, m)", ["h2", "h3"]),
+])
+def test_adjacent_radial_and_linear_sites_have_no_closed_form(spec, sites):
+    analysis = symalg.derive(spec)
+    with pytest.raises(NotImplementedError) as error:
+        analysis.orbit_dimension()
+    message = str(error.value)
+    assert all(f"'{s}'" in message for s in sites)
+    assert "orbit_dimension(params)" in message
+    # the numeric rank still works at concrete widths
+    concrete = analysis.subs({s.name: 3 for s in analysis.architecture.widths})
+    params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(0))
+    rank = concrete.orbit_dimension(params)
+    assert 0 < rank <= sum(int(s.group.dim) for s in concrete.continuous)
+
+
+def test_radial_separated_by_rigid_site_has_closed_form():
+    analysis = symalg.derive("linear(n, h1) -> radial -> linear(h1, h2) -> tanh -> linear(h2, h3) -> radial -> linear(h3, m)")
+    formula = analysis.orbit_dimension()
+    for seed, widths in enumerate([{"n": 2, "h1": 6, "h2": 1, "h3": 7, "m": 1}, {"n": 3, "h1": 4, "h2": 2, "h3": 3, "m": 2},
+                                   {"n": 1, "h1": 9, "h2": 2, "h3": 8, "m": 2}]):
+        concrete = analysis.subs(widths)
+        params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(seed))
+        assert formula_at(formula, widths) == concrete.orbit_dimension(params)
+
+
+def test_numeric_rank_drops_at_non_generic_parameters():
+    """The formula is the generic value; at special θ (here ``b_in`` equal to a column of ``W_in``, so
+    ``[W_in, b_in]`` loses rank) the stabiliser grows and the orbit is smaller."""
+    concrete = family("linear2_bias")[0].subs({"n": 2, "h": 4, "m": 3})
+    params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(0))
+    generic = concrete.orbit_dimension(params)
+    assert generic == formula_at(family("linear2_bias")[1], {"n": 2, "h": 4, "m": 3})
+    degenerate = {k: v.clone() for k, v in params.items()}
+    degenerate["0.bias"] = degenerate["0.weight"][:, 0].clone()
+    assert concrete.orbit_dimension(degenerate) == generic - 1
+    zero = {k: torch.zeros_like(v) for k, v in params.items()}
+    assert concrete.orbit_dimension(zero) == 0
+
+
+def test_numeric_rank_reads_widths_from_params():
+    analysis = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)")
+    wrong = symalg.random_params(symalg.parse("linear(3, 5) -> relu -> linear(5, 2)"))
+    with pytest.raises(symalg.SpecError):
+        analysis.orbit_dimension(wrong)
