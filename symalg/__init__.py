@@ -28,7 +28,7 @@ from .numeric import network_function, random_data, random_params
 __all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry", "LoweredFunction", "Site", "Spec",
            "SpecError", "Symmetry", "catalogue", "derive", "from_torch", "groups", "infer_sites", "lower",
            "network_function", "nn", "overlay", "parameter_symbols", "parse", "random_data", "random_params",
-           "register", "to_module", "to_spec_string", "validate", "verify"]
+           "register", "report", "to_module", "to_spec_string", "validate", "verify"]
 __version__ = "0.1.0"
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import sympy as sp
 import torch
 
 from .derive import derive

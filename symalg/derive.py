@@ -13,37 +13,23 @@ q_1 = W_1∘^2*1 + b_1∘^2 - W_2.T∘^2*1   (h independent; Q_M = <M, q_1>)
 """
 from __future__ import annotations
 
-import dataclasses
-import random
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from typing import Mapping
 
 import sympy as sp
 import torch
 
 from .catalogue import CATALOGUE, CatalogueEntry
+from .checks import SymbolicCheck, symbolic_checks
 from .conserved import AngularMomentum, ConservedQuantity
 from .graph import Architecture
-from .groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
+from .groups import Orthogonal, SiteGroup
 from .inference import Blocked, Site, infer_sites
-from .printing import latex, sstr
 from .lowering import LoweredFunction, lower
+from .printing import latex, sstr
 
-__all__ = ["derive", "Analysis", "Symmetry", "SymbolicCheck", "parameter_symbols"]
-
-
-@dataclass(frozen=True)
-class SymbolicCheck:
-    """Outcome of a symbolic check: ``proved`` is True, False (a counterexample), or None (undecided)."""
-
-    statement: str
-    proved: bool | None
-    detail: str = ""
-
-    def __str__(self):
-        verdict = {True: "proved", False: "FALSE", None: "undecided"}[self.proved]
-        return f"{self.statement}: {verdict}" + (f" ({self.detail})" if self.detail else "")
+__all__ = ["derive", "Analysis", "Symmetry", "parameter_symbols"]
 
 
 def parameter_symbols(arch: Architecture) -> dict[str, sp.MatrixSymbol]:
@@ -56,77 +42,6 @@ def parameter_symbols(arch: Architecture) -> dict[str, sp.MatrixSymbol]:
         if node["bias"]:
             symbols[node["bias"]] = sp.MatrixSymbol(f"b_{k}", n_out, 1)
     return symbols
-
-
-def _is_zero(expr: sp.Expr) -> bool | None:
-    """True if SymPy simplifies ``expr`` to 0, False on a numeric counterexample, else None."""
-    simplified = sp.simplify(sp.sympify(expr).rewrite(sp.exp))
-    if simplified == 0:
-        return True
-    rng = random.Random(0)
-    for _ in range(5):
-        point = {s: sp.Float(rng.uniform(0.3, 2.0)) for s in simplified.free_symbols}
-        value = sp.N(simplified.subs(point))
-        if value.is_number and abs(complex(value)) > 1e-9:
-            return False
-    return None
-
-
-def _identity_check(entry: CatalogueEntry, group: SiteGroup, params: Mapping) -> SymbolicCheck:
-    """Decide the activation's declared identity ``σ(g z) = π(g) σ(z) + τ(g)`` for ``group``.
-
-    Pointwise identities are piecewise at 0, so they are decided separately for ``z > 0``,
-    ``z < 0`` and ``z = 0``.
-    """
-    if entry.radial:
-        ok = isinstance(group, (Orthogonal, Permutations, SignFlips)) and getattr(group, "center", 0) == 0
-        return SymbolicCheck("σ(g z) = g σ(z), σ(z) = f(‖z‖) z, ‖g z‖ = ‖z‖", True if ok else None,
-                             "radial by construction" if ok else "radial entry, non-orthogonal group")
-    p = sp.Symbol("p", positive=True)
-    signs = (p, -p, sp.Integer(0))
-    sigma = lambda t: entry.expression(t, **params)  # noqa: E731
-    if isinstance(group, Permutations):
-        return SymbolicCheck("σ(P z) = P σ(z)", True, "pointwise")
-    if isinstance(group, PositiveScaling):
-        c = sp.Symbol("c", positive=True)
-        residuals = [sigma(c * z) - c ** group.alpha * sigma(z) for z in signs]
-        statement = f"σ(c z) = c^{group.alpha} σ(z), c > 0"
-    elif isinstance(group, SignFlips):
-        residuals = [sigma(-z) + sigma(z) - 2 * group.center for z in signs]
-        statement = f"σ(−z) = {2 * group.center} − σ(z)"
-    elif isinstance(group, GeneralLinear):
-        a, b = sp.symbols("a b", real=True)
-        z, w = sp.symbols("z w", real=True)
-        residuals = [sigma(a * z + b * w) - a * sigma(z) - b * sigma(w)]
-        statement = "σ linear: σ(a z + b w) = a σ(z) + b σ(w)"
-    else:
-        return SymbolicCheck(f"σ equivariant under {group.name}", None, "no symbolic rule for this group")
-    verdicts = [_is_zero(r) for r in residuals]
-    proved = False if False in verdicts else (True if all(verdicts) else None)
-    return SymbolicCheck(statement, proved)
-
-
-def _infinitesimal_check(entry: CatalogueEntry, group: SiteGroup, params: Mapping) -> SymbolicCheck:
-    """Decide ``dσ(z)[M z] = dπ(M) σ(z)``, which makes ``⟨∇L, M·θ⟩ = 0`` (δF = 0 at every input).
-
-    For positive scaling it is Euler's identity ``z σ'(z) = α σ(z)``; for ``GL`` linearity of σ;
-    for ``O(h)`` radial σ gives ``dσ(z)[A z] = A σ(z)`` for antisymmetric ``A``.
-    """
-    if isinstance(group, PositiveScaling) and not entry.radial:
-        p = sp.Symbol("p", positive=True)
-        z = sp.Symbol("z", real=True)
-        derivative = sp.diff(entry.expression(z, **params), z)
-        verdicts = [_is_zero((t * derivative.subs(z, t) - group.alpha * entry.expression(t, **params)))
-                    for t in (p, -p)]
-        proved = False if False in verdicts else (True if all(verdicts) else None)
-        return SymbolicCheck(f"Euler: z σ'(z) = {group.alpha} σ(z) (z ≠ 0)", proved)
-    if isinstance(group, GeneralLinear):
-        identity = _identity_check(entry, group, params)
-        return SymbolicCheck("dσ(z)[M z] = M σ(z) (σ linear)", identity.proved)
-    if isinstance(group, Orthogonal):
-        return SymbolicCheck("dσ(z)[A z] = A σ(z), A antisymmetric", _identity_check(entry, group, params).proved,
-                             "d‖z‖[A z] = zᵀA z / ‖z‖ = 0")
-    return SymbolicCheck("no continuous part", True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -258,27 +173,13 @@ def _reads(symbols: Mapping[str, sp.MatrixSymbol]) -> dict:
     return {symbol: name for name, symbol in symbols.items()}
 
 
-def _site_action(group: SiteGroup, g, w_in, b_in, w_out, b_out) -> dict[str, sp.MatrixExpr]:
-    """The action by role: ``W_in ↦ g W_in``, ``b_in ↦ g b_in``, ``W_out ↦ W_out π(g)⁻¹`` and, for an
-    affine identity, ``b_out ↦ b_out − W_out π(g)⁻¹ τ(g)``; roles given as None are left out."""
-    G, inverse, shift = group.as_operator(g), group.rep_inverse_expr(g), group.shift_expr(g)
-    action = {"W_out": w_out * inverse}
-    if w_in is not None:
-        action["W_in"] = G * w_in
-    if b_in is not None:
-        action["b_in"] = G * b_in
-    if shift is not None:
-        action["b_out"] = b_out - w_out * inverse * shift
-    return action
-
-
 def _symmetry(arch: Architecture, site: Site, group: SiteGroup, symbols: dict, entry: CatalogueEntry) -> Symmetry:
     producer, consumer = arch.node(site.producer), arch.node(site.consumer)
     roles = {"W_in": producer["weight"], "b_in": producer["bias"], "W_out": consumer["weight"], "b_out": consumer["bias"]}
     touched = {name: symbols[name] for name in roles.values() if name}
     role_symbol = {role: symbols[name] if name else None for role, name in roles.items()}
     g = group.element_symbol(f"g_{site.index}" if group.element_format == "matrix" else f"d_{site.index}")
-    action = {roles[role]: expr for role, expr in _site_action(group, g, **{k.lower(): v for k, v in role_symbol.items()}).items()}
+    action = {roles[role]: expr for role, expr in group.site_action(g, **{k.lower(): v for k, v in role_symbol.items()}).items()}
     infinitesimal, M = {}, None
     if group.is_continuous:
         M = group.element_symbol(f"M_{site.index}" if group.element_format == "matrix" else f"m_{site.index}")
@@ -288,62 +189,9 @@ def _symmetry(arch: Architecture, site: Site, group: SiteGroup, symbols: dict, e
         if roles["b_in"]:
             infinitesimal[roles["b_in"]] = M_op * role_symbol["b_in"]
     params = tuple(sorted(site.params.items()))
-    checks = _checks(entry, dataclasses.replace(group, width=_GENERIC_WIDTH), params)
+    checks = symbolic_checks(entry, group, params)
     return Symmetry(site, group, touched, g, action, M, infinitesimal, checks, roles)
 
-
-_GENERIC_WIDTH = sp.Symbol("h", integer=True, positive=True)
-
-
-@lru_cache(maxsize=None)
-def _checks(entry: CatalogueEntry, group: SiteGroup, params: tuple) -> tuple[SymbolicCheck, ...]:
-    """The symbolic checks of one (activation, group) pair, at a symbolic width (cached: they do not
-    depend on the width)."""
-    params = dict(params)
-    return (_identity_check(entry, group, params), _invariance_check(group),
-            _infinitesimal_check(entry, group, params))
-
-
-def _invariance_check(group: SiteGroup) -> SymbolicCheck:
-    """Prove that, given the declared identity, the site's contribution to the next layer is unchanged,
-    ``W_out' (π(g) s + τ(g)) + b_out' = W_out s + b_out`` for the activation output ``s``: first for
-    symbolic widths, else with width-2 matrices of symbols."""
-    h, q = group.width, sp.Symbol("q", integer=True, positive=True)
-    g = group.element_symbol("g")
-    s, w_out, b_out = sp.MatrixSymbol("s", h, 1), sp.MatrixSymbol("U", q, h), sp.MatrixSymbol("c", q, 1)
-    action = _site_action(group, g, None, None, w_out, b_out)
-    shift = group.shift_expr(g)
-    image = group.rep_expr(g) * s + (shift if shift is not None else sp.ZeroMatrix(h, 1))
-    residual = (action["W_out"] * image + action.get("b_out", b_out) - (w_out * s + b_out)).doit()
-    if isinstance(group, (Orthogonal, Permutations)):
-        residual = sp.refine(residual.expand().doit(), sp.Q.orthogonal(g))
-    statement = "W_out' (π(g) s + τ(g)) + b_out' = W_out s + b_out"
-    if sp.simplify(residual.expand()) == sp.ZeroMatrix(*residual.shape) or sp.simplify(residual) == 0:
-        return SymbolicCheck(statement, True, "all widths")
-    explicit = _explicit_residual(residual, group, g)
-    return SymbolicCheck(statement, explicit, "at width 2, symbolic entries" if explicit else "")
-
-
-def _explicit_residual(residual, group, g) -> bool | None:
-    """Decide a residual with every matrix replaced by a width-2 matrix of symbols."""
-    concrete = residual.subs({w: 2 for w in residual.atoms(sp.Symbol)})
-    t = sp.Symbol("t", real=True)
-    element = {
-        GeneralLinear: lambda: sp.ImmutableMatrix(2, 2, sp.symbols("a:4", real=True)),
-        Orthogonal: lambda: sp.ImmutableMatrix([[sp.cos(t), -sp.sin(t)], [sp.sin(t), sp.cos(t)]]),
-        PositiveScaling: lambda: sp.ImmutableMatrix(sp.symbols("d:2", positive=True)),
-        SignFlips: lambda: sp.ImmutableMatrix([[-1, 0], [0, 1]]),
-        Permutations: lambda: sp.ImmutableMatrix([[0, 1], [1, 0]]),
-    }[type(group)]()
-    replacements = {}
-    for symbol in concrete.atoms(sp.MatrixSymbol):
-        rows, cols = (int(d) for d in symbol.shape)
-        replacements[symbol] = element if symbol.name == g.name else sp.ImmutableMatrix(
-            rows, cols, sp.symbols(f"{symbol.name}_:{rows * cols}", real=True))
-    explicit = concrete.xreplace(replacements).doit()
-    explicit = explicit.as_explicit() if isinstance(explicit, sp.MatrixExpr) else explicit
-    verdicts = [_is_zero(entry) for entry in sp.Matrix(explicit)]
-    return False if False in verdicts else (True if all(verdicts) else None)
 
 
 @dataclass(frozen=True, eq=False)

@@ -141,6 +141,19 @@ class SiteGroup:
     def shift_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr | None:
         return None
 
+    def site_action(self, g, w_in=None, b_in=None, w_out=None, b_out=None) -> dict[str, sp.MatrixExpr]:
+        """The action by role: ``W_in ↦ g W_in``, ``b_in ↦ g b_in``, ``W_out ↦ W_out π(g)⁻¹`` and, for an
+        affine identity, ``b_out ↦ b_out − W_out π(g)⁻¹ τ(g)``; roles given as None are left out."""
+        G, inverse, shift = self.as_operator(g), self.rep_inverse_expr(g), self.shift_expr(g)
+        action = {"W_out": w_out * inverse}
+        if w_in is not None:
+            action["W_in"] = G * w_in
+        if b_in is not None:
+            action["b_in"] = G * b_in
+        if shift is not None:
+            action["b_out"] = b_out - w_out * inverse * shift
+        return action
+
     def _to_matrix(self, m: sp.ImmutableMatrix) -> sp.ImmutableMatrix:
         return sp.ImmutableMatrix(sp.diag(*m)) if self.element_format == "diagonal" else m
 
@@ -236,7 +249,8 @@ class PositiveScaling(SiteGroup):
         return f"PositiveScaling({self.width}, alpha={self.alpha})"
 
     def latex(self):
-        return rf"(\mathbb{{R}}_{{>0}})^{{{sp.latex(sp.sympify(self.width))}}},\ \pi(g) = g^{{{sp.latex(sp.sympify(self.alpha))}}}"
+        width, alpha = sp.latex(sp.sympify(self.width)), sp.latex(sp.sympify(self.alpha))
+        return rf"(\mathbb{{R}}_{{>0}})^{{{width}}},\ \pi(g) = g^{{{alpha}}}"
 
     @property
     def dim(self):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 
-import sympy as sp
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.str import StrPrinter
 

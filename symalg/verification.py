@@ -110,7 +110,8 @@ def _elements(symmetry, generator, dtype, device):
             elements.append((label, group.exp(M)))
         if isinstance(group, (GeneralLinear, Orthogonal)):
             reflection = group.discrete_generators(dtype, device)[0]
-            elements.append(("other component", reflection @ group.exp(group.random_algebra_element(1.0, generator, dtype, device))))
+            M = group.random_algebra_element(1.0, generator, dtype, device)
+            elements.append(("other component", reflection @ group.exp(M)))
     return elements
 
 

@@ -12,7 +12,7 @@ import torch
 import symalg
 from symalg.catalogue import CatalogueEntry, declare_homogeneous
 from symalg.graph import SpecError
-from symalg.groups import Orthogonal, PositiveScaling, SignFlips
+from symalg.groups import Orthogonal, PositiveScaling
 from symalg.numeric import mse_loss, random_data
 from symalg.verification import TOLERANCES
 
