@@ -77,7 +77,7 @@ class SymalgTorchPrinter(TorchPrinter):
     def _print_MatMul(self, expr):
         # (1) diag(d) X is printed as the broadcast product d * X (and X diag(d) as X * dᵀ) rather than
         #     a dense h×h matrix product; (2) X 1 (a column of ones) as a row sum, not a matmul;
-        # (3) scalar factors stay one Python product in front, as in SymPy's printer.
+        # (3) X A⁻¹ as a linear solve; (4) scalar factors stay one Python product in front.
         scalars = [a for a in expr.args if not isinstance(a, sp.MatrixExpr)]
         factors = [a for a in expr.args if isinstance(a, sp.MatrixExpr)]
         leading = []
@@ -89,6 +89,9 @@ class SymalgTorchPrinter(TorchPrinter):
                 result = f"{result}.sum(-1, keepdim=True)"
             elif isinstance(factor, sp.DiagMatrix):
                 result = f"({result} * {self._print(factor.args[0])}.transpose(-1, -2))"
+            elif isinstance(factor, sp.Inverse):
+                # X A⁻¹ solved as X = B A rather than forming the inverse: faster and more accurate.
+                result = f"{self._module_format('torch.linalg.solve')}({self._print(factor.arg)}, {result}, left=False)"
             else:
                 result = f"{self._module_format('torch.matmul')}({result}, {self._print(factor)})"
         for factor in reversed(leading):
@@ -97,11 +100,27 @@ class SymalgTorchPrinter(TorchPrinter):
             result = f"{self.parenthesize(sp.Mul(*scalars), 40)}*{result}"
         return result
 
+    def _print_MatAdd(self, expr):
+        # SymPy folds torch.add(torch.add(A, B), (-1)*C): nested calls plus a multiply per negative
+        # term. Print one flat sum with subtraction instead.
+        text = ""
+        for term in expr.args:
+            coeff, rest = term.as_coeff_mmul()
+            negative = coeff == -1
+            printed = self._print(rest if negative else term)
+            text = (f"-{printed}" if negative else printed) if not text else \
+                f"{text} {'-' if negative else '+'} {printed}"
+        return f"({text})"
+
     def _print_DiagMatrix(self, expr):
         # A stand-alone diag(d): d is an h×1 column; torch.diag_embed builds (..., h, h).
         return f"{self._module_format('torch.diag_embed')}({self._print(expr.args[0])}.squeeze(-1))"
 
     def _print_HadamardPower(self, expr):
+        # Squares of a plain symbol (or its transpose) as X * X, which is faster than torch.pow(X, 2).
+        if expr.exp == 2 and isinstance(expr.base, (sp.MatrixSymbol, sp.Transpose)):
+            base = self._print(expr.base)
+            return f"({base} * {base})"
         return f"{self._module_format('torch.pow')}({self._print(expr.base)}, {self._print(expr.exp)})"
 
     def _print_MatPow(self, expr):
@@ -173,39 +192,49 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     """
     outputs = dict(expr) if isinstance(expr, Mapping) else None
     exprs = list(outputs.values()) if outputs is not None else [expr]
-    lines = [f"def {name}(params{''.join(', ' + identifier(a.name) for a in args)}):"]
-    bound: dict[sp.Symbol, str] = {}
-    reference = None
-    vector_inputs = set(vector_inputs)
-    for symbol, param_name in params.items():
-        suffix = ".unsqueeze(-1)" if symbol in vector_inputs else ""
-        lines.append(f"    {identifier(symbol.name)} = params[{param_name!r}]{suffix}")
-        reference = reference or identifier(symbol.name)
-    for symbol in args:
-        if symbol in vector_inputs:
-            lines.append(f"    {identifier(symbol.name)} = {identifier(symbol.name)}.unsqueeze(-1)")
-        reference = reference or identifier(symbol.name)
-    for symbol in list(params) + list(args):
-        for axis, size in enumerate(symbol.shape):
-            size = sp.sympify(size)
-            if size.is_Symbol and size not in bound:
-                bound[size] = identifier(symbol.name)
-                lines.append(f"    {size} = {bound[size]}.shape[{axis - 2}]")
-    stray = sorted(str(s) for s in set().union(*(e.free_symbols for e in exprs)) - set(params) - set(args) - set(bound))
-    if stray:
-        raise ValueError(f"lower({name}): expression uses {stray}, which are neither params, args nor widths "
-                         "read off their shapes")
-    if reference is not None:
-        lines.append(f"    _like = dict(dtype={reference}.dtype, device={reference}.device)")
     if outputs is None:
-        lines.append(f"    return {torch_source(expr)}")
+        body = [f"    return {torch_source(expr)}"]
     else:
-        lines.append("    return {")
-        for key, value in outputs.items():
-            suffix = ".squeeze(-1)" if key in vector_outputs else ""
-            lines.append(f"        {key!r}: {torch_source(value)}{suffix},")
-        lines.append("    }")
-    source = "\n".join(lines)
+        body = ["    return {"]
+        body += [f"        {key!r}: {torch_source(value)}{'.squeeze(-1)' if key in vector_outputs else ''},"
+                 for key, value in outputs.items()]
+        body.append("    }")
+    needs_like = any("_like" in line for line in body)
+    used = set().union(*(e.free_symbols for e in exprs))
+    stray = sorted(str(s) for s in used - set(params) - set(args) if isinstance(s, sp.MatrixSymbol))
+    if stray:
+        raise ValueError(f"lower({name}): expression uses {stray}, which are neither params nor args")
+    # read the parameters the expressions use, plus any needed only for a width or for dtype/device
+    reads = [s for s in params if s in used]
+    inputs = reads + list(args)
+    missing = {s for s in used if not isinstance(s, sp.MatrixSymbol)} - {w for m in inputs for w in m.shape}
+    for symbol in params:
+        if symbol not in reads and (missing & set(symbol.shape) or (needs_like and not inputs)):
+            reads.append(symbol)
+            inputs.append(symbol)
+            missing -= set(symbol.shape)
+    lines = [f"def {name}(params{''.join(', ' + identifier(a.name) for a in args)}):"]
+    vector_inputs = set(vector_inputs)
+    for symbol in reads:
+        suffix = ".unsqueeze(-1)" if symbol in vector_inputs else ""
+        lines.append(f"    {identifier(symbol.name)} = params[{params[symbol]!r}]{suffix}")
+    lines += [f"    {identifier(s.name)} = {identifier(s.name)}.unsqueeze(-1)" for s in args if s in vector_inputs]
+    bound = set()
+    for symbol in inputs:
+        for axis, size in enumerate(symbol.shape):
+            if sp.sympify(size).is_Symbol and size not in bound:
+                bound.add(size)
+                lines.append(f"    {size} = {identifier(symbol.name)}.shape[{axis - 2}]")
+    unbound = sorted(str(s) for s in used - bound if not isinstance(s, sp.MatrixSymbol))
+    if unbound:
+        raise ValueError(f"lower({name}): expression uses {unbound}, which are neither params, args nor widths "
+                         "read off their shapes")
+    if needs_like:
+        if not inputs:
+            raise ValueError(f"lower({name}): a constant matrix needs at least one input for its dtype and device")
+        reference = identifier(inputs[0].name)
+        lines.append(f"    _like = dict(dtype={reference}.dtype, device={reference}.device)")
+    source = "\n".join(lines + body)
     namespace = {"torch": torch}
     exec(compile(source, f"<symalg.lowered.{name}>", "exec"), namespace)
     return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), namespace[name])
