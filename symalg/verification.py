@@ -25,7 +25,7 @@ Checks, each reported per symmetry with its maximum relative error and the toler
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
@@ -36,7 +36,7 @@ from .groups import GeneralLinear, Orthogonal
 from .lowering import evaluate_symbolic
 from .numeric import mse_loss, network_function, random_data, random_params
 
-__all__ = ["verify", "CheckResult", "VerificationReport", "TOLERANCES"]
+__all__ = ["verify", "default_widths", "CheckResult", "VerificationReport", "TOLERANCES"]
 
 TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
 """Relative tolerance of every check, keyed by dtype."""
@@ -70,6 +70,7 @@ class VerificationReport:
     checks: tuple[CheckResult, ...]
     dtype: torch.dtype
     device: str
+    widths: dict = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -81,8 +82,9 @@ class VerificationReport:
 
     def summary(self) -> str:
         n_fail = len(self.failures)
+        at = f", widths {', '.join(f'{k}={v}' for k, v in self.widths.items())}" if self.widths else ""
         return (f"{len(self.checks) - n_fail} passed, {n_fail} failed "
-                f"({len(self.checks)} checks, {str(self.dtype).replace('torch.', '')}, {self.device})")
+                f"({len(self.checks)} checks, {str(self.dtype).replace('torch.', '')}, {self.device}{at})")
 
     def __str__(self):
         return "\n".join([str(c) for c in self.checks] + [self.summary()])
@@ -234,6 +236,11 @@ def _compare(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values: Mappin
                for n, e in exprs.items())
 
 
+def default_widths(arch) -> dict[str, int]:
+    """Widths used when none are given: 3, 4, 5, ... in alphabetical order of the width names."""
+    return {name: 3 + i for i, name in enumerate(sorted(str(s) for s in arch.widths))}
+
+
 def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tuple | None = None, device: str = "cpu",
            dtype: torch.dtype = torch.float64, widths: Mapping | None = None, seed: int = 0,
            symbolic_limit: int = _SYMBOLIC_LIMIT) -> VerificationReport:
@@ -245,7 +252,8 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     params : ``{name: tensor}`` (e.g. ``dict(model.named_parameters())``); random when None.
     data : ``(x, y)`` in torch's row layout; random when None.
     device, dtype : where and in which precision to run (float64 by default).
-    widths : values for symbolic widths when ``params`` is None.
+    widths : values for symbolic widths when ``params`` is None; by default :func:`default_widths`
+        (recorded in the report).
     seed : seed of the random parameters, data and group elements.
     symbolic_limit : largest parameter count for the exact SymPy comparison of lowered code.
     """
@@ -256,14 +264,15 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     arch = analysis.architecture
     if params is not None:
         params = {k: v.detach().to(device=device, dtype=dtype) for k, v in params.items()}
-        concrete = arch.widths_from_params(params)
-        if concrete:
-            analysis = analysis.subs({str(k): v for k, v in concrete.items()})
+        substituted = {str(k): v for k, v in arch.widths_from_params(params).items()}
     else:
-        if arch.widths:
-            if not widths:
-                raise SpecError(f"verify: widths {sorted(map(str, arch.widths))} are symbolic; pass params or widths=")
-            analysis = analysis.subs(widths)
+        substituted = {str(k): int(v) for k, v in (widths or default_widths(arch)).items()} if arch.widths else {}
+        missing = sorted(str(s) for s in arch.widths if str(s) not in substituted)
+        if missing:
+            raise SpecError(f"verify: no value for the symbolic widths {missing}; pass params or widths=")
+    if substituted:
+        analysis = analysis.subs(substituted)
+    if params is None:
         params = random_params(analysis.architecture, generator, dtype, device)
     arch = analysis.architecture
     x, y = data if data is not None else random_data(arch, generator=generator, dtype=dtype, device=device)
@@ -284,4 +293,4 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     if sum(p.numel() for p in params.values()) <= symbolic_limit:
         with torch.no_grad():
             checks += _check_lowering(analysis, params, generator, tol)
-    return VerificationReport(tuple(checks), dtype, str(device))
+    return VerificationReport(tuple(checks), dtype, str(device), substituted)

@@ -64,5 +64,5 @@ def test_readme_python_example_runs():
     code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
     namespace = {}
     exec(compile(code, "README.md", "exec"), namespace)
-    assert namespace["report"].passed
+    assert namespace["report"].passed, str(namespace["report"])
     assert namespace["concrete"].orbit_dimension(namespace["params"]) == 5

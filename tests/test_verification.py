@@ -264,13 +264,20 @@ def test_verify_rejects_unsupported_dtype():
         symalg.verify(symalg.derive("linear(3, 4) -> relu -> linear(4, 2)"), dtype=torch.float16)
 
 
-def test_symbolic_widths_without_params_raise_clear_error():
+def test_symbolic_widths_without_params_verify_at_stated_default_widths():
+    analysis = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
+    report = symalg.verify(analysis)
+    assert report.passed and report.widths == {"h": 3, "m": 4, "n": 5}
+    assert "widths h=3, m=4, n=5" in report.summary()
+
+
+def test_partial_widths_raise_clear_error_naming_the_missing_ones():
     analysis = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
     with pytest.raises(SpecError) as error:
-        symalg.verify(analysis)
+        symalg.verify(analysis, widths={"h": 4})
     message = str(error.value)
-    assert "symbolic" in message and "widths=" in message
-    for name in ("n", "h", "m"):
+    assert "symbolic widths" in message and "widths=" in message
+    for name in ("n", "m"):
         assert f"'{name}'" in message
 
 
