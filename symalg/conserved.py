@@ -23,14 +23,10 @@ from functools import cached_property
 
 import sympy as sp
 
+from .lowering import LoweredFunction, lower, reads
 from .printing import latex, sstr
-from .lowering import LoweredFunction, lower
 
 __all__ = ["ConservedQuantity", "AngularMomentum"]
-
-
-def _reads(symbols: dict) -> dict:
-    return {symbol: name for name, symbol in symbols.items()}
 
 
 def _biases(symbols: dict) -> list:
@@ -44,8 +40,9 @@ class ConservedQuantity:
 
     ``expr`` is the matrix ``C`` (``h × h``, for ``GL``) or the vector ``q`` (``h × 1``, for positive
     scaling) whose entries are conserved; ``q_expr`` is ``Q_M = tr(M C)`` (resp. ``mᵀ q``) for a
-    symmetric algebra element ``M``; ``count`` is the number of independent ``M`` (the dimension of the
-    symmetric part of the algebra). ``symbols`` maps parameter names to their symbols.
+    symmetric algebra element ``M``; ``count`` is the number of quantities, one per basis element of the
+    symmetric part of the algebra (they can be functionally dependent: see
+    :meth:`~symalg.derive.Analysis.independent_conserved`). ``symbols`` maps parameter names to symbols.
     """
 
     symmetry: "object"
@@ -67,17 +64,13 @@ class ConservedQuantity:
     def count(self) -> sp.Expr:
         return self.symmetry.group.n_symmetric
 
-    def at(self, substitutions: dict) -> sp.MatrixExpr:
-        """``expr`` with parameter symbols replaced by other matrix expressions (e.g. gradients)."""
-        return self.expr.xreplace(substitutions)
-
     def latex(self) -> str:
         site = self.symmetry.site
         head = rf"Q_{{M}} = {latex(self.q_expr)}" if self.expr.shape[1] != 1 else rf"Q_{{m}} = m^{{T}} q_{{{site.index}}}"
         return rf"{head},\quad {latex(sp.Symbol(self.name))} = {latex(self.expr)}"
 
     def __str__(self):
-        return f"{self.name} = {sstr(self.expr)}   ({self.count} independent; Q_M = <M, {self.name}>)"
+        return f"{self.name} = {sstr(self.expr)}   ({self.count} quantities, Q_M = <M, {self.name}>)"
 
     def _repr_latex_(self):
         return f"${self.latex()}$"
@@ -85,7 +78,7 @@ class ConservedQuantity:
     @cached_property
     def lowered(self) -> LoweredFunction:
         """``params ↦ C`` (or ``q`` as a vector) as a torch callable."""
-        return lower(self.name, {"value": self.expr}, _reads(self.symbols),
+        return lower(self.name, {"value": self.expr}, reads(self.symbols),
                      vector_outputs=("value",) if self.expr.shape[1] == 1 else (), vector_inputs=_biases(self.symbols))
 
     def __call__(self, params):
@@ -120,9 +113,9 @@ class AngularMomentum:
     @cached_property
     def lowered(self) -> LoweredFunction:
         """``(params, velocity) ↦ J``: ``velocity`` is a dict name → tensor like ``params``."""
-        reads = {**_reads(self.symbols), **{v: f"__velocity__{k}" for k, v in self.velocities.items()}}
+        inputs = {**reads(self.symbols), **{v: f"__velocity__{k}" for k, v in self.velocities.items()}}
         vectors = _biases(self.symbols) + _biases(self.velocities)
-        return lower(self.name, {"value": self.expr}, reads, vector_inputs=vectors)
+        return lower(self.name, {"value": self.expr}, inputs, vector_inputs=vectors)
 
     def __call__(self, params, velocity):
         merged = dict(params)

@@ -9,7 +9,7 @@ samples as columns). Widths stay symbolic unless the architecture is concrete.
 >>> [(s.group.name, s.group.is_continuous) for s in analysis.symmetries]
 [('PositiveScaling(h, alpha=1)', True), ('S(h)', False)]
 >>> print(analysis.conserved_quantities()[0])
-q_1 = W_1∘^2*1 + b_1∘^2 - W_2.T∘^2*1   (h independent; Q_M = <M, q_1>)
+q_1 = W_1∘^2*1 + b_1∘^2 - W_2.T∘^2*1   (h quantities, Q_M = <M, q_1>)
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .conserved import AngularMomentum, ConservedQuantity
 from .graph import Architecture
 from .groups import Orthogonal, SiteGroup
 from .inference import Blocked, Site, infer_sites
-from .lowering import LoweredFunction, lower
+from .lowering import LoweredFunction, lower, reads
 from .printing import latex, sstr
 
 __all__ = ["derive", "Analysis", "Symmetry", "parameter_symbols"]
@@ -114,7 +114,7 @@ class Symmetry:
     @cached_property
     def lowered_action(self) -> LoweredFunction:
         """``(params, g) ↦ {name: transformed tensor}`` for the touched parameters."""
-        return lower(f"act_{self.site.name}_{self.group.symbol}", self.action, _reads(self.symbols),
+        return lower(f"act_{self.site.name}_{self.group.symbol}", self.action, reads(self.symbols),
                      args=[self.element], vector_outputs=self.bias_names, vector_inputs=self._vector_inputs)
 
     @cached_property
@@ -122,7 +122,7 @@ class Symmetry:
         """``(params, M) ↦ {name: M·θ}``; ``M`` may carry leading batch dimensions."""
         if not self.infinitesimal:
             raise ValueError(f"{self.label} is discrete: it has no infinitesimal action")
-        return lower(f"tangent_{self.site.name}_{self.group.symbol}", self.infinitesimal, _reads(self.symbols),
+        return lower(f"tangent_{self.site.name}_{self.group.symbol}", self.infinitesimal, reads(self.symbols),
                      args=[self.algebra_element], vector_outputs=self.bias_names, vector_inputs=self._vector_inputs)
 
     @property
@@ -166,11 +166,6 @@ def _dotted(name: str) -> str:
     """The velocity's symbol name: ``W_1`` → ``\\dot{W}_{1}``."""
     base, _, index = name.partition("_")
     return rf"\dot{{{base}}}_{{{index}}}"
-
-
-def _reads(symbols: Mapping[str, sp.MatrixSymbol]) -> dict:
-    """``{symbol: parameter name}``, the form :func:`~symalg.lowering.lower` reads parameters in."""
-    return {symbol: name for name, symbol in symbols.items()}
 
 
 def _symmetry(arch: Architecture, site: Site, group: SiteGroup, symbols: dict, entry: CatalogueEntry) -> Symmetry:

@@ -29,7 +29,7 @@ import sympy as sp
 import torch
 from sympy.printing.pytorch import TorchPrinter
 
-__all__ = ["SymalgTorchPrinter", "LoweredFunction", "lower", "torch_source", "evaluate_symbolic"]
+__all__ = ["SymalgTorchPrinter", "LoweredFunction", "lower", "reads", "torch_source", "evaluate_symbolic"]
 
 
 def identifier(name: str) -> str:
@@ -175,6 +175,11 @@ class LoweredFunction:
         return self.fn(params, *args)
 
 
+def reads(symbols: Mapping[str, sp.MatrixSymbol]) -> dict[sp.MatrixSymbol, str]:
+    """``{symbol: parameter name}`` from ``{parameter name: symbol}``: the form :func:`lower` reads."""
+    return {symbol: name for name, symbol in symbols.items()}
+
+
 def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: Mapping[sp.MatrixSymbol, str],
           args: Sequence[sp.MatrixSymbol] = (), vector_outputs: Sequence[str] = (),
           vector_inputs: Sequence[sp.MatrixSymbol] = ()) -> LoweredFunction:
@@ -205,17 +210,17 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     if stray:
         raise ValueError(f"lower({name}): expression uses {stray}, which are neither params nor args")
     # read the parameters the expressions use, plus any needed only for a width or for dtype/device
-    reads = [s for s in params if s in used]
-    inputs = reads + list(args)
+    to_read = [s for s in params if s in used]
+    inputs = to_read + list(args)
     missing = {s for s in used if not isinstance(s, sp.MatrixSymbol)} - {w for m in inputs for w in m.shape}
     for symbol in params:
-        if symbol not in reads and (missing & set(symbol.shape) or (needs_like and not inputs)):
-            reads.append(symbol)
+        if symbol not in to_read and (missing & set(symbol.shape) or (needs_like and not inputs)):
+            to_read.append(symbol)
             inputs.append(symbol)
             missing -= set(symbol.shape)
     lines = [f"def {name}(params{''.join(', ' + identifier(a.name) for a in args)}):"]
     vector_inputs = set(vector_inputs)
-    for symbol in reads:
+    for symbol in to_read:
         suffix = ".unsqueeze(-1)" if symbol in vector_inputs else ""
         lines.append(f"    {identifier(symbol.name)} = params[{params[symbol]!r}]{suffix}")
     lines += [f"    {identifier(s.name)} = {identifier(s.name)}.unsqueeze(-1)" for s in args if s in vector_inputs]
