@@ -181,15 +181,6 @@ class CatalogueEntry:
     def site_groups(self, width, **params) -> tuple[SiteGroup, ...]:
         return self.groups(width, **self.resolve(params))
 
-    def identity_latex(self, **params) -> str:
-        """The declared identities, one per group, as LaTeX."""
-        lines = []
-        for group in self.site_groups(sp.Symbol("h", integer=True, positive=True), **params):
-            shift = "" if getattr(group, "center", 0) == 0 else r" + \tau(g)"
-            rep = r"g^{%s}" % sp.latex(group.alpha) if group.alpha != 1 else "g"
-            lines.append(rf"\sigma(g z) = {rep}\,\sigma(z){shift}\quad g \in {group.latex()}")
-        return r" \\ ".join(lines)
-
 
 _REGISTRY: dict[str, CatalogueEntry] = {}
 CATALOGUE: Mapping[str, CatalogueEntry] = MappingProxyType(_REGISTRY)

@@ -79,7 +79,7 @@ def _identity_check(entry: CatalogueEntry, group: SiteGroup, params: Mapping) ->
         statement = f"σ(c z) = c^{group.alpha} σ(z), c > 0"
     elif isinstance(group, SignFlips):
         residuals = [sigma(-z) + sigma(z) - 2 * group.center for z in signs]
-        statement = f"σ(−z) = {2 * group.center} − σ(z)"
+        statement = "σ(−z) = −σ(z)" if group.center == 0 else f"σ(−z) = {2 * group.center} − σ(z)"
     elif isinstance(group, GeneralLinear):
         a, b = sp.symbols("a b", real=True)
         z, w = sp.symbols("z w", real=True)

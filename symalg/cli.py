@@ -21,6 +21,7 @@ from .derive import derive
 from .frontend import parse
 from .graph import SpecError
 from .report import describe, describe_latex
+from .verification import verify
 
 DEFAULT_SPEC = "linear(n, h1) -> relu -> linear(h1, h2) -> identity -> linear(h2, m)"
 DEFAULT_WIDTHS = "n=3,h1=4,h2=3,m=2"
@@ -75,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(describe(concrete).split("\n\n")[1:]))
         if args.no_verify:
             return 0
-        report = __import__("symalg").verify(concrete, device=args.device, dtype=getattr(torch, args.dtype),
-                                             seed=args.seed)
+        report = verify(concrete, device=args.device, dtype=getattr(torch, args.dtype), seed=args.seed)
         print("\nverification:")
         for check in report.checks:
             if args.verbose or not check.passed:

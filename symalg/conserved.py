@@ -29,11 +29,6 @@ from .printing import latex, sstr
 __all__ = ["ConservedQuantity", "AngularMomentum"]
 
 
-def _biases(symbols: dict) -> list:
-    """The symbols of bias parameters (read from torch vectors)."""
-    return [symbol for name, symbol in symbols.items() if name.endswith(".bias")]
-
-
 @dataclass(frozen=True, eq=False)
 class ConservedQuantity:
     """The conserved quantities of one symmetry, all at once.
@@ -78,8 +73,9 @@ class ConservedQuantity:
     @cached_property
     def lowered(self) -> LoweredFunction:
         """``params ↦ C`` (or ``q`` as a vector) as a torch callable."""
+        biases = [self.symbols[n] for n in self.symmetry.bias_names]
         return lower(self.name, {"value": self.expr}, reads(self.symbols),
-                     vector_outputs=("value",) if self.expr.shape[1] == 1 else (), vector_inputs=_biases(self.symbols))
+                     vector_outputs=("value",) if self.expr.shape[1] == 1 else (), vector_inputs=biases)
 
     def __call__(self, params):
         return self.lowered(params)["value"]
@@ -114,7 +110,7 @@ class AngularMomentum:
     def lowered(self) -> LoweredFunction:
         """``(params, velocity) ↦ J``: ``velocity`` is a dict name → tensor like ``params``."""
         inputs = {**reads(self.symbols), **{v: f"__velocity__{k}" for k, v in self.velocities.items()}}
-        vectors = _biases(self.symbols) + _biases(self.velocities)
+        vectors = [table[n] for n in self.symmetry.bias_names for table in (self.symbols, self.velocities)]
         return lower(self.name, {"value": self.expr}, inputs, vector_inputs=vectors)
 
     def __call__(self, params, velocity):

@@ -297,11 +297,13 @@ class LoweredAnalysis:
         return "\n\n".join(f.source for f in functions)
 
 
-def derive(arch, catalogue: Mapping | None = None) -> Analysis:
+def derive(arch, catalogue: Mapping | None = None, strict: bool = True) -> Analysis:
     """Run inference and the symbolic derivation for an architecture (or anything :func:`parse` takes).
 
     ``catalogue`` defaults to the built-in one; pass the same overlay used to parse the architecture,
     otherwise its extra ops count as unknown (no symmetry, listed in ``analysis.blocked``).
+    With ``strict`` (the default) a declared symmetry that a symbolic check *disproves* is not claimed
+    but listed in ``analysis.blocked``; ``strict=False`` keeps it (e.g. to watch the verifier fail).
     """
     from .frontend import parse
 
@@ -309,6 +311,14 @@ def derive(arch, catalogue: Mapping | None = None) -> Analysis:
     arch = parse(arch, catalogue=catalogue) if not isinstance(arch, Architecture) else arch
     sites, blocked = infer_sites(arch, catalogue)
     symbols = parameter_symbols(arch)
-    symmetries = tuple(_symmetry(arch, site, group, symbols, catalogue[site.op])
-                       for site in sites for group in site.groups)
-    return Analysis(arch, catalogue, sites, blocked, symmetries, symbols)
+    symmetries, disproved = [], []
+    for site in sites:
+        for group in site.groups:
+            symmetry = _symmetry(arch, site, group, symbols, catalogue[site.op])
+            refuted = [check for check in symmetry.checks if check.proved is False]
+            if strict and refuted:
+                disproved.append(Blocked(site.activation_node, site.name, f"declared {group.name} for {site.op} is "
+                                                                         f"disproved: {refuted[0]}"))
+            else:
+                symmetries.append(symmetry)
+    return Analysis(arch, catalogue, sites, blocked + tuple(disproved), tuple(symmetries), symbols)

@@ -50,7 +50,13 @@ class Spec:
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
-        return lambda **params: self.activation(name, **params)
+
+        def add_activation(*args, **params):
+            if args:
+                raise SpecError(f"Spec.{name}(): activations take keyword hyper-parameters only "
+                                f"(got {args}); dense layers are Spec.linear(in, out)")
+            return self.activation(name, **params)
+        return add_activation
 
     def build(self) -> Architecture:
         return _architecture(self._layers, self._catalogue)

@@ -74,6 +74,10 @@ def _same_width(a: Width, b: Width) -> bool:
     return sp.simplify(sp.sympify(a) - sp.sympify(b)) == 0
 
 
+_REQUIRED = {"input": ("features",), "output": ("features",), "activation": ("op", "params", "module"),
+             "linear": ("in_features", "out_features", "weight", "bias")}
+
+
 def validate(graph: nx.DiGraph) -> None:
     """Check ``graph`` against the schema; raise :class:`SpecError` naming the offending node.
 
@@ -96,11 +100,24 @@ def validate(graph: nx.DiGraph) -> None:
             raise SpecError(f"layer {node}: expected one incoming edge, found {graph.in_degree(node)}")
         if kind != "output" and graph.out_degree(node) != 1:
             raise SpecError(f"layer {node}: expected one outgoing edge, found {graph.out_degree(node)}")
+        missing = [key for key in _REQUIRED[kind] if key not in data]
+        if missing:
+            raise SpecError(f"layer {node} ({kind}): missing attribute(s) {missing}")
     order = list(nx.topological_sort(graph))
     if order[0] != "input" or order[-1] != "output":
-        raise SpecError("the graph must run from 'input' to 'output'")
+        raise SpecError(f"the graph must run from 'input' to 'output', but it starts at {order[0]!r} "
+                        f"and ends at {order[-1]!r}")
     if not any(graph.nodes[v]["kind"] == "linear" for v in order):
         raise SpecError("the network is empty: it has no linear layer")
+    for previous, node in zip(order, order[1:]):
+        if graph.nodes[previous]["kind"] == graph.nodes[node]["kind"] == "activation":
+            raise SpecError(f"layer {node}: two activations in a row ({previous} -> {node}) are not supported yet")
+    owners: dict[str, str] = {}
+    for node in order:
+        data = graph.nodes[node]
+        for name in (data.get("weight"), data.get("bias")) if data["kind"] == "linear" else ():
+            if name and owners.setdefault(name, node) != node:
+                raise SpecError(f"layer {node}: parameter name {name!r} is already used by layer {owners[name]}")
     for u, v, data in graph.edges(data=True):
         width = as_width(data.get("features"), f"edge {u}->{v}")
         target = graph.nodes[v]

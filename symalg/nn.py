@@ -52,11 +52,13 @@ def activation_function(op: str, params: Mapping | None = None, catalogue: Mappi
 class Activation(torch.nn.Module):
     """An activation from the catalogue as a module: ``Activation("leaky_relu", slope=0.2)``."""
 
-    def __init__(self, op: str, **params):
+    def __init__(self, op: str, catalogue: Mapping = CATALOGUE, **params):
         super().__init__()
+        if op not in catalogue:
+            raise KeyError(f"activation {op!r} is not in the catalogue ({sorted(catalogue)})")
         self.op = op
-        self.params = dict(CATALOGUE[op].resolve(params)) if op in CATALOGUE else dict(params)
-        self._fn, self.source = activation_function(op, self.params)
+        self.params = catalogue[op].resolve(params)
+        self._fn, self.source = activation_function(op, self.params, catalogue)
 
     def forward(self, z):
         return self._fn(z)

@@ -19,7 +19,8 @@ __all__ = ["random_params", "random_data", "network_function", "mse_loss"]
 
 def random_params(arch: Architecture, generator: torch.Generator | None = None, dtype=torch.float64,
                   device="cpu", scale: float = 1.0) -> dict[str, torch.Tensor]:
-    """Gaussian parameters ``N(0, scale² / fan_in)`` for a concrete-width architecture."""
+    """Gaussian parameters for a concrete-width architecture: weights ``N(0, scale² / in_features)``,
+    biases ``N(0, scale²)``."""
     if arch.widths:
         raise SpecError(f"random_params: widths {sorted(map(str, arch.widths))} are symbolic; use arch.subs(...)")
     params = {}

@@ -21,6 +21,7 @@ import sympy as sp
 import torch
 
 import symalg
+from symalg.groups import Orthogonal
 from symalg.nn import activation_function
 
 ENTRIES = sorted(symalg.CATALOGUE)
@@ -282,7 +283,8 @@ def test_two_layer_network_verifies(op, bias):
     assert labels == {s.label for s in analysis.symmetries}
     for symmetry in analysis.continuous:
         assert any(c.check == "gradient_orthogonality" and c.symmetry == symmetry.label for c in report.checks)
-        assert any(c.check == "gradient_flow" and c.symmetry == symmetry.label for c in report.checks)
+        dynamical = "angular_momentum" if isinstance(symmetry.group, Orthogonal) else "gradient_flow"
+        assert any(c.check == dynamical and c.symmetry == symmetry.label for c in report.checks)
 
 
 # -- (5) the lowered action is a left group action -----------------------------------------------------
