@@ -52,6 +52,8 @@ class SiteGroup:
     element_format: ClassVar[str] = "matrix"
     symbol: ClassVar[str] = "G"
     alpha: ClassVar[object] = 1
+    discrete_description: ClassVar[str] = ""
+    """The discrete generators in words (shown when the width is symbolic); empty when there are none."""
 
     # -- naming ---------------------------------------------------------------------------------
     @property
@@ -173,6 +175,7 @@ class GeneralLinear(SiteGroup):
     """
 
     symbol: ClassVar[str] = "GL"
+    discrete_description: ClassVar[str] = "reflection diag(-1, 1, ..., 1)"
 
     @property
     def dim(self):
@@ -208,6 +211,7 @@ class Orthogonal(SiteGroup):
     """
 
     symbol: ClassVar[str] = "O"
+    discrete_description: ClassVar[str] = "reflection diag(-1, 1, ..., 1)"
 
     @property
     def dim(self):
@@ -298,6 +302,7 @@ class SignFlips(SiteGroup):
 
     center: object = 0
     symbol: ClassVar[str] = "SignFlips"
+    discrete_description: ClassVar[str] = "the h single-neuron sign flips"
 
     @property
     def name(self):
@@ -342,6 +347,7 @@ class Permutations(SiteGroup):
     """
 
     symbol: ClassVar[str] = "S"
+    discrete_description: ClassVar[str] = "transposition (0 1) and cycle (0 1 ... h-1)"
 
     def latex(self):
         return rf"S_{{{sp.latex(sp.sympify(self.width))}}}"

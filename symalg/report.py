@@ -14,6 +14,14 @@ from .printing import latex, sstr
 __all__ = ["describe", "describe_latex"]
 
 
+def _formula(method):
+    """``method()``, or None where no closed form exists (the reason is in the exception)."""
+    try:
+        return method()
+    except NotImplementedError:
+        return None
+
+
 def _formula_text(method) -> str:
     try:
         return sstr(method())
@@ -28,10 +36,8 @@ def _generators_text(symmetry, limit: int = 4) -> list[str]:
         lines = []
         if group.is_continuous:
             lines.append(f"Lie algebra: dim {group.dim} ({type(group).__doc__.splitlines()[0]})")
-        if group.discrete_generators.__qualname__.split(".")[0] != "SiteGroup":
-            lines.append("discrete generators: " + {"S": "transposition (0 1) and cycle (0 1 ... h-1)",
-                                                    "SignFlips": "single-neuron sign flips diag(±1)",
-                                                    }.get(group.symbol, "reflection diag(-1, 1, ..., 1)"))
+        if group.discrete_description:
+            lines.append(f"discrete generators: {group.discrete_description}")
         return lines
     lines = []
     basis = symmetry.generators()
@@ -77,8 +83,9 @@ def describe(analysis) -> str:
 
 def describe_latex(analysis) -> str:
     """LaTeX report: one ``align*``-ready line per action and conserved quantity."""
-    lines = [rf"\text{{orbit dimension}} &= {latex(analysis.orbit_dimension())}"
-             if "no closed form" not in _formula_text(analysis.orbit_dimension) else r"\text{orbit dimension: numeric only}"]
+    orbit = _formula(analysis.orbit_dimension)
+    lines = [rf"\text{{orbit dimension}} &= {latex(orbit)}" if orbit is not None
+             else r"\text{orbit dimension: numeric only}"]
     for symmetry in analysis.symmetries:
         lines.append(rf"&\text{{{symmetry.site.name}: }} {symmetry.group.latex()}")
         lines += [rf"{latex(symmetry.symbols[n])} &\mapsto {latex(e)}" for n, e in symmetry.action.items()]

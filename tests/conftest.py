@@ -3,10 +3,12 @@ import torch
 
 
 @pytest.fixture(autouse=True)
-def _float64_default():
-    """Tests run in float64 unless they say otherwise (the verification tolerances are keyed by dtype)."""
+def _float64_default_and_fixed_seed():
+    """Tests run in float64 unless they say otherwise (the verification tolerances are keyed by dtype),
+    and every test starts from the same global torch seed, so none depends on the order tests run in."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
+    torch.manual_seed(0)
     yield
     torch.set_default_dtype(previous)
 

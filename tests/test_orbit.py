@@ -202,3 +202,30 @@ def test_numeric_rank_reads_widths_from_params():
     wrong = symalg.random_params(symalg.parse("linear(3, 5) -> relu -> linear(5, 2)"))
     with pytest.raises(symalg.SpecError):
         analysis.orbit_dimension(wrong)
+
+
+# -- functionally independent conserved quantities: formula against the rank on symmetric generators -----
+INDEPENDENT_FAMILIES = ["linear2_bias", "linear2_no_bias", "linear2_bias_in_only", "relu", "relu_pow_relu",
+                        "linear_relu_linear", "radial_relu_radial", "tanh"]
+
+
+@pytest.mark.parametrize("name", INDEPENDENT_FAMILIES)
+def test_independent_conserved_formula_equals_numeric_rank(name):
+    analysis, _ = family(name)
+    formula = analysis.independent_conserved()
+    mismatches = []
+    for seed, widths in enumerate(width_combinations(name)):
+        concrete = analysis.subs(widths)
+        params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(seed))
+        expected, actual = formula_at(formula, widths), concrete.independent_conserved(params)
+        if expected != actual:
+            mismatches.append((widths, expected, actual))
+    assert not mismatches, f"{name}: formula {formula} vs rank (widths, formula, rank): {mismatches}"
+
+
+def test_independent_conserved_has_no_closed_form_for_adjacent_linear_sites():
+    analysis, _ = family("linear3_bias")
+    with pytest.raises(NotImplementedError, match="adjacent GL sites at h1"):
+        analysis.independent_conserved()
+    concrete = analysis.subs({"n": 2, "h1": 3, "h2": 3, "m": 2})
+    assert concrete.independent_conserved(symalg.random_params(concrete.architecture)) <= concrete.conserved_count()
