@@ -131,6 +131,26 @@ def test_declared_identity_holds_numerically(op, h, index):
         assert rel_err(lhs, rhs) <= IDENTITY_RTOL, f"{op}, {group.name}, {label}: σ(g z) ≠ π(g) σ(z) + τ(g)"
 
 
+HYPER_PARAMETER_VARIANTS = [("leaky_relu", {"slope": -0.5}), ("leaky_relu", {"slope": 0.7071067811865476}),
+                            ("leaky_relu", {"slope": 3}), ("relu_pow", {"alpha": 3}), ("relu_pow", {"alpha": 0.5})]
+
+
+@pytest.mark.parametrize("op, params", HYPER_PARAMETER_VARIANTS, ids=lambda v: str(v))
+def test_declared_identity_holds_at_non_default_hyper_parameters(op, params):
+    sigma, _ = activation_function(op, params)
+    generator = torch.Generator().manual_seed(7)
+    z = random_z(4, generator)
+    for group in symalg.CATALOGUE[op].site_groups(4, **params):
+        for label, g in group_elements(group, 4, generator):
+            lhs = sigma(act_rows(group, g, z))
+            rhs = act_rows(group, group.rep(g), sigma(z)) + shift_row(group, g, 4)
+            assert rel_err(lhs, rhs) <= IDENTITY_RTOL, f"{op}{params}, {group.name}, {label}"
+    spec = f"linear(3, 4) -> {op}({', '.join(f'{k}={v}' for k, v in params.items())}) -> linear(4, 2)"
+    analysis = symalg.derive(spec)
+    assert all(check.proved is True for s in analysis.symmetries for check in s.checks)
+    assert symalg.verify(analysis).passed
+
+
 @pytest.mark.parametrize("op, h, index", all_groups())
 def test_elements_belong_to_the_group(op, h, index):
     """exp of the algebra lands in the group; generators are group elements."""
