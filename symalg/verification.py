@@ -291,6 +291,10 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     """
     if dtype not in TOLERANCES:
         raise ValueError(f"dtype {dtype} is not supported; use one of {list(TOLERANCES)}")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        raise ValueError(f"device {device!r} is not available here ({error})") from None
     tol = TOLERANCES[dtype]
     generator = torch.Generator().manual_seed(seed)
     arch = analysis.architecture

@@ -434,3 +434,9 @@ def test_verify_on_cuda(dtype):
     assert report.passed, str(report)
     cpu = symalg.verify(analysis, device="cpu", dtype=dtype)
     assert [(c.check, c.symmetry) for c in report.checks] == [(c.check, c.symmetry) for c in cpu.checks]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+def test_unavailable_device_is_a_clear_error():
+    with pytest.raises(ValueError, match="device 'cuda' is not available here"):
+        symalg.verify(symalg.derive("linear(2, 3) -> relu -> linear(3, 1)"), device="cuda")
