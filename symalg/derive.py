@@ -134,15 +134,22 @@ class Symmetry:
         return vectors
 
     def apply(self, params: Mapping[str, torch.Tensor], g: torch.Tensor) -> dict[str, torch.Tensor]:
-        """All parameters after acting with group element ``g`` (untouched ones passed through)."""
+        """All parameters after acting with group element ``g`` (untouched ones passed through).
+
+        ``g`` is checked to be a group element (an ``h × h`` matrix, or the positive diagonal vector for
+        positive scaling); anything else raises ``ValueError``.
+        """
+        self.group.check_element(g)
         return {**params, **self.lowered_action(params, g)}
 
     def apply_algebra(self, params, M: torch.Tensor) -> dict[str, torch.Tensor]:
-        """All parameters after acting with ``exp(M)``."""
+        """All parameters after acting with ``exp(M)`` for ``M`` in the Lie algebra (checked)."""
+        self.group.check_algebra_element(M)
         return self.apply(params, self.group.exp(M))
 
     def tangent(self, params, M: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The infinitesimal action ``M·θ`` on the touched parameters."""
+        """The infinitesimal action ``M·θ`` on the touched parameters (``M`` checked, may be batched)."""
+        self.group.check_algebra_element(M)
         return self.lowered_infinitesimal(params, M)
 
     # -- printing -------------------------------------------------------------------------------

@@ -125,6 +125,42 @@ class SiteGroup:
         """Generators of the group's discrete part (of the component group for Lie groups)."""
         return []
 
+    # -- membership -----------------------------------------------------------------------------
+    def check_element(self, g: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``g`` (batched over leading dims) is an element of the group."""
+        self._check_format(g, "group element")
+        problem = self._not_an_element(g, _tolerance(g))
+        if problem:
+            raise ValueError(f"{self.name}: not a group element: {problem}")
+
+    def check_algebra_element(self, M: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``M`` (batched over leading dims) lies in the Lie algebra."""
+        if not self.is_continuous:
+            raise ValueError(f"{self.name} is discrete: it has no Lie algebra")
+        self._check_format(M, "Lie-algebra element")
+        problem = self._not_in_algebra(M, _tolerance(M))
+        if problem:
+            raise ValueError(f"{self.name}: not in the Lie algebra: {problem}")
+
+    def _check_format(self, x: torch.Tensor, what: str) -> None:
+        diagonal = self.element_format == "diagonal"
+        expected = "(..., h)" if diagonal else "(..., h, h)"
+        square = x.dim() >= 2 and x.shape[-1] == x.shape[-2]
+        if not isinstance(x, torch.Tensor) or x.dim() < 1 or (not diagonal and not square):
+            raise ValueError(f"{self.name}: a {what} is a tensor of shape {expected}, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        width = sp.sympify(self.width)
+        if width.is_Integer and x.shape[-1] != int(width):
+            raise ValueError(f"{self.name}: a {what} has shape {expected} with h = {width}, got {tuple(x.shape)}")
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{self.name}: the {what} has non-finite entries")
+
+    def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
+        return None
+
+    def _not_in_algebra(self, M: torch.Tensor, tol: float) -> str | None:
+        return None
+
     # -- symbolic -------------------------------------------------------------------------------
     def element_symbol(self, label: str) -> sp.MatrixSymbol:
         h = sp.sympify(self.width)
@@ -158,6 +194,15 @@ class SiteGroup:
 
     def _to_matrix(self, m: sp.ImmutableMatrix) -> sp.ImmutableMatrix:
         return sp.ImmutableMatrix(sp.diag(*m)) if self.element_format == "diagonal" else m
+
+
+def _tolerance(x: torch.Tensor) -> float:
+    """Relative tolerance of membership tests: a few thousand units in the last place."""
+    return 1e-9 if x.dtype == torch.float64 else 1e-4
+
+
+def _deviation(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1)).item()
 
 
 def _reflection(h: int, dtype, device) -> torch.Tensor:
@@ -200,6 +245,10 @@ class GeneralLinear(SiteGroup):
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
         return [_reflection(_concrete(self.width), dtype, device)]
 
+    def _not_an_element(self, g, tol):
+        singular = torch.linalg.svdvals(g).min() <= tol * torch.linalg.svdvals(g).max()
+        return "it is singular" if singular else None
+
 
 @dataclass(frozen=True)
 class Orthogonal(SiteGroup):
@@ -233,6 +282,13 @@ class Orthogonal(SiteGroup):
 
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
         return [_reflection(_concrete(self.width), dtype, device)]
+
+    def _not_an_element(self, g, tol):
+        eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
+        return "gᵀg ≠ I" if _deviation(g.transpose(-1, -2) @ g, eye) > tol else None
+
+    def _not_in_algebra(self, M, tol):
+        return "M is not antisymmetric" if _deviation(M, -M.transpose(-1, -2)) > tol else None
 
 
 @dataclass(frozen=True)
@@ -289,6 +345,9 @@ class PositiveScaling(SiteGroup):
     def rep_inverse_expr(self, g):
         return sp.DiagMatrix(sp.HadamardPower(g, -sp.sympify(self.alpha)))
 
+    def _not_an_element(self, g, tol):
+        return "entries must be positive (the diagonal of g)" if (g <= 0).any() else None
+
 
 @dataclass(frozen=True)
 class SignFlips(SiteGroup):
@@ -329,6 +388,12 @@ class SignFlips(SiteGroup):
         ones = sp.OneMatrix(sp.sympify(self.width), 1)
         return sp.sympify(self.center) * (ones - g * ones)
 
+    def _not_an_element(self, g, tol):
+        diagonal = torch.diagonal(g, dim1=-2, dim2=-1)
+        signs = torch.diag_embed(torch.sign(diagonal))
+        unit = ((diagonal.abs() - 1).abs() <= tol).all()
+        return None if unit and _deviation(g, signs) <= tol else "g must be diagonal with entries ±1"
+
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
         h = _concrete(self.width)
         flips = []
@@ -357,6 +422,12 @@ class Permutations(SiteGroup):
 
     def rep_inverse_expr(self, g):
         return g.T
+
+    def _not_an_element(self, g, tol):
+        binary = _deviation(g, g.round().clamp(0, 1)) <= tol
+        stochastic = _deviation(g.sum(-1), torch.ones_like(g.sum(-1))) <= tol and \
+            _deviation(g.sum(-2), torch.ones_like(g.sum(-2))) <= tol
+        return None if binary and stochastic else "g must be a permutation matrix"
 
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
         h = _concrete(self.width)

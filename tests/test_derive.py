@@ -144,3 +144,30 @@ def test_lowered_analysis_exposes_every_callable_with_source():
     assert set(lowered.actions) == {"h1:PositiveScaling(3, alpha=1)", "h1:S(3)", "h2:O(2)"}
     assert set(lowered.conserved_quantities) == {"q_1"} and set(lowered.angular_momenta) == {"J_2"}
     assert "def q_1(params):" in lowered.source()
+
+
+def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
+    relu = symalg.derive("linear(3, 5) -> relu -> linear(5, 2)")
+    params = symalg.random_params(relu.architecture, generator)
+    scaling, perms = relu.symmetries
+    with pytest.raises(ValueError, match=r"PositiveScaling\(5, alpha=1\): a group element is a tensor of shape \(\.\.\., h\)"):
+        scaling.apply(params, torch.eye(5))  # a generator matrix where the diagonal vector is expected
+    with pytest.raises(ValueError, match="entries must be positive"):
+        scaling.apply(params, -torch.ones(5))
+    with pytest.raises(ValueError, match=r"S\(5\) is discrete: it has no Lie algebra"):
+        perms.apply_algebra(params, 0.1 * torch.randn(5, 5))
+    with pytest.raises(ValueError, match="permutation matrix"):
+        perms.apply(params, torch.eye(5) + 0.1)
+    radial = symalg.derive("linear(3, 4) -> radial -> linear(4, 2)").symmetries[0]
+    radial_params = symalg.random_params(symalg.parse("linear(3, 4) -> radial -> linear(4, 2)"), generator)
+    with pytest.raises(ValueError, match="gᵀg ≠ I"):
+        radial.apply(radial_params, 2 * torch.eye(4))
+    with pytest.raises(ValueError, match="not antisymmetric"):
+        radial.apply_algebra(radial_params, torch.eye(4))
+    gl = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)").symmetries[0]
+    with pytest.raises(ValueError, match="singular"):
+        gl.apply(symalg.random_params(symalg.parse("linear(3, 4) -> identity -> linear(4, 2)"), generator),
+                 torch.zeros(4, 4))
+    # genuine elements, batched algebra elements, pass
+    assert scaling.apply(params, torch.rand(5) + 0.5)["0.weight"].shape == (5, 3)
+    assert scaling.tangent(params, torch.eye(5))["0.weight"].shape == (5, 5, 3)
