@@ -46,12 +46,17 @@ class ConservedQuantity:
     symbols: dict
 
     @property
+    def diagonal(self) -> bool:
+        """True for positive scaling, whose quantities are the vector ``q``; else the matrix ``C``."""
+        return self.symmetry.group.element_format == "diagonal"
+
+    @property
     def name(self) -> str:
-        return ("C" if self.expr.shape[1] != 1 else "q") + f"_{self.symmetry.site.index}"
+        return ("q" if self.diagonal else "C") + f"_{self.symmetry.site.index}"
 
     @property
     def q_expr(self) -> sp.Expr:
-        if self.expr.shape[1] == 1:
+        if self.diagonal:
             return (self.generator.T * self.expr)[0, 0]
         return sp.Trace(self.generator * self.expr)
 
@@ -61,7 +66,8 @@ class ConservedQuantity:
 
     def latex(self) -> str:
         site = self.symmetry.site
-        head = rf"Q_{{M}} = {latex(self.q_expr)}" if self.expr.shape[1] != 1 else rf"Q_{{m}} = m^{{T}} q_{{{site.index}}}"
+        k, m = site.index, latex(self.generator)
+        head = rf"Q_{{{m}}} = {m}^{{T}} q_{{{k}}}" if self.diagonal else rf"Q_{{{m}}} = \operatorname{{tr}}\left({m} C_{{{k}}}\right)"
         return rf"{head},\quad {latex(sp.Symbol(self.name))} = {latex(self.expr)}"
 
     def __str__(self):
@@ -75,7 +81,7 @@ class ConservedQuantity:
         """``params ↦ C`` (or ``q`` as a vector) as a torch callable."""
         biases = [self.symbols[n] for n in self.symmetry.bias_names]
         return lower(self.name, {"value": self.expr}, reads(self.symbols),
-                     vector_outputs=("value",) if self.expr.shape[1] == 1 else (), vector_inputs=biases)
+                     vector_outputs=("value",) if self.diagonal else (), vector_inputs=biases)
 
     def __call__(self, params):
         return self.lowered(params)["value"]

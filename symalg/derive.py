@@ -107,8 +107,7 @@ class Symmetry:
             expr = w_in * w_in.T - alpha * w_out.T * w_out
             if b_in is not None:
                 expr = expr + b_in * b_in.T
-        generator = sp.MatrixSymbol(f"M_{site.index}", *(self.element.shape))
-        return ConservedQuantity(self, expr, generator, syms)
+        return ConservedQuantity(self, expr, self.algebra_element, syms)
 
     # -- lowering -------------------------------------------------------------------------------
     @cached_property
@@ -235,7 +234,12 @@ class Analysis:
 
         if params is None:
             return independent_conserved_formula(self)
-        return independent_conserved_rank(self, params)
+        return independent_conserved_rank(self._at_widths_of(params), params)
+
+    def _at_widths_of(self, params: Mapping[str, torch.Tensor]) -> "Analysis":
+        """This analysis at the widths of ``params`` (checked: names, shapes, finiteness)."""
+        widths = self.architecture.widths_from_params(params)
+        return self.subs({str(k): v for k, v in widths.items()}) if widths else self
 
     @property
     def continuous(self) -> list[Symmetry]:
@@ -251,7 +255,7 @@ class Analysis:
 
         if params is None:
             return orbit_dimension_formula(self)
-        return orbit_rank(self, params)
+        return orbit_rank(self._at_widths_of(params), params)
 
     def lower(self) -> "LoweredAnalysis":
         """Torch callables for every action, infinitesimal action, conserved quantity and relation."""

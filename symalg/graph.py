@@ -207,12 +207,15 @@ class Architecture:
         return Architecture(graph)
 
     def widths_from_params(self, params: Mapping) -> dict[sp.Symbol, int]:
-        """Read the symbolic widths off concrete parameter tensors; raise on missing or mismatched ones."""
+        """Read the symbolic widths off concrete parameter tensors; raise on missing, mismatched or
+        non-finite ones, naming the parameter."""
         found: dict[sp.Symbol, int] = {}
         for name, shape in self.parameter_shapes.items():
             if name not in params:
                 raise SpecError(f"parameter {name!r} is missing (expected names: {sorted(self.parameter_shapes)})")
             actual = tuple(params[name].shape)
+            if hasattr(params[name], "isfinite") and not params[name].isfinite().all():
+                raise SpecError(f"parameter {name!r} has non-finite entries")
             if len(actual) != len(shape):
                 raise SpecError(f"parameter {name!r}: expected {len(shape)} dimensions, got shape {actual}")
             for expected, size in zip(shape, actual):

@@ -167,8 +167,13 @@ class LoweredFunction:
     source: str
     arg_names: tuple[str, ...]
     fn: Callable = field(repr=False)
+    param_names: tuple[str, ...] = ()
 
     def __call__(self, params: Mapping[str, torch.Tensor], *args):
+        missing = [name for name in self.param_names if name not in params]
+        if missing:
+            raise KeyError(f"{self.name}: parameter(s) {missing} missing from params "
+                           f"(it reads {list(self.param_names)})")
         if len(args) != len(self.arg_names):
             raise TypeError(f"{self.name} takes params and {len(self.arg_names)} more arguments "
                             f"{list(self.arg_names)}, got {len(args)}")
@@ -242,7 +247,8 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     source = "\n".join(lines + body)
     namespace = {"torch": torch}
     exec(compile(source, f"<symalg.lowered.{name}>", "exec"), namespace)
-    return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), namespace[name])
+    return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), namespace[name],
+                           tuple(params[s] for s in to_read))
 
 
 def evaluate_symbolic(expr: sp.Basic, values: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -64,7 +64,8 @@ class CheckResult:
 
     @property
     def failed(self) -> bool:
-        return not self.skipped and self.max_error > self.tolerance
+        """True when the check ran and its error exceeds the tolerance or is not a number."""
+        return not self.skipped and not self.max_error <= self.tolerance
 
     def __str__(self):
         verdict = "skip" if self.skipped else ("pass" if self.passed else "FAIL")
@@ -268,6 +269,18 @@ def _compare(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values: Mappin
                for n, e in exprs.items())
 
 
+def _data(arch, data) -> tuple[torch.Tensor, torch.Tensor]:
+    """``data`` checked to be ``(x, y)`` with ``x`` of shape ``(batch, n_in)`` and ``y`` of ``(batch, n_out)``."""
+    if not (isinstance(data, (tuple, list)) and len(data) == 2):
+        raise ValueError("verify: data must be a pair (x, y) of tensors, x of shape (batch, inputs) and y of "
+                         "shape (batch, outputs)")
+    x, y = data
+    for name, tensor, width in (("x", x, arch.node("input")["features"]), ("y", y, arch.node("output")["features"])):
+        if tensor.dim() != 2 or tensor.shape[-1] != int(width):
+            raise ValueError(f"verify: data {name} must have shape (batch, {width}), got {tuple(tensor.shape)}")
+    return x, y
+
+
 def default_widths(arch) -> dict[str, int]:
     """Widths used when none are given: 3, 4, 5, ... in alphabetical order of the width names."""
     return {name: 3 + i for i, name in enumerate(sorted(str(s) for s in arch.widths))}
@@ -281,8 +294,10 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     Parameters
     ----------
     analysis : the result of :func:`symalg.derive`.
-    params : ``{name: tensor}`` (e.g. ``dict(model.named_parameters())``); random when None.
-    data : ``(x, y)`` in torch's row layout; random when None.
+    params : ``{name: tensor}`` (e.g. ``dict(model.named_parameters())``), converted to ``dtype``;
+        random when None.
+    data : ``(x, y)``: inputs ``(batch, n_in)`` and regression targets ``(batch, n_out)`` in torch's row
+        layout; random when None. The loss is ``½ mean ‖f(x) − y‖²``.
     device, dtype : where and in which precision to run (float64 by default).
     widths : values for symbolic widths when ``params`` is None; by default :func:`default_widths`
         (recorded in the report).
@@ -311,7 +326,7 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     if params is None:
         params = random_params(analysis.architecture, generator, dtype, device)
     arch = analysis.architecture
-    x, y = data if data is not None else random_data(arch, generator=generator, dtype=dtype, device=device)
+    x, y = _data(arch, data) if data is not None else random_data(arch, generator=generator, dtype=dtype, device=device)
     x, y = x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
     forward = network_function(arch, analysis.catalogue)
     loss = mse_loss(forward, x, y)
@@ -327,7 +342,11 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     checks += _check_gradient_flow(analysis, loss, params, grads, tol)
     checks += _check_angular_momentum(analysis, loss, params, grads, generator, tol)
     checks.append(_check_orbit_dimension(analysis, params))
-    if sum(p.numel() for p in params.values()) <= symbolic_limit:
+    size = sum(p.numel() for p in params.values())
+    if size <= symbolic_limit:
         with torch.no_grad():
             checks += _check_lowering(analysis, params, generator, tol)
+    else:
+        checks.append(CheckResult("lowering", "*", float("nan"), tol, f"{size} parameters > symbolic_limit="
+                                  f"{symbolic_limit}: exact SymPy evaluation skipped", skipped=True))
     return VerificationReport(tuple(checks), dtype, str(device), substituted)

@@ -173,3 +173,27 @@ def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
     # genuine elements, batched algebra elements, pass
     assert scaling.apply(params, torch.rand(5) + 0.5)["0.weight"].shape == (5, 3)
     assert scaling.tangent(params, torch.eye(5))["0.weight"].shape == (5, 5, 3)
+
+
+def test_a_width_one_linear_site_is_still_a_gl_matrix_quantity(generator):
+    analysis = symalg.derive("linear(3, 1) -> identity -> linear(1, 2)")
+    (quantity,) = analysis.conserved_quantities()
+    assert quantity.name == "C_1" and r"\operatorname{tr}" in quantity.latex()
+    params = symalg.random_params(analysis.architecture, generator)
+    assert quantity(params).shape == (1, 1)
+    symbolic = symalg.derive("linear(n, h) -> identity -> linear(h, m)").conserved_quantities()[0]
+    torch.testing.assert_close(symbolic(params), quantity(params))
+
+
+def test_numeric_ranks_read_widths_off_params_of_a_symbolic_analysis(generator):
+    symbolic = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
+    params = symalg.random_params(symalg.parse("linear(3, 5) -> relu -> linear(5, 2)"), generator)
+    assert symbolic.orbit_dimension(params) == 5 and symbolic.independent_conserved(params) == 5
+
+
+def test_lowered_callables_name_missing_parameters(generator):
+    quantity = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)").conserved_quantities()[0]
+    params = symalg.random_params(symalg.parse("linear(3, 4) -> relu -> linear(4, 2)"), generator)
+    del params["0.bias"]
+    with pytest.raises(KeyError, match=r"q_1: parameter\(s\) \['0.bias'\] missing"):
+        quantity(params)

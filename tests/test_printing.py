@@ -74,7 +74,7 @@ def test_conserved_quantity_latex_has_the_layer_imbalance(linear_analysis):
     quantity = linear_analysis.conserved_quantities()[0]
     text = quantity.latex()
     assert IMBALANCE in text
-    assert text.startswith(r"Q_{M} = \operatorname{tr}\left(M_{1} ")
+    assert text.startswith(r"Q_{M_{1}} = \operatorname{tr}\left(M_{1} C_{1}\right)")
     assert rf"C_{{1}} = {IMBALANCE}" in text
 
 
@@ -96,7 +96,7 @@ def test_conserved_quantity_str(linear_analysis):
 
 def test_positive_scaling_quantity_prints_ones_and_hadamard_powers(relu_analysis):
     quantity = relu_analysis.conserved_quantities()[0]
-    assert quantity.latex() == (r"Q_{m} = m^{T} q_{1},\quad q_{1} = W_{1}^{\circ {2}} \mathbf{1} + b_{1}^{\circ {2}} "
+    assert quantity.latex() == (r"Q_{m_{1}} = m_{1}^{T} q_{1},\quad q_{1} = W_{1}^{\circ {2}} \mathbf{1} + b_{1}^{\circ {2}} "
                                 r"- \left(W_{2}^{T}\right)^{\circ {2}} \mathbf{1}")
     assert str(quantity).startswith("q_1 = W_1∘^2*1 + b_1∘^2 - W_2.T∘^2*1")
 
@@ -205,7 +205,7 @@ def test_describe_latex_linear(linear_analysis):
     assert r"W_{1} &\mapsto g_{1} W_{1}" in lines
     assert r"W_{2} &\mapsto W_{2} g_{1}^{-1}" in lines
     assert r"b_{1} &\mapsto g_{1} b_{1}" in lines
-    assert lines[-1].startswith(r"Q_{M} &= \operatorname{tr}")
+    assert lines[-1].startswith(r"Q_{M_{1}} &= \operatorname{tr}")
     assert rf"C_{{1}} = {IMBALANCE}" in lines[-1]
     for line in lines:  # align*-ready: one alignment point per line
         assert line.count("&") == 1, line
@@ -216,7 +216,7 @@ def test_describe_latex_positive_scaling(relu_analysis):
     assert lines[0] == r"\text{orbit dimension} &= h"
     assert r"W_{1} &\mapsto \operatorname{diag}\left(d_{1}\right) W_{1}" in lines
     assert r"&\text{h1: } S_{h}" in lines
-    assert lines[-1].startswith(r"Q_{m} &= m^{T} q_{1}")
+    assert lines[-1].startswith(r"Q_{m_{1}} &= m_{1}^{T} q_{1}")
     assert r"\mathbf{1}" in lines[-1]
     assert all("DiagMatrix" not in line and "OneMatrix" not in line for line in lines)
 
@@ -233,7 +233,7 @@ def test_describe_latex_without_closed_form_orbit():
     lines = _lines(describe_latex(analysis))
     assert lines[0] == r"\text{orbit dimension: numeric only}"
     assert any(line.startswith(r"J_{1} &= ") for line in lines)
-    assert any(line.startswith(r"Q_{M} &= ") and r"C_{2} = " in line for line in lines)
+    assert any(line.startswith(r"Q_{M_{2}} &= ") and r"C_{2} = " in line for line in lines)
 
 
 def test_describe_latex_concrete_widths():

@@ -440,3 +440,30 @@ def test_verify_on_cuda(dtype):
 def test_unavailable_device_is_a_clear_error():
     with pytest.raises(ValueError, match="device 'cuda' is not available here"):
         symalg.verify(symalg.derive("linear(2, 3) -> relu -> linear(3, 1)"), device="cuda")
+
+
+def test_a_nan_error_is_a_failure_not_a_pass():
+    check = symalg.verification.CheckResult("gradient_orthogonality", "h1:X", float("nan"), 1e-9)
+    assert check.failed and not check.passed
+    report = symalg.verification.VerificationReport((check,), torch.float64, "cpu")
+    assert not report.passed and "0 passed, 1 failed" in report.summary()
+
+
+def test_params_and_data_are_validated_with_named_errors(generator):
+    analysis = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)")
+    params = symalg.random_params(analysis.architecture, generator)
+    broken = {**params, "2.weight": params["2.weight"].clone().fill_(float("nan"))}
+    with pytest.raises(SpecError, match="parameter '2.weight' has non-finite entries"):
+        symalg.verify(analysis, params=broken)
+    x, y = symalg.random_data(analysis.architecture, generator=generator)
+    with pytest.raises(ValueError, match=r"data must be a pair \(x, y\)"):
+        symalg.verify(analysis, params=params, data=x)
+    with pytest.raises(ValueError, match=r"data x must have shape \(batch, 3\), got \(16, 5\)"):
+        symalg.verify(analysis, params=params, data=(torch.randn(16, 5), y))
+    assert symalg.verify(analysis, params=params, data=(x, y)).passed
+
+
+def test_large_models_list_the_skipped_lowering_check():
+    report = symalg.verify(symalg.derive("linear(20, 30) -> relu -> linear(30, 10)"))
+    (lowering,) = [c for c in report.checks if c.check == "lowering"]
+    assert lowering.skipped and "symbolic_limit=400" in lowering.detail and report.passed
