@@ -158,6 +158,7 @@ class CatalogueEntry:
     groups : ``groups(width, **params)``: the groups the activation is declared equivariant under.
     radial : ``True`` when the activation acts on the whole feature vector through its norm.
     defaults : default hyper-parameters (``{"slope": 0.01}``).
+    positive : hyper-parameters that must be positive (a homogeneity degree).
     """
 
     name: str
@@ -165,6 +166,7 @@ class CatalogueEntry:
     groups: GroupDeclaration
     radial: bool = False
     defaults: Mapping = field(default_factory=dict)
+    positive: tuple[str, ...] = ()
 
     def expression(self, z: sp.Symbol, **params) -> sp.Expr:
         """``σ(z)`` (pointwise) or ``f(z)`` (radial) with defaults filled in."""
@@ -176,7 +178,13 @@ class CatalogueEntry:
         if unknown:
             raise ValueError(f"activation {self.name!r} has no hyper-parameter {sorted(unknown)} "
                              f"(it takes {sorted(self.defaults) or 'none'})")
-        return {k: exact(v) for k, v in {**self.defaults, **params}.items()}
+        resolved = {k: exact(v) for k, v in {**self.defaults, **params}.items()}
+        for key, value in resolved.items():
+            if not (value.is_number and value.is_finite and value.is_real):
+                raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be a finite real number")
+            if key in self.positive and not value.is_positive:
+                raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be positive")
+        return resolved
 
     def site_groups(self, width, **params) -> tuple[SiteGroup, ...]:
         return self.groups(width, **self.resolve(params))
@@ -187,12 +195,13 @@ CATALOGUE: Mapping[str, CatalogueEntry] = MappingProxyType(_REGISTRY)
 """The built-in catalogue (read-only); extend it per call with :func:`overlay`."""
 
 
-def register(name: str, groups: GroupDeclaration, *, radial: bool = False, **defaults):
-    """Decorator registering ``function`` as the built-in entry ``name``."""
+def register(name: str, groups: GroupDeclaration, *, radial: bool = False, positive: tuple[str, ...] = (),
+             **defaults):
+    """Decorator registering ``function`` as the built-in entry ``name`` (``defaults``: hyper-parameters)."""
     def decorate(function):
         if name in _REGISTRY:
             raise ValueError(f"catalogue entry {name!r} is already registered")
-        _REGISTRY[name] = CatalogueEntry(name, function, groups, radial, MappingProxyType(defaults))
+        _REGISTRY[name] = CatalogueEntry(name, function, groups, radial, MappingProxyType(defaults), positive)
         return function
     return decorate
 
@@ -220,7 +229,7 @@ def _leaky_relu(z, slope):
     return sp.Max(z, 0) + exact(slope) * sp.Min(z, 0)
 
 
-@register("relu_pow", declare_homogeneous("alpha"), alpha=2)
+@register("relu_pow", declare_homogeneous("alpha"), positive=("alpha",), alpha=2)
 def _relu_pow(z, alpha):
     return sp.Max(z, 0) ** exact(alpha)
 

@@ -153,7 +153,8 @@ class Symmetry:
 
     # -- printing -------------------------------------------------------------------------------
     def latex(self) -> str:
-        lines = [rf"\text{{site }} {self.site.name}\ ({self.site.op}):\ {self.group.latex()}"]
+        op = self.site.op.replace("_", r"\_")
+        lines = [rf"\text{{site {self.site.name} ({op}):}}\ {self.group.latex()}"]
         for name, expr in self.action.items():
             lines.append(rf"{latex(self.symbols[name])} \mapsto {latex(expr)}")
         for name, expr in self.infinitesimal.items():

@@ -53,7 +53,7 @@ class SiteGroup:
     symbol: ClassVar[str] = "G"
     alpha: ClassVar[object] = 1
     discrete_description: ClassVar[str] = ""
-    """The discrete generators in words (shown when the width is symbolic); empty when there are none."""
+    """The discrete generators in words, ``{h}`` standing for the width (shown when it is symbolic)."""
 
     # -- naming ---------------------------------------------------------------------------------
     @property
@@ -361,7 +361,7 @@ class SignFlips(SiteGroup):
 
     center: object = 0
     symbol: ClassVar[str] = "SignFlips"
-    discrete_description: ClassVar[str] = "the h single-neuron sign flips"
+    discrete_description: ClassVar[str] = "the {h} single-neuron sign flips"
 
     @property
     def name(self):
@@ -412,7 +412,7 @@ class Permutations(SiteGroup):
     """
 
     symbol: ClassVar[str] = "S"
-    discrete_description: ClassVar[str] = "transposition (0 1) and cycle (0 1 ... h-1)"
+    discrete_description: ClassVar[str] = "transposition (0 1) and cycle (0 1 ... {h}-1)"
 
     def latex(self):
         return rf"S_{{{sp.latex(sp.sympify(self.width))}}}"

@@ -35,9 +35,9 @@ def _generators_text(symmetry, limit: int = 4) -> list[str]:
     if not sp.sympify(group.width).is_Integer:
         lines = []
         if group.is_continuous:
-            lines.append(f"Lie algebra: dim {group.dim} ({type(group).__doc__.splitlines()[0]})")
+            lines.append(f"Lie algebra: dim {sstr(group.dim)}")
         if group.discrete_description:
-            lines.append(f"discrete generators: {group.discrete_description}")
+            lines.append(f"discrete generators: {group.discrete_description.format(h=group.width)}")
         return lines
     lines = []
     basis = symmetry.generators()
@@ -93,4 +93,4 @@ def describe_latex(analysis) -> str:
         lines.append(quantity.latex().replace(" = ", " &= ", 1))
     for momentum in analysis.angular_momenta():
         lines.append(momentum.latex().replace(" = ", " &= ", 1))
-    return " \\\\\n".join(lines)
+    return "\\begin{align*}\n" + " \\\\\n".join(lines) + "\n\\end{align*}"

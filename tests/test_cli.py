@@ -37,7 +37,7 @@ def test_symbolic_spec_without_widths_skips_verification(capsys):
 def test_latex_only(capsys):
     assert main(["linear(n, h) -> identity -> linear(h, m)", "--latex"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(r"\text{orbit dimension} &=") and "network:" not in out
+    assert out.startswith("\\begin{align*}\n\\text{orbit dimension} &=") and "network:" not in out
 
 
 def test_bad_spec_exits_with_an_error_naming_the_layer(capsys):

@@ -613,3 +613,14 @@ def test_hyper_parameters_accept_arithmetic_of_numbers_exactly():
     assert arch.node("1")["params"]["slope"] == sp.Rational(1, 5)
     with pytest.raises(SpecError, match="layer 1 .*must be a number or a name"):
         parse("linear(3, 5) -> leaky_relu(slope=__import__('os')) -> linear(5, 4)")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("linear(2, 3) -> relu_pow(alpha=0) -> linear(3, 1)", "alpha=0 must be positive"),
+    ("linear(2, 3) -> relu_pow(alpha=-1) -> linear(3, 1)", "alpha=-1 must be positive"),
+    ("linear(2, 3) -> relu_pow(alpha=x) -> linear(3, 1)", "alpha=x must be a finite real number"),
+    ("linear(2, 3) -> leaky_relu(slope=nan) -> linear(3, 1)", "must be a finite real number"),
+])
+def test_invalid_hyper_parameters_name_the_layer(spec, message):
+    with pytest.raises(SpecError, match=rf"layer 1: .*{message}"):
+        parse(spec)

@@ -129,7 +129,7 @@ def test_angular_momentum_str_is_plain_text(radial_analysis):
 def test_symmetry_latex_and_repr(relu_analysis):
     scaling, permutation = relu_analysis.symmetries
     text = scaling.latex()
-    assert text.startswith(r"\text{site } h1\ (relu):\ ")
+    assert text.startswith(r"\text{site h1 (relu):}\ ")
     assert r"W_{1} \mapsto \operatorname{diag}\left(d_{1}\right) W_{1}" in text
     assert r"b_{1} \mapsto \operatorname{diag}\left(d_{1}\right) b_{1}" in text
     assert r"\delta W_{2} = - W_{2} \operatorname{diag}\left(m_{1}\right)" in text
@@ -148,7 +148,7 @@ def test_symmetry_str(relu_analysis):
 
 def test_analysis_latex_and_repr(linear_analysis):
     text = linear_analysis.latex()
-    assert text.startswith(r"\text{site } h1\ (identity):\ ")
+    assert text.startswith(r"\text{site h1 (identity):}\ ")
     assert r"W_{1} \mapsto g_{1} W_{1}" in text and r"W_{2} \mapsto W_{2} g_{1}^{-1}" in text
     assert IMBALANCE in text
     assert linear_analysis._repr_latex_() == rf"$\begin{{gathered}}{text}\end{{gathered}}$"
@@ -192,7 +192,8 @@ def test_str_of_analysis_mentions_blocked_symmetries():
 
 # -- describe_latex --------------------------------------------------------------------------------
 def _lines(text):
-    return text.split(" \\\\\n")
+    assert text.startswith("\\begin{align*}\n") and text.endswith("\n\\end{align*}")
+    return text[len("\\begin{align*}\n"):-len("\n\\end{align*}")].split(" \\\\\n")
 
 
 def test_describe_latex_linear(linear_analysis):
