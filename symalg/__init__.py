@@ -24,6 +24,7 @@ from .graph import Architecture, SpecError, validate
 from .inference import Blocked, Site, infer_sites
 from .lowering import LoweredFunction, lower
 from .numeric import network_function, random_data, random_params
+from .verification import verify
 
 __all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry", "LoweredFunction", "Site", "Spec",
            "SpecError", "Symmetry", "catalogue", "derive", "from_torch", "groups", "infer_sites", "lower",
@@ -31,9 +32,3 @@ __all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry",
            "register", "report", "to_module", "to_spec_string", "validate", "verify"]
 __version__ = "0.1.0"
 
-
-def verify(analysis, params=None, data=None, **options):
-    """Numerically verify every symmetry of ``analysis``; see :func:`symalg.verify.verify`."""
-    from .verification import verify as _verify
-
-    return _verify(analysis, params=params, data=data, **options)

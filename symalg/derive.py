@@ -295,32 +295,37 @@ class LoweredAnalysis:
         return {s.label: s.lowered_infinitesimal for s in self.analysis.continuous}
 
     @property
-    def conserved_quantities(self) -> dict[str, LoweredFunction]:
-        return {q.name: q.lowered for q in self.analysis.conserved_quantities()}
+    def conserved_quantities(self) -> dict[str, ConservedQuantity]:
+        """``{name: q}`` with ``q(params)`` the tensor of quantities (source in ``q.lowered.source``)."""
+        return {q.name: q for q in self.analysis.conserved_quantities()}
 
     @property
-    def angular_momenta(self) -> dict[str, LoweredFunction]:
-        return {j.name: j.lowered for j in self.analysis.angular_momenta()}
+    def angular_momenta(self) -> dict[str, AngularMomentum]:
+        """``{name: J}`` with ``J(params, velocity)`` the antisymmetric matrix (``J.lowered.source``)."""
+        return {j.name: j for j in self.analysis.angular_momenta()}
 
     def source(self) -> str:
         """All generated torch source, for inspection."""
         functions = [*self.actions.values(), *self.infinitesimal_actions.values(),
-                     *self.conserved_quantities.values(), *self.angular_momenta.values()]
+                     *(q.lowered for q in self.conserved_quantities.values()),
+                     *(j.lowered for j in self.angular_momenta.values())]
         return "\n\n".join(f.source for f in functions)
 
 
 def derive(arch, catalogue: Mapping | None = None, strict: bool = True) -> Analysis:
     """Run inference and the symbolic derivation for an architecture (or anything :func:`parse` takes).
 
-    ``catalogue`` defaults to the built-in one; pass the same overlay used to parse the architecture,
-    otherwise its extra ops count as unknown (no symmetry, listed in ``analysis.blocked``).
+    ``catalogue`` defaults to the one the architecture was parsed with (the built-in one for strings).
     With ``strict`` (the default) a declared symmetry that a symbolic check *disproves* is not claimed
     but listed in ``analysis.blocked``; ``strict=False`` keeps it (e.g. to watch the verifier fail).
     """
     from .frontend import parse
 
-    catalogue = CATALOGUE if catalogue is None else catalogue
-    arch = parse(arch, catalogue=catalogue) if not isinstance(arch, Architecture) else arch
+    if isinstance(arch, Architecture):
+        catalogue = catalogue if catalogue is not None else (arch.catalogue or CATALOGUE)
+    else:
+        catalogue = CATALOGUE if catalogue is None else catalogue
+        arch = parse(arch, catalogue=catalogue)
     sites, blocked = infer_sites(arch, catalogue)
     symbols = parameter_symbols(arch)
     symmetries, disproved = [], []

@@ -62,7 +62,7 @@ class Spec:
         return _architecture(self._layers, self._catalogue)
 
 
-def _chain_graph(nodes: list[tuple[str, dict]]) -> Architecture:
+def _chain_graph(nodes: list[tuple[str, dict]], catalogue: Mapping) -> Architecture:
     """Link ``(name, attributes)`` layer nodes into the schema's path graph, naming the axes.
 
     Axes are ``x`` before the first linear layer, ``h1, h2, ...`` after each hidden one and ``y``
@@ -84,7 +84,7 @@ def _chain_graph(nodes: list[tuple[str, dict]]) -> Architecture:
         previous = name
     graph.add_node("output", kind="output", op="output", features=width)
     graph.add_edge(previous, "output", features=width, axis=axis)
-    return Architecture(graph)
+    return Architecture(graph, None if catalogue is CATALOGUE else catalogue)
 
 
 def _check_activation_position(nodes: list[tuple[str, dict]], where: str) -> None:
@@ -93,7 +93,7 @@ def _check_activation_position(nodes: list[tuple[str, dict]], where: str) -> Non
                         "start with a linear layer")
     if nodes[-1][1]["kind"] == "activation":
         raise SpecError(f"layer {where}: two activations in a row ({nodes[-1][1]['op']} -> ...) are not "
-                        "supported yet")
+                        "supported yet (element-wise modules such as nn.Dropout count as activations)")
 
 
 def _architecture(layers: list[tuple], catalogue: Mapping) -> Architecture:
@@ -122,7 +122,7 @@ def _architecture(layers: list[tuple], catalogue: Mapping) -> Architecture:
             except ValueError as error:
                 raise SpecError(f"layer {index}: {error}") from None
             nodes.append((str(index), dict(kind="activation", op=op, params=params, module=None)))
-    return _chain_graph(nodes)
+    return _chain_graph(nodes, catalogue)
 
 
 def _parse_layer(text: str, index: int) -> tuple:
@@ -162,7 +162,8 @@ def _parse_layer(text: str, index: int) -> tuple:
             raise SpecError(f"layer {index} (linear): bias must be True or False, got {bias!r}")
         return ("linear", args[0], args[1], bias)
     if args:
-        raise SpecError(f"layer {index} ({name}): give hyper-parameters by keyword, e.g. {name}(slope=0.2)")
+        raise SpecError(f"layer {index} ({name}): positional arguments are for linear(in, out) only; an "
+                        f"activation takes keyword hyper-parameters, e.g. leaky_relu(slope=0.2)")
     return ("activation", name, kwargs)
 
 
@@ -185,7 +186,7 @@ def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
     elif isinstance(spec, torch.nn.Module):
         arch = from_torch(spec)
     elif isinstance(spec, nx.DiGraph):
-        arch = Architecture(spec)
+        arch = Architecture(spec, None if catalogue is CATALOGUE else catalogue)
     else:
         raise SpecError(f"cannot parse an architecture from {type(spec).__name__}")
     return arch.subs(widths) if widths else arch
@@ -211,6 +212,15 @@ def _torch_activation(module: torch.nn.Module):
     return None
 
 
+def _opaque_name(module: torch.nn.Module) -> str:
+    """The op name of a module the catalogue does not know, with the setting that excluded it."""
+    if isinstance(module, torch.nn.GELU):
+        return f"GELU(approximate={module.approximate!r})"
+    if isinstance(module, torch.nn.Softplus):
+        return f"Softplus(beta={module.beta}, threshold={module.threshold})"
+    return type(module).__name__
+
+
 def _leaves(module: torch.nn.Module, prefix: str = ""):
     for name, child in module.named_children():
         path = f"{prefix}{name}"
@@ -232,6 +242,9 @@ def from_torch(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) -> Archi
     nodes: list[tuple[str, dict]] = []
     width = None
     for path, child in _leaves(module):
+        if isinstance(child, torch.nn.modules.lazy.LazyModuleMixin) and child.has_uninitialized_params():
+            raise SpecError(f"layer {path} ({type(child).__name__}): lazy module not initialised yet; run one "
+                            "forward pass first")
         if isinstance(child, torch.nn.Linear):
             if width is not None and width != child.in_features:
                 raise SpecError(f"layer {path} (Linear): in_features={child.in_features} but the previous "
@@ -256,8 +269,8 @@ def from_torch(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) -> Archi
         if shape != (2, width):
             raise SpecError(f"layer {path} ({type(child).__name__}): unknown module changes the shape "
                             f"{(2, width)} -> {shape}")
-        nodes.append((path, dict(kind="activation", op=type(child).__name__, params={}, module=child)))
-    return _chain_graph(nodes)
+        nodes.append((path, dict(kind="activation", op=_opaque_name(child), params={}, module=child)))
+    return _chain_graph(nodes, catalogue)
 
 
 def _number(value) -> str:

@@ -150,6 +150,8 @@ class Architecture:
     """
 
     graph: nx.DiGraph
+    catalogue: Mapping | None = None
+    """The catalogue the architecture was parsed with (None: the built-in one); ``derive`` uses it."""
 
     def __post_init__(self):
         validate(self.graph)
@@ -204,7 +206,7 @@ class Architecture:
                     data[key] = concrete(data[key])
         for _, _, data in graph.edges(data=True):
             data["features"] = concrete(data["features"])
-        return Architecture(graph)
+        return Architecture(graph, self.catalogue)
 
     def widths_from_params(self, params: Mapping) -> dict[sp.Symbol, int]:
         """Read the symbolic widths off concrete parameter tensors; raise on missing, mismatched or

@@ -197,3 +197,11 @@ def test_lowered_callables_name_missing_parameters(generator):
     del params["0.bias"]
     with pytest.raises(KeyError, match=r"q_1: parameter\(s\) \['0.bias'\] missing"):
         quantity(params)
+
+
+def test_an_architecture_remembers_the_catalogue_it_was_parsed_with():
+    mine = symalg.overlay({"sin": symalg.CatalogueEntry("sin", lambda z: sp.sin(z), symalg.catalogue.declare_odd())})
+    arch = symalg.parse("linear(2, 3) -> sin -> linear(3, 1)", catalogue=mine)
+    assert [s.group.name for s in symalg.derive(arch).symmetries] == ["SignFlips(3)", "S(3)"]
+    assert symalg.derive(arch.subs({})).blocked == () and arch.subs({}).catalogue is mine
+    assert symalg.derive(symalg.parse("linear(2, 3) -> relu -> linear(3, 1)")).catalogue is symalg.CATALOGUE

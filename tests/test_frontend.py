@@ -295,7 +295,7 @@ def test_unknown_shape_preserving_module_is_an_opaque_node(module):
     arch = from_torch(model)
     node = arch.node("1")
     assert node["kind"] == "activation"
-    assert node["op"] == type(module).__name__
+    assert node["op"].startswith(type(module).__name__)  # GELU(approximate='tanh'), Softplus(beta=2, ...)
     assert node["module"] is module
     assert node["params"] == {}
     sites, blocked = symalg.infer_sites(arch)
@@ -485,7 +485,7 @@ def test_to_module_names_parameters_like_the_architecture():
     # unknown / positional hyper-parameters
     ("linear(n, h) -> leaky_relu(alpha=2) -> linear(h, m)", r"layer 1: .*'leaky_relu' has no hyper-parameter \['alpha'\]"),
     ("linear(n, h) -> relu(slope=0.1) -> linear(h, m)", r"layer 1: .*'relu' has no hyper-parameter \['slope'\]"),
-    ("linear(n, h) -> leaky_relu(0.2) -> linear(h, m)", r"layer 1 \(leaky_relu\): give hyper-parameters by keyword"),
+    ("linear(n, h) -> leaky_relu(0.2) -> linear(h, m)", r"layer 1 \(leaky_relu\): positional arguments are for linear\(in, out\) only"),
     # malformed layers
     ("linear(n) -> relu -> linear(h, m)", r"layer 0 \(linear\): expected linear\(in, out\)"),
     ("linear(n, h, bias=maybe) -> relu -> linear(h, m)", r"layer 0 \(linear\): bias must be True or False"),
