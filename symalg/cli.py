@@ -4,7 +4,7 @@ Run ``symalg`` with no arguments for the built-in default network::
 
     $ symalg
     $ symalg "linear(n, h) -> tanh -> linear(h, m)" --widths n=3,h=5,m=2
-    $ symalg "linear(4, 8) -> radial -> linear(8, 2)" --latex --device cuda
+    $ symalg "linear(4, 8) -> radial -> linear(8, 2)" --device cuda --dtype float32
 
 It prints the sites and their groups, the actions, generators, orbit dimension and conserved
 quantities (plain text, then LaTeX), then verifies every symmetry numerically at the given widths and
@@ -21,19 +21,24 @@ from .derive import derive
 from .frontend import parse
 from .graph import SpecError
 from .report import describe, describe_latex
-from .verification import verify
+from .verification import check_device, verify
 
 DEFAULT_SPEC = "linear(n, h1) -> relu -> linear(h1, h2) -> identity -> linear(h2, m)"
 DEFAULT_WIDTHS = "n=3,h1=4,h2=3,m=2"
 
 
-def _widths(text: str) -> dict[str, int]:
+def _widths(text: str, known: set[str]) -> dict[str, int]:
+    """``n=3,h=5`` → ``{"n": 3, "h": 5}``; every name must be a width of the spec, given once."""
     widths = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
-        name, _, value = item.partition("=")
-        if not value.strip().isdigit():
+        name, _, value = (piece.strip() for piece in item.partition("="))
+        if not value.isdigit() or int(value) <= 0:
             raise SpecError(f"--widths: expected name=positive integer, got {item!r}")
-        widths[name.strip()] = int(value)
+        if name in widths:
+            raise SpecError(f"--widths: {name} is given twice")
+        if name not in known:
+            raise SpecError(f"--widths: the spec has no symbolic width {name!r} (it has {sorted(known) or 'none'})")
+        widths[name] = int(value)
     return widths
 
 
@@ -58,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         analysis = derive(parse(args.spec))
         widths_text = args.widths if args.widths is not None else (DEFAULT_WIDTHS if args.spec == DEFAULT_SPEC else "")
-        widths = _widths(widths_text)
+        widths = _widths(widths_text, {str(s) for s in analysis.architecture.widths})
+        if not (args.latex or args.no_verify):
+            check_device(args.device)
         if args.latex:
             print(describe_latex(analysis))
             return 0

@@ -38,7 +38,7 @@ from .groups import GeneralLinear, Orthogonal
 from .lowering import evaluate_symbolic
 from .numeric import mse_loss, network_function, random_data, random_params
 
-__all__ = ["verify", "default_widths", "CheckResult", "VerificationReport", "TOLERANCES"]
+__all__ = ["verify", "check_device", "default_widths", "CheckResult", "VerificationReport", "TOLERANCES"]
 
 TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
 """Relative tolerance of every check, keyed by dtype."""
@@ -281,6 +281,14 @@ def _data(arch, data) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+def check_device(device) -> None:
+    """Raise ``ValueError`` naming ``device`` when torch cannot allocate on it here."""
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        raise ValueError(f"device {device!r} is not available here ({error})") from None
+
+
 def default_widths(arch) -> dict[str, int]:
     """Widths used when none are given: 3, 4, 5, ... in alphabetical order of the width names."""
     return {name: 3 + i for i, name in enumerate(sorted(str(s) for s in arch.widths))}
@@ -306,10 +314,7 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     """
     if dtype not in TOLERANCES:
         raise ValueError(f"dtype {dtype} is not supported; use one of {list(TOLERANCES)}")
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as error:
-        raise ValueError(f"device {device!r} is not available here ({error})") from None
+    check_device(device)
     tol = TOLERANCES[dtype]
     generator = torch.Generator().manual_seed(seed)
     arch = analysis.architecture

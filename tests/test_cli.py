@@ -4,6 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 import symalg
 from symalg.cli import DEFAULT_SPEC, main
 
@@ -66,3 +69,17 @@ def test_readme_python_example_runs():
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["report"].passed, str(namespace["report"])
     assert namespace["concrete"].orbit_dimension(namespace["params"]) == 5
+
+
+def test_widths_must_name_the_spec_widths_once(capsys):
+    assert main(["linear(n, h) -> relu -> linear(h, m)", "--widths", "n=3,h=5,m=2,h=6"]) == 2
+    assert "--widths: h is given twice" in capsys.readouterr().err
+    assert main(["linear(2, 3) -> relu -> linear(3, 1)", "--widths", "n=3"]) == 2
+    assert "the spec has no symbolic width 'n' (it has none)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+def test_unavailable_device_fails_before_the_report(capsys):
+    assert main(["linear(2, 3) -> relu -> linear(3, 1)", "--device", "cuda"]) == 2
+    captured = capsys.readouterr()
+    assert "device 'cuda' is not available here" in captured.err and captured.out == ""
