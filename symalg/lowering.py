@@ -96,8 +96,11 @@ class SymalgTorchPrinter(TorchPrinter):
                 result = f"{self._module_format('torch.matmul')}({result}, {self._print(factor)})"
         for factor in reversed(leading):
             result = f"({self._print(factor.args[0])} * {result})"
+        coefficient = sp.Mul(*scalars)
+        if coefficient == -1:
+            return f"-{result}"
         if scalars:
-            result = f"{self.parenthesize(sp.Mul(*scalars), 40)}*{result}"
+            result = f"{self.parenthesize(coefficient, 40)}*{result}"
         return result
 
     def _print_MatAdd(self, expr):
