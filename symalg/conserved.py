@@ -65,9 +65,11 @@ class ConservedQuantity:
         return self.symmetry.group.n_symmetric
 
     def latex(self) -> str:
-        site = self.symmetry.site
-        k, m = site.index, latex(self.generator)
-        head = rf"Q_{{{m}}} = {m}^{{T}} q_{{{k}}}" if self.diagonal else rf"Q_{{{m}}} = \operatorname{{tr}}\left({m} C_{{{k}}}\right)"
+        k, m = self.symmetry.site.index, latex(self.generator)
+        if self.diagonal:
+            head = rf"Q_{{{m}}} = {m}^{{T}} q_{{{k}}}"
+        else:
+            head = rf"Q_{{{m}}} = \operatorname{{tr}}\left({m} C_{{{k}}}\right)"
         return rf"{head},\quad {latex(sp.Symbol(self.name))} = {latex(self.expr)}"
 
     def __str__(self):

@@ -88,7 +88,7 @@ class Symmetry:
         """The symmetry's conserved quantities (symmetric generators) or angular momentum (antisymmetric)."""
         if not self.group.is_continuous:
             return None
-        site, syms, roles = self.site, self.symbols, self.roles
+        syms, roles = self.symbols, self.roles
         w_in, w_out = syms[roles["W_in"]], syms[roles["W_out"]]
         b_in = syms[roles["b_in"]] if roles["b_in"] else None
         alpha = sp.sympify(self.group.alpha)
