@@ -15,18 +15,16 @@ __all__ = ["describe", "describe_latex"]
 
 
 def _formula(method):
-    """``method()``, or None where no closed form exists (the reason is in the exception)."""
+    """``(method(), None)``, or ``(None, reason)`` where no closed form exists."""
     try:
-        return method()
-    except NotImplementedError:
-        return None
+        return method(), None
+    except NotImplementedError as error:
+        return None, str(error)
 
 
 def _formula_text(method) -> str:
-    try:
-        return sstr(method())
-    except NotImplementedError as error:
-        return f"no closed form ({error})"
+    value, reason = _formula(method)
+    return sstr(value) if reason is None else f"no closed form ({reason})"
 
 
 def _generators_text(symmetry, limit: int = 4) -> list[str]:
@@ -83,8 +81,8 @@ def describe(analysis) -> str:
 
 def describe_latex(analysis) -> str:
     """LaTeX report: one ``align*``-ready line per action and conserved quantity."""
-    orbit = _formula(analysis.orbit_dimension)
-    lines = [rf"\text{{orbit dimension}} &= {latex(orbit)}" if orbit is not None
+    orbit, reason = _formula(analysis.orbit_dimension)
+    lines = [rf"\text{{orbit dimension}} &= {latex(orbit)}" if reason is None
              else r"\text{orbit dimension: numeric only}"]
     for symmetry in analysis.symmetries:
         lines.append(rf"&\text{{{symmetry.site.name}: }} {symmetry.group.latex()}")
