@@ -1,0 +1,441 @@
+"""The torch.fx front end: any ``nn.Module`` → a :class:`ModelGraph` of canonical ops.
+
+:func:`trace` runs ``torch.fx`` symbolic tracing, keeping torch's own layers (``nn.Linear``,
+``nn.MultiheadAttention``, norm layers, ...) as single nodes, and falls back to ``torch.export`` when
+fx cannot trace the model; if both fail the error says why and where. Every spelling of an op
+(``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu()``, ``x.relu_()``) becomes one canonical name, and
+with ``example_inputs`` a shape-propagation pass records every value's shape.
+
+Schema of ``ModelGraph.graph`` (a ``networkx.DiGraph``; node names are fx node names, in data-flow
+order):
+
+=========== ==============================================================================
+attribute   meaning
+=========== ==============================================================================
+``op``      canonical op (``linear``, ``conv2d``, ``relu``, ``add``, ``layer_norm``,
+            ``multihead_attention``, ``attention``, ...; the fx target's name when unknown)
+``kind``    ``input``, ``output``, ``param`` (a parameter read in ``forward``), ``module``,
+            ``function``, ``constant``
+``module``  qualified name of the called module (``None`` for functions)
+``params``  ``{role: canonical parameter name}`` (tied parameters get the first name)
+``buffers`` ``{role: buffer name}``
+``settings`` hyper-parameters (``eps``, ``groups``, ``dim``, ``heads``, ...)
+``inputs``  positional tensor inputs: node names, or ``None`` where a constant stands
+``shape``   the output shape (``None`` without example inputs)
+``where``   ``"node 'relu_1' (F.relu)"``, for error messages
+=========== ==============================================================================
+
+Edges ``u → v`` carry ``index``: the position of ``u`` in ``v``'s ``inputs``.
+
+Hand-written attention (``q/k/v`` linears split into heads, then ``F.scaled_dot_product_attention``
+or ``softmax(Q Kᵀ/√d) V``, merged back) is folded into one ``attention`` node with inputs ``q, k, v``
+and ``settings["heads"]``; folding needs example inputs to read the head layout.
+
+Example
+-------
+>>> import torch, symalg
+>>> class Net(torch.nn.Module):
+...     def __init__(self):
+...         super().__init__()
+...         self.fc1, self.fc2 = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)
+...     def forward(self, x):
+...         return self.fc2(torch.relu(self.fc1(x)))
+>>> g = symalg.trace(Net(), (torch.zeros(5, 3),))
+>>> [g.graph.nodes[v]["op"] for v in g.graph]
+['input', 'linear', 'relu', 'linear', 'output']
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import networkx as nx
+import torch
+import torch.fx
+import torch.nn.functional as F
+
+from .catalogue import CATALOGUE, exact
+from .graph import SpecError
+
+__all__ = ["ModelGraph", "trace", "canonical_module_op"]
+
+nn = torch.nn
+
+_MODULE_OPS = {
+    nn.Linear: "linear", nn.Conv1d: "conv", nn.Conv2d: "conv", nn.BatchNorm1d: "batch_norm",
+    nn.BatchNorm2d: "batch_norm", nn.LayerNorm: "layer_norm", nn.GroupNorm: "group_norm", nn.RMSNorm: "rms_norm",
+    nn.MultiheadAttention: "multihead_attention", nn.Embedding: "embedding", nn.MaxPool1d: "max_pool",
+    nn.MaxPool2d: "max_pool", nn.AdaptiveMaxPool1d: "max_pool", nn.AdaptiveMaxPool2d: "max_pool",
+    nn.AvgPool1d: "avg_pool", nn.AvgPool2d: "avg_pool", nn.AdaptiveAvgPool1d: "avg_pool",
+    nn.AdaptiveAvgPool2d: "avg_pool", nn.Flatten: "flatten", nn.Dropout: "dropout", nn.Identity: "identity",
+    nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax",
+}
+
+_FUNCTIONS = {
+    F.relu: "relu", torch.relu: "relu", F.relu_: "relu", torch.relu_: "relu", torch.tanh: "tanh", F.tanh: "tanh",
+    torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.silu: "silu", F.linear: "linear", operator.add: "add",
+    torch.add: "add", operator.iadd: "add", operator.mul: "mul", torch.mul: "mul", operator.imul: "mul",
+    operator.truediv: "div", torch.div: "div", operator.neg: "neg", torch.neg: "neg", operator.sub: "sub",
+    torch.sub: "sub", torch.cat: "cat", torch.concat: "cat", torch.flatten: "flatten", F.softmax: "softmax",
+    torch.softmax: "softmax", F.log_softmax: "log_softmax", torch.log_softmax: "log_softmax",
+    F.scaled_dot_product_attention: "sdpa", torch.matmul: "matmul", operator.matmul: "matmul",
+    torch.bmm: "matmul", F.layer_norm: "layer_norm", F.rms_norm: "rms_norm", torch.cdist: "cdist",
+    torch.exp: "exp", operator.pow: "pow", torch.pow: "pow", torch.sin: "sin", torch.cos: "cos", torch.abs: "abs",
+    torch.sqrt: "sqrt", torch.log: "log", F.dropout: "dropout", F.max_pool1d: "max_pool", F.max_pool2d: "max_pool",
+    F.avg_pool1d: "avg_pool", F.avg_pool2d: "avg_pool", F.adaptive_avg_pool1d: "avg_pool",
+    F.adaptive_avg_pool2d: "avg_pool", operator.getitem: "getitem", torch.transpose: "transpose",
+    torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding",
+}
+
+_METHODS = {
+    "relu": "relu", "relu_": "relu", "tanh": "tanh", "tanh_": "tanh", "sigmoid": "sigmoid", "sigmoid_": "sigmoid",
+    "add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "div": "div", "div_": "div", "neg": "neg",
+    "sub": "sub", "view": "reshape", "reshape": "reshape", "transpose": "transpose", "permute": "permute",
+    "contiguous": "identity", "flatten": "flatten", "softmax": "softmax", "log_softmax": "log_softmax",
+    "exp": "exp", "pow": "pow", "square": "square", "abs": "abs", "sqrt": "sqrt", "matmul": "matmul", "size": "size",
+    "dim": "size", "clone": "identity",
+}
+
+_IN_PLACE = {"relu_", "tanh_", "sigmoid_", "add_", "mul_", "div_"}
+
+_LAYOUT = {"reshape", "transpose", "permute", "identity"}
+
+
+@dataclass(frozen=True, eq=False)
+class ModelGraph:
+    """A traced model: the canonical op graph (schema in the module docstring) and the model itself."""
+
+    graph: nx.DiGraph
+    model: nn.Module = field(repr=False)
+    example_inputs: tuple | None = field(default=None, repr=False)
+    tracer: str = "fx"
+    """``"fx"`` or ``"export"`` (the fallback)."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """``{alias: canonical parameter name}`` for tied parameters."""
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.graph.nodes)
+
+    def node(self, name: str) -> Mapping:
+        return self.graph.nodes[name]
+
+    def inputs(self, name: str) -> list[str | None]:
+        return list(self.graph.nodes[name]["inputs"])
+
+    def users(self, name: str) -> list[str]:
+        return list(self.graph.successors(name))
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """The model's parameters by canonical name (tied parameters once)."""
+        return dict(self.model.named_parameters())
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.named_buffers())
+
+    def __repr__(self) -> str:
+        ops = [self.graph.nodes[v]["op"] for v in self.graph]
+        return f"ModelGraph({type(self.model).__name__}, tracer={self.tracer!r}, ops={ops})"
+
+
+def canonical_module_op(module: nn.Module) -> tuple[str, dict]:
+    """``(canonical op, settings)`` of a module; activation modules map to catalogue names.
+
+    >>> canonical_module_op(torch.nn.LeakyReLU(0.2))
+    ('leaky_relu', {'slope': 1/5})
+    """
+    from .frontend import _opaque_name, _torch_activation
+
+    known = _torch_activation(module)
+    if known is not None:
+        return known[0], dict(known[1])
+    for cls, op in _MODULE_OPS.items():
+        if type(module) is cls:
+            return op, _module_settings(module)
+    return _opaque_name(module), {}
+
+
+def _module_settings(module: nn.Module) -> dict:
+    settings = {}
+    for key in ("eps", "groups", "training", "track_running_stats", "elementwise_affine", "num_heads",
+                "batch_first", "start_dim", "end_dim", "dim", "p", "padding_idx", "num_groups", "normalized_shape"):
+        if hasattr(module, key):
+            settings[key] = getattr(module, key)
+    if isinstance(module, nn.MultiheadAttention):
+        settings.update(same_embed=module._qkv_same_embed_dim, bias_kv=module.bias_k is not None,
+                        add_zero_attn=module.add_zero_attn, dropout=module.dropout)
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)):
+        settings.update(padding_mode=module.padding_mode, in_channels=module.in_channels,
+                        out_channels=module.out_channels)
+    return settings
+
+
+class _Tracer(torch.fx.Tracer):
+    """fx tracer keeping torch's own modules (except containers) as single nodes."""
+
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+            return False
+        from .nn import Activation
+
+        return isinstance(module, Activation) or super().is_leaf_module(module, qualified_name)
+
+
+def _where(node: torch.fx.Node) -> str:
+    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    return f"node {node.name!r} ({node.op} {target})"
+
+
+def _canonical_params(model: nn.Module) -> tuple[dict[str, str], dict[int, str]]:
+    """``{alias: canonical name}`` for tied parameters, and ``{id(tensor): canonical name}``."""
+    by_id: dict[int, str] = {}
+    aliases = {}
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        canonical = by_id.setdefault(id(tensor), name)
+        if canonical != name:
+            aliases[name] = canonical
+    for name, tensor in model.named_buffers(remove_duplicate=False):
+        by_id.setdefault(id(tensor), name)
+    return aliases, by_id
+
+
+def _fx_graph(model: nn.Module) -> torch.fx.GraphModule:
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    return torch.fx.GraphModule(tracer.root, graph)
+
+
+def _export_graph(model: nn.Module, example_inputs: tuple) -> torch.fx.GraphModule:
+    exported = torch.export.export(model, tuple(example_inputs))
+    return exported.module()
+
+
+_ATEN = {
+    "linear": "linear", "relu": "relu", "relu_": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "gelu": "gelu",
+    "silu": "silu", "add": "add", "mul": "mul", "div": "div", "neg": "neg", "cat": "cat", "view": "reshape",
+    "reshape": "reshape", "transpose": "transpose", "permute": "permute", "clone": "identity",
+    "contiguous": "identity", "_softmax": "softmax", "softmax": "softmax", "_log_softmax": "log_softmax",
+    "log_softmax": "log_softmax", "t": "transpose", "flatten": "flatten", "exp": "exp",
+    "scaled_dot_product_attention": "sdpa", "matmul": "matmul", "layer_norm": "layer_norm", "embedding": "embedding",
+    "leaky_relu": "leaky_relu", "getitem": "getitem",
+}
+
+
+def _function_op(node: torch.fx.Node) -> tuple[str, dict]:
+    """Canonical op and settings of a ``call_function``/``call_method`` node."""
+    if node.op == "call_method":
+        op = _METHODS.get(node.target, node.target)
+        return op, {"method": node.target}
+    target = node.target
+    if target in _FUNCTIONS:
+        op = _FUNCTIONS[target]
+    elif isinstance(target, torch._ops.OpOverload) or isinstance(target, torch._ops.OpOverloadPacket):
+        name = target.__name__.split(".")[0] if hasattr(target, "__name__") else str(target)
+        op = _ATEN.get(name, f"aten.{name}")
+    elif target is F.leaky_relu:
+        slope = node.kwargs.get("negative_slope", node.args[1] if len(node.args) > 1 else 0.01)
+        return "leaky_relu", {"slope": exact(slope)}
+    elif target is F.gelu:
+        approximate = node.kwargs.get("approximate", "none")
+        return ("gelu", {}) if approximate == "none" else (f"gelu(approximate={approximate!r})", {})
+    else:
+        op = getattr(target, "__name__", str(target))
+    return op, {}
+
+
+def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[int, str]) -> dict:
+    record = dict(op=node.op, kind="function", module=None, params={}, buffers={}, settings={},
+                  where=_where(node), shape=None)
+    if node.op == "placeholder":
+        record.update(op="input", kind="input")
+    elif node.op == "output":
+        record.update(op="output", kind="output")
+    elif node.op == "get_attr":
+        tensor = _attribute(gm, node.target)
+        if isinstance(tensor, nn.Parameter):
+            record.update(op="param", kind="param", params={"value": by_id.get(id(tensor), node.target)})
+        elif isinstance(tensor, torch.Tensor) and id(tensor) in by_id:
+            record.update(op="buffer", kind="constant", buffers={"value": by_id[id(tensor)]})
+        else:
+            record.update(op="constant", kind="constant")
+    elif node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        op, settings = canonical_module_op(module)
+        record.update(op=op, kind="module", module=node.target, settings=settings,
+                      params={role: by_id.get(id(t), f"{node.target}.{role}")
+                              for role, t in module.named_parameters(recurse=True)},
+                      buffers={role: by_id.get(id(t), f"{node.target}.{role}")
+                               for role, t in module.named_buffers(recurse=True)})
+        if getattr(module, "inplace", False):
+            record["settings"]["inplace"] = True
+        record["instance"] = module
+    else:
+        op, settings = _function_op(node)
+        record.update(op=op, settings=settings)
+        if node.op == "call_method" and node.target in _IN_PLACE:
+            record["settings"]["inplace"] = True
+    return record
+
+
+def _attribute(gm: nn.Module, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _constant_args(node: torch.fx.Node) -> dict:
+    """The non-tensor arguments of a node by position/keyword (``dim``, ``shape``, ``approximate``...)."""
+    def plain(value):
+        if isinstance(value, torch.fx.Node):
+            return None
+        if isinstance(value, (list, tuple)):
+            return type(value)(plain(v) for v in value)
+        return value
+
+    arguments = {f"arg{i}": plain(a) for i, a in enumerate(node.args)}
+    arguments.update({k: plain(v) for k, v in node.kwargs.items()})
+    return arguments
+
+
+def _tensor_inputs(node: torch.fx.Node) -> list:
+    """Input nodes in argument order, flattening lists (``torch.cat([a, b])``), ``None`` for constants."""
+    inputs = []
+    for value in list(node.args) + list(node.kwargs.values()):
+        if isinstance(value, torch.fx.Node):
+            inputs.append(value)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in value):
+            inputs.extend(v if isinstance(v, torch.fx.Node) else None for v in value)
+        elif isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool):
+            inputs.append(None)
+    return inputs
+
+
+def _shape_of(meta) -> tuple | None:
+    value = meta.get("tensor_meta", meta.get("val"))
+    if value is None:
+        return None
+    if hasattr(value, "shape"):
+        return tuple(int(s) for s in value.shape)
+    if isinstance(value, (list, tuple)):
+        return tuple(_shape_of({"val": v}) if not hasattr(v, "shape") else tuple(int(s) for s in v.shape)
+                     for v in value)
+    return None
+
+
+def _redirect_in_place(gm: torch.fx.GraphModule) -> None:
+    """After ``y = x.relu_()``, later readers of ``x`` see the mutated tensor: make them read ``y``."""
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    for node in list(gm.graph.nodes):
+        in_place = (node.op == "call_method" and node.target in _IN_PLACE) or \
+            (node.op == "call_function" and node.target in (F.relu_, torch.relu_, operator.iadd, operator.imul)) or \
+            (node.op == "call_module" and getattr(gm.get_submodule(node.target), "inplace", False)) or \
+            (node.op == "call_function" and node.kwargs.get("inplace", False))
+        if not in_place or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        source = node.args[0]
+        for user in list(source.users):
+            if user is not node and order[user] > order[node]:
+                user.replace_input_with(source, node)
+
+
+def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention: bool = True) -> ModelGraph:
+    """Trace ``model`` into a :class:`ModelGraph` (fx first, ``torch.export`` as the fallback).
+
+    Parameters
+    ----------
+    model : any ``nn.Module``.
+    example_inputs : a tuple of example tensors; enables shape propagation (needed for
+        convolutions followed by ``flatten`` and for hand-written attention) and the export fallback.
+    fold_attention : fold hand-written multi-head attention into ``attention`` nodes.
+    """
+    if not isinstance(model, nn.Module):
+        raise SpecError(f"trace: expected a torch.nn.Module, got {type(model).__name__}")
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
+            raise SpecError(f"module {name!r} ({type(module).__name__}): lazy module not initialised yet; run one "
+                            "forward pass first")
+    if example_inputs is not None and not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    tracer = "fx"
+    try:
+        gm = _fx_graph(model)
+    except Exception as fx_error:  # fx's own failure, reported with the export one below
+        if example_inputs is None:
+            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__}: {fx_error}; pass example_inputs "
+                            "to try torch.export instead") from None
+        try:
+            gm = _export_graph(model, example_inputs)
+            tracer = "export"
+        except Exception as export_error:
+            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__} ({type(fx_error).__name__}: "
+                            f"{fx_error}) and torch.export failed too ({type(export_error).__name__}: "
+                            f"{str(export_error).splitlines()[0] if str(export_error) else ''})") from None
+    _redirect_in_place(gm)
+    if example_inputs is not None and tracer == "fx":
+        from torch.fx.passes.shape_prop import ShapeProp
+
+        try:
+            ShapeProp(gm).propagate(*example_inputs)
+        except Exception as error:
+            raise SpecError(f"trace: running {type(model).__name__} on the example inputs failed: {error}") from None
+    aliases, by_id = _canonical_params(model)
+    graph = nx.DiGraph()
+    for node in gm.graph.nodes:
+        record = _node_record(node, gm, by_id)
+        record["shape"] = _shape_of(node.meta)
+        record["arguments"] = _constant_args(node)
+        inputs = _tensor_inputs(node)
+        record["inputs"] = tuple(i.name if i is not None else None for i in inputs)
+        if tracer == "export" and record["kind"] == "input" and node.name not in _export_user_inputs(gm):
+            continue
+        graph.add_node(node.name, **record)
+    for name, data in list(graph.nodes(data=True)):
+        kept = tuple(i if i in graph else None for i in data["inputs"])
+        data["inputs"] = kept
+        for index, source in enumerate(kept):
+            if source is not None:
+                graph.add_edge(source, name, index=index)
+    _drop_shape_queries(graph)
+    result = ModelGraph(graph, model, example_inputs, tracer, aliases)
+    if fold_attention:
+        from .attention_folding import fold_attention as fold
+
+        fold(result)
+    return result
+
+
+def _export_user_inputs(gm) -> set[str]:
+    return {n.name for n in gm.graph.nodes if n.op == "placeholder"}
+
+
+def _drop_shape_queries(graph: nx.DiGraph) -> None:
+    """``x.size()``, ``x.shape`` and arithmetic on them only read shapes: drop them from the data flow."""
+    queries = set()
+    for name in list(nx.topological_sort(graph)):
+        data = graph.nodes[name]
+        sources = [i for i in data["inputs"] if i is not None]
+        attribute = data["op"] == "getattr" and data["arguments"].get("arg1") in ("shape", "device", "dtype", "ndim")
+        if data["op"] == "size" or attribute or (sources and all(s in queries for s in sources)
+                                                 and data["kind"] == "function"):
+            queries.add(name)
+    for name in queries:
+        for user in list(graph.successors(name)):
+            data = graph.nodes[user]
+            data["inputs"] = tuple(None if i == name else i for i in data["inputs"])
+    graph.remove_nodes_from(queries)
+    for name, data in graph.nodes(data=True):
+        if data["op"] == "getattr" and data["arguments"].get("arg1") in ("T", "mT"):
+            data["op"] = "transpose"
+            data["arguments"] = {"arg1": -2, "arg2": -1}
+
+
+def scale_constant(value) -> bool:
+    """True for a Python number (the only non-tensor operand of ``mul``/``div`` we treat as linear)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def catalogue_op(op: str, catalogue: Mapping = CATALOGUE) -> bool:
+    return op in catalogue

@@ -1,0 +1,198 @@
+"""Folding hand-written multi-head attention (:mod:`symalg.attention_folding`) into one ``attention`` node."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from symalg.tracing import trace
+
+B, L, D, H = 3, 5, 8, 2
+
+
+def split_heads(t, heads):
+    """The standard split ``(B, L, d) → (B, H, L, d/H)``."""
+    b, length = t.shape[:2]
+    return t.view(b, length, heads, t.shape[-1] // heads).transpose(1, 2)
+
+
+class SelfAttention(nn.Module):
+    """Separate ``q, k, v, o`` maps; ``form``, ``merge`` and ``split`` pick how the pattern is spelled."""
+
+    def __init__(self, form="sdpa", merge="view", split=split_heads):
+        super().__init__()
+        self.form, self.merge, self.split = form, merge, split
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
+
+    def forward(self, x):
+        b, length = x.shape[:2]
+        q, k, v = (self.split(f(x), H) for f in (self.q, self.k, self.v))
+        if self.form == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out = F.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+        if self.merge == "view":
+            out = out.transpose(1, 2).contiguous().view(b, length, -1)
+        elif self.merge == "reshape":
+            out = out.transpose(1, 2).reshape(b, length, -1)
+        else:
+            out = out.reshape(b, length, -1)
+        return self.o(out)
+
+
+def x():
+    return torch.randn(B, L, D, dtype=torch.float64)
+
+
+def ops(graph):
+    return [graph.nodes[v]["op"] for v in graph]
+
+
+def attention_nodes(graph):
+    return [v for v in graph if graph.nodes[v]["op"] == "attention"]
+
+
+def assert_unchanged(model, example=True):
+    inputs = (x(),) if example else None
+    folded, plain = trace(model, inputs).graph, trace(model, inputs, fold_attention=False).graph
+    assert list(folded.nodes(data="inputs")) == list(plain.nodes(data="inputs"))
+    assert ops(folded) == ops(plain)
+    assert not attention_nodes(folded)
+
+
+@pytest.mark.parametrize("form", ["sdpa", "explicit"])
+@pytest.mark.parametrize("merge", ["view", "reshape"])
+def test_self_attention_folds_to_one_node(form, merge):
+    graph = trace(SelfAttention(form, merge), (x(),)).graph
+    (name,) = attention_nodes(graph)
+    data = graph.nodes[name]
+    assert data["inputs"] == ("q", "k", "v")
+    assert data["settings"] == {"heads": H, "head_dim": D // H, "value_head_dim": D // H, "form": form}
+    assert data["shape"] == (B, L, D) and data["kind"] == "function" and data["arguments"] == {}
+    assert [graph.edges[root, name]["index"] for root in ("q", "k", "v")] == [0, 1, 2]
+    assert list(graph.successors(name)) == ["o"] and graph.nodes["o"]["inputs"] == (name,)
+    assert graph.edges[name, "o"]["index"] == 0
+    assert ops(graph) == ["input", "linear", "linear", "linear", "attention", "linear", "output"]
+
+
+def test_permutes_scale_dropout_flatten_and_value_width():
+    """``K`` split straight into ``Kᵀ`` by one permute, ``c · scores``, dropout, merge by ``flatten``,
+    and a value width differing from the key width."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v, self.o = nn.Linear(D, D), nn.Linear(D, D), nn.Linear(D, 12), nn.Linear(12, D)
+            self.drop = nn.Dropout(0.1)
+
+        def forward(self, x):
+            b, length, _ = x.shape
+            q = self.q(x).reshape(b, length, H, -1).permute(0, 2, 1, 3)
+            k = self.k(x).reshape(b, length, H, -1).permute(0, 2, 3, 1)
+            v = self.v(x).reshape(b, length, H, -1).permute(0, 2, 1, 3)
+            weights = self.drop(((D // H) ** -0.5 * (q @ k)).softmax(-1))
+            return self.o(torch.flatten((weights @ v).permute(0, 2, 1, 3), 2))
+
+    graph = trace(Net().eval(), (x(),)).graph
+    (name,) = attention_nodes(graph)
+    assert graph.nodes[name]["inputs"] == ("q", "k", "v")
+    assert graph.nodes[name]["settings"] == {"heads": H, "head_dim": 4, "value_head_dim": 6, "form": "explicit"}
+    assert ops(graph) == ["input", "linear", "linear", "linear", "attention", "linear", "output"]
+
+
+def test_two_blocks_and_a_root_read_elsewhere():
+    """Each block folds; a ``q`` root read by a residual too is still a root."""
+
+    class Residual(SelfAttention):
+        def forward(self, x):
+            query = self.q(x)
+            q, k, v = split_heads(query, H), split_heads(self.k(x), H), split_heads(self.v(x), H)
+            return self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, L, D)) + query
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = Residual(), SelfAttention("explicit")
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    graph = trace(Net(), (x(),)).graph
+    first, second = attention_nodes(graph)
+    assert graph.nodes[first]["inputs"] == ("a_q", "a_k", "a_v")
+    assert graph.nodes[second]["inputs"] == ("b_q", "b_k", "b_v")
+    assert {"matmul", "softmax", "sdpa", "transpose", "reshape", "identity"}.isdisjoint(ops(graph))
+
+
+def test_sdpa_mask_from_a_buffer_is_dropped_one_from_a_parameter_blocks_folding():
+    class Masked(SelfAttention):
+        def __init__(self, learned):
+            super().__init__()
+            mask = torch.zeros(L, L)
+            if learned:
+                self.mask = nn.Parameter(mask)
+            else:
+                self.register_buffer("mask", mask)
+
+        def forward(self, x):
+            q, k, v = (split_heads(f(x), H) for f in (self.q, self.k, self.v))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=0.0)
+            return self.o(out.transpose(1, 2).reshape(B, L, D))
+
+    graph = trace(Masked(learned=False), (x(),)).graph
+    (name,) = attention_nodes(graph)
+    assert graph.nodes[name]["inputs"] == ("q", "k", "v")
+    assert_unchanged(Masked(learned=True))
+
+
+@pytest.mark.parametrize("split", [
+    lambda t, heads: t.view(t.shape[0], t.shape[1], -1, heads).permute(0, 3, 1, 2),  # heads interleaved
+    lambda t, heads: t.view(t.shape[0], t.shape[1], -1, heads).transpose(1, 3),  # (B, H, d_k, L)
+    lambda t, heads: t.view(t.shape[0], heads, t.shape[1], -1),  # rows mixed across positions
+])
+@pytest.mark.parametrize("form", ["sdpa", "explicit"])
+def test_wrong_split_is_not_folded(split, form):
+    assert_unchanged(SelfAttention(form, split=split))
+
+
+def test_wrong_merge_is_not_folded():
+    assert_unchanged(SelfAttention("sdpa", merge="no transpose"))
+
+
+@pytest.mark.parametrize("scores", [
+    lambda net, q, k: (q @ k.transpose(-2, -1)).softmax(-2),  # normalised over queries
+    lambda net, q, k: (q @ k.transpose(-2, -1) / net.temperature).softmax(-1),  # a learned scale
+])
+def test_other_explicit_scores_are_not_folded(scores):
+    class Net(SelfAttention):
+        def __init__(self):
+            super().__init__()
+            self.temperature = nn.Parameter(torch.tensor(2.0))
+
+        def forward(self, x):
+            q, k, v = (split_heads(f(x), H) for f in (self.q, self.k, self.v))
+            return self.o((scores(self, q, k) @ v).transpose(1, 2).reshape(B, L, D))
+
+    assert_unchanged(Net())
+
+
+def test_without_example_inputs_nothing_is_folded():
+    assert_unchanged(SelfAttention("sdpa"), example=False)
+    assert_unchanged(SelfAttention("explicit"), example=False)
+
+
+@pytest.mark.parametrize("form", ["sdpa", "explicit"])
+def test_head_split_or_scores_read_elsewhere_is_not_folded(form):
+    class Leaky(SelfAttention):
+        def forward(self, x):
+            q, k, v = (split_heads(f(x), H) for f in (self.q, self.k, self.v))
+            if form == "sdpa":
+                out = F.scaled_dot_product_attention(q, k, v)
+                extra = q
+            else:
+                extra = q @ k.transpose(-2, -1)
+                out = extra.softmax(-1) @ v
+            return self.o(out.transpose(1, 2).reshape(B, L, D)), extra
+
+    assert_unchanged(Leaky())
