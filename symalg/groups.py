@@ -34,7 +34,7 @@ from typing import ClassVar
 import sympy as sp
 import torch
 
-__all__ = ["SiteGroup", "GeneralLinear", "Orthogonal", "PositiveScaling", "SignFlips", "Permutations"]
+__all__ = ["SiteGroup", "GeneralLinear", "Orthogonal", "PositiveScaling", "SignFlips", "Permutations", "Translations"]
 
 
 def _concrete(width) -> int:
@@ -437,3 +437,43 @@ class Permutations(SiteGroup):
         swap = eye[[1, 0] + list(range(2, h))]
         cycle = eye[list(range(1, h)) + [0]]
         return [swap] if h == 2 else [swap, cycle]
+
+
+@dataclass(frozen=True)
+class Translations(SiteGroup):
+    """``R^k`` acting by adding ``Σ t_i B_i`` to the parameters, for a fixed basis ``B_i`` of directions.
+
+    The translations of a bias feeding a batch norm (``k`` = channels) or of a map feeding a softmax
+    along ``1`` (``k`` = inputs + 1). Elements and Lie-algebra elements are coefficient vectors; the
+    group is abelian and ``exp`` is the identity. Each direction gives a *linear* conserved quantity
+    ``⟨B_i, θ⟩`` (no quadratic one).
+    """
+
+    description: str = ""
+    element_format: ClassVar[str] = "vector"
+    symbol: ClassVar[str] = "T"
+
+    @property
+    def name(self):
+        return f"Translations({self.width}{', ' + self.description if self.description else ''})"
+
+    def latex(self):
+        return rf"\mathbb{{R}}^{{{sp.latex(sp.sympify(self.width))}}}"
+
+    @property
+    def dim(self):
+        return sp.sympify(self.width)
+
+    def algebra_basis(self, dtype=torch.float64, device="cpu"):
+        return torch.eye(_concrete(self.width), dtype=dtype, device=device)
+
+    def exp(self, M):
+        return M
+
+    def random_algebra_element(self, scale, generator=None, dtype=torch.float64, device="cpu"):
+        element = torch.randn(_concrete(self.width), generator=generator, dtype=dtype).to(device)
+        return element * (scale / element.abs().max())
+
+    def _check_format(self, x, what):
+        if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.shape[0] != _concrete(self.width):
+            raise ValueError(f"{self.name}: a {what} is a vector of length {self.width}")

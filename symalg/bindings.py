@@ -1,0 +1,101 @@
+"""How a site's group acts on the tensors around it: one :class:`Binding` per tensor region.
+
+A *site* is a feature axis (a hidden layer's neurons, a conv layer's channels, a head's key space,
+the residual stream). A binding says that a region of a parameter (or buffer) is indexed by the
+site's coordinates along one tensor axis: the slice ``[start, start + width·block)`` of ``axis``,
+``block`` consecutive entries per coordinate (``block > 1`` where a conv's channels are flattened
+into a dense layer, or where a head-permutation moves whole heads). Unfolding the region gives a
+``width × rest`` matrix ``U``, and a group element ``g`` with representation ``π`` acts by
+
+    out-binding (the site's coordinates index outputs, e.g. rows of ``W``, biases):  U ↦ π(g) U
+    in-binding  (they index inputs, e.g. columns of the next ``W``):                U ↦ π(g)⁻ᵀ U
+
+so ``W ↦ π(g) W`` for a producer and ``W ↦ W π(g)⁻¹`` for a consumer, whatever the tensor's rank.
+Positive scaling acts with ``π(d) = d^power`` (the power a value carries after homogeneous
+activations; 0 after a normalisation that cancels the scaling). Infinitesimally ``M`` acts by
+``U ↦ power·M U`` and ``U ↦ −power·Mᵀ U``, so for symmetric ``M``
+
+    Q_M(θ) = ⟨θ, M·θ⟩ = tr(M C),   C = Σ_out power·U Uᵀ − Σ_in power·U Uᵀ.
+
+>>> import torch
+>>> b = Binding("fc.weight", axis=1, start=0, width=3, role="in")
+>>> W = torch.arange(6.).reshape(2, 3)
+>>> b.unfold(W).shape
+torch.Size([3, 2])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import torch
+
+__all__ = ["Binding"]
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A region of tensor ``tensor`` indexed by a site's coordinates (see the module docstring).
+
+    ``diagonal`` marks the diagonal of a diagonal map (a norm's gain, a depthwise kernel): it carries
+    an out- and an in-binding of the same region, and a permutation moves it once.
+    """
+
+    tensor: str
+    axis: int
+    start: int
+    width: int
+    block: int = 1
+    role: str = "out"
+    power: Fraction = Fraction(1)
+    buffer: bool = False
+    diagonal: bool = False
+    node: str = ""
+
+    @property
+    def region(self) -> tuple:
+        """What identifies the region: tensor, axis, slice and block."""
+        return (self.tensor, self.axis, self.start, self.width, self.block)
+
+    def restrict(self, offset: int, width: int) -> "Binding":
+        """The binding of coordinates ``[offset, offset + width)`` only (one head of a site)."""
+        return replace(self, start=self.start + offset * self.block, width=width)
+
+    def coarsen(self, factor: int) -> "Binding":
+        """Group ``factor`` consecutive coordinates into one (heads as the coordinates of a permutation)."""
+        return replace(self, width=self.width // factor, block=self.block * factor)
+
+    def flipped(self) -> "Binding":
+        """The dual binding (a key map transforms by ``π(g)⁻ᵀ`` where the query map has ``π(g)``)."""
+        return replace(self, role="in" if self.role == "out" else "out")
+
+    def unfold(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The region as a ``width × rest`` matrix (coordinate-major), batched over nothing."""
+        region = tensor.narrow(self.axis, self.start, self.width * self.block).movedim(self.axis, 0)
+        return region.reshape(self.width, -1)
+
+    def fold(self, tensor: torch.Tensor, unfolded: torch.Tensor) -> torch.Tensor:
+        """``tensor`` with the region replaced by ``unfolded`` (the inverse of :meth:`unfold`)."""
+        region = tensor.narrow(self.axis, self.start, self.width * self.block).movedim(self.axis, 0)
+        result = tensor.clone()
+        result.narrow(self.axis, self.start, self.width * self.block).copy_(
+            unfolded.reshape(region.shape).movedim(0, self.axis))
+        return result
+
+    def read_source(self, shape: tuple) -> str:
+        """Python source that unfolds the region from ``params[tensor]`` (used in lowered code)."""
+        code = ""
+        size = shape[self.axis]
+        if self.start != 0 or self.width * self.block != size:
+            code += f".narrow({self.axis}, {self.start}, {self.width * self.block})"
+        if self.axis != 0:
+            code += f".movedim({self.axis}, 0)"
+        if len(shape) != 2 or self.block != 1 or self.axis != 0:
+            code += f".reshape({self.width}, -1)"
+        return code
+
+    def describe(self) -> str:
+        axis = {0: "rows", 1: "columns"}.get(self.axis, f"axis {self.axis}")
+        span = "" if self.start == 0 and self.block == 1 else f"[{self.start}:{self.start + self.width * self.block}]"
+        block = f" in blocks of {self.block}" if self.block != 1 else ""
+        return f"{self.tensor} {axis}{span}{block} ({self.role})"
