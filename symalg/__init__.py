@@ -5,6 +5,9 @@ Pipeline (each stage usable on its own)::
     front end ──► Architecture ──► infer_sites ──► derive ──► lower ──► verify
     (parse, from_torch) (networkx)  (catalogue)     (SymPy)    (torch)   (report)
 
+    any nn.Module ──► trace ──► ModelGraph ──► infer_model ──► derive ──► verify
+                     (torch.fx)  (networkx)    (op rules)     (SymPy)   (functional_call)
+
 Example
 -------
 >>> import symalg
@@ -25,10 +28,13 @@ from .inference import Blocked, Site, infer_sites
 from .lowering import LoweredFunction, lower
 from .numeric import network_function, random_data, random_params
 from .verification import verify
+from .tracing import ModelGraph, trace
+from .model_derive import ModelAnalysis, ModelSymmetry, derive_model
 
 __all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry", "LoweredFunction", "Site", "Spec",
            "SpecError", "Symmetry", "catalogue", "derive", "from_torch", "groups", "infer_sites", "lower",
            "network_function", "nn", "overlay", "parameter_symbols", "parse", "random_data", "random_params",
-           "register", "report", "to_module", "to_spec_string", "validate", "verify"]
+           "register", "report", "trace", "ModelGraph", "ModelAnalysis", "ModelSymmetry", "derive_model", "to_module",
+           "to_spec_string", "validate", "verify"]
 __version__ = "0.1.0"
 

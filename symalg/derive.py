@@ -312,15 +312,22 @@ class LoweredAnalysis:
         return "\n\n".join(f.source for f in functions)
 
 
-def derive(arch, catalogue: Mapping | None = None, strict: bool = True) -> Analysis:
+def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse"):
     """Run inference and the symbolic derivation for an architecture (or anything :func:`parse` takes).
+
+    A traced model (:class:`~symalg.tracing.ModelGraph`) goes to :func:`~symalg.model_derive.derive_model`
+    with ``loss`` (``"mse"`` or ``"cross_entropy"``) and returns a :class:`~symalg.model_derive.ModelAnalysis`.
 
     ``catalogue`` defaults to the one the architecture was parsed with (the built-in one for strings).
     With ``strict`` (the default) a declared symmetry that a symbolic check *disproves* is not claimed
     but listed in ``analysis.blocked``; ``strict=False`` keeps it (e.g. to watch the verifier fail).
     """
     from .frontend import parse
+    from .model_derive import derive_model
+    from .tracing import ModelGraph
 
+    if isinstance(arch, ModelGraph):
+        return derive_model(arch, CATALOGUE if catalogue is None else catalogue, loss)
     if isinstance(arch, Architecture):
         catalogue = catalogue if catalogue is not None else (arch.catalogue or CATALOGUE)
     else:

@@ -184,6 +184,9 @@ def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
             raise SpecError(f"empty layer in spec {spec!r}" if spec.strip() else "the network is empty")
         arch = _architecture([_parse_layer(p, i) for i, p in enumerate(pieces)], catalogue)
     elif isinstance(spec, torch.nn.Module):
+        if not _is_chain(spec):
+            raise SpecError(f"parse: expected a chain nn.Sequential of Linear and activation modules, got "
+                            f"{type(spec).__name__}; trace general models with symalg.from_torch or symalg.trace")
         arch = from_torch(spec)
     elif isinstance(spec, nx.DiGraph):
         arch = Architecture(spec, None if catalogue is CATALOGUE else catalogue)
@@ -230,15 +233,34 @@ def _leaves(module: torch.nn.Module, prefix: str = ""):
             yield path, child
 
 
-def from_torch(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) -> Architecture:
-    """Read an ``nn.Sequential`` of ``nn.Linear`` and activation modules (nested Sequentials allowed).
+def _is_chain(module: torch.nn.Module) -> bool:
+    """An ``nn.Sequential`` of ``nn.Linear`` and parameter-free activation-like modules."""
+    from .tracing import _MODULE_OPS
 
-    Activations the catalogue does not know are kept as opaque nodes (their module is stored and
-    run by the verifier) that admit no symmetry; they must preserve the feature width.
-    """
     if not isinstance(module, torch.nn.Sequential):
-        raise SpecError(f"from_torch: expected torch.nn.Sequential, got {type(module).__name__} "
-                        "(general modules come with the torch.fx front end)")
+        return False
+    for _, child in _leaves(module):
+        if isinstance(child, torch.nn.Linear):
+            continue
+        if any(True for _ in child.parameters()) or (type(child) in _MODULE_OPS and type(child) is not torch.nn.Identity):
+            return False
+    return True
+
+
+def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None, catalogue: Mapping = CATALOGUE):
+    """Read a torch model: an :class:`Architecture` for a plain chain, else a traced :class:`ModelGraph`.
+
+    An ``nn.Sequential`` of ``nn.Linear`` and activation modules (nested Sequentials allowed) without
+    ``example_inputs`` becomes the symbolic chain schema (activations the catalogue does not know
+    are opaque nodes that admit no symmetry; they must preserve the feature width). Every other
+    model is traced by :func:`symalg.trace` (torch.fx, ``torch.export`` as the fallback).
+    """
+    if example_inputs is not None or not _is_chain(module):
+        if isinstance(catalogue, Mapping) and not isinstance(example_inputs, (tuple, torch.Tensor, type(None))):
+            raise SpecError(f"from_torch: example_inputs must be a tuple of tensors, got {type(example_inputs).__name__}")
+        from .tracing import trace
+
+        return trace(module, example_inputs)
     nodes: list[tuple[str, dict]] = []
     width = None
     for path, child in _leaves(module):

@@ -190,7 +190,8 @@ def reads(symbols: Mapping[str, sp.MatrixSymbol]) -> dict[sp.MatrixSymbol, str]:
 
 def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: Mapping[sp.MatrixSymbol, str],
           args: Sequence[sp.MatrixSymbol] = (), vector_outputs: Sequence[str] = (),
-          vector_inputs: Sequence[sp.MatrixSymbol] = ()) -> LoweredFunction:
+          vector_inputs: Sequence[sp.MatrixSymbol] = (),
+          read_suffixes: Mapping[sp.MatrixSymbol, str] | None = None) -> LoweredFunction:
     """Compile ``expr`` (or a dict of named expressions) to a torch function.
 
     Parameters
@@ -202,6 +203,8 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     vector_outputs : names of dict outputs returned as vectors ``(..., h)`` (e.g. biases).
     vector_inputs : column symbols (``h × 1``: biases, diagonal elements) passed as torch vectors
         of shape ``(..., h)``.
+    read_suffixes : code appended to ``params[name]`` when reading a symbol (e.g. the unfolding
+        ``.narrow(0, 0, 4).reshape(4, -1)`` of a slice of a conv kernel).
     """
     outputs = dict(expr) if isinstance(expr, Mapping) else None
     exprs = list(outputs.values()) if outputs is not None else [expr]
@@ -229,7 +232,7 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     lines = [f"def {name}(params{''.join(', ' + identifier(a.name) for a in args)}):"]
     vector_inputs = set(vector_inputs)
     for symbol in to_read:
-        suffix = ".unsqueeze(-1)" if symbol in vector_inputs else ""
+        suffix = (read_suffixes or {}).get(symbol, ".unsqueeze(-1)" if symbol in vector_inputs else "")
         lines.append(f"    {identifier(symbol.name)} = params[{params[symbol]!r}]{suffix}")
     lines += [f"    {identifier(s.name)} = {identifier(s.name)}.unsqueeze(-1)" for s in args if s in vector_inputs]
     bound = set()

@@ -301,7 +301,8 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
 
     Parameters
     ----------
-    analysis : the result of :func:`symalg.derive`.
+    analysis : the result of :func:`symalg.derive`; a traced model's analysis goes to
+        :func:`symalg.model_verification.verify_model` (``data`` are then the model inputs).
     params : ``{name: tensor}`` (e.g. ``dict(model.named_parameters())``), converted to ``dtype``;
         random when None.
     data : ``(x, y)``: inputs ``(batch, n_in)`` and regression targets ``(batch, n_out)`` in torch's row
@@ -314,6 +315,12 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     """
     if dtype not in TOLERANCES:
         raise ValueError(f"dtype {dtype} is not supported; use one of {list(TOLERANCES)}")
+    from .model_derive import ModelAnalysis
+
+    if isinstance(analysis, ModelAnalysis):
+        from .model_verification import verify_model
+
+        return verify_model(analysis, inputs=data, device=device, dtype=dtype, seed=seed)
     check_device(device)
     tol = TOLERANCES[dtype]
     generator = torch.Generator().manual_seed(seed)

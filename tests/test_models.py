@@ -1,0 +1,387 @@
+"""Traced models of issue 3: each derived table equals the one written here from theory, and every
+reported symmetry passes the verifier in float64 (invariance, ⟨∇L, M·θ⟩ = 0, exact GD drift of Q)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import symalg
+
+
+def analyse(model, *inputs, loss="mse"):
+    model = model.double()
+    inputs = tuple(x.double() if torch.is_floating_point(x) else x for x in inputs)
+    analysis = symalg.derive(symalg.from_torch(model, inputs), loss=loss)
+    report = symalg.verify(analysis)
+    assert report.passed, "\n".join(str(c) for c in report.failures)
+    checks = {c.check for c in report.checks}
+    return analysis, report, checks
+
+
+def table(analysis):
+    return sorted(analysis.table())
+
+
+class MixedMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(3, 4), nn.Linear(4, 5), nn.Linear(5, 3)
+        self.fc4, self.fc5 = nn.Linear(3, 4), nn.Linear(4, 2)
+        self.act = nn.LeakyReLU(0.2)
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x))
+        h = torch.tanh(self.fc2(h))
+        h = self.fc4(self.fc3(h))          # identity site between fc3 and fc4
+        return self.fc5(self.act(h))
+
+
+def test_mlp_mixing_activations():
+    analysis, report, checks = analyse(MixedMLP(), torch.randn(7, 3))
+    assert table(analysis) == sorted([
+        ("fc1", "PositiveScaling(4, alpha=1)", 4), ("fc1", "S(4)", 0),
+        ("fc2", "SignFlips(5)", 0), ("fc2", "S(5)", 0),
+        ("fc3", "GL(3)", 9),
+        ("fc4", "PositiveScaling(4, alpha=1)", 4), ("fc4", "S(4)", 0)])
+    assert checks == {"invariance", "gradient_orthogonality", "gd_drift"}
+    assert analysis.blocked == ()
+
+
+def test_every_spelling_of_relu_is_one_op():
+    class Spellings(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.ModuleList(nn.Linear(4, 4) for _ in range(6))
+            self.relu = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            x = self.relu(self.fc[0](x))
+            x = F.relu(self.fc[1](x))
+            x = torch.relu(self.fc[2](x))
+            x = self.fc[3](x).relu()
+            x = self.fc[4](x).relu_()
+            return self.fc[5](x)
+
+    graph = symalg.trace(Spellings().double(), (torch.randn(3, 4, dtype=torch.float64),))
+    ops = [graph.node(v)["op"] for v in graph.nodes]
+    assert ops.count("relu") == 5 and ops.count("linear") == 6
+    analysis = symalg.derive(graph)
+    assert sorted(n for _, n, _ in analysis.table()) == sorted(["PositiveScaling(4, alpha=1)"] * 5 + ["S(4)"] * 5)
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.c2, self.b2 = nn.Conv2d(4, 6, 3), nn.BatchNorm2d(6)
+        self.fc = nn.Linear(6 * 2 * 2, 5)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.b1(self.c1(x))), 2)
+        x = torch.relu(self.b2(self.c2(x)))
+        return self.fc(torch.flatten(x, 1))
+
+
+def test_small_cnn_with_batch_norm_and_max_pooling():
+    analysis, report, checks = analyse(SmallCNN(), torch.randn(5, 3, 8, 8))
+    # Theory: a training-mode batch norm cancels translations of the conv bias (exact), and would cancel
+    # per-channel scalings if eps were 0 (torch requires eps > 0: blocked and reported). Its gain and
+    # bias are a diagonal map followed by ReLU (and max pooling): positive scaling. One permutation
+    # moves conv rows, batch-norm parameters/buffers and the next layer's columns together.
+    assert table(analysis) == sorted([
+        ("c1", "Translations(4, bias)", 4), ("b1", "PositiveScaling(4, alpha=1)", 4), ("c1", "S(4)", 0),
+        ("c2", "Translations(6, bias)", 6), ("b2", "PositiveScaling(6, alpha=1)", 6), ("c2", "S(6)", 0)])
+    assert [b.node for b in analysis.blocked] == ["b1", "b2"]
+    assert all("eps" in b.reason for b in analysis.blocked)
+    quantities = {q.name: q for q in analysis.conserved_quantities}
+    assert str(quantities["ell_c1"]) == "ell_c1_c1_bias = c1.bias"
+    assert str(quantities["q_b2"]) == "q_b2 = b2.bias∘^2 + b2.weight∘^2 - fc.weight_(1)/4∘^2*1"
+    params = dict(analysis.model_graph.model.named_parameters())
+    # the flatten binding reads each channel's 2x2 block of fc columns
+    expected = params["b2.bias"] ** 2 + params["b2.weight"] ** 2 - \
+        (params["fc.weight"].reshape(5, 6, 4) ** 2).sum((0, 2))
+    torch.testing.assert_close(quantities["q_b2"](params)["q_b2"].squeeze(-1), expected)
+
+
+def test_batch_norm_in_eval_mode_permutes_running_statistics():
+    model = SmallCNN().double()
+    model(torch.randn(5, 3, 8, 8, dtype=torch.float64))   # non-trivial running statistics
+    model.eval()
+    analysis, report, _ = analyse(model, torch.randn(5, 3, 8, 8))
+    assert ("c1", "S(4)", 0) in analysis.table()
+    assert not any(name.startswith("Translations") for _, name, _ in analysis.table())
+    permutation = next(s for s in analysis.symmetries if s.label == "S(4) on c1")
+    assert {"b1.running_mean", "b1.running_var"} <= set(permutation.tensors)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in, c_out, stride=1):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out)
+        self.conv2, self.bn2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False), nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class TinyResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.bn = nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.block1, self.block2 = BasicBlock(4, 4), BasicBlock(4, 6, stride=2)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.stem(x)))
+        x = self.block2(self.block1(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_resnet_basic_blocks_with_identity_and_projection_shortcuts():
+    analysis, report, checks = analyse(TinyResNet(), torch.randn(4, 3, 6, 6))
+    # Theory: convs have no bias, so no translations; eps > 0 blocks the batch-norm scalings. Each
+    # batch norm's affine part starts a positively scaled site; the skip connection ties the stem's
+    # with block1.bn2's (identity shortcut) and block2.bn2's with the shortcut's (projection).
+    # Permutations move a conv's rows, its batch norm and every reader together, across the skip.
+    assert table(analysis) == sorted([
+        ("bn", "PositiveScaling(4, alpha=1)", 4),               # stream 1: stem bn + block1.bn2
+        ("block1_bn1", "PositiveScaling(4, alpha=1)", 4),
+        ("block2_bn1", "PositiveScaling(6, alpha=1)", 6),
+        ("block2_shortcut_1", "PositiveScaling(6, alpha=1)", 6),  # stream 2: shortcut bn + block2.bn2
+        ("stem", "S(4)", 0), ("block1_conv1", "S(4)", 0), ("block2_conv1", "S(6)", 0),
+        ("block2_shortcut_0", "S(6)", 0)])
+    stream = next(s for s in analysis.symmetries if s.label.startswith("PositiveScaling(4") and s.site == "bn")
+    assert set(stream.members) == {"bn", "block1_bn2"}
+    permutation = next(s for s in analysis.symmetries if s.label == "S(6) on block2_shortcut_0")
+    assert set(permutation.members) == {"block2_shortcut_0", "block2_shortcut_1", "block2_conv2"}
+    assert checks == {"invariance", "gradient_orthogonality", "gd_drift"}
+
+
+class PreNormBlock(nn.Module):
+    def __init__(self, d=8, heads=2):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def test_gpt_pre_norm_block_with_multihead_attention():
+    analysis, report, checks = analyse(PreNormBlock(), torch.randn(2, 5, 8))
+    # Theory: the stream is the model input (fixed). Each LayerNorm's gain/bias is a diagonal map read
+    # only by linear maps: positive scalings and sign flips. Per head, GL(d_k) on query/key rows (keys
+    # by g⁻ᵀ) and GL(d_v) on value rows / output columns; one permutation of the 2 heads; GELU: S.
+    assert table(analysis) == sorted([
+        ("ln1", "PositiveScaling(8, alpha=1)", 8), ("ln1", "SignFlips(8)", 0),
+        ("ln2", "PositiveScaling(8, alpha=1)", 8), ("ln2", "SignFlips(8)", 0),
+        ("attn.head0.qk", "GL(4)", 16), ("attn.head1.qk", "GL(4)", 16),
+        ("attn.head0.vo", "GL(4)", 16), ("attn.head1.vo", "GL(4)", 16),
+        ("attn.heads", "S(2)", 0), ("fc1", "S(32)", 0)])
+    qk = next(s for s in analysis.symmetries if s.site == "attn.head1.qk")
+    # query rows 4:8 of the packed in-projection minus key rows 12:16 (head 1, d = 8)
+    assert str(qk.conserved) == ("C_attn_head1_qk = -attn.in_proj_bias[12:16]_(0)*attn.in_proj_bias[12:16]_(0).T + "
+                                 "attn.in_proj_bias[4:8]_(0)*attn.in_proj_bias[4:8]_(0).T - "
+                                 "attn.in_proj_weight[12:16]_(0)*attn.in_proj_weight[12:16]_(0).T + "
+                                 "attn.in_proj_weight[4:8]_(0)*attn.in_proj_weight[4:8]_(0).T")
+    params = dict(analysis.model_graph.model.named_parameters())
+    W, b = params["attn.in_proj_weight"], params["attn.in_proj_bias"]
+    expected = W[4:8] @ W[4:8].T + torch.outer(b[4:8], b[4:8]) - W[12:16] @ W[12:16].T - torch.outer(b[12:16], b[12:16])
+    torch.testing.assert_close(qk.conserved(params)["C_attn_head1_qk"], expected)
+    assert analysis.blocked == ()
+
+
+class HandAttention(nn.Module):
+    def __init__(self, d, heads, explicit):
+        super().__init__()
+        self.heads, self.explicit = heads, explicit
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, x):
+        B, L, d = x.shape
+        q, k, v = (f(x).view(B, L, self.heads, d // self.heads).transpose(1, 2) for f in (self.q, self.k, self.v))
+        if self.explicit:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)
+            out = torch.softmax(scores, dim=-1) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v)
+        return self.o(out.transpose(1, 2).reshape(B, L, d))
+
+
+class RMSTransformer(nn.Module):
+    """Input projection, one block (hand-written attention, ReLU MLP), gain-free RMSNorms, output head."""
+
+    def __init__(self, n=5, d=8, heads=2, explicit=False):
+        super().__init__()
+        self.embed = nn.Linear(n, d)
+        self.norm1, self.norm2, self.norm3 = (nn.RMSNorm(d, elementwise_affine=False) for _ in range(3))
+        self.attn = HandAttention(d, heads, explicit)
+        self.up, self.down = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        x = self.embed(x)
+        x = x + self.attn(self.norm1(x))
+        x = x + self.down(F.relu(self.up(self.norm2(x))))
+        return self.head(self.norm3(x))
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
+def test_hand_written_attention_with_gain_free_rms_norm_has_an_orthogonal_stream(explicit):
+    analysis, report, checks = analyse(RMSTransformer(explicit=explicit), torch.randn(2, 5, 5))
+    # Theory: the residual stream is written by embed, attn.o and down and read by gain-free RMSNorms
+    # only, which are O(d)-equivariant: O(8) on the stream (embed rows, q/k/v/up/head columns,
+    # o/down rows). Heads as for nn.MultiheadAttention; the ReLU MLP: positive scaling and S(16).
+    assert table(analysis) == sorted([
+        ("embed", "O(8)", 28),
+        ("attention_0.head0.qk", "GL(4)", 16), ("attention_0.head1.qk", "GL(4)", 16),
+        ("attention_0.head0.vo", "GL(4)", 16), ("attention_0.head1.vo", "GL(4)", 16),
+        ("attention_0.heads", "S(2)", 0),
+        ("up", "PositiveScaling(16, alpha=1)", 16), ("up", "S(16)", 0)])
+    stream = next(s for s in analysis.symmetries if s.site == "embed")
+    assert {"embed.weight", "attn.q.weight", "attn.o.weight", "down.weight", "head.weight"} <= set(stream.tensors)
+    assert stream.conserved is None     # so(d) has no quadratic conserved quantity
+
+
+def test_lora_adapter_rank_has_gl_r():
+    class LoRALinear(nn.Module):
+        def __init__(self, n, m, r):
+            super().__init__()
+            self.base = nn.Linear(n, m)
+            self.lora_A, self.lora_B = nn.Linear(n, r, bias=False), nn.Linear(r, m, bias=False)
+
+        def forward(self, x):
+            return self.base(x) + self.lora_B(self.lora_A(x)) * 0.5
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.adapted, self.out = LoRALinear(6, 5, 2), nn.Linear(5, 3)
+
+        def forward(self, x):
+            return self.out(F.relu(self.adapted(x)))
+
+    analysis, report, checks = analyse(Net(), torch.randn(9, 6))
+    assert table(analysis) == sorted([
+        ("adapted_lora_a", "GL(2)", 4),
+        ("adapted_base", "PositiveScaling(5, alpha=1)", 5), ("adapted_base", "S(5)", 0)])
+    rank = next(s for s in analysis.symmetries if s.site == "adapted_lora_a")
+    assert str(rank.conserved) == ("C_adapted_lora_a = adapted.lora_A.weight*adapted.lora_A.weight.T - "
+                                   "adapted.lora_B.weight.T*adapted.lora_B.weight")
+
+
+def test_rbf_network_permutes_centres():
+    class RBF(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.centres = nn.Parameter(torch.randn(6, 3))
+            self.out = nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.out(torch.exp(-0.5 * torch.cdist(x, self.centres) ** 2))
+
+    analysis, report, _ = analyse(RBF(), torch.randn(8, 3))
+    assert table(analysis) == [("cdist", "S(6)", 0)]
+    (symmetry,) = analysis.symmetries
+    assert set(symmetry.tensors) == {"centres", "out.weight"}
+
+
+def test_tied_embedding_and_unembedding_keep_only_orthogonal_stream_actions():
+    class TiedLM(nn.Module):
+        def __init__(self, vocabulary=11, d=6):
+            super().__init__()
+            self.embed = nn.Embedding(vocabulary, d)
+            self.norm = nn.RMSNorm(d, elementwise_affine=False)
+
+        def forward(self, tokens):
+            return F.linear(self.norm(self.embed(tokens)), self.embed.weight)
+
+    analysis, report, _ = analyse(TiedLM(), torch.randint(11, (3, 4)), loss="cross_entropy")
+    # The stream is read (by the tied unembedding) and written (by the embedding) through the same
+    # columns of one table: only orthogonal g keep it one tensor. Softmax translation of the logits
+    # would move the embeddings too, so it is not claimed.
+    assert table(analysis) == [("embed", "O(6)", 15)]
+
+
+def test_softmax_cross_entropy_translation_and_its_linear_quantities():
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
+    analysis, report, checks = analyse(model, torch.randn(10, 4), loss="cross_entropy")
+    assert ("_2", "Translations(6, along 1)", 6) in analysis.table()
+    translation = next(s for s in analysis.symmetries if s.group.name.startswith("Translations"))
+    # the column sums 1ᵀW and 1ᵀb of the logits layer (SymPy prints the row of ones as 1)
+    assert str(translation.conserved) == "ell__2__2_weight = 1*2.weight; ell__2__2_bias = 1*2.bias"
+    params = dict(analysis.model_graph.model.named_parameters())
+    values = translation.conserved(params)
+    torch.testing.assert_close(values["ell__2__2_weight"].squeeze(0), params["2.weight"].sum(0))
+
+
+def test_unknown_op_removes_exactly_the_symmetries_it_touches():
+    class WithCumsum(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2, self.fc3 = nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            h = F.relu(self.fc1(x))
+            h = torch.cumsum(self.fc2(h), dim=-1)     # unknown: mixes the features of fc2's site
+            return self.fc3(h)
+
+    analysis, report, _ = analyse(WithCumsum(), torch.randn(6, 3))
+    assert table(analysis) == sorted([("fc1", "PositiveScaling(4, alpha=1)", 4), ("fc1", "S(4)", 0)])
+    (blocked,) = analysis.blocked
+    assert blocked.node == "cumsum" and blocked.site == "fc2" and "not in the equivariance catalogue" in blocked.reason
+
+
+def test_fx_failure_falls_back_to_export_and_reports_both_failures():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(3, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            if x.dim() == 2:          # fx cannot branch on a traced value; export specialises it
+                x = torch.relu(self.fc1(x))
+            return self.fc2(x)
+
+    graph = symalg.trace(Branchy().double(), (torch.randn(5, 3, dtype=torch.float64),))
+    assert graph.tracer == "export"
+    analysis = symalg.derive(graph)
+    assert sorted(analysis.table()) == sorted([("linear", "PositiveScaling(4, alpha=1)", 4), ("linear", "S(4)", 0)])
+    with pytest.raises(symalg.SpecError, match="torch.fx cannot trace Branchy.*pass example_inputs"):
+        symalg.trace(Branchy())
+
+    class Hopeless(nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:
+                return x
+            return -x
+
+    with pytest.raises(symalg.SpecError, match="torch.fx cannot trace Hopeless .* torch.export failed too"):
+        symalg.trace(Hopeless(), (torch.randn(2, 2),))
+
+
+def test_reused_module_ties_its_sites():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.shared, self.out = nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            h = F.relu(self.inp(x))
+            h = F.relu(self.shared(h))
+            return self.out(F.relu(self.shared(h)))
+
+    analysis, report, _ = analyse(Twice(), torch.randn(5, 3))
+    # Both uses of `shared` move its rows and columns: every ReLU site is tied into one class.
+    scaling = [s for s in analysis.symmetries if s.group.name.startswith("PositiveScaling")]
+    assert len(scaling) == 1 and set(scaling[0].members) == {"inp", "shared", "shared_1"}
