@@ -96,6 +96,6 @@ class Binding:
 
     def describe(self) -> str:
         axis = {0: "rows", 1: "columns"}.get(self.axis, f"axis {self.axis}")
-        span = "" if self.start == 0 and self.block == 1 else f"[{self.start}:{self.start + self.width * self.block}]"
+        span = f"[{self.start}:{self.start + self.width * self.block}]"
         block = f" in blocks of {self.block}" if self.block != 1 else ""
         return f"{self.tensor} {axis}{span}{block} ({self.role})"

@@ -5,6 +5,7 @@ Run ``symalg`` with no arguments for the built-in default network::
     $ symalg
     $ symalg "linear(n, h) -> tanh -> linear(h, m)" --widths n=3,h=5,m=2
     $ symalg "linear(4, 8) -> radial -> linear(8, 2)" --device cuda --dtype float32
+    $ symalg --model examples/gpt_block.py     # a file defining `model` and `example_inputs`
 
 It prints the sites and their groups, the actions, generators, orbit dimension and conserved
 quantities (plain text, then LaTeX), then verifies every symmetry numerically at the given widths and
@@ -55,12 +56,47 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="device for verification (cpu, cuda)")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=None,
+                        help="a Python file defining `model` (an nn.Module) and `example_inputs` (a tuple), "
+                             "optionally `loss` ('mse' or 'cross_entropy'); traced with torch.fx")
     return parser
+
+
+def _run_model_file(args) -> int:
+    """Trace, derive and verify the model a Python file defines; print symmetries and blocked notes."""
+    import runpy
+
+    from .tracing import trace
+
+    namespace = runpy.run_path(args.model)
+    missing = [name for name in ("model", "example_inputs") if name not in namespace]
+    if missing:
+        raise SpecError(f"--model {args.model}: the file defines no {' and no '.join(missing)}")
+    inputs = namespace["example_inputs"]
+    analysis = derive(trace(namespace["model"], inputs if isinstance(inputs, tuple) else (inputs,)),
+                      loss=namespace.get("loss", "mse"))
+    print(f"model: {type(namespace['model']).__name__} ({args.model})")
+    print(analysis)
+    if args.latex:
+        print("\nLaTeX:")
+        print(analysis.latex())
+    if args.no_verify:
+        return 0
+    report = verify(analysis, device=args.device, dtype=getattr(torch, args.dtype), seed=args.seed)
+    print("\nverification:")
+    for check in report.checks:
+        if args.verbose or not check.passed:
+            print(f"  {check}")
+    print(f"  {report.summary()}")
+    return 0 if report.passed else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.model is not None:
+            check_device(args.device)
+            return _run_model_file(args)
         analysis = derive(parse(args.spec))
         widths_text = args.widths if args.widths is not None else (DEFAULT_WIDTHS if args.spec == DEFAULT_SPEC else "")
         widths = _widths(widths_text, {str(s) for s in analysis.architecture.widths})

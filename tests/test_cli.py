@@ -83,3 +83,12 @@ def test_unavailable_device_fails_before_the_report(capsys):
     assert main(["linear(2, 3) -> relu -> linear(3, 1)", "--device", "cuda"]) == 2
     captured = capsys.readouterr()
     assert "device 'cuda' is not available here" in captured.err and captured.out == ""
+
+
+def test_model_file_prints_symmetries_and_the_blocking_node(capsys):
+    status = main(["--model", "examples/gpt_block.py"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "GL(4) on attn.head1.qk" in out and "S(2) on attn.heads" in out
+    assert "blocked: fc1 (node cumsum): PS, S removed" in out
+    assert "0 failed" in out
