@@ -356,7 +356,7 @@ def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: 
                 symmetries.append(ModelSymmetry(cls.name, cls.members, group, (), shapes, directions))
                 continue
             group = _group(kind, cls.width, cls.alpha)
-            if group.is_continuous or group.discrete_generators():
+            if group.is_continuous or not isinstance(group, Permutations) or cls.width > 1:  # S(1) is trivial
                 symmetries.append(ModelSymmetry(cls.name, cls.members, group, cls.bindings, shapes))
     for perm in sites.permutations:
         symmetries.append(ModelSymmetry(perm.name, perm.members, Permutations(perm.width), perm.bindings, shapes))
