@@ -82,10 +82,15 @@ def _run_model_file(args) -> int:
         print(analysis.latex())
     if args.no_verify:
         return 0
-    report = verify(analysis, device=args.device, dtype=getattr(torch, args.dtype), seed=args.seed)
+    return _print_verification(verify(analysis, device=args.device, dtype=getattr(torch, args.dtype),
+                                      seed=args.seed), args.verbose)
+
+
+def _print_verification(report, verbose: bool) -> int:
+    """Print the checks (all with ``verbose``, else the failures) and the summary; the exit status."""
     print("\nverification:")
     for check in report.checks:
-        if args.verbose or not check.passed:
+        if verbose or not check.passed:
             print(f"  {check}")
     print(f"  {report.summary()}")
     return 0 if report.passed else 1
@@ -120,12 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_verify:
             return 0
         report = verify(concrete, device=args.device, dtype=getattr(torch, args.dtype), seed=args.seed)
-        print("\nverification:")
-        for check in report.checks:
-            if args.verbose or not check.passed:
-                print(f"  {check}")
-        print(f"  {report.summary()}")
-        return 0 if report.passed else 1
+        return _print_verification(report, args.verbose)
     except (SpecError, NotImplementedError, ValueError) as error:
         print(f"symalg: error: {error}", file=sys.stderr)
         return 2

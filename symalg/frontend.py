@@ -253,10 +253,11 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None, cat
     An ``nn.Sequential`` of ``nn.Linear`` and activation modules (nested Sequentials allowed) without
     ``example_inputs`` becomes the symbolic chain schema (activations the catalogue does not know
     are opaque nodes that admit no symmetry; they must preserve the feature width). Every other
-    model is traced by :func:`symalg.trace` (torch.fx, ``torch.export`` as the fallback).
+    model is traced by :func:`symalg.trace` (torch.fx, ``torch.export`` as the fallback); a traced
+    graph does not hold a catalogue, so give a custom one to ``derive(graph, catalogue=...)``.
     """
     if example_inputs is not None or not _is_chain(module):
-        if isinstance(catalogue, Mapping) and not isinstance(example_inputs, (tuple, torch.Tensor, type(None))):
+        if not isinstance(example_inputs, (tuple, torch.Tensor, type(None))):
             raise SpecError(f"from_torch: example_inputs must be a tuple of tensors, got {type(example_inputs).__name__}")
         from .tracing import trace
 

@@ -311,7 +311,7 @@ class ModelAnalysis:
         return "\n".join(lines)
 
 
-def _translation_directions(model_graph: ModelGraph, kind: str, node: str, weight, bias) -> tuple:
+def _translation_directions(kind: str, node: str, weight, bias) -> tuple:
     """Builders of the translation basis: ``T`` moves each bias entry (or running mean) alone; ``T1``
     adds ``1 vᵀ`` to the weight (``v`` over its input entries) and ``1`` to the bias."""
     directions = []
@@ -350,8 +350,8 @@ def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: 
         for kind in cls.kinds:
             if kind in ("T", "T1"):
                 directions = tuple(d for t in cls.translations if t[0] == kind
-                                   for d in _translation_directions(model_graph, *t))
-                width = sum(_direction_count(shapes, d) for d in directions)
+                                   for d in _translation_directions(*t))
+                width = sum(len(build(torch.empty(shapes[tensor], device="meta"))) for tensor, build, *_ in directions)
                 group = Translations(width, "bias" if kind == "T" else "along 1")
                 symmetries.append(ModelSymmetry(cls.name, cls.members, group, (), shapes, directions))
                 continue
@@ -361,20 +361,3 @@ def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: 
     for perm in sites.permutations:
         symmetries.append(ModelSymmetry(perm.name, perm.members, Permutations(perm.width), perm.bindings, shapes))
     return ModelAnalysis(model_graph, tuple(symmetries), sites.blocked, sites, loss)
-
-
-def _direction_count(shapes, direction) -> int:
-    tensor, build = direction[0], direction[1]
-    shape = shapes[tensor]
-    if build is _unit_vectors:
-        count = 1
-        for s in shape:
-            count *= s
-        return count
-    if build is _constant_rows:
-        count = 1
-        for s in shape[1:]:
-            count *= s
-        return count
-    return 1
-

@@ -270,11 +270,12 @@ def _solve(state: Inference) -> ModelSites:
     groups: dict[int, list[_Site]] = {}
     for site in live:
         groups.setdefault(state.ties[site.id], []).append(site)
-    classes, blocked, restrictions, class_of = [], [], [], {}
+    classes, blocked, restrictions, class_of, allowed_by_root = [], [], [], {}, {}
     for members in groups.values():
         allowed = set(ALL)
         for site in members:
             allowed &= site.allowed
+        allowed_by_root[state.ties[members[0].id]] = allowed
         name = members[0].name
         for site in members:
             for kinds, node, reason, is_blocked in site.removed:
@@ -301,7 +302,7 @@ def _solve(state: Inference) -> ModelSites:
         perm_groups.setdefault(state.permutation_ties[site.id], []).append(site)
     for members in perm_groups.values():
         member_classes = list({id(class_of[s.id]): class_of[s.id] for s in members}.values())
-        allowed = all("S" in state_allowed(state, s) for s in members)
+        allowed = all("S" in allowed_by_root[state.ties[s.id]] for s in members)
         if not allowed or members[0].width < 2:
             continue
         contained = len(member_classes) == 1 and any(k in ("GL", "O") for k in member_classes[0].kinds)
@@ -329,16 +330,6 @@ def _owned(state: Inference, node: str, tensors) -> bool:
         if users - {node}:
             return False
     return True
-
-
-def state_allowed(state: Inference, site: _Site) -> set:
-    """The kinds allowed on the whole class of ``site``."""
-    root = state.ties[site.id]
-    allowed = set(ALL)
-    for other in state.sites:
-        if not other.dissolved and state.ties[other.id] == root:
-            allowed &= other.allowed
-    return allowed
 
 
 def _maximal(allowed: set, has_translations: bool) -> tuple[str, ...]:

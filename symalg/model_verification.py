@@ -38,7 +38,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def _inputs(analysis, inputs, dtype, device, generator) -> tuple:
+def _inputs(analysis, inputs, dtype, device) -> tuple:
     inputs = inputs if inputs is not None else analysis.model_graph.example_inputs
     if inputs is None:
         raise SpecError("verify: the model was traced without example_inputs; pass inputs=(tensor, ...)")
@@ -66,7 +66,7 @@ def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dty
     state = {**{k: v.detach() for k, v in model.named_parameters()},
              **{k: v.detach() for k, v in model.named_buffers()}}
     parameter_names = [k for k, _ in model.named_parameters()]
-    x = _inputs(analysis, inputs, dtype, device, generator)
+    x = _inputs(analysis, inputs, dtype, device)
     cross_entropy = analysis.loss == "cross_entropy"
 
     def forward(values):

@@ -56,7 +56,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-from .catalogue import CATALOGUE, exact
+from .catalogue import exact
 from .graph import SpecError
 
 __all__ = ["ModelGraph", "trace", "canonical_module_op"]
@@ -100,9 +100,6 @@ _METHODS = {
 
 _IN_PLACE = {"relu_", "tanh_", "sigmoid_", "add_", "mul_", "div_"}
 
-_LAYOUT = {"reshape", "transpose", "permute", "identity"}
-
-
 @dataclass(frozen=True, eq=False)
 class ModelGraph:
     """A traced model: the canonical op graph (schema in the module docstring) and the model itself."""
@@ -121,12 +118,6 @@ class ModelGraph:
 
     def node(self, name: str) -> Mapping:
         return self.graph.nodes[name]
-
-    def inputs(self, name: str) -> list[str | None]:
-        return list(self.graph.nodes[name]["inputs"])
-
-    def users(self, name: str) -> list[str]:
-        return list(self.graph.successors(name))
 
     def parameters(self) -> dict[str, torch.Tensor]:
         """The model's parameters by canonical name (tied parameters once)."""
@@ -389,8 +380,6 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
         record["arguments"] = _constant_args(node)
         inputs = _tensor_inputs(node)
         record["inputs"] = tuple(i.name if i is not None else None for i in inputs)
-        if tracer == "export" and record["kind"] == "input" and node.name not in _export_user_inputs(gm):
-            continue
         graph.add_node(node.name, **record)
     for name, data in list(graph.nodes(data=True)):
         kept = tuple(i if i in graph else None for i in data["inputs"])
@@ -405,10 +394,6 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
 
         fold(result)
     return result
-
-
-def _export_user_inputs(gm) -> set[str]:
-    return {n.name for n in gm.graph.nodes if n.op == "placeholder"}
 
 
 def _drop_shape_queries(graph: nx.DiGraph) -> None:
@@ -435,7 +420,3 @@ def _drop_shape_queries(graph: nx.DiGraph) -> None:
 def scale_constant(value) -> bool:
     """True for a Python number (the only non-tensor operand of ``mul``/``div`` we treat as linear)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def catalogue_op(op: str, catalogue: Mapping = CATALOGUE) -> bool:
-    return op in catalogue
