@@ -20,12 +20,16 @@ attribute   meaning
 ``params``  ``{role: canonical parameter name}`` (tied parameters get the first name)
 ``buffers`` ``{role: buffer name}``
 ``settings`` hyper-parameters (``eps``, ``groups``, ``dim``, ``heads``, ...)
-``inputs``  positional tensor inputs: node names, or ``None`` where a constant stands
+``inputs``  tensor inputs in the callee's argument order (keywords included; a value read twice,
+            ``x * x``, is listed twice): node names, or ``None`` where a constant operand stands
 ``shape``   the output shape (``None`` without example inputs)
 ``where``   ``"node 'relu_1' (F.relu)"``, for error messages
 =========== ==============================================================================
 
-Edges ``u → v`` carry ``index``: the position of ``u`` in ``v``'s ``inputs``.
+Edges ``u → v`` carry ``index``: the first position of ``u`` in ``v``'s ``inputs`` (one edge however
+often ``v`` reads ``u``; ``inputs`` has every position). ``x.T`` is a ``permute`` reversing every axis
+(``transpose`` for a matrix), ``x.mT`` a ``transpose`` of the last two; unused guard and assertion
+calls (``torch.export``'s ``_guards_fn``, ``torch._assert``) are dropped.
 
 Hand-written attention (``q/k/v`` linears split into heads, then ``F.scaled_dot_product_attention``
 or ``softmax(Q Kᵀ/√d) V``, merged back) is folded into one ``attention`` node with inputs ``q, k, v``
@@ -46,6 +50,7 @@ Example
 """
 from __future__ import annotations
 
+import inspect
 import math
 import operator
 from dataclasses import dataclass, field
@@ -55,6 +60,7 @@ import networkx as nx
 import torch
 import torch.fx
 import torch.nn.functional as F
+from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from .catalogue import exact
 from .graph import SpecError
@@ -291,17 +297,63 @@ def _constant_args(node: torch.fx.Node) -> dict:
     return arguments
 
 
-def _tensor_inputs(node: torch.fx.Node) -> list:
-    """Input nodes in argument order, flattening lists (``torch.cat([a, b])``), ``None`` for constants."""
+def _tensor_inputs(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list:
+    """Input nodes in the callee's argument order (keywords included), flattening lists
+    (``torch.cat([a, b])``); ``None`` for a constant operand (``x * 2``). Numbers passed for
+    parameters typed without ``Tensor``/``Number`` (``dim: int``, ``eps: float``) are settings, not inputs."""
     inputs = []
-    for value in list(node.args) + list(node.kwargs.values()):
+    for value, operand in _ordered_arguments(node, gm):
         if isinstance(value, torch.fx.Node):
             inputs.append(value)
         elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in value):
             inputs.extend(v if isinstance(v, torch.fx.Node) else None for v in value)
-        elif isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool):
+        elif operand and isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool):
             inputs.append(None)
     return inputs
+
+
+def _ordered_arguments(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[tuple[object, bool]]:
+    """``(value, may be a tensor operand)`` per argument, in the order of the first signature of the
+    callee that binds them; positional then keyword order when none does (an unknown callee)."""
+    for signature in _signatures(node, gm):
+        try:
+            bound = signature.bind(*node.args, **node.kwargs)
+        except TypeError:
+            continue
+        ordered = []
+        for name, value in bound.arguments.items():
+            parameter = signature.parameters[name]
+            annotation = parameter.annotation
+            operand = annotation is inspect.Parameter.empty or any(t in str(annotation) for t in ("Tensor", "Number"))
+            if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+                ordered += [(v, operand) for v in value]
+            elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                ordered += [(v, operand) for v in value.values()]
+            else:
+                ordered.append((value, operand))
+        return ordered
+    return [(value, True) for value in (*node.args, *node.kwargs.values())]
+
+
+def _signatures(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[inspect.Signature]:
+    """The callee's signatures (one per overload; ``x.add(y)`` binds like ``torch.add(x, y)``), or ``[]``."""
+    if node.op == "call_module":
+        callee = gm.get_submodule(node.target).forward
+    elif node.op == "call_method":
+        callee = getattr(torch, node.target, None)
+    elif node.op == "call_function":
+        callee = node.target
+    else:
+        return []
+    if not callable(callee):
+        return []
+    signatures = get_signature_for_torch_op(callee)
+    if signatures:
+        return signatures
+    try:
+        return [inspect.signature(callee)]
+    except (TypeError, ValueError):
+        return []
 
 
 def _shape_of(meta) -> tuple | None:
@@ -364,6 +416,7 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
             raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__} ({type(fx_error).__name__}: "
                             f"{fx_error}) and torch.export failed too ({type(export_error).__name__}: "
                             f"{str(export_error).splitlines()[0] if str(export_error) else ''})") from None
+    _drop_guards(gm)
     _redirect_in_place(gm)
     if example_inputs is not None and tracer == "fx":
         from torch.fx.passes.shape_prop import ShapeProp
@@ -378,14 +431,15 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
         record = _node_record(node, gm, by_id)
         record["shape"] = _shape_of(node.meta)
         record["arguments"] = _constant_args(node)
-        inputs = _tensor_inputs(node)
+        record.update(_transpose_attribute(node, gm))
+        inputs = _tensor_inputs(node, gm)
         record["inputs"] = tuple(i.name if i is not None else None for i in inputs)
         graph.add_node(node.name, **record)
     for name, data in list(graph.nodes(data=True)):
         kept = tuple(i if i in graph else None for i in data["inputs"])
         data["inputs"] = kept
         for index, source in enumerate(kept):
-            if source is not None:
+            if source is not None and not graph.has_edge(source, name):
                 graph.add_edge(source, name, index=index)
     _drop_shape_queries(graph)
     result = ModelGraph(graph, model, example_inputs, tracer, aliases)
@@ -411,10 +465,58 @@ def _drop_shape_queries(graph: nx.DiGraph) -> None:
             data = graph.nodes[user]
             data["inputs"] = tuple(None if i == name else i for i in data["inputs"])
     graph.remove_nodes_from(queries)
-    for name, data in graph.nodes(data=True):
-        if data["op"] == "getattr" and data["arguments"].get("arg1") in ("T", "mT"):
-            data["op"] = "transpose"
-            data["arguments"] = {"arg1": -2, "arg2": -1}
+
+
+def _transpose_attribute(node: torch.fx.Node, gm: torch.fx.GraphModule) -> dict:
+    """The record fields of ``x.mT``/``x.mH``/``x.H`` (swap the last two axes) and ``x.T`` (reverse
+    every axis: ``permute``; the identity below two axes); ``{}`` for any other node. ``x.T`` of unknown
+    rank becomes the op ``T``, which no rule knows, so it blocks what it touches."""
+    if node.op != "call_function":
+        return {}
+    swap_last = {"op": "transpose", "arguments": {"dim0": -2, "dim1": -1}}
+    attribute = node.args[1] if node.target is getattr else None
+    if attribute in ("mT", "mH", "H"):
+        return swap_last
+    if attribute != "T" and node.target is not torch.ops.aten.numpy_T.default:
+        return {}
+    ndim = _rank(node.args[0], gm)
+    if ndim is None:
+        return {"op": "T", "where": f"node {node.name!r} (x.T of unknown rank: pass example_inputs to trace)"}
+    if ndim < 2:
+        return {"op": "identity", "arguments": {}}
+    return swap_last if ndim == 2 else {"op": "permute", "arguments": {"dims": tuple(range(ndim - 1, -1, -1))}}
+
+
+def _rank(value, gm: torch.fx.GraphModule) -> int | None:
+    """Number of axes of a traced value: from shape propagation, or from the tensor a ``get_attr`` reads."""
+    if not isinstance(value, torch.fx.Node):
+        return None
+    shape = _shape_of(value.meta)
+    if shape is not None:
+        return len(shape)
+    tensor = _attribute(gm, value.target) if value.op == "get_attr" else None
+    return tensor.dim() if isinstance(tensor, torch.Tensor) else None
+
+
+def _drop_guards(gm: torch.fx.GraphModule) -> None:
+    """Erase unused guard and assertion calls (``torch.export``'s ``_guards_fn``, ``torch._assert``):
+    they check the inputs and compute nothing."""
+    for node in list(gm.graph.nodes):
+        if node.users:
+            continue
+        if node.op == "call_module":
+            guard = type(gm.get_submodule(node.target)).__name__ == "GuardsFn"
+        elif isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            guard = node.target.__name__.split(".")[0] in _GUARD_OPS
+        else:
+            guard = node.op == "call_function" and node.target in _GUARD_FUNCTIONS
+        if guard:
+            gm.graph.erase_node(node)
+
+
+_GUARD_OPS = {"_assert_scalar", "_assert_async", "_assert_tensor_metadata", "sym_constrain_range",
+              "sym_constrain_range_for_size"}
+_GUARD_FUNCTIONS = {torch._assert, torch._check, torch._check_is_size, torch._assert_scalar}
 
 
 def scale_constant(value) -> bool:
