@@ -257,6 +257,18 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
                            tuple(params[s] for s in to_read))
 
 
+def _explicit_entrywise(expr: sp.Basic) -> sp.Basic:
+    """Write ``OneMatrix`` and Hadamard powers of explicit matrices out as explicit matrices: SymPy
+    otherwise evaluates them one entry at a time through the whole product (quadratic in the size)."""
+    expr = expr.replace(lambda e: isinstance(e, sp.OneMatrix), lambda e: sp.ImmutableMatrix.ones(*e.shape))
+
+    def power(e):
+        base = e.base.doit()
+        return base.applyfunc(lambda v: v ** e.exp) if isinstance(base, sp.MatrixBase) else e
+
+    return expr.replace(lambda e: isinstance(e, sp.HadamardPower), power)
+
+
 def evaluate_symbolic(expr: sp.Basic, values: Mapping[str, np.ndarray]) -> np.ndarray:
     """Evaluate ``expr`` exactly in SymPy at concrete matrices given by symbol name (small checks).
 
@@ -271,7 +283,7 @@ def evaluate_symbolic(expr: sp.Basic, values: Mapping[str, np.ndarray]) -> np.nd
         widths.update({size: actual for size, actual in zip(symbol.shape, value.shape) if sp.sympify(size).is_Symbol})
     concrete = sp.sympify(expr).subs(widths)
     replacements = {s: sp.ImmutableMatrix(arrays[s.name].tolist()) for s in concrete.atoms(sp.MatrixSymbol)}
-    result = concrete.xreplace(replacements).doit()
+    result = _explicit_entrywise(concrete.xreplace(replacements)).doit()
     if isinstance(result, sp.MatrixExpr):
         result = result.as_explicit()
     if isinstance(result, sp.MatrixBase):

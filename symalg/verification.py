@@ -179,16 +179,24 @@ def _flow_step(params, grads, max_dt=2.5e-4, max_move=1e-4) -> float:
     return min(max_dt, max_move * theta / max(grad, 1e-300))
 
 
+def _flow(loss, params, grads, steps: int, max_move: float = 1e-4) -> tuple[dict, str]:
+    """``θ(T)`` along gradient flow ``θ̇ = −∇L`` from ``params`` (RK4, ``steps`` of :func:`_flow_step`),
+    and a description of the run for the report."""
+    dt = _flow_step(params, grads, max_move=max_move)
+    flowed = _rk4(lambda p: {k: -g for k, g in _gradients(loss, p).items()}, dict(params), dt, steps)
+    moved = torch.sqrt(sum((flowed[k] - p).pow(2).sum() for k, p in params.items()) /
+                       sum(p.pow(2).sum() for p in params.values())).item()
+    return flowed, f"RK4 dt={dt:.1e}, {steps} steps; θ moved {moved:.1e} (relative)"
+
+
 def _check_gradient_flow(analysis, loss, params, grads, tol, steps=40):
     """Every ``C`` is constant along gradient flow ``θ̇ = −∇L``."""
     quantities = analysis.conserved_quantities()
     if not quantities:
         return []
-    dt = _flow_step(params, grads)
-    flowed = _rk4(lambda p: {k: -g for k, g in _gradients(loss, p).items()}, dict(params), dt, steps)
-    moved = max(_relative(flowed[k], params[k]) for k in params)
-    return [CheckResult("gradient_flow", q.symmetry.label, _relative(q(flowed), q(params)), tol,
-                        f"RK4 dt={dt:.1e}, {steps} steps; θ moved {moved:.1e} (relative)") for q in quantities]
+    flowed, detail = _flow(loss, params, grads, steps)
+    return [CheckResult("gradient_flow", q.symmetry.label, _relative(q(flowed), q(params)), tol, detail)
+            for q in quantities]
 
 
 def _check_angular_momentum(analysis, loss, params, grads, generator, tol, damping=1.0, steps=40):

@@ -1,0 +1,184 @@
+"""The ``gradient_flow`` and ``lowering`` checks of ``verify_model`` on traced models: they run and pass
+on real models (adapters, batch norm with buffers, attention, cross-entropy), and they fail when a
+conserved quantity is not conserved or its lowered code disagrees with its SymPy expressions."""
+import pytest
+import sympy as sp
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import symalg
+from symalg.lowering import lower
+from symalg.model_derive import ModelConserved
+from symalg.model_verification import SYMBOLIC_LIMIT, verify_model
+from symalg.verification import TOLERANCES
+from test_models import PreNormBlock, SmallCNN
+
+
+class LoRANet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.base = nn.Linear(6, 5)
+        self.lora_A, self.lora_B = nn.Linear(6, 2, bias=False), nn.Linear(2, 5, bias=False)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.out(F.relu(self.base(x) + self.lora_B(self.lora_A(x)) * 0.5))
+
+
+def derive(model, *inputs, loss="mse"):
+    return symalg.derive(symalg.trace(model.double(), tuple(x.double() if x.is_floating_point() else x for x in inputs)),
+                         loss=loss)
+
+
+def lora():
+    return derive(LoRANet(), torch.randn(9, 6))
+
+
+def cnn_in_training_mode():
+    return derive(SmallCNN(), torch.randn(5, 3, 8, 8))
+
+
+def cnn_in_eval_mode():
+    model = SmallCNN().double()
+    model(torch.randn(5, 3, 8, 8, dtype=torch.float64))     # non-trivial running statistics
+    return derive(model.eval(), torch.randn(5, 3, 8, 8))
+
+
+def attention():
+    return derive(PreNormBlock(), torch.randn(2, 5, 8))
+
+
+def cross_entropy():
+    return derive(nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)), torch.randn(10, 4), loss="cross_entropy")
+
+
+def checks_of(report, name):
+    return {c.symmetry: c for c in report.checks if c.check == name}
+
+
+def state_of(model):
+    return {k: v.clone() for k, v in {**dict(model.named_parameters()), **dict(model.named_buffers())}.items()}
+
+
+@pytest.mark.parametrize("build, limit, exact", [
+    (lora, SYMBOLIC_LIMIT, {"GL(2) on lora_a", "PositiveScaling(5, alpha=1) on base"}),
+    # q_b2 reads the fc columns of each channel's flattened 2x2 block: 132 entries
+    (cnn_in_training_mode, 140, {"Translations(4, bias) on c1", "Translations(6, bias) on c2",
+                                 "PositiveScaling(6, alpha=1) on b2"}),
+    (attention, SYMBOLIC_LIMIT, {f"GL(4) on attn.head{h}.{p}" for h in (0, 1) for p in ("qk", "vo")} |
+     {f"PositiveScaling(8, alpha=1) on ln{i}" for i in (1, 2)}),
+    (cross_entropy, SYMBOLIC_LIMIT, {"Translations(6, along 1) on _2"}),
+], ids=["lora", "cnn-train", "attention", "cross-entropy"])
+def test_gradient_flow_and_lowering_run_and_pass_for_every_conserved_quantity(build, limit, exact):
+    analysis = build()
+    before = state_of(analysis.model_graph.model)
+    report = verify_model(analysis, symbolic_limit=limit)
+    assert report.passed, str(report)
+    conserving = {s.label for s in analysis.symmetries if s.conserved is not None}
+    flow, lowering = checks_of(report, "gradient_flow"), checks_of(report, "lowering")
+    assert set(flow) == set(lowering) == conserving
+    assert all(c.max_error <= TOLERANCES[torch.float64] for c in flow.values())
+    # the quantities small enough for SymPy are compared, to rounding
+    assert {label for label, c in lowering.items() if not c.skipped} == exact
+    assert all(lowering[label].max_error <= 1e-14 for label in exact)
+    # the flow ran on copies: the model's parameters and running statistics are untouched
+    after = state_of(analysis.model_graph.model)
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_eval_mode_batch_norm_flows_with_fixed_running_statistics():
+    """Actions that move the running statistics have no conserved quantity and get neither check; the
+    scalings of the batch-norm gains do, and are conserved with the statistics held fixed."""
+    analysis = cnn_in_eval_mode()
+    moving_buffers = {s.label for s in analysis.symmetries if s.acts_on_buffers}
+    assert "S(4) on c1" in moving_buffers
+    assert all(s.conserved is None for s in analysis.symmetries if s.label in moving_buffers)
+    report = verify_model(analysis)
+    assert report.passed, str(report)
+    assert set(checks_of(report, "gradient_flow")) == set(checks_of(report, "lowering")) == \
+        {"PositiveScaling(4, alpha=1) on b1", "PositiveScaling(6, alpha=1) on b2"}
+
+
+def test_a_quantity_that_is_zero_is_compared_absolutely():
+    """Zero conv biases under a training-mode batch norm: ``ℓ = b = 0`` stays 0 up to rounding noise in
+    the gradient, which is no relative error of 1."""
+    model = SmallCNN()
+    with torch.no_grad():
+        model.c1.bias.zero_()
+    analysis = derive(model, torch.randn(5, 3, 8, 8))
+    label = "Translations(4, bias) on c1"
+    report = verify_model(analysis)
+    assert report.passed, str(report)
+    assert checks_of(report, "gradient_flow")[label].max_error <= 1e-15
+    assert checks_of(report, "lowering")[label].max_error == 0
+
+
+def test_quantities_above_the_symbolic_limit_are_listed_as_skipped():
+    analysis = cnn_in_training_mode()
+    report = verify_model(analysis, symbolic_limit=200)
+    skipped = checks_of(report, "lowering")["PositiveScaling(4, alpha=1) on b1"]
+    assert skipped.skipped and "q_b1 reads 224 entries > symbolic_limit=200" in skipped.detail
+    assert report.passed and "1 skipped" in report.summary()   # q_b2 (132 entries) is compared
+    report = verify_model(lora(), symbolic_limit=0)
+    assert all(c.skipped for c in checks_of(report, "lowering").values())
+
+
+def test_float32_uses_its_own_tolerance():
+    report = verify_model(lora(), dtype=torch.float32)
+    assert report.passed, str(report)
+    for name in ("gradient_flow", "lowering"):
+        checks = checks_of(report, name).values()
+        assert checks and all(c.tolerance == TOLERANCES[torch.float32] for c in checks)
+
+
+# -- negative controls ---------------------------------------------------------------------------------------
+def _rank_symmetry(analysis):
+    return next(s for s in analysis.symmetries if s.label == "GL(2) on lora_a")
+
+
+def test_lowering_fails_when_the_lowered_code_disagrees_with_sympy(monkeypatch):
+    """``2C`` is conserved too, so only the exact comparison with the SymPy expression catches it."""
+    analysis = lora()
+    quantity = _rank_symmetry(analysis).conserved
+    doubled = lower("doubled", {key: 2 * expr for key, expr in quantity.exprs.items()}, quantity.reads,
+                    vector_inputs=quantity.vectors, read_suffixes=quantity.suffixes)
+    monkeypatch.setitem(quantity.__dict__, "lowered", doubled)
+    report = verify_model(analysis)
+    label = _rank_symmetry(analysis).label
+    assert [c.symmetry for c in report.failures] == [label]
+    lowering = checks_of(report, "lowering")[label]
+    assert lowering.failed and lowering.max_error == pytest.approx(0.5)     # |2C − C| / |2C|
+    assert checks_of(report, "gradient_flow")[label].passed and checks_of(report, "gd_drift")[label].passed
+
+
+def test_lowering_fails_for_a_broken_lowered_source(monkeypatch):
+    """Code that reads ``2.weight`` transposed (the 4×4 weight fits either way) computes ``W₂W₂ᵀ`` where
+    SymPy has ``W₂ᵀW₂``."""
+    analysis = derive(nn.Sequential(nn.Linear(3, 4), nn.Identity(), nn.Linear(4, 4)), torch.randn(6, 3))
+    (symmetry,) = [s for s in analysis.symmetries if s.conserved is not None]
+    quantity = symmetry.conserved
+    source = quantity.lowered.source
+    assert "params['2.weight']" in source
+    broken = lower("broken", dict(quantity.exprs), quantity.reads, vector_inputs=quantity.vectors,
+                   read_suffixes={s: ".transpose(0, 1)" for s, name in quantity.reads.items() if name == "2.weight"})
+    assert broken.source != source
+    monkeypatch.setitem(quantity.__dict__, "lowered", broken)
+    lowering = checks_of(verify_model(analysis), "lowering")[symmetry.label]
+    assert lowering.failed and lowering.max_error > 1e-3
+
+
+def test_gradient_flow_fails_for_a_quantity_that_is_not_conserved(monkeypatch):
+    """``A Aᵀ + Bᵀ B`` (the wrong sign) grows along gradient flow, at first order in the time."""
+    analysis = lora()
+    symmetry = _rank_symmetry(analysis)
+    A = sp.MatrixSymbol("lora_A.weight", 2, 6)
+    B = sp.MatrixSymbol("lora_B.weight", 5, 2)
+    wrong = ModelConserved("C_wrong", "matrix", {"C_wrong": A * A.T + B.T * B},
+                           {A: "lora_A.weight", B: "lora_B.weight"}, {})
+    monkeypatch.setitem(symmetry.__dict__, "conserved", wrong)
+    report = verify_model(analysis)
+    flow = checks_of(report, "gradient_flow")[symmetry.label]
+    assert flow.failed and flow.max_error > 1e3 * flow.tolerance and "C_wrong" in flow.detail
+    assert checks_of(report, "lowering")[symmetry.label].passed      # its lowering is right, it is just not conserved
+    assert checks_of(report, "gd_drift")[symmetry.label].failed
