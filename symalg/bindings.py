@@ -30,7 +30,7 @@ from fractions import Fraction
 
 import torch
 
-__all__ = ["Binding"]
+__all__ = ["Binding", "TranslationFamily"]
 
 
 @dataclass(frozen=True)
@@ -99,3 +99,62 @@ class Binding:
         span = f"[{self.start}:{self.start + self.width * self.block}]"
         block = f" in blocks of {self.block}" if self.block != 1 else ""
         return f"{self.tensor} {axis}{span}{block} ({self.role})"
+
+
+@dataclass(frozen=True)
+class TranslationFamily:
+    """Translation directions ``B_i`` moving the ``regions`` together: ``θ ↦ θ + Σ_i t_i B_i``.
+
+    ``pattern`` says what ``B_i`` puts into each region (an axis-0 :class:`Binding`):
+
+    ``"entries"``  ``e_i`` in every region (a bias alone; a bias and the running mean it feeds in eval
+                   mode), one direction per entry;
+    ``"rows"``     ``1 e_jᵀ``: the same change to every row of a weight, one direction per row entry;
+    ``"ones"``     a single direction, ``1`` in every region (the biases of one group under group norm).
+
+    >>> import torch
+    >>> family = TranslationFamily("ones", (Binding("b", 0, 2, 2),))
+    >>> family.directions({"b": torch.zeros(5)})
+    [{'b': tensor([0., 0., 1., 1., 0.])}]
+    """
+
+    pattern: str
+    regions: tuple[Binding, ...]
+
+    @property
+    def moves_buffers(self) -> bool:
+        return any(r.buffer for r in self.regions)
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        return tuple(r.tensor for r in self.regions if not r.buffer)
+
+    def count(self, shapes) -> int:
+        """The number of directions, from the tensors' shapes."""
+        first = self.regions[0]
+        rest = 1
+        for size in shapes[first.tensor][1:]:
+            rest *= size
+        return {"entries": first.width * first.block * rest, "rows": rest, "ones": 1}[self.pattern]
+
+    def directions(self, params) -> list[dict[str, torch.Tensor]]:
+        """``B_i`` as ``{tensor: full-size change}`` at the dtype and device of ``params``."""
+        out = []
+        for i in range(self.count({r.tensor: params[r.tensor].shape for r in self.regions})):
+            direction = {}
+            for region in self.regions:
+                tensor = params[region.tensor]
+                unfolded = torch.zeros_like(region.unfold(tensor))
+                if self.pattern == "entries":
+                    unfolded.view(-1)[i] = 1
+                elif self.pattern == "rows":
+                    unfolded[:, i] = 1
+                else:
+                    unfolded.fill_(1)
+                direction[region.tensor] = region.fold(torch.zeros_like(tensor), unfolded)
+            out.append(direction)
+        return out
+
+    def extended(self, region: Binding) -> "TranslationFamily":
+        """The family moving ``region`` too (a running mean that must follow its bias)."""
+        return replace(self, regions=self.regions + (region,))

@@ -24,15 +24,16 @@ C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cached_property
 from typing import Mapping
 
 import sympy as sp
 import torch
 
-from .bindings import Binding
+from .bindings import Binding, TranslationFamily
 from .catalogue import CATALOGUE
-from .groups import (GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup,
+from .groups import (GeneralLinear, Orthogonal, OrthogonalFixingOnes, Permutations, PositiveScaling, SignFlips, SiteGroup,
                      Translations)
 from .inference import Blocked
 from .lowering import LoweredFunction, lower
@@ -43,9 +44,14 @@ from .tracing import ModelGraph
 __all__ = ["ModelSymmetry", "ModelAnalysis", "ModelConserved", "derive_model"]
 
 
+def _number(value: Fraction):
+    """A fraction as the group constructors print it (``1``, ``1/2``)."""
+    return int(value) if value.denominator == 1 else sp.Rational(value.numerator, value.denominator)
+
+
 def _group(kind: str, width: int, alpha) -> SiteGroup:
-    return {"GL": lambda: GeneralLinear(width), "O": lambda: Orthogonal(width),
-            "PS": lambda: PositiveScaling(width, alpha=alpha if alpha.denominator != 1 else int(alpha)),
+    return {"GL": lambda: GeneralLinear(width), "O": lambda: Orthogonal(width), "O1": lambda: OrthogonalFixingOnes(width),
+            "PS": lambda: PositiveScaling(width, alpha=_number(alpha)),
             "SF": lambda: SignFlips(width), "S": lambda: Permutations(width)}[kind]()
 
 
@@ -135,7 +141,10 @@ class ModelSymmetry:
     ----------
     site : the site class name (its first member's node); ``members`` all tied sites.
     group : the group (:mod:`symalg.groups`); ``bindings`` the tensor regions it moves.
-    directions : for translations, ``(tensor, tensor → direction)`` builders of the basis ``B_i``.
+    translations : for a translation group, the translation families (:class:`~symalg.bindings.TranslationFamily`) whose
+        directions ``B_i`` form its basis, in order.
+    shifts : for affine sign flips (``σ(−z) = 2c − σ(z)``), the ``(bias, column binding, c, node)`` of
+        each reader: its bias absorbs ``−W' τ(g)`` with ``τ(g) = c(1 − g1)`` and ``W'`` the moved weight.
     acts_on_buffers : the action moves buffers (running statistics) as well as parameters.
     """
 
@@ -144,7 +153,8 @@ class ModelSymmetry:
     group: SiteGroup
     bindings: tuple[Binding, ...]
     shapes: Mapping[str, tuple] = field(repr=False)
-    directions: tuple = field(default=(), repr=False)
+    translations: tuple[TranslationFamily, ...] = field(default=(), repr=False)
+    shifts: tuple = field(default=(), repr=False)
 
     @property
     def label(self) -> str:
@@ -153,12 +163,12 @@ class ModelSymmetry:
     @property
     def acts_on_buffers(self) -> bool:
         return any(b.buffer and (b.power != 0 or isinstance(self.group, Permutations)) for b in self.bindings) or \
-            any(d[2] for d in self.directions)
+            any(f.moves_buffers for f in self.translations)
 
     @property
     def tensors(self) -> tuple[str, ...]:
         """Names of the tensors the action moves."""
-        names = [b.tensor for b in self.bindings] + [d[0] for d in self.directions]
+        names = [b.tensor for b in self.bindings] + [r.tensor for f in self.translations for r in f.regions]
         return tuple(dict.fromkeys(names))
 
     # -- numeric action -------------------------------------------------------------------------
@@ -185,13 +195,19 @@ class ModelSymmetry:
         """Parameters (and buffers) moved by the group element ``g``; untouched tensors are shared."""
         moved = dict(params)
         if isinstance(self.group, Translations):
-            for index, (tensor, direction, _) in enumerate(self._basis(params)):
-                moved[tensor] = moved[tensor] + g[index] * direction
+            for index, direction in enumerate(self._basis(params)):
+                for tensor, change in direction.items():
+                    moved[tensor] = moved[tensor] + g[index] * change
             return moved
         for b in self._moves():
             A = self._operator(b, g)
             U = b.unfold(moved[b.tensor])
             moved[b.tensor] = b.fold(moved[b.tensor], A[:, None] * U if A.dim() == 1 else A @ U)
+        for bias, column, center, _ in self.shifts:
+            tau = float(center) * (1 - torch.diagonal(g))
+            weight = moved[column.tensor]
+            spread = column.fold(torch.zeros_like(weight), tau[:, None].expand_as(column.unfold(weight)))
+            moved[bias] = moved[bias] - (weight * spread).sum(tuple(range(1, weight.dim())))
         return moved
 
     def apply_algebra(self, params, M: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -202,8 +218,9 @@ class ModelSymmetry:
         """The infinitesimal action ``M·θ`` on the tensors it moves."""
         if isinstance(self.group, Translations):
             out: dict[str, torch.Tensor] = {}
-            for index, (tensor, direction, _) in enumerate(self._basis(params)):
-                out[tensor] = out.get(tensor, 0) + M[index] * direction
+            for index, direction in enumerate(self._basis(params)):
+                for tensor, change in direction.items():
+                    out[tensor] = out.get(tensor, 0) + M[index] * change
             return out
         out = {}
         for b in self._moves():
@@ -217,13 +234,9 @@ class ModelSymmetry:
             out[b.tensor] = base + b.fold(torch.zeros_like(params[b.tensor]), dU)
         return out
 
-    def _basis(self, params) -> list[tuple[str, torch.Tensor, bool]]:
-        """Translation directions ``(tensor, B_i, is_buffer)`` at the dtype/device of ``params``."""
-        basis = []
-        for tensor, build, is_buffer, _ in self.directions:
-            for direction in build(params[tensor]):
-                basis.append((tensor, direction, is_buffer))
-        return basis
+    def _basis(self, params) -> list[dict[str, torch.Tensor]]:
+        """Translation directions ``B_i`` (``{tensor: change}``) at the dtype/device of ``params``."""
+        return [direction for family in self.translations for direction in family.directions(params)]
 
     # -- symbolic -------------------------------------------------------------------------------
     @cached_property
@@ -235,11 +248,12 @@ class ModelSymmetry:
         name = _python_name(self.site)
         if isinstance(self.group, Translations):
             exprs = {}
-            for tensor, kind in self._linear_terms():
-                b = Binding(tensor, 0, 0, self.shapes[tensor][0])
-                U = symbols.region(b)
-                key = f"ell_{name}_{_python_name(tensor)}"
-                exprs[key] = sp.OneMatrix(1, U.shape[0]) * U if kind == "column sums" else U
+            for family in self.translations:
+                region = family.regions[0]
+                U = symbols.region(region)
+                whole = region.start == 0 and region.width * region.block == self.shapes[region.tensor][0]
+                key = f"ell_{name}_{_python_name(region.tensor)}" + ("" if whole else f"_{region.start}")
+                exprs[key] = U if family.pattern == "entries" else sp.OneMatrix(1, U.shape[0]) * U
             return ModelConserved(f"ell_{name}", "linear", exprs, symbols.reads, symbols.suffixes,
                                   tuple(symbols.vectors))
         diagonal = isinstance(self.group, PositiveScaling)
@@ -263,17 +277,14 @@ class ModelSymmetry:
         return ModelConserved(key, "diagonal" if diagonal else "matrix", {key: sp.MatAdd(*terms)},
                               symbols.reads, symbols.suffixes, tuple(symbols.vectors))
 
-    def _linear_terms(self) -> list[tuple[str, str]]:
-        return [(tensor, kind) for tensor, kind in (d[3] for d in self.directions)]
-
     def latex(self) -> str:
         moved = ", ".join(rf"\mathrm{{{t}}}" for t in self.tensors)
         return rf"{self.group.latex()} \text{{ on {self.site}, moving }} {moved}"
 
     def __str__(self):
-        lines = [f"{self.label}: moves " + "; ".join(b.describe() for b in self.bindings)]
-        if self.directions:
-            lines.append("  translations of " + ", ".join(dict.fromkeys(d[0] for d in self.directions)))
+        moved = [b.describe() for b in self.bindings] or [f"{r.tensor} ({f.pattern})" for f in self.translations
+                                                           for r in f.regions]
+        lines = [f"{self.label}: moves " + "; ".join(dict.fromkeys(moved))]
         if self.conserved is not None:
             lines.append(f"  conserved: {self.conserved}")
         return "\n".join(lines)
@@ -311,35 +322,6 @@ class ModelAnalysis:
         return "\n".join(lines)
 
 
-def _translation_directions(kind: str, node: str, weight, bias) -> tuple:
-    """Builders of the translation basis: ``T`` moves each bias entry (or running mean) alone; ``T1``
-    adds ``1 vᵀ`` to the weight (``v`` over its input entries) and ``1`` to the bias."""
-    directions = []
-    if kind == "T":
-        is_buffer = weight is None
-        directions.append((bias, _unit_vectors, is_buffer, (bias, "entries")))
-    else:
-        directions.append((weight, _constant_rows, False, (weight, "column sums")))
-        if bias:
-            directions.append((bias, _all_ones, False, (bias, "column sums")))
-    return tuple(directions)
-
-
-def _unit_vectors(tensor: torch.Tensor) -> list[torch.Tensor]:
-    return list(torch.eye(tensor.numel(), dtype=tensor.dtype, device=tensor.device).reshape(-1, *tensor.shape))
-
-
-def _constant_rows(tensor: torch.Tensor) -> list[torch.Tensor]:
-    """``1 ⊗ e_j``: the same change for every output row, one direction per entry of a row."""
-    rest = tensor[0].numel()
-    eye = torch.eye(rest, dtype=tensor.dtype, device=tensor.device).reshape(rest, 1, *tensor.shape[1:])
-    return list(eye.expand(rest, *tensor.shape))
-
-
-def _all_ones(tensor: torch.Tensor) -> list[torch.Tensor]:
-    return [torch.ones_like(tensor)]
-
-
 def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse") -> ModelAnalysis:
     """Infer the sites of a traced model and build its symmetries (see the module docstring)."""
     sites = infer_model(model_graph, catalogue, loss)
@@ -349,15 +331,16 @@ def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: 
     for cls in sites.classes:
         for kind in cls.kinds:
             if kind in ("T", "T1"):
-                directions = tuple(d for t in cls.translations if t[0] == kind
-                                   for d in _translation_directions(*t))
-                width = sum(len(build(torch.empty(shapes[tensor], device="meta"))) for tensor, build, *_ in directions)
-                group = Translations(width, "bias" if kind == "T" else "along 1")
-                symmetries.append(ModelSymmetry(cls.name, cls.members, group, (), shapes, directions))
+                families = tuple(t[2] for t in cls.translations if t[0] == kind)
+                group = Translations(sum(f.count(shapes) for f in families), "bias" if kind == "T" else "along 1")
+                symmetries.append(ModelSymmetry(cls.name, cls.members, group, (), shapes, families))
                 continue
             group = _group(kind, cls.width, cls.alpha)
+            shifts = cls.shifts if kind == "SF" else ()
+            if shifts:
+                group = SignFlips(cls.width, center=_number(shifts[0][2]))
             if group.is_continuous or not isinstance(group, Permutations) or cls.width > 1:  # S(1) is trivial
-                symmetries.append(ModelSymmetry(cls.name, cls.members, group, cls.bindings, shapes))
+                symmetries.append(ModelSymmetry(cls.name, cls.members, group, cls.bindings, shapes, shifts=shifts))
     for perm in sites.permutations:
         symmetries.append(ModelSymmetry(perm.name, perm.members, Permutations(perm.width), perm.bindings, shapes))
     return ModelAnalysis(model_graph, tuple(symmetries), sites.blocked, sites, loss)

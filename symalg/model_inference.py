@@ -12,11 +12,12 @@ kind    group
 ======= ===========================================================================
 ``GL``  general linear (identity activation, attention heads, adapter ranks)
 ``O``   orthogonal (radial activations, gain-free RMSNorm streams, tied embeddings)
+``O1``  orthogonal fixing ``1`` (inputs of a LayerNorm without gain, groups of a GroupNorm)
 ``PS``  positive diagonal scaling, ``π(d) = d^power`` (ReLU, pooling, batch norm)
 ``SF``  sign flips (odd activations)
 ``S``   permutations (any pointwise op); acts on a whole *permutation class* of sites
         tied through diagonal maps (norm gains, batch norm)
-``T``   translation of the producer's bias (the input of a training-mode batch norm)
+``T``   translation of the producer's bias (the input of a batch norm; one group's biases under group norm)
 ``T1``  translation along ``1`` of the producer's map (logits under softmax/cross-entropy)
 ======= ===========================================================================
 
@@ -48,7 +49,10 @@ from .tracing import ModelGraph
 
 __all__ = ["Segment", "Label", "SiteClass", "ModelSites", "Inference", "infer_model", "KINDS"]
 
-KINDS = ("GL", "O", "PS", "SF", "S", "T", "T1")
+KINDS = ("GL", "O", "O1", "PS", "SF", "S", "T", "T1")
+CENTER_AWARE = frozenset({"linear", "flatten", "reshape", "transpose", "permute", "identity", "cat"})
+"""Ops that carry or absorb the shift ``center·(1 − g1)`` of an affine sign flip (only a biased linear
+map absorbs it); any other reader of a shifted value removes the flips."""
 ALL = frozenset(KINDS)
 TRANSLATIONS = frozenset({"T", "T1"})
 
@@ -67,6 +71,8 @@ class Segment:
     block: int = 1
     power: Fraction = Fraction(1)
     invariant: frozenset = frozenset()
+    center: Fraction = Fraction(0)
+    """Sign flips act affinely on the value: ``v ↦ g v + center·(1 − g1)`` (``1/2`` after a sigmoid)."""
 
     def acts_trivially(self) -> frozenset:
         return self.invariant | ({"PS"} if self.power == 0 else set())
@@ -98,6 +104,7 @@ class _Site:
     allowed: set = field(default_factory=lambda: set(ALL))
     bindings: list = field(default_factory=list)
     translations: list = field(default_factory=list)
+    shifts: list = field(default_factory=list)
     removed: list = field(default_factory=list)
     dissolved: bool = False
 
@@ -112,9 +119,11 @@ class SiteClass:
     kinds: tuple[str, ...]
     bindings: tuple[Binding, ...]
     translations: tuple = ()
-    """``(kind, producer node)`` pairs whose translation basis :mod:`symalg.model_derive` builds."""
+    """``(kind, producer node, TranslationFamily)`` triples: the translations that survived."""
     alpha: Fraction = Fraction(1)
     """The power at which the site's readers see positive scaling (1 for ReLU, 0 before batch norm)."""
+    shifts: tuple = ()
+    """``(bias, column binding, center, node)``: biases absorbing the shift of affine sign flips."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +160,8 @@ class Inference:
         self.ties = nx.utils.UnionFind()
         self.permutation_ties = nx.utils.UnionFind()
         self.labels: dict[str, object] = {}
+        self.opaque: dict[str, str] = {}
+        """``{tensor: node}``: parameters read by an op the rules do not know; no action may move them."""
         self.shapes = {**{k: tuple(v.shape) for k, v in model_graph.model.named_parameters()},
                        **{k: tuple(v.shape) for k, v in model_graph.model.named_buffers()}}
 
@@ -211,9 +222,14 @@ class Inference:
         return list(self.graph.successors(node))
 
 
-def _rule_for(op: str, catalogue: Mapping):
-    from .op_rules import OP_RULES, activation_rule, unknown_rule
+def _rule_for(op: str, inputs: list, catalogue: Mapping):
+    """The op's rule; an op reading a parameter (or a weight computed from parameters) as a value gets
+    the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis)."""
+    from .op_rules import OP_RULES, WEIGHT_RULES, WeightExpr, activation_rule, unknown_rule
 
+    if op not in WEIGHT_RULES and any(isinstance(i, WeightExpr) or isinstance(i, tuple) and i[:1] == ("param",)
+                                      for i in inputs):
+        return unknown_rule
     if op in OP_RULES:
         return OP_RULES[op]
     if op in catalogue:
@@ -233,7 +249,12 @@ def infer_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: s
     for node in nx.topological_sort(state.graph):
         data = state.graph.nodes[node]
         inputs = [state.labels.get(i) if i is not None else None for i in data["inputs"]]
-        state.labels[node] = _rule_for(data["op"], catalogue)(state, node, data, inputs)
+        if data["op"] not in CENTER_AWARE:
+            for label in inputs:
+                if isinstance(label, Label) and any(seg.center for seg in label.segments):
+                    state.restrict_label(label.map_segments(center=Fraction(0)), ALL - {"SF"}, node,
+                                         f"{state.where(node)} cannot absorb the shift of an affine sign flip")
+        state.labels[node] = _rule_for(data["op"], inputs, catalogue)(state, node, data, inputs)
     return _solve(state)
 
 
@@ -255,7 +276,7 @@ def _shared_regions(state: Inference) -> None:
         for site_id, binding in uses[1:]:
             state.tie(first_site, site_id)
             if binding.role != first.role:
-                state.restrict(site_id, {"O", "S", "SF"}, binding.node,
+                state.restrict(site_id, {"O", "O1", "S", "SF"}, binding.node,
                                f"{region[0]} is read and written along the same axis by {sorted(nodes)} (tied "
                                "weights): only orthogonal actions keep it one tensor", blocked=True)
             if binding.power != first.power:
@@ -266,6 +287,11 @@ def _shared_regions(state: Inference) -> None:
 
 def _solve(state: Inference) -> ModelSites:
     _shared_regions(state)
+    for site in state.sites:
+        for tensor in dict.fromkeys(b.tensor for b in site.bindings if b.tensor in state.opaque):
+            node = state.opaque[tensor]
+            state.restrict(site.id, set(), node, f"{tensor} is also read by {state.where(node)}, an op the "
+                                                 "catalogue does not know", blocked=True)
     live = [s for s in state.sites if not s.dissolved]
     groups: dict[int, list[_Site]] = {}
     for site in live:
@@ -286,13 +312,17 @@ def _solve(state: Inference) -> ModelSites:
             raise SpecError(f"sites {[s.name for s in members]} are tied but have widths {[s.width for s in members]}")
         bindings = tuple(b for site in members for b in site.bindings)
         translations = tuple(t for site in members for t in site.translations
-                             if t[0] in allowed and _owned(state, t[1], t[2:]))
+                             if t[0] in allowed and _owned(state, t[1], t[2].parameters))
+        shifts = tuple(t for site in members for t in site.shifts)
+        if "SF" in allowed and not all(_owned(state, node, (bias, column.tensor)) for bias, column, _, node in shifts):
+            allowed.discard("SF")
+            restrictions.append(Blocked(shifts[0][3], name, "SF removed: a bias absorbing a sign flip's shift is shared"))
         reader_powers = {b.power for b in bindings if b.role == "in"}
         alpha = reader_powers.pop() if len(reader_powers) == 1 else Fraction(1)
-        kinds = _maximal(allowed, bool(translations))
+        kinds = _maximal(allowed, {t[0] for t in translations})
         if "PS" in kinds and len({b.power for b in bindings if b.role == "in"}) > 1:
             kinds = tuple(k for k in kinds if k != "PS")
-        cls = SiteClass(name, width, tuple(s.name for s in members), kinds, bindings, translations, alpha)
+        cls = SiteClass(name, width, tuple(s.name for s in members), kinds, bindings, translations, alpha, shifts)
         classes.append(cls)
         for site in members:
             class_of[site.id] = cls
@@ -305,7 +335,7 @@ def _solve(state: Inference) -> ModelSites:
         allowed = all("S" in allowed_by_root[state.ties[s.id]] for s in members)
         if not allowed or members[0].width < 2:
             continue
-        contained = len(member_classes) == 1 and any(k in ("GL", "O") for k in member_classes[0].kinds)
+        contained = len(member_classes) == 1 and any(k in ("GL", "O", "O1") for k in member_classes[0].kinds)
         if contained:
             continue
         bindings, seen = [], set()
@@ -332,14 +362,15 @@ def _owned(state: Inference, node: str, tensors) -> bool:
     return True
 
 
-def _maximal(allowed: set, has_translations: bool) -> tuple[str, ...]:
-    """The kinds to report: the largest group allowed, plus the translations that apply."""
+def _maximal(allowed: set, translations: set) -> tuple[str, ...]:
+    """The kinds to report: the largest group allowed, plus the ``translations`` that apply."""
     if "GL" in allowed:
         kinds = ["GL"]
     elif "O" in allowed:
         kinds = ["O"]
+    elif "O1" in allowed:
+        kinds = ["O1"]
     else:
         kinds = [k for k in ("PS", "SF") if k in allowed]
-    if has_translations:
-        kinds += [k for k in ("T", "T1") if k in allowed]
+    kinds += [k for k in ("T", "T1") if k in translations]
     return tuple(kinds)

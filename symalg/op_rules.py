@@ -12,17 +12,21 @@ which keeps only the kinds under which its inputs are invariant.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from types import MappingProxyType
 from typing import Callable
 
-from .bindings import Binding
+from .bindings import Binding, TranslationFamily
 from .groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips
 from .model_inference import ALL, TRANSLATIONS, Inference, Label, Segment
 
-__all__ = ["OP_RULES", "register_rule", "activation_rule", "unknown_rule"]
+__all__ = ["OP_RULES", "WEIGHT_RULES", "WeightExpr", "register_rule", "activation_rule", "unknown_rule"]
 
 _RULES: dict[str, Callable] = {}
+WEIGHT_RULES = frozenset({"param", "output", "linear", "add", "sub", "mul", "div", "matmul", "transpose", "permute",
+                          "embedding", "cdist", "getitem"})
+"""Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
 
@@ -64,36 +68,41 @@ def _first(inputs) -> Label:
 
 # -- activations and unknown ops ---------------------------------------------------------------
 
-_KINDS_OF_GROUP = {GeneralLinear: ALL - TRANSLATIONS, Orthogonal: {"O", "SF", "S"}, PositiveScaling: {"PS"},
+_KINDS_OF_GROUP = {GeneralLinear: ALL - TRANSLATIONS, Orthogonal: {"O", "O1", "SF", "S"}, PositiveScaling: {"PS"},
                    SignFlips: {"SF"}, Permutations: {"S"}}
 
 
 def activation_rule(state: Inference, node, data, inputs) -> Label:
-    """A catalogue activation on the feature axis: ``σ(g z) = π(g) σ(z)`` for the entry's groups."""
+    """A catalogue activation on the feature axis: ``σ(g z) = π(g) σ(z) + τ(g)`` for the entry's groups
+    (``τ ≠ 0`` for affine sign flips, ``σ(−z) = 1 − σ(z)``: the output's segments carry the center)."""
     label = _first(inputs)
     entry = state.catalogue[data["op"]]
     params = entry.resolve({k: v for k, v in data["settings"].items() if k in entry.defaults})
     groups = entry.site_groups(2, **params)
-    kinds, alpha = set(), Fraction(1)
+    kinds, alpha, center = set(), Fraction(1), Fraction(0)
     for group in groups:
-        if isinstance(group, SignFlips) and group.center != 0:
-            continue  # an affine sign flip needs a bias to absorb its shift: not modelled on traced graphs
         kinds |= _KINDS_OF_GROUP[type(group)]
         if isinstance(group, PositiveScaling):
             alpha = Fraction(str(group.alpha))
+        if isinstance(group, SignFlips):
+            center = Fraction(str(group.center))
     if entry.radial and label.dim != -1 and label.segments:
         state.restrict_label(label, set(), node, f"{state.where(node)}: radial activation on a non-last axis", blocked=True)
         return Label.data(label.dim, label.size)
     state.restrict_label(label, kinds, node, f"{state.where(node)} ({data['op']}) is equivariant only under "
                                              f"{', '.join(sorted(kinds)) or 'nothing'}")
     return Label(label.dim, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, s.power * alpha,
-                                                      s.invariant) for s in label.segments))
+                                                      s.invariant, center) for s in label.segments))
 
 
 def unknown_rule(state: Inference, node, data, inputs) -> Label:
-    """An op nobody declared: every site it reads keeps only the kinds its input is invariant under."""
+    """An op nobody declared: every site it reads keeps only the kinds its input is invariant under, and
+    every parameter it reads becomes opaque (no action may move it)."""
     for label in inputs:
-        if isinstance(label, Label):
+        if _is_param(label) or isinstance(label, WeightExpr):
+            for tensor in (label.tensors if isinstance(label, WeightExpr) else (label[1],)):
+                state.opaque.setdefault(tensor, node)
+        elif isinstance(label, Label):
             state.restrict_label(label, set(), node, f"{state.where(node)}: op {data['op']!r} is not in the "
                                                      "equivariance catalogue", blocked=True)
         elif isinstance(label, tuple):
@@ -128,45 +137,90 @@ def _is_param(label) -> bool:
     return isinstance(label, tuple) and len(label) == 2 and label[0] == "param"
 
 
+@dataclass(frozen=True)
+class WeightExpr:
+    """A weight computed from parameters in ``forward`` (``W + s·B @ A``): the ``(tensor, axis)`` pairs
+    indexing its rows and its columns, and the whole parameters among its summands."""
+
+    rows: tuple[tuple[str, int], ...]
+    cols: tuple[tuple[str, int], ...]
+    plain: tuple[str, ...] = ()
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t for t, _ in self.rows + self.cols))
+
+
+def _weight(state: Inference, label) -> WeightExpr | None:
+    """``label`` as a matrix-valued weight expression, or ``None`` (a value, a tensor of another rank)."""
+    if isinstance(label, WeightExpr):
+        return label
+    if _is_param(label) and len(state.shapes[label[1]]) == 2:
+        return WeightExpr(((label[1], 0),), ((label[1], 1),), (label[1],))
+    return None
+
+
 # -- parameterised maps ------------------------------------------------------------------------
 
-def _producer_site(state, node, width, weight, bias, axis=0, name=None) -> int:
-    bindings = [Binding(weight, axis, 0, width, node=node)]
+def _producer_site(state, node, width, weight, bias, name=None) -> int:
+    """A site on the rows of ``weight`` (a parameter name or a :class:`WeightExpr`) and of ``bias``, with
+    the translations a consumer may allow: along ``1`` (whole weight parameters, bias) and of the bias."""
+    expr = weight if isinstance(weight, WeightExpr) else WeightExpr(((weight, 0),), (), (weight,))
+    rows = [Binding(t, axis, 0, width, node=node) for t, axis in expr.rows]
+    bias_rows = Binding(bias, 0, 0, width, node=node) if bias else None
+    site = state.new_site(node, width, rows + ([bias_rows] if bias else []), name=name)
+    translations = state.site(site).translations
+    translations += [("T1", node, TranslationFamily("rows", (b,))) for b in rows if b.tensor in expr.plain]
     if bias:
-        bindings.append(Binding(bias, 0, 0, width, node=node))
-    site = state.new_site(node, width, bindings, name=name)
-    state.site(site).translations.append(("T1", node, weight, bias))
-    if bias:
-        state.site(site).translations.append(("T", node, weight, bias))
+        translations.append(("T1", node, TranslationFamily("ones", (bias_rows,))))
+        translations.append(("T", node, TranslationFamily("entries", (bias_rows,))))
     return site
 
 
-def _read_as_map(state, node, label: Label, weight: str, feature_dim: int) -> None:
-    """A map reads ``label`` on its input axis: bind columns; translations of the input cannot pass."""
+def _read_as_map(state, node, label: Label, weight, feature_dim: int) -> None:
+    """A map reads ``label`` on its input axis: bind columns (of every column tensor of a
+    :class:`WeightExpr`); translations of the input cannot pass."""
     if label.segments and label.dim != feature_dim:
         state.restrict_label(label, set(), node, f"{state.where(node)} reads axis {feature_dim} of a value whose "
                                                  f"sites run along axis {label.dim}", blocked=True)
         return
     state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} does not absorb translations")
-    state.bind_reader(label, weight, 1, node)
+    for tensor, axis in (weight.cols if isinstance(weight, WeightExpr) else ((weight, 1),)):
+        state.bind_reader(label, tensor, axis, node)
+
+
+def _absorb_shifts(state, node, label: Label, weight, bias) -> None:
+    """A linear map reading a value shifted by affine sign flips, ``v ↦ g v + τ``: its bias absorbs
+    ``−W' τ`` (``W'`` the moved weight). Without a bias, or with a computed weight, the flips go."""
+    for seg in label.segments:
+        if not seg.center:
+            continue
+        if bias is None or isinstance(weight, WeightExpr) and len(weight.cols) > 1:
+            state.restrict(seg.site, ALL - {"SF"}, node, f"{state.where(node)} has no bias to absorb the shift of "
+                                                         "an affine sign flip")
+            continue
+        tensor, axis = weight.cols[0] if isinstance(weight, WeightExpr) else (weight, 1)
+        column = Binding(tensor, axis, seg.offset, seg.width, seg.block, "in", seg.power, node=node)
+        state.site(seg.site).shifts.append((bias, column, seg.center, node))
 
 
 @register_rule("linear")
 def linear_rule(state: Inference, node, data, inputs) -> Label:
-    """``y = W x + b``: a new site on the rows of ``W`` and ``b``; the input's sites on its columns."""
+    """``y = W x + b``: a new site on the rows of ``W`` and ``b``; the input's sites on its columns.
+    ``W`` may be computed from parameters (``F.linear(x, W + B @ A)``: see :func:`matmul_rule`)."""
     label = _first(inputs)
     if data["kind"] == "module":
         weight, bias = data["params"]["weight"], data["params"].get("bias")
+        out_features = state.shapes[weight][0]
     else:
-        params = [i for i in inputs[1:] if _is_param(i)]
-        if not params or not _is_param(inputs[1] if len(inputs) > 1 else None):
-            return unknown_rule(state, node, data, inputs)
-        weight = inputs[1][1]
+        weight = _weight(state, inputs[1] if len(inputs) > 1 else None)
         bias = inputs[2][1] if len(inputs) > 2 and _is_param(inputs[2]) else None
-        if len(inputs) > 2 and inputs[2] is not None and not _is_param(inputs[2]):
+        if weight is None or len(inputs) > 2 and inputs[2] is not None and not _is_param(inputs[2]):
             return unknown_rule(state, node, data, inputs)
-    out_features, _ = state.shapes[weight]
+        tensor, axis = weight.rows[0]
+        out_features = state.shapes[tensor][axis]
     _read_as_map(state, node, label, weight, -1)
+    _absorb_shifts(state, node, label, weight, bias)
     site = _producer_site(state, node, out_features, weight, bias)
     return Label(-1, out_features, (Segment(site, 0, out_features),))
 
@@ -237,10 +291,15 @@ def _same_layout(a: Label, b: Label) -> bool:
 
 @register_rule("add", "sub")
 def add_rule(state: Inference, node, data, inputs) -> Label:
-    """``a ± b``: both summands' sites are tied (a skip connection); a fixed summand pins the other."""
+    """``a ± b``: both summands' sites are tied (a skip connection); a fixed summand pins the other. A sum
+    of weights (parameters, products of parameters) is a weight whose rows and columns are both's."""
     labels = [i for i in inputs if isinstance(i, Label)]
     constants = [i for i in inputs if i is None]
     params = [i for i in inputs if _is_param(i)]
+    weights = [_weight(state, i) for i in inputs]
+    if len(inputs) == 2 and None not in weights and _same_shape(state, data):
+        a, b = weights
+        return WeightExpr(a.rows + b.rows, a.cols + b.cols, a.plain + b.plain)
     if len(labels) == 1 and not params:
         (label,) = labels
         state.restrict_label(label, {"S"} if constants else set(), node,
@@ -278,16 +337,39 @@ def add_rule(state: Inference, node, data, inputs) -> Label:
 @register_rule("mul", "div")
 def scale_rule(state: Inference, node, data, inputs) -> Label:
     """Multiplication by a number commutes with every linear action; by a tensor it is unknown."""
-    labels = [i for i in inputs if isinstance(i, Label)]
-    numbers = all(i is None for i in inputs if not isinstance(i, Label))
-    if len(labels) == 1 and numbers and not _tensor_constant(state, node):
-        return labels[0]
+    scaled = [i for i in inputs if isinstance(i, (Label, WeightExpr)) or _is_param(i)]
+    numbers = all(i is None for i in inputs if not (isinstance(i, (Label, WeightExpr)) or _is_param(i)))
+    if len(scaled) == 1 and numbers and not _tensor_constant(state, node):
+        return _weight(state, scaled[0]) or scaled[0]
+    if data["op"] == "mul" and len(inputs) == 2 and data["inputs"][0] is not None and len(set(data["inputs"])) == 1:
+        return elementwise_rule(state, node, data, inputs[:1])  # x * x is x.square()
     return unknown_rule(state, node, data, inputs)
+
+
+def _same_shape(state: Inference, data) -> bool:
+    shapes = [state.shape(i) for i in data["inputs"]]
+    return None not in shapes and len(set(shapes)) == 1
+
+
+@register_rule("matmul")
+def matmul_rule(state: Inference, node, data, inputs):
+    """A product of weights ``B @ A`` (a low-rank adapter): ``GL(r)`` on the inner axis (``A ↦ g A``,
+    ``B ↦ B g⁻¹``); the product's rows are ``B``'s, its columns ``A``'s. Products of values (attention
+    scores) are folded before inference; any other product is unknown."""
+    weights = [_weight(state, i) for i in inputs]
+    if len(weights) != 2 or None in weights:
+        return unknown_rule(state, node, data, inputs)
+    left, right = weights
+    tensor, axis = left.cols[0]
+    width = state.shapes[tensor][axis]
+    state.new_site(node, width, [Binding(t, a, 0, width, role="in", node=node) for t, a in left.cols] +
+                   [Binding(t, a, 0, width, node=node) for t, a in right.rows], allowed=ALL - TRANSLATIONS)
+    return WeightExpr(left.rows, right.cols)
 
 
 def _tensor_constant(state, node) -> bool:
     """True if a non-number constant (a tensor buffer or a data tensor) is an operand."""
-    for source in state.graph.predecessors(node):
+    for source in filter(None, state.graph.nodes[node]["inputs"]):
         if state.graph.nodes[source]["kind"] in ("constant", "input", "param") and \
                 not isinstance(state.labels.get(source), Label):
             return True
@@ -331,8 +413,7 @@ def cat_rule(state: Inference, node, data, inputs) -> Label:
             size = state.shape(source)[dim] if state.shape(source) else label.size
             if size is None:
                 return unknown_rule(state, node, data, inputs)
-            segments += [Segment(s.site, s.offset + offset, s.width, s.block, s.power, s.invariant)
-                         for s in label.segments]
+            segments += [replace(s, offset=s.offset + offset) for s in label.segments]
             offset += size
         return Label(dim, offset, tuple(segments))
     first = labels[0]
@@ -363,8 +444,7 @@ def reshape_rule(state: Inference, node, data, inputs) -> Label:
         trailing *= size
     merged = before[dim] * trailing
     if after[-1] == merged and _prod(after[:-1]) == _prod(before[:dim]):
-        segments = tuple(Segment(s.site, s.offset * trailing, s.width, s.block * trailing, s.power, s.invariant)
-                         for s in label.segments)
+        segments = tuple(replace(s, offset=s.offset * trailing, block=s.block * trailing) for s in label.segments)
         return Label(-1, merged, segments)
     state.restrict_label(label, set(), node, f"{state.where(node)} reshapes {before} -> {after}, splitting the "
                                              "feature axis", blocked=True)
@@ -380,7 +460,10 @@ def _prod(values) -> int:
 
 @register_rule("transpose", "permute")
 def transpose_rule(state: Inference, node, data, inputs) -> Label:
-    """Moving axes moves the feature axis with them."""
+    """Moving axes moves the feature axis with them; transposing a weight swaps its rows and columns."""
+    weight = _weight(state, inputs[0]) if inputs else None
+    if weight is not None:
+        return WeightExpr(weight.cols, weight.rows, weight.plain)
     label = _first(inputs)
     if not label.segments:
         return label
@@ -470,24 +553,34 @@ def softmax_rule(state: Inference, node, data, inputs) -> Label:
 @register_rule("batch_norm")
 def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
     """Batch norm per channel. With batch statistics (training) it is invariant under translations of
-    its input and, for ``eps = 0``, under positive scalings; in eval mode the running statistics
-    transform instead (mean ``↦ d·mean + t``, var ``↦ d²·var``). Its affine part is a diagonal map."""
+    its input's bias and, for ``eps = 0``, under positive scalings; in eval mode the running statistics
+    transform with them (mean ``↦ d·mean + t``, var ``↦ d²·var``: a bias translation moves bias and
+    running mean together). Its affine part is a diagonal map.
+
+    torch requires ``eps > 0`` in training, where ``BN(d·x) = BN_{eps/d²}(x)``: the scaling would have
+    to move ``eps`` (one number for all channels), so it is no symmetry and is reported as blocked.
+    In eval mode ``eps = 0`` is allowed and the scalings are claimed."""
     label = _first(inputs)
     settings = data["settings"]
     buffers = data["buffers"]
     batch_statistics = settings["training"] or not settings.get("track_running_stats", True)
     kinds = {"S", "T"} | ({"PS"} if settings["eps"] == 0 else set())
     reason = f"{state.where(node)} normalises each channel" + (
-        "" if settings["eps"] == 0 else f" (eps = {settings['eps']} breaks its scale invariance; exact for eps = 0)")
+        "" if settings["eps"] == 0 else f" (eps = {settings['eps']} breaks its scale invariance: BN(d·x) is BN with "
+                                        "eps/d²; only eval mode admits eps = 0)")
     state.restrict_label(label, kinds, node, reason, blocked=settings["eps"] != 0)
     if not batch_statistics:
         for seg in label.segments:
-            state.bind(seg.site, Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out",
-                                         seg.power, buffer=True, node=node))
+            mean = Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out", seg.power,
+                           buffer=True, node=node)
+            state.bind(seg.site, mean)
             state.bind(seg.site, Binding(buffers["running_var"], 0, seg.offset, seg.width, seg.block, "out",
                                          2 * seg.power, buffer=True, node=node))
-            state.restrict(seg.site, ALL - {"T"}, node, f"{state.where(node)}: in eval mode a bias translation "
-                                                        "must move the running mean too (not modelled)", blocked=True)
+            site = state.site(seg.site)
+            if seg.block != 1:
+                state.restrict(seg.site, ALL - {"T"}, node, f"{state.where(node)}: channels in blocks", blocked=True)
+            site.translations[:] = [(kind, producer, family.extended(mean) if kind == "T" else family)
+                                    for kind, producer, family in site.translations]
     elif "running_mean" in buffers:
         for seg in label.segments:
             state.bind(seg.site, Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out",
@@ -503,12 +596,13 @@ def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
 
 @register_rule("layer_norm")
 def layer_norm_rule(state: Inference, node, data, inputs) -> Label:
-    """Layer norm over the feature axis: equivariant under permutations, invariant under shifts along
-    1; its gain and bias are a diagonal map."""
+    """Layer norm over the feature axis: equivariant under orthogonal maps fixing ``1`` (they keep the
+    mean and the norm of the centred vector; permutations among them), invariant under shifts along
+    ``1``; its gain and bias are a diagonal map (which leaves only the permutations)."""
     label = _first(inputs)
     if data["kind"] != "module" or len(data["settings"]["normalized_shape"]) != 1:
         return unknown_rule(state, node, data, inputs)
-    state.restrict_label(label, {"S", "T1"}, node, f"{state.where(node)}: layer norm")
+    state.restrict_label(label, {"O1", "S", "T1"}, node, f"{state.where(node)}: layer norm")
     normalised = label.map_segments(invariant=frozenset({"T1"}), power=Fraction(1))
     if "weight" not in data["params"]:
         return normalised
@@ -521,7 +615,7 @@ def rms_norm_rule(state: Inference, node, data, inputs) -> Label:
     label = _first(inputs)
     if data["kind"] != "module" or len(data["settings"]["normalized_shape"]) != 1 or label.dim != -1:
         return unknown_rule(state, node, data, inputs)
-    state.restrict_label(label, {"O", "SF", "S"}, node, f"{state.where(node)}: RMS norm")
+    state.restrict_label(label, {"O", "O1", "SF", "S"}, node, f"{state.where(node)}: RMS norm")
     normalised = label.map_segments(power=Fraction(1))
     if "weight" not in data["params"]:
         return normalised
@@ -530,18 +624,81 @@ def rms_norm_rule(state: Inference, node, data, inputs) -> Label:
 
 @register_rule("group_norm")
 def group_norm_rule(state: Inference, node, data, inputs) -> Label:
-    """Group norm: only its affine part (a diagonal map) is modelled; the input's symmetries stop here."""
+    """Group norm: ``G`` groups of ``n = C/G`` channels, each normalised over its channels and positions.
+
+    Per group it is invariant under a shift of the group's biases along ``1`` (``T``, one direction per
+    group) and equivariant under orthogonal maps of the group's channels fixing ``1`` (``O1``: they keep
+    the group's mean and variance); whole groups permute (``S(G)``). ``eps > 0`` breaks the per-group
+    scalings, as for batch norm. With an affine part (a diagonal map) the orthogonal maps shrink to
+    within-group permutations, which the single site of the affine output cannot express: only the
+    translations and the diagonal map's own scalings and sign flips are claimed then. Splitting the
+    input into group sites needs a site produced by the map just before the norm and read by it alone.
+    """
     label = _first(inputs)
-    state.restrict_label(label, set(), node, f"{state.where(node)}: group norm mixes channels within groups "
-                                             "(per-group symmetries are not modelled)", blocked=True)
-    out = Label.data(label.dim, label.size)
-    if "weight" not in data["params"] or label.size is None and not label.segments:
-        return out
-    channels = state.shapes[data["params"]["weight"]][0]
-    site = state.new_site(node, channels, [Binding(data["params"]["weight"], 0, 0, channels, node=node)] +
-                          ([Binding(data["params"]["bias"], 0, 0, channels, node=node)]
-                           if "bias" in data["params"] else []), allowed={"PS", "SF"})
-    return Label(label.dim, channels, (Segment(site, 0, channels),))
+    settings, params = data["settings"], data["params"]
+    shape = state.shape(data["inputs"][0])
+    if data["kind"] != "module" or shape is None or (label.segments and label.dim != 1 - len(shape)):
+        return unknown_rule(state, node, data, inputs)
+    groups, channels = settings["num_groups"], shape[1]
+    n = channels // groups
+    where = f"{state.where(node)}: group norm over {groups} groups of {n} channels"
+    aligned = all(seg.offset % n == 0 and seg.width % n == 0 and seg.block == 1 for seg in label.segments)
+    if not aligned:
+        state.restrict_label(label, set(), node, f"{where}: the input's sites straddle the groups", blocked=True)
+        return Label.data(label.dim, channels)
+    for seg in label.segments:
+        _group_translations(state.site(seg.site), n)
+    if "weight" not in params and _splittable(state, node, data, label, channels):
+        return Label(label.dim, channels, _split_into_groups(state, node, label.segments[0].site, groups, n, where))
+    state.restrict_label(label, {"T"}, node, f"{where}" + (" with an affine part (within-group permutations are not "
+                                                           "modelled)" if "weight" in params else ""))
+    normalised = label.map_segments(power=Fraction(0), invariant=frozenset({"T"}))
+    if "weight" not in params:
+        return normalised
+    return _diagonal_map(state, node, normalised, params["weight"], params.get("bias"), label.dim)
+
+
+def _group_translations(site, n: int) -> None:
+    """Keep the site's bias translations that are constant on every group of ``n`` channels: per-entry
+    shifts become one shift along ``1`` per group."""
+    kept = []
+    for kind, producer, family in site.translations:
+        first = family.regions[0]
+        if kind != "T" or family.pattern == "ones" and first.start % n == 0 and first.width % n == 0:
+            kept.append((kind, producer, family))
+        elif family.pattern == "entries":
+            kept += [(kind, producer, TranslationFamily("ones", tuple(r.restrict(j * n, n) for r in family.regions)))
+                     for j in range(first.width // n)]
+    site.translations[:] = kept
+
+
+def _splittable(state: Inference, node, data, label: Label, channels: int) -> bool:
+    """True when the input is one fresh site: made by the map just before ``node``, read only by it."""
+    if len(label.segments) != 1 or label.segments[0].width != channels:
+        return False
+    site = state.site(label.segments[0].site)
+    alone = all(state.ties[other.id] != state.ties[site.id] and
+                state.permutation_ties[other.id] != state.permutation_ties[site.id]
+                for other in state.sites if other.id != site.id)
+    return alone and data["inputs"][0] == site.node and state.users(site.node) == [node] and \
+        all(b.role == "out" for b in site.bindings)
+
+
+def _split_into_groups(state: Inference, node, site_id: int, groups: int, n: int, where: str) -> tuple:
+    """Replace the input site by one site per group (``O1``, ``S``, that group's translation) and a
+    site permuting whole groups; returns the output's segments."""
+    original = state.site(site_id)
+    original.dissolved = True
+    segments = []
+    for g in range(groups):
+        sub = state.new_site(original.node, n, [b.restrict(g * n, n) for b in original.bindings],
+                             name=f"{original.name}.group{g}", allowed=original.allowed)
+        state.site(sub).translations.extend(t for t in original.translations
+                                            if t[0] == "T" and t[2].regions[0].start == g * n)
+        state.restrict(sub, {"O1", "S", "T"}, node, where)
+        segments.append(Segment(sub, g * n, n, 1, Fraction(0), frozenset({"T"})))
+    whole = state.new_site(node, groups, [b.coarsen(n) for b in original.bindings], name=f"{node}.groups", allowed={"S"})
+    return tuple(segments) + (Segment(whole, 0, groups, n),)
 
 
 # -- attention ---------------------------------------------------------------------------------

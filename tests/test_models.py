@@ -45,7 +45,7 @@ def test_mlp_mixing_activations():
         ("fc2", "SignFlips(5)", 0), ("fc2", "S(5)", 0),
         ("fc3", "GL(3)", 9),
         ("fc4", "PositiveScaling(4, alpha=1)", 4), ("fc4", "S(4)", 0)])
-    assert checks == {"invariance", "gradient_orthogonality", "gd_drift"}
+    assert checks == {"invariance", "gradient_orthogonality", "gd_drift", "gradient_flow", "lowering"}
     assert analysis.blocked == ()
 
 
@@ -110,10 +110,21 @@ def test_batch_norm_in_eval_mode_permutes_running_statistics():
     model(torch.randn(5, 3, 8, 8, dtype=torch.float64))   # non-trivial running statistics
     model.eval()
     analysis, report, _ = analyse(model, torch.randn(5, 3, 8, 8))
-    assert ("c1", "S(4)", 0) in analysis.table()
-    assert not any(name.startswith("Translations") for _, name, _ in analysis.table())
+    # Theory: the running statistics replace the batch statistics, so a conv-bias translation leaves the
+    # output unchanged only when the running mean moves with it; eps > 0 still blocks the scalings.
+    assert table(analysis) == sorted([
+        ("c1", "Translations(4, bias)", 4), ("c1", "S(4)", 0), ("b1", "PositiveScaling(4, alpha=1)", 4),
+        ("c2", "Translations(6, bias)", 6), ("c2", "S(6)", 0), ("b2", "PositiveScaling(6, alpha=1)", 6)])
+    assert report.passed
     permutation = next(s for s in analysis.symmetries if s.label == "S(4) on c1")
     assert {"b1.running_mean", "b1.running_var"} <= set(permutation.tensors)
+    translation = next(s for s in analysis.symmetries if s.label == "Translations(4, bias) on c1")
+    assert translation.tensors == ("c1.bias", "b1.running_mean") and translation.acts_on_buffers
+    assert translation.conserved is None     # the running mean is not trained: no conservation law
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    moved = translation.apply(state, torch.arange(4.0, dtype=torch.float64))
+    torch.testing.assert_close(moved["b1.running_mean"] - state["b1.running_mean"], torch.arange(4.0, dtype=torch.float64))
+    torch.testing.assert_close(moved["c1.bias"] - state["c1.bias"], torch.arange(4.0, dtype=torch.float64))
 
 
 class BasicBlock(nn.Module):
@@ -161,7 +172,7 @@ def test_resnet_basic_blocks_with_identity_and_projection_shortcuts():
     assert set(stream.members) == {"bn", "block1_bn2"}
     permutation = next(s for s in analysis.symmetries if s.label == "S(6) on block2_shortcut_0")
     assert set(permutation.members) == {"block2_shortcut_0", "block2_shortcut_1", "block2_conv2"}
-    assert checks == {"invariance", "gradient_orthogonality", "gd_drift"}
+    assert checks == {"invariance", "gradient_orthogonality", "gd_drift", "gradient_flow", "lowering"}
 
 
 class PreNormBlock(nn.Module):
