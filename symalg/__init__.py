@@ -19,7 +19,7 @@ h
 >>> symalg.verify(analysis.subs({"n": 3, "h": 5, "m": 2})).passed
 True
 """
-from . import catalogue, groups, nn, report
+from . import catalogue, flat_minima, groups, minima_geometry, nn, report
 from .catalogue import CATALOGUE, CatalogueEntry, overlay, register
 from .derive import Analysis, Symmetry, derive, parameter_symbols
 from .frontend import Spec, from_torch, parse, to_module, to_spec_string
@@ -34,7 +34,7 @@ from .model_derive import ModelAnalysis, ModelSymmetry, derive_model
 __all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry", "LoweredFunction", "Site", "Spec",
            "SpecError", "Symmetry", "catalogue", "derive", "from_torch", "groups", "infer_sites", "lower",
            "network_function", "nn", "overlay", "parameter_symbols", "parse", "random_data", "random_params",
-           "register", "report", "trace", "ModelGraph", "ModelAnalysis", "ModelSymmetry", "derive_model", "to_module",
+           "register", "report", "trace", "flat_minima", "minima_geometry", "ModelGraph", "ModelAnalysis", "ModelSymmetry", "derive_model", "to_module",
            "to_spec_string", "validate", "verify"]
 __version__ = "0.1.0"
 

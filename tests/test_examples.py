@@ -51,3 +51,29 @@ def test_two_layer_linear_gradient_descent_drift(two_layer_linear):
     values = _values(two_layer_linear[0].stdout)
     assert 1.8 <= values["fitted_slope"] <= 2.2
     assert values["max_step_identity_error"] < 1e-9
+
+
+def _run(script: str, tmp_path) -> dict[str, float]:
+    result = subprocess.run([sys.executable, str(EXAMPLES / script), "--quick", "--out", str(tmp_path)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return _values(result.stdout)
+
+
+def test_minima_components(tmp_path):
+    values = _run("minima_components.py", tmp_path)
+    assert values["component_count_mismatches"] == 0
+    assert values["crossing_barrier_max_relative_error"] < 1e-8
+    assert values["straight_segment_min_excess_over_barrier"] >= 1 - 1e-9
+    assert values["permutation_pairs_not_connected"] == 0
+    assert values["residual_components_eps_0"] == 4 and values["residual_components_eps_0_5"] == 3
+
+
+def test_minima_curves_and_barriers(tmp_path):
+    values = _run("minima_curves_barriers.py", tmp_path)
+    assert values["curvature_fd_max_relative_error"] < 1e-6
+    assert values["bound_pointwise_violations"] == 0
+    assert values["tightness_ratio_smallest_dt"] > 0.98
+    assert values["helix_distance"] > 10 * values["helix_dissertation_sagitta"]
+    assert values["homogeneous_max_abs_error"] < 1e-8
+    assert values["prop_3_3_3_loss_at_printed_m"] < 1 < values["prop_3_3_3_loss_at_corrected_m"]
