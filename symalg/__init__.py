@@ -31,10 +31,10 @@ from .verification import verify
 from .tracing import ModelGraph, trace
 from .model_derive import ModelAnalysis, ModelSymmetry, derive_model
 
-__all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry", "LoweredFunction", "Site", "Spec",
-           "SpecError", "Symmetry", "catalogue", "derive", "from_torch", "groups", "infer_sites", "lower",
-           "network_function", "nn", "overlay", "parameter_symbols", "parse", "random_data", "random_params",
-           "register", "report", "trace", "flat_minima", "minima_geometry", "ModelGraph", "ModelAnalysis", "ModelSymmetry", "derive_model", "to_module",
-           "to_spec_string", "validate", "verify"]
+__all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "catalogue", "CatalogueEntry", "derive", "derive_model",
+           "flat_minima", "from_torch", "groups", "infer_sites", "lower", "LoweredFunction", "minima_geometry",
+           "ModelAnalysis", "ModelGraph", "ModelSymmetry", "network_function", "nn", "overlay", "parameter_symbols",
+           "parse", "random_data", "random_params", "register", "report", "Site", "Spec", "SpecError", "Symmetry",
+           "to_module", "to_spec_string", "trace", "validate", "verify"]
 __version__ = "0.1.0"
 
