@@ -19,7 +19,8 @@ h
 >>> symalg.verify(analysis.subs({"n": 3, "h": 5, "m": 2})).passed
 True
 """
-from . import catalogue, flat_minima, groups, minima_geometry, nn, nonlinear_actions, report, teleport_actions
+from . import (catalogue, conjugated, ensembles, flat_minima, groups, loss_symmetries, minima_geometry, nn, nonlinear_actions,
+               report, teleport_actions)
 from .catalogue import CATALOGUE, CatalogueEntry, overlay, register
 from .derive import Analysis, Symmetry, derive, parameter_symbols
 from .frontend import Spec, from_torch, parse, to_module, to_spec_string
@@ -31,10 +32,11 @@ from .verification import verify
 from .tracing import ModelGraph, trace
 from .model_derive import ModelAnalysis, ModelSymmetry, derive_model
 
-__all__ = ["Analysis", "Architecture", "Blocked", "catalogue", "CATALOGUE", "CatalogueEntry", "derive", "derive_model",
-           "flat_minima", "from_torch", "groups", "infer_sites", "lower", "LoweredFunction", "minima_geometry",
-           "ModelAnalysis", "ModelGraph", "ModelSymmetry", "network_function", "nn", "nonlinear_actions", "overlay",
-           "parameter_symbols", "parse", "random_data", "random_params", "register", "report", "Site", "Spec",
-           "SpecError", "Symmetry", "teleport_actions", "to_module", "to_spec_string", "trace", "validate", "verify"]
+__all__ = ["Analysis", "Architecture", "Blocked", "catalogue", "CATALOGUE", "CatalogueEntry", "conjugated", "derive",
+           "derive_model", "ensembles", "flat_minima", "from_torch", "groups", "infer_sites", "loss_symmetries",
+           "lower", "LoweredFunction", "minima_geometry", "ModelAnalysis", "ModelGraph", "ModelSymmetry",
+           "network_function", "nn", "nonlinear_actions", "overlay", "parameter_symbols", "parse", "random_data",
+           "random_params", "register", "report", "Site", "Spec", "SpecError", "Symmetry", "teleport_actions",
+           "to_module", "to_spec_string", "trace", "validate", "verify"]
 __version__ = "0.1.0"
 

@@ -32,6 +32,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from .groups import matrix_exp
+
 __all__ = [
     "end_to_end", "deep_linear_loss", "least_squares", "component_label", "component_count",
     "reachable_labels", "sample_minimum", "singular_points", "chart_path", "chart_adjacency",
@@ -337,7 +339,7 @@ def exp_factors(g: torch.Tensor) -> list[torch.Tensor]:
     >>> g = torch.diag(torch.tensor([-1., -2.], dtype=torch.float64))
     >>> product = torch.eye(2, dtype=torch.float64)
     >>> for M in exp_factors(g):
-    ...     product = product @ torch.linalg.matrix_exp(M)
+    ...     product = product @ matrix_exp(M)
     >>> torch.allclose(product, g)
     True
     """
@@ -354,7 +356,7 @@ def exp_factors(g: torch.Tensor) -> list[torch.Tensor]:
         for row in range(h - 1, col, -1):
             angle = torch.atan2(r[row, col], r[row - 1, col])
             J = _plane_generator(h, row - 1, row, g.dtype)
-            r = torch.linalg.matrix_exp(angle * J) @ r
+            r = matrix_exp(angle * J) @ r
             rotations.append(-angle * J)
     # r is now orthogonal upper triangular with r[c, c] ≥ 0 for c < h − 1 and det r = 1: r = I, Q = ∏ exp(−θ J).
     return rotations + [Vh.mT @ torch.diag(S.log()) @ Vh]
@@ -363,7 +365,7 @@ def exp_factors(g: torch.Tensor) -> list[torch.Tensor]:
 def _path_element(factors: Sequence[torch.Tensor], t: float) -> torch.Tensor:
     element = torch.eye(factors[-1].shape[-1], dtype=factors[-1].dtype)
     for M in factors:
-        element = element @ torch.linalg.matrix_exp(t * M)
+        element = element @ matrix_exp(t * M)
     return element
 
 
@@ -442,7 +444,7 @@ def orbit_curve(weights: Weights, M: Sequence[torch.Tensor], t) -> list[torch.Te
     _check_generators(weights, M)
     t = torch.as_tensor(t, dtype=weights[0].dtype)
     t = t.reshape(-1, 1, 1) if t.ndim else t
-    return _act(weights, [torch.linalg.matrix_exp(t * m) for m in M], [torch.linalg.matrix_exp(-t * m) for m in M])
+    return _act(weights, [matrix_exp(t * m) for m in M], [matrix_exp(-t * m) for m in M])
 
 
 def _flat(tensors: Weights) -> torch.Tensor:

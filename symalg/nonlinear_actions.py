@@ -60,6 +60,8 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
+from .groups import matrix_exp
+
 __all__ = ["TOLERANCES", "Cocycle", "CocycleCheck", "DataDependentAction", "FeedForward", "FrameCocycle",
            "LipschitzBounds", "check_cocycle", "frame", "lipschitz_bounds", "random_gl", "rotation_matrix",
            "spherical_coordinates", "spherical_frame", "two_layer_action"]
@@ -456,7 +458,7 @@ def random_gl(n: int, scale: float = 0.5, batch: Sequence[int] = (), generator: 
     ``generator`` gives the same draws everywhere), then moved to ``device``.
     """
     noise = torch.randn(*batch, n, n, generator=generator, dtype=dtype or torch.get_default_dtype())
-    return torch.linalg.matrix_exp(scale * noise / n ** 0.5).to(device)
+    return matrix_exp(scale * noise / n ** 0.5).to(device)
 
 
 # -------------------------------------------------------------------------------------------- Lipschitz

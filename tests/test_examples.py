@@ -77,3 +77,11 @@ def test_minima_curves_and_barriers(tmp_path):
     assert values["helix_distance"] > 10 * values["helix_dissertation_sagitta"]
     assert values["homogeneous_max_abs_error"] < 1e-8
     assert values["prop_3_3_3_loss_at_printed_m"] < 1 < values["prop_3_3_3_loss_at_corrected_m"]
+
+
+def test_symmetry_ensembles(tmp_path):
+    values = _run("symmetry_ensembles.py", tmp_path)
+    # members keep the base model's accuracy far better than random moves of the same size
+    assert values["symmetry_s_1_clean"] > values["perturbation_s_1_clean"] + 0.1
+    assert abs(values["symmetry_per_input_clean"] - values["base_clean"]) < 1e-12
+    assert (tmp_path / "symmetry_ensembles.png").stat().st_size > 0
