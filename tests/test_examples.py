@@ -53,8 +53,10 @@ def test_two_layer_linear_gradient_descent_drift(two_layer_linear):
     assert values["max_step_identity_error"] < 1e-9
 
 
-def _run(script: str, tmp_path) -> dict[str, float]:
-    result = subprocess.run([sys.executable, str(EXAMPLES / script), "--quick", "--out", str(tmp_path)],
+def _run(script: str, tmp_path=None) -> dict[str, float]:
+    """Run an example in quick mode (plots into ``tmp_path`` when given) and return its tokens."""
+    out = ["--out", str(tmp_path)] if tmp_path is not None else []
+    result = subprocess.run([sys.executable, str(EXAMPLES / script), "--quick", *out],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     return _values(result.stdout)
@@ -85,3 +87,21 @@ def test_symmetry_ensembles(tmp_path):
     assert values["symmetry_s_1_clean"] > values["perturbation_s_1_clean"] + 0.1
     assert abs(values["symmetry_per_input_clean"] - values["base_clean"]) < 1e-12
     assert (tmp_path / "symmetry_ensembles.png").stat().st_size > 0
+
+
+def test_conjugated_actions():
+    values = _run("conjugated_actions.py")
+    for name in ("booth", "rosenbrock", "ellipse", "quadratic_form", "rosenbrock4"):
+        assert values[f"{name}_passed"] == 1
+        assert values[f"{name}_invariance"] < 1e-10 and values[f"{name}_transitivity"] < 1e-10
+    # where theory says the action is not transitive, the example measures a real miss
+    assert values["subgroup_transitivity"] > 0.1 and values["ring_across"] > 0.1 and values["exp_map_refused"] == 1
+
+
+def test_loss_symmetries():
+    values = _run("loss_symmetries.py")
+    for name in ("spectral", "infonce", "mean_residual", "moments_mse", "batch_mse", "gaussian"):
+        assert values[f"{name}_passed"] == 1, name
+    assert values["barlow_passed"] == 0 and values["mean_mse_passed"] == 0   # the negative controls
+    assert values["gaussian_invariance"] < 1e-10
+    assert values["control_change"] > 1e-2 and values["fresh_batch_change"] > 1e-2
