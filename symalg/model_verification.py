@@ -25,6 +25,12 @@ assertions):
     quantity reading more than ``symbolic_limit`` entries (exact rational arithmetic on explicit
     matrices grows with their size).
 
+``orbit_dimension``
+    the orbit dimension at the verified parameters, computed with the structure of the action
+    (:func:`symalg.orbit_rank.model_orbit_dimension`), equals its generic formula and the dense
+    Jacobian's rank (the latter where that Jacobian fits in ``DENSE_ORBIT_BYTES``); skipped when
+    neither exists.
+
 Actions that move buffers have no conserved quantity, so ``gd_drift``, ``gradient_flow`` and
 ``lowering`` have nothing to check for them.
 
@@ -124,7 +130,36 @@ def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dty
     checks += _gradient_flow(conserving, loss, state, params, grads, tol, flow_steps)
     with torch.no_grad():
         checks += [_lowering(s, state, tol, symbolic_limit) for s in conserving]
+    checks.append(_orbit_dimension(analysis, state))
     return VerificationReport(tuple(checks), dtype, device)
+
+
+DENSE_ORBIT_BYTES = 64 * 2 ** 20
+"""Largest Jacobian the ``orbit_dimension`` check builds for the dense baseline."""
+
+
+def _orbit_dimension(analysis, state) -> CheckResult:
+    """The structured orbit dimension at the verified parameters (:mod:`symalg.orbit_rank`) against its
+    generic formula and, where the Jacobian is small, the dense baseline; integers, so exact equality."""
+    from .orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
+
+    structured = model_orbit_dimension(analysis, state)
+    compared = {}
+    try:
+        compared["formula"] = int(model_orbit_dimension_formula(analysis))
+    except NotImplementedError:
+        pass
+    try:
+        compared["dense"] = model_orbit_dimension(analysis, state, method="dense", max_bytes=DENSE_ORBIT_BYTES).dimension
+    except MemoryError:
+        pass
+    detail = f"structured {structured.dimension} of {structured.algebra_dim}"
+    if not compared:
+        return CheckResult("orbit_dimension", "*", float("nan"), 0.0, detail + "; no formula, dense Jacobian too large",
+                           skipped=True)
+    error = max(abs(value - structured.dimension) for value in compared.values())
+    detail += "".join(f", {name} {value}" for name, value in compared.items())
+    return CheckResult("orbit_dimension", "*", float(error), 0.0, detail)
 
 
 def _elements(symmetry, generator, dtype, device):

@@ -182,3 +182,15 @@ def test_gradient_flow_fails_for_a_quantity_that_is_not_conserved(monkeypatch):
     assert flow.failed and flow.max_error > 1e3 * flow.tolerance and "C_wrong" in flow.detail
     assert checks_of(report, "lowering")[symmetry.label].passed      # its lowering is right, it is just not conserved
     assert checks_of(report, "gd_drift")[symmetry.label].failed
+
+
+def test_orbit_dimension_is_checked_against_formula_and_dense_rank():
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2), nn.Identity(), nn.Linear(2, 4)).double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
+    (check,) = [c for c in verify_model(analysis).checks if c.check == "orbit_dimension"]
+    # 5 scalings + GL(2) between a 5-wide input and a 4-wide output: 5 + 4 = 9
+    assert check.passed and check.detail == "structured 9 of 9, formula 9, dense 9"
+    with torch.no_grad():       # neuron 0 cut off on both sides: its scaling stops moving anything
+        model[0].weight[0], model[0].bias[0], model[2].weight[:, 0] = 0, 0, 0
+    (check,) = [c for c in verify_model(analysis).checks if c.check == "orbit_dimension"]
+    assert check.failed and check.detail == "structured 8 of 9, formula 9, dense 8"
