@@ -20,7 +20,7 @@ h
 True
 """
 from . import (catalogue, conjugated, ensembles, flat_minima, groups, loss_symmetries, minima_geometry, nn, nonlinear_actions,
-               orbit_rank, report, teleport, teleport_actions, teleport_optim)
+               orbit_rank, report, symmetry_init, teleport, teleport_actions, teleport_optim)
 from .catalogue import CATALOGUE, CatalogueEntry, overlay, register
 from .derive import Analysis, Symmetry, derive, parameter_symbols
 from .frontend import Spec, from_torch, parse, to_module, to_spec_string
@@ -33,12 +33,12 @@ from .verification import verify
 from .tracing import ModelGraph, trace
 from .model_derive import ModelAnalysis, ModelSymmetry, derive_model
 
-__all__ = ["Analysis", "Architecture", "Blocked", "catalogue", "CATALOGUE", "CatalogueEntry", "conjugated", "derive",
+__all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "catalogue", "CatalogueEntry", "conjugated", "derive",
            "derive_model", "ensembles", "flat_minima", "from_torch", "groups", "infer_sites", "loss_symmetries",
            "lower", "LoweredFunction", "minima_geometry", "model_orbit_dimension", "model_orbit_dimension_formula",
            "ModelAnalysis", "ModelGraph", "ModelSymmetry", "network_function", "nn", "nonlinear_actions",
            "orbit_rank", "OrbitDimension", "overlay", "parameter_symbols", "parse", "random_data", "random_params",
-           "register", "report", "Site", "Spec", "SpecError", "Symmetry", "teleport", "teleport_actions",
-           "teleport_optim", "to_module", "to_spec_string", "trace", "validate", "verify"]
+           "register", "report", "Site", "Spec", "SpecError", "Symmetry", "symmetry_init", "teleport",
+           "teleport_actions", "teleport_optim", "to_module", "to_spec_string", "trace", "validate", "verify"]
 __version__ = "0.1.0"
 

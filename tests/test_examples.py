@@ -105,3 +105,8 @@ def test_loss_symmetries():
     assert values["barlow_passed"] == 0 and values["mean_mse_passed"] == 0   # the negative controls
     assert values["gaussian_invariance"] < 1e-10
     assert values["control_change"] > 1e-2 and values["fresh_batch_change"] > 1e-2
+
+
+def test_symmetry_init(tmp_path):
+    values = _run("symmetry_init.py", tmp_path)
+    assert values["max_function_change"] < 1e-12     # the initialisations differ only by group elements
