@@ -505,6 +505,10 @@ def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str
     if missing:
         raise ValueError(f"optimizer_metric: named_params {missing} are not in the optimizer's parameter groups")
 
+    def root(v: torch.Tensor) -> torch.Tensor:
+        """``√v`` with a finite derivative where ``v = 0`` (a unit that has had no gradient yet)."""
+        return v.clamp_min(torch.finfo(v.dtype).tiny).sqrt()
+
     def metric(grads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = {}
         for name, g in grads.items():
@@ -513,19 +517,19 @@ def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str
             p = named_params[name]
             group, state = groups[id(p)], optimizer.state.get(p, {})
             if kind == "Adagrad":
-                out[name] = 1 / ((state["sum"] + g * g).sqrt() + group["eps"])
+                out[name] = 1 / (root(state["sum"] + g * g) + group["eps"])
             elif kind == "RMSprop":
                 if group["centered"]:
                     raise ValueError("optimizer_metric: centered RMSprop is not supported (its P depends on the mean)")
                 v = group["alpha"] * state.get("square_avg", torch.zeros_like(g)) + (1 - group["alpha"]) * g * g
-                out[name] = 1 / (v.sqrt() + group["eps"])
+                out[name] = 1 / (root(v) + group["eps"])
             elif kind in ("Adam", "AdamW"):
                 if group["amsgrad"]:
                     raise ValueError("optimizer_metric: amsgrad is not supported")
                 beta2 = group["betas"][1]
                 step = float(state.get("step", 0)) + 1
                 v = beta2 * state.get("exp_avg_sq", torch.zeros_like(g)) + (1 - beta2) * g * g
-                out[name] = 1 / ((v / (1 - beta2 ** step)).sqrt() + group["eps"])
+                out[name] = 1 / (root(v / (1 - beta2 ** step)) + group["eps"])
             else:
                 out[name] = torch.ones_like(g)
         return out
@@ -675,7 +679,10 @@ class Teleporter:
                 (grad,) = torch.autograd.grad(objective, z, allow_unused=True)
             if history[-1] is None:
                 history[-1] = float(objective.detach())
-            if grad is None or not torch.isfinite(grad).all():
+            if grad is None:
+                break
+            if not torch.isfinite(grad).all():
+                note = f"stopped after {steps} steps: the objective's gradient in the coordinates is not finite"
                 break
             delta = self.sign * self.lr * scale * grad
             norm = float(delta.norm())
