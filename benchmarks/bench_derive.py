@@ -197,7 +197,8 @@ def main(argv=None) -> None:
     for depth, acts in configs:
         # depth 1000 takes ~10-15 s per cold run: one run, and the warm pass only at small depths.
         repeats = small_repeats if depth <= 100 else (args.repeats or 1)
-        row = measure(depth, acts, repeats, memory=memory and acts == RELU and depth <= args.tracemalloc_max_depth, warm=depth <= 100)
+        traced = memory and acts == RELU and depth <= args.tracemalloc_max_depth
+        row = measure(depth, acts, repeats, memory=traced, warm=depth <= 100)
         rows.append(row)
         print(f"  depth {depth:>5} {row['activations']:>20}: total {row['total']:.3f} s "
               f"({1e3 * row['total'] / depth:.2f} ms/layer, {repeats} run(s))", flush=True)

@@ -69,7 +69,7 @@ import torch
 
 from .groups import Orthogonal, SiteGroup, matrix_exp
 from .lowering import identifier, torch_source
-from .verification import CheckResult, VerificationReport, _rk4
+from .verification import CheckResult, VerificationReport, rk4
 
 __all__ = ["ConjugatedAction", "TestFunction", "ComponentFunction", "lower_components", "group_elements",
            "check_group_axioms", "quadratic_form", "ellipse", "rosenbrock", "booth", "sample_level_set",
@@ -554,7 +554,7 @@ class TestFunction:
             leaf = state["x"].detach().clone().requires_grad_(True)
             return {"x": -torch.autograd.grad(self.loss(leaf).sum(), leaf)[0]}
 
-        end = _rk4(field_, {"x": x}, dt, steps)["x"]
+        end = rk4(field_, {"x": x}, dt, steps)["x"]
         before, after = invariants(x), invariants(end)
         error = ((after - before).abs() / before.abs().clamp_min(1.0)).max().item()
         moved = _relative(end, x).max().item()

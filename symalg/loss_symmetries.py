@@ -69,11 +69,10 @@ import sympy as sp
 import torch
 
 from .conjugated import TOLERANCE, check_group_axioms, group_elements
-from .groups import matrix_exp
-from .groups import GeneralLinear, Orthogonal, SiteGroup
-from .lowering import LoweredFunction, evaluate_symbolic, lower
-from .verification import (CheckResult, VerificationReport, _check_angular_momentum, _check_gd_drift, _check_gradient_flow,
-                           _gradients, _relative)
+from .groups import GeneralLinear, Orthogonal, SiteGroup, matrix_exp
+from .lowering import LoweredFunction, lower
+from .verification import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift, check_gradient_flow,
+                           compare_to_sympy, loss_gradients, relative_error)
 
 __all__ = ["GramLossSymmetry", "MomentStabiliser", "DistributionSymmetry", "spectral_contrastive_loss", "info_nce_loss",
            "barlow_twins_loss", "two_view_loss", "moments", "gaussian_expectation", "paired_monte_carlo"]
@@ -112,7 +111,7 @@ def two_view_loss(forward: Callable, loss_fn: Callable, x1: torch.Tensor, x2: to
 
 # -- shared verification helpers ----------------------------------------------------------------------------
 def _params_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
-    return max(_relative(a[k], b[k]) for k in b)
+    return max(relative_error(a[k], b[k]) for k in b)
 
 
 def _check_lowering(name: str, lowered: Mapping[str, torch.Tensor], exprs: Mapping, values: Mapping, tol: float,
@@ -121,9 +120,7 @@ def _check_lowering(name: str, lowered: Mapping[str, torch.Tensor], exprs: Mappi
 
     The expressions are expanded first: SymPy evaluates a product with a factor ``I − F(FᵀF)⁻¹Fᵀ`` entry by
     entry through symbolic sums (seconds), its expansion as plain matrix products (milliseconds)."""
-    error = max(_relative(lowered[k].detach().cpu().double(),
-                          torch.from_numpy(evaluate_symbolic(e.expand(), values)).reshape(lowered[k].shape))
-                for k, e in exprs.items())
+    error = compare_to_sympy(lowered, {k: e.expand() for k, e in exprs.items()}, values)
     return CheckResult("lowering", name, error, tol, detail)
 
 
@@ -280,20 +277,20 @@ class GramLossSymmetry:
         base = loss(params)
         worst, where = 0.0, ""
         for label, g in elements:
-            error = _relative(loss(self.apply(params, g)), base)
+            error = relative_error(loss(self.apply(params, g)), base)
             if not error < worst:
                 worst, where = error, label
         checks = [CheckResult("invariance", self.label, worst, tolerance, f"loss on the given batch, worst: {where}")]
         if outputs is not None:
             Y, moved = outputs(params), outputs(self.apply(params, elements[-1][1]))
-            gram = _relative(moved @ moved.transpose(-1, -2), Y @ Y.transpose(-1, -2))
+            gram = relative_error(moved @ moved.transpose(-1, -2), Y @ Y.transpose(-1, -2))
             checks.append(CheckResult("gram_invariance", self.label, gram, tolerance,
-                                      f"outputs themselves moved by {_relative(moved, Y):.2f} (relative)"))
-        grads = _gradients(loss, params)
+                                      f"outputs themselves moved by {relative_error(moved, Y):.2f} (relative)"))
+        grads = loss_gradients(loss, params)
         basis = self.group.algebra_basis(dtype, device)
         with torch.no_grad():
             checks.append(_check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads, tolerance))
-        checks += _check_angular_momentum(self, loss, params, grads, generator, tolerance)
+        checks += check_angular_momentum(self, loss, params, grads, generator, tolerance)
         with torch.no_grad():
             checks.append(check_group_axioms(self.label, self.apply, params, elements[-1][1], elements[0][1],
                                              _params_distance, tolerance))
@@ -353,7 +350,7 @@ class MomentStabiliser(SiteGroup):
             raise ValueError(f"MomentStabiliser: fixed must be an n × k tensor with n = {n}, got "
                              f"{getattr(self.fixed, 'shape', type(self.fixed).__name__)}")
         if self.form is not None:
-            symmetric = self.form.shape == (n, n) and _relative(self.form, self.form.T) <= 1e-12
+            symmetric = self.form.shape == (n, n) and relative_error(self.form, self.form.T) <= 1e-12
             if not symmetric or torch.linalg.eigvalsh(self.form).min() <= 0:
                 raise ValueError(f"MomentStabiliser: form must be a symmetric positive-definite {n} × {n} matrix")
 
@@ -409,9 +406,9 @@ class MomentStabiliser(SiteGroup):
         F = self.fixed.to(g)
         if singular:
             return "it is singular"
-        if _relative(g @ F, F) > tol:
+        if relative_error(g @ F, F) > tol:
             return "A F ≠ F"
-        if self.form is not None and _relative(g @ self.form.to(g) @ g.transpose(-1, -2), self.form.to(g)) > tol:
+        if self.form is not None and relative_error(g @ self.form.to(g) @ g.transpose(-1, -2), self.form.to(g)) > tol:
             return "A S Aᵀ ≠ S"
         return None
 
@@ -693,17 +690,17 @@ class DistributionSymmetry:
         base = expected_loss(params)
         worst, where = 0.0, ""
         for label, g in elements:
-            error = _relative(expected_loss(self.apply(params, g)), base)
+            error = relative_error(expected_loss(self.apply(params, g)), base)
             if not error < worst:
                 worst, where = error, label
         checks = [CheckResult("invariance", self.label, worst, tolerance, f"expected loss, worst: {where}")]
-        grads = _gradients(expected_loss, params)
+        grads = loss_gradients(expected_loss, params)
         basis = self.group.algebra_basis(dtype, device)
         with torch.no_grad():
             checks.append(_check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads, tolerance))
             for q in self.conserved_quantities():
-                checks.append(_check_gd_drift(q, params, grads, tolerance))
-        checks += _check_gradient_flow(self, expected_loss, params, grads, tolerance)
+                checks.append(check_gd_drift(q, params, grads, tolerance))
+        checks += check_gradient_flow(self, expected_loss, params, grads, tolerance)
         with torch.no_grad():
             if self.lowered_relation is not None:
                 J = self.relation(params, -grads[self.weight])

@@ -20,7 +20,7 @@ assertions):
     passed along unchanged (training-mode running statistics are updated on copies).
 ``lowering``
     each lowered conserved quantity equals SymPy's exact evaluation of its expressions at the same
-    numbers (:func:`symalg.verification._compare`). Every symbol holds its tensor unfolded by its read
+    numbers (:func:`symalg.verification.compare_to_sympy`). Every symbol holds its tensor unfolded by its read
     suffix, as the lowered code reads it, so the check covers the printed expression. Skipped for a
     quantity reading more than ``symbolic_limit`` entries (exact rational arithmetic on explicit
     matrices grows with their size).
@@ -50,8 +50,8 @@ from torch.func import functional_call
 
 from .graph import SpecError
 from .groups import Translations
-from .verification import (TOLERANCES, CheckResult, VerificationReport, _compare, _flow, _gradients, _relative,
-                           check_device)
+from .verification import (TOLERANCES, CheckResult, VerificationReport, check_device, compare_to_sympy,
+                           integrate_gradient_flow, loss_gradients, relative_error)
 
 __all__ = ["verify_model"]
 
@@ -118,7 +118,7 @@ def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dty
         return loss_of(forward({**state, **params}))
 
     params = {k: state[k] for k in parameter_names}
-    grads = _gradients(loss, params)
+    grads = loss_gradients(loss, params)
     checks = []
     for symmetry in analysis.symmetries:
         checks.append(_invariance(symmetry, state, forward, loss_of, observed, generator, dtype, device, tol))
@@ -180,7 +180,7 @@ def _invariance(symmetry, state, forward, loss_of, observed, generator, dtype, d
         worst, detail = 0.0, ""
         for description, g in _elements(symmetry, generator, dtype, device):
             moved = forward(symmetry.apply(state, g))
-            error = max(_relative(observed(moved), observed(output)), _relative(loss_of(moved), base_loss))
+            error = max(relative_error(observed(moved), observed(output)), relative_error(loss_of(moved), base_loss))
             if not error <= worst:
                 worst, detail = error, description
     return CheckResult("invariance", symmetry.label, worst, tol, detail)
@@ -218,7 +218,7 @@ def _drift(symmetry, state, grads, learning_rate, tol) -> CheckResult:
 
 def _deviation(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Relative difference; absolute where ``expected`` is exactly zero (a quantity that is 0 at θ)."""
-    return _relative(actual, expected) if expected.abs().max() > 0 else (actual - expected).abs().max().item()
+    return relative_error(actual, expected) if expected.abs().max() > 0 else (actual - expected).abs().max().item()
 
 
 def _gradient_flow(symmetries, loss, state, params, grads, tol, steps) -> list[CheckResult]:
@@ -232,7 +232,7 @@ def _gradient_flow(symmetries, loss, state, params, grads, tol, steps) -> list[C
     """
     if not symmetries:
         return []
-    flowed, detail = _flow(loss, params, grads, steps, max_move=min(1e-4, math.sqrt(tol / steps)))
+    flowed, detail = integrate_gradient_flow(loss, params, grads, steps, max_move=min(1e-4, math.sqrt(tol / steps)))
     results = []
     for symmetry in symmetries:
         quantity = symmetry.conserved
@@ -250,7 +250,7 @@ def _lowering(symmetry, state, tol, symbolic_limit) -> CheckResult:
     if size > symbolic_limit:
         return CheckResult("lowering", symmetry.label, float("nan"), tol, f"{quantity.name} reads {size} entries > "
                            f"symbolic_limit={symbolic_limit}: exact SymPy evaluation skipped", skipped=True)
-    return CheckResult("lowering", symmetry.label, _compare(quantity(state), quantity.exprs, values), tol,
+    return CheckResult("lowering", symmetry.label, compare_to_sympy(quantity(state), quantity.exprs, values), tol,
                        f"{quantity.name} vs SymPy")
 
 

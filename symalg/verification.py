@@ -38,7 +38,10 @@ from .groups import GeneralLinear, Orthogonal
 from .lowering import evaluate_symbolic
 from .numeric import mse_loss, network_function, random_data, random_params
 
-__all__ = ["verify", "check_device", "default_widths", "CheckResult", "VerificationReport", "TOLERANCES"]
+__all__ = ["verify", "check_device", "default_widths", "CheckResult", "VerificationReport", "TOLERANCES",
+           # building blocks shared with the other verifiers (traced models, loss symmetries, conjugated actions)
+           "check_angular_momentum", "check_gd_drift", "check_gradient_flow", "compare_to_sympy", "integrate_gradient_flow",
+           "loss_gradients", "relative_error", "rk4"]
 
 TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
 """Relative tolerance of every check, keyed by dtype."""
@@ -101,12 +104,14 @@ class VerificationReport:
         return "\n".join([str(c) for c in self.checks] + [self.summary()])
 
 
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max|a − b| / max(max|a|, max|b|)`` (the dtype's smallest positive number when both vanish)."""
     scale = max(a.abs().max().item(), b.abs().max().item(), torch.finfo(a.dtype).tiny)
     return (a - b).abs().max().item() / scale
 
 
-def _gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def loss_gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``∇L`` at ``params`` (``{name: tensor}``), taken on detached copies: ``params`` are not touched."""
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
     value = loss(leaves)
     grads = torch.autograd.grad(value, list(leaves.values()))
@@ -133,7 +138,7 @@ def _check_invariance(symmetry, forward, loss, params, x, generator, tol):
     worst, where = 0.0, ""
     for label, g in _elements(symmetry, generator, reference_out.dtype, reference_out.device):
         moved = symmetry.apply(params, g)
-        error = max(_relative(forward(moved, x), reference_out), _relative(loss(moved), reference_loss))
+        error = max(relative_error(forward(moved, x), reference_out), relative_error(loss(moved), reference_loss))
         if error >= worst:
             worst, where = error, label
     return CheckResult("invariance", symmetry.label, worst, tol, f"worst: {where}")
@@ -150,7 +155,7 @@ def _check_gradient_orthogonality(symmetry, params, grads, tol):
     return CheckResult("gradient_orthogonality", symmetry.label, error, tol, f"{basis.shape[0]} generators")
 
 
-def _check_gd_drift(quantity: ConservedQuantity, params, grads, tol, learning_rate=0.1):
+def check_gd_drift(quantity: ConservedQuantity, params, grads, tol, learning_rate=0.1):
     """``C(θ − η g) − C(θ) = η² C(g)``; the error is relative to the size of ``C(θ)`` and of the drift."""
     value = quantity(params)
     drift = quantity({k: v - learning_rate * grads[k] for k, v in params.items()}) - value
@@ -160,7 +165,7 @@ def _check_gd_drift(quantity: ConservedQuantity, params, grads, tol, learning_ra
                        f"ΔC = η² C(∇L), η = {learning_rate}, max|ΔC| = {drift.abs().max().item():.2e}")
 
 
-def _rk4(field, state: dict, dt: float, steps: int) -> dict:
+def rk4(field, state: dict, dt: float, steps: int) -> dict:
     """Integrate ``d state/dt = field(state)`` (dicts of tensors) with the classical RK4 scheme."""
     for _ in range(steps):
         k1 = field(state)
@@ -179,27 +184,27 @@ def _flow_step(params, grads, max_dt=2.5e-4, max_move=1e-4) -> float:
     return min(max_dt, max_move * theta / max(grad, 1e-300))
 
 
-def _flow(loss, params, grads, steps: int, max_move: float = 1e-4) -> tuple[dict, str]:
+def integrate_gradient_flow(loss, params, grads, steps: int, max_move: float = 1e-4) -> tuple[dict, str]:
     """``θ(T)`` along gradient flow ``θ̇ = −∇L`` from ``params`` (RK4, ``steps`` of :func:`_flow_step`),
     and a description of the run for the report."""
     dt = _flow_step(params, grads, max_move=max_move)
-    flowed = _rk4(lambda p: {k: -g for k, g in _gradients(loss, p).items()}, dict(params), dt, steps)
+    flowed = rk4(lambda p: {k: -g for k, g in loss_gradients(loss, p).items()}, dict(params), dt, steps)
     moved = torch.sqrt(sum((flowed[k] - p).pow(2).sum() for k, p in params.items()) /
                        sum(p.pow(2).sum() for p in params.values())).item()
     return flowed, f"RK4 dt={dt:.1e}, {steps} steps; θ moved {moved:.1e} (relative)"
 
 
-def _check_gradient_flow(analysis, loss, params, grads, tol, steps=40):
+def check_gradient_flow(analysis, loss, params, grads, tol, steps=40):
     """Every ``C`` is constant along gradient flow ``θ̇ = −∇L``."""
     quantities = analysis.conserved_quantities()
     if not quantities:
         return []
-    flowed, detail = _flow(loss, params, grads, steps)
-    return [CheckResult("gradient_flow", q.symmetry.label, _relative(q(flowed), q(params)), tol, detail)
+    flowed, detail = integrate_gradient_flow(loss, params, grads, steps)
+    return [CheckResult("gradient_flow", q.symmetry.label, relative_error(q(flowed), q(params)), tol, detail)
             for q in quantities]
 
 
-def _check_angular_momentum(analysis, loss, params, grads, generator, tol, damping=1.0, steps=40):
+def check_angular_momentum(analysis, loss, params, grads, generator, tol, damping=1.0, steps=40):
     """Heavy-ball dynamics ``θ̈ + γ θ̇ = −∇L`` from a random velocity: every entry of ``J(θ, θ̇)``
     (``⟨θ̇, A·θ⟩`` for antisymmetric ``A``) decays exactly as ``e^{−γt}``, since
     ``d/dt ⟨θ̇, A·θ⟩ = −γ ⟨θ̇, A·θ⟩ − ⟨∇L, A·θ⟩ + ⟨θ̇, A·θ̇⟩`` and the last two terms vanish."""
@@ -214,11 +219,11 @@ def _check_angular_momentum(analysis, loss, params, grads, generator, tol, dampi
 
     def field(state):
         theta = {k: state[("θ", k)] for k in params}
-        gradient = _gradients(loss, theta)
+        gradient = loss_gradients(loss, theta)
         return {**{("θ", k): state[("v", k)] for k in params},
                 **{("v", k): -damping * state[("v", k)] - gradient[k] for k in params}}
 
-    state = _rk4(field, {**{("θ", k): p for k, p in params.items()}, **{("v", k): v for k, v in velocity.items()}},
+    state = rk4(field, {**{("θ", k): p for k, p in params.items()}, **{("v", k): v for k, v in velocity.items()}},
                  dt, steps)
     end_theta, end_velocity = ({k: state[(part, k)] for k in params} for part in ("θ", "v"))
     decay = torch.exp(torch.tensor(-damping * dt * steps, dtype=grad_norm.dtype)).item()
@@ -249,31 +254,31 @@ def _check_lowering(analysis, params, generator, tol):
     for symmetry in analysis.symmetries:
         reference = params[symmetry.roles["W_in"]]
         g = _elements(symmetry, generator, reference.dtype, reference.device)[-1][1]
-        error = _compare(symmetry.lowered_action(params, g), symmetry.action,
+        error = compare_to_sympy(symmetry.lowered_action(params, g), symmetry.action,
                          {**values, symmetry.element.name: g.detach().cpu().double().numpy()})
         results.append(CheckResult("lowering", symmetry.label, error, tol, "action vs SymPy"))
         if symmetry.group.is_continuous:
             M = symmetry.group.random_algebra_element(1.0, generator, reference.dtype, reference.device)
-            results.append(CheckResult("lowering", symmetry.label, _compare(
+            results.append(CheckResult("lowering", symmetry.label, compare_to_sympy(
                 symmetry.tangent(params, M), symmetry.infinitesimal,
                 {**values, symmetry.algebra_element.name: M.cpu().double().numpy()}), tol, "infinitesimal action vs SymPy"))
         if isinstance(symmetry.conserved, ConservedQuantity):
             q = symmetry.conserved
-            results.append(CheckResult("lowering", symmetry.label, _compare({"C": q(params)}, {"C": q.expr}, values), tol,
+            results.append(CheckResult("lowering", symmetry.label, compare_to_sympy({"C": q(params)}, {"C": q.expr}, values), tol,
                                        f"{q.name} vs SymPy"))
         elif isinstance(symmetry.conserved, AngularMomentum):
             j = symmetry.conserved
             velocity = {n: torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for n, p in params.items()}
             exact_values = {**values, **{s.name: velocity[n].cpu().double().numpy() for n, s in j.velocities.items()}}
-            results.append(CheckResult("lowering", symmetry.label, _compare({"J": j(params, velocity)}, {"J": j.expr},
+            results.append(CheckResult("lowering", symmetry.label, compare_to_sympy({"J": j(params, velocity)}, {"J": j.expr},
                                                                             exact_values), tol, f"{j.name} vs SymPy"))
     return results
 
 
-def _compare(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values: Mapping) -> float:
+def compare_to_sympy(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values: Mapping) -> float:
     """Largest relative difference between lowered tensors and SymPy's exact values of ``exprs``."""
-    return max(_relative(lowered[n].detach().cpu().double(),
-                         torch.from_numpy(evaluate_symbolic(e, values)).reshape(lowered[n].shape))
+    return max(relative_error(lowered[n].detach().cpu().double(),
+                              torch.from_numpy(evaluate_symbolic(e, values)).reshape(lowered[n].shape))
                for n, e in exprs.items())
 
 
@@ -350,7 +355,7 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     x, y = x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
     forward = network_function(arch, analysis.catalogue)
     loss = mse_loss(forward, x, y)
-    grads = _gradients(loss, params)
+    grads = loss_gradients(loss, params)
     checks = []
     with torch.no_grad():
         for symmetry in analysis.symmetries:
@@ -358,9 +363,9 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
             if symmetry.group.is_continuous:
                 checks.append(_check_gradient_orthogonality(symmetry, params, grads, tol))
         for q in analysis.conserved_quantities():
-            checks.append(_check_gd_drift(q, params, grads, tol))
-    checks += _check_gradient_flow(analysis, loss, params, grads, tol)
-    checks += _check_angular_momentum(analysis, loss, params, grads, generator, tol)
+            checks.append(check_gd_drift(q, params, grads, tol))
+    checks += check_gradient_flow(analysis, loss, params, grads, tol)
+    checks += check_angular_momentum(analysis, loss, params, grads, generator, tol)
     checks.append(_check_orbit_dimension(analysis, params))
     size = sum(p.numel() for p in params.values())
     if size <= symbolic_limit:

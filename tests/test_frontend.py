@@ -488,7 +488,8 @@ def test_to_module_names_parameters_like_the_architecture():
     # unknown / positional hyper-parameters
     ("linear(n, h) -> leaky_relu(alpha=2) -> linear(h, m)", r"layer 1: .*'leaky_relu' has no hyper-parameter \['alpha'\]"),
     ("linear(n, h) -> relu(slope=0.1) -> linear(h, m)", r"layer 1: .*'relu' has no hyper-parameter \['slope'\]"),
-    ("linear(n, h) -> leaky_relu(0.2) -> linear(h, m)", r"layer 1 \(leaky_relu\): positional arguments are for linear\(in, out\) only"),
+    ("linear(n, h) -> leaky_relu(0.2) -> linear(h, m)",
+     r"layer 1 \(leaky_relu\): positional arguments are for linear\(in, out\) only"),
     # malformed layers
     ("linear(n) -> relu -> linear(h, m)", r"layer 0 \(linear\): expected linear\(in, out\)"),
     ("linear(n, h, bias=maybe) -> relu -> linear(h, m)", r"layer 0 \(linear\): bias must be True or False"),
