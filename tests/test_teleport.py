@@ -18,6 +18,7 @@ from symalg.teleport import (Curvature, FunctionAction, GradNorm, MetricGradNorm
                              as_action, gradients, optimizer_metric, teleport, transform_cotangent)
 from symalg.teleport_actions import ApproximateTeleport
 from symalg.teleport_optim import Schedule, TeleportingOptimizer, handle_state, model_loss
+from test_models import PreNormBlock, SmallCNN   # GPT block (GL(4) heads, LayerNorm scalings); conv + BN
 
 
 @pytest.fixture(autouse=True)
@@ -30,36 +31,6 @@ def _one_thread():
 
 
 # ------------------------------------------------------------------------------------------------ models
-
-class PreNormBlock(nn.Module):
-    """GPT pre-norm block: GL(4) per head on query/key and value/output, positive scalings of LayerNorm gains."""
-
-    def __init__(self, d=8, heads=2):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = nn.MultiheadAttention(d, heads, batch_first=True)
-        self.fc1, self.fc2 = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
-
-    def forward(self, x):
-        h = self.ln1(x)
-        x = x + self.attn(h, h, h, need_weights=False)[0]
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class SmallCNN(nn.Module):
-    """Conv + batch norm + max-pool: bias translations and positive scalings of the batch-norm gains."""
-
-    def __init__(self):
-        super().__init__()
-        self.c1, self.b1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
-        self.c2, self.b2 = nn.Conv2d(4, 6, 3), nn.BatchNorm2d(6)
-        self.fc = nn.Linear(6 * 2 * 2, 5)
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.b1(self.c1(x))), 2)
-        x = torch.relu(self.b2(self.c2(x)))
-        return self.fc(torch.flatten(x, 1))
-
 
 class RMSStream(nn.Module):
     """A residual stream read only by gain-free RMSNorms: O(6) acting on it (orthogonal, linear)."""
