@@ -77,7 +77,7 @@ def distribution_table(generator, samples: int) -> None:
               f"{'symmetry' if report.passed else 'NOT a symmetry'}")
         print(f"  {key}_invariance={c['invariance'].max_error:.3e} {key}_passed={int(report.passed)}")
     fresh_x = torch.randn(batch, n, generator=generator) + x.mean(0)
-    fresh_y = fresh_x @ torch.linalg.lstsq(x, y).solution
+    fresh_y = fresh_x @ torch.linalg.lstsq(x, y, driver="gelsd").solution
     fresh = lambda p: ((fresh_x @ p["0.weight"].T + p["0.bias"] - fresh_y) ** 2).sum(-1).mean()  # noqa: E731
     moved = two.apply(params, matrix_exp(two.group.random_algebra_element(2.0, generator)))
     change = ((fresh(moved) - fresh(params)).abs() / fresh(params)).item()

@@ -123,7 +123,7 @@ def batch_limit(draws, gen):
         g = random_gl(h, batch=(draws,), generator=gen)
         target = u @ torch.tanh(v @ x.mT)
         b = torch.tanh(g @ v @ x.mT)
-        best = torch.linalg.lstsq(b.mT, target.mT).solution.mT
+        best = torch.linalg.lstsq(b.mT, target.mT, driver="gelsd").solution.mT
         residual = (torch.linalg.matrix_norm(best @ b - target) / torch.linalg.matrix_norm(target))
         try:
             u2, v2 = two_layer_action(u, v, g, x, torch.tanh)

@@ -290,7 +290,7 @@ def loglog_slopes(learning_rates: torch.Tensor, drift: torch.Tensor) -> tuple[to
     """
     log_lr = torch.log(learning_rates)
     design = torch.stack([log_lr, torch.ones_like(log_lr)], dim=1)
-    slope, intercept = torch.linalg.lstsq(design, torch.log(drift)).solution
+    slope, intercept = torch.linalg.lstsq(design, torch.log(drift), driver="gelsd").solution
     return slope, intercept
 
 

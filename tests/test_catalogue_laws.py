@@ -238,7 +238,7 @@ def _in_span(flat_basis: torch.Tensor, vectors: torch.Tensor) -> float:
     """Largest least-squares residual of ``vectors`` (rows) against the row span of ``flat_basis``."""
     if flat_basis.shape[0] == 0:
         return vectors.abs().max().item() if vectors.numel() else 0.0
-    solution = torch.linalg.lstsq(flat_basis.T, vectors.T).solution
+    solution = torch.linalg.lstsq(flat_basis.T, vectors.T, driver="gelsd").solution
     return (flat_basis.T @ solution - vectors.T).abs().max().item() if vectors.numel() else 0.0
 
 

@@ -313,7 +313,7 @@ def best_residual(u, v, g, x, sigma):
     """min over U' of ‖U' σ(gVX) − U σ(VX)‖ / ‖U σ(VX)‖ (least squares, columns are points)."""
     target = outputs(u, v, x, sigma)
     b = sigma(g @ v @ x.transpose(-1, -2))
-    sol = torch.linalg.lstsq(b.transpose(-1, -2), target.transpose(-1, -2)).solution.transpose(-1, -2)
+    sol = torch.linalg.lstsq(b.transpose(-1, -2), target.transpose(-1, -2), driver="gelsd").solution.transpose(-1, -2)
     return torch.linalg.matrix_norm(sol @ b - target) / torch.linalg.matrix_norm(target)
 
 

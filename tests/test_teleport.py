@@ -320,7 +320,7 @@ def test_sharpness_teleport_flattens_a_linear_network_at_a_global_minimum():
     # minimum (loss fixed to rounding) towards flatter, more balanced factorisations.
     x, y = torch.randn(30, 3), torch.randn(30, 2)
     model, analysis, params, wrt, loss = setup(nn.Sequential(nn.Linear(3, 4), nn.Identity(), nn.Linear(4, 2)), x, y)
-    solution = torch.linalg.lstsq(torch.cat([x, torch.ones(30, 1)], 1), y).solution.T      # [W* b*]
+    solution = torch.linalg.lstsq(torch.cat([x, torch.ones(30, 1)], 1), y, driver="gelsd").solution.T      # [W* b*]
     w1 = 3 * torch.randn(4, 3)
     params = {"0.weight": w1, "0.bias": torch.zeros(4), "2.weight": solution[:, :3] @ torch.linalg.pinv(w1),
               "2.bias": solution[:, 3]}
