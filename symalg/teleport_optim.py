@@ -159,7 +159,7 @@ class TeleportingOptimizer:
 
     ``results`` lists every :class:`~symalg.teleport.TeleportResult` so far. Gradients in ``.grad`` are left as
     they are (they belong to the pre-teleport point; the next ``zero_grad``/``backward`` replaces them).
-    ``state_dict()`` is the inner optimizer's (the schedule's counters are not saved).
+    ``state_dict()`` is the inner optimizer's plus ``"teleport": {"steps", "epochs"}``, the schedule's counters.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
@@ -191,11 +191,18 @@ class TeleportingOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self):
-        return self.optimizer.state_dict()
+    def state_dict(self) -> dict:
+        """The inner optimizer's state dict and the schedule's counters (under ``"teleport"``)."""
+        return {**self.optimizer.state_dict(), "teleport": {"steps": self.steps, "epochs": self.epochs}}
 
     def load_state_dict(self, state_dict) -> None:
+        """Restore the inner optimizer and, when saved, the schedule's counters (a plain optimizer state dict
+        leaves them as they are)."""
+        state_dict = dict(state_dict)
+        counters = state_dict.pop("teleport", None)
         self.optimizer.load_state_dict(state_dict)
+        if counters is not None:
+            self.steps, self.epochs = int(counters["steps"]), int(counters["epochs"])
 
     def step(self, closure: Callable | None = None):
         """The optimizer's step, then a teleport if ``schedule.due_step`` (returns the closure's loss)."""

@@ -539,6 +539,24 @@ def test_schedule_teleports_after_the_due_steps_and_epochs_on_several_batches():
         Schedule(at_steps=(0,))
 
 
+def test_state_dict_keeps_the_schedule_counters():
+    model, x, y, opt = _linear_net_optimizer(lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+    opt.schedule = Schedule(every=4, batches=1)
+    _train(model, x, y, opt, 3)
+    opt.end_epoch()
+    saved = opt.state_dict()
+    assert saved["teleport"] == {"steps": 3, "epochs": 1} and "param_groups" in saved
+    twin, _, _, resumed = _linear_net_optimizer(lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
+    twin.load_state_dict(model.state_dict())
+    resumed.schedule = Schedule(every=4, batches=1)
+    resumed.load_state_dict(saved)
+    assert (resumed.steps, resumed.epochs) == (3, 1)
+    _train(twin, x, y, resumed, 1)                  # step 4 of the resumed run is due
+    assert len(resumed.results) == 1 and resumed.results[0].accepted
+    resumed.load_state_dict(torch.optim.SGD(twin.parameters(), lr=0.01).state_dict())   # a plain state dict
+    assert (resumed.steps, resumed.epochs) == (4, 1)
+
+
 def test_transform_refuses_state_it_does_not_know():
     model, x, y, opt = _linear_net_optimizer(lambda p: torch.optim.SGD(p, lr=0.01))
     p = next(model.parameters())
