@@ -72,7 +72,7 @@ from .conjugated import TOLERANCE, check_group_axioms, group_elements
 from .groups import GeneralLinear, Orthogonal, SiteGroup, matrix_exp
 from .lowering import LoweredFunction, lower
 from .verification import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift, check_gradient_flow,
-                           compare_to_sympy, loss_gradients, relative_error)
+                           check_gradient_orthogonality, compare_to_sympy, loss_gradients, relative_error)
 
 __all__ = ["GramLossSymmetry", "MomentStabiliser", "DistributionSymmetry", "spectral_contrastive_loss", "info_nce_loss",
            "barlow_twins_loss", "two_view_loss", "moments", "gaussian_expectation", "paired_monte_carlo"]
@@ -124,15 +124,14 @@ def _check_lowering(name: str, lowered: Mapping[str, torch.Tensor], exprs: Mappi
     return CheckResult("lowering", name, error, tol, detail)
 
 
-def _check_gradient_orthogonality(name: str, tangent: Callable, basis: torch.Tensor, grads, tol) -> CheckResult:
-    """``|⟨∇L, M·θ⟩| / (‖∇L‖ ‖M·θ‖)`` over the basis; ``tangent(M)`` returns ``{name: M·θ}``."""
-    worst = 0.0
-    for M in basis:
-        moved = tangent(M)
-        inner = sum((moved[k] * grads[k]).sum() for k in moved)
-        norm = math.sqrt(sum(moved[k].pow(2).sum().item() for k in moved) * sum(g.pow(2).sum().item() for g in grads.values()))
-        worst = max(worst, abs(inner.item()) / max(norm, 1e-300))
-    return CheckResult("gradient_orthogonality", name, worst, tol, f"{len(basis)} generators")
+def _worst_change(loss: Callable, apply: Callable, params, elements) -> tuple[float, str]:
+    """The largest relative change of ``loss`` under ``apply(params, g)`` over ``(label, g)`` elements, and where."""
+    base, worst, where = loss(params), 0.0, ""
+    for label, g in elements:
+        error = relative_error(loss(apply(params, g)), base)
+        if not error < worst:
+            worst, where = error, label
+    return worst, where
 
 
 @dataclass(frozen=True)
@@ -274,12 +273,7 @@ class GramLossSymmetry:
         reference = params[self.weight]
         dtype, device = reference.dtype, reference.device
         elements = group_elements(self.group, generator, dtype, device)
-        base = loss(params)
-        worst, where = 0.0, ""
-        for label, g in elements:
-            error = relative_error(loss(self.apply(params, g)), base)
-            if not error < worst:
-                worst, where = error, label
+        worst, where = _worst_change(loss, self.apply, params, elements)
         checks = [CheckResult("invariance", self.label, worst, tolerance, f"loss on the given batch, worst: {where}")]
         if outputs is not None:
             Y, moved = outputs(params), outputs(self.apply(params, elements[-1][1]))
@@ -289,7 +283,7 @@ class GramLossSymmetry:
         grads = loss_gradients(loss, params)
         basis = self.group.algebra_basis(dtype, device)
         with torch.no_grad():
-            checks.append(_check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads, tolerance))
+            checks.append(check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads, tolerance))
         checks += check_angular_momentum(self, loss, params, grads, generator, tolerance)
         with torch.no_grad():
             checks.append(check_group_axioms(self.label, self.apply, params, elements[-1][1], elements[0][1],
@@ -687,17 +681,12 @@ class DistributionSymmetry:
         reference = params[self.weight]
         dtype, device = reference.dtype, reference.device
         elements = group_elements(self.group, generator, dtype, device)
-        base = expected_loss(params)
-        worst, where = 0.0, ""
-        for label, g in elements:
-            error = relative_error(expected_loss(self.apply(params, g)), base)
-            if not error < worst:
-                worst, where = error, label
+        worst, where = _worst_change(expected_loss, self.apply, params, elements)
         checks = [CheckResult("invariance", self.label, worst, tolerance, f"expected loss, worst: {where}")]
         grads = loss_gradients(expected_loss, params)
         basis = self.group.algebra_basis(dtype, device)
         with torch.no_grad():
-            checks.append(_check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads, tolerance))
+            checks.append(check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads, tolerance))
             for q in self.conserved_quantities():
                 checks.append(check_gd_drift(q, params, grads, tolerance))
         checks += check_gradient_flow(self, expected_loss, params, grads, tolerance)

@@ -180,8 +180,9 @@ class ModelSymmetry:
             return g
         return torch.linalg.inv(g).transpose(-1, -2)
 
-    def _moves(self) -> list[Binding]:
-        """Bindings that act: a permutation moves a diagonal map's region once."""
+    def moving_bindings(self) -> list[Binding]:
+        """The bindings the action moves: a permutation moves a diagonal map's region once; positive scaling
+        leaves regions of power 0 (the readers of a normalised value) where they are."""
         if isinstance(self.group, Permutations):
             seen, moves = set(), []
             for b in self.bindings:
@@ -199,7 +200,7 @@ class ModelSymmetry:
                 for tensor, change in direction.items():
                     moved[tensor] = moved[tensor] + g[index] * change
             return moved
-        for b in self._moves():
+        for b in self.moving_bindings():
             A = self._operator(b, g)
             U = b.unfold(moved[b.tensor])
             moved[b.tensor] = b.fold(moved[b.tensor], A[:, None] * U if A.dim() == 1 else A @ U)
@@ -223,7 +224,7 @@ class ModelSymmetry:
                     out[tensor] = out.get(tensor, 0) + M[index] * change
             return out
         out = {}
-        for b in self._moves():
+        for b in self.moving_bindings():
             if isinstance(self.group, PositiveScaling):
                 dA = float(b.power) * (M if b.role == "out" else -M)
             else:
@@ -258,7 +259,7 @@ class ModelSymmetry:
                                   tuple(symbols.vectors))
         diagonal = isinstance(self.group, PositiveScaling)
         terms = []
-        for b in self._moves():
+        for b in self.moving_bindings():
             if b.power == 0:
                 continue
             U = symbols.region(b)

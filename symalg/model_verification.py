@@ -50,8 +50,8 @@ from torch.func import functional_call
 
 from .graph import SpecError
 from .groups import Translations
-from .verification import (TOLERANCES, CheckResult, VerificationReport, check_device, compare_to_sympy,
-                           integrate_gradient_flow, loss_gradients, relative_error)
+from .verification import (TOLERANCES, CheckResult, VerificationReport, check_device, check_gradient_orthogonality,
+                           compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
 
 __all__ = ["verify_model"]
 
@@ -191,15 +191,7 @@ def _orthogonality(symmetry, state, grads, generator, dtype, device, tol, max_ge
     if basis.shape[0] > max_generators:
         coefficients = torch.randn(max_generators, basis.shape[0], generator=generator, dtype=dtype).to(device)
         basis = torch.tensordot(coefficients, basis, dims=1)
-    gradient_norm = torch.sqrt(sum((g ** 2).sum() for g in grads.values()))
-    worst = 0.0
-    for M in basis:
-        tangent = symmetry.tangent(state, M)
-        inner = sum((grads[k] * v).sum() for k, v in tangent.items() if k in grads)
-        norm = torch.sqrt(sum((v ** 2).sum() for v in tangent.values()))
-        if norm > 0:
-            worst = max(worst, (inner.abs() / (gradient_norm * norm).clamp_min(1e-30)).item())
-    return CheckResult("gradient_orthogonality", symmetry.label, worst, tol, f"{basis.shape[0]} generators")
+    return check_gradient_orthogonality(symmetry.label, lambda M: symmetry.tangent(state, M), basis, grads, tol)
 
 
 def _drift(symmetry, state, grads, learning_rate, tol) -> CheckResult:

@@ -191,16 +191,19 @@ def _read_as_map(state, node, label: Label, weight, feature_dim: int) -> None:
 
 def _absorb_shifts(state, node, label: Label, weight, bias) -> None:
     """A linear map reading a value shifted by affine sign flips, ``v ↦ g v + τ``: its bias absorbs
-    ``−W' τ`` (``W'`` the moved weight). Without a bias, or with a computed weight, the flips go."""
+    ``−W' τ`` (``W'`` the moved weight). Without a bias, or with a weight computed in ``forward`` (a
+    transpose, ``B @ A``), the flips go."""
+    tensor = weight.plain[0] if isinstance(weight, WeightExpr) and len(weight.plain) == 1 else weight
+    plain = isinstance(tensor, str) and (not isinstance(weight, WeightExpr) or
+                                         (weight.rows, weight.cols) == (((tensor, 0),), ((tensor, 1),)))
     for seg in label.segments:
         if not seg.center:
             continue
-        if bias is None or isinstance(weight, WeightExpr) and len(weight.cols) > 1:
-            state.restrict(seg.site, ALL - {"SF"}, node, f"{state.where(node)} has no bias to absorb the shift of "
-                                                         "an affine sign flip")
+        if bias is None or not plain:
+            state.restrict(seg.site, ALL - {"SF"}, node, f"{state.where(node)} " + (
+                "has no bias" if bias is None else "computes its weight") + " to absorb the shift of an affine sign flip")
             continue
-        tensor, axis = weight.cols[0] if isinstance(weight, WeightExpr) else (weight, 1)
-        column = Binding(tensor, axis, seg.offset, seg.width, seg.block, "in", seg.power, node=node)
+        column = Binding(tensor, 1, seg.offset, seg.width, seg.block, "in", seg.power, node=node)
         state.site(seg.site).shifts.append((bias, column, seg.center, node))
 
 

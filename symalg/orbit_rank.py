@@ -246,10 +246,7 @@ class _Site:
 def _site(symmetry) -> _Site:
     group = symmetry.group
     kind = _KINDS.get(type(group))
-    if kind == "PS":
-        moving = tuple(b for b in symmetry.bindings if b.power != 0)
-    else:
-        moving = tuple(symmetry.bindings) if kind != "T" else ()
+    moving = tuple(symmetry.moving_bindings())
     regions = [(b.tensor, b.axis, b.start, b.start + b.width * b.block) for b in moving]
     if kind in ("T", None):   # translations, unknown kinds: whole tensors, conservatively
         covered = {b.tensor for b in moving}

@@ -40,8 +40,8 @@ from .numeric import mse_loss, network_function, random_data, random_params
 
 __all__ = ["verify", "check_device", "default_widths", "CheckResult", "VerificationReport", "TOLERANCES",
            # building blocks shared with the other verifiers (traced models, loss symmetries, conjugated actions)
-           "check_angular_momentum", "check_gd_drift", "check_gradient_flow", "compare_to_sympy", "integrate_gradient_flow",
-           "loss_gradients", "relative_error", "rk4"]
+           "check_angular_momentum", "check_gd_drift", "check_gradient_flow", "check_gradient_orthogonality",
+           "compare_to_sympy", "integrate_gradient_flow", "loss_gradients", "relative_error", "rk4"]
 
 TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
 """Relative tolerance of every check, keyed by dtype."""
@@ -111,11 +111,12 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def loss_gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``∇L`` at ``params`` (``{name: tensor}``), taken on detached copies: ``params`` are not touched."""
+    """``∇L`` at ``params`` (``{name: tensor}``), taken on detached copies: ``params`` are not touched. A
+    parameter the loss does not use has gradient zero."""
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
     value = loss(leaves)
-    grads = torch.autograd.grad(value, list(leaves.values()))
-    return dict(zip(leaves, grads))
+    grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
+    return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
 
 
 def _elements(symmetry, generator, dtype, device):
@@ -153,6 +154,21 @@ def _check_gradient_orthogonality(symmetry, params, grads, tol):
     grad_norm = torch.sqrt(sum(grads[n].pow(2).sum() for n in tangent))
     error = (inner.abs() / (norms * grad_norm).clamp_min(torch.finfo(reference.dtype).tiny)).max().item()
     return CheckResult("gradient_orthogonality", symmetry.label, error, tol, f"{basis.shape[0]} generators")
+
+
+def check_gradient_orthogonality(label: str, tangent, basis, grads, tol) -> CheckResult:
+    """``max_M |⟨∇L, M·θ⟩| / (‖∇L‖ ‖M·θ‖)`` over the Lie-algebra elements ``basis``; ``tangent(M)`` returns
+    ``{name: M·θ}`` (entries that are not parameters, such as moved buffers, count in ``‖M·θ‖`` only). A zero
+    tangent is orthogonal to everything."""
+    grad_norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
+    worst = 0.0
+    for M in basis:
+        moved = tangent(M)
+        inner = sum((grads[k] * v).sum() for k, v in moved.items() if k in grads)
+        norm = torch.sqrt(sum(v.pow(2).sum() for v in moved.values()))
+        if norm > 0:
+            worst = max(worst, (abs(inner) / (grad_norm * norm).clamp_min(torch.finfo(norm.dtype).tiny)).item())
+    return CheckResult("gradient_orthogonality", label, worst, tol, f"{len(basis)} generators")
 
 
 def check_gd_drift(quantity: ConservedQuantity, params, grads, tol, learning_rate=0.1):

@@ -214,3 +214,24 @@ def test_sigmoid_sign_flips_need_a_bias_to_absorb_the_shift():
     analysis = analyse(nn.Sequential(nn.Linear(3, 5), nn.Sigmoid(), nn.Linear(5, 2, bias=False)), torch.randn(6, 3))
     assert analysis.table() == [("_0", "S(5)", 0)]
     assert any("no bias to absorb" in r.reason for r in analysis.sites.restrictions)
+
+
+class SigmoidIntoComputedWeight(nn.Module):
+    def __init__(self, product: bool):
+        super().__init__()
+        self.fc, self.product, self.b = nn.Linear(3, 5), product, nn.Parameter(torch.randn(4))
+        if product:
+            self.A, self.B = nn.Parameter(torch.randn(2, 5)), nn.Parameter(torch.randn(4, 2))
+        else:
+            self.W = nn.Parameter(torch.randn(5, 4))
+
+    def forward(self, x):
+        return F.linear(torch.sigmoid(self.fc(x)), self.B @ self.A if self.product else self.W.T, self.b)
+
+
+@pytest.mark.parametrize("product", [False, True], ids=["transposed", "product"])
+def test_sigmoid_sign_flips_are_not_absorbed_by_computed_weights(product):
+    analysis = analyse(SigmoidIntoComputedWeight(product), torch.randn(6, 3))
+    # the correction −W'τ would need W's rows (transposed) or the product B A': not modelled, not claimed
+    assert not any(name.startswith("SignFlips") for _, name, _ in analysis.table())
+    assert any("computes its weight" in r.reason for r in analysis.sites.restrictions)

@@ -1,6 +1,8 @@
 """The ``gradient_flow`` and ``lowering`` checks of ``verify_model`` on traced models: they run and pass
 on real models (adapters, batch norm with buffers, attention, cross-entropy), and they fail when a
 conserved quantity is not conserved or its lowered code disagrees with its SymPy expressions."""
+import dataclasses
+
 import pytest
 import sympy as sp
 import torch
@@ -194,3 +196,21 @@ def test_orbit_dimension_is_checked_against_formula_and_dense_rank():
         model[0].weight[0], model[0].bias[0], model[2].weight[:, 0] = 0, 0, 0
     (check,) = [c for c in verify_model(analysis).checks if c.check == "orbit_dimension"]
     assert check.failed and check.detail == "structured 8 of 9, formula 9, dense 8"
+
+
+def test_a_parameter_the_model_does_not_use_has_zero_gradient():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
+    model.spare = nn.Parameter(torch.randn(5, dtype=torch.float64))     # registered, never read in forward
+    report = verify_model(symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),))))
+    assert report.passed and any(c.check == "gradient_flow" for c in report.checks)
+
+
+def test_gradient_orthogonality_fails_for_a_group_the_site_does_not_have():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
+    scaling = next(s for s in analysis.symmetries if s.group.is_continuous)
+    wrong = dataclasses.replace(scaling, group=symalg.groups.GeneralLinear(4))      # GL(4) on a ReLU site
+    report = verify_model(dataclasses.replace(analysis, symmetries=(wrong,)))
+    checks = {c.check: c for c in report.checks if c.symmetry == wrong.label}
+    assert checks["gradient_orthogonality"].failed and checks["invariance"].failed
+    assert {c.check: c for c in verify_model(analysis).checks if c.symmetry == scaling.label}["gradient_orthogonality"].passed
