@@ -5,16 +5,20 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
 
 
-def parse_args(doc: str) -> argparse.Namespace:
-    """``--quick`` and ``--out DIR``; pins torch to one intra-op thread (the machine is shared) and float64."""
+def parse_args(doc: str, extra: Callable[[argparse.ArgumentParser], object] | None = None) -> argparse.Namespace:
+    """``--quick``, ``--out DIR`` and whatever ``extra(parser)`` adds; pins torch to one intra-op thread (the
+    machine is shared) and float64."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small settings, under 30 s")
     parser.add_argument("--out", type=Path, default=Path("examples/output"), help="folder for the plot")
+    if extra is not None:
+        extra(parser)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
