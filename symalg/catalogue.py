@@ -29,7 +29,7 @@ import sympy as sp
 from .groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
 
 __all__ = ["CATALOGUE", "CatalogueEntry", "register", "overlay", "declare_linear", "declare_homogeneous",
-           "declare_odd", "declare_pointwise", "declare_radial", "exact"]
+           "declare_leaky", "declare_odd", "declare_pointwise", "declare_radial", "exact"]
 
 
 def exact(value) -> sp.Expr:
@@ -131,6 +131,13 @@ def declare_homogeneous(degree_param: str | None = None, degree=1) -> GroupDecla
     return groups
 
 
+def declare_leaky() -> GroupDeclaration:
+    """Leaky ReLU ``max(z, 0) + s·min(z, 0)``: positively homogeneous of degree 1, and at ``s = 1`` the identity,
+    equivariant under all of ``GL(h)``."""
+    homogeneous, linear = declare_homogeneous(), declare_linear()
+    return lambda width, slope: linear(width) if slope == 1 else homogeneous(width)
+
+
 def declare_odd(center=0) -> GroupDeclaration:
     """Pointwise activation symmetric about ``(0, c)``: ``σ(−z) = 2c − σ(z)`` (odd for ``c = 0``)."""
     return lambda width, **_: (SignFlips(width, sp.sympify(center)), Permutations(width))
@@ -224,8 +231,10 @@ def _relu(z):
     return sp.Max(z, 0)
 
 
-@register("leaky_relu", declare_homogeneous(), slope=sp.Rational(1, 100))
+@register("leaky_relu", declare_leaky(), slope=sp.Rational(1, 100))
 def _leaky_relu(z, slope):
+    if exact(slope) == 1:
+        return z    # max(z, 0) + min(z, 0), which SymPy does not reduce to z by itself
     return sp.Max(z, 0) + exact(slope) * sp.Min(z, 0)
 
 

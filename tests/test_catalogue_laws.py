@@ -132,7 +132,8 @@ def test_declared_identity_holds_numerically(op, h, index):
 
 
 HYPER_PARAMETER_VARIANTS = [("leaky_relu", {"slope": -0.5}), ("leaky_relu", {"slope": 0.7071067811865476}),
-                            ("leaky_relu", {"slope": 3}), ("relu_pow", {"alpha": 3}), ("relu_pow", {"alpha": 0.5})]
+                            ("leaky_relu", {"slope": 3}), ("leaky_relu", {"slope": 1}), ("relu_pow", {"alpha": 3}),
+                            ("relu_pow", {"alpha": 0.5})]
 
 
 @pytest.mark.parametrize("op, params", HYPER_PARAMETER_VARIANTS, ids=lambda v: str(v))
@@ -149,6 +150,29 @@ def test_declared_identity_holds_at_non_default_hyper_parameters(op, params):
     analysis = symalg.derive(spec)
     assert all(check.proved is True for s in analysis.symmetries for check in s.checks)
     assert symalg.verify(analysis).passed
+
+
+@pytest.mark.parametrize("slope, expected", [(1.0, [("fc1", "GL(4)", 16)]),
+                                             (0.5, [("fc1", "PositiveScaling(4, alpha=1)", 4), ("fc1", "S(4)", 0)])])
+def test_traced_leaky_relu_is_linear_exactly_at_slope_one(slope, expected):
+    """``nn.LeakyReLU(1.0)`` is the identity, so the traced model has ``GL(4)`` at the site (verified); any other
+    slope keeps scalings and permutations, and there a general ``g ∈ GL(4)`` changes the output."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential()
+    model.add_module("fc1", torch.nn.Linear(3, 4))
+    model.add_module("act", torch.nn.LeakyReLU(slope))
+    model.add_module("fc2", torch.nn.Linear(4, 2))
+    model = model.double()
+    x = torch.randn(9, 3, dtype=DTYPE)
+    analysis = symalg.derive(symalg.trace(model, (x,)))
+    assert sorted(analysis.table()) == expected
+    assert symalg.verify(analysis).passed
+    g = torch.eye(4, dtype=DTYPE) + 0.3 * torch.randn(4, 4, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
+    params = dict(model.named_parameters())
+    moved = {**params, "fc1.weight": g @ params["fc1.weight"], "fc1.bias": g @ params["fc1.bias"],
+             "fc2.weight": params["fc2.weight"] @ torch.linalg.inv(g)}
+    change = rel_err(torch.func.functional_call(model, moved, (x,)), model(x))
+    assert change < 1e-12 if slope == 1 else change > 1e-3
 
 
 @pytest.mark.parametrize("op, h, index", all_groups())

@@ -9,7 +9,7 @@ import torch
 from torch.func import grad, jvp
 
 import symalg
-from symalg.catalogue import declare_linear
+from symalg.catalogue import declare_linear, declare_pointwise
 from symalg.conservation_laws import (_Chain, _draw, _evaluate, compare_with_symmetries, count_conservation_laws,
                                       random_point)
 from symalg.graph import SpecError
@@ -118,13 +118,22 @@ def test_a_low_bound_does_not_hide_laws_and_a_false_symmetry_is_caught():
     assert result.statement.startswith("inconsistent"), result.statement
 
 
-def test_an_identity_the_catalogue_does_not_recognise_is_reported_incomplete():
-    """leaky_relu(slope=1) is the identity: its gradient fields are those of a linear net (GL(4): 10 laws), but
-    the catalogue declares only positive scaling for leaky_relu (4 quantities)."""
+def test_leaky_relu_with_slope_one_is_linear_and_complete():
+    """leaky_relu(slope=1) is the identity: its gradient fields are those of a linear net (GL(4): 10 laws), and
+    the catalogue declares GL(h) at slope 1, so symalg's quantities are complete; slope −1 is |z| (scalings)."""
     result = compare_with_symmetries("linear(3, 4) -> leaky_relu(slope=1) -> linear(4, 2)")
-    assert (result.laws.n_laws, result.symmetry_count) == (10, 4)
-    assert result.statement == "incomplete: 6 extra laws beyond symalg's quantities"
+    assert (result.laws.n_laws, result.symmetry_count) == (10, 10) and result.complete, result.statement
     assert compare_with_symmetries("linear(3, 4) -> leaky_relu(slope=-1) -> linear(4, 2)").complete   # |z|
+
+
+def test_a_symmetry_the_catalogue_does_not_declare_is_reported_incomplete():
+    """A catalogue that declares ReLU pointwise only (permutations, no scalings) misses the 4 laws
+    ``‖w_in,i‖² − ‖w_out,i‖²``; the comparison says so instead of agreeing."""
+    relu_pointwise = symalg.overlay({"relu": symalg.CatalogueEntry("relu", lambda z: sp.Max(z, 0), declare_pointwise())})
+    arch = symalg.parse("linear(3, 4) -> relu -> linear(4, 2)", catalogue=relu_pointwise)
+    result = compare_with_symmetries(symalg.derive(arch, catalogue=relu_pointwise))
+    assert (result.laws.n_laws, result.symmetry_count) == (4, 0)
+    assert result.statement == "incomplete: 4 extra laws beyond symalg's quantities"
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")   # raised inside torch.func
