@@ -50,9 +50,9 @@ from .tracing import ModelGraph
 __all__ = ["Segment", "Label", "SiteClass", "ModelSites", "Inference", "infer_model", "KINDS"]
 
 KINDS = ("GL", "O", "O1", "PS", "SF", "S", "T", "T1")
-CENTER_AWARE = frozenset({"linear", "flatten", "reshape", "transpose", "permute", "identity", "cat"})
-"""Ops that carry or absorb the shift ``center·(1 − g1)`` of an affine sign flip (only a biased linear
-map absorbs it); any other reader of a shifted value removes the flips."""
+CENTER_AWARE = frozenset({"linear", "conv", "flatten", "reshape", "transpose", "permute", "identity", "cat"})
+"""Ops that carry or absorb the shift ``center·(1 − g1)`` of an affine sign flip (only a biased linear map, or a
+biased convolution without padding, absorbs it); any other reader of a shifted value removes the flips."""
 ALL = frozenset(KINDS)
 TRANSLATIONS = frozenset({"T", "T1"})
 

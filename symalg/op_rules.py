@@ -190,9 +190,9 @@ def _read_as_map(state, node, label: Label, weight, feature_dim: int) -> None:
 
 
 def _absorb_shifts(state, node, label: Label, weight, bias) -> None:
-    """A linear map reading a value shifted by affine sign flips, ``v ↦ g v + τ``: its bias absorbs
-    ``−W' τ`` (``W'`` the moved weight). Without a bias, or with a weight computed in ``forward`` (a
-    transpose, ``B @ A``), the flips go."""
+    """A linear map or unpadded convolution reading a value shifted by affine sign flips, ``v ↦ g v + τ``: its
+    bias absorbs ``−W' τ`` (``W'`` the moved weight, summed over the kernel's positions). Without a bias, or
+    with a weight computed in ``forward`` (a transpose, ``B @ A``), the flips go."""
     tensor = weight.plain[0] if isinstance(weight, WeightExpr) and len(weight.plain) == 1 else weight
     plain = isinstance(tensor, str) and (not isinstance(weight, WeightExpr) or
                                          (weight.rows, weight.cols) == (((tensor, 0),), ((tensor, 1),)))
@@ -205,6 +205,20 @@ def _absorb_shifts(state, node, label: Label, weight, bias) -> None:
             continue
         column = Binding(tensor, 1, seg.offset, seg.width, seg.block, "in", seg.power, node=node)
         state.site(seg.site).shifts.append((bias, column, seg.center, node))
+
+
+def _unpadded(settings) -> bool:
+    """No zero padding (``padding=0`` or ``'valid'``): every output position reads a full window, so a constant
+    input shift adds the same ``Σ_k W[:, :, k] τ`` everywhere, which the bias can absorb."""
+    padding = settings.get("padding", 0)
+    return padding == "valid" or all(p == 0 for p in (padding if isinstance(padding, tuple) else (padding,)))
+
+
+def _refuse_shifts(state, node, label: Label, why: str) -> None:
+    """Remove the affine sign flips of every shifted segment ``label`` carries into ``node``."""
+    for seg in label.segments:
+        if seg.center:
+            state.restrict(seg.site, ALL - {"SF"}, node, f"{state.where(node)} {why}")
 
 
 @register_rule("linear")
@@ -244,9 +258,14 @@ def conv_rule(state: Inference, node, data, inputs) -> Label:
         state.restrict_label(label, set(), node, f"{state.where(node)}: padding mode {settings['padding_mode']!r}", blocked=True)
     if settings["groups"] == 1:
         _read_as_map(state, node, label, weight, channel_dim)
+        if _unpadded(settings):
+            _absorb_shifts(state, node, label, weight, bias)
+        else:
+            _refuse_shifts(state, node, label, "pads with zeros, so the shift of an affine sign flip varies with position")
         site = _producer_site(state, node, out_channels, weight, bias)
         return Label(channel_dim, out_channels, (Segment(site, 0, out_channels),))
     if settings["groups"] == settings["in_channels"] == out_channels and in_per_group == 1:
+        _refuse_shifts(state, node, label, "is depthwise: the shift of an affine sign flip is not modelled there")
         return _diagonal_map(state, node, label, weight, bias, channel_dim)
     state.restrict_label(label, set(), node, f"{state.where(node)}: grouped convolution with groups="
                                              f"{settings['groups']} is not modelled", blocked=True)

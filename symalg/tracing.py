@@ -165,7 +165,7 @@ def _module_settings(module: nn.Module) -> dict:
                         add_zero_attn=module.add_zero_attn, dropout=module.dropout)
     if isinstance(module, (nn.Conv1d, nn.Conv2d)):
         settings.update(padding_mode=module.padding_mode, in_channels=module.in_channels,
-                        out_channels=module.out_channels)
+                        out_channels=module.out_channels, padding=module.padding)
     return settings
 
 

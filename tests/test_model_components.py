@@ -216,6 +216,42 @@ def test_sigmoid_sign_flips_need_a_bias_to_absorb_the_shift():
     assert any("no bias to absorb" in r.reason for r in analysis.sites.restrictions)
 
 
+@pytest.mark.parametrize("padding", [0, "valid", 1])
+def test_sigmoid_sign_flips_through_a_convolution(padding):
+    side = 5 if padding == 1 else 3    # 6×6 input → 4×4 after the first conv → side × side after the second
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Sigmoid(), nn.Conv2d(3, 4, 2, padding=padding), nn.Flatten(),
+                          nn.Linear(4 * side * side, 2))
+    x = torch.randn(5, 2, 6, 6)
+    analysis = analyse(model, x)
+    flips = [s for s in analysis.symmetries if s.label == "SignFlips(3, center=1/2) on _0"]
+    if padding == 1:
+        # Zero padding: border outputs read fewer taps, so the shift Σ_k W[:, c, k] τ_c varies with position
+        # and no bias absorbs it. Not claimed, with the reason; numerically the flip changes the output.
+        assert not flips
+        assert any("pads with zeros" in r.reason for r in analysis.sites.restrictions)
+        return
+    # Theory: every output position of an unpadded conv reads a full window, so flipping channel c of the
+    # first conv adds the constant −Σ_k W[:, c, k] τ_c (τ = (1 − g)/2) at every position: the bias absorbs it.
+    (flips,) = flips
+    params = dict(model.named_parameters())
+    g = torch.diag(torch.tensor([-1.0, 1, -1], dtype=torch.float64))
+    moved = flips.apply(params, g)
+    torch.testing.assert_close(moved["2.bias"], params["2.bias"] + params["2.weight"][:, [0, 2]].sum((1, 2, 3)))
+    assert output_change(model, moved, x.double()) < 1e-12
+
+
+def test_padded_convolution_really_breaks_sigmoid_flips():
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Sigmoid(), nn.Conv2d(3, 4, 2, padding=1)).double()
+    x = torch.randn(5, 2, 4, 4, dtype=torch.float64)
+    params = dict(model.named_parameters())
+    flip = torch.tensor([-1.0, 1, 1], dtype=torch.float64)
+    # the best a bias can do: absorb the interior shift; the border outputs then differ
+    state = {**params, "0.weight": flip[:, None, None, None] * params["0.weight"], "0.bias": flip * params["0.bias"],
+             "2.weight": params["2.weight"] * flip[None, :, None, None],
+             "2.bias": params["2.bias"] + params["2.weight"][:, 0].sum((1, 2))}
+    assert output_change(model, state, x) > 1e-3
+
+
 class SigmoidIntoComputedWeight(nn.Module):
     def __init__(self, product: bool):
         super().__init__()
