@@ -279,9 +279,10 @@ def main() -> None:
             "fewer_steps_runs": s["same_loss_steps"]["runs_faster"],
             "rejected": rejected, "max_rel_loss_change": max(c.worst_change for c in cells.values()),
             "max_step_ratio": max(c.step_ratio for c in cells.values())}.items()})
-        example = train(kind, 0, args.loss, Teleport(actions[0], lrs[len(lrs) // 2], max(step_counts), args.objective))
+        lr, steps = lrs[min(len(lrs) - 1, len(lrs) // 2 + 1)], step_counts[1]    # default grid: 1e-3, 2 steps
+        example = train(kind, 0, args.loss, Teleport(actions[0], lr, steps, args.objective))
         axes[col].semilogy(plains[0].losses, "k", label=kind)
-        axes[col].semilogy(example.losses, label=f"+ teleport (lr {lrs[len(lrs) // 2]:g}, {max(step_counts)} steps)")
+        axes[col].semilogy(example.losses, label=f"+ teleport (lr {lr:g}, {steps} steps)")
         axes[col].set_xlabel("step")
         axes[col].set_ylabel(f"loss ({args.loss}), seed 0")
         axes[col].legend()
