@@ -211,7 +211,7 @@ def show(value: float | None, got: int, total: int) -> str:
     return f"{'  -  ' if value is None else f'{value:5.2f}'} {got}/{total}"
 
 
-def summarize(kind: str, cells: dict, seeds) -> dict:
+def summarize(cells: dict) -> dict:
     """Counts over cells (median speedup over the seeds that got there) and over single runs."""
     out = {}
     for rule in ("criterion", "same_loss", "same_loss_steps"):
@@ -258,7 +258,7 @@ def main() -> None:
                 row.append(show(crit, sum(v is not None for v in cell.criterion), len(seeds)) + " | "
                            + show(Cell.median(cell.same_loss), sum(v is not None for v in cell.same_loss), len(seeds)))
             print(f"{lr:10.0e} " + " ".join(f"{c:>21}" for c in row))
-        s = summarize(kind, cells, seeds)
+        s = summarize(cells)
         higher = sum(c.higher_loss for c in cells.values())
         rejected = sum(c.rejected for c in cells.values())
         for rule, label in (("criterion", "time by the criterion"), ("same_loss", "time to the same loss"),
@@ -279,10 +279,10 @@ def main() -> None:
             "fewer_steps_runs": s["same_loss_steps"]["runs_faster"],
             "rejected": rejected, "max_rel_loss_change": max(c.worst_change for c in cells.values()),
             "max_step_ratio": max(c.step_ratio for c in cells.values())}.items()})
-        lr, steps = lrs[min(len(lrs) - 1, len(lrs) // 2 + 1)], step_counts[1]    # default grid: 1e-3, 2 steps
-        example = train(kind, 0, args.loss, Teleport(actions[0], lr, steps, args.objective))
+        shown_lr, shown_steps = lrs[min(len(lrs) - 1, len(lrs) // 2 + 1)], step_counts[1]  # default: 1e-3, 2 steps
+        example = train(kind, 0, args.loss, Teleport(actions[0], shown_lr, shown_steps, args.objective))
         axes[col].semilogy(plains[0].losses, "k", label=kind)
-        axes[col].semilogy(example.losses, label=f"+ teleport (lr {lr:g}, {steps} steps)")
+        axes[col].semilogy(example.losses, label=f"+ teleport (lr {shown_lr:g}, {shown_steps} steps)")
         axes[col].set_xlabel("step")
         axes[col].set_ylabel(f"loss ({args.loss}), seed 0")
         axes[col].legend()

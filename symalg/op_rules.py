@@ -196,12 +196,12 @@ def _absorb_shifts(state, node, label: Label, weight, bias) -> None:
     tensor = weight.plain[0] if isinstance(weight, WeightExpr) and len(weight.plain) == 1 else weight
     plain = isinstance(tensor, str) and (not isinstance(weight, WeightExpr) or
                                          (weight.rows, weight.cols) == (((tensor, 0),), ((tensor, 1),)))
+    if bias is None or not plain:
+        why = "has no bias" if bias is None else "computes its weight"
+        _refuse_shifts(state, node, label, f"{why} to absorb the shift of an affine sign flip")
+        return
     for seg in label.segments:
         if not seg.center:
-            continue
-        if bias is None or not plain:
-            state.restrict(seg.site, ALL - {"SF"}, node, f"{state.where(node)} " + (
-                "has no bias" if bias is None else "computes its weight") + " to absorb the shift of an affine sign flip")
             continue
         column = Binding(tensor, 1, seg.offset, seg.width, seg.block, "in", seg.power, node=node)
         state.site(seg.site).shifts.append((bias, column, seg.center, node))

@@ -240,6 +240,15 @@ def test_sigmoid_sign_flips_through_a_convolution(padding):
     assert output_change(model, moved, x.double()) < 1e-12
 
 
+def test_sigmoid_sign_flips_are_not_claimed_through_a_depthwise_convolution():
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Sigmoid(), nn.Conv2d(3, 3, 2, groups=3), nn.Flatten(),
+                          nn.Linear(3 * 3 * 3, 2))
+    analysis = analyse(model, torch.randn(5, 2, 6, 6))
+    # the depthwise conv is in CENTER_AWARE (a conv may absorb the shift), so it must refuse the flips itself
+    assert not any(s.label.startswith("SignFlips") and s.site == "_0" for s in analysis.symmetries)
+    assert any("is depthwise" in r.reason for r in analysis.sites.restrictions)
+
+
 def test_padded_convolution_really_breaks_sigmoid_flips():
     model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Sigmoid(), nn.Conv2d(3, 4, 2, padding=1)).double()
     x = torch.randn(5, 2, 4, 4, dtype=torch.float64)
