@@ -330,9 +330,11 @@ class ModelAnalysis:
         return "\n".join(lines)
 
 
-def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse") -> ModelAnalysis:
-    """Infer the sites of a traced model and build its symmetries (see the module docstring)."""
-    sites = infer_model(model_graph, catalogue, loss)
+def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse",
+                 strict: bool = True) -> ModelAnalysis:
+    """Infer the sites of a traced model and build its symmetries (see the module docstring); ``strict`` as
+    in :func:`symalg.derive` (a group that a symbolic check disproves is blocked, not claimed)."""
+    sites = infer_model(model_graph, catalogue, loss, strict)
     shapes = {**{k: tuple(v.shape) for k, v in model_graph.model.named_parameters()},
               **{k: tuple(v.shape) for k, v in model_graph.model.named_buffers()}}
     symmetries = []
