@@ -28,7 +28,7 @@ import sympy as sp
 from .catalogue import CatalogueEntry
 from .groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
 
-__all__ = ["SymbolicCheck", "symbolic_checks"]
+__all__ = ["SymbolicCheck", "symbolic_checks", "disproof"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,13 @@ def symbolic_checks(entry: CatalogueEntry, group: SiteGroup, params: tuple) -> t
 
 
 _GENERIC_WIDTH = sp.Symbol("h", integer=True, positive=True)
+
+
+def disproof(op: str, group: SiteGroup, checks: tuple[SymbolicCheck, ...]) -> str | None:
+    """Why a declared ``group`` of activation ``op`` may not be claimed: ``"declared G for op is disproved:
+    <first check that is False>"``, or None when no check disproves it (undecided checks do not)."""
+    refuted = [check for check in checks if check.proved is False]
+    return f"declared {group.name} for {op} is disproved: {refuted[0]}" if refuted else None
 
 
 @lru_cache(maxsize=None)

@@ -21,9 +21,9 @@ import sympy as sp
 import torch
 
 from .catalogue import CATALOGUE, CatalogueEntry
-from .checks import SymbolicCheck, symbolic_checks
+from .checks import SymbolicCheck, disproof, symbolic_checks
 from .conserved import AngularMomentum, ConservedQuantity
-from .graph import Architecture
+from .graph import Architecture, SpecError
 from .groups import Orthogonal, SiteGroup
 from .inference import Blocked, Site, infer_sites
 from .lowering import LoweredFunction, lower, reads
@@ -321,13 +321,33 @@ def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: st
     ``catalogue`` defaults to the one the architecture was parsed with (the built-in one for strings).
     With ``strict`` (the default) a declared symmetry that a symbolic check *disproves* is not claimed
     but listed in ``analysis.blocked``; ``strict=False`` keeps it (e.g. to watch the verifier fail).
+    Both pipelines run the same cached checks (:mod:`symalg.checks`).
+
+    Arguments of the wrong type (``strict="yes"``, a catalogue that is not a mapping, an unknown loss)
+    raise ``SpecError`` naming the argument.
     """
     from .frontend import parse
     from .model_derive import derive_model
+    from .model_inference import check_loss
     from .tracing import ModelGraph
 
+    if not isinstance(strict, bool):
+        raise SpecError(f"derive: strict must be True or False, got {strict!r}")
+    if catalogue is not None and not isinstance(catalogue, Mapping):
+        raise SpecError(f"derive: catalogue must be a mapping of activation names to CatalogueEntry (e.g. "
+                        f"symalg.overlay({{...}})), got {type(catalogue).__name__}")
+    check_loss(loss, "derive")
+    if catalogue is not None:
+        wrong = [key for key, entry in catalogue.items() if not isinstance(entry, CatalogueEntry)]
+        if wrong:
+            raise SpecError(f"derive: catalogue entry {wrong[0]!r} is a {type(catalogue[wrong[0]]).__name__}, "
+                            "not a CatalogueEntry")
     if isinstance(arch, ModelGraph):
-        return derive_model(arch, CATALOGUE if catalogue is None else catalogue, loss)
+        return derive_model(arch, CATALOGUE if catalogue is None else catalogue, loss, strict)
+    if loss != "mse":
+        raise SpecError(f"derive: loss={loss!r} is not supported for a chain architecture, whose symmetries keep "
+                        "the outputs (it would miss the softmax translation of the logits); trace the module "
+                        f"instead: symalg.derive(symalg.trace(symalg.to_module(arch), example_inputs), loss={loss!r})")
     if isinstance(arch, Architecture):
         catalogue = catalogue if catalogue is not None else (arch.catalogue or CATALOGUE)
     else:
@@ -339,10 +359,9 @@ def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: st
     for site in sites:
         for group in site.groups:
             symmetry = _symmetry(arch, site, group, symbols, catalogue[site.op])
-            refuted = [check for check in symmetry.checks if check.proved is False]
-            if strict and refuted:
-                disproved.append(Blocked(site.activation_node, site.name, f"declared {group.name} for {site.op} is "
-                                                                         f"disproved: {refuted[0]}"))
+            reason = disproof(site.op, group, symmetry.checks)
+            if strict and reason:
+                disproved.append(Blocked(site.activation_node, site.name, reason))
             else:
                 symmetries.append(symmetry)
     return Analysis(arch, catalogue, sites, blocked + tuple(disproved), tuple(symmetries), symbols)

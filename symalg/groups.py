@@ -553,4 +553,7 @@ class Translations(SiteGroup):
 
     def _check_format(self, x, what):
         if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.shape[0] != _concrete(self.width):
-            raise ValueError(f"{self.name}: a {what} is a vector of length {self.width}")
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{self.name}: a {what} is a vector of length {self.width}, got {got}")
+        if not torch.isfinite(x).all():
+            raise ValueError(f"{self.name}: the {what} has non-finite entries")

@@ -193,7 +193,12 @@ class ModelSymmetry:
         return [b for b in self.bindings if not (isinstance(self.group, PositiveScaling) and b.power == 0)]
 
     def apply(self, params: Mapping[str, torch.Tensor], g: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Parameters (and buffers) moved by the group element ``g``; untouched tensors are shared."""
+        """Parameters (and buffers) moved by the group element ``g``; untouched tensors are shared.
+
+        ``g`` is checked to be an element of the group (:meth:`~symalg.groups.SiteGroup.check_element`:
+        shape, finiteness, membership); anything else raises ``ValueError`` naming the group.
+        """
+        self.group.check_element(g)
         moved = dict(params)
         if isinstance(self.group, Translations):
             for index, direction in enumerate(self._basis(params)):
@@ -212,11 +217,13 @@ class ModelSymmetry:
         return moved
 
     def apply_algebra(self, params, M: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``exp(M)·θ``."""
+        """``exp(M)·θ`` for ``M`` in the Lie algebra (checked)."""
+        self.group.check_algebra_element(M)
         return self.apply(params, self.group.exp(M))
 
     def tangent(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The infinitesimal action ``M·θ`` on the tensors it moves."""
+        """The infinitesimal action ``M·θ`` on the tensors it moves: linear in ``M``, defined for any ``M`` of the
+        algebra's shape (unchecked, so that :mod:`symalg.orbit_rank` can differentiate it under ``vmap``)."""
         if isinstance(self.group, Translations):
             out: dict[str, torch.Tensor] = {}
             for index, direction in enumerate(self._basis(params)):
@@ -323,9 +330,11 @@ class ModelAnalysis:
         return "\n".join(lines)
 
 
-def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse") -> ModelAnalysis:
-    """Infer the sites of a traced model and build its symmetries (see the module docstring)."""
-    sites = infer_model(model_graph, catalogue, loss)
+def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse",
+                 strict: bool = True) -> ModelAnalysis:
+    """Infer the sites of a traced model and build its symmetries (see the module docstring); ``strict`` as
+    in :func:`symalg.derive` (a group that a symbolic check disproves is blocked, not claimed)."""
+    sites = infer_model(model_graph, catalogue, loss, strict)
     shapes = {**{k: tuple(v.shape) for k, v in model_graph.model.named_parameters()},
               **{k: tuple(v.shape) for k, v in model_graph.model.named_buffers()}}
     symmetries = []

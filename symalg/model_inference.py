@@ -151,11 +151,13 @@ class ModelSites:
 class Inference:
     """The state op rules work on: labels of values, sites, ties and restrictions."""
 
-    def __init__(self, model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse"):
+    def __init__(self, model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse", strict: bool = True):
         self.model_graph = model_graph
         self.graph = model_graph.graph
         self.catalogue = catalogue
         self.loss = loss
+        self.strict = strict
+        """Drop an activation's declared group that a symbolic check (:mod:`symalg.checks`) disproves."""
         self.sites: list[_Site] = []
         self.ties = nx.utils.UnionFind()
         self.permutation_ties = nx.utils.UnionFind()
@@ -237,15 +239,26 @@ def _rule_for(op: str, inputs: list, catalogue: Mapping):
     return unknown_rule
 
 
-def infer_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse") -> ModelSites:
+LOSSES = ("mse", "cross_entropy")
+"""The losses symmetries are derived for: ``mse`` (outputs fixed) and ``cross_entropy`` (logits move along ``1``)."""
+
+
+def check_loss(loss, caller: str) -> None:
+    """Raise ``SpecError`` naming ``caller`` unless ``loss`` is one of :data:`LOSSES`."""
+    if not (isinstance(loss, str) and loss in LOSSES):
+        raise SpecError(f"{caller}: loss must be 'mse' or 'cross_entropy', got {loss!r}")
+
+
+def infer_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse",
+                strict: bool = True) -> ModelSites:
     """Run every op rule in data-flow order and solve the ties and restrictions.
 
     ``loss`` is ``"mse"`` (outputs must not change) or ``"cross_entropy"`` (outputs are logits: a
-    shift along ``1`` leaves the loss unchanged).
+    shift along ``1`` leaves the loss unchanged). With ``strict``, an activation's declared group that
+    a symbolic check disproves is not claimed (a ``Blocked`` note says which check failed).
     """
-    if loss not in ("mse", "cross_entropy"):
-        raise SpecError(f"infer_model: loss must be 'mse' or 'cross_entropy', got {loss!r}")
-    state = Inference(model_graph, catalogue, loss)
+    check_loss(loss, "infer_model")
+    state = Inference(model_graph, catalogue, loss, strict)
     for node in nx.topological_sort(state.graph):
         data = state.graph.nodes[node]
         inputs = [state.labels.get(i) if i is not None else None for i in data["inputs"]]

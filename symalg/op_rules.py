@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Callable
 
 from .bindings import Binding, TranslationFamily
+from .checks import disproof, symbolic_checks
 from .groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips
 from .model_inference import ALL, TRANSLATIONS, Inference, Label, Segment
 
@@ -78,9 +79,13 @@ def activation_rule(state: Inference, node, data, inputs) -> Label:
     label = _first(inputs)
     entry = state.catalogue[data["op"]]
     params = entry.resolve({k: v for k, v in data["settings"].items() if k in entry.defaults})
-    groups = entry.site_groups(2, **params)
-    kinds, alpha, center = set(), Fraction(1), Fraction(0)
+    groups = entry.site_groups(label.size or 2, **params)     # the width only names the groups in notes
+    kinds, alpha, center, disproved = set(), Fraction(1), Fraction(0), {}
     for group in groups:
+        reason = disproof(data["op"], group, symbolic_checks(entry, group, tuple(sorted(params.items()))))
+        if state.strict and reason:
+            disproved[reason] = _KINDS_OF_GROUP[type(group)]
+            continue
         kinds |= _KINDS_OF_GROUP[type(group)]
         if isinstance(group, PositiveScaling):
             alpha = Fraction(str(group.alpha))
@@ -89,6 +94,8 @@ def activation_rule(state: Inference, node, data, inputs) -> Label:
     if entry.radial and label.dim != -1 and label.segments:
         state.restrict_label(label, set(), node, f"{state.where(node)}: radial activation on a non-last axis", blocked=True)
         return Label.data(label.dim, label.size)
+    for reason, refuted in disproved.items():   # the same checks and wording as the chain pipeline's derive
+        state.restrict_label(label, ALL - (refuted - kinds), node, f"{state.where(node)}: {reason}", blocked=True)
     state.restrict_label(label, kinds, node, f"{state.where(node)} ({data['op']}) is equivariant only under "
                                              f"{', '.join(sorted(kinds)) or 'nothing'}")
     return Label(label.dim, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, s.power * alpha,

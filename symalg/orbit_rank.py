@@ -75,6 +75,7 @@ from typing import Mapping
 import sympy as sp
 import torch
 
+from .graph import SpecError
 from .groups import GeneralLinear, Orthogonal, OrthogonalFixingOnes, PositiveScaling, Translations
 from .orbit import gl_chain_kernel_dimension
 
@@ -728,6 +729,8 @@ def _state(analysis, sites: list[_Site], params, dtype, device, caller: str) -> 
             expected = tuple(site.symmetry.shapes[tensor])
             if tuple(value.shape) != expected:
                 raise ValueError(f"{caller}: params[{tensor!r}] has shape {tuple(value.shape)}, expected {expected}")
+            if not torch.isfinite(value).all():
+                raise SpecError(f"{caller}: parameter {tensor!r} has non-finite entries (NaN or inf): no rank to compute")
             state[tensor] = value.detach().to(dtype=dtype or value.dtype, device=device or value.device)
     return state
 

@@ -205,3 +205,64 @@ def test_an_architecture_remembers_the_catalogue_it_was_parsed_with():
     assert [s.group.name for s in symalg.derive(arch).symmetries] == ["SignFlips(3)", "S(3)"]
     assert symalg.derive(arch.subs({})).blocked == () and arch.subs({}).catalogue is mine
     assert symalg.derive(symalg.parse("linear(2, 3) -> relu -> linear(3, 1)")).catalogue is symalg.CATALOGUE
+
+
+# ---------------------------------------------------------------------------------------------
+# arguments are honoured or refused, on both pipelines
+# ---------------------------------------------------------------------------------------------
+def _traced(middle=None):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), middle or torch.nn.Softplus(), torch.nn.Linear(4, 2)).double()
+    return symalg.trace(model, (torch.randn(5, 3, dtype=torch.float64),))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"strict": "yes"}, r"derive: strict must be True or False, got 'yes'"),
+    ({"strict": 1}, r"derive: strict must be True or False, got 1"),
+    ({"catalogue": ["relu"]}, r"derive: catalogue must be a mapping .* got list"),
+    ({"catalogue": {"relu": "max(z, 0)"}}, r"derive: catalogue entry 'relu' is a str, not a CatalogueEntry"),
+    ({"loss": "nonsense"}, r"derive: loss must be 'mse' or 'cross_entropy', got 'nonsense'"),
+    ({"loss": None}, r"derive: loss must be 'mse' or 'cross_entropy', got None"),
+], ids=["strict-str", "strict-int", "catalogue-list", "catalogue-values", "loss-unknown", "loss-none"])
+@pytest.mark.parametrize("pipeline", ["spec", "traced"])
+def test_derive_refuses_arguments_of_the_wrong_type_naming_them(pipeline, kwargs, message):
+    arch = "linear(3, 4) -> softplus -> linear(4, 2)" if pipeline == "spec" else _traced()
+    with pytest.raises(symalg.SpecError, match=message):
+        symalg.derive(arch, **kwargs)
+
+
+def test_chain_pipeline_refuses_cross_entropy_and_points_to_the_traced_pipeline():
+    arch = symalg.parse("linear(3, 4) -> tanh -> linear(4, 2)")
+    with pytest.raises(symalg.SpecError, match=r"loss='cross_entropy' is not supported .* softmax translation .*"
+                                                r"symalg\.trace\(symalg\.to_module\(arch\)"):
+        symalg.derive(arch, loss="cross_entropy")
+    # the suggested route claims the translation of the logits, and it verifies
+    traced = symalg.derive(symalg.trace(symalg.to_module(arch), (torch.randn(6, 3, dtype=torch.float64),)),
+                           loss="cross_entropy")
+    assert any(s.group.name == "Translations(5, along 1)" for s in traced.symmetries)
+    assert symalg.verify(traced).passed
+
+
+def _softplus_declared_odd():
+    return symalg.overlay({"softplus": symalg.CatalogueEntry(
+        "softplus", symalg.CATALOGUE["softplus"].function, symalg.catalogue.declare_odd(),
+        defaults=symalg.CATALOGUE["softplus"].defaults)})
+
+
+def test_traced_pipeline_runs_the_symbolic_checks_and_blocks_a_disproved_declaration():
+    wrong = _softplus_declared_odd()
+    spec = symalg.derive(symalg.parse("linear(3, 4) -> softplus -> linear(4, 2)", catalogue=wrong), wrong)
+    traced = symalg.derive(_traced(), wrong)
+    for analysis, node in ((spec, "1"), (traced, "_1")):
+        assert not any(s.group.name.startswith("SignFlips") for s in analysis.symmetries)
+        (note,) = [b for b in analysis.blocked if "disproved" in b.reason]
+        assert note.node == node
+        assert "declared SignFlips(4) for softplus is disproved: σ(−z) = −σ(z): FALSE" in note.reason
+    assert [s.group.name for s in traced.symmetries] == ["S(4)"]          # pointwise: permutations stay
+
+
+def test_traced_pipeline_keeps_a_disproved_declaration_when_not_strict_and_the_verifier_catches_it():
+    traced = symalg.derive(_traced(), _softplus_declared_odd(), strict=False)
+    flips = next(s for s in traced.symmetries if s.group.name == "SignFlips(4)")
+    assert not any("disproved" in b.reason for b in traced.blocked)
+    report = symalg.verify(traced)
+    assert any(c.failed and c.symmetry == flips.label and c.check == "invariance" for c in report.checks)

@@ -396,3 +396,53 @@ def test_reused_module_ties_its_sites():
     # Both uses of `shared` move its rows and columns: every ReLU site is tied into one class.
     scaling = [s for s in analysis.symmetries if s.group.name.startswith("PositiveScaling")]
     assert len(scaling) == 1 and set(scaling[0].members) == {"inp", "shared", "shared_1"}
+
+
+def _traced_symmetry(middle, name, loss="mse"):
+    model = nn.Sequential(nn.Linear(3, 4), middle, nn.Linear(4, 2)).double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(5, 3, dtype=torch.float64),)), loss=loss)
+    symmetry = next(s for s in analysis.symmetries if s.group.name.startswith(name))
+    return symmetry, {k: v.detach() for k, v in model.named_parameters()}
+
+
+def _rotation(t):
+    g = torch.eye(4, dtype=torch.float64)
+    g[:2, :2] = torch.tensor([[math.cos(t), -math.sin(t)], [math.sin(t), math.cos(t)]], dtype=torch.float64)
+    return g
+
+
+_EYE = torch.eye(4, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("middle, group, g, problem", [
+    (nn.ReLU(), "PositiveScaling", torch.tensor([0.0, 1, 1, 1], dtype=torch.float64), "entries must be positive"),
+    (nn.ReLU(), "PositiveScaling", torch.tensor([-1.0, 1, 1, 1], dtype=torch.float64), "entries must be positive"),
+    (nn.ReLU(), "PositiveScaling", torch.ones(3, dtype=torch.float64), r"h = 4, got \(3,\)"),
+    (nn.ReLU(), "PositiveScaling", torch.tensor([float("inf"), 1, 1, 1], dtype=torch.float64), "non-finite"),
+    (nn.Identity(), "GL", torch.diag(torch.tensor([1.0, 1, 1, 0], dtype=torch.float64)), "singular"),
+    (nn.Identity(), "GL", torch.full((4, 4), float("nan"), dtype=torch.float64), "non-finite"),
+    (nn.RMSNorm(4, elementwise_affine=False), "O(4)", 2 * _EYE, "gᵀg ≠ I"),
+    (nn.LayerNorm(4, elementwise_affine=False), "O(4)_1", _rotation(0.3), "g 1 ≠ 1"),
+    (nn.Tanh(), "SignFlips", torch.diag(torch.tensor([-1.0, 1, 2, 1], dtype=torch.float64)), "entries ±1"),
+    (nn.Tanh(), "S(4)", _EYE[[1, 0, 2, 3]] * 0.5 + 0.5 * _EYE, "permutation matrix"),
+    (nn.Tanh(), "S(4)", _EYE[:3, :3], r"h = 4, got \(3, 3\)"),
+    (nn.Tanh(), "Translations", torch.ones(4, dtype=torch.float64), r"vector of length 5, got \(4,\)"),
+    (nn.Tanh(), "Translations", torch.tensor([1.0, 1, 1, 1, float("nan")], dtype=torch.float64), "non-finite"),
+], ids=["PS-zero", "PS-negative", "PS-length", "PS-inf", "GL-singular", "GL-nan", "O-not-orthogonal",
+        "O1-moves-ones", "SF-not-pm1", "S-not-permutation", "S-shape", "T1-length", "T1-nan"])
+def test_traced_apply_refuses_what_is_not_a_group_element_naming_the_group(middle, group, g, problem):
+    symmetry, params = _traced_symmetry(middle, group, loss="cross_entropy")
+    with pytest.raises(ValueError, match=problem) as error:
+        symmetry.apply(params, g)
+    assert str(error.value).startswith(symmetry.group.name)
+
+
+def test_traced_apply_algebra_refuses_what_is_not_in_the_lie_algebra():
+    symmetry, params = _traced_symmetry(nn.RMSNorm(4, elementwise_affine=False), "O(4)")
+    with pytest.raises(ValueError, match=r"O\(4\): not in the Lie algebra: M is not antisymmetric"):
+        symmetry.apply_algebra(params, _EYE)
+    M = torch.zeros(4, 4, dtype=torch.float64)
+    M[0, 1], M[1, 0] = 1, -1                            # antisymmetric: accepted, a rotation in the (0, 1) plane
+    moved = symmetry.apply_algebra(params, M)
+    changed = [t for t in symmetry.tensors if not torch.equal(moved[t], params[t])]
+    assert changed and all(torch.isfinite(moved[t]).all() for t in changed)

@@ -436,6 +436,16 @@ def test_params_default_to_the_model_and_bad_arguments_are_named():
         model_orbit_dimension(symalg.derive("linear(3, 4) -> identity -> linear(4, 2)"))
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_non_finite_parameters_are_refused_naming_the_parameter(bad):
+    model, analysis = two_layer(3, 4, 2)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    params["2.weight"][0, 1] = bad
+    for method in ("structured", "dense"):
+        with pytest.raises(symalg.SpecError, match=r"model_orbit_dimension: parameter '2.weight' has non-finite"):
+            model_orbit_dimension(analysis, params, method=method)
+
+
 @pytest.mark.slow
 def test_two_layer_width_2048_structured_rank_while_dense_would_need_terabytes():
     _, analysis = two_layer(2048, 2048, 2048)
