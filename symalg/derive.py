@@ -23,7 +23,7 @@ import torch
 from .catalogue import CATALOGUE, CatalogueEntry
 from .checks import SymbolicCheck, symbolic_checks
 from .conserved import AngularMomentum, ConservedQuantity
-from .graph import Architecture
+from .graph import Architecture, SpecError
 from .groups import Orthogonal, SiteGroup
 from .inference import Blocked, Site, infer_sites
 from .lowering import LoweredFunction, lower, reads
@@ -312,11 +312,15 @@ class LoweredAnalysis:
         return "\n\n".join(f.source for f in functions)
 
 
-def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse"):
+def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse", certify: bool = True):
     """Run inference and the symbolic derivation for an architecture (or anything :func:`parse` takes).
 
     A traced model (:class:`~symalg.tracing.ModelGraph`) goes to :func:`~symalg.model_derive.derive_model`
-    with ``loss`` (``"mse"`` or ``"cross_entropy"``) and returns a :class:`~symalg.model_derive.ModelAnalysis`.
+    with ``loss`` (``"mse"`` or ``"cross_entropy"``) and ``certify`` and returns a
+    :class:`~symalg.model_derive.ModelAnalysis`: with ``certify`` (the default) every claim is checked
+    numerically on the model first and one that fails is blocked ("failed numerical certification");
+    ``certify=False`` keeps the raw inferred claims. Spec architectures have no weights to run: their
+    claims are checked symbolically (``strict``) and ``certify`` does not apply to them.
 
     ``catalogue`` defaults to the one the architecture was parsed with (the built-in one for strings).
     With ``strict`` (the default) a declared symmetry that a symbolic check *disproves* is not claimed
@@ -326,8 +330,10 @@ def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: st
     from .model_derive import derive_model
     from .tracing import ModelGraph
 
+    if not isinstance(certify, bool):
+        raise SpecError(f"derive: certify must be True or False, got {certify!r}")
     if isinstance(arch, ModelGraph):
-        return derive_model(arch, CATALOGUE if catalogue is None else catalogue, loss)
+        return derive_model(arch, CATALOGUE if catalogue is None else catalogue, loss, certify)
     if isinstance(arch, Architecture):
         catalogue = catalogue if catalogue is not None else (arch.catalogue or CATALOGUE)
     else:
