@@ -312,11 +312,15 @@ class LoweredAnalysis:
         return "\n\n".join(f.source for f in functions)
 
 
-def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse"):
+def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse", certify: bool = True):
     """Run inference and the symbolic derivation for an architecture (or anything :func:`parse` takes).
 
     A traced model (:class:`~symalg.tracing.ModelGraph`) goes to :func:`~symalg.model_derive.derive_model`
-    with ``loss`` (``"mse"`` or ``"cross_entropy"``) and returns a :class:`~symalg.model_derive.ModelAnalysis`.
+    with ``loss`` (``"mse"`` or ``"cross_entropy"``) and ``certify`` and returns a
+    :class:`~symalg.model_derive.ModelAnalysis`: with ``certify`` (the default) every claim is checked
+    numerically on the model first and one that fails is blocked ("failed numerical certification");
+    ``certify=False`` keeps the raw inferred claims. Spec architectures have no weights to run: their
+    claims are checked symbolically (``strict``) and ``certify`` does not apply to them.
 
     ``catalogue`` defaults to the one the architecture was parsed with (the built-in one for strings).
     With ``strict`` (the default) a declared symmetry that a symbolic check *disproves* is not claimed
@@ -336,6 +340,8 @@ def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: st
     if catalogue is not None and not isinstance(catalogue, Mapping):
         raise SpecError(f"derive: catalogue must be a mapping of activation names to CatalogueEntry (e.g. "
                         f"symalg.overlay({{...}})), got {type(catalogue).__name__}")
+    if not isinstance(certify, bool):
+        raise SpecError(f"derive: certify must be True or False, got {certify!r}")
     check_loss(loss, "derive")
     if catalogue is not None:
         wrong = [key for key, entry in catalogue.items() if not isinstance(entry, CatalogueEntry)]
@@ -343,7 +349,7 @@ def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: st
             raise SpecError(f"derive: catalogue entry {wrong[0]!r} is a {type(catalogue[wrong[0]]).__name__}, "
                             "not a CatalogueEntry")
     if isinstance(arch, ModelGraph):
-        return derive_model(arch, CATALOGUE if catalogue is None else catalogue, loss, strict)
+        return derive_model(arch, CATALOGUE if catalogue is None else catalogue, loss, strict, certify)
     if loss != "mse":
         raise SpecError(f"derive: loss={loss!r} is not supported for a chain architecture, whose symmetries keep "
                         "the outputs (it would miss the softmax translation of the logits); trace the module "

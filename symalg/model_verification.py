@@ -5,8 +5,11 @@ check is on the real ``forward``, not on a re-implementation. Checks per symmetr
 assertions):
 
 ``invariance``
-    output and loss unchanged under ``exp(10⁻³ M)``, ``exp(M)`` (``‖M‖ ≈ 0.5``) and every discrete
-    generator. For ``cross_entropy`` the compared output is ``softmax(logits)``.
+    every output (tuples, dicts, dataclasses, Hugging-Face-style output objects:
+    :func:`~symalg.outputs.output_tensors`) and the loss unchanged under the elements of
+    :func:`~symalg.certification.sample_elements` (``exp(10⁻³ M)``, ``exp(M)`` with ``‖M‖ = 1``, every
+    discrete generator, the other component of ``GL``/``O``). For ``cross_entropy`` the first output is
+    compared as ``softmax(logits)``.
 ``gradient_orthogonality``
     ``⟨∇L, M·θ⟩ = 0`` for every Lie-algebra basis element (at most ``max_generators``, then random
     combinations), relative to ``‖∇L‖ ‖M·θ‖``; skipped for actions that move buffers.
@@ -31,6 +34,9 @@ assertions):
     Jacobian's rank (the latter where that Jacobian fits in ``DENSE_ORBIT_BYTES``); skipped when
     neither exists.
 
+The loss is computed on the first output (the logits for ``cross_entropy``, against random classes;
+MSE against a random target otherwise); the other outputs enter only ``invariance``.
+
 Actions that move buffers have no conserved quantity, so ``gd_drift``, ``gradient_flow`` and
 ``lowering`` have nothing to check for them.
 
@@ -48,8 +54,10 @@ import math
 import torch
 from torch.func import functional_call
 
+from .certification import output_change, sample_elements
 from .graph import SpecError
 from .groups import Translations
+from .outputs import output_tensors
 from .verification import (TOLERANCES, CheckResult, VerificationReport, check_device, check_gradient_orthogonality,
                            compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
 
@@ -66,12 +74,6 @@ def _inputs(analysis, inputs, dtype, device) -> tuple:
         raise SpecError("verify: the model was traced without example_inputs; pass inputs=(tensor, ...)")
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     return tuple(x.to(device=device, dtype=dtype) if torch.is_floating_point(x) else x.to(device) for x in inputs)
-
-
-def _first_tensor(output):
-    while isinstance(output, (tuple, list)):
-        output = output[0]
-    return output
 
 
 def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dtype=torch.float64, seed: int = 0,
@@ -95,23 +97,26 @@ def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dty
     x = _inputs(analysis, inputs, dtype, device)
     cross_entropy = analysis.loss == "cross_entropy"
 
-    def forward(values):
-        values = {k: v.clone() if k not in parameter_names else v for k, v in values.items()}  # running stats
-        return _first_tensor(functional_call(model, values, x))
+    def forward(values) -> list:
+        """Every output at ``values``, as ``(path, tensor)`` pairs; buffers cloned (training-mode running stats)."""
+        values = {k: v.clone() if k not in parameter_names else v for k, v in values.items()}
+        return output_tensors(functional_call(model, values, x))
 
-    reference = forward(state)
+    outputs = forward(state)
+    if not outputs:
+        raise SpecError(f"verify: {type(model).__name__} returns no tensor to compare")
+    reference = outputs[0][1]
     if cross_entropy:
         classes = torch.randint(reference.shape[-1], reference.shape[:-1], generator=generator).to(device)
     else:
         target = torch.randn(reference.shape, generator=generator, dtype=dtype).to(device)
 
-    def loss_of(output):
+    def loss_of(outputs):
+        """The loss of the first output (see the module docstring)."""
+        output = outputs[0][1]
         if cross_entropy:
             return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), classes.reshape(-1))
         return ((output - target) ** 2).mean()
-
-    def observed(output):
-        return output.softmax(-1) if cross_entropy else output
 
     def loss(params):
         """The loss as a function of the parameters alone (buffers as in ``state``)."""
@@ -121,7 +126,7 @@ def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dty
     grads = loss_gradients(loss, params)
     checks = []
     for symmetry in analysis.symmetries:
-        checks.append(_invariance(symmetry, state, forward, loss_of, observed, generator, dtype, device, tol))
+        checks.append(_invariance(symmetry, state, forward, loss_of, cross_entropy, generator, dtype, device, tol))
         if symmetry.group.is_continuous and not symmetry.acts_on_buffers:
             checks.append(_orthogonality(symmetry, state, grads, generator, dtype, device, tol, max_generators))
         if symmetry.conserved is not None:
@@ -162,27 +167,21 @@ def _orbit_dimension(analysis, state) -> CheckResult:
     return CheckResult("orbit_dimension", "*", float(error), 0.0, detail)
 
 
-def _elements(symmetry, generator, dtype, device):
-    group = symmetry.group
-    elements = []
-    if group.is_continuous:
-        for scale in (1e-3, 0.5):
-            M = group.random_algebra_element(scale, generator, dtype, device)
-            elements.append((f"exp(M), |M|={scale}", group.exp(M)))
-    elements += [(f"discrete generator {i}", g) for i, g in enumerate(group.discrete_generators(dtype, device))]
-    return elements
-
-
-def _invariance(symmetry, state, forward, loss_of, observed, generator, dtype, device, tol) -> CheckResult:
+def _invariance(symmetry, state, forward, loss_of, cross_entropy, generator, dtype, device, tol) -> CheckResult:
+    """Worst relative change of any output or of the loss under the group's test elements."""
     with torch.no_grad():
-        output = forward(state)
-        base_loss = loss_of(output)
+        outputs = forward(state)
+        base_loss = loss_of(outputs)
         worst, detail = 0.0, ""
-        for description, g in _elements(symmetry, generator, dtype, device):
+        for description, g in sample_elements(symmetry.group, generator, dtype, device):
             moved = forward(symmetry.apply(state, g))
-            error = max(relative_error(observed(moved), observed(output)), relative_error(loss_of(moved), base_loss))
+            error, path = output_change(moved, outputs, cross_entropy)
+            where = f"{description}, output {path!r}"
+            loss_error = relative_error(loss_of(moved), base_loss)
+            if not loss_error <= error:
+                error, where = loss_error, f"{description}, loss"
             if not error <= worst:
-                worst, detail = error, description
+                worst, detail = error, where
     return CheckResult("invariance", symmetry.label, worst, tol, detail)
 
 

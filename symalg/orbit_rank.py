@@ -822,7 +822,7 @@ def model_orbit_dimension_formula(analysis) -> sp.Integer:
 
     >>> import torch, symalg
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 6), torch.nn.Identity(), torch.nn.Linear(6, 3))
-    >>> model_orbit_dimension_formula(symalg.derive(symalg.trace(model)))    # 36 − (6 − 3)(6 − 3)
+    >>> model_orbit_dimension_formula(symalg.derive(symalg.trace(model, (torch.randn(4, 2),))))  # 36 − (6 − 3)(6 − 3)
     27
     """
     caller = "model_orbit_dimension_formula"

@@ -34,7 +34,6 @@ import torch
 
 from .conserved import AngularMomentum, ConservedQuantity
 from .graph import SpecError
-from .groups import GeneralLinear, Orthogonal
 from .lowering import evaluate_symbolic
 from .numeric import mse_loss, network_function, random_data, random_params
 
@@ -119,25 +118,12 @@ def loss_gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.
     return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
 
 
-def _elements(symmetry, generator, dtype, device):
-    """Group elements to test: (description, element)."""
-    group = symmetry.group
-    elements = [(f"generator {i}", g) for i, g in enumerate(group.discrete_generators(dtype, device))]
-    if group.is_continuous:
-        for scale, label in ((1e-3, "near identity"), (1.0, "far from identity")):
-            M = group.random_algebra_element(scale, generator, dtype, device)
-            elements.append((label, group.exp(M)))
-        if isinstance(group, (GeneralLinear, Orthogonal)):
-            reflection = group.discrete_generators(dtype, device)[0]
-            M = group.random_algebra_element(1.0, generator, dtype, device)
-            elements.append(("other component", reflection @ group.exp(M)))
-    return elements
-
-
 def _check_invariance(symmetry, forward, loss, params, x, generator, tol):
+    from .certification import sample_elements  # certification builds on this module
+
     reference_out, reference_loss = forward(params, x), loss(params)
     worst, where = 0.0, ""
-    for label, g in _elements(symmetry, generator, reference_out.dtype, reference_out.device):
+    for label, g in sample_elements(symmetry.group, generator, reference_out.dtype, reference_out.device):
         moved = symmetry.apply(params, g)
         error = max(relative_error(forward(moved, x), reference_out), relative_error(loss(moved), reference_loss))
         if error >= worst:
@@ -265,11 +251,13 @@ def _check_orbit_dimension(analysis, params):
 
 def _check_lowering(analysis, params, generator, tol):
     """Lowered torch values against SymPy's exact evaluation at the same numbers."""
+    from .certification import sample_elements  # certification builds on this module
+
     values = {s.name: params[n].detach().cpu().double().numpy() for n, s in analysis.symbols.items()}
     results = []
     for symmetry in analysis.symmetries:
         reference = params[symmetry.roles["W_in"]]
-        g = _elements(symmetry, generator, reference.dtype, reference.device)[-1][1]
+        g = sample_elements(symmetry.group, generator, reference.dtype, reference.device)[-1][1]
         error = compare_to_sympy(symmetry.lowered_action(params, g), symmetry.action,
                          {**values, symmetry.element.name: g.detach().cpu().double().numpy()})
         results.append(CheckResult("lowering", symmetry.label, error, tol, "action vs SymPy"))

@@ -14,6 +14,8 @@ def analyse(model, *inputs, loss="mse"):
     model = model.double()
     inputs = tuple(x.double() if torch.is_floating_point(x) else x for x in inputs)
     analysis = symalg.derive(symalg.from_torch(model, inputs), loss=loss)
+    refused = [str(e) for e in analysis.certification if not e.holds]
+    assert not refused, f"certification refused true symmetries: {refused}"   # no false refusals
     report = symalg.verify(analysis)
     assert report.passed, "\n".join(str(c) for c in report.failures)
     checks = {c.check for c in report.checks}

@@ -68,7 +68,7 @@ def test_T_of_unknown_rank_blocks_instead_of_guessing():
     graph = symalg.trace(Lifted(lambda h: h.T.transpose(0, 2)))
     (name,) = [v for v in graph.nodes if graph.node(v)["inputs"] == ("relu",)]
     assert graph.node(name)["op"] == "T"
-    analysis = symalg.derive(graph)
+    analysis = symalg.derive(graph, certify=False)   # no example inputs: nothing to certify with
     assert analysis.table() == []
     assert {(b.node, b.site) for b in analysis.blocked} == {(name, "fc1")}
     assert "x.T of unknown rank" in analysis.blocked[0].reason

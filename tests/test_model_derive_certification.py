@@ -1,0 +1,153 @@
+"""Certification before claiming (issue 12): ``derive`` checks every inferred claim of a traced model
+numerically and blocks the ones that fail, with the measured error; ``verify`` compares every output.
+
+False claims are produced on purpose: a monkeypatched op rule (``sin`` read as the identity claims
+``GL`` through it), and a traced graph whose module later returns per-head attention weights (the
+forward that certification and verification run is the module's own)."""
+import pytest
+import torch
+from torch import nn
+
+import symalg
+from symalg import op_rules
+from symalg.certification import CERTIFICATION_TOLERANCE
+from symalg.model_derive import derive_model
+from symalg.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
+
+
+class SinMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc2(torch.sin(self.fc1(x)))
+
+
+def sin_graph(monkeypatch):
+    """A traced ``fc2(sin(fc1 x))`` whose inference reads ``sin`` as the identity: it claims a false GL(4)."""
+    monkeypatch.setitem(op_rules._RULES, "sin", op_rules.identity_rule)
+    torch.manual_seed(0)
+    return symalg.trace(SinMLP().double(), (torch.randn(6, 3, dtype=torch.float64),))
+
+
+def test_a_false_claim_is_claimed_without_certification_and_fails_verify(monkeypatch):
+    analysis = symalg.derive(sin_graph(monkeypatch), certify=False)
+    assert analysis.table() == [("fc1", "GL(4)", 16)]
+    assert analysis.certification is None and not analysis.certified
+    assert "not checked numerically" in str(analysis)
+    report = symalg.verify(analysis)
+    assert [c.check for c in report.failures] == ["invariance", "gradient_orthogonality", "gd_drift", "gradient_flow"]
+
+
+def test_a_false_claim_is_blocked_with_its_measured_error_and_disappears_everywhere(monkeypatch):
+    graph = sin_graph(monkeypatch)
+    analysis = symalg.derive(graph)
+    assert analysis.table() == [] and analysis.conserved_quantities == []
+    (error,) = analysis.certification
+    assert error.symmetry.label == "GL(4) on fc1" and not error.holds and error.error > 0.1
+    (note,) = analysis.blocked
+    assert (note.node, note.site) == ("fc1", "fc1")
+    assert note.reason == (f"GL(4) failed numerical certification: relative error {error.error:.1e} on output "
+                           f"'output' under {error.element}")
+    assert note in analysis.sites.blocked
+    assert all("GL" not in c.kinds for c in analysis.sites.classes)
+    assert model_orbit_dimension_formula(analysis) == 0 and model_orbit_dimension(analysis).dimension == 0
+    assert "certification: 0 of 1 claims hold numerically" in str(analysis) and "1 failed (blocked)" in str(analysis)
+    assert symalg.verify(analysis).passed
+
+
+class SelfAttention(nn.Module):
+    """``nn.MultiheadAttention(8, 2)`` returning ``(out, weights)``: head-averaged or per-head weights."""
+
+    def __init__(self, per_head: bool):
+        super().__init__()
+        self.attn, self.per_head = nn.MultiheadAttention(8, 2, batch_first=True), per_head
+
+    def forward(self, x):
+        return self.attn(x, x, x, average_attn_weights=not self.per_head)
+
+
+def attention(per_head: bool):
+    torch.manual_seed(0)
+    return SelfAttention(per_head).double(), (torch.randn(2, 5, 8, dtype=torch.float64),)
+
+
+def test_head_permutation_holds_for_averaged_weights():
+    analysis = symalg.derive(symalg.trace(*attention(per_head=False)))
+    assert ("attn.heads", "S(2)", 0) in analysis.table() and analysis.blocked == ()
+    assert symalg.verify(analysis).passed
+
+
+def test_verify_compares_every_output_and_fails_the_head_permutation_on_per_head_weights():
+    # The certified analysis of the averaged model, checked on the same module once it returns per-head
+    # weights as its second output: the first output is unchanged, the second one is not.
+    model, inputs = attention(per_head=False)
+    analysis = symalg.derive(symalg.trace(model, inputs))
+    model.per_head = True
+    report = symalg.verify(analysis)
+    (failure,) = report.failures
+    assert (failure.check, failure.symmetry) == ("invariance", "S(2) on attn.heads")
+    assert failure.max_error > 0.1 and "output '1'" in failure.detail
+
+
+def test_per_head_weights_reproduction_verify_fails_whatever_inference_still_claims():
+    analysis = symalg.derive(symalg.trace(*attention(per_head=True)), certify=False)
+    report = symalg.verify(analysis)
+    claimed = {s.label for s in analysis.symmetries}
+    failed = {c.symmetry for c in report.failures}
+    assert failed == ({"S(2) on attn.heads"} & claimed)
+
+
+def test_certification_blocks_a_permutation_class_that_changes_a_second_output():
+    model, inputs = attention(per_head=False)
+    graph = symalg.trace(model, inputs)    # inference sees averaged weights and claims the head permutation
+    model.per_head = True                  # certification runs the module, which now returns per-head weights
+    analysis = symalg.derive(graph)
+    assert "S(2)" not in {name for _, name, _ in analysis.table()}
+    assert analysis.sites.permutations == ()
+    (note,) = [b for b in analysis.blocked if "failed numerical certification" in b.reason]
+    assert note.site == "attn.heads" and note.reason.startswith("S(2) failed numerical certification: relative error")
+    assert "on output '1' under discrete generator 0" in note.reason
+    assert symalg.verify(analysis).passed
+
+
+def test_models_traced_without_example_inputs_cannot_be_certified():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    graph = symalg.trace(model)
+    with pytest.raises(symalg.SpecError, match="traced without example_inputs.*certify=False"):
+        symalg.derive(graph)
+    analysis = symalg.derive(graph, certify=False)
+    assert sorted(analysis.table()) == [("_0", "PositiveScaling(4, alpha=1)", 4), ("_0", "S(4)", 0)]
+    assert analysis.certification is None and "not checked numerically" in str(analysis)
+
+
+@pytest.mark.parametrize("certify", ["yes", 1, None])
+def test_certify_must_be_a_bool(certify):
+    graph = symalg.trace(nn.Linear(3, 2), (torch.randn(4, 3),))
+    with pytest.raises(symalg.SpecError, match="certify must be True or False"):
+        symalg.derive(graph, certify=certify)
+    with pytest.raises(symalg.SpecError, match="certify must be True or False"):
+        derive_model(graph, certify=certify)
+
+
+def relu_mlp(depth: int) -> nn.Module:
+    layers = [nn.Linear(3, 4), nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [nn.Linear(4, 4), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(4, 2)).double()
+
+
+def test_certification_costs_a_fixed_number_of_forward_passes_whatever_the_number_of_claims():
+    # All claims pass together: 2 draws x (1 reference + 1 pass per round), rounds = most test elements
+    # of one group (S(4): 2 discrete generators; PositiveScaling: 2 elements), not the number of claims.
+    passes = {}
+    for depth in (1, 5):
+        model = relu_mlp(depth)
+        calls = []
+        model.register_forward_hook(lambda *_: calls.append(1))
+        analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
+        assert len(analysis.symmetries) == 2 * depth
+        assert all(e.error <= CERTIFICATION_TOLERANCE for e in analysis.certification)
+        passes[depth] = len(calls)          # certification runs a copy of the module, hooks included
+    assert passes == {1: 6, 5: 6}
