@@ -162,6 +162,8 @@ class Inference:
         self.labels: dict[str, object] = {}
         self.opaque: dict[str, str] = {}
         """``{tensor: node}``: parameters read by an op the rules do not know; no action may move them."""
+        self.pinned: list[tuple[Binding, str]] = []
+        """``(region, node)``: tensor regions ``node`` reads against values nothing acts on (see :meth:`pin`)."""
         self.shapes = {**{k: tuple(v.shape) for k, v in model_graph.model.named_parameters()},
                        **{k: tuple(v.shape) for k, v in model_graph.model.named_buffers()}}
 
@@ -182,11 +184,24 @@ class Inference:
     def bind(self, site_id: int, binding: Binding) -> None:
         self.sites[site_id].bindings.append(binding)
 
-    def bind_reader(self, label: Label, tensor: str, axis: int, node: str, start: int = 0) -> None:
-        """In-bindings for a map reading ``label`` along ``axis`` of ``tensor`` (columns of a weight)."""
-        for seg in label.segments:
-            self.bind(seg.site, Binding(tensor, axis, start + seg.offset, seg.width, seg.block, "in", seg.power,
-                                        node=node))
+    def bind_reader(self, label: Label, tensor: str, axis: int, node: str, role: str = "in") -> None:
+        """Bindings for a map reading ``label`` along ``axis`` of ``tensor`` (columns of a weight; ``role="out"``
+        for a parameter added to the value); the coordinates of the axis no segment covers are read against
+        data and are pinned."""
+        covered = 0
+        for seg in sorted(label.segments, key=lambda s: s.offset):
+            self.bind(seg.site, Binding(tensor, axis, seg.offset, seg.width, seg.block, role, seg.power, node=node))
+            if seg.offset > covered:
+                self.pin(Binding(tensor, axis, covered, seg.offset - covered, node=node), node)
+            covered = max(covered, seg.offset + seg.width * seg.block)
+        if covered < self.shapes[tensor][axis]:
+            self.pin(Binding(tensor, axis, covered, self.shapes[tensor][axis] - covered, node=node), node)
+
+    def pin(self, region: Binding, node: str) -> None:
+        """``node`` reads ``region`` against values nothing acts on (a model input, the output of an unknown
+        op, token indices): no action may move it. A ``diagonal`` in-region pins only the in-side of a
+        diagonal map (its gain may still scale its output)."""
+        self.pinned.append((region, node))
 
     def tie(self, a: int, b: int) -> None:
         """Sites ``a`` and ``b`` carry the same group element (a skip connection, a shared tensor)."""
@@ -285,13 +300,34 @@ def _shared_regions(state: Inference) -> None:
             state.sites[site_id].bindings.remove(binding)
 
 
+def _pinned_regions(state: Inference) -> None:
+    """A site moving a region that some node reads against data (``out(w(w(x)))``: ``w``'s columns read
+    ``x``) carries no group: the data read does not transform with it."""
+    for site in state.sites:
+        if site.dissolved:
+            continue
+        for binding in site.bindings:
+            for region, node in state.pinned:
+                if _overlap(binding, region) and (not region.diagonal or binding.diagonal and binding.role == "in"):
+                    state.restrict(site.id, set(), node, f"{binding.describe()} is also read by {state.where(node)} "
+                                                         "against a value nothing acts on", blocked=True)
+
+
+def _overlap(a: Binding, b: Binding) -> bool:
+    """True when ``a`` and ``b`` share entries of the same tensor axis."""
+    return (a.tensor, a.axis) == (b.tensor, b.axis) and \
+        a.start < b.start + b.width * b.block and b.start < a.start + a.width * a.block
+
+
 def _solve(state: Inference) -> ModelSites:
     _shared_regions(state)
+    _pinned_regions(state)
     for site in state.sites:
         for tensor in dict.fromkeys(b.tensor for b in site.bindings if b.tensor in state.opaque):
             node = state.opaque[tensor]
-            state.restrict(site.id, set(), node, f"{tensor} is also read by {state.where(node)}, an op the "
-                                                 "catalogue does not know", blocked=True)
+            why = "which returns it as a model output" if state.graph.nodes[node]["op"] == "output" else \
+                "an op the catalogue does not know"
+            state.restrict(site.id, set(), node, f"{tensor} is also read by {state.where(node)}, {why}", blocked=True)
     live = [s for s in state.sites if not s.dissolved]
     groups: dict[int, list[_Site]] = {}
     for site in live:

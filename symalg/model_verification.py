@@ -50,6 +50,7 @@ from torch.func import functional_call
 
 from .graph import SpecError
 from .groups import Translations
+from .outputs import output_tensors
 from .verification import (TOLERANCES, CheckResult, VerificationReport, check_device, check_gradient_orthogonality,
                            compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
 
@@ -69,9 +70,8 @@ def _inputs(analysis, inputs, dtype, device) -> tuple:
 
 
 def _first_tensor(output):
-    while isinstance(output, (tuple, list)):
-        output = output[0]
-    return output
+    """The first tensor the model returns, whatever its container (dict, dataclass, ``ModelOutput``)."""
+    return output_tensors(output)[0][1]
 
 
 def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dtype=torch.float64, seed: int = 0,
