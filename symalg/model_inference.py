@@ -54,6 +54,8 @@ CENTER_AWARE = frozenset({"linear", "conv", "flatten", "reshape", "transpose", "
 """Ops that carry or absorb the shift ``center·(1 − g1)`` of an affine sign flip (only a biased linear map, or a
 biased convolution without padding, absorbs it); any other reader of a shifted value removes the flips."""
 ALL = frozenset(KINDS)
+DIAGONAL_MOVES = frozenset({"PS", "SF"})
+"""Kinds that rescale the diagonal of a diagonal map reading the site (a norm's gain absorbs them)."""
 TRANSLATIONS = frozenset({"T", "T1"})
 
 
@@ -275,28 +277,35 @@ def infer_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: s
 
 def _shared_regions(state: Inference) -> None:
     """A tensor region transforms one way: bindings of the same region tie their sites (reused
-    modules, tied weights); opposite roles on it (tied embedding/unembedding) force ``O``/``S``/``SF``."""
+    modules, tied weights) and the region is moved once; opposite roles on it (tied
+    embedding/unembedding) force ``O``/``S``/``SF``. The diagonal of a diagonal map (a norm's gain)
+    called several times (a weight-shared block) ties the calls' sites per role: ``s ↦ d s`` once for
+    all calls, each call's output scaled by the same ``d``."""
     regions: dict[tuple, list[tuple[int, Binding]]] = {}
     for site in state.sites:
         if site.dissolved:
             continue
         for binding in site.bindings:
-            if not binding.diagonal:
-                regions.setdefault(binding.region, []).append((site.id, binding))
-    for region, uses in regions.items():
+            key = (binding.region, binding.role) if binding.diagonal else binding.region
+            regions.setdefault(key, []).append((site.id, binding))
+    for uses in regions.values():
         nodes = {b.node for _, b in uses}
         if len(uses) < 2:
             continue
         first_site, first = uses[0]
         for site_id, binding in uses[1:]:
-            state.tie(first_site, site_id)
+            if binding.diagonal and binding.role == "in" and \
+                    not (state.sites[first_site].allowed | state.sites[site_id].allowed) & DIAGONAL_MOVES:
+                state.tie_permutations(first_site, site_id)  # only a permutation moves the gain's input side
+            else:
+                state.tie(first_site, site_id)
             if binding.role != first.role:
                 state.restrict(site_id, {"O", "O1", "S", "SF"}, binding.node,
-                               f"{region[0]} is read and written along the same axis by {sorted(nodes)} (tied "
+                               f"{first.tensor} is read and written along the same axis by {sorted(nodes)} (tied "
                                "weights): only orthogonal actions keep it one tensor", blocked=True)
             if binding.power != first.power:
                 state.restrict(site_id, ALL - {"PS"}, binding.node,
-                               f"{region[0]} is used at different scaling powers by {sorted(nodes)}", blocked=True)
+                               f"{first.tensor} is used at different scaling powers by {sorted(nodes)}", blocked=True)
             state.sites[site_id].bindings.remove(binding)
 
 
