@@ -768,7 +768,13 @@ def attention_sites(state: Inference, node, heads: int, q: list[Binding], k: lis
 
 @register_rule("multihead_attention")
 def multihead_attention_rule(state: Inference, node, data, inputs):
-    """``nn.MultiheadAttention`` with a packed in-projection (``q, k, v`` rows of ``in_proj_weight``)."""
+    """``nn.MultiheadAttention`` with a packed in-projection (``q, k, v`` rows of ``in_proj_weight``).
+
+    Its second output, the attention weights ``softmax(Q_h K_hᵀ/√d)``, is invariant under every per-head
+    ``GL``; averaged over heads (the default) it is invariant under head permutations too. Per head
+    (``average_attn_weights=False``) a head permutation permutes its head axis (``-3``), so the weights carry
+    the head site there and whatever reads them (the output, an unknown op) decides whether heads may move.
+    """
     settings, params = data["settings"], data["params"]
     if not settings.get("same_embed") or settings.get("bias_kv") or settings.get("add_zero_attn"):
         return unknown_rule(state, node, data, inputs)
@@ -794,7 +800,10 @@ def multihead_attention_rule(state: Inference, node, data, inputs):
     out_weight, out_bias = params["out_proj.weight"], params.get("out_proj.bias")
     state.bind_reader(values, out_weight, 1, node)
     site = _producer_site(state, node, d, out_weight, out_bias)
-    return (Label(-1, d, (Segment(site, 0, d),)), Label.data())
+    per_head = _argument(data, 4, "need_weights", True) and not _argument(data, 6, "average_attn_weights", True)
+    weights = Label(-3, heads, (Segment(values.segments[-1].site, 0, heads),)) if per_head and heads > 1 else \
+        Label.data()
+    return (Label(-1, d, (Segment(site, 0, d),)), weights)
 
 
 @register_rule("attention")

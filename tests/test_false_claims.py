@@ -30,7 +30,8 @@ def claims(analysis) -> set[str]:
 
 
 def blocked_at(analysis, node: str) -> list[str]:
-    return [b.reason for b in analysis.blocked if b.node == node]
+    """Reasons of the blocked notes and restrictions naming ``node``."""
+    return [b.reason for b in analysis.blocked + analysis.sites.restrictions if b.node == node]
 
 
 # -- 1. every returned tensor is an output -------------------------------------------------------
@@ -165,3 +166,78 @@ def test_a_module_called_twice_on_moving_values_keeps_its_conjugation():
 
     analysis = analyse(Twice(), torch.randn(5, 3))
     assert "GL(4) on inp" in claims(analysis)
+
+
+# -- 7. a weight-shared block with a norm gain moves the gain once ----------------------------------
+
+class _SharedBlock(nn.Module):
+    """ALBERT / Universal-Transformer style: one block (linear, ReLU, norm with gain) applied three times."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.inp, self.fc, self.norm, self.out = nn.Linear(3, 4), nn.Linear(4, 4), norm, nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.inp(x)
+        for _ in range(3):
+            h = h + self.norm(torch.relu(self.fc(h)))
+        return self.out(h)
+
+
+@pytest.mark.parametrize("norm", [nn.LayerNorm(4), nn.RMSNorm(4)], ids=["layer_norm", "rms_norm"])
+def test_a_shared_norm_gain_is_scaled_once_and_counted_once(norm):
+    analysis = analyse(_SharedBlock(norm), torch.randn(5, 3))
+    assert claims(analysis) == {"PositiveScaling(4, alpha=1) on inp", "SignFlips(4) on inp", "S(4) on inp"}
+    (scaling,) = [s for s in analysis.symmetries if s.label.startswith("PositiveScaling")]
+    gains = [b for b in scaling.bindings if b.tensor == "norm.weight"]
+    assert len(gains) == 1 and gains[0].role == "out"
+    report = symalg.verify(analysis)
+    assert report.passed, [c for c in report.checks if not c.passed]
+
+
+def test_a_norm_called_on_two_streams_scales_its_gain_for_both():
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.norm, self.fc, self.out = nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            h = self.inp(x)
+            for _ in range(2):
+                h = self.fc(self.norm(h))
+            return self.out(h)
+
+    analysis = analyse(Shared(), torch.randn(5, 3))
+    assert claims(analysis) == {"Translations(4, along 1) on inp", "PositiveScaling(4, alpha=1) on norm",
+                                "SignFlips(4) on norm", "S(4) on inp"}
+
+
+# -- 8. per-head attention weights pin the head permutation -----------------------------------------
+
+class _Attention(nn.Module):
+    def __init__(self, average: bool, use: str):
+        super().__init__()
+        self.attention, self.out = nn.MultiheadAttention(4, 2, batch_first=True), nn.Linear(4, 2)
+        self.average, self.use = average, use
+
+    def forward(self, x):
+        y, weights = self.attention(x, x, x, need_weights=True, average_attn_weights=self.average)
+        if self.use == "returned":
+            return self.out(y), weights
+        return self.out(y) + weights[:, 0].sum(-1, keepdim=True)
+
+
+PER_HEAD = {"GL(2) on attention.head0.qk", "GL(2) on attention.head0.vo", "GL(2) on attention.head1.qk",
+            "GL(2) on attention.head1.vo", "GL(4) on attention"}
+
+
+@pytest.mark.parametrize("use, node", [("returned", "output"), ("consumed", "getitem_2")])
+def test_per_head_attention_weights_pin_the_head_permutation(use, node):
+    analysis = analyse(_Attention(average=False, use=use), torch.randn(2, 3, 4))
+    assert claims(analysis) == PER_HEAD
+    assert any("S removed" in r for r in blocked_at(analysis, node))
+
+
+def test_averaged_attention_weights_keep_the_head_permutation():
+    analysis = analyse(_Attention(average=True, use="returned"), torch.randn(2, 3, 4))
+    assert claims(analysis) == PER_HEAD | {"S(2) on attention.heads"}
