@@ -155,6 +155,21 @@ def test_a_module_called_on_the_raw_input_and_on_itself_is_pinned():
     assert any("w.weight columns" in r for r in blocked_at(analysis, "w"))
 
 
+def test_a_module_called_on_the_raw_input_and_on_a_hidden_value():
+    """Fuzzer finding F2: ``m0(x) + m0(silu(m1(x)))`` claimed ``S(2)`` on ``m1``."""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m0, self.m1, self.m2 = nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 5)
+
+        def forward(self, x):
+            return self.m2(self.m0(x) + self.m0(F.silu(self.m1(x))))
+
+    analysis = analyse(Model(), torch.randn(4, 2))
+    assert claims(analysis) == {"GL(2) on m0"}
+    assert any("m0.weight columns" in r for r in blocked_at(analysis, "m0"))
+
+
 def test_a_module_called_twice_on_moving_values_keeps_its_conjugation():
     class Twice(nn.Module):
         def __init__(self):
@@ -193,6 +208,24 @@ def test_a_shared_norm_gain_is_scaled_once_and_counted_once(norm):
     assert len(gains) == 1 and gains[0].role == "out"
     report = symalg.verify(analysis)
     assert report.passed, [c for c in report.checks if not c.passed]
+
+
+def test_a_shared_block_between_norm_calls():
+    """Fuzzer finding F8: ``h = norm(h + m2(relu(m1(h))))`` three times with one RMSNorm gain."""
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m0, self.m1, self.m2 = nn.Linear(4, 4), nn.Linear(4, 6), nn.Linear(6, 4)
+            self.norm, self.out = nn.RMSNorm(4), nn.Linear(4, 1)
+
+        def forward(self, x):
+            h = self.m0(x)
+            for _ in range(3):
+                h = self.norm(h + self.m2(torch.relu(self.m1(h))))
+            return self.out(h)
+
+    analysis = analyse(Model(), torch.randn(3, 4))
+    assert claims(analysis) == {"PositiveScaling(6, alpha=1) on m1", "S(6) on m1", "SignFlips(4) on m0", "S(4) on m0"}
 
 
 def test_a_norm_called_on_two_streams_scales_its_gain_for_both():
