@@ -54,6 +54,8 @@ CENTER_AWARE = frozenset({"linear", "conv", "flatten", "reshape", "transpose", "
 """Ops that carry or absorb the shift ``center·(1 − g1)`` of an affine sign flip (only a biased linear map, or a
 biased convolution without padding, absorbs it); any other reader of a shifted value removes the flips."""
 ALL = frozenset(KINDS)
+DIAGONAL_MOVES = frozenset({"PS", "SF"})
+"""Kinds that rescale the diagonal of a diagonal map reading the site (a norm's gain absorbs them)."""
 TRANSLATIONS = frozenset({"T", "T1"})
 
 
@@ -164,6 +166,8 @@ class Inference:
         self.labels: dict[str, object] = {}
         self.opaque: dict[str, str] = {}
         """``{tensor: node}``: parameters read by an op the rules do not know; no action may move them."""
+        self.pinned: list[tuple[Binding, str]] = []
+        """``(region, node)``: tensor regions ``node`` reads against values nothing acts on (see :meth:`pin`)."""
         self.shapes = {**{k: tuple(v.shape) for k, v in model_graph.model.named_parameters()},
                        **{k: tuple(v.shape) for k, v in model_graph.model.named_buffers()}}
 
@@ -184,11 +188,24 @@ class Inference:
     def bind(self, site_id: int, binding: Binding) -> None:
         self.sites[site_id].bindings.append(binding)
 
-    def bind_reader(self, label: Label, tensor: str, axis: int, node: str, start: int = 0) -> None:
-        """In-bindings for a map reading ``label`` along ``axis`` of ``tensor`` (columns of a weight)."""
-        for seg in label.segments:
-            self.bind(seg.site, Binding(tensor, axis, start + seg.offset, seg.width, seg.block, "in", seg.power,
-                                        node=node))
+    def bind_reader(self, label: Label, tensor: str, axis: int, node: str, role: str = "in") -> None:
+        """Bindings for a map reading ``label`` along ``axis`` of ``tensor`` (columns of a weight; ``role="out"``
+        for a parameter added to the value); the coordinates of the axis no segment covers are read against
+        data and are pinned."""
+        covered = 0
+        for seg in sorted(label.segments, key=lambda s: s.offset):
+            self.bind(seg.site, Binding(tensor, axis, seg.offset, seg.width, seg.block, role, seg.power, node=node))
+            if seg.offset > covered:
+                self.pin(Binding(tensor, axis, covered, seg.offset - covered, node=node), node)
+            covered = max(covered, seg.offset + seg.width * seg.block)
+        if covered < self.shapes[tensor][axis]:
+            self.pin(Binding(tensor, axis, covered, self.shapes[tensor][axis] - covered, node=node), node)
+
+    def pin(self, region: Binding, node: str) -> None:
+        """``node`` reads ``region`` against values nothing acts on (a model input, the output of an unknown
+        op, token indices): no action may move it. A ``diagonal`` in-region pins only the in-side of a
+        diagonal map (its gain may still scale its output)."""
+        self.pinned.append((region, node))
 
     def tie(self, a: int, b: int) -> None:
         """Sites ``a`` and ``b`` carry the same group element (a skip connection, a shared tensor)."""
@@ -273,38 +290,66 @@ def infer_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: s
 
 def _shared_regions(state: Inference) -> None:
     """A tensor region transforms one way: bindings of the same region tie their sites (reused
-    modules, tied weights); opposite roles on it (tied embedding/unembedding) force ``O``/``S``/``SF``."""
+    modules, tied weights) and the region is moved once; opposite roles on it (tied
+    embedding/unembedding) force ``O``/``S``/``SF``. The diagonal of a diagonal map (a norm's gain)
+    called several times (a weight-shared block) ties the calls' sites per role: ``s ↦ d s`` once for
+    all calls, each call's output scaled by the same ``d``."""
     regions: dict[tuple, list[tuple[int, Binding]]] = {}
     for site in state.sites:
         if site.dissolved:
             continue
         for binding in site.bindings:
-            if not binding.diagonal:
-                regions.setdefault(binding.region, []).append((site.id, binding))
-    for region, uses in regions.items():
+            key = (binding.region, binding.role) if binding.diagonal else binding.region
+            regions.setdefault(key, []).append((site.id, binding))
+    for uses in regions.values():
         nodes = {b.node for _, b in uses}
         if len(uses) < 2:
             continue
         first_site, first = uses[0]
         for site_id, binding in uses[1:]:
-            state.tie(first_site, site_id)
+            if binding.diagonal and binding.role == "in" and \
+                    not (state.sites[first_site].allowed | state.sites[site_id].allowed) & DIAGONAL_MOVES:
+                state.tie_permutations(first_site, site_id)  # only a permutation moves the gain's input side
+            else:
+                state.tie(first_site, site_id)
             if binding.role != first.role:
                 state.restrict(site_id, {"O", "O1", "S", "SF"}, binding.node,
-                               f"{region[0]} is read and written along the same axis by {sorted(nodes)} (tied "
+                               f"{first.tensor} is read and written along the same axis by {sorted(nodes)} (tied "
                                "weights): only orthogonal actions keep it one tensor", blocked=True)
             if binding.power != first.power:
                 state.restrict(site_id, ALL - {"PS"}, binding.node,
-                               f"{region[0]} is used at different scaling powers by {sorted(nodes)}", blocked=True)
+                               f"{first.tensor} is used at different scaling powers by {sorted(nodes)}", blocked=True)
             state.sites[site_id].bindings.remove(binding)
+
+
+def _pinned_regions(state: Inference) -> None:
+    """A site moving a region that some node reads against data (``out(w(w(x)))``: ``w``'s columns read
+    ``x``) carries no group: the data read does not transform with it."""
+    for site in state.sites:
+        if site.dissolved:
+            continue
+        for binding in site.bindings:
+            for region, node in state.pinned:
+                if _overlap(binding, region) and (not region.diagonal or binding.diagonal and binding.role == "in"):
+                    state.restrict(site.id, set(), node, f"{binding.describe()} is also read by {state.where(node)} "
+                                                         "against a value nothing acts on", blocked=True)
+
+
+def _overlap(a: Binding, b: Binding) -> bool:
+    """True when ``a`` and ``b`` share entries of the same tensor axis."""
+    return (a.tensor, a.axis) == (b.tensor, b.axis) and \
+        a.start < b.start + b.width * b.block and b.start < a.start + a.width * a.block
 
 
 def _solve(state: Inference) -> ModelSites:
     _shared_regions(state)
+    _pinned_regions(state)
     for site in state.sites:
         for tensor in dict.fromkeys(b.tensor for b in site.bindings if b.tensor in state.opaque):
             node = state.opaque[tensor]
-            state.restrict(site.id, set(), node, f"{tensor} is also read by {state.where(node)}, an op the "
-                                                 "catalogue does not know", blocked=True)
+            why = "which returns it as a model output" if state.graph.nodes[node]["op"] == "output" else \
+                "an op the catalogue does not know"
+            state.restrict(site.id, set(), node, f"{tensor} is also read by {state.where(node)}, {why}", blocked=True)
     live = [s for s in state.sites if not s.dissolved]
     groups: dict[int, list[_Site]] = {}
     for site in live:

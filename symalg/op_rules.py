@@ -25,7 +25,7 @@ from .model_inference import ALL, TRANSLATIONS, Inference, Label, Segment
 __all__ = ["OP_RULES", "WEIGHT_RULES", "WeightExpr", "register_rule", "activation_rule", "unknown_rule"]
 
 _RULES: dict[str, Callable] = {}
-WEIGHT_RULES = frozenset({"param", "output", "linear", "add", "sub", "mul", "div", "matmul", "transpose", "permute",
+WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose", "permute",
                           "embedding", "cdist", "getitem"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
@@ -131,13 +131,34 @@ def param_rule(state, node, data, inputs):
 
 @register_rule("output")
 def output_rule(state: Inference, node, data, inputs) -> None:
-    """Model outputs must not change (``mse``); logits may shift along ``1`` (``cross_entropy``)."""
-    kinds = {"T1"} if state.loss == "cross_entropy" else set()
-    for label in inputs:
-        for item in (label if isinstance(label, tuple) and not _is_param(label) else (label,)):
-            if isinstance(item, Label):
-                state.restrict_label(item, kinds, node, "the model output is fixed by the loss")
+    """Every returned tensor (nested in tuples, lists, dicts, dataclasses) must not change (``mse``); with
+    ``cross_entropy`` the first is the logits, which may shift along ``1``. A returned parameter is
+    pinned (no action may move it)."""
+    for position, item in enumerate(_flat_outputs(inputs)):
+        kinds = {"T1"} if state.loss == "cross_entropy" and position == 0 else set()
+        if isinstance(item, Label):
+            state.restrict_label(item, kinds, node, f"{state.where(node)}: the model output is fixed by the loss")
+        elif isinstance(item, WeightExpr) or _is_param(item):
+            for tensor in (item.tensors if isinstance(item, WeightExpr) else (item[1],)):
+                state.opaque.setdefault(tensor, node)
     return None
+
+
+@register_rule("pack")
+def pack_rule(state, node, data, inputs) -> tuple:
+    """A returned dataclass (``ModelOutput(logits=…, hidden=…)``): the tuple of its fields' labels."""
+    return tuple(inputs)
+
+
+def _flat_outputs(items) -> list:
+    """Labels and parameters in nested output tuples (multi-output ops, ``pack``), depth first."""
+    flat = []
+    for item in items:
+        if isinstance(item, tuple) and not _is_param(item):
+            flat += _flat_outputs(item)
+        else:
+            flat.append(item)
+    return flat
 
 
 def _is_param(label) -> bool:
@@ -187,12 +208,13 @@ def _producer_site(state, node, width, weight, bias, name=None) -> int:
 def _read_as_map(state, node, label: Label, weight, feature_dim: int) -> None:
     """A map reads ``label`` on its input axis: bind columns (of every column tensor of a
     :class:`WeightExpr`); translations of the input cannot pass."""
+    columns = weight.cols if isinstance(weight, WeightExpr) else ((weight, 1),)
     if label.segments and label.dim != feature_dim:
         state.restrict_label(label, set(), node, f"{state.where(node)} reads axis {feature_dim} of a value whose "
                                                  f"sites run along axis {label.dim}", blocked=True)
-        return
+        label = Label.data(feature_dim)
     state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} does not absorb translations")
-    for tensor, axis in (weight.cols if isinstance(weight, WeightExpr) else ((weight, 1),)):
+    for tensor, axis in columns:
         state.bind_reader(label, tensor, axis, node)
 
 
@@ -289,9 +311,9 @@ def _diagonal_map(state, node, label: Label, scale: str | None, shift: str | Non
     for seg in pieces:
         bindings = [Binding(t, 0, seg.offset, seg.width, seg.block, diagonal=True, node=node)
                     for t in (scale, shift) if t]
-        if scale and seg.site >= 0:
-            state.bind(seg.site, Binding(scale, 0, seg.offset, seg.width, seg.block, "in", seg.power,
-                                         diagonal=True, node=node))
+        if scale:
+            reader = Binding(scale, 0, seg.offset, seg.width, seg.block, "in", seg.power, diagonal=True, node=node)
+            state.bind(seg.site, reader) if seg.site >= 0 else state.pin(reader, node)
         site = state.new_site(node, seg.width, bindings, allowed=DIAGONAL if seg.site >= 0 else {"PS", "SF"})
         if seg.site >= 0:
             state.tie_permutations(seg.site, site)
@@ -306,7 +328,8 @@ def embedding_rule(state: Inference, node, data, inputs) -> Label:
         inputs[1][1] if len(inputs) > 1 and _is_param(inputs[1]) else None)
     if weight is None:
         return unknown_rule(state, node, data, inputs)
-    width = state.shapes[weight][1]
+    vocabulary, width = state.shapes[weight]
+    state.pin(Binding(weight, 0, 0, vocabulary, node=node), node)
     site = state.new_site(node, width, [Binding(weight, 1, 0, width, node=node)])
     return Label(-1, width, (Segment(site, 0, width),))
 
@@ -336,10 +359,7 @@ def add_rule(state: Inference, node, data, inputs) -> Label:
         return label.map_segments(invariant=frozenset())
     if len(labels) == 1 and len(params) == 1:
         (label,), (param,) = labels, params
-        shape = state.shapes[param[1]]
-        for seg in label.segments:
-            state.bind(seg.site, Binding(param[1], len(shape) - 1, seg.offset, seg.width, seg.block, "out",
-                                         seg.power, node=node))
+        state.bind_reader(label, param[1], len(state.shapes[param[1]]) - 1, node, role="out")
         state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} adds a parameter")
         return label
     if len(labels) == 2 and not (labels[0].segments and labels[1].segments):
@@ -755,7 +775,13 @@ def attention_sites(state: Inference, node, heads: int, q: list[Binding], k: lis
 
 @register_rule("multihead_attention")
 def multihead_attention_rule(state: Inference, node, data, inputs):
-    """``nn.MultiheadAttention`` with a packed in-projection (``q, k, v`` rows of ``in_proj_weight``)."""
+    """``nn.MultiheadAttention`` with a packed in-projection (``q, k, v`` rows of ``in_proj_weight``).
+
+    Its second output, the attention weights ``softmax(Q_h K_hᵀ/√d)``, is invariant under every per-head
+    ``GL``; averaged over heads (the default) it is invariant under head permutations too. Per head
+    (``average_attn_weights=False``) a head permutation permutes its head axis (``-3``), so the weights carry
+    the head site there and whatever reads them (the output, an unknown op) decides whether heads may move.
+    """
     settings, params = data["settings"], data["params"]
     if not settings.get("same_embed") or settings.get("bias_kv") or settings.get("add_zero_attn"):
         return unknown_rule(state, node, data, inputs)
@@ -770,6 +796,7 @@ def multihead_attention_rule(state: Inference, node, data, inputs):
             if isinstance(label, Label):
                 state.restrict_label(label, set(), node, f"{state.where(node)}: distinct query/key/value inputs "
                                                          "to a packed in-projection are not modelled", blocked=True)
+        state.pin(Binding(weight, 1, 0, d, node=node), node)
     def rows(offset):
         out = [Binding(weight, 0, offset, d, node=node)]
         if bias:
@@ -780,7 +807,10 @@ def multihead_attention_rule(state: Inference, node, data, inputs):
     out_weight, out_bias = params["out_proj.weight"], params.get("out_proj.bias")
     state.bind_reader(values, out_weight, 1, node)
     site = _producer_site(state, node, d, out_weight, out_bias)
-    return (Label(-1, d, (Segment(site, 0, d),)), Label.data())
+    per_head = _argument(data, 4, "need_weights", True) and not _argument(data, 6, "average_attn_weights", True)
+    weights = Label(-3, heads, (Segment(values.segments[-1].site, 0, heads),)) if per_head and heads > 1 else \
+        Label.data()
+    return (Label(-1, d, (Segment(site, 0, d),)), weights)
 
 
 @register_rule("attention")

@@ -53,7 +53,7 @@ from __future__ import annotations
 import inspect
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from typing import Mapping
 
 import networkx as nx
@@ -226,6 +226,8 @@ def _function_op(node: torch.fx.Node) -> tuple[str, dict]:
         op = _METHODS.get(node.target, node.target)
         return op, {"method": node.target}
     target = node.target
+    if _is_pack(node):
+        return "pack", {"container": target.__name__}
     if target in _FUNCTIONS:
         op = _FUNCTIONS[target]
     elif isinstance(target, torch._ops.OpOverload) or isinstance(target, torch._ops.OpOverloadPacket):
@@ -240,6 +242,12 @@ def _function_op(node: torch.fx.Node) -> tuple[str, dict]:
     else:
         op = getattr(target, "__name__", str(target))
     return op, {}
+
+
+def _is_pack(node: torch.fx.Node) -> bool:
+    """True for the constructor of a returned dataclass (fx records ``return Output(y=...)`` as a call of
+    the class): a container of outputs, not an op."""
+    return node.op == "call_function" and isinstance(node.target, type) and is_dataclass(node.target)
 
 
 def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[int, str]) -> dict:
@@ -300,7 +308,13 @@ def _constant_args(node: torch.fx.Node) -> dict:
 def _tensor_inputs(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list:
     """Input nodes in the callee's argument order (keywords included), flattening lists
     (``torch.cat([a, b])``); ``None`` for a constant operand (``x * 2``). Numbers passed for
-    parameters typed without ``Tensor``/``Number`` (``dim: int``, ``eps: float``) are settings, not inputs."""
+    parameters typed without ``Tensor``/``Number`` (``dim: int``, ``eps: float``) are settings, not inputs.
+    The output and output containers (``pack``) list every node of their nested structure (tuples,
+    lists, dicts, dataclasses): every tensor a model returns is an output."""
+    if node.op == "output" or _is_pack(node):
+        nested = []
+        torch.fx.node.map_arg((node.args, node.kwargs), nested.append)
+        return nested
     inputs = []
     for value, operand in _ordered_arguments(node, gm):
         if isinstance(value, torch.fx.Node):
