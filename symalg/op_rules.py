@@ -540,10 +540,24 @@ def cdist_rule(state: Inference, node, data, inputs) -> Label:
     return Label(-1, count, (Segment(site, 0, count),))
 
 
+def _pools_the_sites(state: Inference, node, data, label: Label) -> bool:
+    """``True`` (after removing every kind, with a blocked note) when a pooling op pools over the axis its
+    input's sites run along (a ``MaxPool1d`` on ``(B, T, d)`` pools features): windows mix the sites'
+    coordinates. The pooled axes are the last ``pooled_dims``; a pooling op without that setting counts too."""
+    pooled = data["settings"].get("pooled_dims")
+    if not label.segments or pooled is not None and label.dim < -pooled:
+        return False
+    state.restrict_label(label, set(), node, f"{state.where(node)} pools over the last {pooled or 'unknown'} axes, "
+                                             f"and the sites run along axis {label.dim}", blocked=True)
+    return True
+
+
 @register_rule("max_pool")
 def max_pool_rule(state, node, data, inputs) -> Label:
     """``max`` over positions commutes with positive per-channel scaling and channel permutations."""
     label = _first(inputs)
+    if _pools_the_sites(state, node, data, label):
+        return Label.data(label.dim)
     state.restrict_label(label, {"PS", "S"}, node, f"{state.where(node)}: max pooling")
     return label
 
@@ -552,6 +566,8 @@ def max_pool_rule(state, node, data, inputs) -> Label:
 def avg_pool_rule(state, node, data, inputs) -> Label:
     """Averaging over positions is linear per channel: every channel action passes through."""
     label = _first(inputs)
+    if _pools_the_sites(state, node, data, label):
+        return Label.data(label.dim)
     state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)}: pooling")
     return label
 

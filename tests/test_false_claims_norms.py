@@ -179,3 +179,36 @@ def test_layer_norm_after_cat_claims_no_per_slice_shift(affine):
     assert claims(analysis) == expected
     notes = [b for b in analysis.blocked if b.node == "norm" and "shift along 1 of one of them" in b.reason]
     assert sorted(b.site for b in notes) == ["a", "c"]
+
+
+# -- pooling over the sites' axis -----------------------------------------------------------------
+
+class Pooled(nn.Module):
+    """``head(pool(relu(body(x))))`` on ``(B, T, d)``; ``over_time`` pools ``T`` (transposing first)."""
+
+    def __init__(self, pool, over_time=False):
+        super().__init__()
+        self.body, self.pool, self.over_time = nn.Linear(4, 4), pool, over_time
+        self.head = nn.Linear(2 if not over_time else 4, 3)
+
+    def forward(self, x):
+        h = torch.relu(self.body(x))
+        if self.over_time:
+            return self.head(self.pool(h.transpose(1, 2)).transpose(1, 2))
+        return self.head(self.pool(h) if isinstance(self.pool, nn.Module) else self.pool(h, 2))
+
+
+@pytest.mark.parametrize("pool", [nn.MaxPool1d(2), nn.AvgPool1d(2), nn.AdaptiveAvgPool1d(2),
+                                  torch.nn.functional.max_pool1d], ids=["max", "avg", "adaptive_avg", "F.max_pool1d"])
+def test_pooling_over_the_feature_axis_mixes_the_sites(pool):
+    # A 1-d pool on (B, T, d) pools d: windows of features mix, so no action of the linear map's rows passes.
+    analysis = certified(Pooled(pool), torch.randn(6, 5, 4))
+    assert claims(analysis) == []
+    node = "pool" if isinstance(pool, nn.Module) else "max_pool1d"
+    assert any("pools over the last 1 axes, and the sites run along axis -1" in r for r in blocked_at(analysis, node))
+
+
+@pytest.mark.parametrize("pool", [nn.MaxPool1d(2), nn.AvgPool1d(2)], ids=["max", "avg"])
+def test_pooling_over_time_keeps_the_feature_scalings(pool):
+    analysis = certified(Pooled(pool, over_time=True), torch.randn(6, 5, 4))
+    assert ("body", "PositiveScaling(4, alpha=1)") in claims(analysis)
