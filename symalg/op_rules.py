@@ -130,6 +130,8 @@ def output_rule(state: Inference, node, data, inputs) -> None:
         for item in (label if isinstance(label, tuple) and not _is_param(label) else (label,)):
             if isinstance(item, Label):
                 state.restrict_label(item, kinds, node, "the model output is fixed by the loss")
+                if kinds:
+                    _whole_vector_shifts(state, node, item, "the cross-entropy")
     return None
 
 
@@ -584,6 +586,7 @@ def softmax_rule(state: Inference, node, data, inputs) -> Label:
     if dim != label.dim:
         return unknown_rule(state, node, data, inputs)
     state.restrict_label(label, {"S", "T1"}, node, f"{state.where(node)}: softmax")
+    _whole_vector_shifts(state, node, label, "the softmax")
     return label.map_segments(invariant=frozenset({"T1"}), power=Fraction(1))
 
 
@@ -676,7 +679,7 @@ def layer_norm_rule(state: Inference, node, data, inputs) -> Label:
                      "layer norm"):
         return label.map_segments(invariant=frozenset({"T"}))
     state.restrict_label(label, {"O1", "S", "T1"}, node, f"{state.where(node)}: layer norm")
-    _whole_vector_shifts(state, node, data, label, k)
+    _whole_vector_shifts(state, node, label, "the layer norm", k)
     normalised = label.map_segments(invariant=frozenset({"T1"}), power=Fraction(1))
     if weight is None:
         return normalised
@@ -684,21 +687,19 @@ def layer_norm_rule(state: Inference, node, data, inputs) -> Label:
     return _diagonal_map(state, node, Label(dim, label.size, normalised.segments), weight, bias, dim, k + dim)
 
 
-def _whole_vector_shifts(state: Inference, node, data, label: Label, k: int) -> None:
-    """A layer norm ignores ``v ↦ v + c·1`` of its whole normalised vector only: a shift along ``1`` is kept
-    for a single site spanning the axis (not for one slice of a concatenation), and a shift of a weight's
-    rows (``+ t·x_j``, varying with position) only when the norm runs along the site's axis alone
-    (``k = 1``, no blocks of positions)."""
-    shape = state.shape(data["inputs"][0])
-    size = shape[label.dim] if shape is not None else label.size
+def _whole_vector_shifts(state: Inference, node, label: Label, what: str, axes: int = 1) -> None:
+    """Keep translations along ``1`` of ``label``'s sites only where they add one number to the whole vector
+    that ``what`` (a layer norm over ``axes`` axes, a softmax) ignores shifts of: one site must span the axis (not
+    one slice of a concatenation, whose shift changes the mean), and a shift of a weight's rows (``+ t·x_j``,
+    varying with position) needs the op to run along the site's axis alone (``axes = 1``, no blocks)."""
     segments = label.segments
     if not segments:
         return
-    if len(segments) > 1 or segments[0].offset != 0 or segments[0].width * segments[0].block != size:
-        state.restrict_label(label, ALL - {"T1"}, node, f"{state.where(node)}: the normalised axis holds several "
-                                                        "sites or data, and a shift along 1 of one of them changes "
-                                                        "the mean", blocked=True)
-    elif k > 1 or segments[0].block != 1:
+    if len(segments) > 1 or segments[0].offset != 0 or segments[0].width * segments[0].block != label.size:
+        state.restrict_label(label, ALL - {"T1"}, node, f"{state.where(node)}: the axis {what} runs along holds "
+                                                        "several sites or data, and a shift along 1 of one of them "
+                                                        "is no shift of the whole vector", blocked=True)
+    elif axes > 1 or segments[0].block != 1:
         site = state.site(segments[0].site)
         site.translations[:] = [t for t in site.translations if not (t[0] == "T1" and t[2].pattern == "rows")]
 

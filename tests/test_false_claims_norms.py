@@ -212,3 +212,40 @@ def test_pooling_over_the_feature_axis_mixes_the_sites(pool):
 def test_pooling_over_time_keeps_the_feature_scalings(pool):
     analysis = certified(Pooled(pool, over_time=True), torch.randn(6, 5, 4))
     assert ("body", "PositiveScaling(4, alpha=1)") in claims(analysis)
+
+
+class CatLogits(nn.Module):
+    def __init__(self, softmax):
+        super().__init__()
+        self.a, self.c, self.softmax = nn.Linear(3, 2), nn.Linear(3, 3), softmax
+
+    def forward(self, x):
+        z = torch.cat([self.a(x), self.c(x)], -1)
+        return z.softmax(-1) if self.softmax else z
+
+
+@pytest.mark.parametrize("loss", ["softmax", "cross_entropy"])
+def test_softmax_after_cat_claims_no_per_slice_shift(loss):
+    # softmax(z + c·[1, 0]) ≠ softmax(z): only a shift of every slice together would cancel.
+    model = CatLogits(softmax=loss == "softmax").double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3),)), loss="mse" if loss == "softmax" else loss)
+    assert [str(e) for e in claim_errors(analysis) if not e.holds] == []
+    assert claims(analysis) == []
+    node = "softmax" if loss == "softmax" else "output"
+    notes = [b for b in analysis.blocked if b.node == node and "no shift of the whole vector" in b.reason]
+    assert sorted(b.site for b in notes) == ["a", "c"]
+
+
+def test_softmax_over_flattened_channels_keeps_only_the_bias_shift():
+    # Flattening conv channels (blocks of positions) into the softmax axis: a shift of the kernel's rows adds
+    # t·x_j(position), which varies along the softmax axis; the bias shift along 1 adds one number.
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(2, 3, 3)
+
+        def forward(self, x):
+            return torch.softmax(self.conv(x).flatten(1), -1)
+
+    analysis = certified(Model(), torch.randn(6, 2, 7))
+    assert claims(analysis) == [("conv", "Translations(1, along 1)")]
