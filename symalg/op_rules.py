@@ -138,6 +138,8 @@ def output_rule(state: Inference, node, data, inputs) -> None:
         kinds = {"T1"} if state.loss == "cross_entropy" and position == 0 else set()
         if isinstance(item, Label):
             state.restrict_label(item, kinds, node, f"{state.where(node)}: the model output is fixed by the loss")
+            if kinds:
+                _whole_vector_shifts(state, node, item, "the cross-entropy")
         elif isinstance(item, WeightExpr) or _is_param(item):
             for tensor in (item.tensors if isinstance(item, WeightExpr) else (item[1],)):
                 state.opaque.setdefault(tensor, node)
@@ -301,18 +303,19 @@ def conv_rule(state: Inference, node, data, inputs) -> Label:
     return Label.data(channel_dim, out_channels)
 
 
-def _diagonal_map(state, node, label: Label, scale: str | None, shift: str | None, dim: int) -> Label:
+def _diagonal_map(state, node, label: Label, scale: str | None, shift: str | None, dim: int, axis: int = 0) -> Label:
     """``y = s ⊙ x + t`` per feature: each input site's scalings/sign flips are absorbed by ``s``; the
     output gets a new site acting on ``s, t`` (positive scaling, sign flips), tied to the input's
-    permutations. A data input (no sites) still gives the output its site."""
+    permutations. A data input (no sites) still gives the output its site. The feature axis is ``dim`` of
+    the value and ``axis`` of ``s, t`` (a LayerNorm gain over several axes has more)."""
     state.restrict_label(label, DIAGONAL, node, f"{state.where(node)} is a per-feature (diagonal) map")
-    pieces = label.segments or (Segment(-1, 0, state.shapes[scale or shift][0]),)
+    pieces = label.segments or (Segment(-1, 0, state.shapes[scale or shift][axis]),)
     segments = []
     for seg in pieces:
-        bindings = [Binding(t, 0, seg.offset, seg.width, seg.block, diagonal=True, node=node)
+        bindings = [Binding(t, axis, seg.offset, seg.width, seg.block, diagonal=True, node=node)
                     for t in (scale, shift) if t]
         if scale:
-            reader = Binding(scale, 0, seg.offset, seg.width, seg.block, "in", seg.power, diagonal=True, node=node)
+            reader = Binding(scale, axis, seg.offset, seg.width, seg.block, "in", seg.power, diagonal=True, node=node)
             state.bind(seg.site, reader) if seg.site >= 0 else state.pin(reader, node)
         site = state.new_site(node, seg.width, bindings, allowed=DIAGONAL if seg.site >= 0 else {"PS", "SF"})
         if seg.site >= 0:
@@ -566,10 +569,24 @@ def cdist_rule(state: Inference, node, data, inputs) -> Label:
     return Label(-1, count, (Segment(site, 0, count),))
 
 
+def _pools_the_sites(state: Inference, node, data, label: Label) -> bool:
+    """``True`` (after removing every kind, with a blocked note) when a pooling op pools over the axis its
+    input's sites run along (a ``MaxPool1d`` on ``(B, T, d)`` pools features): windows mix the sites'
+    coordinates. The pooled axes are the last ``pooled_dims``; a pooling op without that setting counts too."""
+    pooled = data["settings"].get("pooled_dims")
+    if not label.segments or pooled is not None and label.dim < -pooled:
+        return False
+    state.restrict_label(label, set(), node, f"{state.where(node)} pools over the last {pooled or 'unknown'} axes, "
+                                             f"and the sites run along axis {label.dim}", blocked=True)
+    return True
+
+
 @register_rule("max_pool")
 def max_pool_rule(state, node, data, inputs) -> Label:
     """``max`` over positions commutes with positive per-channel scaling and channel permutations."""
     label = _first(inputs)
+    if _pools_the_sites(state, node, data, label):
+        return Label.data(label.dim)
     state.restrict_label(label, {"PS", "S"}, node, f"{state.where(node)}: max pooling")
     return label
 
@@ -578,6 +595,8 @@ def max_pool_rule(state, node, data, inputs) -> Label:
 def avg_pool_rule(state, node, data, inputs) -> Label:
     """Averaging over positions is linear per channel: every channel action passes through."""
     label = _first(inputs)
+    if _pools_the_sites(state, node, data, label):
+        return Label.data(label.dim)
     state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)}: pooling")
     return label
 
@@ -594,24 +613,50 @@ def softmax_rule(state: Inference, node, data, inputs) -> Label:
     if dim != label.dim:
         return unknown_rule(state, node, data, inputs)
     state.restrict_label(label, {"S", "T1"}, node, f"{state.where(node)}: softmax")
+    _whole_vector_shifts(state, node, label, "the softmax")
     return label.map_segments(invariant=frozenset({"T1"}), power=Fraction(1))
 
 
 # -- normalisation -----------------------------------------------------------------------------
 
+def _channel_axis(state: Inference, data) -> int | None:
+    """Axis 1 of a norm's input (batch and group norm's channels) as a negative index; ``None`` without a shape."""
+    shape = state.shape(data["inputs"][0])
+    return 1 - len(shape) if shape is not None and len(shape) >= 2 else None
+
+
+def _across_sites(state: Inference, node, label: Label, axes: tuple, kinds: set, what: str) -> bool:
+    """``True`` when ``label``'s sites run along none of ``axes``, the axes a norm computes its statistics
+    and affine parameters along. The norm then treats every slice along the sites' axis alike, so only
+    ``kinds`` pass (a blocked note names the node); no affine site is created on the sites' axis."""
+    if not label.segments or label.dim in axes:
+        return False
+    state.restrict_label(label, kinds, node, f"{state.where(node)}: {what} works along axes {list(axes)}, but the "
+                                             f"sites run along axis {label.dim}: only {', '.join(sorted(kinds))} "
+                                             "pass", blocked=True)
+    return True
+
+
 @register_rule("batch_norm")
 def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
-    """Batch norm per channel. With batch statistics (training) it is invariant under translations of
-    its input's bias and, for ``eps = 0``, under positive scalings; in eval mode the running statistics
-    transform with them (mean ``↦ d·mean + t``, var ``↦ d²·var``: a bias translation moves bias and
-    running mean together). Its affine part is a diagonal map.
+    """Batch norm per channel (axis 1 of its input). With batch statistics (training) it is invariant under
+    translations of its input's bias and, for ``eps = 0``, under positive scalings; in eval mode the running
+    statistics transform with them (mean ``↦ d·mean + t``, var ``↦ d²·var``: a bias translation moves bias and
+    running mean together, unless the input itself ignores it, as after a group norm). Its affine part is a
+    diagonal map on the channel axis.
 
     torch requires ``eps > 0`` in training, where ``BN(d·x) = BN_{eps/d²}(x)``: the scaling would have
     to move ``eps`` (one number for all channels), so it is no symmetry and is reported as blocked.
-    In eval mode ``eps = 0`` is allowed and the scalings are claimed."""
+    In eval mode ``eps = 0`` is allowed and the scalings are claimed. Sites along another axis (a
+    ``(B, T, d)`` input normalises each of the ``T`` positions over batch and ``d``) keep permutations only."""
     label = _first(inputs)
     settings = data["settings"]
     buffers = data["buffers"]
+    channel = _channel_axis(state, data)
+    if channel is None:
+        return unknown_rule(state, node, data, inputs)
+    if _across_sites(state, node, label, (channel,), {"S"}, "batch norm"):
+        return label
     batch_statistics = settings["training"] or not settings.get("track_running_stats", True)
     kinds = {"S", "T"} | ({"PS"} if settings["eps"] == 0 else set())
     reason = f"{state.where(node)} normalises each channel" + (
@@ -628,52 +673,86 @@ def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
             site = state.site(seg.site)
             if seg.block != 1:
                 state.restrict(seg.site, ALL - {"T"}, node, f"{state.where(node)}: channels in blocks", blocked=True)
-            site.translations[:] = [(kind, producer, family.extended(mean) if kind == "T" else family)
-                                    for kind, producer, family in site.translations]
+            if "T" not in seg.invariant:
+                site.translations[:] = [(kind, producer, family.extended(mean) if kind == "T" else family)
+                                        for kind, producer, family in site.translations]
     elif "running_mean" in buffers:
         for seg in label.segments:
             state.bind(seg.site, Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out",
                                          Fraction(0), buffer=True, diagonal=True, node=node))
             state.bind(seg.site, Binding(buffers["running_var"], 0, seg.offset, seg.width, seg.block, "out",
                                          Fraction(0), buffer=True, diagonal=True, node=node))
-    normalised = Label(label.dim, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, Fraction(0),
-                                                            s.invariant | {"T"}) for s in label.segments))
+    normalised = Label(channel, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, Fraction(0),
+                                                          s.invariant | {"T"}) for s in label.segments))
     if not settings.get("affine", "weight" in data["params"]):
         return normalised
-    return _diagonal_map(state, node, normalised, data["params"]["weight"], data["params"].get("bias"), label.dim)
+    return _diagonal_map(state, node, normalised, data["params"]["weight"], data["params"].get("bias"), channel)
 
 
 @register_rule("layer_norm")
 def layer_norm_rule(state: Inference, node, data, inputs) -> Label:
-    """Layer norm over the feature axis: equivariant under orthogonal maps fixing ``1`` (they keep the
-    mean and the norm of the centred vector; permutations among them), invariant under shifts along
-    ``1``; its gain and bias are a diagonal map (which leaves only the permutations)."""
+    """Layer norm over the last ``k = len(normalized_shape)`` axes. A site along one of them: equivariant under
+    orthogonal maps fixing ``1`` (they keep the mean and the norm of the centred vector; permutations among
+    them), invariant under shifts along ``1`` of the *whole* normalised vector (:func:`_whole_vector_shifts`);
+    the gain and bias are a diagonal map (which leaves only the permutations). A site along another axis
+    (a LayerNorm over time after a transpose): each row is normalised alike, so permutations pass, a
+    translation of the row's bias cancels, and ``LN(−v) = −LN(v)`` keeps sign flips when there is no bias."""
     label = _first(inputs)
-    if data["kind"] != "module" or len(data["settings"]["normalized_shape"]) != 1:
+    if data["kind"] != "module":
         return unknown_rule(state, node, data, inputs)
+    k = len(data["settings"]["normalized_shape"])
+    weight, bias = data["params"].get("weight"), data["params"].get("bias")
+    if _across_sites(state, node, label, tuple(range(-k, 0)), {"S", "T"} | ({"SF"} if bias is None else set()),
+                     "layer norm"):
+        return label.map_segments(invariant=frozenset({"T"}))
     state.restrict_label(label, {"O1", "S", "T1"}, node, f"{state.where(node)}: layer norm")
+    _whole_vector_shifts(state, node, label, "the layer norm", k)
     normalised = label.map_segments(invariant=frozenset({"T1"}), power=Fraction(1))
-    if "weight" not in data["params"]:
+    if weight is None:
         return normalised
-    return _diagonal_map(state, node, normalised, data["params"]["weight"], data["params"].get("bias"), label.dim)
+    dim = label.dim if label.segments else -1
+    return _diagonal_map(state, node, Label(dim, label.size, normalised.segments), weight, bias, dim, k + dim)
+
+
+def _whole_vector_shifts(state: Inference, node, label: Label, what: str, axes: int = 1) -> None:
+    """Keep translations along ``1`` of ``label``'s sites only where they add one number to the whole vector
+    that ``what`` (a layer norm over ``axes`` axes, a softmax) ignores shifts of: one site must span the axis (not
+    one slice of a concatenation, whose shift changes the mean), and a shift of a weight's rows (``+ t·x_j``,
+    varying with position) needs the op to run along the site's axis alone (``axes = 1``, no blocks)."""
+    segments = label.segments
+    if not segments:
+        return
+    if len(segments) > 1 or segments[0].offset != 0 or segments[0].width * segments[0].block != label.size:
+        state.restrict_label(label, ALL - {"T1"}, node, f"{state.where(node)}: the axis {what} runs along holds "
+                                                        "several sites or data, and a shift along 1 of one of them "
+                                                        "is no shift of the whole vector", blocked=True)
+    elif axes > 1 or segments[0].block != 1:
+        site = state.site(segments[0].site)
+        site.translations[:] = [t for t in site.translations if not (t[0] == "T1" and t[2].pattern == "rows")]
 
 
 @register_rule("rms_norm")
 def rms_norm_rule(state: Inference, node, data, inputs) -> Label:
-    """RMS norm ``x/‖x‖·√d``: equivariant under all of ``O(d)``; a gain is a diagonal map after it."""
+    """RMS norm ``x/‖x‖·√d`` over the last ``k`` axes: a site along one of them gets all of ``O(d)``; a gain is
+    a diagonal map after it. A site along another axis keeps permutations and sign flips (the norm is odd)."""
     label = _first(inputs)
-    if data["kind"] != "module" or len(data["settings"]["normalized_shape"]) != 1 or label.dim != -1:
+    if data["kind"] != "module":
         return unknown_rule(state, node, data, inputs)
+    k = len(data["settings"]["normalized_shape"])
+    if _across_sites(state, node, label, tuple(range(-k, 0)), {"S", "SF"}, "RMS norm"):
+        return label
     state.restrict_label(label, {"O", "O1", "SF", "S"}, node, f"{state.where(node)}: RMS norm")
     normalised = label.map_segments(power=Fraction(1))
     if "weight" not in data["params"]:
         return normalised
-    return _diagonal_map(state, node, normalised, data["params"]["weight"], None, label.dim)
+    dim = label.dim if label.segments else -1
+    return _diagonal_map(state, node, Label(dim, label.size, normalised.segments), data["params"]["weight"], None,
+                         dim, k + dim)
 
 
 @register_rule("group_norm")
 def group_norm_rule(state: Inference, node, data, inputs) -> Label:
-    """Group norm: ``G`` groups of ``n = C/G`` channels, each normalised over its channels and positions.
+    """Group norm: ``G`` groups of ``n = C/G`` channels (axis 1), each normalised over its channels and positions.
 
     Per group it is invariant under a shift of the group's biases along ``1`` (``T``, one direction per
     group) and equivariant under orthogonal maps of the group's channels fixing ``1`` (``O1``: they keep
@@ -682,12 +761,16 @@ def group_norm_rule(state: Inference, node, data, inputs) -> Label:
     within-group permutations, which the single site of the affine output cannot express: only the
     translations and the diagonal map's own scalings and sign flips are claimed then. Splitting the
     input into group sites needs a site produced by the map just before the norm and read by it alone.
+    Sites along a position axis keep permutations only.
     """
     label = _first(inputs)
     settings, params = data["settings"], data["params"]
     shape = state.shape(data["inputs"][0])
-    if data["kind"] != "module" or shape is None or (label.segments and label.dim != 1 - len(shape)):
+    channel = _channel_axis(state, data)
+    if data["kind"] != "module" or channel is None:
         return unknown_rule(state, node, data, inputs)
+    if _across_sites(state, node, label, (channel,), {"S"}, "group norm"):
+        return label
     groups, channels = settings["num_groups"], shape[1]
     n = channels // groups
     where = f"{state.where(node)}: group norm over {groups} groups of {n} channels"
@@ -701,10 +784,10 @@ def group_norm_rule(state: Inference, node, data, inputs) -> Label:
         return Label(label.dim, channels, _split_into_groups(state, node, label.segments[0].site, groups, n, where))
     state.restrict_label(label, {"T"}, node, f"{where}" + (" with an affine part (within-group permutations are not "
                                                            "modelled)" if "weight" in params else ""))
-    normalised = label.map_segments(power=Fraction(0), invariant=frozenset({"T"}))
+    normalised = Label(channel, channels, label.map_segments(power=Fraction(0), invariant=frozenset({"T"})).segments)
     if "weight" not in params:
         return normalised
-    return _diagonal_map(state, node, normalised, params["weight"], params.get("bias"), label.dim)
+    return _diagonal_map(state, node, normalised, params["weight"], params.get("bias"), channel)
 
 
 def _group_translations(site, n: int) -> None:

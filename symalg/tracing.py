@@ -95,6 +95,13 @@ _FUNCTIONS = {
     torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding",
 }
 
+_POOLED_DIMS = {
+    nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.AdaptiveMaxPool1d: 1, nn.AdaptiveMaxPool2d: 2, nn.AvgPool1d: 1,
+    nn.AvgPool2d: 2, nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2, F.max_pool1d: 1, F.max_pool2d: 2,
+    F.avg_pool1d: 1, F.avg_pool2d: 2, F.adaptive_avg_pool1d: 1, F.adaptive_avg_pool2d: 2,
+}
+"""How many trailing axes a pooling layer or function pools over (setting ``pooled_dims``)."""
+
 _METHODS = {
     "relu": "relu", "relu_": "relu", "tanh": "tanh", "tanh_": "tanh", "sigmoid": "sigmoid", "sigmoid_": "sigmoid",
     "add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "div": "div", "div_": "div", "neg": "neg",
@@ -163,6 +170,8 @@ def _module_settings(module: nn.Module) -> dict:
     if isinstance(module, nn.MultiheadAttention):
         settings.update(same_embed=module._qkv_same_embed_dim, bias_kv=module.bias_k is not None,
                         add_zero_attn=module.add_zero_attn, dropout=module.dropout)
+    if type(module) in _POOLED_DIMS:
+        settings["pooled_dims"] = _POOLED_DIMS[type(module)]
     if isinstance(module, (nn.Conv1d, nn.Conv2d)):
         settings.update(padding_mode=module.padding_mode, in_channels=module.in_channels,
                         out_channels=module.out_channels, padding=module.padding)
@@ -228,6 +237,8 @@ def _function_op(node: torch.fx.Node) -> tuple[str, dict]:
     target = node.target
     if _is_pack(node):
         return "pack", {"container": target.__name__}
+    if target in _POOLED_DIMS:
+        return _FUNCTIONS[target], {"pooled_dims": _POOLED_DIMS[target]}
     if target in _FUNCTIONS:
         op = _FUNCTIONS[target]
     elif isinstance(target, torch._ops.OpOverload) or isinstance(target, torch._ops.OpOverloadPacket):
