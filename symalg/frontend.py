@@ -325,8 +325,7 @@ def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generato
     """
     from .nn import Activation
 
-    if arch.widths:
-        raise SpecError(f"to_module: widths {sorted(map(str, arch.widths))} are symbolic; use arch.subs(...)")
+    arch.check_materialisable("to_module")
     modules = []
     for name in arch.layer_names:
         node = arch.node(name)

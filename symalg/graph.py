@@ -31,13 +31,14 @@ Example
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
 import networkx as nx
 import sympy as sp
 
-from .grammar import MAX_WIDTH, is_plain_name
+from .grammar import MAX_WIDTH, check_entries, is_plain_name
 
 __all__ = ["Architecture", "SpecError", "Width", "as_width", "validate"]
 
@@ -192,6 +193,14 @@ class Architecture:
             if node["bias"]:
                 shapes[node["bias"]] = (node["out_features"],)
         return shapes
+
+    def check_materialisable(self, what: str) -> None:
+        """Raise :class:`SpecError` naming ``what`` unless every width is concrete and the parameters,
+        ``Σ out·in + out`` entries, fit in :data:`~symalg.grammar.MAX_ENTRIES`; call before allocating them."""
+        if self.widths:
+            raise SpecError(f"{what}: widths {sorted(map(str, self.widths))} are symbolic; use arch.subs(...)")
+        check_entries(sum(math.prod(int(s) for s in shape) for shape in self.parameter_shapes.values()),
+                      f"{what}: the parameters")
 
     def subs(self, widths: Mapping) -> "Architecture":
         """A copy with symbolic widths replaced, e.g. ``arch.subs({"h": 8})``; names may be str."""
