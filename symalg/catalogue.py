@@ -19,6 +19,7 @@ are keyword arguments of the function and of the group declaration.
 """
 from __future__ import annotations
 
+import math
 from collections import ChainMap
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -26,6 +27,7 @@ from typing import Callable, Mapping
 
 import sympy as sp
 
+from .grammar import parse_number
 from .groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
 
 __all__ = ["CATALOGUE", "CatalogueEntry", "register", "overlay", "declare_linear", "declare_homogeneous",
@@ -34,12 +36,25 @@ __all__ = ["CATALOGUE", "CatalogueEntry", "register", "overlay", "declare_linear
 
 def exact(value) -> sp.Expr:
     """A hyper-parameter as an exact SymPy number: floats by their decimal repr (``0.2`` → ``1/5``),
-    never guessed into irrationals (``0.7071067811865476`` stays that decimal, not ``√2/2``)."""
+    never guessed into irrationals (``0.7071067811865476`` stays that decimal, not ``√2/2``).
+
+    Text is read by the spec grammar (:func:`symalg.grammar.parse_number`: numbers, ``+ - * /`` of
+    numbers, plain names, which become symbols), never evaluated; other objects must be SymPy numbers
+    or convertible to them without parsing (``sympify(strict=True)``).
+    """
     if isinstance(value, bool):
         raise ValueError(f"hyper-parameter {value!r} is not a number")
     if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"hyper-parameter {value!r} is not a finite number")
         return sp.Rational(repr(value))
-    return sp.sympify(value, rational=True)
+    if isinstance(value, str):
+        value = parse_number(value, f"hyper-parameter {value!r}")
+        return sp.Symbol(value) if isinstance(value, str) else sp.sympify(value)
+    try:
+        return sp.sympify(value, strict=True)
+    except sp.SympifyError:
+        raise ValueError(f"hyper-parameter {value!r} ({type(value).__name__}) is not a number") from None
 
 GroupDeclaration = Callable[..., tuple[SiteGroup, ...]]
 

@@ -20,7 +20,8 @@ import torch
 
 from .derive import derive
 from .frontend import parse
-from .graph import SpecError
+from .grammar import MAX_WIDTH
+from .graph import SpecError, as_width
 from .report import describe, describe_latex
 from .verification import check_device, verify
 
@@ -33,14 +34,40 @@ def _widths(text: str, known: set[str]) -> dict[str, int]:
     widths = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = (piece.strip() for piece in item.partition("="))
-        if not value.isdigit() or int(value) <= 0:
+        if not (value.isascii() and value.isdigit()) or int(value) <= 0:
             raise SpecError(f"--widths: expected name=positive integer, got {item!r}")
         if name in widths:
             raise SpecError(f"--widths: {name} is given twice")
         if name not in known:
             raise SpecError(f"--widths: the spec has no symbolic width {name!r} (it has {sorted(known) or 'none'})")
-        widths[name] = int(value)
+        if len(value.lstrip("0")) > len(str(MAX_WIDTH)):  # before int(): a 5000-digit value is refused by Python itself
+            raise SpecError(f"--widths: {name}={value[:12]}... exceeds the limit of {MAX_WIDTH} (symalg.grammar.MAX_WIDTH)")
+        widths[name] = as_width(int(value), f"--widths {name}")
     return widths
+
+
+def _load_model_file(path: str) -> dict:
+    """Run the Python file ``path`` and return its ``model`` (an ``nn.Module``) and ``example_inputs``
+    (a tuple) in a namespace; every way the file can fail becomes one :class:`SpecError` line."""
+    import os
+    import runpy
+
+    if not os.path.isfile(path):
+        raise SpecError(f"--model {path}: no such file")
+    try:
+        namespace = runpy.run_path(path)
+    except SyntaxError as error:
+        raise SpecError(f"--model {path}: syntax error at line {error.lineno}: {error.msg}") from None
+    except (Exception, SystemExit) as error:  # the file's own failure, in one line
+        raise SpecError(f"--model {path}: running the file raised {type(error).__name__}: {error}") from None
+    missing = [name for name in ("model", "example_inputs") if name not in namespace]
+    if missing:
+        raise SpecError(f"--model {path}: the file defines no {' and no '.join(missing)}")
+    if not isinstance(namespace["model"], torch.nn.Module):
+        raise SpecError(f"--model {path}: `model` is a {type(namespace['model']).__name__}, not a torch.nn.Module")
+    inputs = namespace["example_inputs"]
+    namespace["example_inputs"] = inputs if isinstance(inputs, tuple) else (inputs,)
+    return namespace
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,17 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_model_file(args) -> int:
     """Trace, derive and verify the model a Python file defines; print symmetries and blocked notes."""
-    import runpy
-
     from .tracing import trace
 
-    namespace = runpy.run_path(args.model)
-    missing = [name for name in ("model", "example_inputs") if name not in namespace]
-    if missing:
-        raise SpecError(f"--model {args.model}: the file defines no {' and no '.join(missing)}")
-    inputs = namespace["example_inputs"]
-    analysis = derive(trace(namespace["model"], inputs if isinstance(inputs, tuple) else (inputs,)),
-                      loss=namespace.get("loss", "mse"))
+    namespace = _load_model_file(args.model)
+    analysis = derive(trace(namespace["model"], namespace["example_inputs"]), loss=namespace.get("loss", "mse"))
     print(f"model: {type(namespace['model']).__name__} ({args.model})")
     print(analysis)
     if args.latex:

@@ -16,6 +16,7 @@ parameters as ``nn.Sequential`` would (``"0.weight"``, ``"2.bias"``), so analyse
 from __future__ import annotations
 
 import ast
+import difflib
 from typing import Mapping
 
 import networkx as nx
@@ -23,6 +24,7 @@ import sympy as sp
 import torch
 
 from .catalogue import CATALOGUE, exact
+from .grammar import literal
 from .graph import Architecture, SpecError, as_width
 
 __all__ = ["Spec", "parse", "from_torch", "to_module", "to_spec_string"]
@@ -115,7 +117,7 @@ def _architecture(layers: list[tuple], catalogue: Mapping) -> Architecture:
         else:
             _, op, params = layer
             if op not in catalogue:
-                raise SpecError(f"layer {index}: unknown activation {op!r}; the catalogue has {sorted(catalogue)}")
+                raise _unknown_layer(op, index, catalogue)
             _check_activation_position(nodes, f"{index} ({op})")
             try:
                 params = catalogue[op].resolve(params)
@@ -125,40 +127,38 @@ def _architecture(layers: list[tuple], catalogue: Mapping) -> Architecture:
     return _chain_graph(nodes, catalogue)
 
 
-def _parse_layer(text: str, index: int) -> tuple:
+def _unknown_layer(name: str, index: int, catalogue: Mapping) -> SpecError:
+    """The error for a layer name that is neither ``linear`` nor in ``catalogue``, with the closest names."""
+    known = ["linear", *sorted(catalogue)]
+    close = difflib.get_close_matches(name, known, n=2)
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return SpecError(f"layer {index}: unknown layer {name!r}{hint} (known layers: {', '.join(known)})")
+
+
+def _parse_layer(text: str, index: int, catalogue: Mapping) -> tuple:
+    """One layer of a spec string, read from its syntax tree with the allow-list grammar of
+    :mod:`symalg.grammar` (never evaluated): ``name`` or ``name(arguments)``."""
     try:
         node = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         raise SpecError(f"layer {index}: cannot parse {text.strip()!r}") from None
     if isinstance(node, ast.Name):
         name, args, kwargs = node.id, [], {}
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         name = node.func.id
-
-        def value(arg):
-            if isinstance(arg, ast.Name):
-                return arg.id
-            if isinstance(arg, ast.Constant):
-                return arg.value
-            numeric = (ast.Constant, ast.UnaryOp, ast.BinOp, ast.operator, ast.unaryop, ast.expr_context)
-            if all(isinstance(n, numeric) for n in ast.walk(arg)) and \
-                    all(isinstance(n.value, (int, float)) for n in ast.walk(arg) if isinstance(n, ast.Constant)):
-                return sp.sympify(ast.unparse(arg), rational=True)  # arithmetic of numbers only, e.g. 1/5
-            raise SpecError(f"layer {index} ({name}): argument {ast.unparse(arg)!r} must be a number or a name")
-
-        args = [value(a) for a in node.args]
-        kwargs = {k.arg: value(k.value) for k in node.keywords}
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            raise SpecError(f"layer {index} ({name}): * and ** arguments are not allowed")
+        args = [literal(a, f"layer {index} ({name})") for a in node.args]
+        kwargs = {k.arg: literal(k.value, f"layer {index} ({name}) {k.arg}") for k in node.keywords}
     else:
         raise SpecError(f"layer {index}: expected `name` or `name(args)`, got {text.strip()!r}")
+    if name != "linear" and name not in catalogue:
+        raise _unknown_layer(name, index, catalogue)
     if name == "linear":
         if len(args) != 2 or set(kwargs) - {"bias"}:
             raise SpecError(f"layer {index} (linear): expected linear(in, out) or linear(in, out, bias=False)")
         bias = kwargs.get("bias", True)
-        if bias is True or bias == "True":
-            bias = True
-        elif bias is False or bias == "False":
-            bias = False
-        else:
+        if not isinstance(bias, bool):
             raise SpecError(f"layer {index} (linear): bias must be True or False, got {bias!r}")
         return ("linear", args[0], args[1], bias)
     if args:
@@ -182,7 +182,7 @@ def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
         pieces = [p for p in spec.split("->")]
         if not spec.strip() or any(not p.strip() for p in pieces):
             raise SpecError(f"empty layer in spec {spec!r}" if spec.strip() else "the network is empty")
-        arch = _architecture([_parse_layer(p, i) for i, p in enumerate(pieces)], catalogue)
+        arch = _architecture([_parse_layer(p, i, catalogue) for i, p in enumerate(pieces)], catalogue)
     elif isinstance(spec, torch.nn.Module):
         if not _is_chain(spec):
             raise SpecError(f"parse: expected a chain nn.Sequential of Linear and activation modules, got "
@@ -325,8 +325,7 @@ def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generato
     """
     from .nn import Activation
 
-    if arch.widths:
-        raise SpecError(f"to_module: widths {sorted(map(str, arch.widths))} are symbolic; use arch.subs(...)")
+    arch.check_materialisable("to_module")
     modules = []
     for name in arch.layer_names:
         node = arch.node(name)

@@ -31,11 +31,14 @@ Example
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Mapping
 
 import networkx as nx
 import sympy as sp
+
+from .grammar import MAX_WIDTH, check_entries, is_plain_name
 
 __all__ = ["Architecture", "SpecError", "Width", "as_width", "validate"]
 
@@ -47,31 +50,34 @@ class SpecError(ValueError):
 
 
 def as_width(value, where: str) -> Width:
-    """Return ``value`` as a width (positive int or positive-integer symbol), or raise naming ``where``.
+    """Return ``value`` as a width (positive int up to :data:`~symalg.grammar.MAX_WIDTH`, or a
+    positive-integer symbol with a plain-identifier name), or raise naming ``where``.
 
     >>> as_width("h", "layer 0"), as_width(3, "layer 0")
     (h, 3)
     """
     if isinstance(value, bool):
         raise SpecError(f"{where}: width {value!r} is not an integer or a symbol")
-    if isinstance(value, str):
-        if not value.isidentifier():
-            raise SpecError(f"{where}: width {value!r} is not a valid symbol name")
-        return sp.Symbol(value, integer=True, positive=True)
-    if isinstance(value, sp.Symbol):
-        if value.is_positive is not True or value.is_integer is not True:
-            return sp.Symbol(value.name, integer=True, positive=True)
-        return value
+    if isinstance(value, (str, sp.Symbol)):
+        name = value if isinstance(value, str) else value.name
+        if not is_plain_name(name):
+            raise SpecError(f"{where}: width {name!r} is not a valid symbol name (a plain identifier not "
+                            "starting with '_')")
+        if isinstance(value, sp.Symbol) and value.is_positive is True and value.is_integer is True:
+            return value
+        return sp.Symbol(name, integer=True, positive=True)
     if isinstance(value, (int, sp.Integer)) or (hasattr(value, "__index__") and not isinstance(value, float)):
         value = int(value)
         if value <= 0:
             raise SpecError(f"{where}: width {value} must be positive")
+        if value > MAX_WIDTH:
+            raise SpecError(f"{where}: width {value} exceeds the limit of {MAX_WIDTH} (symalg.grammar.MAX_WIDTH)")
         return value
     raise SpecError(f"{where}: width {value!r} is not an integer or a symbol")
 
 
-def _same_width(a: Width, b: Width) -> bool:
-    return sp.simplify(sp.sympify(a) - sp.sympify(b)) == 0
+def _same_width(a: Width, b: Width, where: str) -> bool:
+    return as_width(a, where) == as_width(b, where)
 
 
 _REQUIRED = {"input": ("features",), "output": ("features",), "activation": ("op", "params", "module"),
@@ -121,7 +127,7 @@ def validate(graph: nx.DiGraph) -> None:
     for u, v, data in graph.edges(data=True):
         width = as_width(data.get("features"), f"edge {u}->{v}")
         target = graph.nodes[v]
-        if target["kind"] == "linear" and not _same_width(target["in_features"], width):
+        if target["kind"] == "linear" and not _same_width(target["in_features"], width, f"layer {v} (linear) in_features"):
             raise SpecError(
                 f"layer {v} (linear): in_features={target['in_features']} but the previous "
                 f"layer {u} produces {width} features")
@@ -130,9 +136,9 @@ def validate(graph: nx.DiGraph) -> None:
             produced = graph.edges[next(iter(graph.in_edges(u)))]["features"]
         else:
             produced = source.get("out_features", source.get("features"))
-        if not _same_width(produced, width):
+        if not _same_width(produced, width, f"layer {u}"):
             raise SpecError(f"layer {u}: produces {produced} features but its edge to {v} says {width}")
-        if target["kind"] == "output" and not _same_width(target.get("features"), width):
+        if target["kind"] == "output" and not _same_width(target.get("features"), width, f"layer {v}"):
             raise SpecError(f"layer {v}: output features={target.get('features')} but layer {u} produces {width}")
     for node, data in graph.nodes(data=True):
         if data["kind"] == "linear":
@@ -188,6 +194,14 @@ class Architecture:
                 shapes[node["bias"]] = (node["out_features"],)
         return shapes
 
+    def check_materialisable(self, what: str) -> None:
+        """Raise :class:`SpecError` naming ``what`` unless every width is concrete and the parameters,
+        ``Σ out·in + out`` entries, fit in :data:`~symalg.grammar.MAX_ENTRIES`; call before allocating them."""
+        if self.widths:
+            raise SpecError(f"{what}: widths {sorted(map(str, self.widths))} are symbolic; use arch.subs(...)")
+        check_entries(sum(math.prod(int(s) for s in shape) for shape in self.parameter_shapes.values()),
+                      f"{what}: the parameters")
+
     def subs(self, widths: Mapping) -> "Architecture":
         """A copy with symbolic widths replaced, e.g. ``arch.subs({"h": 8})``; names may be str."""
         by_name = {str(k): v for k, v in widths.items()}
@@ -195,9 +209,10 @@ class Architecture:
         if unknown:
             raise SpecError(f"subs: no width named {sorted(unknown)} (widths are {sorted(s.name for s in self.widths)})")
 
+        given = {name: as_width(value, f"subs: width {name}") for name, value in by_name.items()}
+
         def concrete(w):
-            expr = sp.sympify(w).subs({s: by_name[s.name] for s in sp.sympify(w).free_symbols if s.name in by_name})
-            return as_width(int(expr) if expr.is_Integer else expr, f"subs: width {w}")
+            return given.get(w.name, w) if isinstance(w, sp.Symbol) else w
 
         graph = self.graph.copy()
         for v, data in graph.nodes(data=True):

@@ -34,6 +34,8 @@ from typing import ClassVar
 import sympy as sp
 import torch
 
+from .grammar import check_entries
+
 __all__ = ["matrix_exp", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes", "PositiveScaling",
            "SignFlips", "Permutations", "Translations"]
 
@@ -42,6 +44,7 @@ def _concrete(width) -> int:
     width = sp.sympify(width)
     if not width.is_Integer:
         raise ValueError(f"width {width} is symbolic: give concrete widths (e.g. arch.subs({{'{width}': 4}}))")
+    check_entries(int(width) ** 2, f"a group acting on a site of width {width} (its {width}×{width} matrices)")
     return int(width)
 
 
@@ -102,9 +105,17 @@ class SiteGroup:
         return sp.Integer(0)
 
     # -- Lie algebra ----------------------------------------------------------------------------
+    def _check_basis_size(self) -> int:
+        """The concrete width ``h``, after checking that the basis, ``dim·h²`` entries (``dim·h`` for a
+        diagonal group), fits in :data:`~symalg.grammar.MAX_ENTRIES`."""
+        h = _concrete(self.width)
+        per_element = h if self.element_format == "diagonal" else h * h
+        check_entries(int(self.dim) * per_element, f"the Lie-algebra basis of {self.name}")
+        return h
+
     def algebra_basis(self, dtype=torch.float64, device="cpu") -> torch.Tensor:
         """Basis of the Lie algebra, stacked as ``(dim, h, h)`` (or ``(dim, h)`` for diagonal)."""
-        h = _concrete(self.width)
+        h = self._check_basis_size()
         shape = (0, h) if self.element_format == "diagonal" else (0, h, h)
         return torch.zeros(shape, dtype=dtype, device=device)
 
@@ -253,11 +264,11 @@ class GeneralLinear(SiteGroup):
         return h * (h + 1) / 2
 
     def algebra_basis(self, dtype=torch.float64, device="cpu"):
-        h = _concrete(self.width)
+        h = self._check_basis_size()
         return torch.eye(h * h, dtype=dtype, device=device).reshape(h * h, h, h)
 
     def symmetric_basis(self, dtype=torch.float64, device="cpu"):
-        h = _concrete(self.width)
+        h = self._check_basis_size()
         rows, cols = torch.triu_indices(h, h)
         basis = torch.zeros(len(rows), h, h, dtype=dtype, device=device)
         basis[torch.arange(len(rows)), rows, cols] = 1
@@ -289,7 +300,7 @@ class Orthogonal(SiteGroup):
         return h * (h - 1) / 2
 
     def algebra_basis(self, dtype=torch.float64, device="cpu"):
-        h = _concrete(self.width)
+        h = self._check_basis_size()
         rows, cols = torch.triu_indices(h, h, offset=1)
         basis = torch.zeros(len(rows), h, h, dtype=dtype, device=device)
         basis[torch.arange(len(rows)), rows, cols] = 1
@@ -398,7 +409,7 @@ class PositiveScaling(SiteGroup):
         return sp.sympify(self.width)
 
     def algebra_basis(self, dtype=torch.float64, device="cpu"):
-        return torch.eye(_concrete(self.width), dtype=dtype, device=device)
+        return torch.eye(self._check_basis_size(), dtype=dtype, device=device)
 
     def symmetric_basis(self, dtype=torch.float64, device="cpu"):
         return self.algebra_basis(dtype, device)
@@ -542,7 +553,7 @@ class Translations(SiteGroup):
         return sp.sympify(self.width)
 
     def algebra_basis(self, dtype=torch.float64, device="cpu"):
-        return torch.eye(_concrete(self.width), dtype=dtype, device=device)
+        return torch.eye(self._check_basis_size(), dtype=dtype, device=device)
 
     def exp(self, M):
         return M

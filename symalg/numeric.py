@@ -11,7 +11,7 @@ from typing import Callable, Mapping
 import torch
 
 from .catalogue import CATALOGUE
-from .graph import Architecture, SpecError
+from .graph import Architecture
 from .nn import activation_function
 
 __all__ = ["random_params", "random_data", "network_function", "mse_loss"]
@@ -21,8 +21,7 @@ def random_params(arch: Architecture, generator: torch.Generator | None = None, 
                   device="cpu", scale: float = 1.0) -> dict[str, torch.Tensor]:
     """Gaussian parameters for a concrete-width architecture: weights ``N(0, scale² / in_features)``,
     biases ``N(0, scale²)``."""
-    if arch.widths:
-        raise SpecError(f"random_params: widths {sorted(map(str, arch.widths))} are symbolic; use arch.subs(...)")
+    arch.check_materialisable("random_params")
     params = {}
     for name, shape in arch.parameter_shapes.items():
         shape = tuple(int(s) for s in shape)

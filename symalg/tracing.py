@@ -409,6 +409,44 @@ def _redirect_in_place(gm: torch.fx.GraphModule) -> None:
                 user.replace_input_with(source, node)
 
 
+def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
+    """Refuse empty or non-finite example tensors, then run ``model`` on them once (restoring its buffers
+    and the RNG afterwards); when it fails, raise :class:`SpecError` with torch's own message and the
+    innermost module that was running."""
+    for index, value in enumerate(example_inputs):
+        if isinstance(value, torch.Tensor) and value.numel() == 0:
+            raise SpecError(f"trace: example input {index} is empty (shape {tuple(value.shape)})")
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not value.isfinite().all():
+            raise SpecError(f"trace: example input {index} has non-finite entries (NaN or inf)")
+    running: list[str] = []  # the modules being run, innermost last
+
+    def enter_hook(name):
+        def hook(*_):  # returns None: the hook changes nothing
+            running.append(name)
+        return hook
+
+    def leave_hook(*_):
+        running.pop()
+
+    enter = [m.register_forward_pre_hook(enter_hook(name)) for name, m in model.named_modules()]
+    leave = [m.register_forward_hook(leave_hook) for m in model.modules()]
+    saved = [(buffer, buffer.clone()) for buffer in model.buffers()]
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # no trace of the run: RNG and buffers restored
+            model(*example_inputs)
+    except Exception as error:  # torch's own message, naming the module it came from
+        where = running[-1] if running else ""
+        module = f"module {where!r} ({type(model.get_submodule(where)).__name__})" if where else type(model).__name__
+        raise SpecError(f"trace: running {type(model).__name__} on the example inputs failed in {module}: "
+                        f"{type(error).__name__}: {error}") from None
+    finally:
+        for handle in enter + leave:
+            handle.remove()
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
 def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention: bool = True) -> ModelGraph:
     """Trace ``model`` into a :class:`ModelGraph` (fx first, ``torch.export`` as the fallback).
 
@@ -427,6 +465,8 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
                             "forward pass first")
     if example_inputs is not None and not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
+    if example_inputs is not None:
+        _check_example_inputs(model, example_inputs)
     tracer = "fx"
     try:
         gm = _fx_graph(model)

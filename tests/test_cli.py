@@ -45,7 +45,7 @@ def test_latex_only(capsys):
 
 def test_bad_spec_exits_with_an_error_naming_the_layer(capsys):
     assert main(["linear(3, 4) -> swish -> linear(4, 1)"]) == 2
-    assert "layer 1: unknown activation 'swish'" in capsys.readouterr().err
+    assert "layer 1: unknown layer 'swish'" in capsys.readouterr().err
     assert main(["linear(3, 4)", "--widths", "h=x"]) == 2
 
 

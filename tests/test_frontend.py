@@ -465,8 +465,8 @@ def test_to_module_names_parameters_like_the_architecture():
 # -- errors name the offending layer / parameter ---------------------------------------------------
 @pytest.mark.parametrize("spec, message", [
     # unknown activation
-    ("linear(n, h) -> swish -> linear(h, m)", r"layer 1: unknown activation 'swish'"),
-    ("linear(n, h) -> relu -> linear(h, k) -> Relu -> linear(k, m)", r"layer 3: unknown activation 'Relu'"),
+    ("linear(n, h) -> swish -> linear(h, m)", r"layer 1: unknown layer 'swish'"),
+    ("linear(n, h) -> relu -> linear(h, k) -> Relu -> linear(k, m)", r"layer 3: unknown layer 'Relu'"),
     # mismatched widths
     ("linear(n, h) -> relu -> linear(k, m)", r"layer 2 \(linear\): in_features=k but the previous layer produces h"),
     ("linear(3, 4) -> relu -> linear(5, 2)", r"layer 2 \(linear\): in_features=5 .* produces 4"),
@@ -503,7 +503,7 @@ def test_parse_errors_name_the_layer(spec, message):
 
 
 @pytest.mark.parametrize("build, message", [
-    (lambda: Spec().linear("n", "h").swish().linear("h", "m"), r"layer 1: unknown activation 'swish'"),
+    (lambda: Spec().linear("n", "h").swish().linear("h", "m"), r"layer 1: unknown layer 'swish'"),
     (lambda: Spec().linear("n", "h").relu().linear("k", "m"), r"layer 2 \(linear\): in_features=k"),
     (lambda: Spec().linear(3, 0), r"layer 0 \(linear\) out_features: width 0"),
     (lambda: Spec().linear(-2, 3), r"layer 0 \(linear\) in_features: width -2"),
