@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import math
 import multiprocessing
 import random
 import signal
@@ -36,13 +37,13 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .certification import claim_errors
+from .certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 from .graph import SpecError
 
 __all__ = ["Case", "FAMILIES", "FuzzReport", "derive_claims", "generate", "main", "run"]
@@ -171,7 +172,7 @@ class Case:
         return model, (x,)
 
     def source(self) -> str:
-        """A standalone script that builds the same model and input, values included."""
+        """A standalone script that builds the same model and input, values included, and prints its false claims."""
         kind, names = self.output
         returned = {"tensor": names[0], "tuple": f"({', '.join(names)},)",
                     "dict": "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"}[kind]
@@ -187,7 +188,9 @@ class Case:
                   "        if name.endswith('running_mean'):", "            b.normal_()",
                   "        elif name.endswith('running_var'):", "            b.uniform_(0.5, 2.0)"]
         lines += [f"model.{name}.eval()" for name, layer in self.layers if not layer.train]
-        lines += [f"x = {x}"]
+        lines += [f"x = {x}", "", "import symalg", "from symalg.certification import claim_errors",
+                  "analysis = symalg.derive(symalg.trace(model, (x,)))",
+                  "print([str(e) for e in claim_errors(analysis) if not e.holds])"]
         return "\n".join(lines) + "\n"
 
 
@@ -486,14 +489,15 @@ def generate(seed: int, index: int, family: str | None = None) -> Case:
 # ---------------------------------------------------------------------------------------------------
 # Running and checking.
 
-def derive_claims(graph, certify: bool):
+def derive_claims(graph, certify: bool, catalogue: Mapping | None = None):
     """``(analysis, certified)``: ``symalg.derive(graph)`` raw, or with ``certify=True`` where ``derive``
     takes it (``certified`` says whether it did; without it the claims are the raw ones)."""
     from . import derive
 
+    options = {} if catalogue is None else {"catalogue": catalogue}
     if certify and "certify" in inspect.signature(derive).parameters:
-        return derive(graph, certify=True), True
-    return derive(graph), False
+        return derive(graph, certify=True, **options), True
+    return derive(graph, **options), False
 
 
 class _Hang(Exception):
@@ -609,20 +613,37 @@ class _Outcome:
     seconds: float = 0.0
 
 
-def check_case(case: Case, certify: bool = True, time_limit: float = 10.0, draws: int = 2) -> _Outcome:
-    """Trace, derive and check one case; never raises (refusals, crashes and hangs are outcomes)."""
+def _claim_errors(analysis, draws: int, seed: int) -> list[tuple[str, float, str, str]]:
+    """``(label, error, element, output)`` per claim; a claim whose action cannot even be applied (its
+    ``apply`` raises) is false with an infinite error, the exception as its element."""
+    try:
+        errors = claim_errors(analysis, draws=draws, seed=seed)
+    except Exception:  # find the claims that cannot be applied, and check the others
+        errors = []
+        for symmetry in analysis.symmetries:
+            try:
+                errors += claim_errors(analysis, draws=draws, seed=seed, symmetries=[symmetry])
+            except Exception as error:
+                errors.append(ClaimError(symmetry, math.inf, f"apply raised {type(error).__name__}: {error}"))
+    return [(e.symmetry.label, e.error, e.element, e.output) for e in errors]
+
+
+def check_case(case: Case, certify: bool = True, time_limit: float = 10.0, draws: int = 2,
+               catalogue: Mapping | None = None) -> _Outcome:
+    """Trace, derive (with ``catalogue`` when given) and check one case; never raises (refusals, crashes
+    and hangs are outcomes)."""
     from . import trace
 
     outcome, start = _Outcome(case.family), time.perf_counter()
     try:
         with _time_limit(time_limit):
             model, inputs = case.build()
-            analysis, outcome.certified = derive_claims(trace(model, inputs), certify)
-            # seed apart from derive's own certification, so the check draws other elements and inputs
-            errors = claim_errors(analysis, draws=draws, seed=1 + case.index)
+            analysis, outcome.certified = derive_claims(trace(model, inputs), certify, catalogue)
+            # seeded apart from derive's own certification, so the check draws other elements and inputs
+            errors = _claim_errors(analysis, draws, 1 + case.index)
         outcome.claims = len(errors)
-        outcome.false_claims = [FalseClaim(case.description, case.family, e.symmetry.label, e.error, e.element,
-                                           e.output) for e in errors if not e.holds]
+        outcome.false_claims = [FalseClaim(case.description, case.family, *e) for e in errors
+                                if not e[1] <= CERTIFICATION_TOLERANCE]
     except _Hang as error:
         outcome.hang = Failure(case.description, case.family, str(error))
     except SpecError:
@@ -642,15 +663,16 @@ def _check_index(arguments) -> _Outcome:
 
 
 def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, time_limit: float = 10.0,
-        certify: bool = True, draws: int = 2, workers: int = 1) -> FuzzReport:
-    """Generate ``n_models`` models (indices ``0 … n_models − 1`` of ``seed``, families in turn) and check
-    every claim of each; see the module docstring. ``workers > 1`` checks them in that many processes."""
+        certify: bool = True, draws: int = 2, workers: int = 1, start: int = 0) -> FuzzReport:
+    """Generate ``n_models`` models (indices ``start … start + n_models − 1`` of ``seed``, families in turn)
+    and check every claim of each; see the module docstring. ``workers > 1`` checks them in that many
+    processes."""
     families = list(families) if families else None
     unknown = [f for f in families or () if f not in FAMILIES]
     if unknown:
         raise SpecError(f"run: unknown families {unknown}; known: {', '.join(FAMILIES)}")
-    report, start = FuzzReport(seed), time.perf_counter()
-    jobs = [(seed, i, families, certify, time_limit, draws) for i in range(n_models)]
+    report, began = FuzzReport(seed), time.perf_counter()
+    jobs = [(seed, i, families, certify, time_limit, draws) for i in range(start, start + n_models)]
     if workers > 1:
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             for outcome in pool.imap(_check_index, jobs, chunksize=8):
@@ -658,7 +680,7 @@ def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, tim
     else:
         for job in jobs:
             report.add(_check_index(job))
-    report.seconds = time.perf_counter() - start
+    report.seconds = time.perf_counter() - began
     return report
 
 
@@ -668,6 +690,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m symalg.fuzz", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start", type=int, default=0, help="index of the first model")
     parser.add_argument("--families", default="", help=f"comma-separated, of: {', '.join(FAMILIES)}")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per model")
@@ -681,7 +704,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     families = [f for f in args.families.split(",") if f] or None
     torch.set_default_dtype(torch.float64)
-    report = run(args.models, args.seed, families, args.time_limit, not args.raw, args.draws, args.workers)
+    report = run(args.models, args.seed, families, args.time_limit, not args.raw, args.draws, args.workers, args.start)
     print(report.summary())
     return int(bool(report.false_claims or report.crashes or report.hangs))
 
