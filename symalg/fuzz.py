@@ -46,7 +46,8 @@ from torch import nn
 from .certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 from .graph import SpecError
 
-__all__ = ["Case", "FAMILIES", "FuzzReport", "derive_claims", "generate", "main", "run"]
+__all__ = ["Case", "FAMILIES", "FuzzReport", "certification_available", "check_case", "derive_claims", "generate",
+           "main", "run"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -238,6 +239,7 @@ class _Builder:
             if len(shape) == 2:
                 return self.call(self.add("BatchNorm1d", d, affine=rng.random() < 0.8, train=train), x)
             if rng.random() < 0.5:  # on axis 1, its channel axis (the issue's BatchNorm1d(4) on (B, T=4, d=4))
+                self.variant.append("axis1")
                 return self.call(self.add("BatchNorm1d", shape[1], affine=rng.random() < 0.8, train=train), x)
             y = self.call(self.add("BatchNorm1d", d, train=train), self.op("transpose", x, a=1, b=-1))
             return self.op("transpose", y, a=1, b=-1)
@@ -311,6 +313,8 @@ def _norm(b: _Builder):
         shape = (b.rng.randint(2, 3), h, n)
     else:
         shape = (b.rng.randint(2, 3), b.width(2), n)
+    if len(shape) == 3 and shape[1] == h:
+        b.variant.append("T=d")
     x = b.act(b.linear("x", n, h))
     x = b.norm(x, shape[:-1] + (h,))
     return shape, 0, b.linear(b.act(x), h, m)
@@ -327,7 +331,8 @@ def _conv(b: _Builder):
         c, groups = c_in, c_in  # depthwise
     padding = rng.choice([0, 1, "same"])
     b.variant.append(f"conv{dim}-groups{groups}-pad{padding}")
-    x = b.call(b.add(f"Conv{dim}", c_in, c, rng.choice([1, 2, 3]), padding=padding, groups=groups,
+    kernel = rng.choice([1, 3] if padding == "same" else [1, 2, 3])  # even kernels with "same" pad unevenly
+    x = b.call(b.add(f"Conv{dim}", c_in, c, kernel, padding=padding, groups=groups,
                      bias=rng.random() < 0.8), "x")
     if rng.random() < 0.3:  # the issue's conv → GroupNorm(affine=False) → BatchNorm(eval)
         b.variant.append("gn-bn")
@@ -489,13 +494,20 @@ def generate(seed: int, index: int, family: str | None = None) -> Case:
 # ---------------------------------------------------------------------------------------------------
 # Running and checking.
 
+def certification_available() -> bool:
+    """Whether ``symalg.derive`` takes ``certify`` (checks its claims numerically before it makes them)."""
+    from . import derive
+
+    return "certify" in inspect.signature(derive).parameters
+
+
 def derive_claims(graph, certify: bool, catalogue: Mapping | None = None):
     """``(analysis, certified)``: ``symalg.derive(graph)`` raw, or with ``certify=True`` where ``derive``
     takes it (``certified`` says whether it did; without it the claims are the raw ones)."""
     from . import derive
 
     options = {} if catalogue is None else {"catalogue": catalogue}
-    if certify and "certify" in inspect.signature(derive).parameters:
+    if certify and certification_available():
         return derive(graph, certify=True, **options), True
     return derive(graph, **options), False
 
