@@ -1,0 +1,132 @@
+"""The false-claim fuzzer (symalg.fuzz): its generator, its checker, and its quick and slow tiers."""
+import runpy
+
+import pytest
+import sympy as sp
+import torch
+
+import symalg
+from symalg import fuzz
+from symalg.catalogue import declare_linear
+from symalg.fuzz import Case, Layer, Step
+
+
+needs_certification = pytest.mark.skipif(not fuzz.certification_available(),
+                                         reason="symalg.derive does not certify claims yet (certify=True)")
+
+
+def _issue_patterns(case: Case) -> set[str]:
+    """The issue-12 reproductions a case contains."""
+    layers = {name: layer for name, layer in case.layers}
+    ops = [s.op for s in case.steps]
+    found = set()
+    if case.output[0] == "dict":
+        found.add("dict output")
+    if case.family == "embedding" and "max" in ops and "linear_w" in ops:
+        found.add("F.linear(fc(emb(t)).max(1)[0], emb.weight)")
+    if "w(w(x))" in case.variant:
+        found.add("out(w(w(x)))")
+    if {"T=d", "batchnorm", "axis1"} <= set(case.variant.split("-")):
+        found.add("BatchNorm1d(d) on (B, T=d, d)")
+    if any(l.cls == "GroupNorm" for l in layers.values()) and "conv1d" in case.variant:
+        found.add("GroupNorm on (B, C, L)")
+    if "layernorm_axis" in case.variant and len(case.input_shape) == 3:
+        found.add("LayerNorm over the time axis after a transpose")
+    if "gn-bn" in case.variant and any(l.cls.startswith("BatchNorm") and not l.train for l in layers.values()):
+        found.add("conv -> GroupNorm(affine=False) -> BatchNorm(eval)")
+    if case.family == "concat" and "layernorm" in case.variant.split("-"):
+        found.add("LayerNorm after torch.cat")
+    if case.family == "albert":
+        found.add("ALBERT-style shared blocks with a norm gain")
+    if "needTrue-avgFalse" in case.variant:
+        found.add("nn.MultiheadAttention(average_attn_weights=False) with weights returned")
+    return found
+
+
+def test_generator_covers_every_family_and_every_issue_reproduction():
+    cases = [fuzz.generate(0, i) for i in range(40 * len(fuzz.FAMILIES))]
+    assert {c.family for c in cases[:len(fuzz.FAMILIES)]} == set(fuzz.FAMILIES)
+    found = set().union(*(_issue_patterns(c) for c in cases))
+    assert len(found) == 10, found
+
+
+def test_generator_is_reproducible_and_its_source_builds_the_same_model(tmp_path):
+    case = fuzz.generate(3, 17, "norm")
+    assert fuzz.generate(3, 17, "norm") == case and fuzz.generate(4, 17, "norm") != case
+    (model, (x,)), (again, (y,)) = case.build(), case.build()
+    assert torch.equal(x, y)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    path = tmp_path / "reproduction.py"
+    path.write_text(case.source())
+    script = runpy.run_path(str(path))  # builds the model, then derives and checks it
+    assert torch.equal(script["x"], x)
+    assert torch.allclose(script["model"](x), model(x), rtol=0, atol=0)
+
+
+def test_checker_catches_a_false_claim_from_a_wrong_overlay():
+    """relu declared linear: GL(h) is claimed on the hidden layer of every relu MLP, and it is false."""
+    relu_as_linear = symalg.overlay({"relu": symalg.CatalogueEntry("relu", lambda z: sp.Max(z, 0),
+                                                                   declare_linear())})
+    case = Case(0, 0, "mlp", "relu", (("m0", Layer("Linear", (3, 4))), ("m1", Layer("Linear", (4, 2)))),
+                (Step("h0", "layer", ("x",), (("layer", "m0"),)), Step("h1", "act", ("h0",), (("name", "relu"),)),
+                 Step("h2", "layer", ("h1",), (("layer", "m1"),))), ("tensor", ("h2",)), (5, 3), torch_seed=1)
+    honest = fuzz.check_case(case, certify=False)
+    assert honest.claims == 2 and honest.false_claims == []
+    wrong = fuzz.check_case(case, certify=False, catalogue=relu_as_linear)
+    assert [c.claim for c in wrong.false_claims] == ["GL(4) on m0"]
+    assert wrong.false_claims[0].error > 1e-2
+
+
+@needs_certification
+def test_certification_blocks_the_false_claim_of_a_wrong_overlay():
+    relu_as_linear = symalg.overlay({"relu": symalg.CatalogueEntry("relu", lambda z: sp.Max(z, 0),
+                                                                   declare_linear())})
+    case = fuzz.generate(0, 0, "mlp")
+    assert fuzz.check_case(case, certify=True, catalogue=relu_as_linear).false_claims == []
+
+
+def test_refusals_crashes_and_hangs_are_outcomes_not_exceptions():
+    linear = (("m0", Layer("Linear", (3, 4))),)
+    step = (Step("h0", "layer", ("x",), (("layer", "m0"),)),)
+    wrong_input = Case(0, 0, "mlp", "bad input", linear, step, ("tensor", ("h0",)), (2, 5))
+    refused = fuzz.check_case(wrong_input)
+    assert refused.refused and refused.crash is None and refused.claims == 0
+    missing_argument = Case(0, 1, "mlp", "bad layer", (("m0", Layer("Linear", (3,))),), step, ("tensor", ("h0",)),
+                            (2, 3))
+    crashed = fuzz.check_case(missing_argument)
+    assert crashed.crash is not None and crashed.crash.error.startswith("TypeError") and not crashed.refused
+    hung = fuzz.check_case(fuzz.generate(0, 0, "mha"), time_limit=1e-3)
+    assert hung.hang is not None and hung.crash is None
+
+
+def test_run_rejects_unknown_families():
+    with pytest.raises(symalg.SpecError, match="'nope'"):
+        fuzz.run(1, families=["nope"])
+
+
+def _assert_sound(report: fuzz.FuzzReport) -> None:
+    assert report.crashes == [], report.summary()
+    assert report.hangs == [], report.summary()
+    assert report.false_claims == [], report.summary()
+
+
+def test_quick_tier_no_crashes_or_hangs():
+    """13 families x 8 models; raw claims (their false ones are the inference rules' error rate, in
+    docs/soundness.md) but no model may crash or hang."""
+    report = fuzz.run(8 * len(fuzz.FAMILIES), seed=0, certify=False, draws=1)
+    assert report.models == 8 * len(fuzz.FAMILIES) and set(report.families) == set(fuzz.FAMILIES)
+    assert report.claims > 100
+    assert report.crashes == [] and report.hangs == [], report.summary()
+
+
+@needs_certification
+def test_quick_tier_certified_claims_hold():
+    _assert_sound(fuzz.run(8 * len(fuzz.FAMILIES), seed=1, certify=True))
+
+
+@pytest.mark.slow
+@needs_certification
+def test_slow_tier_ten_thousand_models():
+    report = fuzz.run(10_000, seed=0, certify=True, workers=2)
+    assert report.models == 10_000
+    _assert_sound(report)
