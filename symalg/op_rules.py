@@ -139,7 +139,8 @@ def output_rule(state: Inference, node, data, inputs) -> None:
 
 @register_rule("pack")
 def pack_rule(state, node, data, inputs) -> tuple:
-    """A returned dataclass (``ModelOutput(logits=…, hidden=…)``): the tuple of its fields' labels."""
+    """A dataclass or named tuple built in ``forward`` (``Output(logits=…, hidden=…)``): the tuple of its
+    fields' labels."""
     return tuple(inputs)
 
 
