@@ -24,8 +24,8 @@ from .model_inference import ALL, TRANSLATIONS, Inference, Label, Segment
 __all__ = ["OP_RULES", "WEIGHT_RULES", "WeightExpr", "register_rule", "activation_rule", "unknown_rule"]
 
 _RULES: dict[str, Callable] = {}
-WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose", "permute",
-                          "embedding", "cdist", "getitem"})
+WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
+                          "permute", "embedding", "cdist", "getitem"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -307,7 +307,10 @@ def _diagonal_map(state, node, label: Label, scale: str | None, shift: str | Non
                     for t in (scale, shift) if t]
         if scale:
             reader = Binding(scale, 0, seg.offset, seg.width, seg.block, "in", seg.power, diagonal=True, node=node)
-            state.bind(seg.site, reader) if seg.site >= 0 else state.pin(reader, node)
+            if seg.site >= 0:
+                state.bind(seg.site, reader)
+            else:
+                state.pin(reader, node)
         site = state.new_site(node, seg.width, bindings, allowed=DIAGONAL if seg.site >= 0 else {"PS", "SF"})
         if seg.site >= 0:
             state.tie_permutations(seg.site, site)
