@@ -25,8 +25,8 @@ from .model_inference import ALL, TRANSLATIONS, Inference, Label, Segment
 __all__ = ["OP_RULES", "WEIGHT_RULES", "WeightExpr", "register_rule", "activation_rule", "unknown_rule"]
 
 _RULES: dict[str, Callable] = {}
-WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose", "permute",
-                          "embedding", "cdist", "getitem"})
+WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
+                          "permute", "embedding", "cdist", "getitem"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -148,7 +148,8 @@ def output_rule(state: Inference, node, data, inputs) -> None:
 
 @register_rule("pack")
 def pack_rule(state, node, data, inputs) -> tuple:
-    """A returned dataclass (``ModelOutput(logits=…, hidden=…)``): the tuple of its fields' labels."""
+    """A dataclass or named tuple built in ``forward`` (``Output(logits=…, hidden=…)``): the tuple of its
+    fields' labels."""
     return tuple(inputs)
 
 
@@ -316,7 +317,10 @@ def _diagonal_map(state, node, label: Label, scale: str | None, shift: str | Non
                     for t in (scale, shift) if t]
         if scale:
             reader = Binding(scale, axis, seg.offset, seg.width, seg.block, "in", seg.power, diagonal=True, node=node)
-            state.bind(seg.site, reader) if seg.site >= 0 else state.pin(reader, node)
+            if seg.site >= 0:
+                state.bind(seg.site, reader)
+            else:
+                state.pin(reader, node)
         site = state.new_site(node, seg.width, bindings, allowed=DIAGONAL if seg.site >= 0 else {"PS", "SF"})
         if seg.site >= 0:
             state.tie_permutations(seg.site, site)

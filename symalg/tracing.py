@@ -256,9 +256,11 @@ def _function_op(node: torch.fx.Node) -> tuple[str, dict]:
 
 
 def _is_pack(node: torch.fx.Node) -> bool:
-    """True for the constructor of a returned dataclass (fx records ``return Output(y=...)`` as a call of
-    the class): a container of outputs, not an op."""
-    return node.op == "call_function" and isinstance(node.target, type) and is_dataclass(node.target)
+    """True for the constructor of a dataclass or named tuple (fx records ``return Output(y=...)`` as a call
+    of the class): a container of values, not an op."""
+    target = node.target
+    return node.op == "call_function" and isinstance(target, type) and (
+        is_dataclass(target) or issubclass(target, tuple) and hasattr(target, "_fields"))
 
 
 def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[int, str]) -> dict:

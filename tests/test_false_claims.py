@@ -5,8 +5,9 @@ Every test traces the model with example inputs, derives, and checks three thing
 keeps every output (:func:`symalg.certification.claim_errors`), the true symmetries are still claimed,
 and the restriction is reported naming the node responsible.
 """
-from dataclasses import dataclass
-from typing import Optional
+from collections import OrderedDict
+from dataclasses import dataclass, fields
+from typing import NamedTuple, Optional
 
 import pytest
 import torch
@@ -56,6 +57,43 @@ class _DictOutput(nn.Module):
 def test_dict_and_dataclass_outputs_pin_their_feature_axes():
     analysis = analyse(_DictOutput(), torch.randn(5, 3))
     assert claims(analysis) == {"PositiveScaling(4, alpha=1) on a", "S(4) on a"}
+
+
+class _ModelOutput(OrderedDict):
+    """Hugging Face's ``ModelOutput`` in miniature: a dataclass that is an ``OrderedDict`` of its set fields."""
+
+    def __post_init__(self):
+        for f in fields(self):
+            if getattr(self, f.name) is not None:
+                self[f.name] = getattr(self, f.name)
+
+
+@dataclass
+class _CausalLMOutput(_ModelOutput):
+    logits: torch.Tensor = None
+    hidden_states: Optional[torch.Tensor] = None
+
+
+class _Pair(NamedTuple):
+    logits: torch.Tensor
+    hidden_states: torch.Tensor
+
+
+@pytest.mark.parametrize("container", [_CausalLMOutput, _Pair], ids=["model_output", "named_tuple"])
+@pytest.mark.parametrize("hidden_out", [False, True], ids=["input_returned", "hidden_returned"])
+def test_model_output_and_named_tuple_fields_are_outputs(container, hidden_out):
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            return container(logits=self.b(h), hidden_states=h if hidden_out else x)
+
+    analysis = analyse(Model(), torch.randn(5, 3))
+    assert claims(analysis) == (set() if hidden_out else {"PositiveScaling(4, alpha=1) on a", "S(4) on a"})
+    assert not analysis.blocked
 
 
 def test_a_returned_hidden_value_is_an_output_too():
