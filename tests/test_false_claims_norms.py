@@ -249,3 +249,61 @@ def test_softmax_over_flattened_channels_keeps_only_the_bias_shift():
 
     analysis = certified(Model(), torch.randn(6, 2, 7))
     assert claims(analysis) == [("conv", "Translations(1, along 1)")]
+
+
+# -- broadcasts, depthwise convolutions and softmax axes -----------------------------------------
+
+class AddParameter(nn.Module):
+    """``head(relu(conv(x) + p))`` with ``p`` broadcast against ``(B, C=4, L=5)``."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.conv, self.p, self.head = nn.Conv1d(2, 4, 3, bias=False), nn.Parameter(torch.randn(shape)), nn.Conv1d(4, 2, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x) + self.p))
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ((4, 1), [("conv", "PositiveScaling(4, alpha=1)"), ("conv", "S(4)")]),  # p runs along the channels
+    ((4, 5), [("conv", "PositiveScaling(4, alpha=1)"), ("conv", "S(4)")]),
+    ((5,), [("conv", "S(4)")]),  # p is one vector over positions for every channel: it cannot be scaled per channel
+    ((1, 5), [("conv", "S(4)")]),
+    ((1,), [("conv", "S(4)")]),
+])
+def test_added_parameter_moves_along_the_axis_it_broadcasts_on(shape, expected):
+    analysis = certified(AddParameter(shape), torch.randn(6, 2, 7))
+    assert claims(analysis) == expected
+    constant = shape[-2] == 1 if len(shape) > 1 else True
+    assert any("constant along the sites' axis -2" in r for r in blocked_at(analysis, "add")) == constant
+
+
+def test_depthwise_convolution_along_the_sites_axis_mixes_them():
+    # A depthwise conv on (B, T=4, d=4) convolves along d, mixing neighbouring features of the linear map.
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.dw, self.head = nn.Linear(3, 4), nn.Conv1d(4, 4, 3, groups=4, padding=1), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.dw(torch.relu(self.body(x))))
+
+    analysis = certified(Model(), torch.randn(6, 4, 3))
+    assert ("body", "PositiveScaling(4, alpha=1)") not in claims(analysis)
+    assert any("slides along the sites' axis -1" in r for r in blocked_at(analysis, "dw"))
+
+
+def test_softmax_without_dim_uses_torchs_implicit_axis():
+    # F.softmax(z) on a 3-d value normalises axis 0 (torch's deprecated implicit dim), not the features.
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = nn.Linear(3, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(torch.nn.functional.softmax(self.body(x)))
+
+    with pytest.warns(UserWarning, match="Implicit dimension"):
+        analysis = certified(Model(), torch.randn(6, 5, 3))
+    assert claims(analysis) == []
+    assert blocked_at(analysis, "softmax")
