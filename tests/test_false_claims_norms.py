@@ -307,3 +307,64 @@ def test_softmax_without_dim_uses_torchs_implicit_axis():
         analysis = certified(Model(), torch.randn(6, 5, 3))
     assert claims(analysis) == []
     assert blocked_at(analysis, "softmax")
+
+
+# -- fuzzer findings F4-F6 (/work/briefs/fuzz_findings.md), as found -------------------------------
+
+def fuzzed(model, x, eval_modules=()):
+    """The fuzzer's set-up: parameters ~ N(0, 0.7²), running means ~ N(0, 1), variances ~ U(0.5, 2)."""
+    model = model.double()
+    with torch.no_grad():
+        for p in model.parameters():
+            nn.init.normal_(p, std=0.7)
+        for name, b in model.named_buffers():
+            if name.endswith("running_mean"):
+                b.normal_()
+            elif name.endswith("running_var"):
+                b.uniform_(0.5, 2.0)
+    for module in eval_modules:
+        module.eval()
+    return certified(model, x)
+
+
+def test_fuzz_f4_batch_norm_on_a_sequence_in_training():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m0, self.m1, self.m2 = nn.Linear(5, 5), nn.BatchNorm1d(5), nn.Linear(5, 2)
+
+        def forward(self, x):
+            return self.m2(torch.sigmoid(self.m1(nn.functional.silu(self.m0(x)))))
+
+    analysis = fuzzed(Model(), torch.randn(3, 5, 5))
+    assert claims(analysis) == [("m0", "S(5)")]  # not the sign flips of the affine part on the wrong axis
+
+
+def test_fuzz_f5_layer_norm_over_time_between_transposes():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m0, self.m1, self.m2 = nn.Linear(1, 4), nn.LayerNorm(2), nn.Linear(4, 4, bias=False)
+
+        def forward(self, x):
+            h = self.m1(torch.tanh(self.m0(x)).transpose(1, -1)).transpose(1, -1)
+            return self.m2(nn.functional.leaky_relu(h))
+
+    analysis = fuzzed(Model(), torch.randn(3, 2, 1))
+    assert claims(analysis) == [("m0", "S(4)")]
+    assert any("layer norm works along axes [-1], but the sites run along axis -2" in r for r in blocked_at(analysis, "m1"))
+
+
+def test_fuzz_f6_group_norm_then_eval_batch_norm():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m0, self.m1 = nn.Conv1d(5, 3, 3, padding="same"), nn.GroupNorm(3, 3, affine=False)
+            self.m2, self.m3 = nn.BatchNorm1d(3), nn.Conv1d(3, 6, 1)
+
+        def forward(self, x):
+            return self.m3(nn.functional.silu(self.m2(self.m1(self.m0(x))))).mean(-1)
+
+    model = Model()
+    analysis = fuzzed(model, torch.randn(2, 5, 6), eval_modules=(model.m2,))
+    assert claims(analysis) == [(f"m0.group{g}", "Translations(1, bias)") for g in range(3)] + [("m1.groups", "S(3)")]
