@@ -645,7 +645,7 @@ def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
     settings = data["settings"]
     buffers = data["buffers"]
     channel = _channel_axis(state, data)
-    if channel is None:
+    if data["kind"] != "module" or channel is None:  # F.batch_norm: its tensors' roles are not recorded
         return unknown_rule(state, node, data, inputs)
     if _across_sites(state, node, label, (channel,), {"S"}, "batch norm"):
         return label

@@ -368,3 +368,28 @@ def test_fuzz_f6_group_norm_then_eval_batch_norm():
     model = Model()
     analysis = fuzzed(model, torch.randn(2, 5, 6), eval_modules=(model.m2,))
     assert claims(analysis) == [(f"m0.group{g}", "Translations(1, bias)") for g in range(3)] + [("m1.groups", "S(3)")]
+
+
+class FunctionalNorm(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.body, self.head, self.norm = nn.Linear(3, 4), nn.Linear(4, 2), norm
+        self.weight, self.bias = nn.Parameter(torch.rand(4) + 0.5), nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return self.head(self.norm(self, self.body(x)))
+
+
+@pytest.mark.parametrize("norm, node", [
+    (lambda m, h: nn.functional.layer_norm(h, (4,), m.weight, m.bias), "layer_norm"),
+    (lambda m, h: nn.functional.rms_norm(h, (4,), m.weight), "rms_norm"),
+    (lambda m, h: nn.functional.batch_norm(h, None, None, m.weight, m.bias, training=True), "batch_norm"),
+    (lambda m, h: nn.functional.batch_norm(h, None, None, training=True), "batch_norm"),
+    (lambda m, h: nn.functional.group_norm(h, 2, m.weight, m.bias), "group_norm"),
+], ids=["F.layer_norm", "F.rms_norm", "F.batch_norm", "F.batch_norm_plain", "F.group_norm"])
+def test_functional_norms_are_not_modelled_and_say_so(norm, node):
+    # Their weights arrive as plain tensors whose roles the rules cannot tell apart: nothing passes, and the
+    # note names the node.
+    analysis = certified(FunctionalNorm(norm), torch.randn(6, 3))
+    assert claims(analysis) == []
+    assert any("not in the equivariance catalogue" in r for r in blocked_at(analysis, node))
