@@ -298,6 +298,11 @@ def conv_rule(state: Inference, node, data, inputs) -> Label:
         return Label(channel_dim, out_channels, (Segment(site, 0, out_channels),))
     if settings["groups"] == settings["in_channels"] == out_channels and in_per_group == 1:
         _refuse_shifts(state, node, label, "is depthwise: the shift of an affine sign flip is not modelled there")
+        if label.segments and label.dim != channel_dim:
+            state.restrict_label(label, set(), node, f"{state.where(node)}: a depthwise convolution of the channels "
+                                                     f"(axis {channel_dim}) slides along the sites' axis {label.dim}",
+                                 blocked=True)
+            label = Label.data(channel_dim)
         return _diagonal_map(state, node, label, weight, bias, channel_dim)
     state.restrict_label(label, set(), node, f"{state.where(node)}: grouped convolution with groups="
                                              f"{settings['groups']} is not modelled", blocked=True)
@@ -366,8 +371,7 @@ def add_rule(state: Inference, node, data, inputs) -> Label:
         return label.map_segments(invariant=frozenset())
     if len(labels) == 1 and len(params) == 1:
         (label,), (param,) = labels, params
-        state.bind_reader(label, param[1], len(state.shapes[param[1]]) - 1, node, role="out")
-        state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} adds a parameter")
+        _add_parameter(state, node, label, param[1])
         return label
     if len(labels) == 2 and not (labels[0].segments and labels[1].segments):
         a, b = labels
@@ -388,6 +392,20 @@ def add_rule(state: Inference, node, data, inputs) -> Label:
         state.restrict(x.site, ALL - TRANSLATIONS, node, f"{state.where(node)}: a sum does not absorb translations")
         segments.append(Segment(x.site, x.offset, x.width, x.block, x.power, x.invariant & y.invariant))
     return Label(a.dim, a.size, tuple(segments))
+
+
+def _add_parameter(state: Inference, node, label: Label, tensor: str) -> None:
+    """``x ± p``, ``p`` broadcast against ``x`` (trailing axes aligned). Where ``p`` runs along the sites' axis
+    (its axis ``p.ndim + dim``, of the same length) it moves with them, ``p ↦ π(g) p``; where it is constant
+    along that axis (absent or of length 1) it cannot, and only permutations pass."""
+    shape = state.shapes[tensor]
+    axis = len(shape) + label.dim
+    if axis < 0 or shape[axis] == 1 and label.size != 1:
+        state.restrict_label(label, {"S"}, node, f"{state.where(node)} adds {tensor} of shape {shape}, constant "
+                                                 f"along the sites' axis {label.dim}", blocked=True)
+        return
+    state.bind_reader(label, tensor, axis, node, role="out")
+    state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} adds a parameter")
 
 
 @register_rule("mul", "div")
@@ -610,8 +628,11 @@ def softmax_rule(state: Inference, node, data, inputs) -> Label:
     """Softmax over the feature axis: equivariant under permutations, invariant under shifts along 1."""
     label = _first(inputs)
     ndim = len(state.shape(node)) if state.shape(node) else None
+    dim = _dim(data, 1)
+    if dim is None and ndim is not None:  # torch's implicit dim (deprecated): 0 for 0-, 1- and 3-d inputs
+        dim = 0 if ndim in (0, 1, 3) else 1
     try:
-        dim = _normalise(_dim(data, 1), ndim)
+        dim = None if dim is None else _normalise(dim, ndim)
     except ValueError:
         dim = None
     if dim != label.dim:
@@ -657,7 +678,7 @@ def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
     settings = data["settings"]
     buffers = data["buffers"]
     channel = _channel_axis(state, data)
-    if channel is None:
+    if data["kind"] != "module" or channel is None:  # F.batch_norm: its tensors' roles are not recorded
         return unknown_rule(state, node, data, inputs)
     if _across_sites(state, node, label, (channel,), {"S"}, "batch norm"):
         return label

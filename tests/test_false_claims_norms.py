@@ -249,3 +249,147 @@ def test_softmax_over_flattened_channels_keeps_only_the_bias_shift():
 
     analysis = certified(Model(), torch.randn(6, 2, 7))
     assert claims(analysis) == [("conv", "Translations(1, along 1)")]
+
+
+# -- broadcasts, depthwise convolutions and softmax axes -----------------------------------------
+
+class AddParameter(nn.Module):
+    """``head(relu(conv(x) + p))`` with ``p`` broadcast against ``(B, C=4, L=5)``."""
+
+    def __init__(self, shape):
+        super().__init__()
+        self.conv, self.p, self.head = nn.Conv1d(2, 4, 3, bias=False), nn.Parameter(torch.randn(shape)), nn.Conv1d(4, 2, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x) + self.p))
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ((4, 1), [("conv", "PositiveScaling(4, alpha=1)"), ("conv", "S(4)")]),  # p runs along the channels
+    ((4, 5), [("conv", "PositiveScaling(4, alpha=1)"), ("conv", "S(4)")]),
+    ((5,), [("conv", "S(4)")]),  # p is one vector over positions for every channel: it cannot be scaled per channel
+    ((1, 5), [("conv", "S(4)")]),
+    ((1,), [("conv", "S(4)")]),
+])
+def test_added_parameter_moves_along_the_axis_it_broadcasts_on(shape, expected):
+    analysis = certified(AddParameter(shape), torch.randn(6, 2, 7))
+    assert claims(analysis) == expected
+    constant = shape[-2] == 1 if len(shape) > 1 else True
+    assert any("constant along the sites' axis -2" in r for r in blocked_at(analysis, "add")) == constant
+
+
+def test_depthwise_convolution_along_the_sites_axis_mixes_them():
+    # A depthwise conv on (B, T=4, d=4) convolves along d, mixing neighbouring features of the linear map.
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.dw, self.head = nn.Linear(3, 4), nn.Conv1d(4, 4, 3, groups=4, padding=1), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(self.dw(torch.relu(self.body(x))))
+
+    analysis = certified(Model(), torch.randn(6, 4, 3))
+    assert ("body", "PositiveScaling(4, alpha=1)") not in claims(analysis)
+    assert any("slides along the sites' axis -1" in r for r in blocked_at(analysis, "dw"))
+
+
+def test_softmax_without_dim_uses_torchs_implicit_axis():
+    # F.softmax(z) on a 3-d value normalises axis 0 (torch's deprecated implicit dim), not the features.
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = nn.Linear(3, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.head(torch.nn.functional.softmax(self.body(x)))
+
+    with pytest.warns(UserWarning, match="Implicit dimension"):
+        analysis = certified(Model(), torch.randn(6, 5, 3))
+    assert claims(analysis) == []
+    assert blocked_at(analysis, "softmax")
+
+
+# -- fuzzer findings F4-F6 (/work/briefs/fuzz_findings.md), as found -------------------------------
+
+def fuzzed(model, x, eval_modules=()):
+    """The fuzzer's set-up: parameters ~ N(0, 0.7²), running means ~ N(0, 1), variances ~ U(0.5, 2)."""
+    model = model.double()
+    with torch.no_grad():
+        for p in model.parameters():
+            nn.init.normal_(p, std=0.7)
+        for name, b in model.named_buffers():
+            if name.endswith("running_mean"):
+                b.normal_()
+            elif name.endswith("running_var"):
+                b.uniform_(0.5, 2.0)
+    for module in eval_modules:
+        module.eval()
+    return certified(model, x)
+
+
+def test_fuzz_f4_batch_norm_on_a_sequence_in_training():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m0, self.m1, self.m2 = nn.Linear(5, 5), nn.BatchNorm1d(5), nn.Linear(5, 2)
+
+        def forward(self, x):
+            return self.m2(torch.sigmoid(self.m1(nn.functional.silu(self.m0(x)))))
+
+    analysis = fuzzed(Model(), torch.randn(3, 5, 5))
+    assert claims(analysis) == [("m0", "S(5)")]  # not the sign flips of the affine part on the wrong axis
+
+
+def test_fuzz_f5_layer_norm_over_time_between_transposes():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m0, self.m1, self.m2 = nn.Linear(1, 4), nn.LayerNorm(2), nn.Linear(4, 4, bias=False)
+
+        def forward(self, x):
+            h = self.m1(torch.tanh(self.m0(x)).transpose(1, -1)).transpose(1, -1)
+            return self.m2(nn.functional.leaky_relu(h))
+
+    analysis = fuzzed(Model(), torch.randn(3, 2, 1))
+    assert claims(analysis) == [("m0", "S(4)")]
+    assert any("layer norm works along axes [-1], but the sites run along axis -2" in r for r in blocked_at(analysis, "m1"))
+
+
+def test_fuzz_f6_group_norm_then_eval_batch_norm():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m0, self.m1 = nn.Conv1d(5, 3, 3, padding="same"), nn.GroupNorm(3, 3, affine=False)
+            self.m2, self.m3 = nn.BatchNorm1d(3), nn.Conv1d(3, 6, 1)
+
+        def forward(self, x):
+            return self.m3(nn.functional.silu(self.m2(self.m1(self.m0(x))))).mean(-1)
+
+    model = Model()
+    analysis = fuzzed(model, torch.randn(2, 5, 6), eval_modules=(model.m2,))
+    assert claims(analysis) == [(f"m0.group{g}", "Translations(1, bias)") for g in range(3)] + [("m1.groups", "S(3)")]
+
+
+class FunctionalNorm(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.body, self.head, self.norm = nn.Linear(3, 4), nn.Linear(4, 2), norm
+        self.weight, self.bias = nn.Parameter(torch.rand(4) + 0.5), nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return self.head(self.norm(self, self.body(x)))
+
+
+@pytest.mark.parametrize("norm, node", [
+    (lambda m, h: nn.functional.layer_norm(h, (4,), m.weight, m.bias), "layer_norm"),
+    (lambda m, h: nn.functional.rms_norm(h, (4,), m.weight), "rms_norm"),
+    (lambda m, h: nn.functional.batch_norm(h, None, None, m.weight, m.bias, training=True), "batch_norm"),
+    (lambda m, h: nn.functional.batch_norm(h, None, None, training=True), "batch_norm"),
+    (lambda m, h: nn.functional.group_norm(h, 2, m.weight, m.bias), "group_norm"),
+], ids=["F.layer_norm", "F.rms_norm", "F.batch_norm", "F.batch_norm_plain", "F.group_norm"])
+def test_functional_norms_are_not_modelled_and_say_so(norm, node):
+    # Their weights arrive as plain tensors whose roles the rules cannot tell apart: nothing passes, and the
+    # note names the node.
+    analysis = certified(FunctionalNorm(norm), torch.randn(6, 3))
+    assert claims(analysis) == []
+    assert any("not in the equivariance catalogue" in r for r in blocked_at(analysis, node))
