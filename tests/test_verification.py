@@ -467,3 +467,20 @@ def test_large_models_list_the_skipped_lowering_check():
     report = symalg.verify(symalg.derive("linear(20, 30) -> relu -> linear(30, 10)"))
     (lowering,) = [c for c in report.checks if c.check == "lowering"]
     assert lowering.skipped and "symbolic_limit=400" in lowering.detail and report.passed
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"seed": "0"}, SpecError, r"verify: seed must be a non-negative integer, got '0'"),
+    ({"seed": True}, SpecError, r"verify: seed must be a non-negative integer, got True"),
+    ({"symbolic_limit": -1}, SpecError, r"verify: symbolic_limit must be a non-negative integer, got -1"),
+    ({"data": ([[0.0] * 3], torch.zeros(1, 2))}, ValueError, r"verify: data x must be a floating-point tensor, got list"),
+    ({"data": (torch.zeros(1, 3), torch.zeros(1, 2, dtype=torch.int64))}, ValueError, r"data y must be a floating-point"),
+], ids=["seed-str", "seed-bool", "limit-negative", "data-list", "data-int"])
+def test_verify_refuses_arguments_of_the_wrong_type_naming_them(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        symalg.verify(symalg.derive("linear(3, 4) -> relu -> linear(4, 2)"), **kwargs)
+
+
+def test_verify_refuses_what_is_not_an_analysis():
+    with pytest.raises(TypeError, match="verify: analysis must be the result of symalg.derive, got str"):
+        symalg.verify("linear(3, 4) -> relu -> linear(4, 2)")
