@@ -364,7 +364,7 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
         layout; random when None. The loss is ``½ mean ‖f(x) − y‖²``.
     device, dtype : where and in which precision to run (float64 by default).
     widths : values for symbolic widths when ``params`` is None; by default :func:`default_widths`
-        (recorded in the report). Refused for a traced model, whose widths are concrete.
+        (recorded in the report). Refused with ``params`` and for a traced model (their widths are fixed).
     seed : seed of the random parameters, data and group elements.
     symbolic_limit : largest parameter count for the exact SymPy comparison of lowered code (for a traced
         model: the largest entry count of a conserved quantity); default 400 (2000 traced).
@@ -394,6 +394,8 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     generator = torch.Generator().manual_seed(seed)
     arch = analysis.architecture
     if params is not None:
+        if widths is not None:
+            raise SpecError("verify: give params or widths, not both (the widths are those of the parameters)")
         check_params(params, arch.parameter_shapes, "verify")
         params = {k: v.detach().to(device=device, dtype=dtype) for k, v in params.items()}
         substituted = {str(k): v for k, v in arch.widths_from_params(params).items()}

@@ -481,6 +481,14 @@ def test_verify_refuses_arguments_of_the_wrong_type_naming_them(kwargs, error, m
         symalg.verify(symalg.derive("linear(3, 4) -> relu -> linear(4, 2)"), **kwargs)
 
 
+def test_verify_refuses_widths_together_with_params():
+    analysis = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
+    params = dict(symalg.to_module(symalg.parse("linear(3, 4) -> relu -> linear(4, 2)")).named_parameters())
+    assert symalg.verify(analysis, params=params).widths == {"h": 4, "m": 2, "n": 3}
+    with pytest.raises(SpecError, match="give params or widths, not both"):
+        symalg.verify(analysis, params=params, widths={"h": 5, "m": 2, "n": 3})
+
+
 def test_verify_refuses_what_is_not_an_analysis():
     with pytest.raises(TypeError, match="verify: analysis must be the result of symalg.derive, got str"):
         symalg.verify("linear(3, 4) -> relu -> linear(4, 2)")
