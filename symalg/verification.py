@@ -252,6 +252,24 @@ def check_angular_momentum(analysis, loss, params, grads, generator, tol, dampin
     return results
 
 
+def _check_translations(translations, observed, loss, params, grads, x, generator, tol, symbolic_limit):
+    """The logit translations of cross-entropy (:class:`~symalg.derive.LogitTranslation`): invariance of the
+    softmax and the loss, ``⟨∇L, M·θ⟩ = 0``, and their linear quantities checked as the traced verifier does."""
+    from .model_verification import _drift, _gradient_flow, _lowering
+
+    checks = []
+    for translation in translations:
+        with torch.no_grad():
+            checks.append(_check_invariance(translation, observed, loss, params, x, generator, tol))
+            basis = translation.group.algebra_basis(x.dtype, x.device)
+            checks.append(check_gradient_orthogonality(translation.label, lambda M: translation.tangent(params, M),
+                                                       basis, grads, tol))
+            checks.append(_drift(translation, params, grads, 0.1, tol))
+            checks.append(_lowering(translation, params, tol, symbolic_limit))
+        checks += _gradient_flow([translation], loss, params, params, grads, tol, 40)
+    return checks
+
+
 def _check_orbit_dimension(analysis, params):
     numeric = analysis.orbit_dimension(params)
     try:
@@ -361,7 +379,9 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
         random (the model's own for a traced model) when None. An unknown or missing name, a wrong shape
         or a non-finite entry raises ``SpecError`` naming the parameter.
     data : ``(x, y)``: inputs ``(batch, n_in)`` and regression targets ``(batch, n_out)`` in torch's row
-        layout; random when None. The loss is ``½ mean ‖f(x) − y‖²``.
+        layout; random when None. The loss is ``½ mean ‖f(x) − y‖²``; for an analysis derived with
+        ``loss="cross_entropy"`` it is cross-entropy with target probabilities ``y`` (random: a softmax), and
+        invariance compares ``softmax(f(x))``.
     device, dtype : where and in which precision to run (float64 by default).
     widths : values for symbolic widths when ``params`` is None; by default :func:`default_widths`
         (recorded in the report). Refused with ``params`` and for a traced model (their widths are fixed).
@@ -412,16 +432,23 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     x, y = _data(arch, data) if data is not None else random_data(arch, generator=generator, dtype=dtype, device=device)
     x, y = x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
     forward = network_function(arch, analysis.catalogue)
-    loss = mse_loss(forward, x, y)
+    if analysis.loss == "cross_entropy":
+        y = y if data is not None else y.softmax(-1)
+        loss = lambda p: torch.nn.functional.cross_entropy(forward(p, x), y)  # noqa: E731
+        observed = lambda p, inputs: forward(p, inputs).softmax(-1)  # noqa: E731
+    else:
+        loss, observed = mse_loss(forward, x, y), forward
     grads = loss_gradients(loss, params)
     checks = []
     with torch.no_grad():
         for symmetry in analysis.symmetries:
-            checks.append(_check_invariance(symmetry, forward, loss, params, x, generator, tol))
+            checks.append(_check_invariance(symmetry, observed, loss, params, x, generator, tol))
             if symmetry.group.is_continuous:
                 checks.append(_check_gradient_orthogonality(symmetry, params, grads, tol))
         for q in analysis.conserved_quantities():
             checks.append(check_gd_drift(q, params, grads, tol))
+    checks += _check_translations(analysis.translations, observed, loss, params, grads, x, generator, tol,
+                                  symbolic_limit)
     checks += check_gradient_flow(analysis, loss, params, grads, tol)
     checks += check_angular_momentum(analysis, loss, params, grads, generator, tol)
     checks.append(_check_orbit_dimension(analysis, params))

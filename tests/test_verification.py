@@ -492,3 +492,26 @@ def test_verify_refuses_widths_together_with_params():
 def test_verify_refuses_what_is_not_an_analysis():
     with pytest.raises(TypeError, match="verify: analysis must be the result of symalg.derive, got str"):
         symalg.verify("linear(3, 4) -> relu -> linear(4, 2)")
+
+
+@pytest.mark.parametrize("spec", ["linear(3, 4) -> relu -> linear(4, 2)", "linear(n, h) -> tanh -> linear(h, m)",
+                                  "linear(3, 4) -> identity -> linear(4, 3, bias=False)"])
+def test_cross_entropy_verifies_the_logit_translation_and_its_linear_quantities(spec):
+    analysis = symalg.derive(spec, loss="cross_entropy")
+    report = symalg.verify(analysis)
+    assert report.passed, str(report)
+    assert {c.check for c in report.checks if c.symmetry.startswith("y:Translations(")} == \
+        {"invariance", "gradient_orthogonality", "gd_drift", "gradient_flow", "lowering"}
+
+
+def test_the_logit_translation_fails_verification_under_mse():
+    import dataclasses
+
+    analysis = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)", loss="cross_entropy")
+    as_mse = dataclasses.replace(analysis, loss="mse")           # the same claim, but the outputs must not move
+    failed = {c.check for c in symalg.verify(as_mse).failures if c.symmetry == analysis.translations[0].label}
+    assert {"invariance", "gradient_orthogonality", "gradient_flow"} <= failed
+    # given targets are probabilities; the loss is the cross-entropy against them
+    x = torch.randn(8, 3, dtype=torch.float64)
+    y = torch.softmax(torch.randn(8, 2, dtype=torch.float64), -1)
+    assert symalg.verify(analysis, data=(x, y)).passed
