@@ -24,12 +24,12 @@ from .catalogue import CATALOGUE, CatalogueEntry
 from .checks import SymbolicCheck, disproof, symbolic_checks
 from .conserved import AngularMomentum, ConservedQuantity
 from .graph import Architecture, SpecError
-from .groups import Orthogonal, SiteGroup
+from .groups import Orthogonal, SiteGroup, Translations
 from .inference import Blocked, Site, infer_sites
 from .lowering import LoweredFunction, lower, reads
 from .printing import latex, sstr
 
-__all__ = ["derive", "Analysis", "Symmetry", "parameter_symbols"]
+__all__ = ["derive", "Analysis", "Symmetry", "LogitTranslation", "parameter_symbols"]
 
 
 def parameter_symbols(arch: Architecture) -> dict[str, sp.MatrixSymbol]:
@@ -169,6 +169,80 @@ class Symmetry:
         return f"$\\begin{{gathered}}{self.latex()}\\end{{gathered}}$"
 
 
+@dataclass(frozen=True, eq=False)
+class LogitTranslation:
+    """Translations of the logits along ``1``, a symmetry of softmax cross-entropy.
+
+    For the last layer ``y = W x + b`` (``W ∈ R^{m×n}``, torch layout), ``W ↦ W + 1 vᵀ`` and ``b ↦ b + t₀ 1``
+    add ``vᵀx + t₀`` to every logit of a sample, which softmax ignores. The group is ``R^k``, ``k = n + 1``
+    (``n`` without a bias), with element ``t = (v, t₀)``; the action is a translation, so ``M·θ`` is the same
+    shift. Each row of ``∂L/∂y`` sums to zero, so ``1ᵀ ∇_W L = 0`` and ``1ᵀ ∇_b L = 0``: the linear quantities
+    ``1ᵀ W`` and ``1ᵀ b`` are conserved by gradient flow and, being linear, exactly by gradient descent.
+    """
+
+    weight: str
+    bias: str | None
+    symbols: dict = field(repr=False)
+    group: Translations
+
+    @property
+    def label(self) -> str:
+        return f"y:{self.group.name}"
+
+    def _shift(self, params, t: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{W: 1 vᵀ, b: t₀ 1}`` for ``t`` of shape ``(..., k)``."""
+        W = params[self.weight]
+        n = W.shape[1]
+        shift = {self.weight: t[..., None, :n].expand(*t.shape[:-1], *W.shape)}
+        if self.bias:
+            shift[self.bias] = t[..., n:].expand(*t.shape[:-1], W.shape[0])
+        return shift
+
+    def apply(self, params: Mapping[str, torch.Tensor], t: torch.Tensor) -> dict[str, torch.Tensor]:
+        """All parameters after the translation by ``t`` (checked: a finite vector of length ``k``)."""
+        self.group.check_element(t)
+        return {**params, **{name: params[name] + change for name, change in self._shift(params, t).items()}}
+
+    def tangent(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``M·θ`` for ``M`` of shape ``(..., k)`` (a batch of Lie-algebra elements)."""
+        return self._shift(params, M)
+
+    @cached_property
+    def conserved(self):
+        """The linear quantities ``1ᵀ W`` and ``1ᵀ b`` (a :class:`~symalg.model_derive.ModelConserved`)."""
+        from .model_derive import ModelConserved
+
+        W = self.symbols[self.weight]
+        ones = sp.OneMatrix(1, W.shape[0])
+        exprs = {"ell_W": ones * W}
+        reads = {W: self.weight}
+        if self.bias:
+            exprs["ell_b"] = ones * self.symbols[self.bias]
+            reads[self.symbols[self.bias]] = self.bias
+        vectors = (self.symbols[self.bias],) if self.bias else ()
+        return ModelConserved("ell_y", "linear", exprs, reads, {}, vectors)
+
+    def latex(self) -> str:
+        W = self.symbols[self.weight]
+        parts = [rf"\text{{logits (softmax cross-entropy)}}:\ {self.group.latex()}",
+                 rf"{latex(W)} \mapsto {latex(W)} + \mathbf{{1}} v^T"]
+        if self.bias:
+            parts.append(rf"{latex(self.symbols[self.bias])} \mapsto {latex(self.symbols[self.bias])} + t_0 \mathbf{{1}}")
+        return r" \\ ".join(parts)
+
+    def __str__(self):
+        W = self.symbols[self.weight]
+        moved = [f"{W} -> {W} + 1*v.T"] + ([f"{self.symbols[self.bias]} -> {self.symbols[self.bias]} + t0*1"]
+                                          if self.bias else [])
+        return f"{self.label} (dim {self.group.dim}): {'; '.join(moved)}; conserved: {self.conserved}"
+
+
+def _logit_translation(arch: Architecture, symbols: dict) -> LogitTranslation:
+    last = arch.node(arch.linear_layers[-1])
+    width = sp.sympify(last["in_features"]) + (1 if last["bias"] else 0)
+    return LogitTranslation(last["weight"], last["bias"], symbols, Translations(width, "logits along 1"))
+
+
 def _dotted(name: str) -> str:
     """The velocity's symbol name: ``W_1`` → ``\\dot{W}_{1}``."""
     base, _, index = name.partition("_")
@@ -206,6 +280,7 @@ class Analysis:
     sites : the hidden sites with their groups; ``blocked`` : what could not be claimed and why.
     symmetries : one :class:`Symmetry` per (site, group).
     symbols : ``{parameter name: MatrixSymbol}`` for every parameter.
+    loss : ``"mse"`` or ``"cross_entropy"``; ``translations`` the :class:`LogitTranslation` of the latter.
     """
 
     architecture: Architecture
@@ -214,6 +289,8 @@ class Analysis:
     blocked: tuple[Blocked, ...]
     symmetries: tuple[Symmetry, ...]
     symbols: dict
+    loss: str = "mse"
+    translations: tuple[LogitTranslation, ...] = ()
 
     def conserved_quantities(self) -> list[ConservedQuantity]:
         """Quadratic conserved quantities of gradient flow, one family per continuous symmetry."""
@@ -264,10 +341,10 @@ class Analysis:
 
     def subs(self, widths: Mapping) -> "Analysis":
         """The same analysis at concrete widths."""
-        return derive(self.architecture.subs(widths), self.catalogue)
+        return derive(self.architecture.subs(widths), self.catalogue, loss=self.loss)
 
     def latex(self) -> str:
-        parts = [s.latex() for s in self.symmetries]
+        parts = [s.latex() for s in self.symmetries] + [t.latex() for t in self.translations]
         parts += [q.latex() for q in self.conserved_quantities()] + [j.latex() for j in self.angular_momenta()]
         return r" \\ ".join(parts)
 
@@ -320,7 +397,8 @@ def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: st
     :class:`~symalg.model_derive.ModelAnalysis`: with ``certify`` (the default) every claim is checked
     numerically on the model first and one that fails is blocked ("failed numerical certification");
     ``certify=False`` keeps the raw inferred claims. Spec architectures have no weights to run: their
-    claims are checked symbolically (``strict``) and ``certify`` does not apply to them.
+    claims are checked symbolically (``strict``) and ``certify`` does not apply to them. For a chain,
+    ``loss="cross_entropy"`` adds the :class:`LogitTranslation` of the last layer (``analysis.translations``).
 
     ``catalogue`` defaults to the one the architecture was parsed with (the built-in one for strings).
     With ``strict`` (the default) a declared symmetry that a symbolic check *disproves* is not claimed
@@ -350,10 +428,6 @@ def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: st
                             "not a CatalogueEntry")
     if isinstance(arch, ModelGraph):
         return derive_model(arch, CATALOGUE if catalogue is None else catalogue, loss, strict, certify)
-    if loss != "mse":
-        raise SpecError(f"derive: loss={loss!r} is not supported for a chain architecture, whose symmetries keep "
-                        "the outputs (it would miss the softmax translation of the logits); trace the module "
-                        f"instead: symalg.derive(symalg.trace(symalg.to_module(arch), example_inputs), loss={loss!r})")
     if isinstance(arch, Architecture):
         catalogue = catalogue if catalogue is not None else (arch.catalogue or CATALOGUE)
     else:
@@ -370,4 +444,5 @@ def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: st
                 disproved.append(Blocked(site.activation_node, site.name, reason))
             else:
                 symmetries.append(symmetry)
-    return Analysis(arch, catalogue, sites, blocked + tuple(disproved), tuple(symmetries), symbols)
+    translations = (_logit_translation(arch, symbols),) if loss == "cross_entropy" else ()
+    return Analysis(arch, catalogue, sites, blocked + tuple(disproved), tuple(symmetries), symbols, loss, translations)

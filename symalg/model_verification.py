@@ -59,7 +59,7 @@ from .graph import SpecError
 from .groups import Translations
 from .outputs import output_tensors
 from .verification import (TOLERANCES, CheckResult, VerificationReport, check_device, check_gradient_orthogonality,
-                           compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
+                           check_params, compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
 
 __all__ = ["verify_model"]
 
@@ -78,11 +78,13 @@ def _inputs(analysis, inputs, dtype, device) -> tuple:
 
 def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dtype=torch.float64, seed: int = 0,
                  max_generators: int = 64, learning_rate: float = 0.1, flow_steps: int = 10,
-                 symbolic_limit: int = SYMBOLIC_LIMIT) -> VerificationReport:
+                 symbolic_limit: int = SYMBOLIC_LIMIT, params=None) -> VerificationReport:
     """Check every symmetry of ``analysis`` on its model at random parameters (see the module docstring).
 
-    ``inputs`` default to the example inputs the model was traced with; the parameters are the
-    model's own (cast to ``dtype``/``device`` on a copy). ``flow_steps``: RK4 steps of ``gradient_flow``
+    ``inputs`` default to the example inputs the model was traced with; the parameters are ``params``
+    (``{name: tensor}``: every parameter of the model, and any of its buffers) or else the model's own,
+    cast to ``dtype``/``device`` on a copy; buffers not given are the model's. An unknown or missing
+    name, a wrong shape or a non-finite entry raises ``SpecError``. ``flow_steps``: RK4 steps of ``gradient_flow``
     (each runs the model forward and backward four times, hence fewer than the core's 40; the step
     bound of :func:`_gradient_flow` keeps the same guarantee); ``symbolic_limit``: most entries a
     quantity may read for ``lowering``.
@@ -94,6 +96,11 @@ def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dty
     state = {**{k: v.detach() for k, v in model.named_parameters()},
              **{k: v.detach() for k, v in model.named_buffers()}}
     parameter_names = [k for k, _ in model.named_parameters()]
+    if params is not None:
+        check_params(params, {k: tuple(v.shape) for k, v in state.items()}, "verify",
+                     optional=set(state) - set(parameter_names))
+        state.update({k: v.detach().to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
+                      for k, v in params.items()})
     x = _inputs(analysis, inputs, dtype, device)
     cross_entropy = analysis.loss == "cross_entropy"
 
@@ -102,7 +109,11 @@ def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dty
         values = {k: v.clone() if k not in parameter_names else v for k, v in values.items()}
         return output_tensors(functional_call(model, values, x))
 
-    outputs = forward(state)
+    try:
+        outputs = forward(state)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise SpecError(f"verify: the model does not run on its inputs (data= of a traced model are its inputs, a "
+                        f"tensor or a tuple of tensors): {type(error).__name__}: {error}") from error
     if not outputs:
         raise SpecError(f"verify: {type(model).__name__} returns no tensor to compare")
     reference = outputs[0][1]

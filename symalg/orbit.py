@@ -90,6 +90,13 @@ def orbit_dimension_formula(analysis) -> sp.Expr:
             raise NotImplementedError(f"no closed-form orbit dimension for adjacent sites {names} mixing O(h) with "
                                       "other continuous groups; use orbit_dimension(params) for the numeric rank")
         k = end + 1
+    for translation in analysis.translations:
+        # W ↦ W + 1vᵀ, b ↦ b + t₀1 moves no other parameter; a scaling or discrete last site moves W only by
+        # −W diag(m) together with rows upstream, so the two are independent; a GL or O site can cancel them
+        if soft(n_sites):
+            raise NotImplementedError(f"no closed-form orbit dimension for the logit translation next to the "
+                                      f"{continuous[n_sites].name} site h{n_sites}; use orbit_dimension(params)")
+        total += translation.group.dim
     return sp.simplify(total) if total.free_symbols else sp.Integer(total)
 
 
@@ -142,7 +149,7 @@ def action_matrix(analysis, params: Mapping[str, torch.Tensor], symmetric: bool 
     reference = params[names[0]]
     total = sum(params[n].numel() for n in names)
     rows = []
-    for symmetry in analysis.continuous:
+    for symmetry in [*analysis.continuous, *analysis.translations]:
         group = symmetry.group
         basis = (group.symmetric_basis if symmetric else group.algebra_basis)(reference.dtype, reference.device)
         if basis.shape[0] == 0:

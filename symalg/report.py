@@ -68,6 +68,7 @@ def describe(analysis) -> str:
             lines.append(f"    d{symmetry.symbols[name]} = {sstr(expr)}")
         lines += [f"    {line}" for line in _generators_text(symmetry)]
         lines += [f"    check: {check}" for check in symmetry.checks]
+    lines += [f"  {translation}" for translation in analysis.translations]
     lines.append("")
     lines.append(f"orbit dimension (generic): {_formula_text(analysis.orbit_dimension)}")
     lines.append(f"conserved quantities: {sstr(analysis.conserved_count())} (one per symmetric generator); "
@@ -87,6 +88,7 @@ def describe_latex(analysis) -> str:
     for symmetry in analysis.symmetries:
         lines.append(rf"&\text{{{symmetry.site.name}: }} {symmetry.group.latex()}")
         lines += [rf"{latex(symmetry.symbols[n])} &\mapsto {latex(e)}" for n, e in symmetry.action.items()]
+    lines += [translation.latex() for translation in analysis.translations]
     for quantity in analysis.conserved_quantities():
         lines.append(quantity.latex().replace(" = ", " &= ", 1))
     for momentum in analysis.angular_momenta():

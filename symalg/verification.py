@@ -40,7 +40,7 @@ from .numeric import mse_loss, network_function, random_data, random_params
 __all__ = ["verify", "check_device", "default_widths", "CheckResult", "VerificationReport", "TOLERANCES",
            # building blocks shared with the other verifiers (traced models, loss symmetries, conjugated actions)
            "check_angular_momentum", "check_gd_drift", "check_gradient_flow", "check_gradient_orthogonality",
-           "compare_to_sympy", "integrate_gradient_flow", "loss_gradients", "relative_error", "rk4"]
+           "check_params", "compare_to_sympy", "integrate_gradient_flow", "loss_gradients", "relative_error", "rk4"]
 
 TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
 """Relative tolerance of every check, keyed by dtype."""
@@ -238,6 +238,24 @@ def check_angular_momentum(analysis, loss, params, grads, generator, tol, dampin
     return results
 
 
+def _check_translations(translations, observed, loss, params, grads, x, generator, tol, symbolic_limit):
+    """The logit translations of cross-entropy (:class:`~symalg.derive.LogitTranslation`): invariance of the
+    softmax and the loss, ``⟨∇L, M·θ⟩ = 0``, and their linear quantities checked as the traced verifier does."""
+    from .model_verification import _drift, _gradient_flow, _lowering
+
+    checks = []
+    for translation in translations:
+        with torch.no_grad():
+            checks.append(_check_invariance(translation, observed, loss, params, x, generator, tol))
+            basis = translation.group.algebra_basis(x.dtype, x.device)
+            checks.append(check_gradient_orthogonality(translation.label, lambda M: translation.tangent(params, M),
+                                                       basis, grads, tol))
+            checks.append(_drift(translation, params, grads, 0.1, tol))
+            checks.append(_lowering(translation, params, tol, symbolic_limit))
+        checks += _gradient_flow([translation], loss, params, params, grads, tol, 40)
+    return checks
+
+
 def _check_orbit_dimension(analysis, params):
     numeric = analysis.orbit_dimension(params)
     try:
@@ -293,6 +311,8 @@ def _data(arch, data) -> tuple[torch.Tensor, torch.Tensor]:
                          "shape (batch, outputs)")
     x, y = data
     for name, tensor, width in (("x", x, arch.node("input")["features"]), ("y", y, arch.node("output")["features"])):
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+            raise ValueError(f"verify: data {name} must be a floating-point tensor, got {type(tensor).__name__}")
         if tensor.dim() != 2 or tensor.shape[-1] != int(width):
             raise ValueError(f"verify: data {name} must have shape (batch, {width}), got {tuple(tensor.shape)}")
     return x, y
@@ -306,6 +326,28 @@ def check_device(device) -> None:
         raise ValueError(f"device {device!r} is not available here ({error})") from None
 
 
+def check_params(params, shapes: Mapping[str, tuple], caller: str, optional=()) -> None:
+    """Raise ``SpecError`` naming the parameter unless ``params`` maps names of ``shapes`` to finite tensors:
+    no unknown name, none missing but those in ``optional`` (buffers), each concrete shape as given
+    (symbolic widths are read off and compared by ``Architecture.widths_from_params``)."""
+    if not isinstance(params, Mapping):
+        raise SpecError(f"{caller}: params must be a mapping {{name: tensor}}, got {type(params).__name__}")
+    for name, value in params.items():
+        if name not in shapes:
+            raise SpecError(f"{caller}: unknown parameter {name!r} (expected names: {sorted(shapes)})")
+        if not isinstance(value, torch.Tensor):
+            raise SpecError(f"{caller}: parameter {name!r} is a {type(value).__name__}, not a tensor")
+        expected = tuple(shapes[name])
+        concrete = all(isinstance(size, int) or getattr(size, "is_Integer", False) for size in expected)
+        if concrete and tuple(value.shape) != tuple(int(size) for size in expected):
+            raise SpecError(f"{caller}: parameter {name!r} has shape {tuple(value.shape)}, expected {expected}")
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise SpecError(f"{caller}: parameter {name!r} has non-finite entries")
+    missing = sorted(set(shapes) - set(params) - set(optional))
+    if missing:
+        raise SpecError(f"{caller}: parameter {missing[0]!r} is missing (expected names: {sorted(shapes)})")
+
+
 def default_widths(arch) -> dict[str, int]:
     """Widths used when none are given: 3, 4, 5, ... in alphabetical order of the width names."""
     return {name: 3 + i for i, name in enumerate(sorted(str(s) for s in arch.widths))}
@@ -313,36 +355,56 @@ def default_widths(arch) -> dict[str, int]:
 
 def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tuple | None = None, device: str = "cpu",
            dtype: torch.dtype = torch.float64, widths: Mapping | None = None, seed: int = 0,
-           symbolic_limit: int = _SYMBOLIC_LIMIT) -> VerificationReport:
+           symbolic_limit: int | None = None) -> VerificationReport:
     """Check every symmetry of ``analysis`` numerically and return a :class:`VerificationReport`.
 
     Parameters
     ----------
     analysis : the result of :func:`symalg.derive`; a traced model's analysis goes to
-        :func:`symalg.model_verification.verify_model` (``data`` are then the model inputs).
+        :func:`symalg.model_verification.verify_model` (``data`` are then the model inputs, ``params`` its
+        parameters and, optionally, buffers).
     params : ``{name: tensor}`` (e.g. ``dict(model.named_parameters())``), converted to ``dtype``;
-        random when None.
+        random (the model's own for a traced model) when None. An unknown or missing name, a wrong shape
+        or a non-finite entry raises ``SpecError`` naming the parameter.
     data : ``(x, y)``: inputs ``(batch, n_in)`` and regression targets ``(batch, n_out)`` in torch's row
-        layout; random when None. The loss is ``½ mean ‖f(x) − y‖²``.
+        layout; random when None. The loss is ``½ mean ‖f(x) − y‖²``; for an analysis derived with
+        ``loss="cross_entropy"`` it is cross-entropy with target probabilities ``y`` (random: a softmax), and
+        invariance compares ``softmax(f(x))``.
     device, dtype : where and in which precision to run (float64 by default).
     widths : values for symbolic widths when ``params`` is None; by default :func:`default_widths`
-        (recorded in the report).
+        (recorded in the report). Refused with ``params`` and for a traced model (their widths are fixed).
     seed : seed of the random parameters, data and group elements.
-    symbolic_limit : largest parameter count for the exact SymPy comparison of lowered code.
+    symbolic_limit : largest parameter count for the exact SymPy comparison of lowered code (for a traced
+        model: the largest entry count of a conserved quantity); default 400 (2000 traced).
     """
-    if dtype not in TOLERANCES:
-        raise ValueError(f"dtype {dtype} is not supported; use one of {list(TOLERANCES)}")
+    from .derive import Analysis
     from .model_derive import ModelAnalysis
 
-    if isinstance(analysis, ModelAnalysis):
-        from .model_verification import verify_model
+    if not isinstance(analysis, (Analysis, ModelAnalysis)):
+        raise TypeError(f"verify: analysis must be the result of symalg.derive, got {type(analysis).__name__}")
+    if dtype not in TOLERANCES:
+        raise ValueError(f"dtype {dtype} is not supported; use one of {list(TOLERANCES)}")
+    for name, value in (("seed", seed), ("symbolic_limit", 0 if symbolic_limit is None else symbolic_limit)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SpecError(f"verify: {name} must be a non-negative integer, got {value!r}")
 
-        return verify_model(analysis, inputs=data, device=device, dtype=dtype, seed=seed)
+    if isinstance(analysis, ModelAnalysis):
+        from .model_verification import SYMBOLIC_LIMIT, verify_model
+
+        if widths is not None:
+            raise SpecError("verify: widths= sets symbolic widths of a chain architecture; a traced model's widths "
+                            "are those of its parameters")
+        return verify_model(analysis, inputs=data, params=params, device=device, dtype=dtype, seed=seed,
+                            symbolic_limit=SYMBOLIC_LIMIT if symbolic_limit is None else symbolic_limit)
+    symbolic_limit = _SYMBOLIC_LIMIT if symbolic_limit is None else symbolic_limit
     check_device(device)
     tol = TOLERANCES[dtype]
     generator = torch.Generator().manual_seed(seed)
     arch = analysis.architecture
     if params is not None:
+        if widths is not None:
+            raise SpecError("verify: give params or widths, not both (the widths are those of the parameters)")
+        check_params(params, arch.parameter_shapes, "verify")
         params = {k: v.detach().to(device=device, dtype=dtype) for k, v in params.items()}
         substituted = {str(k): v for k, v in arch.widths_from_params(params).items()}
     else:
@@ -358,16 +420,23 @@ def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tup
     x, y = _data(arch, data) if data is not None else random_data(arch, generator=generator, dtype=dtype, device=device)
     x, y = x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
     forward = network_function(arch, analysis.catalogue)
-    loss = mse_loss(forward, x, y)
+    if analysis.loss == "cross_entropy":
+        y = y if data is not None else y.softmax(-1)
+        loss = lambda p: torch.nn.functional.cross_entropy(forward(p, x), y)  # noqa: E731
+        observed = lambda p, inputs: forward(p, inputs).softmax(-1)  # noqa: E731
+    else:
+        loss, observed = mse_loss(forward, x, y), forward
     grads = loss_gradients(loss, params)
     checks = []
     with torch.no_grad():
         for symmetry in analysis.symmetries:
-            checks.append(_check_invariance(symmetry, forward, loss, params, x, generator, tol))
+            checks.append(_check_invariance(symmetry, observed, loss, params, x, generator, tol))
             if symmetry.group.is_continuous:
                 checks.append(_check_gradient_orthogonality(symmetry, params, grads, tol))
         for q in analysis.conserved_quantities():
             checks.append(check_gd_drift(q, params, grads, tol))
+    checks += _check_translations(analysis.translations, observed, loss, params, grads, x, generator, tol,
+                                  symbolic_limit)
     checks += check_gradient_flow(analysis, loss, params, grads, tol)
     checks += check_angular_momentum(analysis, loss, params, grads, generator, tol)
     checks.append(_check_orbit_dimension(analysis, params))

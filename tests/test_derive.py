@@ -230,16 +230,29 @@ def test_derive_refuses_arguments_of_the_wrong_type_naming_them(pipeline, kwargs
         symalg.derive(arch, **kwargs)
 
 
-def test_chain_pipeline_refuses_cross_entropy_and_points_to_the_traced_pipeline():
+def test_chain_pipeline_claims_the_logit_translation_of_cross_entropy_as_the_traced_pipeline_does():
     arch = symalg.parse("linear(3, 4) -> tanh -> linear(4, 2)")
-    with pytest.raises(symalg.SpecError, match=r"loss='cross_entropy' is not supported .* softmax translation .*"
-                                                r"symalg\.trace\(symalg\.to_module\(arch\)"):
-        symalg.derive(arch, loss="cross_entropy")
-    # the suggested route claims the translation of the logits, and it verifies
-    traced = symalg.derive(symalg.trace(symalg.to_module(arch), (torch.randn(6, 3, dtype=torch.float64),)),
-                           loss="cross_entropy")
-    assert any(s.group.name == "Translations(5, along 1)" for s in traced.symmetries)
-    assert symalg.verify(traced).passed
+    assert symalg.derive(arch).translations == ()                                    # mse: outputs are fixed
+    (translation,) = symalg.derive(arch, loss="cross_entropy").translations
+    assert translation.group.name == "Translations(5, logits along 1)"
+    assert str(translation.conserved) == "ell_W = 1*W_2; ell_b = 1*b_2"
+    symbolic = symalg.derive("linear(n, h) -> relu -> linear(h, m)", loss="cross_entropy").translations[0]
+    assert symbolic.group.dim == h + 1
+    assert symalg.derive("linear(3, 2, bias=False)", loss="cross_entropy").translations[0].group.dim == 3
+    # the traced pipeline claims the same group with the same linear quantities 1ᵀW, 1ᵀb
+    module = symalg.to_module(arch)
+    traced = symalg.derive(symalg.trace(module, (torch.randn(6, 3, dtype=torch.float64),)), loss="cross_entropy")
+    (twin,) = [s for s in traced.symmetries if s.group.name.startswith("Translations")]
+    assert twin.group.dim == translation.group.dim
+    params = dict(module.named_parameters())
+    assert [v.flatten().tolist() for v in translation.conserved(params).values()] == \
+        [v.flatten().tolist() for v in twin.conserved(params).values()]
+    t = torch.arange(5, dtype=torch.float64)
+    moved = translation.apply(params, t)
+    torch.testing.assert_close(moved["2.weight"] - params["2.weight"], t[:4].expand(2, 4))
+    torch.testing.assert_close(moved["2.bias"] - params["2.bias"], torch.full((2,), 4.0, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"Translations\(5, logits along 1\): a group element is a vector of length 5"):
+        translation.apply(params, t[:4])
 
 
 def _softplus_declared_odd():

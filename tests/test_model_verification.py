@@ -1,6 +1,7 @@
 """The ``gradient_flow`` and ``lowering`` checks of ``verify_model`` on traced models: they run and pass
 on real models (adapters, batch norm with buffers, attention, cross-entropy), and they fail when a
 conserved quantity is not conserved or its lowered code disagrees with its SymPy expressions."""
+import copy
 import dataclasses
 
 import pytest
@@ -214,3 +215,70 @@ def test_gradient_orthogonality_fails_for_a_group_the_site_does_not_have():
     checks = {c.check: c for c in report.checks if c.symmetry == wrong.label}
     assert checks["gradient_orthogonality"].failed and checks["invariance"].failed
     assert {c.check: c for c in verify_model(analysis).checks if c.symmetry == scaling.label}["gradient_orthogonality"].passed
+
+
+# ---------------------------------------------------------------------------------------------
+# every argument of verify is honoured or refused
+# ---------------------------------------------------------------------------------------------
+def _relu_net():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
+    return model, symalg.derive(symalg.trace(model, (torch.randn(5, 3, dtype=torch.float64),)))
+
+
+def test_verify_runs_at_the_given_parameters_not_the_models():
+    model, analysis = _relu_net()
+    before = state_of(model)
+    zeros = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
+    own, at_zero = symalg.verify(analysis), symalg.verify(analysis, params=zeros)
+    assert checks_of(own, "orbit_dimension")["*"].detail.startswith("structured 4 of 4")
+    # at θ = 0 no scaling moves anything: the orbit is a point, below its generic dimension
+    orbit = checks_of(at_zero, "orbit_dimension")["*"]
+    assert orbit.detail.startswith("structured 0 of 4") and orbit.failed
+    assert checks_of(at_zero, "gd_drift")["PositiveScaling(4, alpha=1) on _0"].max_error == 0
+    assert all(torch.equal(v, before[k]) for k, v in state_of(model).items())       # the model is untouched
+    # float32 parameters are cast to the report's dtype; the result equals verifying a model holding them
+    other = {k: torch.randn_like(v).float() for k, v in model.named_parameters()}
+    holder = copy.deepcopy(model)
+    holder.load_state_dict({k: v.double() for k, v in other.items()})
+    expected = symalg.verify(symalg.derive(symalg.trace(holder, analysis.model_graph.example_inputs)))
+    given = symalg.verify(analysis, params=other)
+    assert [(c.max_error, c.detail) for c in given.checks] == [(c.max_error, c.detail) for c in expected.checks]
+    assert [c.detail for c in given.checks] != [c.detail for c in own.checks]
+
+
+def test_verify_takes_buffers_from_params_and_keeps_the_models_otherwise():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double().eval()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    assert symalg.verify(analysis, params=params).passed
+    broken = {**params, "1.running_var": torch.full((4,), float("nan"), dtype=torch.float64)}
+    with pytest.raises(symalg.SpecError, match="parameter '1.running_var' has non-finite entries"):
+        symalg.verify(analysis, params=broken)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: {**p, "extra.weight": torch.zeros(2)}, r"verify: unknown parameter 'extra.weight'"),
+    (lambda p: {k: v for k, v in p.items() if k != "2.bias"}, r"verify: parameter '2.bias' is missing"),
+    (lambda p: {**p, "0.weight": torch.zeros(3, 4)}, r"verify: parameter '0.weight' has shape \(3, 4\), expected \(4, 3\)"),
+    (lambda p: {**p, "0.bias": torch.full((4,), float("inf"))}, r"verify: parameter '0.bias' has non-finite entries"),
+    (lambda p: {**p, "0.bias": [0.0] * 4}, r"verify: parameter '0.bias' is a list, not a tensor"),
+    (lambda p: list(p.values()), r"verify: params must be a mapping"),
+], ids=["unknown", "missing", "shape", "inf", "not-a-tensor", "not-a-mapping"])
+@pytest.mark.parametrize("pipeline", ["spec", "traced"])
+def test_verify_refuses_parameters_it_does_not_know_naming_them(pipeline, change, message):
+    model, traced = _relu_net()
+    analysis = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)") if pipeline == "spec" else traced
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    with pytest.raises(symalg.SpecError, match=message):
+        symalg.verify(analysis, params=change(params))
+
+
+def test_verify_refuses_widths_and_unusable_data_for_a_traced_model():
+    _, analysis = _relu_net()
+    with pytest.raises(symalg.SpecError, match="widths= sets symbolic widths of a chain architecture"):
+        symalg.verify(analysis, widths={"h": 4})
+    with pytest.raises(symalg.SpecError, match="the model does not run on its inputs .* mat1 and mat2 shapes"):
+        symalg.verify(analysis, data=torch.randn(5, 7, dtype=torch.float64))
+    # data are honoured as the model's inputs, symbolic_limit as the lowering limit
+    report = symalg.verify(analysis, data=torch.randn(7, 3, dtype=torch.float64), symbolic_limit=0)
+    assert checks_of(report, "lowering")["PositiveScaling(4, alpha=1) on _0"].skipped

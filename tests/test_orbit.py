@@ -229,3 +229,34 @@ def test_independent_conserved_has_no_closed_form_for_adjacent_linear_sites():
         analysis.independent_conserved()
     concrete = analysis.subs({"n": 2, "h1": 3, "h2": 3, "m": 2})
     assert concrete.independent_conserved(symalg.random_params(concrete.architecture)) <= concrete.conserved_count()
+
+
+@pytest.mark.parametrize("spec, formula", [
+    ("linear(3, 4) -> relu -> linear(4, 2)", 4 + 5),
+    ("linear(3, 5) -> relu -> linear(5, 4) -> sigmoid -> linear(4, 3)", 5 + 5),
+    ("linear(3, 4) -> tanh -> linear(4, 2, bias=False)", 4),
+    ("linear(3, 2)", 4),
+])
+def test_cross_entropy_adds_the_logit_translation_to_the_orbit_as_the_traced_pipeline_counts_it(spec, formula):
+    from symalg.orbit_rank import model_orbit_dimension
+
+    analysis = symalg.derive(spec, loss="cross_entropy")
+    assert analysis.orbit_dimension() == formula
+    module = symalg.to_module(analysis.architecture, generator=torch.Generator().manual_seed(0))
+    params = dict(module.named_parameters())
+    assert analysis.orbit_dimension(params) == formula
+    traced = symalg.derive(symalg.trace(module, (torch.randn(5, 3, dtype=torch.float64),)), loss="cross_entropy")
+    assert model_orbit_dimension(traced, params).dimension == formula
+
+
+def test_logit_translation_next_to_a_linear_site_has_a_numeric_rank_only():
+    analysis = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)", loss="cross_entropy")
+    with pytest.raises(NotImplementedError, match="logit translation next to the GL\\(4\\) site h1"):
+        analysis.orbit_dimension()
+    params = dict(symalg.to_module(analysis.architecture).named_parameters())
+    # −W₂M = 1vᵀ has solutions when M also fixes W₁, b₁: no closed form; the numeric rank agrees with the traced one
+    from symalg.orbit_rank import model_orbit_dimension
+
+    traced = symalg.derive(symalg.trace(symalg.to_module(analysis.architecture),
+                                        (torch.randn(5, 3, dtype=torch.float64),)), loss="cross_entropy")
+    assert analysis.orbit_dimension(params) == model_orbit_dimension(traced, params).dimension

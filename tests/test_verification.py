@@ -467,3 +467,51 @@ def test_large_models_list_the_skipped_lowering_check():
     report = symalg.verify(symalg.derive("linear(20, 30) -> relu -> linear(30, 10)"))
     (lowering,) = [c for c in report.checks if c.check == "lowering"]
     assert lowering.skipped and "symbolic_limit=400" in lowering.detail and report.passed
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"seed": "0"}, SpecError, r"verify: seed must be a non-negative integer, got '0'"),
+    ({"seed": True}, SpecError, r"verify: seed must be a non-negative integer, got True"),
+    ({"symbolic_limit": -1}, SpecError, r"verify: symbolic_limit must be a non-negative integer, got -1"),
+    ({"data": ([[0.0] * 3], torch.zeros(1, 2))}, ValueError, r"verify: data x must be a floating-point tensor, got list"),
+    ({"data": (torch.zeros(1, 3), torch.zeros(1, 2, dtype=torch.int64))}, ValueError, r"data y must be a floating-point"),
+], ids=["seed-str", "seed-bool", "limit-negative", "data-list", "data-int"])
+def test_verify_refuses_arguments_of_the_wrong_type_naming_them(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        symalg.verify(symalg.derive("linear(3, 4) -> relu -> linear(4, 2)"), **kwargs)
+
+
+def test_verify_refuses_widths_together_with_params():
+    analysis = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
+    params = dict(symalg.to_module(symalg.parse("linear(3, 4) -> relu -> linear(4, 2)")).named_parameters())
+    assert symalg.verify(analysis, params=params).widths == {"h": 4, "m": 2, "n": 3}
+    with pytest.raises(SpecError, match="give params or widths, not both"):
+        symalg.verify(analysis, params=params, widths={"h": 5, "m": 2, "n": 3})
+
+
+def test_verify_refuses_what_is_not_an_analysis():
+    with pytest.raises(TypeError, match="verify: analysis must be the result of symalg.derive, got str"):
+        symalg.verify("linear(3, 4) -> relu -> linear(4, 2)")
+
+
+@pytest.mark.parametrize("spec", ["linear(3, 4) -> relu -> linear(4, 2)", "linear(n, h) -> tanh -> linear(h, m)",
+                                  "linear(3, 4) -> identity -> linear(4, 3, bias=False)"])
+def test_cross_entropy_verifies_the_logit_translation_and_its_linear_quantities(spec):
+    analysis = symalg.derive(spec, loss="cross_entropy")
+    report = symalg.verify(analysis)
+    assert report.passed, str(report)
+    assert {c.check for c in report.checks if c.symmetry.startswith("y:Translations(")} == \
+        {"invariance", "gradient_orthogonality", "gd_drift", "gradient_flow", "lowering"}
+
+
+def test_the_logit_translation_fails_verification_under_mse():
+    import dataclasses
+
+    analysis = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)", loss="cross_entropy")
+    as_mse = dataclasses.replace(analysis, loss="mse")           # the same claim, but the outputs must not move
+    failed = {c.check for c in symalg.verify(as_mse).failures if c.symmetry == analysis.translations[0].label}
+    assert {"invariance", "gradient_orthogonality", "gradient_flow"} <= failed
+    # given targets are probabilities; the loss is the cross-entropy against them
+    x = torch.randn(8, 3, dtype=torch.float64)
+    y = torch.softmax(torch.randn(8, 2, dtype=torch.float64), -1)
+    assert symalg.verify(analysis, data=(x, y)).passed
