@@ -120,7 +120,10 @@ def literal(node: ast.expr, where: str):
     if isinstance(node, ast.Constant) and isinstance(node.value, float):
         _number(node, where, ast.unparse(node))  # finite, and not too large
         return node.value  # a plain float stays one: a width 2.5 is refused as such, exact() reads a slope 0.2 as 1/5
-    value = _number(node, where, ast.unparse(node))
+    try:
+        value = _number(node, where, ast.unparse(node))
+    except RecursionError:
+        raise _spec_error(f"{where}: argument is nested too deeply") from None
     return int(value) if value.denominator == 1 else sp.Rational(value.numerator, value.denominator)
 
 
@@ -132,8 +135,8 @@ def parse_number(text: str, where: str):
     """
     try:
         node = ast.parse(text.strip(), mode="eval").body
-    except (SyntaxError, ValueError):
-        raise _spec_error(f"{where}: cannot read {text!r} as a number or a name") from None
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # the parser's limits on nesting and size
+        raise _spec_error(f"{where}: cannot read {text[:200]!r} as a number or a name") from None
     value = literal(node, where)
     if isinstance(value, bool):
         raise _spec_error(f"{where}: {text!r} is not a number")
