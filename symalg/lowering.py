@@ -254,6 +254,11 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
         lines.append(f"    {identifier(symbol.name)} = params[{params[symbol]!r}]{suffix}")
     lines += [f"    {identifier(s.name)} = {identifier(s.name)}.unsqueeze(-1)" for s in args if s in vector_inputs]
     bound = set()
+    taken = {identifier(s.name) for s in inputs} | {"torch", "params", "_like", name}
+    clash = sorted({str(w) for s in inputs for w in s.shape if sp.sympify(w).is_Symbol and str(w) in taken})
+    if clash:  # `b_1 = W_1.shape[-2]` would overwrite the bias b_1: a wrong value, silently
+        raise ValueError(f"lower({name}): width(s) {clash} have the name of a tensor or function the generated code "
+                         "uses; rename the width")
     for symbol in inputs:
         for axis, size in enumerate(symbol.shape):
             if sp.sympify(size).is_Symbol and size not in bound:

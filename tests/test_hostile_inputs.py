@@ -115,13 +115,19 @@ API = [
     (lambda m: symalg.parse("linear(3, h) -> relu -> linear(h, 2)", h=-1), SpecError,
      r"subs: width h: width -1 must be positive"),
     (lambda m: symalg.parse("linear(3, h) -> relu -> linear(h, 2)", k=4), SpecError, r"subs: no width named \['k'\]"),
+    # a width named like a tensor of the generated code would overwrite it (the bias b_1 became the int 4)
+    (lambda m: symalg.derive("linear(n, b_1) -> relu -> linear(b_1, m)").conserved_quantities()[0](_params()),
+     ValueError, r"width\(s\) \['b_1'\] have the name of a tensor or function the generated code uses"),
+    (lambda m: symalg.derive("linear(n, torch) -> relu -> linear(torch, m)").conserved_quantities()[0](_params()), ValueError,
+     r"width\(s\) \['torch'\] have the name of a tensor or function"),
 ]
 
 
 @pytest.mark.parametrize("call, error, message", API, ids=[
     "builder-payload-slope", "builder-payload-or-number", "activation-payload-slope", "activation-power-tower",
     "activation-infinite-slope", "activation-object-slope", "builder-width-with-payload", "symbol-with-space",
-    "keyword-width-name", "subs-power-tower", "subs-payload", "subs-10-to-12", "subs-negative", "subs-unknown-name"])
+    "keyword-width-name", "subs-power-tower", "subs-payload", "subs-10-to-12", "subs-negative", "subs-unknown-name", "width-named-like-a-bias",
+    "width-named-torch"])
 def test_api_argument_is_refused_without_evaluation(call, error, message, marker):
     with pytest.raises(error, match=message):
         call(marker)
