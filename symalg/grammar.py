@@ -41,7 +41,8 @@ from fractions import Fraction
 
 import sympy as sp
 
-__all__ = ["MAX_BITS", "MAX_ENTRIES", "MAX_WIDTH", "check_entries", "is_plain_name", "literal", "parse_number"]
+__all__ = ["MAX_BITS", "MAX_ENTRIES", "MAX_WIDTH", "check_entries", "is_plain_name", "literal", "parse_number",
+           "refuse_text"]
 
 MAX_WIDTH = 2 ** 20
 """The largest feature width symalg accepts (concrete widths only; symbols are unbounded)."""
@@ -62,6 +63,16 @@ def _spec_error(message: str):
 def is_plain_name(text) -> bool:
     """True for a plain identifier (``h``, ``d_model``): no keyword, no leading underscore."""
     return isinstance(text, str) and text.isidentifier() and not keyword.iskeyword(text) and not text.startswith("_")
+
+
+def refuse_text(value, where: str) -> None:
+    """Raise :class:`~symalg.graph.SpecError` when ``value`` is text or a list/tuple holding text anywhere:
+    SymPy would parse and evaluate it (``sympify``, ``Matrix``); numbers and SymPy objects pass."""
+    if isinstance(value, str):
+        raise _spec_error(f"{where}: {value!r} is text; give a number or a SymPy expression")
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            refuse_text(item, where)
 
 
 def check_entries(count, what: str) -> None:

@@ -16,7 +16,9 @@ from torch import nn
 
 import symalg
 from symalg.cli import main
+from symalg.conjugated import ellipse, quadratic_form
 from symalg.graph import SpecError
+from symalg.groups import GeneralLinear
 from symalg.nn import Activation
 
 MARKER = "MARKER"  # replaced by the quoted path of the marker file in every case
@@ -120,6 +122,10 @@ API = [
      ValueError, r"width\(s\) \['b_1'\] have the name of a tensor or function the generated code uses"),
     (lambda m: symalg.derive("linear(n, torch) -> relu -> linear(torch, m)").conserved_quantities()[0](_params()), ValueError,
      r"width\(s\) \['torch'\] have the name of a tensor or function"),
+    # text handed to SymPy constructors elsewhere in the API is refused, not parsed
+    (lambda m: GeneralLinear(payload(m)).dim, SpecError, r"GeneralLinear: width: .*pathlib.* is text"),
+    (lambda m: ellipse(payload(m)), SpecError, r"ellipse: a: .*pathlib.* is text"),
+    (lambda m: quadratic_form([[payload(m), 0], [0, 1]]), SpecError, r"matrix entries: .*pathlib.* is text"),
 ]
 
 
@@ -127,7 +133,7 @@ API = [
     "builder-payload-slope", "builder-payload-or-number", "activation-payload-slope", "activation-power-tower",
     "activation-infinite-slope", "activation-object-slope", "builder-width-with-payload", "symbol-with-space",
     "keyword-width-name", "subs-power-tower", "subs-payload", "subs-10-to-12", "subs-negative", "subs-unknown-name", "width-named-like-a-bias",
-    "width-named-torch"])
+    "width-named-torch", "group-width-text", "ellipse-text", "quadratic-form-text"])
 def test_api_argument_is_refused_without_evaluation(call, error, message, marker):
     with pytest.raises(error, match=message):
         call(marker)
