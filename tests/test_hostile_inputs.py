@@ -196,6 +196,26 @@ def test_example_input_error_names_the_module_and_shows_torchs_message(build, in
     assert "tlparse" not in capfd.readouterr().err
 
 
+class _ReshapesOnlyUnderFx(nn.Module):
+    """Runs eagerly, but its fx graph reshapes a batch of 5 into 7 rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x):
+        if torch.fx._symbolic_trace.is_fx_tracing():
+            x = x.reshape(7, -1)
+        return self.fc(x)
+
+
+def test_fx_graph_failure_shows_torchs_message_not_fx_metadata(marker, capfd):
+    with pytest.raises(SpecError, match=r"fx graph of _ReshapesOnlyUnderFx .*failed: RuntimeError: shape '\[7, -1\]' "
+                                        r"is invalid for input of size 15"):
+        symalg.trace(_ReshapesOnlyUnderFx(), (torch.randn(5, 3),))
+    assert "tlparse" not in capfd.readouterr().err
+
+
 def test_trace_refuses_a_non_module(marker):
     with pytest.raises(SpecError, match=r"trace: expected a torch.nn.Module, got str"):
         symalg.trace("linear(3, 4) -> relu -> linear(4, 2)")
