@@ -34,7 +34,7 @@ def _widths(text: str, known: set[str]) -> dict[str, int]:
     widths = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, value = (piece.strip() for piece in item.partition("="))
-        if not (value.isascii() and value.isdigit()) or int(value) <= 0:
+        if not (value.isascii() and value.isdigit()) or not value.strip("0"):
             raise SpecError(f"--widths: expected name=positive integer, got {item!r}")
         if name in widths:
             raise SpecError(f"--widths: {name} is given twice")

@@ -67,6 +67,7 @@ from typing import Callable, Sequence
 import sympy as sp
 import torch
 
+from .grammar import refuse_text
 from .groups import Orthogonal, SiteGroup, matrix_exp
 from .lowering import identifier, torch_source
 from .verification import CheckResult, VerificationReport, rk4
@@ -570,6 +571,7 @@ def _is_zero(expr) -> bool:
 
 
 def _rational_matrix(values) -> sp.Matrix:
+    refuse_text(values, "matrix entries")
     matrix = sp.Matrix(values)
     return matrix.applyfunc(lambda v: sp.nsimplify(v, rational=True) if v.is_Float else v)
 
@@ -612,6 +614,7 @@ def ellipse(a=4) -> TestFunction:
     >>> ellipse(4).h.T
     Matrix([[x1, 2*x2]])
     """
+    refuse_text(a, "ellipse: a")
     if not sp.sympify(a).is_positive:
         raise ValueError(f"ellipse: a must be positive (a = {a} makes h = (x₁, √a x₂) non-invertible)")
     return quadratic_form(sp.diag(1, a), name="ellipse")

@@ -140,8 +140,8 @@ def _parse_layer(text: str, index: int, catalogue: Mapping) -> tuple:
     :mod:`symalg.grammar` (never evaluated): ``name`` or ``name(arguments)``."""
     try:
         node = ast.parse(text.strip(), mode="eval").body
-    except (SyntaxError, ValueError):
-        raise SpecError(f"layer {index}: cannot parse {text.strip()!r}") from None
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # the parser's limits on nesting and size
+        raise SpecError(f"layer {index}: cannot parse {text.strip()[:200]!r}") from None
     if isinstance(node, ast.Name):
         name, args, kwargs = node.id, [], {}
     elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):

@@ -41,7 +41,8 @@ from fractions import Fraction
 
 import sympy as sp
 
-__all__ = ["MAX_BITS", "MAX_ENTRIES", "MAX_WIDTH", "check_entries", "is_plain_name", "literal", "parse_number"]
+__all__ = ["MAX_BITS", "MAX_ENTRIES", "MAX_WIDTH", "check_entries", "is_plain_name", "literal", "parse_number",
+           "refuse_text"]
 
 MAX_WIDTH = 2 ** 20
 """The largest feature width symalg accepts (concrete widths only; symbols are unbounded)."""
@@ -62,6 +63,16 @@ def _spec_error(message: str):
 def is_plain_name(text) -> bool:
     """True for a plain identifier (``h``, ``d_model``): no keyword, no leading underscore."""
     return isinstance(text, str) and text.isidentifier() and not keyword.iskeyword(text) and not text.startswith("_")
+
+
+def refuse_text(value, where: str) -> None:
+    """Raise :class:`~symalg.graph.SpecError` when ``value`` is text or a list/tuple holding text anywhere:
+    SymPy would parse and evaluate it (``sympify``, ``Matrix``); numbers and SymPy objects pass."""
+    if isinstance(value, str):
+        raise _spec_error(f"{where}: {value!r} is text; give a number or a SymPy expression")
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            refuse_text(item, where)
 
 
 def check_entries(count, what: str) -> None:
@@ -120,7 +131,10 @@ def literal(node: ast.expr, where: str):
     if isinstance(node, ast.Constant) and isinstance(node.value, float):
         _number(node, where, ast.unparse(node))  # finite, and not too large
         return node.value  # a plain float stays one: a width 2.5 is refused as such, exact() reads a slope 0.2 as 1/5
-    value = _number(node, where, ast.unparse(node))
+    try:
+        value = _number(node, where, ast.unparse(node))
+    except RecursionError:
+        raise _spec_error(f"{where}: argument is nested too deeply") from None
     return int(value) if value.denominator == 1 else sp.Rational(value.numerator, value.denominator)
 
 
@@ -132,8 +146,8 @@ def parse_number(text: str, where: str):
     """
     try:
         node = ast.parse(text.strip(), mode="eval").body
-    except (SyntaxError, ValueError):
-        raise _spec_error(f"{where}: cannot read {text!r} as a number or a name") from None
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # the parser's limits on nesting and size
+        raise _spec_error(f"{where}: cannot read {text[:200]!r} as a number or a name") from None
     value = literal(node, where)
     if isinstance(value, bool):
         raise _spec_error(f"{where}: {text!r} is not a number")

@@ -34,7 +34,7 @@ from typing import ClassVar
 import sympy as sp
 import torch
 
-from .grammar import check_entries
+from .grammar import check_entries, refuse_text
 
 __all__ = ["matrix_exp", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes", "PositiveScaling",
            "SignFlips", "Permutations", "Translations"]
@@ -78,6 +78,9 @@ class SiteGroup:
     alpha: ClassVar[object] = 1
     discrete_description: ClassVar[str] = ""
     """The discrete generators in words, ``{h}`` standing for the width (shown when it is symbolic)."""
+
+    def __post_init__(self):
+        refuse_text(self.width, f"{type(self).__name__}: width")
 
     # -- naming ---------------------------------------------------------------------------------
     @property

@@ -171,6 +171,8 @@ class LoweredFunction:
     arg_names: tuple[str, ...]
     fn: Callable = field(repr=False)
     param_names: tuple[str, ...] = ()
+    param_shapes: Mapping[str, tuple] = field(default_factory=dict, repr=False)
+    """Trailing shape each parameter must have (ints, or symbols that must agree across parameters)."""
 
     def __call__(self, params: Mapping[str, torch.Tensor], *args):
         missing = [name for name in self.param_names if name not in params]
@@ -180,7 +182,23 @@ class LoweredFunction:
         if len(args) != len(self.arg_names):
             raise TypeError(f"{self.name} takes params and {len(self.arg_names)} more arguments "
                             f"{list(self.arg_names)}, got {len(args)}")
+        self._check_shapes(params)
         return self.fn(params, *args)
+
+    def _check_shapes(self, params: Mapping[str, torch.Tensor]) -> None:
+        """Raise ``ValueError`` naming the parameter whose trailing shape is not :attr:`param_shapes`
+        (leading batch dimensions are free); torch would otherwise broadcast or fail without the name."""
+        bound: dict = {}
+        for name, expected in self.param_shapes.items():
+            value = params[name]
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{self.name}: parameter {name!r} is a {type(value).__name__}, not a tensor")
+            actual = tuple(value.shape[value.dim() - len(expected):]) if value.dim() >= len(expected) else None
+            ok = actual is not None and all(
+                bound.setdefault(e, a) == a if isinstance(e, sp.Symbol) else int(e) == a for e, a in zip(expected, actual))
+            if not ok:
+                raise ValueError(f"{self.name}: parameter {name!r} has shape {tuple(value.shape)}, expected "
+                                 f"(..., {', '.join(str(bound.get(e, e)) for e in expected)})")
 
 
 def reads(symbols: Mapping[str, sp.MatrixSymbol]) -> dict[sp.MatrixSymbol, str]:
@@ -236,6 +254,11 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
         lines.append(f"    {identifier(symbol.name)} = params[{params[symbol]!r}]{suffix}")
     lines += [f"    {identifier(s.name)} = {identifier(s.name)}.unsqueeze(-1)" for s in args if s in vector_inputs]
     bound = set()
+    taken = {identifier(s.name) for s in inputs} | {"torch", "params", "_like", name}
+    clash = sorted({str(w) for s in inputs for w in s.shape if sp.sympify(w).is_Symbol and str(w) in taken})
+    if clash:  # `b_1 = W_1.shape[-2]` would overwrite the bias b_1: a wrong value, silently
+        raise ValueError(f"lower({name}): width(s) {clash} have the name of a tensor or function the generated code "
+                         "uses; rename the width")
     for symbol in inputs:
         for axis, size in enumerate(symbol.shape):
             if sp.sympify(size).is_Symbol and size not in bound:
@@ -253,8 +276,10 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     source = "\n".join(lines + body)
     namespace = {"torch": torch}
     exec(compile(source, f"<symalg.lowered.{name}>", "exec"), namespace)
+    shapes = {params[s]: tuple(s.shape[:1] if s in vector_inputs else s.shape)
+              for s in to_read if s not in (read_suffixes or {})}
     return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), namespace[name],
-                           tuple(params[s] for s in to_read))
+                           tuple(params[s] for s in to_read), shapes)
 
 
 def _explicit_entrywise(expr: sp.Basic) -> sp.Basic:

@@ -38,6 +38,7 @@ from typing import Mapping
 import sympy as sp
 import torch
 
+from .grammar import refuse_text
 from .groups import GeneralLinear, Orthogonal
 
 __all__ = ["orbit_dimension_formula", "orbit_rank", "action_matrix", "gl_chain_kernel_dimension",
@@ -48,6 +49,7 @@ def gl_chain_kernel_dimension(widths: list, biases: list) -> sp.Expr:
     """``dim ker`` for a run of ``n`` GL sites: ``widths = [h_0, h_1, …, h_n, h_{n+1}]`` (rigid ends
     included), ``biases[k-1] = 1`` when the layer producing site ``k`` has a bias."""
     n = len(widths) - 2
+    refuse_text(widths, "gl_chain_kernel_dimension: widths")
     w = [sp.sympify(x) for x in widths]
     beta = [0] + [int(b) for b in biases]
 

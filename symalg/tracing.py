@@ -50,7 +50,9 @@ Example
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import math
 import operator
 from dataclasses import dataclass, field, is_dataclass
@@ -418,7 +420,8 @@ def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
     for index, value in enumerate(example_inputs):
         if isinstance(value, torch.Tensor) and value.numel() == 0:
             raise SpecError(f"trace: example input {index} is empty (shape {tuple(value.shape)})")
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and not value.isfinite().all():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not value.is_meta \
+                and not value.isfinite().all():  # meta tensors have shapes only
             raise SpecError(f"trace: example input {index} has non-finite entries (NaN or inf)")
     running: list[str] = []  # the modules being run, innermost last
 
@@ -489,9 +492,12 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
         from torch.fx.passes.shape_prop import ShapeProp
 
         try:
-            ShapeProp(gm).propagate(*example_inputs)
-        except Exception as error:
-            raise SpecError(f"trace: running {type(model).__name__} on the example inputs failed: {error}") from None
+            with contextlib.redirect_stderr(io.StringIO()):  # ShapeProp prints a traceback of its own
+                ShapeProp(gm).propagate(*example_inputs)
+        except Exception as error:  # the model ran eagerly, but its fx graph does not: torch's message, not fx's
+            cause = error.__cause__ or error
+            raise SpecError(f"trace: running the fx graph of {type(model).__name__} on the example inputs failed: "
+                            f"{type(cause).__name__}: {cause}") from None
     aliases, by_id = _canonical_params(model)
     graph = nx.DiGraph()
     for node in gm.graph.nodes:
