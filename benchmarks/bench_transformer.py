@@ -14,7 +14,10 @@ Stages, each timed on its own with ``time.perf_counter``:
 * ``forward``    the baseline: one forward pass of the model on the example input (``torch.no_grad``;
                  median of 20 passes after 3 warm-up passes; ``first`` = the very first pass)
 * ``trace``      ``symalg.trace(model, (x,))`` (torch.fx + shape propagation)
-* ``derive``     ``symalg.derive(graph)`` (site inference, groups, bindings)
+* ``derive``     ``symalg.derive(graph, certify=False)`` (site inference, groups, bindings)
+* ``certify``    ``symalg.certification.claim_errors(analysis)``: the numerical certification that
+                 ``symalg.derive(graph)`` adds by default (float64 copy of the model, fresh inputs,
+                 every claim's test elements); reported as a ratio against ``trace + derive``
 * ``conserved``  ``[s.conserved for s in analysis.symmetries]`` (building the SymPy expressions)
 * ``lower``      ``q.lowered`` for every conserved quantity that is not ``None`` (torch code)
 * ``evaluate``   calling every lowered quantity once on the model's parameters (a sanity check that
@@ -48,6 +51,7 @@ import sys
 import time
 
 STAGES = ("trace", "derive", "conserved", "lower")
+"""Stages of ``total``; ``certify`` is timed apart, as a ratio against ``trace + derive``."""
 GROUP_PREFIXES = ("GL", "O", "PositiveScaling", "SignFlips", "S", "Translations")
 
 
@@ -126,6 +130,7 @@ def child(layers: int, d_model: int, heads: int, batch: int, seq: int, mode: str
     import torch
 
     import symalg
+    from symalg.certification import claim_errors
 
     model = build_model(layers, d_model, heads)
     x = torch.randn(batch, seq, d_model, generator=torch.Generator().manual_seed(1))
@@ -159,7 +164,11 @@ def child(layers: int, d_model: int, heads: int, batch: int, seq: int, mode: str
     t0 = time.perf_counter()
     graph = symalg.trace(model, (x,))
     t1 = time.perf_counter()
-    analysis = symalg.derive(graph)
+    analysis = symalg.derive(graph, certify=False)
+    t2 = time.perf_counter()
+    derive = t2 - t1
+    errors = claim_errors(analysis)
+    certify = time.perf_counter() - t2
     t2 = time.perf_counter()
     conserved = [s.conserved for s in analysis.symmetries]
     t3 = time.perf_counter()
@@ -171,8 +180,10 @@ def child(layers: int, d_model: int, heads: int, batch: int, seq: int, mode: str
         for f in lowered:
             f(params)
     t5 = time.perf_counter()
-    result = {"params": n_params, "forward_first": first, "forward": forward, "trace": t1 - t0, "derive": t2 - t1,
+    result = {"params": n_params, "forward_first": first, "forward": forward, "trace": t1 - t0, "derive": derive,
               "conserved": t3 - t2, "lower": t4 - t3, "evaluate": t5 - t4,
+              "certify": certify, "certify_failed": sum(not e.holds for e in errors),
+              "certify_worst": max(e.error for e in errors),
               "symmetries": len(analysis.symmetries), "quantities": len(quantities),
               "blocked": len(analysis.blocked), "nodes": graph.graph.number_of_nodes(),
               "groups": {}, "dims": {}, "lie_dim": 0}
@@ -208,11 +219,11 @@ def run_child(args, mode: str = "time") -> dict:
 def print_tables(args, runs: list[dict], py_peak) -> dict:
     first = runs[0]
     med = {key: statistics.median(r[key] for r in runs)
-           for key in ("forward_first", "forward", *STAGES, "evaluate", "maxrss_mib", "maxrss_model_mib")}
+           for key in ("forward_first", "forward", *STAGES, "evaluate", "certify", "maxrss_mib", "maxrss_model_mib")}
     med["trace+derive"] = statistics.median(r["trace"] + r["derive"] for r in runs)
     med["total"] = statistics.median(sum(r[k] for k in STAGES) for r in runs)
     spread = {key: (min(f(r) for r in runs), max(f(r) for r in runs))
-              for key, f in (*((k, lambda r, k=k: r[k]) for k in ("forward", *STAGES, "evaluate")),
+              for key, f in (*((k, lambda r, k=k: r[k]) for k in ("forward", *STAGES, "evaluate", "certify")),
                              ("trace+derive", lambda r: r["trace"] + r["derive"]),
                              ("total", lambda r: sum(r[k] for k in STAGES)))}
     d_k = args.d_model // args.heads
@@ -226,7 +237,7 @@ def print_tables(args, runs: list[dict], py_peak) -> dict:
             ("`symalg.trace`", "trace"), ("`symalg.derive`", "derive"),
             ("conserved (SymPy)", "conserved"), ("lower (torch code)", "lower"),
             ("**trace + derive**", "trace+derive"), ("total (trace..lower)", "total"),
-            ("evaluate lowered q (not in total)", "evaluate")]
+            ("evaluate lowered q (not in total)", "evaluate"), ("certify (`claim_errors`, not in total)", "certify")]
     if "verify" in first:
         med["verify"] = statistics.median(r["verify"] for r in runs)
         spread["verify"] = (min(r["verify"] for r in runs), max(r["verify"] for r in runs))
@@ -238,6 +249,11 @@ def print_tables(args, runs: list[dict], py_peak) -> dict:
         print(f"| {label} | {1e3 * med[key]:,.2f} | {rng} | {ratio:,.0f} |" if ratio >= 100 else
               f"| {label} | {1e3 * med[key]:,.2f} | {rng} | {ratio:.2f} |")
     target = med["trace+derive"] < 30
+    per_run = ", ".join(f"{r['certify'] / (r['trace'] + r['derive']):.2f}" for r in runs)
+    print(f"\ncertification: {med['certify']:.2f} s = {med['certify'] / med['trace+derive']:.2f} x trace + derive "
+          f"(median; per run {per_run}) = {med['certify'] / med['forward']:.0f} forward passes; failed claims "
+          f"{first['certify_failed']}, worst relative error "
+          f"{first['certify_worst']:.1e}")
     print(f"\ntarget trace + derive < 30 s: {'met' if target else 'NOT met'} ({med['trace+derive']:.1f} s)")
     if "verify" in first:
         print(f"verify passed: {all(r['verify_passed'] for r in runs)}")

@@ -74,10 +74,11 @@ class Binding:
         region = tensor.narrow(self.axis, self.start, self.width * self.block).movedim(self.axis, 0)
         return region.reshape(self.width, -1)
 
-    def fold(self, tensor: torch.Tensor, unfolded: torch.Tensor) -> torch.Tensor:
-        """``tensor`` with the region replaced by ``unfolded`` (the inverse of :meth:`unfold`)."""
+    def fold(self, tensor: torch.Tensor, unfolded: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        """``tensor`` with the region replaced by ``unfolded`` (the inverse of :meth:`unfold`); a copy, or
+        ``tensor`` itself written to with ``inplace``."""
         region = tensor.narrow(self.axis, self.start, self.width * self.block).movedim(self.axis, 0)
-        result = tensor.clone()
+        result = tensor if inplace else tensor.clone()
         result.narrow(self.axis, self.start, self.width * self.block).copy_(
             unfolded.reshape(region.shape).movedim(0, self.axis))
         return result

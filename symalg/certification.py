@@ -4,7 +4,8 @@ A claim ``θ ↦ g·θ`` holds when ``F(g·θ, x) = F(θ, x)`` for every output 
 every ``g`` of the group. :func:`claim_errors` measures the worst relative change of any output over
 
 * test elements of each group (:func:`sample_elements`): ``exp(M)`` with ``‖M‖`` near ``10⁻³`` and ``1``,
-  every discrete generator, and an element of the other component of ``GL``/``O``;
+  every discrete generator (random sign patterns for wide ``SignFlips``), and an element of the other
+  component of ``GL``/``O``; drawn anew for each draw of inputs;
 * fresh inputs drawn like the example inputs (:func:`fresh_inputs`), several draws;
 * the model's parameters **and buffers** (eval-mode running statistics move with some actions), in
   float64, with stochastic ops (dropout) drawing the same noise for ``θ`` and ``g·θ``.
@@ -32,7 +33,7 @@ from typing import Mapping, Sequence
 import torch
 from torch.func import functional_call
 
-from .groups import GeneralLinear, Orthogonal
+from .groups import GeneralLinear, Orthogonal, SignFlips
 from .outputs import output_tensors
 from .verification import relative_error
 
@@ -41,6 +42,15 @@ __all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "claim_errors", "fresh_input
 CERTIFICATION_TOLERANCE = 1e-8
 """Largest relative change of any output (float64) a certified claim may cause; false claims found by
 the fuzzer change outputs by 0.1 to 5."""
+
+SIGN_FLIP_GENERATORS = 16
+"""Widest ``SignFlips`` group whose ``h`` single-neuron flips are tested one by one; wider ones are tested
+with :data:`SIGN_FLIP_SAMPLES` uniformly random sign patterns instead."""
+
+SIGN_FLIP_SAMPLES = 8
+"""Random sign patterns per draw for a wide ``SignFlips`` group. The patterns that keep the outputs form
+a subgroup, so a false claim (a proper subgroup) passes one uniform pattern with probability at most
+1/2, and the 16 of :func:`claim_errors`' two default draws with at most ``2⁻¹⁶``."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,12 @@ class ClaimError:
 
 def sample_elements(group, generator: torch.Generator, dtype=torch.float64, device="cpu") -> list[tuple[str, torch.Tensor]]:
     """``[(description, g), ...]``: every discrete generator, ``exp(M)`` near and far from the identity,
-    and for ``GL``/``O`` an element of the other component (reflection times ``exp(M)``)."""
+    and for ``GL``/``O`` an element of the other component (reflection times ``exp(M)``). ``SignFlips(h)``
+    wider than :data:`SIGN_FLIP_GENERATORS` gets :data:`SIGN_FLIP_SAMPLES` random sign patterns
+    ``diag(±1)`` instead of its ``h`` generators (``h`` forward passes and ``h`` dense matrices)."""
+    if isinstance(group, SignFlips) and group.width > SIGN_FLIP_GENERATORS:
+        signs = torch.randint(0, 2, (SIGN_FLIP_SAMPLES, int(group.width)), generator=generator).to(dtype) * 2 - 1
+        return [(f"random sign pattern {i}", torch.diag(s).to(device)) for i, s in enumerate(signs)]
     discrete = group.discrete_generators(dtype, device)
     elements = [(f"discrete generator {i}", g) for i, g in enumerate(discrete)]
     if group.is_continuous:
@@ -143,16 +158,21 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
     generator = torch.Generator().manual_seed(seed)
     cross_entropy = analysis.loss == "cross_entropy"
     worst = {id(s): ClaimError(s, 0.0) for s in symmetries}
-    elements = {id(s): sample_elements(s.group, generator, dtype, device) for s in symmetries}
-    rounds = max((len(e) for e in elements.values()), default=0)
     for draw in range(draws):
+        by_group = {}  # fresh elements per draw; equal groups share them (S(3072) of every layer: one pair)
+        for s in symmetries:
+            if s.group not in by_group:
+                by_group[s.group] = sample_elements(s.group, generator, dtype, device)
+        elements = {id(s): by_group[s.group] for s in symmetries}
+        rounds = max((len(e) for e in elements.values()), default=0)
         x = fresh_inputs(inputs, generator, dtype, device)
         reference = _forward(model, state, x, parameters, seed + draw)
 
         def change(group_elements):
-            moved = dict(state)
+            touched = {t for symmetry, _ in group_elements for t in symmetry.tensors}
+            moved = {k: v.clone() if k in touched else v for k, v in state.items()}  # one copy, moved in place
             for symmetry, (_, g) in group_elements:
-                moved = symmetry.apply(moved, g)
+                moved = symmetry.apply(moved, g, inplace=True)
             return output_change(_forward(model, moved, x, parameters, seed + draw), reference, cross_entropy)
 
         for r in range(rounds):

@@ -184,7 +184,9 @@ class ModelSymmetry:
         """The matrix (or diagonal) by which ``g`` multiplies the unfolded region of ``b``."""
         if isinstance(self.group, PositiveScaling):
             return g ** (float(b.power) if b.role == "out" else -float(b.power))
-        if b.role == "out" or isinstance(self.group, (Orthogonal, Permutations, SignFlips)):
+        if isinstance(self.group, SignFlips):  # diag(±1) is its own inverse transpose: multiply by its diagonal
+            return torch.diagonal(g)
+        if b.role == "out" or isinstance(self.group, (Orthogonal, Permutations)):
             return g
         return torch.linalg.inv(g).transpose(-1, -2)
 
@@ -200,11 +202,15 @@ class ModelSymmetry:
             return moves
         return [b for b in self.bindings if not (isinstance(self.group, PositiveScaling) and b.power == 0)]
 
-    def apply(self, params: Mapping[str, torch.Tensor], g: torch.Tensor) -> dict[str, torch.Tensor]:
+    def apply(self, params: Mapping[str, torch.Tensor], g: torch.Tensor,
+              inplace: bool = False) -> dict[str, torch.Tensor]:
         """Parameters (and buffers) moved by the group element ``g``; untouched tensors are shared.
 
         ``g`` is checked to be an element of the group (:meth:`~symalg.groups.SiteGroup.check_element`:
-        shape, finiteness, membership); anything else raises ``ValueError`` naming the group.
+        shape, finiteness, membership); anything else raises ``ValueError`` naming the group. With
+        ``inplace`` the moved regions are written into the tensors of ``params`` (the caller's own copies)
+        instead of into fresh copies: composing many claims on a large model (certification) then copies
+        each tensor once, not once per claim.
         """
         self.group.check_element(g)
         moved = dict(params)
@@ -214,9 +220,12 @@ class ModelSymmetry:
                     moved[tensor] = moved[tensor] + g[index] * change
             return moved
         for b in self.moving_bindings():
-            A = self._operator(b, g)
             U = b.unfold(moved[b.tensor])
-            moved[b.tensor] = b.fold(moved[b.tensor], A[:, None] * U if A.dim() == 1 else A @ U)
+            if isinstance(self.group, Permutations):  # g U for a permutation matrix g, by indexing (no h² matmul)
+                moved[b.tensor] = b.fold(moved[b.tensor], U[g.argmax(-1)], inplace)
+                continue
+            A = self._operator(b, g)
+            moved[b.tensor] = b.fold(moved[b.tensor], A[:, None] * U if A.dim() == 1 else A @ U, inplace)
         for bias, column, center, _ in self.shifts:
             tau = float(center) * (1 - torch.diagonal(g))
             weight = moved[column.tensor]

@@ -10,7 +10,7 @@ from torch import nn
 
 import symalg
 from symalg import op_rules
-from symalg.certification import CERTIFICATION_TOLERANCE
+from symalg.certification import CERTIFICATION_TOLERANCE, sample_elements
 from symalg.model_derive import derive_model
 from symalg.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
 
@@ -144,10 +144,48 @@ def test_certification_costs_a_fixed_number_of_forward_passes_whatever_the_numbe
     passes = {}
     for depth in (1, 5):
         model = relu_mlp(depth)
+        graph = symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),))
         calls = []
-        model.register_forward_hook(lambda *_: calls.append(1))
-        analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
+        model.register_forward_hook(lambda *_: calls.append(1))  # after tracing: count derive's passes alone
+        analysis = symalg.derive(graph)
         assert len(analysis.symmetries) == 2 * depth
         assert all(e.error <= CERTIFICATION_TOLERANCE for e in analysis.certification)
         passes[depth] = len(calls)          # certification runs a copy of the module, hooks included
     assert passes == {1: 6, 5: 6}
+
+
+class TanhMLP(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(3, width), nn.Tanh(), nn.Linear(width, 2)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def test_wide_sign_flips_are_certified_by_random_sign_patterns():
+    # SignFlips(32) is tested with random patterns, not its 32 generators; a true claim passes, and the same
+    # claim on the module whose tanh became softplus after tracing (not odd) is blocked.
+    torch.manual_seed(0)
+    model = TanhMLP(32).double()
+    graph = symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),))
+    assert ("fc1", "SignFlips(32)", 0) in symalg.derive(graph).table()
+    model.act = nn.Softplus()
+    analysis = symalg.derive(graph)
+    assert ("fc1", "SignFlips(32)", 0) not in analysis.table()
+    (note,) = [b for b in analysis.blocked if b.reason.startswith("SignFlips(32) failed numerical certification")]
+    assert "under random sign pattern" in note.reason
+
+
+def test_in_place_application_equals_the_functional_one():
+    torch.manual_seed(0)
+    model = TanhMLP(5).double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
+    state = {k: v.detach() for k, v in model.named_parameters()}
+    generator = torch.Generator().manual_seed(1)
+    for symmetry in analysis.symmetries:
+        for _, g in sample_elements(symmetry.group, generator):
+            copies = {k: v.clone() for k, v in state.items()}
+            expected, moved = symmetry.apply(state, g), symmetry.apply(copies, g, inplace=True)
+            assert all(torch.equal(expected[k], moved[k]) for k in state)
+            assert all(torch.equal(state[k], model.state_dict()[k]) for k in state)   # the functional call copies
