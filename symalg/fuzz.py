@@ -14,7 +14,7 @@ certification inside ``derive``) and checks every claim ``θ ↦ g·θ`` with
 buffers included. A claim is false when that change exceeds
 :data:`~symalg.certification.CERTIFICATION_TOLERANCE`. The outcome of each model is one of: claims checked,
 a documented refusal (:class:`symalg.SpecError` or a subclass), a crash (any other exception) or a hang
-(over ``time_limit`` seconds, stopped by ``SIGALRM``).
+(over ``time_limit`` CPU seconds, stopped by ``SIGPROF``).
 
 Command line::
 
@@ -512,23 +512,25 @@ def derive_claims(graph, certify: bool, catalogue: Mapping | None = None):
     return derive(graph, **options), False
 
 
-class _Hang(Exception):
-    """A model ran past the fuzzer's time limit."""
+class _Hang(BaseException):
+    """A model ran past the fuzzer's time limit (a ``BaseException``, like ``KeyboardInterrupt``, so that
+    the ``except Exception`` of fallbacks inside symalg and torch cannot swallow it)."""
 
 
 @contextmanager
 def _time_limit(seconds: float):
-    """Raise :class:`_Hang` after ``seconds`` of wall time (``SIGALRM``; main thread only)."""
+    """Raise :class:`_Hang` after ``seconds`` of this process's CPU time (``SIGPROF``, main thread only):
+    CPU time, not wall time, so that a loaded machine does not turn slow models into hangs."""
     def alarm(signum, frame):
-        raise _Hang(f"over {seconds} s")
+        raise _Hang(f"over {seconds} CPU seconds")
 
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGPROF, alarm)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 @dataclass(frozen=True)
@@ -555,6 +557,8 @@ class Failure:
 
 @dataclass
 class FamilyFigures:
+    """One family's counts; ``seconds`` is CPU time (build, trace, derive, check)."""
+
     models: int = 0
     claims: int = 0
     false_claims: int = 0
@@ -601,12 +605,12 @@ class FuzzReport:
         lines = [f"seed {self.seed}: {self.models} models, {self.claims} claims "
                  f"({'certified by derive' if self.certified else 'raw: derive did not certify'}), "
                  f"{len(self.false_claims)} false, {self.refusals} refusals, {len(self.crashes)} crashes, "
-                 f"{len(self.hangs)} hangs, {self.seconds:.1f} s",
+                 f"{len(self.hangs)} hangs, {self.seconds:.1f} s wall",
                  f"{'family':<10} {'models':>6} {'claims':>6} {'false':>5} {'refused':>7} {'crash':>5} {'hang':>4} "
-                 f"{'ms/model':>8}"]
+                 f"{'CPU ms/model':>12}"]
         for name, f in sorted(self.families.items()):
             lines.append(f"{name:<10} {f.models:>6} {f.claims:>6} {f.false_claims:>5} {f.refusals:>7} {f.crashes:>5} "
-                         f"{f.hangs:>4} {1000 * f.seconds / max(f.models, 1):>8.1f}")
+                         f"{f.hangs:>4} {1000 * f.seconds / max(f.models, 1):>12.1f}")
         lines += [f"FALSE {c.case}: {c.claim}: {c.error:.2e} on {c.output!r} under {c.element}" for c in self.false_claims]
         lines += [f"CRASH {c.case}: {c.error} at {c.where}" for c in self.crashes]
         lines += [f"HANG {c.case}: {c.error}" for c in self.hangs]
@@ -640,13 +644,13 @@ def _claim_errors(analysis, draws: int, seed: int) -> list[tuple[str, float, str
     return [(e.symmetry.label, e.error, e.element, e.output) for e in errors]
 
 
-def check_case(case: Case, certify: bool = True, time_limit: float = 10.0, draws: int = 2,
+def check_case(case: Case, certify: bool = True, time_limit: float = 20.0, draws: int = 2,
                catalogue: Mapping | None = None) -> _Outcome:
     """Trace, derive (with ``catalogue`` when given) and check one case; never raises (refusals, crashes
     and hangs are outcomes)."""
     from . import trace
 
-    outcome, start = _Outcome(case.family), time.perf_counter()
+    outcome, start = _Outcome(case.family), time.process_time()
     try:
         with _time_limit(time_limit):
             model, inputs = case.build()
@@ -664,7 +668,7 @@ def check_case(case: Case, certify: bool = True, time_limit: float = 10.0, draws
         frames = traceback.extract_tb(error.__traceback__)[-3:]
         where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in reversed(frames))
         outcome.crash = Failure(case.description, case.family, f"{type(error).__name__}: {error}", where)
-    outcome.seconds = time.perf_counter() - start
+    outcome.seconds = time.process_time() - start
     return outcome
 
 
@@ -674,7 +678,7 @@ def _check_index(arguments) -> _Outcome:
     return check_case(generate(seed, index, family), certify, time_limit, draws)
 
 
-def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, time_limit: float = 10.0,
+def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, time_limit: float = 20.0,
         certify: bool = True, draws: int = 2, workers: int = 1, start: int = 0) -> FuzzReport:
     """Generate ``n_models`` models (indices ``start … start + n_models − 1`` of ``seed``, families in turn)
     and check every claim of each; see the module docstring. ``workers > 1`` checks them in that many
@@ -705,7 +709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=0, help="index of the first model")
     parser.add_argument("--families", default="", help=f"comma-separated, of: {', '.join(FAMILIES)}")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per model")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="CPU seconds per model")
     parser.add_argument("--draws", type=int, default=2, help="fresh inputs per claim check")
     parser.add_argument("--raw", action="store_true", help="check derive's raw claims (no certification)")
     parser.add_argument("--show", nargs=2, type=int, metavar=("SEED", "INDEX"),
