@@ -502,13 +502,13 @@ def certification_available() -> bool:
 
 
 def derive_claims(graph, certify: bool, catalogue: Mapping | None = None):
-    """``(analysis, certified)``: ``symalg.derive(graph)`` raw, or with ``certify=True`` where ``derive``
-    takes it (``certified`` says whether it did; without it the claims are the raw ones)."""
+    """``(analysis, certified)``: ``symalg.derive(graph, certify=certify)`` where ``derive`` takes
+    ``certify``, else ``symalg.derive(graph)`` (raw claims; ``certified`` says which it was)."""
     from . import derive
 
     options = {} if catalogue is None else {"catalogue": catalogue}
-    if certify and certification_available():
-        return derive(graph, certify=True, **options), True
+    if certification_available():  # pass it either way: derive certifies by default
+        return derive(graph, certify=certify, **options), certify
     return derive(graph, **options), False
 
 

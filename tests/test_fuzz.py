@@ -85,6 +85,20 @@ def test_certification_blocks_the_false_claim_of_a_wrong_overlay():
     assert fuzz.check_case(case, certify=True, catalogue=relu_as_linear).false_claims == []
 
 
+def test_derive_claims_asks_for_raw_claims_explicitly_once_derive_certifies(monkeypatch):
+    """After the certification merge ``derive`` certifies by default: raw claims need ``certify=False``."""
+    calls = []
+
+    def derive(graph, catalogue=None, certify=True):
+        calls.append(certify)
+        return "analysis"
+
+    monkeypatch.setattr(symalg, "derive", derive)
+    assert fuzz.derive_claims("graph", certify=False) == ("analysis", False)
+    assert fuzz.derive_claims("graph", certify=True) == ("analysis", True)
+    assert calls == [False, True]
+
+
 def test_refusals_crashes_and_hangs_are_outcomes_not_exceptions():
     linear = (("m0", Layer("Linear", (3, 4))),)
     step = (Step("h0", "layer", ("x",), (("layer", "m0"),)),)
