@@ -455,15 +455,11 @@ def _albert(b: _Builder):
     return shape, 0, b.linear(x, d, b.width())
 
 
-def _outputs(b: _Builder):
-    """An MLP returning a dict or tuple of several values (hidden ones included)."""
-    return _mlp(b)
-
-
 FAMILIES: dict[str, Callable] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "embedding": _embedding, "concat": _concat, "shared": _shared,
-    "albert": _albert, "outputs": _outputs,
+    "albert": _albert,
+    "outputs": _mlp,  # an MLP that generate() always makes return a dict or tuple, hidden values included
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
@@ -712,15 +708,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=20.0, help="CPU seconds per model")
     parser.add_argument("--draws", type=int, default=2, help="fresh inputs per claim check")
     parser.add_argument("--raw", action="store_true", help="check derive's raw claims (no certification)")
-    parser.add_argument("--show", nargs=2, type=int, metavar=("SEED", "INDEX"),
-                        help="print the source of one model and exit")
+    parser.add_argument("--show", nargs="+", metavar="SEED INDEX [FAMILY]",
+                        help="print the source of one model (generate(SEED, INDEX, FAMILY)) and exit")
     args = parser.parse_args(argv)
     if args.show:
-        print(generate(*args.show).source())
-        return 0
-    families = [f for f in args.families.split(",") if f] or None
-    torch.set_default_dtype(torch.float64)
-    report = run(args.models, args.seed, families, args.time_limit, not args.raw, args.draws, args.workers, args.start)
+        if len(args.show) not in (2, 3) or not all(a.isdigit() for a in args.show[:2]):
+            parser.error("--show takes SEED INDEX [FAMILY] (two integers, then a family name)")
+    try:
+        if args.show:
+            print(generate(int(args.show[0]), int(args.show[1]), *args.show[2:]).source())
+            return 0
+        families = [f for f in args.families.split(",") if f] or None
+        torch.set_default_dtype(torch.float64)
+        report = run(args.models, args.seed, families, args.time_limit, not args.raw, args.draws, args.workers,
+                     args.start)
+    except SpecError as error:
+        parser.error(str(error))
     print(report.summary())
     return int(bool(report.false_claims or report.crashes or report.hangs))
 

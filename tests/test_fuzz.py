@@ -118,6 +118,18 @@ def test_run_rejects_unknown_families():
         fuzz.run(1, families=["nope"])
 
 
+def test_command_line_prints_figures_and_sources(capsys):
+    status = fuzz.main(["--models", "2", "--families", "mlp", "--raw", "--start", "5"])
+    out = capsys.readouterr().out
+    assert status == int(any(line.startswith(("FALSE", "CRASH", "HANG")) for line in out.splitlines()))
+    assert out.startswith("seed 0: 2 models") and "raw: derive did not certify" in out and "\nmlp " in out
+    assert fuzz.main(["--show", "0", "152", "concat"]) == 0
+    assert capsys.readouterr().out == fuzz.generate(0, 152, "concat").source() + "\n"
+    with pytest.raises(SystemExit):
+        fuzz.main(["--show", "0", "1", "nope"])
+    assert "unknown family 'nope'" in capsys.readouterr().err
+
+
 def _assert_sound(report: fuzz.FuzzReport) -> None:
     assert report.crashes == [], report.summary()
     assert report.hangs == [], report.summary()
