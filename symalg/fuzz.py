@@ -18,7 +18,8 @@ a documented refusal (:class:`symalg.SpecError` or a subclass), a crash (any oth
 
 Command line::
 
-    python -m symalg.fuzz --models 1000 --seed 0 [--families mlp,norm] [--workers 2] [--raw]
+    python -m symalg.fuzz --models 1000 --seed 0 [--start 0] [--families mlp,norm] [--workers 2] [--raw]
+    python -m symalg.fuzz --show SEED INDEX [FAMILY]      # the reproduction script of one model
 
 >>> report = run(3, seed=0, families=["mlp"])
 >>> report.models, len(report.crashes), len(report.hangs)
@@ -275,6 +276,7 @@ class _Builder:
 # Families: each draws layers and steps into a builder and returns (input shape, vocab, outputs).
 
 def _mlp(b: _Builder):
+    """lin → act → [dropout] → 1-2 more layers, on (B, n) or (B, T, n)."""
     n, m = b.width(), b.width()
     shape = (b.rng.randint(2, 5), n) if b.rng.random() < 0.7 else (b.rng.randint(2, 3), b.width(), n)
     x = b.linear("x", n, h := b.width())
@@ -295,6 +297,7 @@ def _gated(b: _Builder):
 
 
 def _residual(b: _Builder):
+    """lin, then 1-2 blocks ``x ← x + mlp(norm(x))`` (norm or none), then act → lin."""
     n, d, m = b.width(), b.width(), b.width()
     shape = (b.rng.randint(2, 5), n) if b.rng.random() < 0.5 else (2, b.width(), n)
     x = b.linear("x", n, d)
