@@ -127,7 +127,9 @@ class FuzzModel(nn.Module):
         env = {"x": x}
         for step in self.steps:
             value = OPS[step.op].fn(self, *(env[i] for i in step.inputs), **dict(step.constants))
-            env.update(zip(step.out, value) if isinstance(step.out, tuple) else {step.out: value})
+            # index a tuple result rather than iterate it: fx proxies cannot be iterated
+            env.update({n: value[i] for i, n in enumerate(step.out)} if isinstance(step.out, tuple) else
+                       {step.out: value})
         kind, names = self.output
         if kind == "dict":
             return {name: env[name] for name in names}

@@ -63,6 +63,16 @@ def test_generator_is_reproducible_and_its_source_builds_the_same_model(tmp_path
     assert torch.allclose(script["model"](x), model(x), rtol=0, atol=0)
 
 
+def test_generated_models_trace_with_fx_including_tuple_results():
+    """``o, w = self.m1(x, x, x, ...)`` must not iterate an fx proxy (which sent every MultiheadAttention model
+    to torch.export, where its heads are not seen)."""
+    case = fuzz.generate(0, 1, "mha")
+    assert "needTrue" in case.variant
+    graph = symalg.trace(*case.build())
+    assert graph.tracer == "fx"
+    assert any(graph.graph.nodes[v]["op"] == "multihead_attention" for v in graph.graph)
+
+
 def test_checker_catches_a_false_claim_from_a_wrong_overlay():
     """relu declared linear: GL(h) is claimed on the hidden layer of every relu MLP, and it is false."""
     relu_as_linear = symalg.overlay({"relu": symalg.CatalogueEntry("relu", lambda z: sp.Max(z, 0),
