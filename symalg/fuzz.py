@@ -14,11 +14,12 @@ certification inside ``derive``) and checks every claim ``θ ↦ g·θ`` with
 buffers included. A claim is false when that change exceeds
 :data:`~symalg.certification.CERTIFICATION_TOLERANCE`. The outcome of each model is one of: claims checked,
 a documented refusal (:class:`symalg.SpecError` or a subclass), a crash (any other exception) or a hang
-(over ``time_limit`` seconds, stopped by ``SIGALRM``).
+(over ``time_limit`` CPU seconds, stopped by ``SIGPROF``).
 
 Command line::
 
-    python -m symalg.fuzz --models 1000 --seed 0 [--families mlp,norm] [--workers 2] [--raw]
+    python -m symalg.fuzz --models 1000 --seed 0 [--start 0] [--families mlp,norm] [--workers 2] [--raw]
+    python -m symalg.fuzz --show SEED INDEX [FAMILY]      # the reproduction script of one model
 
 >>> report = run(3, seed=0, families=["mlp"])
 >>> report.models, len(report.crashes), len(report.hangs)
@@ -126,7 +127,9 @@ class FuzzModel(nn.Module):
         env = {"x": x}
         for step in self.steps:
             value = OPS[step.op].fn(self, *(env[i] for i in step.inputs), **dict(step.constants))
-            env.update(zip(step.out, value) if isinstance(step.out, tuple) else {step.out: value})
+            # index a tuple result rather than iterate it: fx proxies cannot be iterated
+            env.update({n: value[i] for i, n in enumerate(step.out)} if isinstance(step.out, tuple) else
+                       {step.out: value})
         kind, names = self.output
         if kind == "dict":
             return {name: env[name] for name in names}
@@ -275,6 +278,7 @@ class _Builder:
 # Families: each draws layers and steps into a builder and returns (input shape, vocab, outputs).
 
 def _mlp(b: _Builder):
+    """lin → act → [dropout] → 1-2 more layers, on (B, n) or (B, T, n)."""
     n, m = b.width(), b.width()
     shape = (b.rng.randint(2, 5), n) if b.rng.random() < 0.7 else (b.rng.randint(2, 3), b.width(), n)
     x = b.linear("x", n, h := b.width())
@@ -295,6 +299,7 @@ def _gated(b: _Builder):
 
 
 def _residual(b: _Builder):
+    """lin, then 1-2 blocks ``x ← x + mlp(norm(x))`` (norm or none), then act → lin."""
     n, d, m = b.width(), b.width(), b.width()
     shape = (b.rng.randint(2, 5), n) if b.rng.random() < 0.5 else (2, b.width(), n)
     x = b.linear("x", n, d)
@@ -455,15 +460,11 @@ def _albert(b: _Builder):
     return shape, 0, b.linear(x, d, b.width())
 
 
-def _outputs(b: _Builder):
-    """An MLP returning a dict or tuple of several values (hidden ones included)."""
-    return _mlp(b)
-
-
 FAMILIES: dict[str, Callable] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "embedding": _embedding, "concat": _concat, "shared": _shared,
-    "albert": _albert, "outputs": _outputs,
+    "albert": _albert,
+    "outputs": _mlp,  # an MLP that generate() always makes return a dict or tuple, hidden values included
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
@@ -502,33 +503,35 @@ def certification_available() -> bool:
 
 
 def derive_claims(graph, certify: bool, catalogue: Mapping | None = None):
-    """``(analysis, certified)``: ``symalg.derive(graph)`` raw, or with ``certify=True`` where ``derive``
-    takes it (``certified`` says whether it did; without it the claims are the raw ones)."""
+    """``(analysis, certified)``: ``symalg.derive(graph, certify=certify)`` where ``derive`` takes
+    ``certify``, else ``symalg.derive(graph)`` (raw claims; ``certified`` says which it was)."""
     from . import derive
 
     options = {} if catalogue is None else {"catalogue": catalogue}
-    if certify and certification_available():
-        return derive(graph, certify=True, **options), True
+    if certification_available():  # pass it either way: derive certifies by default
+        return derive(graph, certify=certify, **options), certify
     return derive(graph, **options), False
 
 
-class _Hang(Exception):
-    """A model ran past the fuzzer's time limit."""
+class _Hang(BaseException):
+    """A model ran past the fuzzer's time limit (a ``BaseException``, like ``KeyboardInterrupt``, so that
+    the ``except Exception`` of fallbacks inside symalg and torch cannot swallow it)."""
 
 
 @contextmanager
 def _time_limit(seconds: float):
-    """Raise :class:`_Hang` after ``seconds`` of wall time (``SIGALRM``; main thread only)."""
+    """Raise :class:`_Hang` after ``seconds`` of this process's CPU time (``SIGPROF``, main thread only):
+    CPU time, not wall time, so that a loaded machine does not turn slow models into hangs."""
     def alarm(signum, frame):
-        raise _Hang(f"over {seconds} s")
+        raise _Hang(f"over {seconds} CPU seconds")
 
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    previous = signal.signal(signal.SIGPROF, alarm)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
 
 
 @dataclass(frozen=True)
@@ -555,6 +558,8 @@ class Failure:
 
 @dataclass
 class FamilyFigures:
+    """One family's counts; ``seconds`` is CPU time (build, trace, derive, check)."""
+
     models: int = 0
     claims: int = 0
     false_claims: int = 0
@@ -601,12 +606,12 @@ class FuzzReport:
         lines = [f"seed {self.seed}: {self.models} models, {self.claims} claims "
                  f"({'certified by derive' if self.certified else 'raw: derive did not certify'}), "
                  f"{len(self.false_claims)} false, {self.refusals} refusals, {len(self.crashes)} crashes, "
-                 f"{len(self.hangs)} hangs, {self.seconds:.1f} s",
+                 f"{len(self.hangs)} hangs, {self.seconds:.1f} s wall",
                  f"{'family':<10} {'models':>6} {'claims':>6} {'false':>5} {'refused':>7} {'crash':>5} {'hang':>4} "
-                 f"{'ms/model':>8}"]
+                 f"{'CPU ms/model':>12}"]
         for name, f in sorted(self.families.items()):
             lines.append(f"{name:<10} {f.models:>6} {f.claims:>6} {f.false_claims:>5} {f.refusals:>7} {f.crashes:>5} "
-                         f"{f.hangs:>4} {1000 * f.seconds / max(f.models, 1):>8.1f}")
+                         f"{f.hangs:>4} {1000 * f.seconds / max(f.models, 1):>12.1f}")
         lines += [f"FALSE {c.case}: {c.claim}: {c.error:.2e} on {c.output!r} under {c.element}" for c in self.false_claims]
         lines += [f"CRASH {c.case}: {c.error} at {c.where}" for c in self.crashes]
         lines += [f"HANG {c.case}: {c.error}" for c in self.hangs]
@@ -640,13 +645,13 @@ def _claim_errors(analysis, draws: int, seed: int) -> list[tuple[str, float, str
     return [(e.symmetry.label, e.error, e.element, e.output) for e in errors]
 
 
-def check_case(case: Case, certify: bool = True, time_limit: float = 10.0, draws: int = 2,
+def check_case(case: Case, certify: bool = True, time_limit: float = 20.0, draws: int = 2,
                catalogue: Mapping | None = None) -> _Outcome:
     """Trace, derive (with ``catalogue`` when given) and check one case; never raises (refusals, crashes
     and hangs are outcomes)."""
     from . import trace
 
-    outcome, start = _Outcome(case.family), time.perf_counter()
+    outcome, start = _Outcome(case.family), time.process_time()
     try:
         with _time_limit(time_limit):
             model, inputs = case.build()
@@ -664,7 +669,7 @@ def check_case(case: Case, certify: bool = True, time_limit: float = 10.0, draws
         frames = traceback.extract_tb(error.__traceback__)[-3:]
         where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in reversed(frames))
         outcome.crash = Failure(case.description, case.family, f"{type(error).__name__}: {error}", where)
-    outcome.seconds = time.perf_counter() - start
+    outcome.seconds = time.process_time() - start
     return outcome
 
 
@@ -674,7 +679,7 @@ def _check_index(arguments) -> _Outcome:
     return check_case(generate(seed, index, family), certify, time_limit, draws)
 
 
-def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, time_limit: float = 10.0,
+def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, time_limit: float = 20.0,
         certify: bool = True, draws: int = 2, workers: int = 1, start: int = 0) -> FuzzReport:
     """Generate ``n_models`` models (indices ``start … start + n_models − 1`` of ``seed``, families in turn)
     and check every claim of each; see the module docstring. ``workers > 1`` checks them in that many
@@ -705,18 +710,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--start", type=int, default=0, help="index of the first model")
     parser.add_argument("--families", default="", help=f"comma-separated, of: {', '.join(FAMILIES)}")
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per model")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="CPU seconds per model")
     parser.add_argument("--draws", type=int, default=2, help="fresh inputs per claim check")
     parser.add_argument("--raw", action="store_true", help="check derive's raw claims (no certification)")
-    parser.add_argument("--show", nargs=2, type=int, metavar=("SEED", "INDEX"),
-                        help="print the source of one model and exit")
+    parser.add_argument("--show", nargs="+", metavar="SEED INDEX [FAMILY]",
+                        help="print the source of one model (generate(SEED, INDEX, FAMILY)) and exit")
     args = parser.parse_args(argv)
     if args.show:
-        print(generate(*args.show).source())
-        return 0
-    families = [f for f in args.families.split(",") if f] or None
-    torch.set_default_dtype(torch.float64)
-    report = run(args.models, args.seed, families, args.time_limit, not args.raw, args.draws, args.workers, args.start)
+        if len(args.show) not in (2, 3) or not all(a.isdigit() for a in args.show[:2]):
+            parser.error("--show takes SEED INDEX [FAMILY] (two integers, then a family name)")
+    try:
+        if args.show:
+            print(generate(int(args.show[0]), int(args.show[1]), *args.show[2:]).source())
+            return 0
+        families = [f for f in args.families.split(",") if f] or None
+        torch.set_default_dtype(torch.float64)
+        report = run(args.models, args.seed, families, args.time_limit, not args.raw, args.draws, args.workers,
+                     args.start)
+    except SpecError as error:
+        parser.error(str(error))
     print(report.summary())
     return int(bool(report.false_claims or report.crashes or report.hangs))
 

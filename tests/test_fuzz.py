@@ -63,6 +63,16 @@ def test_generator_is_reproducible_and_its_source_builds_the_same_model(tmp_path
     assert torch.allclose(script["model"](x), model(x), rtol=0, atol=0)
 
 
+def test_generated_models_trace_with_fx_including_tuple_results():
+    """``o, w = self.m1(x, x, x, ...)`` must not iterate an fx proxy (which sent every MultiheadAttention model
+    to torch.export, where its heads are not seen)."""
+    case = fuzz.generate(0, 1, "mha")
+    assert "needTrue" in case.variant
+    graph = symalg.trace(*case.build())
+    assert graph.tracer == "fx"
+    assert any(graph.graph.nodes[v]["op"] == "multihead_attention" for v in graph.graph)
+
+
 def test_checker_catches_a_false_claim_from_a_wrong_overlay():
     """relu declared linear: GL(h) is claimed on the hidden layer of every relu MLP, and it is false."""
     relu_as_linear = symalg.overlay({"relu": symalg.CatalogueEntry("relu", lambda z: sp.Max(z, 0),
@@ -85,6 +95,20 @@ def test_certification_blocks_the_false_claim_of_a_wrong_overlay():
     assert fuzz.check_case(case, certify=True, catalogue=relu_as_linear).false_claims == []
 
 
+def test_derive_claims_asks_for_raw_claims_explicitly_once_derive_certifies(monkeypatch):
+    """After the certification merge ``derive`` certifies by default: raw claims need ``certify=False``."""
+    calls = []
+
+    def derive(graph, catalogue=None, certify=True):
+        calls.append(certify)
+        return "analysis"
+
+    monkeypatch.setattr(symalg, "derive", derive)
+    assert fuzz.derive_claims("graph", certify=False) == ("analysis", False)
+    assert fuzz.derive_claims("graph", certify=True) == ("analysis", True)
+    assert calls == [False, True]
+
+
 def test_refusals_crashes_and_hangs_are_outcomes_not_exceptions():
     linear = (("m0", Layer("Linear", (3, 4))),)
     step = (Step("h0", "layer", ("x",), (("layer", "m0"),)),)
@@ -102,6 +126,18 @@ def test_refusals_crashes_and_hangs_are_outcomes_not_exceptions():
 def test_run_rejects_unknown_families():
     with pytest.raises(symalg.SpecError, match="'nope'"):
         fuzz.run(1, families=["nope"])
+
+
+def test_command_line_prints_figures_and_sources(capsys):
+    status = fuzz.main(["--models", "2", "--families", "mlp", "--raw", "--start", "5"])
+    out = capsys.readouterr().out
+    assert status == int(any(line.startswith(("FALSE", "CRASH", "HANG")) for line in out.splitlines()))
+    assert out.startswith("seed 0: 2 models") and "raw: derive did not certify" in out and "\nmlp " in out
+    assert fuzz.main(["--show", "0", "152", "concat"]) == 0
+    assert capsys.readouterr().out == fuzz.generate(0, 152, "concat").source() + "\n"
+    with pytest.raises(SystemExit):
+        fuzz.main(["--show", "0", "1", "nope"])
+    assert "unknown family 'nope'" in capsys.readouterr().err
 
 
 def _assert_sound(report: fuzz.FuzzReport) -> None:
