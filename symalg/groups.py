@@ -137,11 +137,16 @@ class SiteGroup:
     def random_algebra_element(self, scale: float, generator: torch.Generator | None = None,
                                dtype=torch.float64, device="cpu") -> torch.Tensor:
         """A random Lie-algebra element with operator norm about ``scale``."""
-        basis = self.algebra_basis(dtype, device)
-        coefficients = torch.randn(basis.shape[0], generator=generator, dtype=dtype).to(device)
-        element = torch.tensordot(coefficients, basis, dims=1)
+        element = self._gaussian_combination(generator, dtype, device)
         norm = torch.linalg.matrix_norm(element, ord=2) if element.dim() == 2 else element.abs().max()
         return element * (scale / norm)
+
+    def _gaussian_combination(self, generator, dtype, device) -> torch.Tensor:
+        """``Σ_k c_k B_k`` over the algebra basis with ``c_k ~ N(0, 1)``; matrix groups override it to draw the
+        same element without stacking their ``dim·h²``-entry basis."""
+        basis = self.algebra_basis(dtype, device)
+        coefficients = torch.randn(basis.shape[0], generator=generator, dtype=dtype).to(device)
+        return torch.tensordot(coefficients, basis, dims=1)
 
     # -- representation -------------------------------------------------------------------------
     def rep(self, g: torch.Tensor) -> torch.Tensor:
@@ -277,6 +282,10 @@ class GeneralLinear(SiteGroup):
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis + basis.transpose(1, 2) - torch.diag_embed(torch.diagonal(basis, dim1=1, dim2=2))
 
+    def _gaussian_combination(self, generator, dtype, device):
+        h = _concrete(self.width)  # basis E_ij in row-major order: the coefficients are the entries
+        return torch.randn(h * h, generator=generator, dtype=dtype).to(device).reshape(h, h)
+
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
         return [_reflection(_concrete(self.width), dtype, device)]
 
@@ -308,6 +317,13 @@ class Orthogonal(SiteGroup):
         basis = torch.zeros(len(rows), h, h, dtype=dtype, device=device)
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis - basis.transpose(1, 2)
+
+    def _gaussian_combination(self, generator, dtype, device):
+        h = _concrete(self.width)  # basis E_ij − E_ji, i < j, in row-major order
+        rows, cols = torch.triu_indices(h, h, offset=1)
+        upper = torch.zeros(h, h, dtype=dtype)
+        upper[rows, cols] = torch.randn(len(rows), generator=generator, dtype=dtype)
+        return (upper - upper.T).to(device)
 
     def rep_inverse(self, g):
         return g.transpose(-1, -2)
@@ -368,6 +384,11 @@ class OrthogonalFixingOnes(Orthogonal):
         h = _concrete(self.width)
         P = _ones_complement(h, dtype, device)
         return P @ Orthogonal(h - 1).algebra_basis(dtype, device) @ P.T
+
+    def _gaussian_combination(self, generator, dtype, device):
+        h = _concrete(self.width)
+        P = _ones_complement(h, dtype, device)
+        return P @ Orthogonal(h - 1)._gaussian_combination(generator, dtype, device) @ P.T
 
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
         h = _concrete(self.width)

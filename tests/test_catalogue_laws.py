@@ -453,3 +453,22 @@ def test_tangent_is_derivative_of_action(op, bias, index):
             analytic = tangent[name][i] if name in tangent else torch.zeros_like(numeric)
             assert (numeric - analytic).abs().max().item() <= 1e-8 * max(1.0, params[name].abs().max().item()), \
                 f"{symmetry.label}, generator {i}, {name}"
+
+
+@pytest.mark.parametrize("group", [symalg.groups.GeneralLinear(4), Orthogonal(5), symalg.groups.OrthogonalFixingOnes(5),
+                                   symalg.groups.PositiveScaling(3)], ids=lambda g: g.name)
+def test_random_algebra_element_is_the_gaussian_combination_of_the_basis(group):
+    # Matrix groups draw it without stacking their dim·h²-entry basis (GL(768) needs 3·10¹¹ entries); the draw
+    # is the same combination Σ c_k B_k, c_k ~ N(0, 1), as over the basis.
+    direct = group.random_algebra_element(1.0, torch.Generator().manual_seed(7))
+    basis = group.algebra_basis()
+    coefficients = torch.randn(basis.shape[0], generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    combination = torch.tensordot(coefficients, basis, dims=1)
+    norm = torch.linalg.matrix_norm(combination, ord=2) if combination.dim() == 2 else combination.abs().max()
+    assert torch.allclose(direct, combination / norm, atol=1e-14)
+    group.check_algebra_element(direct)
+
+
+def test_random_algebra_element_of_a_wide_group_needs_no_basis():
+    M = symalg.groups.GeneralLinear(768).random_algebra_element(1.0, torch.Generator().manual_seed(0))
+    assert M.shape == (768, 768) and abs(torch.linalg.matrix_norm(M, ord=2).item() - 1.0) < 1e-12
