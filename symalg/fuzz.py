@@ -28,7 +28,6 @@ Command line::
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import multiprocessing
 import random
@@ -47,7 +46,7 @@ from torch import nn
 from .certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 from .graph import SpecError
 
-__all__ = ["Case", "FAMILIES", "FuzzReport", "certification_available", "check_case", "derive_claims", "generate",
+__all__ = ["Case", "FAMILIES", "FuzzReport", "check_case", "derive_claims", "generate",
            "main", "run"]
 
 
@@ -136,6 +135,20 @@ class FuzzModel(nn.Module):
         return tuple(env[name] for name in names) if kind == "tuple" else env[names[0]]
 
 
+
+def randomize(model: nn.Module) -> nn.Module:
+    """The fuzzer's values, in place: parameters ``N(0, 0.7²)`` (norm gains included, so no gain is 1),
+    running means ``N(0, 1)``, running variances ``U(0.5, 2)`` (eval-mode norms are not the identity)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            nn.init.normal_(p, std=0.7)
+        for name, b in model.named_buffers():
+            if name.endswith("running_mean"):
+                b.normal_()
+            elif name.endswith("running_var"):
+                b.uniform_(0.5, 2.0)
+    return model
+
 @dataclass(frozen=True)
 class Case:
     """One generated model: ``family``, its layers and program, its input, and the torch seed its values
@@ -160,15 +173,7 @@ class Case:
         """``(model, (x,))`` in float64; the global torch seed is left as it was."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.torch_seed)
-            model = FuzzModel(self.layers, self.steps, self.output).double()
-            with torch.no_grad():
-                for p in model.parameters():
-                    nn.init.normal_(p, std=0.7)
-                for name, b in model.named_buffers():
-                    if name.endswith("running_mean"):
-                        b.normal_()
-                    elif name.endswith("running_var"):
-                        b.uniform_(0.5, 2.0)
+            model = randomize(FuzzModel(self.layers, self.steps, self.output).double())
             for name, layer in self.layers:
                 getattr(model, name).train(layer.train)
             x = (torch.randint(0, self.vocab, self.input_shape) if self.vocab
@@ -495,22 +500,12 @@ def generate(seed: int, index: int, family: str | None = None) -> Case:
 # ---------------------------------------------------------------------------------------------------
 # Running and checking.
 
-def certification_available() -> bool:
-    """Whether ``symalg.derive`` takes ``certify`` (checks its claims numerically before it makes them)."""
-    from . import derive
-
-    return "certify" in inspect.signature(derive).parameters
-
-
 def derive_claims(graph, certify: bool, catalogue: Mapping | None = None):
-    """``(analysis, certified)``: ``symalg.derive(graph, certify=certify)`` where ``derive`` takes
-    ``certify``, else ``symalg.derive(graph)`` (raw claims; ``certified`` says which it was)."""
+    """``symalg.derive(graph, certify=certify)``: raw inferred claims with ``certify=False`` (the inference
+    rules' own error rate), the claims derive reports with ``certify=True``."""
     from . import derive
 
-    options = {} if catalogue is None else {"catalogue": catalogue}
-    if certification_available():  # pass it either way: derive certifies by default
-        return derive(graph, certify=certify, **options), certify
-    return derive(graph, **options), False
+    return derive(graph, certify=certify, **({} if catalogue is None else {"catalogue": catalogue}))
 
 
 class _Hang(BaseException):
@@ -655,7 +650,7 @@ def check_case(case: Case, certify: bool = True, time_limit: float = 20.0, draws
     try:
         with _time_limit(time_limit):
             model, inputs = case.build()
-            analysis, outcome.certified = derive_claims(trace(model, inputs), certify, catalogue)
+            analysis, outcome.certified = derive_claims(trace(model, inputs), certify, catalogue), certify
             # seeded apart from derive's own certification, so the check draws other elements and inputs
             errors = _claim_errors(analysis, draws, 1 + case.index)
         outcome.claims = len(errors)

@@ -11,10 +11,6 @@ from symalg.catalogue import declare_linear
 from symalg.fuzz import Case, Layer, Step
 
 
-needs_certification = pytest.mark.skipif(not fuzz.certification_available(),
-                                         reason="symalg.derive does not certify claims yet (certify=True)")
-
-
 def _issue_patterns(case: Case) -> set[str]:
     """The issue-12 reproductions a case contains."""
     layers = {name: layer for name, layer in case.layers}
@@ -87,7 +83,6 @@ def test_checker_catches_a_false_claim_from_a_wrong_overlay():
     assert wrong.false_claims[0].error > 1e-2
 
 
-@needs_certification
 def test_certification_blocks_the_false_claim_of_a_wrong_overlay():
     relu_as_linear = symalg.overlay({"relu": symalg.CatalogueEntry("relu", lambda z: sp.Max(z, 0),
                                                                    declare_linear())})
@@ -95,18 +90,11 @@ def test_certification_blocks_the_false_claim_of_a_wrong_overlay():
     assert fuzz.check_case(case, certify=True, catalogue=relu_as_linear).false_claims == []
 
 
-def test_derive_claims_asks_for_raw_claims_explicitly_once_derive_certifies(monkeypatch):
-    """After the certification merge ``derive`` certifies by default: raw claims need ``certify=False``."""
-    calls = []
-
-    def derive(graph, catalogue=None, certify=True):
-        calls.append(certify)
-        return "analysis"
-
-    monkeypatch.setattr(symalg, "derive", derive)
-    assert fuzz.derive_claims("graph", certify=False) == ("analysis", False)
-    assert fuzz.derive_claims("graph", certify=True) == ("analysis", True)
-    assert calls == [False, True]
+def test_derive_claims_gives_raw_or_certified_claims():
+    model, inputs = fuzz.generate(0, 0, "mlp").build()
+    graph = symalg.trace(model, inputs)
+    assert fuzz.derive_claims(graph, certify=False).certification is None
+    assert fuzz.derive_claims(graph, certify=True).certification is not None
 
 
 def test_refusals_crashes_and_hangs_are_outcomes_not_exceptions():
@@ -155,13 +143,11 @@ def test_quick_tier_no_crashes_or_hangs():
     assert report.crashes == [] and report.hangs == [], report.summary()
 
 
-@needs_certification
 def test_quick_tier_certified_claims_hold():
     _assert_sound(fuzz.run(8 * len(fuzz.FAMILIES), seed=1, certify=True))
 
 
 @pytest.mark.slow
-@needs_certification
 def test_slow_tier_ten_thousand_models():
     report = fuzz.run(10_000, seed=0, certify=True, workers=2)
     assert report.models == 10_000
