@@ -361,11 +361,15 @@ def _pooling(b: _Builder):
     two_d = rng.random() < 0.4
     dim = "2d" if two_d else "1d"
     shape = (rng.randint(2, 3), c_in) + ((4, 4) if two_d else (rng.randint(4, 6),))
-    x = b.act(b.call(b.add(f"Conv{dim}", c_in, c, rng.choice([1, 2]), bias=rng.random() < 0.8), "x"))
+    kernel = rng.choice([1, 2])
+    x = b.act(b.call(b.add(f"Conv{dim}", c_in, c, kernel, bias=rng.random() < 0.8), "x"))
     pool = rng.choice([("MaxPool", (2,)), ("AvgPool", (2,)), ("AdaptiveAvgPool", (1,)), ("AdaptiveMaxPool", (1,))])
     b.variant.append(pool[0])
     x = b.op("flatten", b.call(b.add(pool[0] + dim, *pool[1]), x))
-    return shape, 0, x
+    if rng.random() < 0.25:  # the pooled channels are the output: nothing may move them
+        return shape, 0, x
+    positions = 1 if pool[0].startswith("Adaptive") else ((shape[2] - kernel + 1) // 2) ** (2 if two_d else 1)
+    return shape, 0, b.linear(x, c * positions, b.width())  # a head reads the channels: scalings may pass
 
 
 def _mha(b: _Builder):
