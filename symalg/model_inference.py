@@ -371,7 +371,9 @@ def _solve(state: Inference) -> ModelSites:
         bindings = tuple(b for site in members for b in site.bindings)
         translations = tuple(t for site in members for t in site.translations
                              if t[0] in allowed and _owned(state, t[1], t[2].parameters))
-        shifts = tuple(t for site in members for t in site.shifts)
+        # tied sites binding the same region (a group norm's group and group-permutation sites when a group has
+        # one channel) record its reader's shift once each: the bias absorbs it once
+        shifts = tuple(dict.fromkeys(t for site in members for t in site.shifts))
         if "SF" in allowed and not all(_owned(state, node, (bias, column.tensor)) for bias, column, _, node in shifts):
             allowed.discard("SF")
             restrictions.append(Blocked(shifts[0][3], name, "SF removed: a bias absorbing a sign flip's shift is shared"))

@@ -854,7 +854,8 @@ def _split_into_groups(state: Inference, node, site_id: int, groups: int, n: int
                                             if t[0] == "T" and t[2].regions[0].start == g * n)
         state.restrict(sub, {"O1", "S", "T"}, node, where)
         segments.append(Segment(sub, g * n, n, 1, Fraction(0), frozenset({"T"})))
-    whole = state.new_site(node, groups, [b.coarsen(n) for b in original.bindings], name=f"{node}.groups", allowed={"S"})
+    whole = state.new_site(node, groups, [b.coarsen(n) for b in original.bindings], name=f"{node}.groups",
+                           allowed={"S"} & original.allowed)  # e.g. a depthwise conv of data cannot permute
     return tuple(segments) + (Segment(whole, 0, groups, n),)
 
 

@@ -14,7 +14,8 @@ from symalg.fuzz import randomize
 
 
 def certified(model, *inputs, running_statistics=False):
-    """Derive ``model`` (float64) traced with ``inputs``; assert every claim keeps every output."""
+    """Derive ``model`` (float64) traced with ``inputs`` without certification (the inference rules alone);
+    assert every claim keeps every output."""
     model = model.double()
     if running_statistics:
         model.eval()
@@ -23,7 +24,7 @@ def certified(model, *inputs, running_statistics=False):
                 with torch.no_grad():
                     module.running_mean.normal_()
                     module.running_var.uniform_(0.5, 2.0)
-    analysis = symalg.derive(symalg.trace(model, inputs))
+    analysis = symalg.derive(symalg.trace(model, inputs), certify=False)
     errors = claim_errors(analysis)
     assert [str(e) for e in errors if not e.holds] == []
     return analysis
@@ -229,7 +230,8 @@ class CatLogits(nn.Module):
 def test_softmax_after_cat_claims_no_per_slice_shift(loss):
     # softmax(z + c·[1, 0]) ≠ softmax(z): only a shift of every slice together would cancel.
     model = CatLogits(softmax=loss == "softmax").double()
-    analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3),)), loss="mse" if loss == "softmax" else loss)
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3),)), loss="mse" if loss == "softmax" else loss,
+                             certify=False)
     assert [str(e) for e in claim_errors(analysis) if not e.holds] == []
     assert claims(analysis) == []
     node = "softmax" if loss == "softmax" else "output"
@@ -361,6 +363,39 @@ def test_fuzz_f6_group_norm_then_eval_batch_norm():
     model = Model()
     analysis = fuzzed(model, torch.randn(2, 5, 6), eval_modules=(model.m2,))
     assert claims(analysis) == [(f"m0.group{g}", "Translations(1, bias)") for g in range(3)] + [("m1.groups", "S(3)")]
+
+
+def test_fuzz_group_norm_groups_of_a_depthwise_convolution_of_data_do_not_permute():
+    # symalg.fuzz.generate(0, 6348, "conv"): the depthwise conv reads data, so permuting its channels (the
+    # group norm's whole groups) changes which input channel each reads
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m0, self.m1 = nn.Conv2d(2, 2, 1, padding=1, groups=2), nn.GroupNorm(2, 2, affine=False)
+            self.m2, self.m3 = nn.BatchNorm2d(2), nn.Conv2d(2, 2, 1)
+
+        def forward(self, x):
+            return self.m3(nn.functional.leaky_relu(self.m2(self.m1(self.m0(x))))).flatten(1)
+
+    analysis = fuzzed(Model(), torch.randn(3, 2, 4, 4))
+    assert not any(site == "m1.groups" for site, _ in claims(analysis))
+    assert ("m2", "PositiveScaling(2, alpha=1)") in claims(analysis)
+
+
+def test_fuzz_sigmoid_flip_after_a_one_channel_group_norm_shifts_the_bias_once():
+    # symalg.fuzz.generate(0, 7622, "conv"): with one channel, the group's site and the group-permutation site
+    # bind the same region and are tied; the reader's bias absorbed the flip's shift once per site (twice)
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m0, self.m1 = nn.Conv2d(1, 1, 1, padding="same"), nn.GroupNorm(1, 1, affine=False)
+            self.m2, self.m3 = nn.BatchNorm2d(1), nn.Conv2d(1, 3, 1)
+
+        def forward(self, x):
+            return self.m3(torch.sigmoid(self.m2(self.m1(self.m0(x))))).flatten(1)
+
+    analysis = fuzzed(Model(), torch.randn(3, 1, 4, 4))
+    assert ("m2", "SignFlips(1, center=1/2)") in claims(analysis)
 
 
 class FunctionalNorm(nn.Module):
