@@ -172,7 +172,7 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
             touched = {t for symmetry, _ in group_elements for t in symmetry.tensors}
             moved = {k: v.clone() if k in touched else v for k, v in state.items()}  # one copy, moved in place
             for symmetry, (_, g) in group_elements:
-                moved = symmetry.apply(moved, g, inplace=True)
+                moved = symmetry.apply(moved, g, inplace=True, checked=False)  # g from sample_elements
             return output_change(_forward(model, moved, x, parameters, seed + draw), reference, cross_entropy)
 
         for r in range(rounds):

@@ -203,16 +203,19 @@ class ModelSymmetry:
         return [b for b in self.bindings if not (isinstance(self.group, PositiveScaling) and b.power == 0)]
 
     def apply(self, params: Mapping[str, torch.Tensor], g: torch.Tensor,
-              inplace: bool = False) -> dict[str, torch.Tensor]:
+              inplace: bool = False, checked: bool = True) -> dict[str, torch.Tensor]:
         """Parameters (and buffers) moved by the group element ``g``; untouched tensors are shared.
 
         ``g`` is checked to be an element of the group (:meth:`~symalg.groups.SiteGroup.check_element`:
-        shape, finiteness, membership); anything else raises ``ValueError`` naming the group. With
-        ``inplace`` the moved regions are written into the tensors of ``params`` (the caller's own copies)
-        instead of into fresh copies: composing many claims on a large model (certification) then copies
-        each tensor once, not once per claim.
+        shape, finiteness, membership); anything else raises ``ValueError`` naming the group.
+        ``checked=False`` skips that check for elements the group made itself
+        (:func:`~symalg.certification.sample_elements`: for a 3072-wide permutation the check costs more than
+        the move). With ``inplace`` the moved regions are written into the tensors of ``params`` (the
+        caller's own copies) instead of into fresh copies: composing many claims on a large model
+        (certification) then copies each tensor once, not once per claim.
         """
-        self.group.check_element(g)
+        if checked:
+            self.group.check_element(g)
         moved = dict(params)
         if isinstance(self.group, Translations):
             for index, direction in enumerate(self._basis(params)):
