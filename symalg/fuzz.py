@@ -520,12 +520,13 @@ class _Hang(BaseException):
 @contextmanager
 def _time_limit(seconds: float):
     """Raise :class:`_Hang` after ``seconds`` of this process's CPU time (``SIGPROF``, main thread only):
-    CPU time, not wall time, so that a loaded machine does not turn slow models into hangs."""
+    CPU time, not wall time, so that a loaded machine does not turn slow models into hangs. The timer
+    repeats every ``seconds``: a library that catches every exception may swallow one signal, not all."""
     def alarm(signum, frame):
         raise _Hang(f"over {seconds} CPU seconds")
 
     previous = signal.signal(signal.SIGPROF, alarm)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    signal.setitimer(signal.ITIMER_PROF, seconds, seconds)
     try:
         yield
     finally:
