@@ -37,7 +37,7 @@ from .groups import GeneralLinear, Orthogonal, SignFlips
 from .outputs import output_tensors
 from .verification import relative_error
 
-__all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "claim_errors", "fresh_inputs", "output_change", "sample_elements"]
+__all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "assert_claims_hold", "claim_errors", "fresh_inputs", "output_change", "sample_elements"]
 
 CERTIFICATION_TOLERANCE = 1e-8
 """Largest relative change of any output (float64) a certified claim may cause; false claims found by
@@ -188,3 +188,11 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
                 if error > worst[id(symmetry)].error:
                     worst[id(symmetry)] = ClaimError(symmetry, error, element[0], output)
     return [worst[id(s)] for s in symmetries]
+
+
+def assert_claims_hold(analysis, **options) -> None:
+    """Raise ``AssertionError`` listing every claim of ``analysis`` that changes an output
+    (:func:`claim_errors` with ``options``); for tests of inference rules, on ``derive(..., certify=False)``."""
+    failures = [str(e) for e in claim_errors(analysis, **options) if not e.holds]
+    if failures:
+        raise AssertionError("claims that change an output: " + "; ".join(failures))

@@ -10,7 +10,7 @@ from torch import nn
 
 import symalg
 from symalg import op_rules
-from symalg.certification import CERTIFICATION_TOLERANCE, sample_elements
+from symalg.certification import CERTIFICATION_TOLERANCE, assert_claims_hold, sample_elements
 from symalg.model_derive import derive_model
 from symalg.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
 
@@ -38,6 +38,8 @@ def test_a_false_claim_is_claimed_without_certification_and_fails_verify(monkeyp
     assert "not checked numerically" in str(analysis)
     report = symalg.verify(analysis)
     assert [c.check for c in report.failures] == ["invariance", "gradient_orthogonality", "gd_drift", "gradient_flow"]
+    with pytest.raises(AssertionError, match=r"GL\(4\) on fc1: relative error"):
+        assert_claims_hold(analysis)  # the helper the false-claim tests rest on fails on it
 
 
 def test_a_false_claim_is_blocked_with_its_measured_error_and_disappears_everywhere(monkeypatch):
