@@ -1,7 +1,7 @@
 """Time of counting conservation laws from the Lie algebra of the gradient fields (a script, not a test).
 
 For every architecture of the grid, at one well-conditioned random point θ
-(``symalg.conservation_laws.random_point``, seed ``--seed``):
+(``symalg.applications.conservation_laws.random_point``, seed ``--seed``):
 
 * ``symmetries``  symalg's count of functionally independent conserved quantities:
                   ``symalg.derive`` + ``Analysis.independent_conserved(θ)`` (SymPy checks are cached per
@@ -66,7 +66,7 @@ def run_one(widths, activation: str, bias: bool, seed: int) -> dict:
     import torch
 
     import symalg
-    from symalg.conservation_laws import _architecture, count_conservation_laws, random_point
+    from symalg.applications.conservation_laws import _architecture, count_conservation_laws, random_point
 
     arch = _architecture(list(widths), activation, bias)
     params = random_point(arch, torch.Generator().manual_seed(seed))

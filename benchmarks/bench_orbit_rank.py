@@ -10,7 +10,7 @@ Models (float32 as built by torch; both methods compute in float64):
 
 For each model and method, one fresh process warms the method up on a width-2 network (the first
 ``torch.func`` call of a process costs about a second), builds the model, traces and derives it
-(timed apart), then times ``symalg.orbit_rank.model_orbit_dimension(analysis, method=...)`` with
+(timed apart), then times ``symalg.numeric.orbit_rank.model_orbit_dimension(analysis, method=...)`` with
 ``time.perf_counter``. Memory is the growth of the process's peak RSS (``ru_maxrss``) over its value
 just before the call: ``tracemalloc`` does not see torch's tensor storage, which is where the memory
 goes. The dense baseline (``torch.func.jacfwd`` Jacobian of the whole action, ``P × Σ dim g``, then
@@ -72,7 +72,7 @@ def child(kind: str, width: int, activation: str, method: str, dense_max_gib: fl
     import torch
 
     import symalg
-    from symalg.orbit_rank import model_orbit_dimension
+    from symalg.numeric.orbit_rank import model_orbit_dimension
 
     if threads:
         torch.set_num_threads(threads)

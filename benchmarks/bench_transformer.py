@@ -15,7 +15,7 @@ Stages, each timed on its own with ``time.perf_counter``:
                  median of 20 passes after 3 warm-up passes; ``first`` = the very first pass)
 * ``trace``      ``symalg.trace(model, (x,))`` (torch.fx + shape propagation)
 * ``derive``     ``symalg.derive(graph, certify=False)`` (site inference, groups, bindings)
-* ``certify``    ``symalg.certification.claim_errors(analysis)``: the numerical certification that
+* ``certify``    ``symalg.verification.certification.claim_errors(analysis)``: the numerical certification that
                  ``symalg.derive(graph)`` adds by default (float64 copy of the model, fresh inputs,
                  every claim's test elements); reported as a ratio against ``trace + derive``
 * ``conserved``  ``[s.conserved for s in analysis.symmetries]`` (building the SymPy expressions)
@@ -130,7 +130,7 @@ def child(layers: int, d_model: int, heads: int, batch: int, seq: int, mode: str
     import torch
 
     import symalg
-    from symalg.certification import claim_errors
+    from symalg.verification.certification import claim_errors
 
     model = build_model(layers, d_model, heads)
     x = torch.randn(batch, seq, d_model, generator=torch.Generator().manual_seed(1))

@@ -20,9 +20,9 @@ import time
 import sympy as sp
 import torch
 
-from symalg.conjugated import (ConjugatedAction, booth, check_transitivity, ellipse, lower_components, matrix_exp,
+from symalg.applications.conjugated import (ConjugatedAction, booth, check_transitivity, ellipse, lower_components, matrix_exp,
                                quadratic_form, rosenbrock)
-from symalg.groups import Orthogonal, OrthogonalFixingOnes
+from symalg.catalogue.groups import Orthogonal, OrthogonalFixingOnes
 
 
 def main() -> None:

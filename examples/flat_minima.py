@@ -1,6 +1,6 @@
 """Flat minima: Hessian null-space dimension against orbit dimension, at constructed and trained minima.
 
-For each model the script reaches a minimum, then runs :func:`symalg.flat_minima.flat_minimum`, which
+For each model the script reaches a minimum, then runs :func:`symalg.applications.flat_minima.flat_minimum`, which
 derives the model's symmetries, takes the orbit's tangents ``t = M·θ`` (rank = orbit dimension),
 measures ``dim ker H`` (dense eigendecomposition, or Hessian-vector products only for the large model)
 and checks ``‖H t‖ ≤ rtol·‖H‖‖t‖``. The table lists
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import symalg
-from symalg.flat_minima import flat_minimum, linear_teacher_minimum, train_to_minimum
+from symalg.applications.flat_minima import flat_minimum, linear_teacher_minimum, train_to_minimum
 
 
 def gaussian(generator, *shape):

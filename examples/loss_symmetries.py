@@ -21,8 +21,8 @@ import argparse
 import torch
 
 import symalg
-from symalg.conjugated import matrix_exp
-from symalg.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, barlow_twins_loss, gaussian_expectation,
+from symalg.applications.conjugated import matrix_exp
+from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, barlow_twins_loss, gaussian_expectation,
                                     info_nce_loss, moments, paired_monte_carlo, spectral_contrastive_loss, two_view_loss)
 
 

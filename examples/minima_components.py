@@ -39,7 +39,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from symalg import minima_geometry as mg  # noqa: E402
+from symalg.applications import minima_geometry as mg  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "output"
 

@@ -37,8 +37,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 import symalg  # noqa: E402
-from symalg import minima_geometry as mg  # noqa: E402
-from symalg.numeric import mse_loss  # noqa: E402
+from symalg.applications import minima_geometry as mg  # noqa: E402
+from symalg.numeric.sampling import mse_loss  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "output"
 F64 = torch.float64

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from symalg.nonlinear_actions import (DataDependentAction, FeedForward, FrameCocycle, check_cocycle,
+from symalg.applications.nonlinear_actions import (DataDependentAction, FeedForward, FrameCocycle, check_cocycle,
                                       lipschitz_bounds, random_gl, spherical_frame, two_layer_action)
-from symalg.teleport_actions import ApproximateTeleport, ExactTeleport, leaky_relu, measure_action
+from symalg.applications.teleport_actions import ApproximateTeleport, ExactTeleport, leaky_relu, measure_action
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "leaky_relu(0.1)": lambda z: F.leaky_relu(z, 0.1),
                "gelu": F.gelu, "softplus": F.softplus}

@@ -19,7 +19,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from symalg.ensembles import (evaluate_robustness, independent_ensemble, per_input_symmetry_ensemble,
+from symalg.applications.ensembles import (evaluate_robustness, independent_ensemble, per_input_symmetry_ensemble,
                               perturbation_ensemble, symmetry_ensemble)
 
 matplotlib.use("Agg")

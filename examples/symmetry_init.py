@@ -3,7 +3,7 @@ that does to gradient descent and to the minimum it reaches.
 
 Task: scikit-learn's digits as a regression (standardised 8×8 images → one-hot labels, loss
 ``½ mean ‖f(x) − y‖²``), 1200 training and 597 test images. Models (float64, torch's default
-initialisation, then moved along the orbit by :func:`symalg.symmetry_init.set_conserved`):
+initialisation, then moved along the orbit by :func:`symalg.applications.symmetry_init.set_conserved`):
 
 * ``linear``: 64 → 10 → 10 → 10 with identity activations (two ``GL(10)`` sites; ``C_k = λI``);
 * ``relu``:   64 → 32 → 32 → 10 with ReLU (two positive-scaling sites of 32 neurons; ``q_k = λ·1``).
@@ -39,8 +39,8 @@ from torch import nn
 from torch.func import functional_call
 
 import symalg
-from symalg.flat_minima import model_loss
-from symalg.symmetry_init import hessian_trace, set_conserved, top_hessian_eigenvalue
+from symalg.applications.flat_minima import model_loss
+from symalg.applications.symmetry_init import hessian_trace, set_conserved, top_hessian_eigenvalue
 
 LEARNING_RATE = {"linear": 0.05, "relu": 0.05}
 """Step size of the ``fixed`` protocol (``2/η = 40``; the balanced initialisations have ``λ_max ≈ 2.5–3``)."""

@@ -26,8 +26,8 @@ import torch
 from torch.nn import functional as F
 
 import symalg
-from symalg.teleport import GradNorm, MetricGradNorm, Teleporter, as_action, optimizer_metric
-from symalg.teleport_optim import Schedule, TeleportingOptimizer, model_loss
+from symalg.applications.teleport import GradNorm, MetricGradNorm, Teleporter, as_action, optimizer_metric
+from symalg.applications.teleport_optim import Schedule, TeleportingOptimizer, model_loss
 from teleport_common import batches, classifier, digits, parse_args, tokens
 
 matplotlib.use("Agg")

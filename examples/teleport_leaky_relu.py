@@ -17,7 +17,7 @@ pairs; the trajectories are deterministic, only the clock varies), then the medi
 
 The action is the dissertation's: LeakyReLU's only exact linear symmetries are positive scalings and
 permutations, so Ch. 4 uses the data-dependent ``GL(d)`` action of eq. 4.13 for bijective activations on each pair
-of adjacent layers (``symalg.teleport_actions.ExactTeleport`` at both hidden sites, widths 6 and 7, 85
+of adjacent layers (``symalg.applications.teleport_actions.ExactTeleport`` at both hidden sites, widths 6 and 7, 85
 coordinates). With batch 4 ≤ the layer's input width it keeps the loss on the batch exactly. ``complete=True``
 adds back ``W̃(I − hh⁺)``: without it ``c = 0`` is not the identity (it projects the weights onto the data span);
 completed it is a group action. Other differences: ``g = exp(T)`` (exact, composed) instead of ``I + T``, and each
@@ -41,10 +41,10 @@ import matplotlib
 import torch
 from torch import nn
 
-from symalg.nonlinear_actions import FeedForward
-from symalg.teleport import (FunctionAction, GradNorm, MetricGradNorm, TeleportResult, Teleporter, as_action,
+from symalg.applications.nonlinear_actions import FeedForward
+from symalg.applications.teleport import (FunctionAction, GradNorm, MetricGradNorm, TeleportResult, Teleporter, as_action,
                              optimizer_metric)
-from symalg.teleport_actions import ExactTeleport
+from symalg.applications.teleport_actions import ExactTeleport
 from teleport_common import parse_args, tokens
 
 matplotlib.use("Agg")

@@ -5,10 +5,10 @@ Models: the 64 → 16 → 10 → 10 LeakyReLU(0.1) classifier of Sec. 5.2.3, tra
 learning rates (0.01, 0.03, 0.1), batch sizes (8, 32, 128) and epochs (4, 8), float64. Measures at the trained
 parameters, on the training set:
 
-* sharpness: ``symalg.teleport.Sharpness`` (eq. 5.1 less the loss) with the dissertation's displacements
+* sharpness: ``symalg.applications.teleport.Sharpness`` (eq. 5.1 less the loss) with the dissertation's displacements
   ``T = 0.001, 0.011, …, 0.191`` and ``|D|`` = 50 antithetic direction pairs (200 in the dissertation; 10 and
   6 models with ``--quick``);
-* curvature: ``symalg.teleport.Curvature`` (eq. 5.2) averaged over 8 random curves ``exp(tM)·θ`` of the exact
+* curvature: ``symalg.applications.teleport.Curvature`` (eq. 5.2) averaged over 8 random curves ``exp(tM)·θ`` of the exact
   symmetries symalg derives (positive scalings of the LeakyReLU sites, logit translations); the dissertation
   used ``k = 1`` curve of its data-dependent ``GL`` action.
 
@@ -26,7 +26,7 @@ from scipy import stats
 from torch.nn import functional as F
 
 import symalg
-from symalg.teleport import Curvature, Sharpness, as_action
+from symalg.applications.teleport import Curvature, Sharpness, as_action
 from teleport_common import batches, classifier, digits, parse_args, tokens
 
 matplotlib.use("Agg")

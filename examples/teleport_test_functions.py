@@ -2,10 +2,10 @@
 
 Dissertation Sec. 4.6.1 (Fig. 4.3/4.4): each test function ``f = ‖h(x)‖²`` has the conjugated ``O(n)`` action
 ``g·x = h⁻¹(g h(x))`` (``symalg.conjugated``), transitive on level sets. Every ``--every`` GD steps the point is
-teleported to maximise ``‖∇f‖²`` on its level set (``symalg.teleport.teleport``, ``GradNorm``, backtracking).
+teleported to maximise ``‖∇f‖²`` on its level set (``symalg.applications.teleport.teleport``, ``GradNorm``, backtracking).
 
 Closed form of the objective on the level set (parametrisation ``f(x) = (x − c)ᵀA(x − c)`` of
-``symalg.conjugated.quadratic_form``; Booth is ``A = BᵀB``, ``B = [[1, 2], [2, 1]]``, eigenvalues 9 and 1):
+``symalg.applications.conjugated.quadratic_form``; Booth is ``A = BᵀB``, ``B = [[1, 2], [2, 1]]``, eigenvalues 9 and 1):
 ``‖∇f‖² = 4‖A(x − c)‖²`` ranges over ``[4λ_min ℓ, 4λ_max ℓ]`` on ``{f = ℓ}`` (Lagrange: ``A²u = μAu`` gives
 eigenvectors, value ``4μℓ``). Every teleport's result is divided by ``4λ_max ℓ`` at its own level ``ℓ``.
 Rosenbrock has no closed form: the reference is the maximum of a dense scan of the whole orbit
@@ -22,8 +22,8 @@ import time
 import matplotlib
 import torch
 
-from symalg.conjugated import booth, quadratic_form, rosenbrock
-from symalg.teleport import as_action, teleport
+from symalg.applications.conjugated import booth, quadratic_form, rosenbrock
+from symalg.applications.teleport import as_action, teleport
 from teleport_common import parse_args, tokens
 
 matplotlib.use("Agg")

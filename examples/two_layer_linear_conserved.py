@@ -87,7 +87,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 import symalg  # noqa: E402
-from symalg.numeric import mse_loss  # noqa: E402
+from symalg.numeric.sampling import mse_loss  # noqa: E402
 
 SPEC = "linear(n, h) -> identity -> linear(h, m, bias=False)"
 WIDTHS = {"n": 8, "h": 16, "m": 4}
@@ -151,7 +151,7 @@ def initialisation_statistics(imbalance, model, n_samples: int, out: Path) -> No
 
     Parameters
     ----------
-    imbalance : symalg.conserved.ConservedQuantity
+    imbalance : symalg.symbolic.conserved.ConservedQuantity
         The conserved matrix ``C`` derived by symalg (evaluated on batched parameters).
     model : torch.nn.Sequential
         The network, re-initialised for every sample.
@@ -213,7 +213,7 @@ def gradient_descent_drift(imbalance, arch, init: dict[str, torch.Tensor], lr: f
 
     Parameters
     ----------
-    imbalance : symalg.conserved.ConservedQuantity
+    imbalance : symalg.symbolic.conserved.ConservedQuantity
         The conserved matrix ``C``.
     arch : symalg.Architecture
         The concrete architecture.
@@ -299,7 +299,7 @@ def drift_scaling(imbalance, arch, model, n_steps: int, out: Path) -> None:
 
     Parameters
     ----------
-    imbalance : symalg.conserved.ConservedQuantity
+    imbalance : symalg.symbolic.conserved.ConservedQuantity
         The conserved matrix ``C``.
     arch : symalg.Architecture
         The concrete architecture.

@@ -19,26 +19,31 @@ h
 >>> symalg.verify(analysis.subs({"n": 3, "h": 5, "m": 2})).passed
 True
 """
-from . import (catalogue, conjugated, conservation_laws, ensembles, flat_minima, groups, loss_symmetries, minima_geometry, nn,
-               nonlinear_actions, orbit_rank, report, symmetry_init, teleport, teleport_actions, teleport_optim)
-from .catalogue import CATALOGUE, CatalogueEntry, overlay, register
-from .derive import Analysis, Symmetry, derive, parameter_symbols
-from .frontend import Spec, from_torch, parse, to_module, to_spec_string
-from .graph import Architecture, SpecError, validate
-from .inference import Blocked, Site, infer_sites
-from .lowering import LoweredFunction, lower
-from .conservation_laws import Completeness, ConservationLaws, compare_with_symmetries, count_conservation_laws
-from .numeric import network_function, random_data, random_params
-from .orbit_rank import OrbitDimension, model_orbit_dimension, model_orbit_dimension_formula
-from .verification import verify
-from .tracing import ModelGraph, trace
-from .model_derive import ModelAnalysis, ModelSymmetry, derive_model
+from symalg.applications import (conjugated, conservation_laws, ensembles, flat_minima, loss_symmetries, minima_geometry,
+                                 nonlinear_actions, symmetry_init, teleport, teleport_actions, teleport_optim)
+from symalg.applications.conservation_laws import (Completeness, ConservationLaws, compare_with_symmetries,
+                                                   count_conservation_laws)
+from symalg.catalogue import groups
+from symalg.catalogue.activations import CATALOGUE, CatalogueEntry, overlay, register
+from symalg.errors import SpecError
+from symalg.frontend.spec import Spec, from_torch, parse, to_module, to_spec_string
+from symalg.frontend.tracing import ModelGraph, trace
+from symalg.ir.architecture import Architecture, validate
+from symalg.lowering.codegen import LoweredFunction, lower
+from symalg.numeric import orbit_rank
+from symalg.numeric.orbit_rank import OrbitDimension, model_orbit_dimension, model_orbit_dimension_formula
+from symalg.numeric.sampling import network_function, random_data, random_params
+from symalg.symbolic import report
+from symalg.symbolic.chain_inference import Blocked, Site, infer_sites
+from symalg.symbolic.derive import Analysis, Symmetry, derive, parameter_symbols
+from symalg.symbolic.model_derive import ModelAnalysis, ModelSymmetry, derive_model
+from symalg.verification.verifier import verify
 
-__all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "catalogue", "CatalogueEntry",
+__all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry",
            "compare_with_symmetries", "Completeness", "conjugated", "conservation_laws", "ConservationLaws",
            "count_conservation_laws", "derive", "derive_model", "ensembles", "flat_minima", "from_torch", "groups",
            "infer_sites", "loss_symmetries", "lower", "LoweredFunction", "minima_geometry", "model_orbit_dimension",
-           "model_orbit_dimension_formula", "ModelAnalysis", "ModelGraph", "ModelSymmetry", "network_function", "nn",
+           "model_orbit_dimension_formula", "ModelAnalysis", "ModelGraph", "ModelSymmetry", "network_function",
            "nonlinear_actions", "orbit_rank", "OrbitDimension", "overlay", "parameter_symbols", "parse",
            "random_data", "random_params", "register", "report", "Site", "Spec", "SpecError", "Symmetry",
            "symmetry_init", "teleport", "teleport_actions", "teleport_optim", "to_module", "to_spec_string", "trace",

@@ -18,12 +18,13 @@ import sys
 
 import torch
 
-from .derive import derive
-from .frontend import parse
-from .grammar import MAX_WIDTH
-from .graph import SpecError, as_width
-from .report import describe, describe_latex
-from .verification import check_device, verify
+from symalg.symbolic.derive import derive
+from symalg.frontend.spec import parse
+from symalg.frontend.grammar import MAX_WIDTH
+from symalg.errors import SpecError
+from symalg.ir.architecture import as_width
+from symalg.symbolic.report import describe, describe_latex
+from symalg.verification.verifier import check_device, verify
 
 DEFAULT_SPEC = "linear(n, h1) -> relu -> linear(h1, h2) -> identity -> linear(h2, m)"
 DEFAULT_WIDTHS = "n=3,h1=4,h2=3,m=2"
@@ -41,7 +42,7 @@ def _widths(text: str, known: set[str]) -> dict[str, int]:
         if name not in known:
             raise SpecError(f"--widths: the spec has no symbolic width {name!r} (it has {sorted(known) or 'none'})")
         if len(value.lstrip("0")) > len(str(MAX_WIDTH)):  # before int(): a 5000-digit value is refused by Python itself
-            raise SpecError(f"--widths: {name}={value[:12]}... exceeds the limit of {MAX_WIDTH} (symalg.grammar.MAX_WIDTH)")
+            raise SpecError(f"--widths: {name}={value[:12]}... exceeds the limit of {MAX_WIDTH} (symalg.frontend.grammar.MAX_WIDTH)")
         widths[name] = as_width(int(value), f"--widths {name}")
     return widths
 
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_model_file(args) -> int:
     """Trace, derive and verify the model a Python file defines; print symmetries and blocked notes."""
-    from .tracing import trace
+    from symalg.frontend.tracing import trace
 
     namespace = _load_model_file(args.model)
     analysis = derive(trace(namespace["model"], namespace["example_inputs"]), loss=namespace.get("loss", "mse"))

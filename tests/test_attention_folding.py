@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from symalg.tracing import trace
+from symalg.frontend.tracing import trace
 
 B, L, D, H = 3, 5, 8, 2
 

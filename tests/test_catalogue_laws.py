@@ -21,8 +21,8 @@ import sympy as sp
 import torch
 
 import symalg
-from symalg.groups import Orthogonal
-from symalg.nn import activation_function
+from symalg.catalogue.groups import Orthogonal
+from symalg.catalogue.modules import activation_function
 
 ENTRIES = sorted(symalg.CATALOGUE)
 DTYPE = torch.float64
@@ -455,8 +455,8 @@ def test_tangent_is_derivative_of_action(op, bias, index):
                 f"{symmetry.label}, generator {i}, {name}"
 
 
-@pytest.mark.parametrize("group", [symalg.groups.GeneralLinear(4), Orthogonal(5), symalg.groups.OrthogonalFixingOnes(5),
-                                   symalg.groups.PositiveScaling(3)], ids=lambda g: g.name)
+@pytest.mark.parametrize("group", [symalg.catalogue.groups.GeneralLinear(4), Orthogonal(5), symalg.catalogue.groups.OrthogonalFixingOnes(5),
+                                   symalg.catalogue.groups.PositiveScaling(3)], ids=lambda g: g.name)
 def test_random_algebra_element_is_the_gaussian_combination_of_the_basis(group):
     # Matrix groups draw it without stacking their dim·h²-entry basis (GL(768) needs 3·10¹¹ entries); the draw
     # is the same combination Σ c_k B_k, c_k ~ N(0, 1), as over the basis.
@@ -470,5 +470,5 @@ def test_random_algebra_element_is_the_gaussian_combination_of_the_basis(group):
 
 
 def test_random_algebra_element_of_a_wide_group_needs_no_basis():
-    M = symalg.groups.GeneralLinear(768).random_algebra_element(1.0, torch.Generator().manual_seed(0))
+    M = symalg.catalogue.groups.GeneralLinear(768).random_algebra_element(1.0, torch.Generator().manual_seed(0))
     assert M.shape == (768, 768) and abs(torch.linalg.matrix_norm(M, ord=2).item() - 1.0) < 1e-12

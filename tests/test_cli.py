@@ -51,7 +51,7 @@ def test_bad_spec_exits_with_an_error_naming_the_layer(capsys):
 
 def test_failing_verification_gives_exit_status_1(capsys, monkeypatch):
     wrong = symalg.overlay({"tanh": symalg.CatalogueEntry("tanh", symalg.CATALOGUE["tanh"].function,
-                                                          symalg.catalogue.declare_homogeneous())})
+                                                          symalg.catalogue.activations.declare_homogeneous())})
     monkeypatch.setattr(symalg.cli, "parse", lambda spec: symalg.parse(spec, catalogue=wrong))
     monkeypatch.setattr(symalg.cli, "derive", lambda arch: symalg.derive(arch, wrong, strict=False))
     assert main(["linear(2, 3) -> tanh -> linear(3, 1)"]) == 1

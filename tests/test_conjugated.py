@@ -7,9 +7,9 @@ import pytest
 import sympy as sp
 import torch
 
-from symalg.conjugated import (TOLERANCE, ConjugatedAction, booth, check_transitivity, ellipse, lower_components,
+from symalg.applications.conjugated import (TOLERANCE, ConjugatedAction, booth, check_transitivity, ellipse, lower_components,
                                matrix_exp, quadratic_form, rosenbrock, sample_level_set)
-from symalg.groups import GeneralLinear, Orthogonal, OrthogonalFixingOnes, PositiveScaling
+from symalg.catalogue.groups import GeneralLinear, Orthogonal, OrthogonalFixingOnes, PositiveScaling
 
 FUNCTIONS = {"booth": booth, "rosenbrock": rosenbrock, "ellipse": lambda: ellipse(4),
              "quadratic_form": lambda: quadratic_form([[2, 1, 0], [1, 3, 1], [0, 1, 2]], [1, -1, 2])}

@@ -1,5 +1,5 @@
 """Conservation laws of gradient flow from the Lie algebra of the gradient fields, against symalg's
-symmetry-derived quantities (symalg/conservation_laws.py)."""
+symmetry-derived quantities (symalg/applications/conservation_laws.py)."""
 import itertools
 import random
 
@@ -9,11 +9,11 @@ import torch
 from torch.func import grad, jvp
 
 import symalg
-from symalg.catalogue import declare_linear, declare_pointwise
-from symalg.conservation_laws import (_Chain, _draw, _evaluate, compare_with_symmetries, count_conservation_laws,
+from symalg.catalogue.activations import declare_linear, declare_pointwise
+from symalg.applications.conservation_laws import (_Chain, _draw, _evaluate, compare_with_symmetries, count_conservation_laws,
                                       random_point)
-from symalg.graph import SpecError
-from symalg.orbit import action_matrix, independent_conserved_rank
+from symalg.errors import SpecError
+from symalg.symbolic.orbit import action_matrix, independent_conserved_rank
 
 # (widths, activation, bias): depths 2-4, widths 2-9, bottlenecks and wide layers, both activations
 GRID = [

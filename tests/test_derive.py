@@ -4,7 +4,7 @@ import sympy as sp
 import torch
 
 import symalg
-from symalg.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips
+from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips
 
 n, h, m = sp.symbols("n h m", integer=True, positive=True)
 
@@ -69,7 +69,7 @@ def test_symbolic_invariance_is_proved_for_the_linear_case_at_all_widths():
 
 def test_wrong_declaration_is_refuted_symbolically():
     wrong = symalg.overlay({"tanh": symalg.CatalogueEntry("tanh", lambda z: sp.tanh(z),
-                                                          symalg.catalogue.declare_homogeneous())})
+                                                          symalg.catalogue.activations.declare_homogeneous())})
     arch = symalg.parse("linear(2, 3) -> tanh -> linear(3, 1)", catalogue=wrong)
     symmetry = symalg.derive(arch, wrong, strict=False).symmetries[0]
     assert symmetry.checks[0].proved is False
@@ -200,7 +200,7 @@ def test_lowered_callables_name_missing_parameters(generator):
 
 
 def test_an_architecture_remembers_the_catalogue_it_was_parsed_with():
-    mine = symalg.overlay({"sin": symalg.CatalogueEntry("sin", lambda z: sp.sin(z), symalg.catalogue.declare_odd())})
+    mine = symalg.overlay({"sin": symalg.CatalogueEntry("sin", lambda z: sp.sin(z), symalg.catalogue.activations.declare_odd())})
     arch = symalg.parse("linear(2, 3) -> sin -> linear(3, 1)", catalogue=mine)
     assert [s.group.name for s in symalg.derive(arch).symmetries] == ["SignFlips(3)", "S(3)"]
     assert symalg.derive(arch.subs({})).blocked == () and arch.subs({}).catalogue is mine
@@ -257,7 +257,7 @@ def test_chain_pipeline_claims_the_logit_translation_of_cross_entropy_as_the_tra
 
 def _softplus_declared_odd():
     return symalg.overlay({"softplus": symalg.CatalogueEntry(
-        "softplus", symalg.CATALOGUE["softplus"].function, symalg.catalogue.declare_odd(),
+        "softplus", symalg.CATALOGUE["softplus"].function, symalg.catalogue.activations.declare_odd(),
         defaults=symalg.CATALOGUE["softplus"].defaults)})
 
 

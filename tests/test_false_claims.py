@@ -2,7 +2,7 @@
 attention weights): each model once got a symmetry that changes one of its outputs.
 
 Every test traces the model with example inputs, derives, and checks three things: every remaining claim
-keeps every output (:func:`symalg.certification.claim_errors`), the true symmetries are still claimed,
+keeps every output (:func:`symalg.verification.certification.claim_errors`), the true symmetries are still claimed,
 and the restriction is reported naming the node responsible.
 """
 from collections import OrderedDict
@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import symalg
-from symalg.certification import assert_claims_hold
+from symalg.verification.certification import assert_claims_hold
 
 
 def analyse(model, *inputs, loss="mse"):

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import symalg
-from symalg.certification import assert_claims_hold
-from symalg.fuzz import randomize
+from symalg.verification.certification import assert_claims_hold
+from symalg.verification.fuzz import randomize
 
 
 def certified(model, *inputs, running_statistics=False):
@@ -311,10 +311,10 @@ def test_softmax_without_dim_uses_torchs_implicit_axis():
     assert blocked_at(analysis, "softmax")
 
 
-# -- fuzzer findings F4-F6 (symalg.fuzz.generate(0, 68 | 45 | 43, ...)), as found ----------------------
+# -- fuzzer findings F4-F6 (symalg.verification.fuzz.generate(0, 68 | 45 | 43, ...)), as found ----------------------
 
 def fuzzed(model, x, eval_modules=()):
-    """The fuzzer's set-up (:func:`symalg.fuzz.randomize`), then the listed modules in eval mode."""
+    """The fuzzer's set-up (:func:`symalg.verification.fuzz.randomize`), then the listed modules in eval mode."""
     model = randomize(model.double())
     for module in eval_modules:
         module.eval()
@@ -365,7 +365,7 @@ def test_fuzz_f6_group_norm_then_eval_batch_norm():
 
 
 def test_fuzz_group_norm_groups_of_a_depthwise_convolution_of_data_do_not_permute():
-    # symalg.fuzz.generate(0, 6348, "conv"): the depthwise conv reads data, so permuting its channels (the
+    # symalg.verification.fuzz.generate(0, 6348, "conv"): the depthwise conv reads data, so permuting its channels (the
     # group norm's whole groups) changes which input channel each reads
     class Model(nn.Module):
         def __init__(self):
@@ -382,7 +382,7 @@ def test_fuzz_group_norm_groups_of_a_depthwise_convolution_of_data_do_not_permut
 
 
 def test_fuzz_sigmoid_flip_after_a_one_channel_group_norm_shifts_the_bias_once():
-    # symalg.fuzz.generate(0, 7622, "conv"): with one channel, the group's site and the group-permutation site
+    # symalg.verification.fuzz.generate(0, 7622, "conv"): with one channel, the group's site and the group-permutation site
     # bind the same region and are tied; the reader's bias absorbed the flip's shift once per site (twice)
     class Model(nn.Module):
         def __init__(self):

@@ -218,9 +218,9 @@ SUPPORTED = [
     (nn.SiLU(), "silu", "silu", {}),
     (nn.Softplus(), "softplus", "softplus", {}),
     (nn.Identity(), "identity", "identity", {}),
-    (symalg.nn.Activation("radial"), "radial", "radial", {}),
-    (symalg.nn.Activation("relu_pow", alpha=3), "relu_pow(alpha=3)", "relu_pow", {"alpha": 3}),
-    (symalg.nn.Activation("leaky_relu", slope=0.2), "leaky_relu(slope=0.2)", "leaky_relu", {"slope": sp.Rational(1, 5)}),
+    (symalg.catalogue.modules.Activation("radial"), "radial", "radial", {}),
+    (symalg.catalogue.modules.Activation("relu_pow", alpha=3), "relu_pow(alpha=3)", "relu_pow", {"alpha": 3}),
+    (symalg.catalogue.modules.Activation("leaky_relu", slope=0.2), "leaky_relu(slope=0.2)", "leaky_relu", {"slope": sp.Rational(1, 5)}),
 ]
 SUPPORTED_IDS = [f"{type(s[0]).__name__}-{s[1]}" for s in SUPPORTED]
 

@@ -1,4 +1,4 @@
-"""The false-claim fuzzer (symalg.fuzz): its generator, its checker, and its quick and slow tiers."""
+"""The false-claim fuzzer (symalg.verification.fuzz): its generator, its checker, and its quick and slow tiers."""
 import runpy
 
 import pytest
@@ -6,9 +6,9 @@ import sympy as sp
 import torch
 
 import symalg
-from symalg import fuzz
-from symalg.catalogue import declare_linear
-from symalg.fuzz import Case, Layer, Step
+from symalg.verification import fuzz
+from symalg.catalogue.activations import declare_linear
+from symalg.verification.fuzz import Case, Layer, Step
 
 
 def _issue_patterns(case: Case) -> set[str]:
@@ -111,7 +111,7 @@ def test_refusals_crashes_and_hangs_are_outcomes_not_exceptions(monkeypatch):
         while True:
             pass
 
-    monkeypatch.setattr(symalg, "trace", spin)
+    monkeypatch.setattr(symalg.frontend.tracing, "trace", spin)
     hung = fuzz.check_case(fuzz.generate(0, 0, "mlp"), time_limit=0.05)
     assert hung.hang is not None and hung.crash is None
 

@@ -16,10 +16,10 @@ from torch import nn
 
 import symalg
 from symalg.cli import main
-from symalg.conjugated import ellipse, quadratic_form
-from symalg.graph import SpecError
-from symalg.groups import GeneralLinear
-from symalg.nn import Activation
+from symalg.applications.conjugated import ellipse, quadratic_form
+from symalg.errors import SpecError
+from symalg.catalogue.groups import GeneralLinear
+from symalg.catalogue.modules import Activation
 
 MARKER = "MARKER"  # replaced by the quoted path of the marker file in every case
 

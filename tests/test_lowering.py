@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from sympy.printing.pytorch import TorchPrinter
 
 import symalg
-from symalg.lowering import LoweredFunction, SymalgTorchPrinter, evaluate_symbolic, lower, torch_source
-from symalg.nn import Activation, activation_function
+from symalg.lowering.codegen import LoweredFunction, SymalgTorchPrinter, evaluate_symbolic, lower, torch_source
+from symalg.catalogue.modules import Activation, activation_function
 
 x, y = sp.symbols("x y", real=True)
 n, h, m = sp.symbols("n h m", integer=True, positive=True)
@@ -79,7 +79,7 @@ def test_printed_source(expr, source):
 
 
 def test_latex_symbol_names_print_as_python_identifiers():
-    # symalg.lowering.identifier documents ``\dot{W}_{1}`` -> ``dot_W_1`` (velocity symbols).
+    # symalg.lowering.codegen.identifier documents ``\dot{W}_{1}`` -> ``dot_W_1`` (velocity symbols).
     assert torch_source(sp.MatrixSymbol(r"\dot{W}_{1}", 2, 2)) == "dot_W_1"
     assert torch_source(sp.MatrixSymbol(r"\dot{b}_{2}", 2, 1)) == "dot_b_2"
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import symalg
-from symalg import minima_geometry as mg
-from symalg.numeric import mse_loss
+from symalg.applications import minima_geometry as mg
+from symalg.numeric.sampling import mse_loss
 
 
 def _data(h: int, generator: torch.Generator, n: int = 12) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import symalg
-from symalg.groups import OrthogonalFixingOnes
+from symalg.catalogue.groups import OrthogonalFixingOnes
 
 
 def analyse(model, *inputs):

@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 import symalg
-from symalg import op_rules
-from symalg.certification import CERTIFICATION_TOLERANCE, assert_claims_hold, sample_elements
-from symalg.model_derive import derive_model
-from symalg.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
+from symalg.catalogue import rules as op_rules
+from symalg.verification.certification import CERTIFICATION_TOLERANCE, assert_claims_hold, sample_elements
+from symalg.symbolic.model_derive import derive_model
+from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
 
 
 class SinMLP(nn.Module):

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import symalg
-from symalg.lowering import lower
-from symalg.model_derive import ModelConserved
-from symalg.model_verification import SYMBOLIC_LIMIT, verify_model
-from symalg.verification import TOLERANCES
+from symalg.lowering.codegen import lower
+from symalg.symbolic.model_derive import ModelConserved
+from symalg.verification.model_verifier import SYMBOLIC_LIMIT, verify_model
+from symalg.verification.verifier import TOLERANCES
 from test_models import PreNormBlock, SmallCNN
 
 
@@ -210,7 +210,7 @@ def test_gradient_orthogonality_fails_for_a_group_the_site_does_not_have():
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
     analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
     scaling = next(s for s in analysis.symmetries if s.group.is_continuous)
-    wrong = dataclasses.replace(scaling, group=symalg.groups.GeneralLinear(4))      # GL(4) on a ReLU site
+    wrong = dataclasses.replace(scaling, group=symalg.catalogue.groups.GeneralLinear(4))      # GL(4) on a ReLU site
     report = verify_model(dataclasses.replace(analysis, symmetries=(wrong,)))
     checks = {c.check: c for c in report.checks if c.symmetry == wrong.label}
     assert checks["gradient_orthogonality"].failed and checks["invariance"].failed

@@ -238,7 +238,7 @@ def test_independent_conserved_has_no_closed_form_for_adjacent_linear_sites():
     ("linear(3, 2)", 4),
 ])
 def test_cross_entropy_adds_the_logit_translation_to_the_orbit_as_the_traced_pipeline_counts_it(spec, formula):
-    from symalg.orbit_rank import model_orbit_dimension
+    from symalg.numeric.orbit_rank import model_orbit_dimension
 
     analysis = symalg.derive(spec, loss="cross_entropy")
     assert analysis.orbit_dimension() == formula
@@ -255,7 +255,7 @@ def test_logit_translation_next_to_a_linear_site_has_a_numeric_rank_only():
         analysis.orbit_dimension()
     params = dict(symalg.to_module(analysis.architecture).named_parameters())
     # −W₂M = 1vᵀ has solutions when M also fixes W₁, b₁: no closed form; the numeric rank agrees with the traced one
-    from symalg.orbit_rank import model_orbit_dimension
+    from symalg.numeric.orbit_rank import model_orbit_dimension
 
     traced = symalg.derive(symalg.trace(symalg.to_module(analysis.architecture),
                                         (torch.randn(5, 3, dtype=torch.float64),)), loss="cross_entropy")

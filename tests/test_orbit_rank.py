@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import symalg
-from symalg.groups import GeneralLinear
-from symalg.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
+from symalg.catalogue.groups import GeneralLinear
+from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
 
 ACTIVATIONS = {
     "identity": nn.Identity, "relu": nn.ReLU, "tanh": nn.Tanh, "leaky_relu": lambda: nn.LeakyReLU(0.2),
-    "radial": lambda: symalg.nn.Activation("radial"), "relu_pow": lambda: symalg.nn.Activation("relu_pow"),
+    "radial": lambda: symalg.catalogue.modules.Activation("radial"), "relu_pow": lambda: symalg.catalogue.modules.Activation("relu_pow"),
 }
 
 

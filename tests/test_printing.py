@@ -4,8 +4,8 @@ import pytest
 import sympy as sp
 
 import symalg
-from symalg.printing import latex, sstr
-from symalg.report import describe, describe_latex
+from symalg.symbolic.printing import latex, sstr
+from symalg.symbolic.report import describe, describe_latex
 
 h = sp.Symbol("h", integer=True, positive=True)
 d = sp.MatrixSymbol("d_1", 3, 1)

@@ -6,9 +6,9 @@ from torch import nn
 from torch.func import functional_call
 
 import symalg
-from symalg.flat_minima import model_loss
-from symalg.nn import Activation
-from symalg.symmetry_init import (UnreachableTarget, balance, hessian_trace, imbalance_element, scaling_element,
+from symalg.applications.flat_minima import model_loss
+from symalg.catalogue.modules import Activation
+from symalg.applications.symmetry_init import (UnreachableTarget, balance, hessian_trace, imbalance_element, scaling_element,
                                   set_conserved, top_hessian_eigenvalue)
 
 

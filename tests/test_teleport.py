@@ -11,13 +11,13 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import symalg
-from symalg.conjugated import booth, ellipse, quadratic_form, rosenbrock
-from symalg.groups import Permutations, PositiveScaling
-from symalg.nonlinear_actions import DataDependentAction, FeedForward
-from symalg.teleport import (Curvature, FunctionAction, GradNorm, MetricGradNorm, Move, Sharpness, SymmetryAction, Teleporter,
+from symalg.applications.conjugated import booth, ellipse, quadratic_form, rosenbrock
+from symalg.catalogue.groups import Permutations, PositiveScaling
+from symalg.applications.nonlinear_actions import DataDependentAction, FeedForward
+from symalg.applications.teleport import (Curvature, FunctionAction, GradNorm, MetricGradNorm, Move, Sharpness, SymmetryAction, Teleporter,
                              as_action, gradients, optimizer_metric, teleport, transform_cotangent)
-from symalg.teleport_actions import ApproximateTeleport
-from symalg.teleport_optim import Schedule, TeleportingOptimizer, handle_state, model_loss
+from symalg.applications.teleport_actions import ApproximateTeleport
+from symalg.applications.teleport_optim import Schedule, TeleportingOptimizer, handle_state, model_loss
 from test_models import PreNormBlock, SmallCNN   # GPT block (GL(4) heads, LayerNorm scalings); conv + BN
 
 

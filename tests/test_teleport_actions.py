@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from symalg.nonlinear_actions import DataDependentAction, FeedForward, random_gl
-from symalg.teleport_actions import (ApproximateTeleport, BijectiveActivation, ExactTeleport, as_bijective,
+from symalg.applications.nonlinear_actions import DataDependentAction, FeedForward, random_gl
+from symalg.applications.teleport_actions import (ApproximateTeleport, BijectiveActivation, ExactTeleport, as_bijective,
                                      extended_tanh, leaky_relu, measure_action)
 
 TOL = 1e-10

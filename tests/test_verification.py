@@ -10,11 +10,11 @@ import sympy as sp
 import torch
 
 import symalg
-from symalg.catalogue import CatalogueEntry, declare_homogeneous
-from symalg.graph import SpecError
-from symalg.groups import Orthogonal, PositiveScaling
-from symalg.numeric import mse_loss, random_data
-from symalg.verification import TOLERANCES
+from symalg.catalogue.activations import CatalogueEntry, declare_homogeneous
+from symalg.errors import SpecError
+from symalg.catalogue.groups import Orthogonal, PositiveScaling
+from symalg.numeric.sampling import mse_loss, random_data
+from symalg.verification.verifier import TOLERANCES
 
 ACTIVATIONS = ["identity", "relu", "leaky_relu", "relu_pow", "tanh", "sigmoid", "gelu", "silu", "softplus", "radial"]
 
@@ -406,7 +406,7 @@ def test_angular_momentum_relation_holds_and_decays_under_heavy_ball_for_radial_
 
 def test_angular_momentum_check_catches_a_wrong_rotation_symmetry():
     """Control: tanh declared O(h)-equivariant keeps no e^(-γt) decay of ⟨θ̇, A·θ⟩ under heavy ball."""
-    wrong = symalg.overlay({"tanh": CatalogueEntry("tanh", lambda z: sp.tanh(z), symalg.catalogue.declare_radial())})
+    wrong = symalg.overlay({"tanh": CatalogueEntry("tanh", lambda z: sp.tanh(z), symalg.catalogue.activations.declare_radial())})
     analysis = symalg.derive("linear(3, 4) -> tanh -> linear(4, 2)", wrong, strict=False)
     report = symalg.verify(analysis)
     (decay,) = [c for c in report.checks if c.check == "angular_momentum"]
@@ -443,9 +443,9 @@ def test_unavailable_device_is_a_clear_error():
 
 
 def test_a_nan_error_is_a_failure_not_a_pass():
-    check = symalg.verification.CheckResult("gradient_orthogonality", "h1:X", float("nan"), 1e-9)
+    check = symalg.verification.verifier.CheckResult("gradient_orthogonality", "h1:X", float("nan"), 1e-9)
     assert check.failed and not check.passed
-    report = symalg.verification.VerificationReport((check,), torch.float64, "cpu")
+    report = symalg.verification.verifier.VerificationReport((check,), torch.float64, "cpu")
     assert not report.passed and "0 passed, 1 failed" in report.summary()
 
 

@@ -1,0 +1,803 @@
+"""Symmetry teleportation: move parameters along a loss level set to where an objective is best.
+
+API
+---
+``as_action(obj, x=None, params=None)``
+    an :class:`Action` for a symalg analysis (``ModelAnalysis``/``Analysis``, one or several symmetries), a
+    conjugated action (``ConjugatedAction``/``TestFunction``, parameters ``{"x": point}``), or a data-dependent
+    action (``DataDependentAction``, ``ExactTeleport``, ``ApproximateTeleport``; give the batch ``x`` and
+    ``params`` for the widths). Your own: subclass :class:`Action` or wrap ``fn(params, coords)`` in
+    :class:`FunctionAction`.
+``teleport(action, params, loss, objective=GradNorm(), steps=10, lr=0.1, ...)`` → :class:`TeleportResult`
+    (or ``Teleporter(action, ...)(params, loss)``: the same settings kept for reuse).
+Objectives: :class:`GradNorm`, :class:`MetricGradNorm` (with :func:`optimizer_metric`), :class:`Sharpness`
+    (eq. 5.1), :class:`Curvature` (eq. 5.2), or any callable ``params → scalar``.
+``transform_cotangent(action, moves, params_after, vectors)``: ``J⁻ᵀ v`` for the Jacobian ``J`` of the teleport.
+Optimizer integration: :mod:`symalg.teleport_optim`.
+
+Math
+----
+An action maps Lie-algebra coordinates ``c ∈ R^d`` to parameters, ``θ ↦ exp(Σ cᵢ Bᵢ)·θ`` (``Bᵢ`` the algebra
+basis, ``exp`` exact: :meth:`SiteGroup.exp <symalg.catalogue.groups.SiteGroup.exp>`). A teleport maximises (or minimises)
+an objective ``F`` over the orbit by gradient steps on the coordinates, differentiating through the action:
+
+    Δ = ±lr ∇_c F(exp(Σ cᵢ Bᵢ)·θ_k)|_{c=0},     θ_{k+1} = exp(Σ Δᵢ Bᵢ)·θ_k        (compose=True)
+
+so the group element is the product ``g = exp(Δ_K)⋯exp(Δ_1)``, each factor exact (``compose=False`` keeps one
+element ``exp(Σ cᵢ Bᵢ)`` and steps ``c``). Discrete generators (permutations, sign flips, reflections) are
+searched greedily or at random (``discrete=``). Since ``L(g·θ) = L(θ)``, the chain rule gives
+``∇L(g·θ) = J⁻ᵀ ∇L(θ)`` with ``J = ∂(g·θ)/∂θ``: for a linear action ``J = g`` and an orthogonal ``g`` leaves
+``‖∇L‖`` unchanged (Cor. 4.5.2), so only the non-orthogonal part of a group can speed up gradient descent.
+The loss is measured before and after; a teleport changing it by more than ``tolerance`` (relative) is
+rejected: the original parameters come back with ``accepted=False``.
+
+Objectives (``maximize`` is each one's default direction; pass ``maximize=`` to :func:`teleport` to flip it):
+
+* ``GradNorm``: ``‖∇L‖²``, the rate ``−dL/dt`` of gradient flow (eq. 4.17).
+* ``MetricGradNorm(P)``: ``∇Lᵀ diag(P) ∇L``, the decay rate of a diagonally preconditioned method (eq. 4.17
+  with ``η = diag(P)``; for AdaGrad ``P = (√G + ε)⁻¹``); :func:`optimizer_metric` reads ``P`` from a torch
+  optimizer's state (the preconditioner of its next step).
+* ``Sharpness``: eq. 5.1 less the loss, ``φ(θ) − L(θ) = (1/|T||D|) Σ_{t∈T} Σ_{d∈D} [L(θ + t d) − L(θ)]`` over unit
+  directions ``D`` (antithetic pairs ``±d``, so the odd Taylor terms cancel: ``≈ t² tr(H)/(2n)``, ``n`` the
+  number of parameters); on an exact orbit it differs from eq. 5.1 by the constant ``L``.
+* ``Curvature``: eq. 5.2, ``ψ(θ) = (1/k) Σᵢ κ(γ_{Mᵢ}, 0)`` with ``γ_M(t) = exp(tM)·θ`` and
+  ``κ = (‖γ'‖²‖γ''‖² − (γ'·γ'')²)^{1/2} / ‖γ'‖³`` (``Mᵢ`` random unit coordinate vectors, fixed by ``seed``).
+
+Example
+-------
+>>> import torch, symalg
+>>> from symalg.applications.teleport import as_action, teleport
+>>> _ = torch.manual_seed(0)
+>>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Identity(), torch.nn.Linear(4, 2)).double()
+>>> x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+>>> action = as_action(symalg.derive(symalg.trace(model, (x,))))          # GL(4) on the hidden site
+>>> loss = lambda p: ((torch.func.functional_call(model, p, (x,)) - y) ** 2).mean()
+>>> result = teleport(action, dict(model.named_parameters()), loss, steps=5, lr=0.05)
+>>> result.accepted, result.objective_after > result.objective_before, result.relative_loss_change < 1e-12
+(True, True, True)
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import sympy as sp
+import torch
+
+from symalg.catalogue.groups import GeneralLinear, Permutations, PositiveScaling, SignFlips, Translations, matrix_exp
+
+__all__ = ["Action", "ConjugatedCoordinates", "Curvature", "DataCoordinates", "FunctionAction", "GradNorm",
+           "MetricGradNorm", "Move", "Objective", "Sharpness", "SymmetryAction", "TOLERANCES", "TeleportResult",
+           "Teleporter", "as_action", "gradients", "optimizer_metric", "teleport", "transform_cotangent"]
+
+Params = Mapping[str, torch.Tensor]
+
+TOLERANCES = {torch.float64: 1e-8, torch.float32: 1e-4}
+"""Default bound on the relative loss change of an accepted teleport, keyed by dtype."""
+
+
+# ------------------------------------------------------------------------------------------------ actions
+
+def _float_like(params: Params) -> torch.Tensor:
+    """The first floating-point tensor of ``params`` (for dtype and device)."""
+    for p in params.values():
+        if p.is_floating_point():
+            return p
+    raise ValueError("params: no floating-point tensor")
+
+
+@dataclass(frozen=True)
+class Move:
+    """One factor of a teleport's group element: ``exp(Σ cᵢ Bᵢ)`` (``coords``) or a discrete generator
+    (``generator`` index, its inverse when ``inverse``)."""
+
+    coords: torch.Tensor | None = None
+    generator: int | None = None
+    inverse: bool = False
+
+
+class Action:
+    """An action of a group on parameter dicts through Lie-algebra coordinates (subclass and implement).
+
+    ``dim``: number of coordinates; ``self(params, coords)`` = ``exp(Σ cᵢ Bᵢ)·params`` as a new dict (untouched
+    entries shared), differentiable in ``coords``. Optional: discrete generators (``discrete_generators``,
+    ``apply_discrete``), ``inverse_step`` (default ``self(params, −coords)``), and two flags:
+    ``is_group_action`` (``g⁻¹·(g·θ) = θ``, needed for an exact :func:`transform_cotangent`) and
+    ``monomial_jacobian`` (every ``J`` is a permutation times a diagonal: scalings, permutations, sign flips,
+    translations; diagonal second moments then transform exactly).
+    """
+
+    dim: int = 0
+    is_group_action: bool = True
+    monomial_jacobian: bool = False
+
+    def __call__(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def discrete_generators(self) -> tuple[str, ...]:
+        """Names of the discrete generators (empty: none)."""
+        return ()
+
+    def apply_discrete(self, params: Params, index: int, inverse: bool = False) -> dict[str, torch.Tensor]:
+        raise ValueError(f"{type(self).__name__} has no discrete generators (index {index})")
+
+    def inverse_step(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``exp(Σ cᵢ Bᵢ)⁻¹·params``."""
+        return self(params, -coords)
+
+    def replay(self, params: Params, moves: Sequence[Move]) -> dict[str, torch.Tensor]:
+        """Apply the moves in order (the teleport's group element)."""
+        out = dict(params)
+        for move in moves:
+            out = self(out, move.coords) if move.coords is not None else \
+                self.apply_discrete(out, move.generator, move.inverse)
+        return out
+
+    def undo(self, params: Params, moves: Sequence[Move]) -> dict[str, torch.Tensor]:
+        """Apply the inverse of the moves' group element (exact for group actions)."""
+        out = dict(params)
+        for move in reversed(moves):
+            out = self.inverse_step(out, move.coords) if move.coords is not None else \
+                self.apply_discrete(out, move.generator, not move.inverse)
+        return out
+
+    def _check_coords(self, coords: torch.Tensor) -> None:
+        if not isinstance(coords, torch.Tensor) or coords.shape != (self.dim,):
+            raise ValueError(f"{type(self).__name__}: coords must have shape ({self.dim},), got "
+                             f"{tuple(coords.shape) if isinstance(coords, torch.Tensor) else type(coords).__name__}")
+
+
+@dataclass(frozen=True, eq=False)
+class FunctionAction(Action):
+    """Your own action ``fn(params, coords) → params`` with ``dim`` coordinates.
+
+    >>> rotate = FunctionAction(lambda p, c: {"x": matrix_exp(c[0] * torch.tensor([[0., -1.], [1., 0.]])) @ p["x"]}, 1)
+    >>> rotate({"x": torch.tensor([1.0, 0.0])}, torch.tensor([math.pi / 2]))["x"].round(decimals=6).abs().tolist()
+    [0.0, 1.0]
+    """
+
+    fn: Callable[[Params, torch.Tensor], dict]
+    dim: int
+    is_group_action: bool = True
+    monomial_jacobian: bool = False
+
+    def __call__(self, params, coords):
+        self._check_coords(coords)
+        return dict(self.fn(params, coords))
+
+
+def _identity_basis(group) -> bool:
+    """``algebra_basis()`` is the standard basis of the element's entries (``M = coords`` reshaped)."""
+    return isinstance(group, (GeneralLinear, PositiveScaling, Translations))
+
+
+@dataclass(frozen=True, eq=False)
+class SymmetryAction(Action):
+    """The product of symmetries derived by symalg (``ModelSymmetry`` or chain ``Symmetry``), acting by their
+    ``apply``. Coordinates are concatenated over the continuous symmetries' ``group.algebra_basis()``, in order;
+    the discrete generators of every group (``group.discrete_generators()``) are offered for search.
+    """
+
+    symmetries: tuple
+    _bases: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        bad = [s for s in self.symmetries if not (hasattr(s, "group") and hasattr(s, "apply"))]
+        if bad:
+            raise TypeError(f"SymmetryAction: symmetries must be symalg symmetries (with .group and .apply), got {bad[0]!r}")
+        symbolic = [s.label for s in self.symmetries if not sp.sympify(s.group.width).is_Integer]
+        if symbolic:
+            raise ValueError(f"SymmetryAction: {symbolic} have symbolic widths; substitute concrete ones (analysis.subs)")
+
+    @property
+    def continuous(self) -> tuple:
+        return tuple(s for s in self.symmetries if s.group.is_continuous)
+
+    @property
+    def dim(self) -> int:
+        return sum(int(s.group.dim) for s in self.continuous)
+
+    @property
+    def monomial_jacobian(self) -> bool:
+        return all(isinstance(s.group, (PositiveScaling, Permutations, Translations))
+                   or (isinstance(s.group, SignFlips) and s.group.center == 0) for s in self.symmetries)
+
+    def _algebra_element(self, symmetry, coords: torch.Tensor) -> torch.Tensor:
+        group = symmetry.group
+        if _identity_basis(group):
+            h = int(group.width)
+            return coords.reshape((h, h) if group.element_format == "matrix" else (h,))
+        key = (id(symmetry), coords.dtype, coords.device)
+        if key not in self._bases:
+            self._bases[key] = group.algebra_basis(coords.dtype, coords.device)
+        return torch.tensordot(coords, self._bases[key], dims=1)
+
+    def _chunks(self, coords: torch.Tensor):
+        self._check_coords(coords)
+        start = 0
+        for s in self.continuous:
+            size = int(s.group.dim)
+            yield s, coords[start:start + size]
+            start += size
+
+    def __call__(self, params, coords):
+        out = dict(params)
+        for s, c in self._chunks(coords):
+            out = s.apply(out, s.group.exp(self._algebra_element(s, c)))
+        return out
+
+    def inverse_step(self, params, coords):
+        out = dict(params)
+        for s, c in reversed(list(self._chunks(coords))):
+            out = s.apply(out, s.group.exp(-self._algebra_element(s, c)))
+        return out
+
+    def _generators(self) -> list[tuple]:
+        return [(s, j, g) for s in self.symmetries for j, g in enumerate(s.group.discrete_generators())]
+
+    def discrete_generators(self):
+        return tuple(f"{s.label}: generator {j}" for s, j, _ in self._generators())
+
+    def apply_discrete(self, params, index, inverse=False):
+        s, _, g = self._generators()[index]
+        g = g.to(dtype=_float_like(params).dtype)
+        return s.apply(params, g.transpose(-1, -2) if inverse else g)  # all discrete generators are orthogonal
+
+    def elements(self, moves: Sequence[Move], dtype=torch.float64) -> dict[str, torch.Tensor]:
+        """The composed group element of every symmetry, ``{label: g}`` (matrix, diagonal or translation vector),
+        such that applying each ``s.apply(θ, g)`` reproduces :meth:`replay`."""
+        current = {}
+        for s in self.symmetries:
+            fmt = s.group.element_format
+            h = int(s.group.width)
+            current[s.label] = torch.zeros(h, dtype=dtype) if fmt == "vector" else \
+                torch.ones(h, dtype=dtype) if fmt == "diagonal" else torch.eye(h, dtype=dtype)
+        generators = self._generators()
+        for move in moves:
+            if move.coords is not None:
+                for s, c in self._chunks(move.coords.to(dtype)):
+                    e = s.group.exp(self._algebra_element(s, c))
+                    fmt = s.group.element_format
+                    current[s.label] = e + current[s.label] if fmt == "vector" else \
+                        e * current[s.label] if fmt == "diagonal" else e @ current[s.label]
+            else:
+                s, _, g = generators[move.generator]
+                g = g.to(dtype)
+                current[s.label] = (g.T if move.inverse else g) @ current[s.label]
+        return current
+
+
+@dataclass(frozen=True, eq=False)
+class ConjugatedCoordinates(Action):
+    """A :class:`~symalg.applications.conjugated.ConjugatedAction` on the point ``params[key]``: ``x ↦ action.act(x, c)``."""
+
+    action: object
+    key: str = "x"
+
+    @property
+    def dim(self) -> int:
+        return int(self.action.group.dim)
+
+    def __call__(self, params, coords):
+        self._check_coords(coords)
+        return {**params, self.key: self.action.act(params[self.key], coords)}
+
+    def discrete_generators(self):
+        return tuple(f"{self.action.group.name}: generator {j}" for j in range(len(self.action.group.discrete_generators())))
+
+    def apply_discrete(self, params, index, inverse=False):
+        x = params[self.key]
+        g = self.action.group.discrete_generators(x.dtype, x.device)[index]
+        return {**params, self.key: self.action.apply(x, g.transpose(-1, -2) if inverse else g)}
+
+
+@dataclass(frozen=True, eq=False)
+class DataCoordinates(Action):
+    """A data-dependent action ``action(params, g, x)`` (:class:`~symalg.applications.nonlinear_actions.DataDependentAction`,
+    :class:`~symalg.applications.teleport_actions.ExactTeleport`, :class:`~symalg.applications.teleport_actions.ApproximateTeleport`) at the
+    batch ``x``, with ``g = exp(Cᵢ)`` per site, ``Cᵢ`` the coordinates reshaped to ``widths[i] × widths[i]``.
+
+    ``is_group_action`` is ``False`` for ``ApproximateTeleport`` and an uncompleted ``ExactTeleport`` (their
+    unit axiom fails below full rank; see :mod:`symalg.teleport_actions`).
+    """
+
+    action: object
+    x: torch.Tensor
+    widths: tuple[int, ...]
+
+    @property
+    def dim(self) -> int:
+        return sum(w * w for w in self.widths)
+
+    @property
+    def is_group_action(self) -> bool:
+        from symalg.applications.nonlinear_actions import DataDependentAction
+        return isinstance(self.action, DataDependentAction) or bool(getattr(self.action, "complete", False))
+
+    def __call__(self, params, coords):
+        self._check_coords(coords)
+        gs, start = [], 0
+        for w in self.widths:
+            gs.append(matrix_exp(coords[start:start + w * w].reshape(w, w)))
+            start += w * w
+        from symalg.applications.nonlinear_actions import DataDependentAction
+        return self.action(params, gs if isinstance(self.action, DataDependentAction) else gs[0], self.x)
+
+
+def as_action(obj, x: torch.Tensor | None = None, params: Params | None = None, key: str = "x") -> Action:
+    """An :class:`Action` for ``obj`` (see the module docstring); ``x`` and ``params`` only for data-dependent actions.
+
+    >>> from symalg.applications.conjugated import booth
+    >>> as_action(booth()).dim
+    1
+    """
+    from symalg.applications.conjugated import ConjugatedAction, TestFunction
+    from symalg.applications.nonlinear_actions import DataDependentAction
+    from symalg.applications.teleport_actions import ApproximateTeleport, ExactTeleport
+
+    if isinstance(obj, Action):
+        return obj
+    if hasattr(obj, "symmetries"):
+        return SymmetryAction(tuple(obj.symmetries))
+    if hasattr(obj, "group") and hasattr(obj, "apply") and hasattr(obj, "label"):
+        return SymmetryAction((obj,))
+    if isinstance(obj, (list, tuple)):
+        return SymmetryAction(tuple(obj))
+    if isinstance(obj, TestFunction):
+        return ConjugatedCoordinates(obj.action, key)
+    if isinstance(obj, ConjugatedAction):
+        return ConjugatedCoordinates(obj, key)
+    if isinstance(obj, (DataDependentAction, ExactTeleport, ApproximateTeleport)):
+        if x is None or params is None:
+            raise ValueError(f"as_action: a data-dependent action ({type(obj).__name__}) needs the batch x and params "
+                             "(for the site widths)")
+        net = obj.net
+        sites = range(net.sites) if isinstance(obj, DataDependentAction) else [obj.site]
+        return DataCoordinates(obj, x, tuple(int(params[net.weights[i]].shape[-2]) for i in sites))
+    raise TypeError(f"as_action: cannot make an action from {type(obj).__name__}; pass a symalg analysis or symmetry, "
+                    "a ConjugatedAction/TestFunction, a data-dependent action, or an Action")
+
+
+# ------------------------------------------------------------------------------------------------ objectives
+
+def gradients(loss: Callable[[Params], torch.Tensor], params: Params, wrt: Sequence[str],
+              create_graph: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``(L(θ), {name: ∂L/∂θ_name})`` for the entries ``wrt``, differentiable when ``create_graph``."""
+    leaves = {n: params[n] if params[n].requires_grad else params[n].detach().requires_grad_(True) for n in wrt}
+    value = loss({**params, **leaves})
+    grads = torch.autograd.grad(value, list(leaves.values()), create_graph=create_graph, allow_unused=True)
+    return value, {n: torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(wrt, grads)}
+
+
+class Objective:
+    """Base of the built-in objectives: ``objective(params, loss, action, wrt)`` → scalar tensor, differentiable
+    in ``params``; ``maximize`` is the default direction. Any other callable is called as ``f(params)``."""
+
+    maximize: bool = True
+
+    def __call__(self, params: Params, loss: Callable, action: Action, wrt: Sequence[str]) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class GradNorm(Objective):
+    """``‖∇L‖²`` (maximised by default: the fastest initial descent, Alg. 1 line 3)."""
+
+    maximize: bool = True
+
+    def __call__(self, params, loss, action, wrt):
+        _, grads = gradients(loss, params, wrt)
+        return sum((g * g).sum() for g in grads.values())
+
+
+@dataclass(frozen=True)
+class MetricGradNorm(Objective):
+    """``∇Lᵀ diag(P) ∇L``: ``metric`` is ``{name: P}`` (broadcast to each parameter) or a callable
+    ``grads → {name: P}`` (e.g. :func:`optimizer_metric`); names missing from it count with ``P = 1``."""
+
+    metric: Mapping[str, torch.Tensor] | Callable
+    maximize: bool = True
+
+    def __call__(self, params, loss, action, wrt):
+        _, grads = gradients(loss, params, wrt)
+        metric = self.metric(grads) if callable(self.metric) else self.metric
+        return sum((metric.get(n, 1.0) * g * g).sum() for n, g in grads.items())
+
+
+def _unit_directions(shapes: Mapping[str, torch.Size], count: int, seed: int, like: torch.Tensor) -> list[dict]:
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        d = {n: torch.randn(s, generator=generator, dtype=like.dtype).to(like.device) for n, s in shapes.items()}
+        norm = math.sqrt(sum(float((v * v).sum()) for v in d.values()))
+        out.append({n: v / norm for n, v in d.items()})
+    return out
+
+
+@dataclass(frozen=True)
+class Sharpness(Objective):
+    """Eq. 5.1 less the loss: ``(1/|T||D|) Σ_{t,d} L(θ + t d) − L(θ)``, ``D`` = ``directions`` random unit vectors and
+    their negatives (fixed by ``seed``), ``T`` = ``displacements``. Minimised by default (flatter).
+
+    For a quadratic ``L = ½ θᵀHθ`` it is exactly ``(1/|T||D|) Σ t²/2 · dᵀHd``, whose mean over directions is
+    ``t² tr(H)/(2n)``. The dissertation used ``T = 0.001, 0.011, …, 0.191`` and ``|D| = 200``.
+    """
+
+    displacements: tuple[float, ...] = (0.05, 0.1)
+    directions: int = 8
+    seed: int = 0
+    maximize: bool = False
+
+    def __call__(self, params, loss, action, wrt):
+        base = loss(params)
+        shapes = {n: params[n].shape for n in wrt}
+        total, count = 0.0, 0
+        for d in _unit_directions(shapes, self.directions, self.seed, base):
+            for t in self.displacements:
+                for sign in (1.0, -1.0):
+                    total = total + loss({**params, **{n: params[n] + sign * t * d[n] for n in wrt}})
+                    count += 1
+        return total / count - base
+
+
+def _derivative(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``dy/dt`` for a vector ``y`` of a scalar ``t``, itself differentiable (double-vjp trick)."""
+    u = torch.zeros_like(y, requires_grad=True)
+    (dt,) = torch.autograd.grad(y, t, grad_outputs=u, create_graph=True, allow_unused=True)
+    if dt is None:
+        return torch.zeros_like(y)
+    (dy,) = torch.autograd.grad(dt, u, create_graph=True, allow_unused=True)
+    return torch.zeros_like(y) if dy is None else dy
+
+
+@dataclass(frozen=True)
+class Curvature(Objective):
+    """Eq. 5.2: the mean curvature ``κ`` at ``t = 0`` of ``curves`` orbit curves ``γ(t) = exp(t Σ mᵢ Bᵢ)·θ``,
+    ``m`` random unit coordinate vectors (fixed by ``seed``), ``κ = (‖γ'‖²‖γ''‖² − (γ'·γ'')²)^{1/2}/‖γ'‖³`` over the
+    entries ``wrt``. Maximised by default (Sec. 5.3: larger curvature generalised better).
+
+    >>> circle = FunctionAction(lambda p, c: {"x": matrix_exp(c[0] * torch.tensor([[0., -1.], [1., 0.]])) @ p["x"]}, 1)
+    >>> round(Curvature()({"x": torch.tensor([2.0, 0.0])}, None, circle, ["x"]).item(), 6)   # radius 2
+    0.5
+    """
+
+    curves: int = 1
+    seed: int = 0
+    maximize: bool = True
+
+    def __call__(self, params, loss, action, wrt):
+        if action.dim == 0:
+            raise ValueError("Curvature: the action has no continuous part (dim 0)")
+        like = _float_like(params)
+        generator = torch.Generator().manual_seed(self.seed)
+        total = 0.0
+        for _ in range(self.curves):
+            m = torch.randn(action.dim, generator=generator, dtype=like.dtype).to(like.device)
+            t = torch.zeros((), dtype=like.dtype, device=like.device, requires_grad=True)
+            moved = action(params, t * (m / m.norm()))
+            gamma = torch.cat([moved[n].reshape(-1) for n in wrt])
+            d1 = _derivative(gamma, t)
+            d2 = _derivative(d1, t)
+            speed2 = (d1 * d1).sum()
+            if float(speed2.detach()) == 0:
+                raise ValueError("Curvature: γ'(0) = 0 (the random generator fixes θ); use another seed")
+            cross = (speed2 * (d2 * d2).sum() - (d1 * d2).sum() ** 2).clamp_min(torch.finfo(like.dtype).tiny)
+            total = total + cross.sqrt() / speed2 ** 1.5
+        return total / self.curves
+
+
+def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str, torch.Tensor]) -> Callable:
+    """The diagonal preconditioner ``P`` of ``optimizer``'s next step at gradient ``g``, for :class:`MetricGradNorm`.
+
+    ``named_params`` maps names to the optimizer's parameter tensors (``dict(model.named_parameters())``).
+    Adagrad: ``P = 1/(√(G + g²) + ε)`` (``G`` = state ``sum``: torch adds ``g²`` before dividing; the dissertation's
+    ``(εI + diag G_{t+1})^{−1/2}``, eq. 5.7, places ``ε`` inside the root). RMSprop: ``v' = αv + (1 − α)g²``,
+    ``P = 1/(√v' + ε)``. Adam/AdamW: ``v' = β₂v + (1 − β₂)g²``, ``P = 1/(√(v'/(1 − β₂^{t+1})) + ε)``. SGD: ``P = 1``.
+    Learning rates and momentum are left out (a constant factor, or the old direction). State is read as stored.
+    """
+    groups = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+    kind = type(optimizer).__name__
+    if kind not in ("Adagrad", "RMSprop", "Adam", "AdamW", "SGD"):
+        raise ValueError(f"optimizer_metric: no preconditioner known for {kind} (Adagrad, RMSprop, Adam, AdamW, SGD)")
+    missing = [n for n, p in named_params.items() if id(p) not in groups]
+    if missing:
+        raise ValueError(f"optimizer_metric: named_params {missing} are not in the optimizer's parameter groups")
+
+    def root(v: torch.Tensor) -> torch.Tensor:
+        """``√v`` with a finite derivative where ``v = 0`` (a unit that has had no gradient yet)."""
+        return v.clamp_min(torch.finfo(v.dtype).tiny).sqrt()
+
+    def metric(grads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, g in grads.items():
+            if name not in named_params:
+                continue
+            p = named_params[name]
+            group, state = groups[id(p)], optimizer.state.get(p, {})
+            if kind == "Adagrad":
+                out[name] = 1 / (root(state["sum"] + g * g) + group["eps"])
+            elif kind == "RMSprop":
+                if group["centered"]:
+                    raise ValueError("optimizer_metric: centered RMSprop is not supported (its P depends on the mean)")
+                v = group["alpha"] * state.get("square_avg", torch.zeros_like(g)) + (1 - group["alpha"]) * g * g
+                out[name] = 1 / (root(v) + group["eps"])
+            elif kind in ("Adam", "AdamW"):
+                if group["amsgrad"]:
+                    raise ValueError("optimizer_metric: amsgrad is not supported")
+                beta2 = group["betas"][1]
+                step = float(state.get("step", 0)) + 1
+                v = beta2 * state.get("exp_avg_sq", torch.zeros_like(g)) + (1 - beta2) * g * g
+                out[name] = 1 / (root(v / (1 - beta2 ** step)) + group["eps"])
+            else:
+                out[name] = torch.ones_like(g)
+        return out
+
+    return metric
+
+
+# ------------------------------------------------------------------------------------------------ teleport
+
+@dataclass(frozen=True)
+class TeleportResult:
+    """What a teleport did.
+
+    ``params``: the teleported parameters, or the original ones when rejected (``accepted=False``, ``reason``
+    says why). ``moves``: the group element as factors (:class:`Move`); ``coordinates`` their Lie-algebra parts.
+    ``objective_before/after`` and ``loss_before/after`` are of the candidate even when rejected; ``history``
+    the objective at every iterate; ``steps`` the gradient steps taken; ``seconds`` the wall-clock time.
+    """
+
+    params: dict
+    accepted: bool
+    reason: str
+    moves: tuple[Move, ...]
+    objective_before: float
+    objective_after: float
+    loss_before: float
+    loss_after: float
+    steps: int
+    seconds: float
+    history: tuple[float, ...] = ()
+
+    @property
+    def relative_loss_change(self) -> float:
+        return abs(self.loss_after - self.loss_before) / max(abs(self.loss_before), 1e-300)
+
+    @property
+    def coordinates(self) -> tuple[torch.Tensor, ...]:
+        return tuple(m.coords for m in self.moves if m.coords is not None)
+
+    def __str__(self):
+        verdict = "accepted" if self.accepted else f"rejected ({self.reason})"
+        return (f"teleport {verdict}: objective {self.objective_before:.6g} → {self.objective_after:.6g}, loss "
+                f"{self.loss_before:.6g} → {self.loss_after:.6g} (relative change {self.relative_loss_change:.1e}), "
+                f"{self.steps} steps, {len(self.moves)} moves, {self.seconds * 1e3:.1f} ms")
+
+
+@dataclass(frozen=True)
+class Teleporter:
+    """Settings of a teleport (see :func:`teleport`); ``teleporter(params, loss, wrt=None)`` runs one.
+
+    Parameters
+    ----------
+    action : an :class:`Action` (or anything :func:`as_action` takes without data).
+    objective : an :class:`Objective`, or a callable ``params → scalar``.
+    steps, lr : gradient steps on the coordinates and their size (``Δ = ±lr ∇_c F``).
+    maximize : direction; ``None`` takes the objective's default (``True`` for a plain callable).
+    compose : ``g ← exp(Δ) g`` at every step (``True``) or one element ``exp(Σ cᵢ Bᵢ)`` with ``c ← c + Δ``.
+    max_step : clip ``‖Δ‖`` to this (a trust region, so each factor ``exp(Δ)`` has condition number at most
+        ``e^{2 max_step}``; ``None``: no clipping). Gradient-norm objectives are unbounded on non-compact orbits
+        (``GL``, scalings): without a bound, steps grow with the objective and the parameters explode.
+    backtrack : 0 takes every step ``Δ = ±lr ∇_c F`` as the dissertation does. ``k > 0`` adapts the step: halve it
+        up to ``k`` times until the objective improves, the loss stays within ``tolerance`` and everything is
+        finite; after an accepted step the next one starts from twice the last scale (at most ``lr``); stop when
+        no such step is found (converged).
+    tolerance : largest accepted relative loss change (default :data:`TOLERANCES` by dtype).
+    discrete : ``None``, ``"greedy"`` (repeatedly take the best discrete generator or inverse while it improves)
+        or ``"random"`` (best of random words in the generators), tried before the gradient steps.
+    discrete_steps : rounds of the greedy search, or random words of up to this length.
+    samples, seed : number of random words and their seed.
+    """
+
+    action: Action
+    objective: Objective | Callable = GradNorm()
+    steps: int = 10
+    lr: float = 0.1
+    maximize: bool | None = None
+    compose: bool = True
+    max_step: float | None = 1.0
+    backtrack: int = 0
+    tolerance: float | None = None
+    discrete: str | None = None
+    discrete_steps: int = 4
+    samples: int = 16
+    seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "action", as_action(self.action))
+        if self.discrete not in (None, "greedy", "random"):
+            raise ValueError(f"Teleporter: discrete must be None, 'greedy' or 'random', got {self.discrete!r}")
+        if self.steps < 0 or not self.lr >= 0:
+            raise ValueError(f"Teleporter: steps ({self.steps}) and lr ({self.lr}) must be non-negative")
+        if self.discrete and not self.action.discrete_generators():
+            raise ValueError(f"Teleporter: discrete={self.discrete!r} but the action has no discrete generators")
+        if self.steps and self.action.dim == 0 and not self.discrete:
+            raise ValueError("Teleporter: the action has no continuous part (dim 0); use discrete='greedy' or 'random'")
+
+    @property
+    def sign(self) -> float:
+        maximize = self.maximize if self.maximize is not None else getattr(self.objective, "maximize", True)
+        return 1.0 if maximize else -1.0
+
+    def evaluate(self, params: Params, loss: Callable, wrt: Sequence[str]) -> torch.Tensor:
+        """The objective at ``params``."""
+        if isinstance(self.objective, Objective):
+            return self.objective(params, loss, self.action, wrt)
+        return self.objective(params)
+
+    def __call__(self, params: Params, loss: Callable[[Params], torch.Tensor],
+                 wrt: Sequence[str] | None = None) -> TeleportResult:
+        start = time.perf_counter()
+        theta0 = {n: p.detach() for n, p in params.items()}
+        if wrt is None:
+            trainable = [n for n, p in params.items() if isinstance(p, torch.nn.Parameter)]
+            wrt = trainable or [n for n, p in theta0.items() if p.is_floating_point()]
+        wrt = tuple(wrt)
+        unknown = [n for n in wrt if n not in theta0]
+        if unknown or not wrt:
+            raise ValueError(f"teleport: wrt names {unknown or '(none)'} are not in params")
+        like = theta0[wrt[0]]
+        tolerance = self.tolerance if self.tolerance is not None else TOLERANCES.get(like.dtype, 1e-4)
+        with torch.no_grad():
+            loss0 = float(loss(theta0))
+
+        def value(p):
+            with torch.enable_grad():
+                return float(self.evaluate(p, loss, wrt).detach())
+
+        def admissible(p):
+            if not all(bool(torch.isfinite(p[n]).all()) for n in wrt):
+                return False
+            with torch.no_grad():
+                lp = float(loss(p))
+            return math.isfinite(lp) and abs(lp - loss0) <= tolerance * max(abs(loss0), 1e-300)
+
+        theta, moves = theta0, []
+        history = [value(theta0) if self.discrete else None]      # None: filled in by the next evaluation
+        if self.discrete:
+            theta, found, current = self._search(theta, value, admissible, history[0])
+            if found:
+                moves, history = found, history + [current]
+        base, total, steps = theta, torch.zeros(self.action.dim, dtype=like.dtype, device=like.device), 0
+        scale, note = 1.0, ""
+        for _ in range(self.steps if self.action.dim else 0):
+            z = torch.zeros_like(total, requires_grad=True)
+            with torch.enable_grad():
+                objective = self.evaluate(self.action(theta if self.compose else base, total + z), loss, wrt)
+                (grad,) = torch.autograd.grad(objective, z, allow_unused=True)
+            if history[-1] is None:
+                history[-1] = float(objective.detach())
+            if grad is None:
+                break
+            if not torch.isfinite(grad).all():
+                note = f"stopped after {steps} steps: the objective's gradient in the coordinates is not finite"
+                break
+            delta = self.sign * self.lr * scale * grad
+            norm = float(delta.norm())
+            if self.max_step is not None and norm > self.max_step:
+                delta, norm = delta * (self.max_step / norm), self.max_step
+            if norm == 0:
+                break
+            (candidate, failure), current = self._advance(base, theta, total, delta), None
+            if self.backtrack:
+                for _ in range(self.backtrack):
+                    current = value(candidate) if candidate is not None and admissible(candidate) else None
+                    if current is not None and self.sign * (current - float(objective.detach())) > 0:
+                        break
+                    delta, scale = delta / 2, scale / 2
+                    candidate, failure = self._advance(base, theta, total, delta)
+                else:
+                    break  # no admissible improving step along the gradient: converged
+                scale = min(1.0, 2 * scale)
+            elif candidate is None:
+                note = f"stopped after {steps} steps: the action is undefined at the next step ({failure})"
+                break
+            theta, steps = candidate, steps + 1
+            if self.compose:
+                moves.append(Move(coords=delta.detach()))
+            else:
+                total = total + delta.detach()
+            history.append(current)
+        if history[-1] is None:
+            history[-1] = value(theta)
+        if not self.compose and steps:
+            moves.append(Move(coords=total))
+        with torch.no_grad():
+            loss1 = float(loss(theta))
+        change = abs(loss1 - loss0) / max(abs(loss0), 1e-300)
+        accepted, reason = True, note
+        if not (math.isfinite(loss1) and math.isfinite(history[-1])
+                and all(bool(torch.isfinite(theta[n]).all()) for n in wrt)):
+            accepted, reason = False, "the parameters, loss or objective after the teleport are not finite"
+        elif change > tolerance:
+            accepted, reason = False, f"relative loss change {change:.2e} > tolerance {tolerance:.1e}"
+        moved = {n: params[n] if theta[n] is theta0[n] else theta[n] for n in params}
+        return TeleportResult(moved if accepted else dict(params), accepted, reason, tuple(moves), history[0],
+                              history[-1], loss0, loss1, steps, time.perf_counter() - start, tuple(history))
+
+    def _advance(self, base, theta, total, delta):
+        """``(next iterate, "")``, or ``(None, why)`` where the action is undefined (singular frames, points off the
+        image of a conjugating map)."""
+        try:
+            with torch.no_grad():
+                return (self.action(theta, delta) if self.compose else self.action(base, total + delta)), ""
+        except (ValueError, torch.linalg.LinAlgError) as error:
+            return None, str(error).splitlines()[0]
+
+    def _search(self, theta, value, admissible, current):
+        """Discrete search over the generators (and inverses); returns ``(θ, moves, objective)``."""
+        count = len(self.action.discrete_generators())
+        options = [Move(generator=i, inverse=inv) for i in range(count) for inv in (False, True)]
+
+        def score(v):
+            return self.sign * v
+
+        moves = []
+        if self.discrete == "greedy":
+            for _ in range(self.discrete_steps):
+                best = None
+                for move in options:
+                    with torch.no_grad():
+                        candidate = self.action.replay(theta, [move])
+                    if not admissible(candidate):
+                        continue
+                    v = value(candidate)
+                    if score(v) > score(current) and (best is None or score(v) > score(best[0])):
+                        best = (v, move, candidate)
+                if best is None:
+                    break
+                current, move, theta = best[0], best[1], best[2]
+                moves.append(move)
+            return theta, moves, current
+        generator = torch.Generator().manual_seed(self.seed)
+        best = (current, [], theta)
+        for _ in range(self.samples):
+            length = int(torch.randint(1, self.discrete_steps + 1, (1,), generator=generator))
+            word = [options[int(i)] for i in torch.randint(len(options), (length,), generator=generator)]
+            with torch.no_grad():
+                candidate = self.action.replay(theta, word)
+            if admissible(candidate):
+                v = value(candidate)
+                if score(v) > score(best[0]):
+                    best = (v, word, candidate)
+        return best[2], list(best[1]), best[0]
+
+
+def teleport(action, params: Params, loss: Callable[[Params], torch.Tensor], objective: Objective | Callable = GradNorm(),
+             *, wrt: Sequence[str] | None = None, **settings) -> TeleportResult:
+    """Teleport ``params`` along ``action`` to optimise ``objective`` at the loss ``loss(params)`` (one batch).
+
+    ``wrt``: the entries that are trainable parameters (gradients, directions and curves are taken over them;
+    default: the ``nn.Parameter`` entries, or every floating-point entry when there are none). ``settings``: see
+    :class:`Teleporter`. Returns a :class:`TeleportResult`; the input is not modified.
+    """
+    return Teleporter(as_action(action), objective, **settings)(params, loss, wrt)
+
+
+def transform_cotangent(action: Action, moves: Sequence[Move], params_after: Params,
+                        vectors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``J⁻ᵀ v`` for the Jacobian ``J = ∂(g·θ)/∂θ`` of the teleport ``g`` (``moves``), at ``θ' = g·θ = params_after``.
+
+    This is how gradients move (``∇L(g·θ) = J⁻ᵀ ∇L(θ)`` for an invariant ``L``), and hence gradient-like state such
+    as momentum. Computed as the vector–Jacobian product of ``θ' ↦ g⁻¹·θ'`` (``J⁻¹`` by the inverse function
+    theorem), exact for group actions (``action.is_group_action``); otherwise ``g⁻¹`` is the inverse moves'
+    action, an approximation. ``vectors``: ``{name: v}`` over some entries of ``params_after``.
+    """
+    leaves = {n: params_after[n].detach().requires_grad_(True) for n in vectors}
+    with torch.enable_grad():
+        back = action.undo({**params_after, **leaves}, moves)
+        grads = torch.autograd.grad([back[n] for n in vectors], list(leaves.values()),
+                                    grad_outputs=[vectors[n] for n in vectors], allow_unused=True)
+    return {n: (torch.zeros_like(vectors[n]) if g is None else g.detach()) for n, g in zip(vectors, grads)}

@@ -1,0 +1,306 @@
+"""The equivariance catalogue: which groups commute with which activations.
+
+Each :class:`CatalogueEntry` holds the activation's SymPy function (which prints itself to torch),
+the identity it declares, ``σ(g z) = π(g) σ(z) + τ(g)``, and the groups for which it declares it.
+Entries are registered with :func:`register` into a read-only mapping, :data:`CATALOGUE`. To add or
+replace entries for one call, overlay a mapping — never mutate the global one::
+
+    >>> import symalg
+    >>> from symalg.catalogue.activations import CATALOGUE, CatalogueEntry, overlay, declare_odd
+    >>> import sympy as sp
+    >>> mine = overlay({"sin": CatalogueEntry("sin", lambda z: sp.sin(z), declare_odd())})
+    >>> analysis = symalg.derive(symalg.parse("linear(2, 3) -> sin -> linear(3, 1)", catalogue=mine), mine)
+    >>> [s.group.name for s in analysis.symmetries]
+    ['SignFlips(3)', 'S(3)']
+
+A pointwise entry's function maps a scalar SymPy ``z`` to ``σ(z)``; a radial entry's maps the norm
+``r = ‖z‖`` to the scale ``f(r)`` in ``σ(z) = f(‖z‖) z``. Hyper-parameters (a slope, a degree)
+are keyword arguments of the function and of the group declaration.
+"""
+from __future__ import annotations
+
+import math
+from collections import ChainMap
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+import sympy as sp
+
+from symalg.frontend.grammar import parse_number
+from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
+
+__all__ = ["CATALOGUE", "CatalogueEntry", "register", "overlay", "declare_linear", "declare_homogeneous",
+           "declare_leaky", "declare_odd", "declare_pointwise", "declare_radial", "exact"]
+
+
+def exact(value) -> sp.Expr:
+    """A hyper-parameter as an exact SymPy number: floats by their decimal repr (``0.2`` → ``1/5``),
+    never guessed into irrationals (``0.7071067811865476`` stays that decimal, not ``√2/2``).
+
+    Text is read by the spec grammar (:func:`symalg.frontend.grammar.parse_number`: numbers, ``+ - * /`` of
+    numbers, plain names, which become symbols), never evaluated; other objects must be SymPy numbers
+    or convertible to them without parsing (``sympify(strict=True)``).
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"hyper-parameter {value!r} is not a number")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"hyper-parameter {value!r} is not a finite number")
+        return sp.Rational(repr(value))
+    if isinstance(value, str):
+        value = parse_number(value, f"hyper-parameter {value!r}")
+        return sp.Symbol(value) if isinstance(value, str) else sp.sympify(value)
+    try:
+        return sp.sympify(value, strict=True)
+    except sp.SympifyError:
+        raise ValueError(f"hyper-parameter {value!r} ({type(value).__name__}) is not a number") from None
+
+GroupDeclaration = Callable[..., tuple[SiteGroup, ...]]
+
+
+# -- SymPy activation functions that print themselves to torch ----------------------------------
+class _TorchActivation(sp.Function):
+    """A scalar SymPy function printed as a ``torch.nn.functional`` call, exactly as torch defines it."""
+
+    torch_name: str = ""
+    nargs = 1
+
+    def _torchcode(self, printer):
+        return f"{printer._module_format('torch.nn.functional.' + self.torch_name)}({printer._print(self.args[0])})"
+
+    def _latex(self, printer):
+        return rf"\operatorname{{{self.torch_name}}}\left({printer._print(self.args[0])}\right)"
+
+    def _eval_is_real(self):
+        return self.args[0].is_real
+
+
+class sigmoid(_TorchActivation):
+    """``σ(z) = 1 / (1 + e^{−z})``; satisfies ``σ(−z) = 1 − σ(z)``."""
+
+    torch_name = "sigmoid"
+
+    def _torchcode(self, printer):
+        return f"{printer._module_format('torch.sigmoid')}({printer._print(self.args[0])})"
+
+    def fdiff(self, argindex=1):
+        return sigmoid(self.args[0]) * (1 - sigmoid(self.args[0]))
+
+    def _eval_rewrite_as_exp(self, z, **kwargs):
+        return 1 / (1 + sp.exp(-z))
+
+
+class gelu(_TorchActivation):
+    """Exact GELU, ``z Φ(z) = z (1 + erf(z/√2)) / 2`` (torch's default, ``approximate='none'``)."""
+
+    torch_name = "gelu"
+
+    def fdiff(self, argindex=1):
+        z = sp.Dummy("z")
+        return self._eval_rewrite_as_erf(z).diff(z).subs(z, self.args[0])
+
+    def _eval_rewrite_as_erf(self, z, **kwargs):
+        return z * (1 + sp.erf(z / sp.sqrt(2))) / 2
+
+
+class silu(_TorchActivation):
+    """SiLU / swish, ``z σ(z)``."""
+
+    torch_name = "silu"
+
+    def fdiff(self, argindex=1):
+        z = self.args[0]
+        return sigmoid(z) + z * sigmoid(z) * (1 - sigmoid(z))
+
+    def _eval_rewrite_as_exp(self, z, **kwargs):
+        return z / (1 + sp.exp(-z))
+
+
+class softplus(_TorchActivation):
+    """``log(1 + e^z)`` (torch's ``beta=1``; torch returns ``z`` itself above ``z > 20``)."""
+
+    torch_name = "softplus"
+
+    def fdiff(self, argindex=1):
+        return sigmoid(self.args[0])
+
+    def _eval_rewrite_as_exp(self, z, **kwargs):
+        return sp.log(1 + sp.exp(z))
+
+
+# -- group declarations --------------------------------------------------------------------------
+def declare_linear() -> GroupDeclaration:
+    """Identity activation: ``σ(g z) = g σ(z)`` for all of ``GL(h)``."""
+    return lambda width, **_: (GeneralLinear(width),)
+
+
+def declare_homogeneous(degree_param: str | None = None, degree=1) -> GroupDeclaration:
+    """Positively homogeneous pointwise activation of degree α: ``σ(c z) = c^α σ(z)``, ``c > 0``.
+
+    The degree is ``degree``, or the hyper-parameter named ``degree_param`` when given.
+    """
+    def groups(width, **params):
+        alpha = exact(params[degree_param]) if degree_param else sp.sympify(degree)
+        return PositiveScaling(width, alpha), Permutations(width)
+    return groups
+
+
+def declare_leaky() -> GroupDeclaration:
+    """Leaky ReLU ``max(z, 0) + s·min(z, 0)``: positively homogeneous of degree 1, and at ``s = 1`` the identity,
+    equivariant under all of ``GL(h)``."""
+    homogeneous, linear = declare_homogeneous(), declare_linear()
+    return lambda width, slope: linear(width) if slope == 1 else homogeneous(width)
+
+
+def declare_odd(center=0) -> GroupDeclaration:
+    """Pointwise activation symmetric about ``(0, c)``: ``σ(−z) = 2c − σ(z)`` (odd for ``c = 0``)."""
+    return lambda width, **_: (SignFlips(width, sp.sympify(center)), Permutations(width))
+
+
+def declare_pointwise() -> GroupDeclaration:
+    """Any pointwise activation: neuron permutations and nothing more."""
+    return lambda width, **_: (Permutations(width),)
+
+
+def declare_radial() -> GroupDeclaration:
+    """Radial rescaling ``σ(z) = f(‖z‖) z``: ``σ(g z) = g σ(z)`` for all of ``O(h)``."""
+    return lambda width, **_: (Orthogonal(width),)
+
+
+@dataclass(frozen=True, eq=False)
+class CatalogueEntry:
+    """One activation: its SymPy function, its declared identity (via its groups), its groups.
+
+    Parameters
+    ----------
+    name : canonical op name (``"relu"``).
+    function : ``function(z, **params)``: σ(z) for a scalar SymPy ``z`` (pointwise), or the scale
+        ``f(r)`` at ``r = ‖z‖`` (radial).
+    groups : ``groups(width, **params)``: the groups the activation is declared equivariant under.
+    radial : ``True`` when the activation acts on the whole feature vector through its norm.
+    defaults : default hyper-parameters (``{"slope": 0.01}``).
+    positive : hyper-parameters that must be positive (a homogeneity degree).
+    """
+
+    name: str
+    function: Callable[..., sp.Expr]
+    groups: GroupDeclaration
+    radial: bool = False
+    defaults: Mapping = field(default_factory=dict)
+    positive: tuple[str, ...] = ()
+
+    def expression(self, z: sp.Symbol, **params) -> sp.Expr:
+        """``σ(z)`` (pointwise) or ``f(z)`` (radial) with defaults filled in."""
+        return self.function(z, **self.resolve(params))
+
+    def resolve(self, params: Mapping) -> dict:
+        """Defaults merged with ``params`` as exact numbers; unknown hyper-parameters raise, naming the entry."""
+        unknown = set(params) - set(self.defaults)
+        if unknown:
+            raise ValueError(f"activation {self.name!r} has no hyper-parameter {sorted(unknown)} "
+                             f"(it takes {sorted(self.defaults) or 'none'})")
+        resolved = {k: exact(v) for k, v in {**self.defaults, **params}.items()}
+        for key, value in resolved.items():
+            if not (value.is_number and value.is_finite and value.is_real):
+                raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be a finite real number")
+            if key in self.positive and not value.is_positive:
+                raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be positive")
+        return resolved
+
+    def site_groups(self, width, **params) -> tuple[SiteGroup, ...]:
+        return self.groups(width, **self.resolve(params))
+
+
+_REGISTRY: dict[str, CatalogueEntry] = {}
+CATALOGUE: Mapping[str, CatalogueEntry] = MappingProxyType(_REGISTRY)
+"""The built-in catalogue (read-only); extend it per call with :func:`overlay`."""
+
+
+def register(name: str, groups: GroupDeclaration, *, radial: bool = False, positive: tuple[str, ...] = (),
+             **defaults):
+    """Decorator registering ``function`` as the built-in entry ``name`` (``defaults``: hyper-parameters)."""
+    def decorate(function):
+        if name in _REGISTRY:
+            raise ValueError(f"catalogue entry {name!r} is already registered")
+        _REGISTRY[name] = CatalogueEntry(name, function, groups, radial, MappingProxyType(defaults), positive)
+        return function
+    return decorate
+
+
+def overlay(entries: Mapping[str, CatalogueEntry], base: Mapping[str, CatalogueEntry] = CATALOGUE) -> Mapping:
+    """A catalogue in which ``entries`` add to or replace those of ``base`` (which is untouched)."""
+    for key, entry in entries.items():
+        if not isinstance(entry, CatalogueEntry) or entry.name != key:
+            raise ValueError(f"overlay: entry {key!r} must be a CatalogueEntry named {key!r}")
+    return ChainMap(dict(entries), base)
+
+
+@register("identity", declare_linear())
+def _identity(z):
+    return z
+
+
+@register("relu", declare_homogeneous())
+def _relu(z):
+    return sp.Max(z, 0)
+
+
+@register("leaky_relu", declare_leaky(), slope=sp.Rational(1, 100))
+def _leaky_relu(z, slope):
+    if exact(slope) == 1:
+        return z    # max(z, 0) + min(z, 0), which SymPy does not reduce to z by itself
+    return sp.Max(z, 0) + exact(slope) * sp.Min(z, 0)
+
+
+@register("relu_pow", declare_homogeneous("alpha"), positive=("alpha",), alpha=2)
+def _relu_pow(z, alpha):
+    return sp.Max(z, 0) ** exact(alpha)
+
+
+@register("tanh", declare_odd())
+def _tanh(z):
+    return sp.tanh(z)
+
+
+@register("sigmoid", declare_odd(center=sp.Rational(1, 2)))
+def _sigmoid(z):
+    return sigmoid(z)
+
+
+@register("gelu", declare_pointwise())
+def _gelu(z):
+    return gelu(z)
+
+
+@register("silu", declare_pointwise())
+def _silu(z):
+    return silu(z)
+
+
+@register("softplus", declare_pointwise())
+def _softplus(z):
+    return softplus(z)
+
+
+class inverse_hypot(_TorchActivation):
+    """``1 / √(1 + r²)``, printed as ``1 / hypot(1, r)`` so that large ``r`` cannot overflow."""
+
+    def _torchcode(self, printer):
+        r = printer._print(self.args[0])
+        return f"torch.reciprocal(torch.hypot(torch.ones_like({r}), {r}))"
+
+    def _latex(self, printer):
+        return rf"\left(1 + {printer._print(self.args[0])}^{{2}}\right)^{{-1/2}}"
+
+    def _eval_rewrite_as_sqrt(self, r, **kwargs):
+        return 1 / sp.sqrt(1 + r ** 2)
+
+    def fdiff(self, argindex=1):
+        return -self.args[0] * inverse_hypot(self.args[0]) ** 3
+
+
+@register("radial", declare_radial(), radial=True)
+def _radial(r):
+    """``σ(z) = z / √(1 + ‖z‖²)``: a smooth, bounded radial rescaling."""
+    return inverse_hypot(r)

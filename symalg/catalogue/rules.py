@@ -1,0 +1,944 @@
+"""Op rules: the equivariance catalogue of layers and structural ops, one function per canonical op.
+
+A rule receives the :class:`~symalg.symbolic.inference.Inference` state, the node, its data and the
+labels of its inputs, and returns the label of its output. It may create sites (where a
+parameterised map writes a feature axis), bind tensors, tie sites and restrict them. Rules are
+registered by decorator into the read-only :data:`OP_RULES`; activations are served by the
+catalogue (:mod:`symalg.catalogue`), and an op nobody declared is handled by :func:`unknown_rule`,
+which keeps only the kinds under which its inputs are invariant.
+
+>>> sorted(OP_RULES)[:4]
+['abs', 'add', 'attention', 'avg_pool']
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Callable
+
+from symalg.catalogue.bindings import Binding, TranslationFamily
+from symalg.symbolic.checks import disproof, symbolic_checks
+from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips
+from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment
+
+__all__ = ["OP_RULES", "WEIGHT_RULES", "WeightExpr", "register_rule", "activation_rule", "unknown_rule"]
+
+_RULES: dict[str, Callable] = {}
+WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
+                          "permute", "embedding", "cdist", "getitem"})
+"""Ops whose rules read parameters (and weights computed from them) among their inputs."""
+OP_RULES = MappingProxyType(_RULES)
+"""Read-only ``{canonical op: rule}``."""
+
+DIAGONAL = frozenset({"PS", "SF", "S"})
+
+
+def register_rule(*ops: str):
+    def decorate(rule):
+        for op in ops:
+            _RULES[op] = rule
+        return rule
+    return decorate
+
+
+def _argument(data, position: int, name: str, default=None):
+    arguments = data.get("arguments", {})
+    if name in arguments:
+        return arguments[name]
+    return arguments.get(f"arg{position}", default)
+
+
+def _dim(data, position: int, default=-1):
+    dim = _argument(data, position, "dim", default)
+    return data["settings"].get("dim", dim) if data["kind"] == "module" else dim
+
+
+def _normalise(dim: int, ndim: int | None) -> int:
+    """A dimension as a negative index (needs ``ndim`` for non-negative ones)."""
+    if dim < 0:
+        return dim
+    if ndim is None:
+        raise ValueError("needs shapes")
+    return dim - ndim
+
+
+def _first(inputs) -> Label:
+    return inputs[0] if inputs and inputs[0] is not None else Label.data()
+
+
+# -- activations and unknown ops ---------------------------------------------------------------
+
+_KINDS_OF_GROUP = {GeneralLinear: ALL - TRANSLATIONS, Orthogonal: {"O", "O1", "SF", "S"}, PositiveScaling: {"PS"},
+                   SignFlips: {"SF"}, Permutations: {"S"}}
+
+
+def activation_rule(state: Inference, node, data, inputs) -> Label:
+    """A catalogue activation on the feature axis: ``σ(g z) = π(g) σ(z) + τ(g)`` for the entry's groups
+    (``τ ≠ 0`` for affine sign flips, ``σ(−z) = 1 − σ(z)``: the output's segments carry the center)."""
+    label = _first(inputs)
+    entry = state.catalogue[data["op"]]
+    params = entry.resolve({k: v for k, v in data["settings"].items() if k in entry.defaults})
+    groups = entry.site_groups(label.size or 2, **params)     # the width only names the groups in notes
+    kinds, alpha, center, disproved = set(), Fraction(1), Fraction(0), {}
+    for group in groups:
+        reason = disproof(data["op"], group, symbolic_checks(entry, group, tuple(sorted(params.items()))))
+        if state.strict and reason:
+            disproved[reason] = _KINDS_OF_GROUP[type(group)]
+            continue
+        kinds |= _KINDS_OF_GROUP[type(group)]
+        if isinstance(group, PositiveScaling):
+            alpha = Fraction(str(group.alpha))
+        if isinstance(group, SignFlips):
+            center = Fraction(str(group.center))
+    if entry.radial and label.dim != -1 and label.segments:
+        state.restrict_label(label, set(), node, f"{state.where(node)}: radial activation on a non-last axis", blocked=True)
+        return Label.data(label.dim, label.size)
+    for reason, refuted in disproved.items():   # the same checks and wording as the chain pipeline's derive
+        state.restrict_label(label, ALL - (refuted - kinds), node, f"{state.where(node)}: {reason}", blocked=True)
+    state.restrict_label(label, kinds, node, f"{state.where(node)} ({data['op']}) is equivariant only under "
+                                             f"{', '.join(sorted(kinds)) or 'nothing'}")
+    return Label(label.dim, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, s.power * alpha,
+                                                      s.invariant, center) for s in label.segments))
+
+
+def unknown_rule(state: Inference, node, data, inputs) -> Label:
+    """An op nobody declared: every site it reads keeps only the kinds its input is invariant under, and
+    every parameter it reads becomes opaque (no action may move it)."""
+    for label in inputs:
+        if _is_param(label) or isinstance(label, WeightExpr):
+            for tensor in (label.tensors if isinstance(label, WeightExpr) else (label[1],)):
+                state.opaque.setdefault(tensor, node)
+        elif isinstance(label, Label):
+            state.restrict_label(label, set(), node, f"{state.where(node)}: op {data['op']!r} is not in the "
+                                                     "equivariance catalogue", blocked=True)
+        elif isinstance(label, tuple):
+            for item in label:
+                state.restrict_label(item, set(), node, f"{state.where(node)}: op {data['op']!r} is unknown", blocked=True)
+    return Label.data()
+
+
+@register_rule("input", "constant", "buffer")
+def data_rule(state, node, data, inputs) -> Label:
+    return Label.data()
+
+
+@register_rule("param")
+def param_rule(state, node, data, inputs):
+    """A parameter read in ``forward``: its own label, resolved by the op that uses it."""
+    return ("param", data["params"]["value"])
+
+
+@register_rule("output")
+def output_rule(state: Inference, node, data, inputs) -> None:
+    """Every returned tensor (nested in tuples, lists, dicts, dataclasses) must not change (``mse``); with
+    ``cross_entropy`` the first is the logits, which may shift along ``1``. A returned parameter is
+    pinned (no action may move it)."""
+    for position, item in enumerate(_flat_outputs(inputs)):
+        kinds = {"T1"} if state.loss == "cross_entropy" and position == 0 else set()
+        if isinstance(item, Label):
+            state.restrict_label(item, kinds, node, f"{state.where(node)}: the model output is fixed by the loss")
+            if kinds:
+                _whole_vector_shifts(state, node, item, "the cross-entropy")
+        elif isinstance(item, WeightExpr) or _is_param(item):
+            for tensor in (item.tensors if isinstance(item, WeightExpr) else (item[1],)):
+                state.opaque.setdefault(tensor, node)
+    return None
+
+
+@register_rule("pack")
+def pack_rule(state, node, data, inputs) -> tuple:
+    """A dataclass or named tuple built in ``forward`` (``Output(logits=…, hidden=…)``): the tuple of its
+    fields' labels."""
+    return tuple(inputs)
+
+
+def _flat_outputs(items) -> list:
+    """Labels and parameters in nested output tuples (multi-output ops, ``pack``), depth first."""
+    flat = []
+    for item in items:
+        if isinstance(item, tuple) and not _is_param(item):
+            flat += _flat_outputs(item)
+        else:
+            flat.append(item)
+    return flat
+
+
+def _is_param(label) -> bool:
+    return isinstance(label, tuple) and len(label) == 2 and label[0] == "param"
+
+
+@dataclass(frozen=True)
+class WeightExpr:
+    """A weight computed from parameters in ``forward`` (``W + s·B @ A``): the ``(tensor, axis)`` pairs
+    indexing its rows and its columns, and the whole parameters among its summands."""
+
+    rows: tuple[tuple[str, int], ...]
+    cols: tuple[tuple[str, int], ...]
+    plain: tuple[str, ...] = ()
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t for t, _ in self.rows + self.cols))
+
+
+def _weight(state: Inference, label) -> WeightExpr | None:
+    """``label`` as a matrix-valued weight expression, or ``None`` (a value, a tensor of another rank)."""
+    if isinstance(label, WeightExpr):
+        return label
+    if _is_param(label) and len(state.shapes[label[1]]) == 2:
+        return WeightExpr(((label[1], 0),), ((label[1], 1),), (label[1],))
+    return None
+
+
+# -- parameterised maps ------------------------------------------------------------------------
+
+def _producer_site(state, node, width, weight, bias, name=None) -> int:
+    """A site on the rows of ``weight`` (a parameter name or a :class:`WeightExpr`) and of ``bias``, with
+    the translations a consumer may allow: along ``1`` (whole weight parameters, bias) and of the bias."""
+    expr = weight if isinstance(weight, WeightExpr) else WeightExpr(((weight, 0),), (), (weight,))
+    rows = [Binding(t, axis, 0, width, node=node) for t, axis in expr.rows]
+    bias_rows = Binding(bias, 0, 0, width, node=node) if bias else None
+    site = state.new_site(node, width, rows + ([bias_rows] if bias else []), name=name)
+    translations = state.site(site).translations
+    translations += [("T1", node, TranslationFamily("rows", (b,))) for b in rows if b.tensor in expr.plain]
+    if bias:
+        translations.append(("T1", node, TranslationFamily("ones", (bias_rows,))))
+        translations.append(("T", node, TranslationFamily("entries", (bias_rows,))))
+    return site
+
+
+def _read_as_map(state, node, label: Label, weight, feature_dim: int) -> None:
+    """A map reads ``label`` on its input axis: bind columns (of every column tensor of a
+    :class:`WeightExpr`); translations of the input cannot pass."""
+    columns = weight.cols if isinstance(weight, WeightExpr) else ((weight, 1),)
+    if label.segments and label.dim != feature_dim:
+        state.restrict_label(label, set(), node, f"{state.where(node)} reads axis {feature_dim} of a value whose "
+                                                 f"sites run along axis {label.dim}", blocked=True)
+        label = Label.data(feature_dim)
+    state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} does not absorb translations")
+    for tensor, axis in columns:
+        state.bind_reader(label, tensor, axis, node)
+
+
+def _absorb_shifts(state, node, label: Label, weight, bias) -> None:
+    """A linear map or unpadded convolution reading a value shifted by affine sign flips, ``v ↦ g v + τ``: its
+    bias absorbs ``−W' τ`` (``W'`` the moved weight, summed over the kernel's positions). Without a bias, or
+    with a weight computed in ``forward`` (a transpose, ``B @ A``), the flips go."""
+    tensor = weight.plain[0] if isinstance(weight, WeightExpr) and len(weight.plain) == 1 else weight
+    plain = isinstance(tensor, str) and (not isinstance(weight, WeightExpr) or
+                                         (weight.rows, weight.cols) == (((tensor, 0),), ((tensor, 1),)))
+    if bias is None or not plain:
+        why = "has no bias" if bias is None else "computes its weight"
+        _refuse_shifts(state, node, label, f"{why} to absorb the shift of an affine sign flip")
+        return
+    for seg in label.segments:
+        if not seg.center:
+            continue
+        column = Binding(tensor, 1, seg.offset, seg.width, seg.block, "in", seg.power, node=node)
+        state.site(seg.site).shifts.append((bias, column, seg.center, node))
+
+
+def _unpadded(settings) -> bool:
+    """No zero padding (``padding=0`` or ``'valid'``): every output position reads a full window, so a constant
+    input shift adds the same ``Σ_k W[:, :, k] τ`` everywhere, which the bias can absorb."""
+    padding = settings.get("padding", 0)
+    return padding == "valid" or all(p == 0 for p in (padding if isinstance(padding, tuple) else (padding,)))
+
+
+def _refuse_shifts(state, node, label: Label, why: str) -> None:
+    """Remove the affine sign flips of every shifted segment ``label`` carries into ``node``."""
+    for seg in label.segments:
+        if seg.center:
+            state.restrict(seg.site, ALL - {"SF"}, node, f"{state.where(node)} {why}")
+
+
+@register_rule("linear")
+def linear_rule(state: Inference, node, data, inputs) -> Label:
+    """``y = W x + b``: a new site on the rows of ``W`` and ``b``; the input's sites on its columns.
+    ``W`` may be computed from parameters (``F.linear(x, W + B @ A)``: see :func:`matmul_rule`)."""
+    label = _first(inputs)
+    if data["kind"] == "module":
+        weight, bias = data["params"]["weight"], data["params"].get("bias")
+        out_features = state.shapes[weight][0]
+    else:
+        weight = _weight(state, inputs[1] if len(inputs) > 1 else None)
+        bias = inputs[2][1] if len(inputs) > 2 and _is_param(inputs[2]) else None
+        if weight is None or len(inputs) > 2 and inputs[2] is not None and not _is_param(inputs[2]):
+            return unknown_rule(state, node, data, inputs)
+        tensor, axis = weight.rows[0]
+        out_features = state.shapes[tensor][axis]
+    _read_as_map(state, node, label, weight, -1)
+    _absorb_shifts(state, node, label, weight, bias)
+    site = _producer_site(state, node, out_features, weight, bias)
+    return Label(-1, out_features, (Segment(site, 0, out_features),))
+
+
+@register_rule("conv")
+def conv_rule(state: Inference, node, data, inputs) -> Label:
+    """Convolution: output channels are a site (kernel axis 0, bias); input channels its columns.
+
+    ``groups = 1`` reads every input channel; a depthwise conv (``groups = in = out``) is a diagonal
+    map: per-channel scalings and sign flips pass into its kernel, a permutation moves both sides.
+    """
+    label = _first(inputs)
+    weight, bias = data["params"]["weight"], data["params"].get("bias")
+    settings = data["settings"]
+    out_channels, in_per_group = state.shapes[weight][:2]
+    channel_dim = -(len(state.shapes[weight]) - 1)
+    if settings.get("padding_mode", "zeros") != "zeros":
+        state.restrict_label(label, set(), node, f"{state.where(node)}: padding mode {settings['padding_mode']!r}", blocked=True)
+    if settings["groups"] == 1:
+        _read_as_map(state, node, label, weight, channel_dim)
+        if _unpadded(settings):
+            _absorb_shifts(state, node, label, weight, bias)
+        else:
+            _refuse_shifts(state, node, label, "pads with zeros, so the shift of an affine sign flip varies with position")
+        site = _producer_site(state, node, out_channels, weight, bias)
+        return Label(channel_dim, out_channels, (Segment(site, 0, out_channels),))
+    if settings["groups"] == settings["in_channels"] == out_channels and in_per_group == 1:
+        _refuse_shifts(state, node, label, "is depthwise: the shift of an affine sign flip is not modelled there")
+        if label.segments and label.dim != channel_dim:
+            state.restrict_label(label, set(), node, f"{state.where(node)}: a depthwise convolution of the channels "
+                                                     f"(axis {channel_dim}) slides along the sites' axis {label.dim}",
+                                 blocked=True)
+            label = Label.data(channel_dim)
+        return _diagonal_map(state, node, label, weight, bias, channel_dim)
+    state.restrict_label(label, set(), node, f"{state.where(node)}: grouped convolution with groups="
+                                             f"{settings['groups']} is not modelled", blocked=True)
+    return Label.data(channel_dim, out_channels)
+
+
+def _diagonal_map(state, node, label: Label, scale: str | None, shift: str | None, dim: int, axis: int = 0) -> Label:
+    """``y = s ⊙ x + t`` per feature: each input site's scalings/sign flips are absorbed by ``s``; the
+    output gets a new site acting on ``s, t`` (positive scaling, sign flips), tied to the input's
+    permutations. A data input (no sites) still gives the output its site. The feature axis is ``dim`` of
+    the value and ``axis`` of ``s, t`` (a LayerNorm gain over several axes has more)."""
+    state.restrict_label(label, DIAGONAL, node, f"{state.where(node)} is a per-feature (diagonal) map")
+    pieces = label.segments or (Segment(-1, 0, state.shapes[scale or shift][axis]),)
+    segments = []
+    for seg in pieces:
+        bindings = [Binding(t, axis, seg.offset, seg.width, seg.block, diagonal=True, node=node)
+                    for t in (scale, shift) if t]
+        if scale:
+            reader = Binding(scale, axis, seg.offset, seg.width, seg.block, "in", seg.power, diagonal=True, node=node)
+            if seg.site >= 0:
+                state.bind(seg.site, reader)
+            else:
+                state.pin(reader, node)
+        site = state.new_site(node, seg.width, bindings, allowed=DIAGONAL if seg.site >= 0 else {"PS", "SF"})
+        if seg.site >= 0:
+            state.tie_permutations(seg.site, site)
+        segments.append(Segment(site, seg.offset, seg.width, seg.block))
+    return Label(dim, label.size, tuple(segments))
+
+
+@register_rule("embedding")
+def embedding_rule(state: Inference, node, data, inputs) -> Label:
+    """``x = E[i]``: a site on the columns of the table ``E`` (``E ↦ E gᵀ``)."""
+    weight = data["params"].get("weight") if data["kind"] == "module" else (
+        inputs[1][1] if len(inputs) > 1 and _is_param(inputs[1]) else None)
+    if weight is None:
+        return unknown_rule(state, node, data, inputs)
+    vocabulary, width = state.shapes[weight]
+    state.pin(Binding(weight, 0, 0, vocabulary, node=node), node)
+    site = state.new_site(node, width, [Binding(weight, 1, 0, width, node=node)])
+    return Label(-1, width, (Segment(site, 0, width),))
+
+
+# -- structural ops ----------------------------------------------------------------------------
+
+def _same_layout(a: Label, b: Label) -> bool:
+    key = lambda label: [(s.offset, s.width, s.block) for s in label.segments]  # noqa: E731
+    return a.dim == b.dim and key(a) == key(b)
+
+
+@register_rule("add", "sub")
+def add_rule(state: Inference, node, data, inputs) -> Label:
+    """``a ± b``: both summands' sites are tied (a skip connection); a fixed summand pins the other. A sum
+    of weights (parameters, products of parameters) is a weight whose rows and columns are both's."""
+    labels = [i for i in inputs if isinstance(i, Label)]
+    constants = [i for i in inputs if i is None]
+    params = [i for i in inputs if _is_param(i)]
+    weights = [_weight(state, i) for i in inputs]
+    if len(inputs) == 2 and None not in weights and _same_shape(state, data):
+        a, b = weights
+        return WeightExpr(a.rows + b.rows, a.cols + b.cols, a.plain + b.plain)
+    if len(labels) == 1 and not params:
+        (label,) = labels
+        state.restrict_label(label, {"S"} if constants else set(), node,
+                             f"{state.where(node)} adds a constant to the value")
+        return label.map_segments(invariant=frozenset())
+    if len(labels) == 1 and len(params) == 1:
+        (label,), (param,) = labels, params
+        _add_parameter(state, node, label, param[1])
+        return label
+    if len(labels) == 2 and not (labels[0].segments and labels[1].segments):
+        a, b = labels
+        state.restrict_label(a if a.segments else b, set(), node,
+                             f"{state.where(node)} adds a value nothing acts on (model input or unknown op)")
+        return a if a.segments else b
+    if len(labels) != 2 or not _same_layout(*labels):
+        for label in labels:
+            state.restrict_label(label, set(), node, f"{state.where(node)}: summands with different site layouts", blocked=True)
+        return Label.data(labels[0].dim if labels else -1)
+    a, b = labels
+    segments = []
+    for x, y in zip(a.segments, b.segments):
+        state.tie(x.site, y.site)
+        if x.power != y.power:
+            state.restrict(x.site, ALL - {"PS"}, node, f"{state.where(node)} adds values of different scaling "
+                                                       f"powers {x.power} and {y.power}")
+        state.restrict(x.site, ALL - TRANSLATIONS, node, f"{state.where(node)}: a sum does not absorb translations")
+        segments.append(Segment(x.site, x.offset, x.width, x.block, x.power, x.invariant & y.invariant))
+    return Label(a.dim, a.size, tuple(segments))
+
+
+def _add_parameter(state: Inference, node, label: Label, tensor: str) -> None:
+    """``x ± p``, ``p`` broadcast against ``x`` (trailing axes aligned). Where ``p`` runs along the sites' axis
+    (its axis ``p.ndim + dim``, of the same length) it moves with them, ``p ↦ π(g) p``; where it is constant
+    along that axis (absent or of length 1) it cannot, and only permutations pass."""
+    shape = state.shapes[tensor]
+    axis = len(shape) + label.dim
+    if axis < 0 or shape[axis] == 1 and label.size != 1:
+        state.restrict_label(label, {"S"}, node, f"{state.where(node)} adds {tensor} of shape {shape}, constant "
+                                                 f"along the sites' axis {label.dim}", blocked=True)
+        return
+    state.bind_reader(label, tensor, axis, node, role="out")
+    state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} adds a parameter")
+
+
+@register_rule("mul", "div")
+def scale_rule(state: Inference, node, data, inputs) -> Label:
+    """Multiplication by a number commutes with every linear action; by a tensor it is unknown."""
+    scaled = [i for i in inputs if isinstance(i, (Label, WeightExpr)) or _is_param(i)]
+    numbers = all(i is None for i in inputs if not (isinstance(i, (Label, WeightExpr)) or _is_param(i)))
+    if len(scaled) == 1 and numbers and not _tensor_constant(state, node):
+        return _weight(state, scaled[0]) or scaled[0]
+    if data["op"] == "mul" and len(inputs) == 2 and data["inputs"][0] is not None and len(set(data["inputs"])) == 1:
+        return elementwise_rule(state, node, data, inputs[:1])  # x * x is x.square()
+    return unknown_rule(state, node, data, inputs)
+
+
+def _same_shape(state: Inference, data) -> bool:
+    shapes = [state.shape(i) for i in data["inputs"]]
+    return None not in shapes and len(set(shapes)) == 1
+
+
+@register_rule("matmul")
+def matmul_rule(state: Inference, node, data, inputs):
+    """A product of weights ``B @ A`` (a low-rank adapter): ``GL(r)`` on the inner axis (``A ↦ g A``,
+    ``B ↦ B g⁻¹``); the product's rows are ``B``'s, its columns ``A``'s. Products of values (attention
+    scores) are folded before inference; any other product is unknown."""
+    weights = [_weight(state, i) for i in inputs]
+    if len(weights) != 2 or None in weights:
+        return unknown_rule(state, node, data, inputs)
+    left, right = weights
+    tensor, axis = left.cols[0]
+    width = state.shapes[tensor][axis]
+    state.new_site(node, width, [Binding(t, a, 0, width, role="in", node=node) for t, a in left.cols] +
+                   [Binding(t, a, 0, width, node=node) for t, a in right.rows], allowed=ALL - TRANSLATIONS)
+    return WeightExpr(left.rows, right.cols)
+
+
+def _tensor_constant(state, node) -> bool:
+    """True if a non-number constant (a tensor buffer or a data tensor) is an operand."""
+    for source in filter(None, state.graph.nodes[node]["inputs"]):
+        if state.graph.nodes[source]["kind"] in ("constant", "input", "param") and \
+                not isinstance(state.labels.get(source), Label):
+            return True
+        if state.graph.nodes[source]["kind"] == "constant":
+            return True
+    return False
+
+
+@register_rule("neg", "identity")
+def identity_rule(state, node, data, inputs) -> Label:
+    return _first(inputs)
+
+
+@register_rule("dropout")
+def dropout_rule(state, node, data, inputs) -> Label:
+    """Dropout is the identity in eval mode (``p = 0`` likewise); in training its random mask
+    commutes only with diagonal actions."""
+    label = _first(inputs)
+    p = data["settings"].get("p", _argument(data, 1, "p", 0.5))
+    training = data["settings"].get("training", _argument(data, 2, "training", True))
+    if p and training:
+        state.restrict_label(label, {"PS", "SF"}, node, f"{state.where(node)}: dropout in training mode")
+    return label
+
+
+@register_rule("cat")
+def cat_rule(state: Inference, node, data, inputs) -> Label:
+    """Concatenation along the feature axis stacks the inputs' segments; along another axis it ties them."""
+    labels = [i for i in inputs if isinstance(i, Label)]
+    if len(labels) != len(inputs):
+        return unknown_rule(state, node, data, inputs)
+    shape = state.shape(node)
+    dim = _argument(data, 1, "dim", 0)
+    try:
+        dim = _normalise(dim, len(shape) if shape else None)
+    except ValueError:
+        return unknown_rule(state, node, data, inputs)
+    if all(label.dim == dim for label in labels):
+        segments, offset = [], 0
+        for label, source in zip(labels, data["inputs"]):
+            size = state.shape(source)[dim] if state.shape(source) else label.size
+            if size is None:
+                return unknown_rule(state, node, data, inputs)
+            segments += [replace(s, offset=s.offset + offset) for s in label.segments]
+            offset += size
+        return Label(dim, offset, tuple(segments))
+    first = labels[0]
+    for other in labels[1:]:
+        add_rule(state, node, data, [first, other])
+    return first
+
+
+@register_rule("flatten", "reshape")
+def reshape_rule(state: Inference, node, data, inputs) -> Label:
+    """Reshapes that keep the feature axis last, or flatten it with trailing axes (conv → dense:
+    each channel becomes a block of entries). Anything else splits the axis: unknown."""
+    label = _first(inputs)
+    source = data["inputs"][0]
+    before, after = state.shape(source), state.shape(node)
+    if before is None or after is None:
+        if data["op"] == "flatten" and not label.segments:
+            return label
+        if label.segments:
+            state.restrict_label(label, set(), node, f"{state.where(node)}: reshape without shapes (pass "
+                                                     "example_inputs to trace)", blocked=True)
+        return Label.data()
+    if not label.segments:
+        return Label.data(-1, after[-1] if after else None)
+    dim = len(before) + label.dim
+    trailing = 1
+    for size in before[dim + 1:]:
+        trailing *= size
+    merged = before[dim] * trailing
+    if after[-1] == merged and _prod(after[:-1]) == _prod(before[:dim]):
+        segments = tuple(replace(s, offset=s.offset * trailing, block=s.block * trailing) for s in label.segments)
+        return Label(-1, merged, segments)
+    state.restrict_label(label, set(), node, f"{state.where(node)} reshapes {before} -> {after}, splitting the "
+                                             "feature axis", blocked=True)
+    return Label.data()
+
+
+def _prod(values) -> int:
+    result = 1
+    for v in values:
+        result *= v
+    return result
+
+
+@register_rule("transpose", "permute")
+def transpose_rule(state: Inference, node, data, inputs) -> Label:
+    """Moving axes moves the feature axis with them; transposing a weight swaps its rows and columns."""
+    weight = _weight(state, inputs[0]) if inputs else None
+    if weight is not None:
+        return WeightExpr(weight.cols, weight.rows, weight.plain)
+    label = _first(inputs)
+    if not label.segments:
+        return label
+    before = state.shape(data["inputs"][0])
+    if before is None:
+        state.restrict_label(label, set(), node, f"{state.where(node)}: transpose without shapes", blocked=True)
+        return Label.data()
+    ndim = len(before)
+    position = ndim + label.dim
+    if data["op"] == "transpose":
+        a, b = (_normalise(_argument(data, i, n), ndim) + ndim for i, n in ((1, "dim0"), (2, "dim1")))
+        order = list(range(ndim))
+        order[a], order[b] = order[b], order[a]
+    else:
+        order = _argument(data, 1, "dims")
+        order = list(order if isinstance(order, (list, tuple)) else
+                     [v for k, v in sorted(data["arguments"].items()) if k != "arg0"])
+        order = [o % ndim for o in order]
+    return Label(order.index(position) - ndim, label.size, label.segments)
+
+
+@register_rule("getitem")
+def getitem_rule(state: Inference, node, data, inputs):
+    """Picking an output of a multi-output op; indexing a tensor is unknown."""
+    source = inputs[0]
+    index = _argument(data, 1, "index")
+    if isinstance(source, tuple) and not _is_param(source) and isinstance(index, int):
+        return source[index]
+    return unknown_rule(state, node, data, inputs)
+
+
+@register_rule("exp", "pow", "log", "sin", "cos", "abs", "sqrt", "rsqrt", "square")
+def elementwise_rule(state, node, data, inputs) -> Label:
+    """A pointwise function the catalogue does not list: it commutes with permutations only."""
+    label = _first(inputs)
+    if any(isinstance(i, Label) and i.segments for i in inputs[1:]) or any(_is_param(i) for i in inputs):
+        return unknown_rule(state, node, data, inputs)
+    state.restrict_label(label, {"S"}, node, f"{state.where(node)} ({data['op']}) is pointwise")
+    return label.map_segments(power=Fraction(1), invariant=frozenset())
+
+
+@register_rule("cdist")
+def cdist_rule(state: Inference, node, data, inputs) -> Label:
+    """Distances ``‖x − c_i‖`` to centres ``C`` (rows): a site whose permutations move the centres."""
+    label = _first(inputs)
+    if len(inputs) < 2 or not _is_param(inputs[1]) or label.segments:
+        return unknown_rule(state, node, data, inputs)
+    centres = inputs[1][1]
+    count = state.shapes[centres][0]
+    site = state.new_site(node, count, [Binding(centres, 0, 0, count, node=node)], allowed={"S"})
+    return Label(-1, count, (Segment(site, 0, count),))
+
+
+def _pools_the_sites(state: Inference, node, data, label: Label) -> bool:
+    """``True`` (after removing every kind, with a blocked note) when a pooling op pools over the axis its
+    input's sites run along (a ``MaxPool1d`` on ``(B, T, d)`` pools features): windows mix the sites'
+    coordinates. The pooled axes are the last ``pooled_dims``; a pooling op without that setting counts too."""
+    pooled = data["settings"].get("pooled_dims")
+    if not label.segments or pooled is not None and label.dim < -pooled:
+        return False
+    state.restrict_label(label, set(), node, f"{state.where(node)} pools over the last {pooled or 'unknown'} axes, "
+                                             f"and the sites run along axis {label.dim}", blocked=True)
+    return True
+
+
+@register_rule("max_pool")
+def max_pool_rule(state, node, data, inputs) -> Label:
+    """``max`` over positions commutes with positive per-channel scaling and channel permutations."""
+    label = _first(inputs)
+    if _pools_the_sites(state, node, data, label):
+        return Label.data(label.dim)
+    state.restrict_label(label, {"PS", "S"}, node, f"{state.where(node)}: max pooling")
+    return label
+
+
+@register_rule("avg_pool")
+def avg_pool_rule(state, node, data, inputs) -> Label:
+    """Averaging over positions is linear per channel: every channel action passes through."""
+    label = _first(inputs)
+    if _pools_the_sites(state, node, data, label):
+        return Label.data(label.dim)
+    state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)}: pooling")
+    return label
+
+
+@register_rule("softmax", "log_softmax")
+def softmax_rule(state: Inference, node, data, inputs) -> Label:
+    """Softmax over the feature axis: equivariant under permutations, invariant under shifts along 1."""
+    label = _first(inputs)
+    ndim = len(state.shape(node)) if state.shape(node) else None
+    dim = _dim(data, 1)
+    if dim is None and ndim is not None:  # torch's implicit dim (deprecated): 0 for 0-, 1- and 3-d inputs
+        dim = 0 if ndim in (0, 1, 3) else 1
+    try:
+        dim = None if dim is None else _normalise(dim, ndim)
+    except ValueError:
+        dim = None
+    if dim != label.dim:
+        return unknown_rule(state, node, data, inputs)
+    state.restrict_label(label, {"S", "T1"}, node, f"{state.where(node)}: softmax")
+    _whole_vector_shifts(state, node, label, "the softmax")
+    return label.map_segments(invariant=frozenset({"T1"}), power=Fraction(1))
+
+
+# -- normalisation -----------------------------------------------------------------------------
+
+def _channel_axis(state: Inference, data) -> int | None:
+    """Axis 1 of a norm's input (batch and group norm's channels) as a negative index; ``None`` without a shape."""
+    shape = state.shape(data["inputs"][0])
+    return 1 - len(shape) if shape is not None and len(shape) >= 2 else None
+
+
+def _across_sites(state: Inference, node, label: Label, axes: tuple, kinds: set, what: str) -> bool:
+    """``True`` when ``label``'s sites run along none of ``axes``, the axes a norm computes its statistics
+    and affine parameters along. The norm then treats every slice along the sites' axis alike, so only
+    ``kinds`` pass (a blocked note names the node); no affine site is created on the sites' axis."""
+    if not label.segments or label.dim in axes:
+        return False
+    state.restrict_label(label, kinds, node, f"{state.where(node)}: {what} works along axes {list(axes)}, but the "
+                                             f"sites run along axis {label.dim}: only {', '.join(sorted(kinds))} "
+                                             "pass", blocked=True)
+    return True
+
+
+@register_rule("batch_norm")
+def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
+    """Batch norm per channel (axis 1 of its input). With batch statistics (training) it is invariant under
+    translations of its input's bias and, for ``eps = 0``, under positive scalings; in eval mode the running
+    statistics transform with them (mean ``↦ d·mean + t``, var ``↦ d²·var``: a bias translation moves bias and
+    running mean together, unless the input itself ignores it, as after a group norm). Its affine part is a
+    diagonal map on the channel axis.
+
+    torch requires ``eps > 0`` in training, where ``BN(d·x) = BN_{eps/d²}(x)``: the scaling would have
+    to move ``eps`` (one number for all channels), so it is no symmetry and is reported as blocked.
+    In eval mode ``eps = 0`` is allowed and the scalings are claimed. Sites along another axis (a
+    ``(B, T, d)`` input normalises each of the ``T`` positions over batch and ``d``) keep permutations only."""
+    label = _first(inputs)
+    settings = data["settings"]
+    buffers = data["buffers"]
+    channel = _channel_axis(state, data)
+    if data["kind"] != "module" or channel is None:  # F.batch_norm: its tensors' roles are not recorded
+        return unknown_rule(state, node, data, inputs)
+    if _across_sites(state, node, label, (channel,), {"S"}, "batch norm"):
+        return label
+    batch_statistics = settings["training"] or not settings.get("track_running_stats", True)
+    kinds = {"S", "T"} | ({"PS"} if settings["eps"] == 0 else set())
+    reason = f"{state.where(node)} normalises each channel" + (
+        "" if settings["eps"] == 0 else f" (eps = {settings['eps']} breaks its scale invariance: BN(d·x) is BN with "
+                                        "eps/d²; only eval mode admits eps = 0)")
+    state.restrict_label(label, kinds, node, reason, blocked=settings["eps"] != 0)
+    if not batch_statistics:
+        for seg in label.segments:
+            mean = Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out", seg.power,
+                           buffer=True, node=node)
+            state.bind(seg.site, mean)
+            state.bind(seg.site, Binding(buffers["running_var"], 0, seg.offset, seg.width, seg.block, "out",
+                                         2 * seg.power, buffer=True, node=node))
+            site = state.site(seg.site)
+            if seg.block != 1:
+                state.restrict(seg.site, ALL - {"T"}, node, f"{state.where(node)}: channels in blocks", blocked=True)
+            if "T" not in seg.invariant:
+                site.translations[:] = [(kind, producer, family.extended(mean) if kind == "T" else family)
+                                        for kind, producer, family in site.translations]
+    elif "running_mean" in buffers:
+        for seg in label.segments:
+            state.bind(seg.site, Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out",
+                                         Fraction(0), buffer=True, diagonal=True, node=node))
+            state.bind(seg.site, Binding(buffers["running_var"], 0, seg.offset, seg.width, seg.block, "out",
+                                         Fraction(0), buffer=True, diagonal=True, node=node))
+    normalised = Label(channel, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, Fraction(0),
+                                                          s.invariant | {"T"}) for s in label.segments))
+    if not settings.get("affine", "weight" in data["params"]):
+        return normalised
+    return _diagonal_map(state, node, normalised, data["params"]["weight"], data["params"].get("bias"), channel)
+
+
+@register_rule("layer_norm")
+def layer_norm_rule(state: Inference, node, data, inputs) -> Label:
+    """Layer norm over the last ``k = len(normalized_shape)`` axes. A site along one of them: equivariant under
+    orthogonal maps fixing ``1`` (they keep the mean and the norm of the centred vector; permutations among
+    them), invariant under shifts along ``1`` of the *whole* normalised vector (:func:`_whole_vector_shifts`);
+    the gain and bias are a diagonal map (which leaves only the permutations). A site along another axis
+    (a LayerNorm over time after a transpose): each row is normalised alike, so permutations pass, a
+    translation of the row's bias cancels, and ``LN(−v) = −LN(v)`` keeps sign flips when there is no bias."""
+    label = _first(inputs)
+    if data["kind"] != "module":
+        return unknown_rule(state, node, data, inputs)
+    k = len(data["settings"]["normalized_shape"])
+    weight, bias = data["params"].get("weight"), data["params"].get("bias")
+    if _across_sites(state, node, label, tuple(range(-k, 0)), {"S", "T"} | ({"SF"} if bias is None else set()),
+                     "layer norm"):
+        return label.map_segments(invariant=frozenset({"T"}))
+    state.restrict_label(label, {"O1", "S", "T1"}, node, f"{state.where(node)}: layer norm")
+    _whole_vector_shifts(state, node, label, "the layer norm", k)
+    normalised = label.map_segments(invariant=frozenset({"T1"}), power=Fraction(1))
+    if weight is None:
+        return normalised
+    dim = label.dim if label.segments else -1
+    return _diagonal_map(state, node, Label(dim, label.size, normalised.segments), weight, bias, dim, k + dim)
+
+
+def _whole_vector_shifts(state: Inference, node, label: Label, what: str, axes: int = 1) -> None:
+    """Keep translations along ``1`` of ``label``'s sites only where they add one number to the whole vector
+    that ``what`` (a layer norm over ``axes`` axes, a softmax) ignores shifts of: one site must span the axis (not
+    one slice of a concatenation, whose shift changes the mean), and a shift of a weight's rows (``+ t·x_j``,
+    varying with position) needs the op to run along the site's axis alone (``axes = 1``, no blocks)."""
+    segments = label.segments
+    if not segments:
+        return
+    if len(segments) > 1 or segments[0].offset != 0 or segments[0].width * segments[0].block != label.size:
+        state.restrict_label(label, ALL - {"T1"}, node, f"{state.where(node)}: the axis {what} runs along holds "
+                                                        "several sites or data, and a shift along 1 of one of them "
+                                                        "is no shift of the whole vector", blocked=True)
+    elif axes > 1 or segments[0].block != 1:
+        site = state.site(segments[0].site)
+        site.translations[:] = [t for t in site.translations if not (t[0] == "T1" and t[2].pattern == "rows")]
+
+
+@register_rule("rms_norm")
+def rms_norm_rule(state: Inference, node, data, inputs) -> Label:
+    """RMS norm ``x/‖x‖·√d`` over the last ``k`` axes: a site along one of them gets all of ``O(d)``; a gain is
+    a diagonal map after it. A site along another axis keeps permutations and sign flips (the norm is odd)."""
+    label = _first(inputs)
+    if data["kind"] != "module":
+        return unknown_rule(state, node, data, inputs)
+    k = len(data["settings"]["normalized_shape"])
+    if _across_sites(state, node, label, tuple(range(-k, 0)), {"S", "SF"}, "RMS norm"):
+        return label
+    state.restrict_label(label, {"O", "O1", "SF", "S"}, node, f"{state.where(node)}: RMS norm")
+    normalised = label.map_segments(power=Fraction(1))
+    if "weight" not in data["params"]:
+        return normalised
+    dim = label.dim if label.segments else -1
+    return _diagonal_map(state, node, Label(dim, label.size, normalised.segments), data["params"]["weight"], None,
+                         dim, k + dim)
+
+
+@register_rule("group_norm")
+def group_norm_rule(state: Inference, node, data, inputs) -> Label:
+    """Group norm: ``G`` groups of ``n = C/G`` channels (axis 1), each normalised over its channels and positions.
+
+    Per group it is invariant under a shift of the group's biases along ``1`` (``T``, one direction per
+    group) and equivariant under orthogonal maps of the group's channels fixing ``1`` (``O1``: they keep
+    the group's mean and variance); whole groups permute (``S(G)``). ``eps > 0`` breaks the per-group
+    scalings, as for batch norm. With an affine part (a diagonal map) the orthogonal maps shrink to
+    within-group permutations, which the single site of the affine output cannot express: only the
+    translations and the diagonal map's own scalings and sign flips are claimed then. Splitting the
+    input into group sites needs a site produced by the map just before the norm and read by it alone.
+    Sites along a position axis keep permutations only.
+    """
+    label = _first(inputs)
+    settings, params = data["settings"], data["params"]
+    shape = state.shape(data["inputs"][0])
+    channel = _channel_axis(state, data)
+    if data["kind"] != "module" or channel is None:
+        return unknown_rule(state, node, data, inputs)
+    if _across_sites(state, node, label, (channel,), {"S"}, "group norm"):
+        return label
+    groups, channels = settings["num_groups"], shape[1]
+    n = channels // groups
+    where = f"{state.where(node)}: group norm over {groups} groups of {n} channels"
+    aligned = all(seg.offset % n == 0 and seg.width % n == 0 and seg.block == 1 for seg in label.segments)
+    if not aligned:
+        state.restrict_label(label, set(), node, f"{where}: the input's sites straddle the groups", blocked=True)
+        return Label.data(label.dim, channels)
+    for seg in label.segments:
+        _group_translations(state.site(seg.site), n)
+    if "weight" not in params and _splittable(state, node, data, label, channels):
+        return Label(label.dim, channels, _split_into_groups(state, node, label.segments[0].site, groups, n, where))
+    state.restrict_label(label, {"T"}, node, f"{where}" + (" with an affine part (within-group permutations are not "
+                                                           "modelled)" if "weight" in params else ""))
+    normalised = Label(channel, channels, label.map_segments(power=Fraction(0), invariant=frozenset({"T"})).segments)
+    if "weight" not in params:
+        return normalised
+    return _diagonal_map(state, node, normalised, params["weight"], params.get("bias"), channel)
+
+
+def _group_translations(site, n: int) -> None:
+    """Keep the site's bias translations that are constant on every group of ``n`` channels: per-entry
+    shifts become one shift along ``1`` per group."""
+    kept = []
+    for kind, producer, family in site.translations:
+        first = family.regions[0]
+        if kind != "T" or family.pattern == "ones" and first.start % n == 0 and first.width % n == 0:
+            kept.append((kind, producer, family))
+        elif family.pattern == "entries":
+            kept += [(kind, producer, TranslationFamily("ones", tuple(r.restrict(j * n, n) for r in family.regions)))
+                     for j in range(first.width // n)]
+    site.translations[:] = kept
+
+
+def _splittable(state: Inference, node, data, label: Label, channels: int) -> bool:
+    """True when the input is one fresh site: made by the map just before ``node``, read only by it."""
+    if len(label.segments) != 1 or label.segments[0].width != channels:
+        return False
+    site = state.site(label.segments[0].site)
+    alone = all(state.ties[other.id] != state.ties[site.id] and
+                state.permutation_ties[other.id] != state.permutation_ties[site.id]
+                for other in state.sites if other.id != site.id)
+    return alone and data["inputs"][0] == site.node and state.users(site.node) == [node] and \
+        all(b.role == "out" for b in site.bindings)
+
+
+def _split_into_groups(state: Inference, node, site_id: int, groups: int, n: int, where: str) -> tuple:
+    """Replace the input site by one site per group (``O1``, ``S``, that group's translation) and a
+    site permuting whole groups; returns the output's segments."""
+    original = state.site(site_id)
+    original.dissolved = True
+    segments = []
+    for g in range(groups):
+        sub = state.new_site(original.node, n, [b.restrict(g * n, n) for b in original.bindings],
+                             name=f"{original.name}.group{g}", allowed=original.allowed)
+        state.site(sub).translations.extend(t for t in original.translations
+                                            if t[0] == "T" and t[2].regions[0].start == g * n)
+        state.restrict(sub, {"O1", "S", "T"}, node, where)
+        segments.append(Segment(sub, g * n, n, 1, Fraction(0), frozenset({"T"})))
+    whole = state.new_site(node, groups, [b.coarsen(n) for b in original.bindings], name=f"{node}.groups",
+                           allowed={"S"} & original.allowed)  # e.g. a depthwise conv of data cannot permute
+    return tuple(segments) + (Segment(whole, 0, groups, n),)
+
+
+# -- attention ---------------------------------------------------------------------------------
+
+def attention_sites(state: Inference, node, heads: int, q: list[Binding], k: list[Binding], v: list[Binding]):
+    """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
+    value map (and the output map's columns, through the returned label), and one permutation of
+    heads moving all per-head blocks together. ``q, k, v`` are the producers' out-bindings."""
+    d_k = q[0].width // heads
+    d_v = v[0].width // heads
+    segments = []
+    for h in range(heads):
+        state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for b in q] +
+                       [b.restrict(h * d_k, d_k).flipped() for b in k], name=f"{node}.head{h}.qk",
+                       allowed=ALL - TRANSLATIONS)
+        site = state.new_site(node, d_v, [b.restrict(h * d_v, d_v) for b in v], name=f"{node}.head{h}.vo",
+                              allowed=ALL - TRANSLATIONS)
+        segments.append(Segment(site, h * d_v, d_v))
+    if heads > 1:
+        head_site = state.new_site(node, heads, [b.coarsen(d_k) for b in q + k] + [b.coarsen(d_v) for b in v],
+                                   name=f"{node}.heads", allowed={"S"})
+        segments.append(Segment(head_site, 0, heads, d_v))
+    return Label(-1, d_v * heads, tuple(segments))
+
+
+@register_rule("multihead_attention")
+def multihead_attention_rule(state: Inference, node, data, inputs):
+    """``nn.MultiheadAttention`` with a packed in-projection (``q, k, v`` rows of ``in_proj_weight``).
+
+    Its second output, the attention weights ``softmax(Q_h K_hᵀ/√d)``, is invariant under every per-head
+    ``GL``; averaged over heads (the default) it is invariant under head permutations too. Per head
+    (``average_attn_weights=False``) a head permutation permutes its head axis (``-3``), so the weights carry
+    the head site there and whatever reads them (the output, an unknown op) decides whether heads may move.
+    """
+    settings, params = data["settings"], data["params"]
+    if not settings.get("same_embed") or settings.get("bias_kv") or settings.get("add_zero_attn"):
+        return unknown_rule(state, node, data, inputs)
+    weight, bias = params["in_proj_weight"], params.get("in_proj_bias")
+    d = state.shapes[weight][1]
+    heads = settings["num_heads"]
+    sources = data["inputs"][:3]
+    if len(set(sources)) == 1:
+        _read_as_map(state, node, _first(inputs), weight, -1)
+    else:
+        for label in inputs[:3]:
+            if isinstance(label, Label):
+                state.restrict_label(label, set(), node, f"{state.where(node)}: distinct query/key/value inputs "
+                                                         "to a packed in-projection are not modelled", blocked=True)
+        state.pin(Binding(weight, 1, 0, d, node=node), node)
+    def rows(offset):
+        out = [Binding(weight, 0, offset, d, node=node)]
+        if bias:
+            out.append(Binding(bias, 0, offset, d, node=node))
+        return out
+
+    values = attention_sites(state, node, heads, rows(0), rows(d), rows(2 * d))
+    out_weight, out_bias = params["out_proj.weight"], params.get("out_proj.bias")
+    state.bind_reader(values, out_weight, 1, node)
+    site = _producer_site(state, node, d, out_weight, out_bias)
+    per_head = _argument(data, 4, "need_weights", True) and not _argument(data, 6, "average_attn_weights", True)
+    weights = Label(-3, heads, (Segment(values.segments[-1].site, 0, heads),)) if per_head and heads > 1 else \
+        Label.data()
+    return (Label(-1, d, (Segment(site, 0, d),)), weights)
+
+
+@register_rule("attention")
+def attention_rule(state: Inference, node, data, inputs) -> Label:
+    """Hand-written attention folded by :mod:`symalg.attention_folding`: inputs are the outputs of the
+    ``q``, ``k``, ``v`` maps (each read by nothing else); their sites are split into heads."""
+    heads = data["settings"]["heads"]
+    sites = []
+    for label in inputs[:3]:
+        if not isinstance(label, Label) or len(label.segments) != 1 or label.segments[0].power != 1:
+            return unknown_rule(state, node, data, inputs)
+        sites.append(state.site(label.segments[0].site))
+    if len({s.id for s in sites}) != 3 or any(len(state.users(s.node)) != 1 for s in sites):
+        return unknown_rule(state, node, data, inputs)
+    out_bindings = []
+    for site in sites:
+        site.dissolved = True
+        out_bindings.append([b for b in site.bindings if b.role == "out"])
+        readers = [b for b in site.bindings if b.role != "out"]
+        if readers:
+            return unknown_rule(state, node, data, inputs)
+    return attention_sites(state, node, heads, *out_bindings)

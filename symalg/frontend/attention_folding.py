@@ -1,0 +1,328 @@
+"""Fold hand-written multi-head attention into one ``attention`` node of a :class:`~symalg.frontend.tracing.ModelGraph`.
+
+A root value ``X`` of shape ``(…, L, d)`` (typically a ``q``, ``k`` or ``v`` linear's output) is *split
+into heads* when ``H·d_k = d`` and
+
+    X_h[…, i, j] = X[…, i, h·d_k + j],   h < H, i < L, j < d_k,
+
+i.e. ``X_h = X.reshape(…, L, H, d_k).transpose(-3, -2)``, of shape ``(…, H, L, d_k)``: head ``h`` holds the
+feature columns ``[h·d_k, (h+1)·d_k)``. Attention per head and the inverse merge
+
+    A_h = softmax(s · Q_h K_hᵀ + M) V_h,   Y[…, i, h·d_v + j] = A_h[…, i, j]
+
+(``Y = A.transpose(-3, -2).reshape(…, L_q, H·d_v)``) is written either with
+``F.scaled_dot_product_attention(Q, K, V, ...)`` (any ``attn_mask``, ``is_causal``, ``dropout_p``,
+``scale``; a mask tensor must not be computed from parameters) or explicitly: ``Q @ Kᵀ`` (``matmul``),
+optionally multiplied or divided by numbers (Python numbers, or values computed from shapes only such
+as ``math.sqrt(q.size(-1))``), ``softmax`` over the last axis, optionally ``dropout``, then ``@ V``.
+Such a pattern becomes one node ``attention(q, k, v)`` reading the three roots, with settings
+``heads = H``, ``head_dim = d_k``, ``value_head_dim = d_v`` and ``form`` (``"sdpa"``/``"explicit"``);
+the readers of ``Y`` read it instead. The scale and the mask are not recorded: ``Q_h ↦ Q_h g``,
+``K_h ↦ K_h g⁻ᵀ`` leaves ``Q_h K_hᵀ``, hence any function of it, unchanged.
+
+The layout chains between a root and ``Q``/``Kᵀ``/``V`` (and between ``A`` and ``Y``) are ``reshape``,
+``flatten``, ``transpose``, ``permute`` and ``identity`` nodes, each read by nothing but the next. Such a
+chain moves entries without changing them, so it is checked exactly by *replaying* it on the index
+tensor ``arange(n).reshape(shape of the root)`` (reshapes to their recorded shapes, transposes and
+permutes with their recorded dims) and comparing with the standard split above (transposed on its last
+two axes for ``Kᵀ``) or, for the merge, with ``Y`` computed from ``arange(n).reshape(shape of A)``. The
+recorded shapes come from shape propagation, so nothing is folded without example inputs; nor where any
+check fails, where a folded value has a reader outside the pattern, or where heads, head widths,
+batch axes or key lengths disagree between ``Q``, ``K`` and ``V``: folding never guesses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import torch
+
+from symalg.frontend.tracing import ModelGraph, scale_constant
+
+__all__ = ["fold_attention"]
+
+_LAYOUT = frozenset({"reshape", "flatten", "transpose", "permute", "identity"})
+
+_REPLAY_ERRORS = (RuntimeError, IndexError, TypeError, ValueError)
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A root ``(*lead, length, heads·width)`` split into heads ``(*lead, heads, length, width)`` by ``chain``."""
+
+    root: str
+    chain: tuple[str, ...]
+    lead: tuple[int, ...]
+    heads: int
+    length: int
+    width: int
+
+
+@dataclass(frozen=True)
+class _Match:
+    """One attention pattern: the roots, the head layout, the nodes it replaces and the merged output."""
+
+    roots: tuple[str, str, str]
+    heads: int
+    head_dim: int
+    value_head_dim: int
+    form: str
+    folded: frozenset[str]
+    final: str
+
+
+def fold_attention(model_graph: ModelGraph) -> None:
+    """Replace every hand-written multi-head attention of ``model_graph.graph`` by one ``attention`` node.
+
+    The graph is changed in place; patterns that do not match exactly (see the module docstring) are left
+    as they are.
+    """
+    graph = model_graph.graph
+    for name in list(graph):
+        if name not in graph:
+            continue
+        op = graph.nodes[name]["op"]
+        match = _match_sdpa(graph, name) if op == "sdpa" else _match_explicit(graph, name) if op == "softmax" else None
+        if match is not None:
+            _fold(graph, match)
+
+
+def _match_sdpa(graph: nx.DiGraph, name: str) -> _Match | None:
+    """``F.scaled_dot_product_attention(q, k, v, ...)`` with ``q, k, v`` given positionally."""
+    data = graph.nodes[name]
+    inputs = data["inputs"]
+    if len(inputs) < 3 or None in inputs[:3] or any(f"arg{i}" not in data["arguments"] for i in range(3)):
+        return None
+    match = _match_core(graph, inputs[0], inputs[1], inputs[2], name, {name}, "sdpa", keys_transposed=False)
+    if match is None:
+        return None
+    for mask in inputs[3:]:
+        if mask is None:
+            continue
+        if mask in match.folded or any(_has_params(graph.nodes[n]) for n in nx.ancestors(graph, mask) | {mask}):
+            return None
+    return match
+
+
+def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
+    """``softmax(c · q @ kᵀ, -1)`` (optionally dropped out) ``@ v``, found from its ``softmax`` node."""
+    data = graph.nodes[name]
+    shape = data["shape"]
+    dim = data["settings"].get("dim", data["arguments"].get("dim", data["arguments"].get("arg1")))
+    if (shape is None or not _single_input(data) or isinstance(dim, bool) or dim not in (-1, len(shape) - 1)
+            or any(isinstance(v, torch.dtype) for v in data["arguments"].values())):
+        return None
+    body = {name}
+    scores = data["inputs"][0]
+    while _is_scaling(graph, scores):
+        body.add(scores)
+        scores = next(i for i in graph.nodes[scores]["inputs"] if i is not None)
+    probabilities = name
+    user = _only_user(graph, probabilities)
+    if user is not None and graph.nodes[user]["op"] == "dropout" and _single_input(graph.nodes[user]):
+        body.add(user)
+        probabilities = user
+        user = _only_user(graph, probabilities)
+    first, second = graph.nodes[scores], graph.nodes[user] if user is not None else None
+    if (first["op"] != "matmul" or second is None or second["op"] != "matmul"
+            or len(first["inputs"]) != 2 or None in first["inputs"]
+            or len(second["inputs"]) != 2 or second["inputs"][0] != probabilities or second["inputs"][1] is None):
+        return None
+    body |= {scores, user}
+    if any(_only_user(graph, n) not in body for n in body - {user}):
+        return None
+    q, k = first["inputs"]
+    return _match_core(graph, q, k, second["inputs"][1], user, body, "explicit", keys_transposed=True)
+
+
+def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[str], form: str,
+                keys_transposed: bool) -> _Match | None:
+    """Check the three head splits, their agreement, the output shape and the merge of the heads."""
+    queries, keys, values = _split(graph, q, False), _split(graph, k, keys_transposed), _split(graph, v, False)
+    if queries is None or keys is None or values is None:
+        return None
+    lead, heads, length = queries.lead, queries.heads, queries.length
+    if (keys.lead != lead or values.lead != lead or keys.heads != heads or values.heads != heads
+            or keys.width != queries.width or keys.length != values.length
+            or graph.nodes[out]["shape"] != (*lead, heads, length, values.width)):
+        return None
+    merge = _merge(graph, out, lead, heads, length, values.width)
+    if merge is None:
+        return None
+    folded = frozenset(body) | set(queries.chain) | set(keys.chain) | set(values.chain) | set(merge)
+    final = merge[-1]
+    roots = (queries.root, keys.root, values.root)
+    if any(r in folded for r in roots) or any(u not in folded for n in folded - {final} for u in graph.successors(n)):
+        return None
+    return _Match(roots, heads, queries.width, values.width, form, folded, final)
+
+
+def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
+    """The longest layout chain ending at ``name`` that splits its root into heads (``None`` if none does).
+
+    With ``transposed`` the chain must end in the split's transpose on its last two axes (``Kᵀ``).
+    """
+    path = []
+    node = name
+    while _is_layout(graph.nodes[node]) and graph.out_degree(node) == 1:
+        path.append(node)
+        node = graph.nodes[node]["inputs"][0]
+    path.reverse()
+    for start in range(len(path)):
+        root = node if start == 0 else path[start - 1]
+        split = _check_split(graph, root, tuple(path[start:]), transposed)
+        if split is not None:
+            return split
+    return None
+
+
+def _check_split(graph: nx.DiGraph, root: str, chain: tuple[str, ...], transposed: bool) -> _Split | None:
+    shape, out = graph.nodes[root]["shape"], graph.nodes[chain[-1]]["shape"]
+    if shape is None or out is None or len(shape) < 2 or len(out) != len(shape) + 1 or 0 in shape:
+        return None
+    heads, length, width = (out[-3], out[-1], out[-2]) if transposed else out[-3:]
+    lead = shape[:-2]
+    if out[:-3] != lead or length != shape[-2] or heads * width != shape[-1]:
+        return None
+    index = _index(shape)
+    expected = index.reshape(*lead, length, heads, width).transpose(-3, -2)
+    if transposed:
+        expected = expected.transpose(-2, -1)
+    replayed = _replay(graph, index, chain)
+    if replayed is None or replayed.shape != expected.shape or not torch.equal(replayed, expected):
+        return None
+    return _Split(root, chain, lead, heads, length, width)
+
+
+def _merge(graph: nx.DiGraph, out: str, lead: tuple, heads: int, length: int, width: int) -> tuple[str, ...] | None:
+    """The longest layout chain from ``out`` (each node read by the next only) that merges the heads back."""
+    index = _index(graph.nodes[out]["shape"])
+    expected = index.transpose(-3, -2).reshape(*lead, length, heads * width)
+    path, best = [], None
+    node = out
+    while (user := _only_user(graph, node)) is not None and _is_layout(graph.nodes[user]):
+        index = _replay(graph, index, (user,))
+        if index is None:
+            break
+        path.append(user)
+        if index.shape == expected.shape and torch.equal(index, expected):
+            best = len(path)
+        node = user
+    return tuple(path[:best]) if best else None
+
+
+def _index(shape: tuple[int, ...]) -> torch.Tensor:
+    """``arange(n).reshape(shape)``: every entry names its position."""
+    numel = torch.Size(shape).numel()
+    return torch.arange(numel, dtype=torch.int32 if numel < 2 ** 31 else torch.int64).reshape(shape)
+
+
+def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> torch.Tensor | None:
+    """Apply a layout chain to ``tensor``; ``None`` where an op cannot be replayed or a shape disagrees."""
+    for name in chain:
+        data = graph.nodes[name]
+        if data["shape"] is None:
+            return None
+        try:
+            if data["op"] in ("reshape", "flatten"):
+                tensor = tensor.reshape(data["shape"])
+            elif data["op"] == "transpose":
+                tensor = tensor.transpose(*_transpose_dims(data["arguments"]))
+            elif data["op"] == "permute":
+                tensor = tensor.permute(_permute_dims(data["arguments"]))
+        except _REPLAY_ERRORS:
+            return None
+        if tuple(tensor.shape) != tuple(data["shape"]):
+            return None
+    return tensor
+
+
+def _transpose_dims(arguments: dict) -> tuple[int, int]:
+    dims = (arguments.get("dim0", arguments.get("arg1")), arguments.get("dim1", arguments.get("arg2")))
+    if not all(_is_int(d) for d in dims):
+        raise ValueError(f"transpose dims {dims} not recorded")
+    return dims
+
+
+def _permute_dims(arguments: dict) -> tuple[int, ...]:
+    if "dims" in arguments:
+        dims = arguments["dims"]
+    elif isinstance(arguments.get("arg1"), (list, tuple)):
+        dims = arguments["arg1"]
+    else:
+        dims = [arguments[f"arg{i}"] for i in range(1, len(arguments)) if f"arg{i}" in arguments]
+    if not isinstance(dims, (list, tuple)) or not dims or not all(_is_int(d) for d in dims):
+        raise ValueError(f"permute dims {dims} not recorded")
+    return tuple(dims)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _single_input(data: dict) -> bool:
+    """One tensor input, in first position (the other entries are constants)."""
+    inputs = data["inputs"]
+    return bool(inputs) and inputs[0] is not None and all(i is None for i in inputs[1:])
+
+
+def _is_layout(data: dict) -> bool:
+    """A layout op on one tensor (not ``view(dtype)``, which reinterprets the entries)."""
+    return (data["op"] in _LAYOUT and _single_input(data)
+            and not any(isinstance(v, torch.dtype) for v in data["arguments"].values()))
+
+
+def _is_scaling(graph: nx.DiGraph, name: str) -> bool:
+    """``x * c``, ``c * x`` or ``x / c`` of the shape of ``x``, for a non-zero number ``c``.
+
+    ``c`` is a Python number, or recorded as ``None``: a value computed from shapes only
+    (``math.sqrt(q.size(-1))``), whose nodes tracing drops.
+    """
+    data = graph.nodes[name]
+    inputs, arguments = data["inputs"], data["arguments"]
+    if data["op"] not in ("mul", "div") or len(inputs) != 2 or set(arguments) != {"arg0", "arg1"}:
+        return False
+    if inputs[0] is not None and inputs[1] is None:
+        tensor, number = inputs[0], arguments["arg1"]
+    elif data["op"] == "mul" and inputs[0] is None and inputs[1] is not None:
+        tensor, number = inputs[1], arguments["arg0"]
+    else:
+        return False
+    return ((number is None or (scale_constant(number) and number != 0))
+            and data["shape"] is not None and data["shape"] == graph.nodes[tensor]["shape"])
+
+
+def _only_user(graph: nx.DiGraph, name: str) -> str | None:
+    users = list(graph.successors(name))
+    return users[0] if len(users) == 1 else None
+
+
+def _has_params(data: dict) -> bool:
+    return data["kind"] == "param" or bool(data.get("params"))
+
+
+def _fold(graph: nx.DiGraph, match: _Match) -> None:
+    """Put one ``attention`` node where the merged output was; its readers read the new node instead."""
+    k = 0
+    while f"attention_{k}" in graph:
+        k += 1
+    name = f"attention_{k}"
+    record = {"op": "attention", "kind": "function", "module": None, "params": {}, "buffers": {},
+              "settings": {"heads": match.heads, "head_dim": match.head_dim,
+                           "value_head_dim": match.value_head_dim, "form": match.form},
+              "inputs": match.roots, "arguments": {}, "shape": graph.nodes[match.final]["shape"],
+              "where": f"node {name!r} (folded attention)"}
+    users = [(user, dict(graph.edges[match.final, user])) for user in graph.successors(match.final)]
+    for user, _ in users:
+        data = graph.nodes[user]
+        data["inputs"] = tuple(name if i == match.final else i for i in data["inputs"])
+    nodes = [(name, record) if n == match.final else (n, d) for n, d in graph.nodes(data=True)
+             if n == match.final or n not in match.folded]
+    edges = [(u, v, d) for u, v, d in graph.edges(data=True) if u not in match.folded and v not in match.folded]
+    edges += [(root, name, {"index": i}) for i, root in enumerate(match.roots)]
+    edges += [(name, user, d) for user, d in users]
+    attributes = dict(graph.graph)
+    graph.clear()
+    graph.graph.update(attributes)
+    graph.add_nodes_from(nodes)
+    graph.add_edges_from(edges)

@@ -1,0 +1,348 @@
+"""Front ends: spec strings, the :class:`Spec` builder and ``torch.nn.Sequential`` → :class:`Architecture`.
+
+Spec strings are layers separated by ``->``; a layer is ``linear(in, out)`` (``bias=False`` to drop
+the bias) or an activation from the catalogue, with optional hyper-parameters::
+
+    >>> import symalg
+    >>> symalg.parse("linear(n, h) -> leaky_relu(slope=0.2) -> linear(h, m, bias=False)")
+    Architecture('linear(n, h) -> leaky_relu(slope=0.2) -> linear(h, m, bias=False)')
+    >>> symalg.Spec().linear("n", "h").relu().linear("h", "m").build()
+    Architecture('linear(n, h) -> relu -> linear(h, m)')
+
+Widths are integers or names (which become positive-integer SymPy symbols). All front ends name
+parameters as ``nn.Sequential`` would (``"0.weight"``, ``"2.bias"``), so analyses apply directly to
+``dict(model.named_parameters())``.
+"""
+from __future__ import annotations
+
+import ast
+import difflib
+from typing import Mapping
+
+import networkx as nx
+import sympy as sp
+import torch
+
+from symalg.catalogue.activations import CATALOGUE, exact
+from symalg.frontend.grammar import literal
+from symalg.errors import SpecError
+from symalg.ir.architecture import Architecture, as_width
+
+__all__ = ["Spec", "parse", "from_torch", "to_module", "to_spec_string"]
+
+
+class Spec:
+    """Chainable builder: ``Spec().linear(n, h).relu().linear(h, m).build()``.
+
+    Any catalogue name is a method (``.tanh()``, ``.leaky_relu(slope=0.2)``); ``.activation(name,
+    **params)`` is the explicit form.
+    """
+
+    def __init__(self, catalogue: Mapping = CATALOGUE):
+        self._layers: list[tuple] = []
+        self._catalogue = catalogue
+
+    def linear(self, in_features, out_features, bias: bool = True) -> "Spec":
+        self._layers.append(("linear", in_features, out_features, bias))
+        return self
+
+    def activation(self, name: str, **params) -> "Spec":
+        self._layers.append(("activation", name, params))
+        return self
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def add_activation(*args, **params):
+            if args:
+                raise SpecError(f"Spec.{name}(): activations take keyword hyper-parameters only "
+                                f"(got {args}); dense layers are Spec.linear(in, out)")
+            return self.activation(name, **params)
+        return add_activation
+
+    def build(self) -> Architecture:
+        return _architecture(self._layers, self._catalogue)
+
+
+def _chain_graph(nodes: list[tuple[str, dict]], catalogue: Mapping) -> Architecture:
+    """Link ``(name, attributes)`` layer nodes into the schema's path graph, naming the axes.
+
+    Axes are ``x`` before the first linear layer, ``h1, h2, ...`` after each hidden one and ``y``
+    after the last; every edge records the width flowing along it.
+    """
+    linear = [name for name, attrs in nodes if attrs["kind"] == "linear"]
+    if not linear:
+        raise SpecError("the network is empty: it has no linear layer")
+    graph = nx.DiGraph()
+    first = dict(nodes)[linear[0]]
+    graph.add_node("input", kind="input", op="input", features=first["in_features"])
+    previous, width, axis = "input", first["in_features"], "x"
+    for name, attrs in nodes:
+        graph.add_node(name, **attrs)
+        graph.add_edge(previous, name, features=width, axis=axis)
+        if attrs["kind"] == "linear":
+            width = attrs["out_features"]
+            axis = "y" if name == linear[-1] else f"h{linear.index(name) + 1}"
+        previous = name
+    graph.add_node("output", kind="output", op="output", features=width)
+    graph.add_edge(previous, "output", features=width, axis=axis)
+    return Architecture(graph, None if catalogue is CATALOGUE else catalogue)
+
+
+def _check_activation_position(nodes: list[tuple[str, dict]], where: str) -> None:
+    if not nodes:
+        raise SpecError(f"layer {where}: an activation before the first linear layer has no known width; "
+                        "start with a linear layer")
+    if nodes[-1][1]["kind"] == "activation":
+        raise SpecError(f"layer {where}: two activations in a row ({nodes[-1][1]['op']} -> ...) are not "
+                        "supported yet (element-wise modules such as nn.Dropout count as activations)")
+
+
+def _architecture(layers: list[tuple], catalogue: Mapping) -> Architecture:
+    if not layers:
+        raise SpecError("the network is empty: give at least one linear layer")
+    nodes: list[tuple[str, dict]] = []
+    width = None
+    for index, layer in enumerate(layers):
+        if layer[0] == "linear":
+            _, n_in, n_out, bias = layer
+            n_in = as_width(n_in, f"layer {index} (linear) in_features")
+            n_out = as_width(n_out, f"layer {index} (linear) out_features")
+            if width is not None and sp.sympify(width) != sp.sympify(n_in):
+                raise SpecError(f"layer {index} (linear): in_features={n_in} but the previous layer "
+                                f"produces {width} features")
+            nodes.append((str(index), dict(kind="linear", op="linear", in_features=n_in, out_features=n_out,
+                                           weight=f"{index}.weight", bias=f"{index}.bias" if bias else None)))
+            width = n_out
+        else:
+            _, op, params = layer
+            if op not in catalogue:
+                raise _unknown_layer(op, index, catalogue)
+            _check_activation_position(nodes, f"{index} ({op})")
+            try:
+                params = catalogue[op].resolve(params)
+            except ValueError as error:
+                raise SpecError(f"layer {index}: {error}") from None
+            nodes.append((str(index), dict(kind="activation", op=op, params=params, module=None)))
+    return _chain_graph(nodes, catalogue)
+
+
+def _unknown_layer(name: str, index: int, catalogue: Mapping) -> SpecError:
+    """The error for a layer name that is neither ``linear`` nor in ``catalogue``, with the closest names."""
+    known = ["linear", *sorted(catalogue)]
+    close = difflib.get_close_matches(name, known, n=2)
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return SpecError(f"layer {index}: unknown layer {name!r}{hint} (known layers: {', '.join(known)})")
+
+
+def _parse_layer(text: str, index: int, catalogue: Mapping) -> tuple:
+    """One layer of a spec string, read from its syntax tree with the allow-list grammar of
+    :mod:`symalg.grammar` (never evaluated): ``name`` or ``name(arguments)``."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError):  # the parser's limits on nesting and size
+        raise SpecError(f"layer {index}: cannot parse {text.strip()[:200]!r}") from None
+    if isinstance(node, ast.Name):
+        name, args, kwargs = node.id, [], {}
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        name = node.func.id
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            raise SpecError(f"layer {index} ({name}): * and ** arguments are not allowed")
+        args = [literal(a, f"layer {index} ({name})") for a in node.args]
+        kwargs = {k.arg: literal(k.value, f"layer {index} ({name}) {k.arg}") for k in node.keywords}
+    else:
+        raise SpecError(f"layer {index}: expected `name` or `name(args)`, got {text.strip()!r}")
+    if name != "linear" and name not in catalogue:
+        raise _unknown_layer(name, index, catalogue)
+    if name == "linear":
+        if len(args) != 2 or set(kwargs) - {"bias"}:
+            raise SpecError(f"layer {index} (linear): expected linear(in, out) or linear(in, out, bias=False)")
+        bias = kwargs.get("bias", True)
+        if not isinstance(bias, bool):
+            raise SpecError(f"layer {index} (linear): bias must be True or False, got {bias!r}")
+        return ("linear", args[0], args[1], bias)
+    if args:
+        raise SpecError(f"layer {index} ({name}): positional arguments are for linear(in, out) only; an "
+                        f"activation takes keyword hyper-parameters, e.g. leaky_relu(slope=0.2)")
+    return ("activation", name, kwargs)
+
+
+def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
+    """Build an :class:`Architecture` from a spec string, a :class:`Spec`, an ``nn.Sequential``,
+    a validated ``networkx.DiGraph`` or an :class:`Architecture`; ``widths`` substitutes symbols.
+
+    >>> parse("linear(n, h) -> tanh -> linear(h, 1)", h=4)
+    Architecture('linear(n, 4) -> tanh -> linear(4, 1)')
+    """
+    if isinstance(spec, Architecture):
+        arch = spec
+    elif isinstance(spec, Spec):
+        arch = _architecture(spec._layers, catalogue)
+    elif isinstance(spec, str):
+        pieces = [p for p in spec.split("->")]
+        if not spec.strip() or any(not p.strip() for p in pieces):
+            raise SpecError(f"empty layer in spec {spec!r}" if spec.strip() else "the network is empty")
+        arch = _architecture([_parse_layer(p, i, catalogue) for i, p in enumerate(pieces)], catalogue)
+    elif isinstance(spec, torch.nn.Module):
+        if not _is_chain(spec):
+            raise SpecError(f"parse: expected a chain nn.Sequential of Linear and activation modules, got "
+                            f"{type(spec).__name__}; trace general models with symalg.from_torch or symalg.trace")
+        arch = from_torch(spec)
+    elif isinstance(spec, nx.DiGraph):
+        arch = Architecture(spec, None if catalogue is CATALOGUE else catalogue)
+    else:
+        raise SpecError(f"cannot parse an architecture from {type(spec).__name__}")
+    return arch.subs(widths) if widths else arch
+
+
+def _torch_activation(module: torch.nn.Module):
+    """``(op, params)`` for an activation module the catalogue knows, else ``None``."""
+    from symalg.catalogue.modules import Activation
+
+    nn = torch.nn
+    if isinstance(module, Activation):
+        return module.op, {k: exact(v) for k, v in module.params.items()}
+    if isinstance(module, nn.LeakyReLU):
+        return "leaky_relu", {"slope": exact(module.negative_slope)}
+    if isinstance(module, nn.GELU):
+        return ("gelu", {}) if module.approximate == "none" else None
+    if isinstance(module, nn.Softplus):
+        return ("softplus", {}) if module.beta == 1 and module.threshold == 20 else None
+    simple = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.SiLU: "silu", nn.Identity: "identity"}
+    for cls, op in simple.items():
+        if type(module) is cls:
+            return op, {}
+    return None
+
+
+def _opaque_name(module: torch.nn.Module) -> str:
+    """The op name of a module the catalogue does not know, with the setting that excluded it."""
+    if isinstance(module, torch.nn.GELU):
+        return f"GELU(approximate={module.approximate!r})"
+    if isinstance(module, torch.nn.Softplus):
+        return f"Softplus(beta={module.beta}, threshold={module.threshold})"
+    return type(module).__name__
+
+
+def _leaves(module: torch.nn.Module, prefix: str = ""):
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if isinstance(child, torch.nn.Sequential):
+            yield from _leaves(child, path + ".")
+        else:
+            yield path, child
+
+
+def _is_chain(module: torch.nn.Module) -> bool:
+    """An ``nn.Sequential`` of ``nn.Linear`` and parameter-free activation-like modules."""
+    from symalg.frontend.tracing import _MODULE_OPS
+
+    if not isinstance(module, torch.nn.Sequential):
+        return False
+    for _, child in _leaves(module):
+        if isinstance(child, torch.nn.Linear):
+            continue
+        if any(True for _ in child.parameters()) or (type(child) in _MODULE_OPS and type(child) is not torch.nn.Identity):
+            return False
+    return True
+
+
+def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None, catalogue: Mapping = CATALOGUE):
+    """Read a torch model: an :class:`Architecture` for a plain chain, else a traced :class:`ModelGraph`.
+
+    An ``nn.Sequential`` of ``nn.Linear`` and activation modules (nested Sequentials allowed) without
+    ``example_inputs`` becomes the symbolic chain schema (activations the catalogue does not know
+    are opaque nodes that admit no symmetry; they must preserve the feature width). Every other
+    model is traced by :func:`symalg.trace` (torch.fx, ``torch.export`` as the fallback); a traced
+    graph does not hold a catalogue, so give a custom one to ``derive(graph, catalogue=...)``.
+    """
+    if example_inputs is not None or not _is_chain(module):
+        if not isinstance(example_inputs, (tuple, torch.Tensor, type(None))):
+            raise SpecError(f"from_torch: example_inputs must be a tuple of tensors, got {type(example_inputs).__name__}")
+        from symalg.frontend.tracing import trace
+
+        return trace(module, example_inputs)
+    nodes: list[tuple[str, dict]] = []
+    width = None
+    for path, child in _leaves(module):
+        if isinstance(child, torch.nn.modules.lazy.LazyModuleMixin) and child.has_uninitialized_params():
+            raise SpecError(f"layer {path} ({type(child).__name__}): lazy module not initialised yet; run one "
+                            "forward pass first")
+        if isinstance(child, torch.nn.Linear):
+            if width is not None and width != child.in_features:
+                raise SpecError(f"layer {path} (Linear): in_features={child.in_features} but the previous "
+                                f"layer produces {width} features")
+            nodes.append((path, dict(kind="linear", op="linear", in_features=child.in_features,
+                                     out_features=child.out_features, weight=f"{path}.weight",
+                                     bias=f"{path}.bias" if child.bias is not None else None)))
+            width = child.out_features
+            continue
+        _check_activation_position(nodes, f"{path} ({type(child).__name__})")
+        known = _torch_activation(child)
+        if known is not None and known[0] in catalogue:
+            nodes.append((path, dict(kind="activation", op=known[0], params=known[1], module=None)))
+            continue
+        reference = next(module.parameters(), torch.zeros(()))
+        with torch.no_grad():
+            try:
+                shape = tuple(child(torch.zeros(2, width, dtype=reference.dtype, device=reference.device)).shape)
+            except Exception as error:  # the module's own failure, reported with its name
+                raise SpecError(f"layer {path} ({type(child).__name__}): cannot run it on a (batch, {width}) "
+                                f"input: {error}") from None
+        if shape != (2, width):
+            raise SpecError(f"layer {path} ({type(child).__name__}): unknown module changes the shape "
+                            f"{(2, width)} -> {shape}")
+        nodes.append((path, dict(kind="activation", op=_opaque_name(child), params={}, module=child)))
+    return _chain_graph(nodes, catalogue)
+
+
+def _number(value) -> str:
+    """A hyper-parameter as spec text: integers as such, anything else as a Python float."""
+    value = sp.sympify(value)
+    return str(value) if value.is_Integer else repr(float(value))
+
+
+def to_spec_string(arch: Architecture) -> str:
+    """The spec string of ``arch`` (round-trips through :func:`parse` for catalogue activations)."""
+    parts = []
+    for name in arch.layer_names:
+        node = arch.node(name)
+        if node["kind"] == "linear":
+            bias = "" if node["bias"] else ", bias=False"
+            parts.append(f"linear({node['in_features']}, {node['out_features']}{bias})")
+        elif node["params"]:
+            parts.append(f"{node['op']}({', '.join(f'{k}={_number(v)}' for k, v in node['params'].items())})")
+        else:
+            parts.append(node["op"])
+    return " -> ".join(parts)
+
+
+def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generator | None = None) -> torch.nn.Sequential:
+    """An ``nn.Sequential`` for a concrete-width architecture, named like its parameters.
+
+    Parameters get torch's default initialisation, ``U(±1/√in_features)`` for weights and biases
+    (drawn from ``generator`` when given).
+    """
+    from symalg.catalogue.modules import Activation
+
+    arch.check_materialisable("to_module")
+    modules = []
+    for name in arch.layer_names:
+        node = arch.node(name)
+        if node["kind"] == "linear":
+            modules.append(torch.nn.Linear(int(node["in_features"]), int(node["out_features"]),
+                                           bias=node["bias"] is not None, dtype=dtype))
+        elif node["module"] is not None:
+            modules.append(node["module"])
+        else:
+            modules.append(Activation(node["op"], **node["params"]))
+    model = torch.nn.Sequential(*modules)
+    if generator is not None:
+        with torch.no_grad():
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    bound = 1 / layer.in_features ** 0.5
+                    for p in layer.parameters():
+                        p.uniform_(-bound, bound, generator=generator)
+    return model

@@ -1,0 +1,597 @@
+"""The torch.fx front end: any ``nn.Module`` → a :class:`ModelGraph` of canonical ops.
+
+:func:`trace` runs ``torch.fx`` symbolic tracing, keeping torch's own layers (``nn.Linear``,
+``nn.MultiheadAttention``, norm layers, ...) as single nodes, and falls back to ``torch.export`` when
+fx cannot trace the model; if both fail the error says why and where. Every spelling of an op
+(``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu()``, ``x.relu_()``) becomes one canonical name, and
+with ``example_inputs`` a shape-propagation pass records every value's shape.
+
+Schema of ``ModelGraph.graph`` (a ``networkx.DiGraph``; node names are fx node names, in data-flow
+order):
+
+=========== ==============================================================================
+attribute   meaning
+=========== ==============================================================================
+``op``      canonical op (``linear``, ``conv2d``, ``relu``, ``add``, ``layer_norm``,
+            ``multihead_attention``, ``attention``, ...; the fx target's name when unknown)
+``kind``    ``input``, ``output``, ``param`` (a parameter read in ``forward``), ``module``,
+            ``function``, ``constant``
+``module``  qualified name of the called module (``None`` for functions)
+``params``  ``{role: canonical parameter name}`` (tied parameters get the first name)
+``buffers`` ``{role: buffer name}``
+``settings`` hyper-parameters (``eps``, ``groups``, ``dim``, ``heads``, ...)
+``inputs``  tensor inputs in the callee's argument order (keywords included; a value read twice,
+            ``x * x``, is listed twice): node names, or ``None`` where a constant operand stands
+``shape``   the output shape (``None`` without example inputs)
+``where``   ``"node 'relu_1' (F.relu)"``, for error messages
+=========== ==============================================================================
+
+Edges ``u → v`` carry ``index``: the first position of ``u`` in ``v``'s ``inputs`` (one edge however
+often ``v`` reads ``u``; ``inputs`` has every position). ``x.T`` is a ``permute`` reversing every axis
+(``transpose`` for a matrix), ``x.mT`` a ``transpose`` of the last two; unused guard and assertion
+calls (``torch.export``'s ``_guards_fn``, ``torch._assert``) are dropped.
+
+Hand-written attention (``q/k/v`` linears split into heads, then ``F.scaled_dot_product_attention``
+or ``softmax(Q Kᵀ/√d) V``, merged back) is folded into one ``attention`` node with inputs ``q, k, v``
+and ``settings["heads"]``; folding needs example inputs to read the head layout.
+
+Example
+-------
+>>> import torch, symalg
+>>> class Net(torch.nn.Module):
+...     def __init__(self):
+...         super().__init__()
+...         self.fc1, self.fc2 = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)
+...     def forward(self, x):
+...         return self.fc2(torch.relu(self.fc1(x)))
+>>> g = symalg.trace(Net(), (torch.zeros(5, 3),))
+>>> [g.graph.nodes[v]["op"] for v in g.graph]
+['input', 'linear', 'relu', 'linear', 'output']
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import math
+import operator
+from dataclasses import dataclass, field, is_dataclass
+from typing import Mapping
+
+import networkx as nx
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch.fx.operator_schemas import get_signature_for_torch_op
+
+from symalg.catalogue.activations import exact
+from symalg.errors import SpecError
+
+__all__ = ["ModelGraph", "trace", "canonical_module_op"]
+
+nn = torch.nn
+
+_MODULE_OPS = {
+    nn.Linear: "linear", nn.Conv1d: "conv", nn.Conv2d: "conv", nn.BatchNorm1d: "batch_norm",
+    nn.BatchNorm2d: "batch_norm", nn.LayerNorm: "layer_norm", nn.GroupNorm: "group_norm", nn.RMSNorm: "rms_norm",
+    nn.MultiheadAttention: "multihead_attention", nn.Embedding: "embedding", nn.MaxPool1d: "max_pool",
+    nn.MaxPool2d: "max_pool", nn.AdaptiveMaxPool1d: "max_pool", nn.AdaptiveMaxPool2d: "max_pool",
+    nn.AvgPool1d: "avg_pool", nn.AvgPool2d: "avg_pool", nn.AdaptiveAvgPool1d: "avg_pool",
+    nn.AdaptiveAvgPool2d: "avg_pool", nn.Flatten: "flatten", nn.Dropout: "dropout", nn.Identity: "identity",
+    nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax",
+}
+
+_FUNCTIONS = {
+    F.relu: "relu", torch.relu: "relu", F.relu_: "relu", torch.relu_: "relu", torch.tanh: "tanh", F.tanh: "tanh",
+    torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.silu: "silu", F.linear: "linear", operator.add: "add",
+    torch.add: "add", operator.iadd: "add", operator.mul: "mul", torch.mul: "mul", operator.imul: "mul",
+    operator.truediv: "div", torch.div: "div", operator.neg: "neg", torch.neg: "neg", operator.sub: "sub",
+    torch.sub: "sub", torch.cat: "cat", torch.concat: "cat", torch.flatten: "flatten", F.softmax: "softmax",
+    torch.softmax: "softmax", F.log_softmax: "log_softmax", torch.log_softmax: "log_softmax",
+    F.scaled_dot_product_attention: "sdpa", torch.matmul: "matmul", operator.matmul: "matmul",
+    torch.bmm: "matmul", F.layer_norm: "layer_norm", F.rms_norm: "rms_norm", torch.cdist: "cdist",
+    torch.exp: "exp", operator.pow: "pow", torch.pow: "pow", torch.sin: "sin", torch.cos: "cos", torch.abs: "abs",
+    torch.sqrt: "sqrt", torch.log: "log", F.dropout: "dropout", F.max_pool1d: "max_pool", F.max_pool2d: "max_pool",
+    F.avg_pool1d: "avg_pool", F.avg_pool2d: "avg_pool", F.adaptive_avg_pool1d: "avg_pool",
+    F.adaptive_avg_pool2d: "avg_pool", operator.getitem: "getitem", torch.transpose: "transpose",
+    torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding",
+}
+
+_POOLED_DIMS = {
+    nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.AdaptiveMaxPool1d: 1, nn.AdaptiveMaxPool2d: 2, nn.AvgPool1d: 1,
+    nn.AvgPool2d: 2, nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2, F.max_pool1d: 1, F.max_pool2d: 2,
+    F.avg_pool1d: 1, F.avg_pool2d: 2, F.adaptive_avg_pool1d: 1, F.adaptive_avg_pool2d: 2,
+}
+"""How many trailing axes a pooling layer or function pools over (setting ``pooled_dims``)."""
+
+_METHODS = {
+    "relu": "relu", "relu_": "relu", "tanh": "tanh", "tanh_": "tanh", "sigmoid": "sigmoid", "sigmoid_": "sigmoid",
+    "add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "div": "div", "div_": "div", "neg": "neg",
+    "sub": "sub", "view": "reshape", "reshape": "reshape", "transpose": "transpose", "permute": "permute",
+    "contiguous": "identity", "flatten": "flatten", "softmax": "softmax", "log_softmax": "log_softmax",
+    "exp": "exp", "pow": "pow", "square": "square", "abs": "abs", "sqrt": "sqrt", "matmul": "matmul", "size": "size",
+    "dim": "size", "clone": "identity",
+}
+
+_IN_PLACE = {"relu_", "tanh_", "sigmoid_", "add_", "mul_", "div_"}
+
+@dataclass(frozen=True, eq=False)
+class ModelGraph:
+    """A traced model: the canonical op graph (schema in the module docstring) and the model itself."""
+
+    graph: nx.DiGraph
+    model: nn.Module = field(repr=False)
+    example_inputs: tuple | None = field(default=None, repr=False)
+    tracer: str = "fx"
+    """``"fx"`` or ``"export"`` (the fallback)."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """``{alias: canonical parameter name}`` for tied parameters."""
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.graph.nodes)
+
+    def node(self, name: str) -> Mapping:
+        return self.graph.nodes[name]
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        """The model's parameters by canonical name (tied parameters once)."""
+        return dict(self.model.named_parameters())
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        return dict(self.model.named_buffers())
+
+    def __repr__(self) -> str:
+        ops = [self.graph.nodes[v]["op"] for v in self.graph]
+        return f"ModelGraph({type(self.model).__name__}, tracer={self.tracer!r}, ops={ops})"
+
+
+def canonical_module_op(module: nn.Module) -> tuple[str, dict]:
+    """``(canonical op, settings)`` of a module; activation modules map to catalogue names.
+
+    >>> canonical_module_op(torch.nn.LeakyReLU(0.2))
+    ('leaky_relu', {'slope': 1/5})
+    """
+    from symalg.frontend.spec import _opaque_name, _torch_activation
+
+    known = _torch_activation(module)
+    if known is not None:
+        return known[0], dict(known[1])
+    for cls, op in _MODULE_OPS.items():
+        if type(module) is cls:
+            return op, _module_settings(module)
+    return _opaque_name(module), {}
+
+
+def _module_settings(module: nn.Module) -> dict:
+    settings = {}
+    for key in ("eps", "groups", "training", "track_running_stats", "elementwise_affine", "num_heads",
+                "batch_first", "start_dim", "end_dim", "dim", "p", "padding_idx", "num_groups", "normalized_shape"):
+        if hasattr(module, key):
+            settings[key] = getattr(module, key)
+    if isinstance(module, nn.MultiheadAttention):
+        settings.update(same_embed=module._qkv_same_embed_dim, bias_kv=module.bias_k is not None,
+                        add_zero_attn=module.add_zero_attn, dropout=module.dropout)
+    if type(module) in _POOLED_DIMS:
+        settings["pooled_dims"] = _POOLED_DIMS[type(module)]
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)):
+        settings.update(padding_mode=module.padding_mode, in_channels=module.in_channels,
+                        out_channels=module.out_channels, padding=module.padding)
+    return settings
+
+
+class _Tracer(torch.fx.Tracer):
+    """fx tracer keeping torch's own modules (except containers) as single nodes."""
+
+    def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
+        if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+            return False
+        from symalg.catalogue.modules import Activation
+
+        return isinstance(module, Activation) or super().is_leaf_module(module, qualified_name)
+
+
+def _where(node: torch.fx.Node) -> str:
+    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    return f"node {node.name!r} ({node.op} {target})"
+
+
+def _canonical_params(model: nn.Module) -> tuple[dict[str, str], dict[int, str]]:
+    """``{alias: canonical name}`` for tied parameters, and ``{id(tensor): canonical name}``."""
+    by_id: dict[int, str] = {}
+    aliases = {}
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        canonical = by_id.setdefault(id(tensor), name)
+        if canonical != name:
+            aliases[name] = canonical
+    for name, tensor in model.named_buffers(remove_duplicate=False):
+        by_id.setdefault(id(tensor), name)
+    return aliases, by_id
+
+
+def _fx_graph(model: nn.Module) -> torch.fx.GraphModule:
+    tracer = _Tracer()
+    graph = tracer.trace(model)
+    return torch.fx.GraphModule(tracer.root, graph)
+
+
+def _export_graph(model: nn.Module, example_inputs: tuple) -> torch.fx.GraphModule:
+    exported = torch.export.export(model, tuple(example_inputs))
+    return exported.module()
+
+
+_ATEN = {
+    "linear": "linear", "relu": "relu", "relu_": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "gelu": "gelu",
+    "silu": "silu", "add": "add", "mul": "mul", "div": "div", "neg": "neg", "cat": "cat", "view": "reshape",
+    "reshape": "reshape", "transpose": "transpose", "permute": "permute", "clone": "identity",
+    "contiguous": "identity", "_softmax": "softmax", "softmax": "softmax", "_log_softmax": "log_softmax",
+    "log_softmax": "log_softmax", "t": "transpose", "flatten": "flatten", "exp": "exp",
+    "scaled_dot_product_attention": "sdpa", "matmul": "matmul", "layer_norm": "layer_norm", "embedding": "embedding",
+    "leaky_relu": "leaky_relu", "getitem": "getitem",
+}
+
+
+def _function_op(node: torch.fx.Node) -> tuple[str, dict]:
+    """Canonical op and settings of a ``call_function``/``call_method`` node."""
+    if node.op == "call_method":
+        op = _METHODS.get(node.target, node.target)
+        return op, {"method": node.target}
+    target = node.target
+    if _is_pack(node):
+        return "pack", {"container": target.__name__}
+    if target in _POOLED_DIMS:
+        return _FUNCTIONS[target], {"pooled_dims": _POOLED_DIMS[target]}
+    if target in _FUNCTIONS:
+        op = _FUNCTIONS[target]
+    elif isinstance(target, torch._ops.OpOverload) or isinstance(target, torch._ops.OpOverloadPacket):
+        name = target.__name__.split(".")[0] if hasattr(target, "__name__") else str(target)
+        op = _ATEN.get(name, f"aten.{name}")
+    elif target is F.leaky_relu:
+        slope = node.kwargs.get("negative_slope", node.args[1] if len(node.args) > 1 else 0.01)
+        return "leaky_relu", {"slope": exact(slope)}
+    elif target is F.gelu:
+        approximate = node.kwargs.get("approximate", "none")
+        return ("gelu", {}) if approximate == "none" else (f"gelu(approximate={approximate!r})", {})
+    else:
+        op = getattr(target, "__name__", str(target))
+    return op, {}
+
+
+def _is_pack(node: torch.fx.Node) -> bool:
+    """True for the constructor of a dataclass or named tuple (fx records ``return Output(y=...)`` as a call
+    of the class): a container of values, not an op."""
+    target = node.target
+    return node.op == "call_function" and isinstance(target, type) and (
+        is_dataclass(target) or issubclass(target, tuple) and hasattr(target, "_fields"))
+
+
+def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[int, str]) -> dict:
+    record = dict(op=node.op, kind="function", module=None, params={}, buffers={}, settings={},
+                  where=_where(node), shape=None)
+    if node.op == "placeholder":
+        record.update(op="input", kind="input")
+    elif node.op == "output":
+        record.update(op="output", kind="output")
+    elif node.op == "get_attr":
+        tensor = _attribute(gm, node.target)
+        if isinstance(tensor, nn.Parameter):
+            record.update(op="param", kind="param", params={"value": by_id.get(id(tensor), node.target)})
+        elif isinstance(tensor, torch.Tensor) and id(tensor) in by_id:
+            record.update(op="buffer", kind="constant", buffers={"value": by_id[id(tensor)]})
+        else:
+            record.update(op="constant", kind="constant")
+    elif node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        op, settings = canonical_module_op(module)
+        record.update(op=op, kind="module", module=node.target, settings=settings,
+                      params={role: by_id.get(id(t), f"{node.target}.{role}")
+                              for role, t in module.named_parameters(recurse=True)},
+                      buffers={role: by_id.get(id(t), f"{node.target}.{role}")
+                               for role, t in module.named_buffers(recurse=True)})
+        if getattr(module, "inplace", False):
+            record["settings"]["inplace"] = True
+        record["instance"] = module
+    else:
+        op, settings = _function_op(node)
+        record.update(op=op, settings=settings)
+        if node.op == "call_method" and node.target in _IN_PLACE:
+            record["settings"]["inplace"] = True
+    return record
+
+
+def _attribute(gm: nn.Module, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _constant_args(node: torch.fx.Node) -> dict:
+    """The non-tensor arguments of a node by position/keyword (``dim``, ``shape``, ``approximate``...)."""
+    def plain(value):
+        if isinstance(value, torch.fx.Node):
+            return None
+        if isinstance(value, (list, tuple)):
+            return type(value)(plain(v) for v in value)
+        return value
+
+    arguments = {f"arg{i}": plain(a) for i, a in enumerate(node.args)}
+    arguments.update({k: plain(v) for k, v in node.kwargs.items()})
+    return arguments
+
+
+def _tensor_inputs(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list:
+    """Input nodes in the callee's argument order (keywords included), flattening lists
+    (``torch.cat([a, b])``); ``None`` for a constant operand (``x * 2``). Numbers passed for
+    parameters typed without ``Tensor``/``Number`` (``dim: int``, ``eps: float``) are settings, not inputs.
+    The output and output containers (``pack``) list every node of their nested structure (tuples,
+    lists, dicts, dataclasses): every tensor a model returns is an output."""
+    if node.op == "output" or _is_pack(node):
+        nested = []
+        torch.fx.node.map_arg((node.args, node.kwargs), nested.append)
+        return nested
+    inputs = []
+    for value, operand in _ordered_arguments(node, gm):
+        if isinstance(value, torch.fx.Node):
+            inputs.append(value)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.fx.Node) for v in value):
+            inputs.extend(v if isinstance(v, torch.fx.Node) else None for v in value)
+        elif operand and isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool):
+            inputs.append(None)
+    return inputs
+
+
+def _ordered_arguments(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[tuple[object, bool]]:
+    """``(value, may be a tensor operand)`` per argument, in the order of the first signature of the
+    callee that binds them; positional then keyword order when none does (an unknown callee)."""
+    for signature in _signatures(node, gm):
+        try:
+            bound = signature.bind(*node.args, **node.kwargs)
+        except TypeError:
+            continue
+        ordered = []
+        for name, value in bound.arguments.items():
+            parameter = signature.parameters[name]
+            annotation = parameter.annotation
+            operand = annotation is inspect.Parameter.empty or any(t in str(annotation) for t in ("Tensor", "Number"))
+            if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+                ordered += [(v, operand) for v in value]
+            elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                ordered += [(v, operand) for v in value.values()]
+            else:
+                ordered.append((value, operand))
+        return ordered
+    return [(value, True) for value in (*node.args, *node.kwargs.values())]
+
+
+def _signatures(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[inspect.Signature]:
+    """The callee's signatures (one per overload; ``x.add(y)`` binds like ``torch.add(x, y)``), or ``[]``."""
+    if node.op == "call_module":
+        callee = gm.get_submodule(node.target).forward
+    elif node.op == "call_method":
+        callee = getattr(torch, node.target, None)
+    elif node.op == "call_function":
+        callee = node.target
+    else:
+        return []
+    if not callable(callee):
+        return []
+    signatures = get_signature_for_torch_op(callee)
+    if signatures:
+        return signatures
+    try:
+        return [inspect.signature(callee)]
+    except (TypeError, ValueError):
+        return []
+
+
+def _shape_of(meta) -> tuple | None:
+    value = meta.get("tensor_meta", meta.get("val"))
+    if value is None:
+        return None
+    if hasattr(value, "shape"):
+        return tuple(int(s) for s in value.shape)
+    if isinstance(value, (list, tuple)):
+        return tuple(_shape_of({"val": v}) if not hasattr(v, "shape") else tuple(int(s) for s in v.shape)
+                     for v in value)
+    return None
+
+
+def _redirect_in_place(gm: torch.fx.GraphModule) -> None:
+    """After ``y = x.relu_()``, later readers of ``x`` see the mutated tensor: make them read ``y``."""
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    for node in list(gm.graph.nodes):
+        in_place = (node.op == "call_method" and node.target in _IN_PLACE) or \
+            (node.op == "call_function" and node.target in (F.relu_, torch.relu_, operator.iadd, operator.imul)) or \
+            (node.op == "call_module" and getattr(gm.get_submodule(node.target), "inplace", False)) or \
+            (node.op == "call_function" and node.kwargs.get("inplace", False))
+        if not in_place or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        source = node.args[0]
+        for user in list(source.users):
+            if user is not node and order[user] > order[node]:
+                user.replace_input_with(source, node)
+
+
+def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
+    """Refuse empty or non-finite example tensors, then run ``model`` on them once (restoring its buffers
+    and the RNG afterwards); when it fails, raise :class:`SpecError` with torch's own message and the
+    innermost module that was running."""
+    for index, value in enumerate(example_inputs):
+        if isinstance(value, torch.Tensor) and value.numel() == 0:
+            raise SpecError(f"trace: example input {index} is empty (shape {tuple(value.shape)})")
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not value.is_meta \
+                and not value.isfinite().all():  # meta tensors have shapes only
+            raise SpecError(f"trace: example input {index} has non-finite entries (NaN or inf)")
+    running: list[str] = []  # the modules being run, innermost last
+
+    def enter_hook(name):
+        def hook(*_):  # returns None: the hook changes nothing
+            running.append(name)
+        return hook
+
+    def leave_hook(*_):
+        running.pop()
+
+    enter = [m.register_forward_pre_hook(enter_hook(name)) for name, m in model.named_modules()]
+    leave = [m.register_forward_hook(leave_hook) for m in model.modules()]
+    saved = [(buffer, buffer.clone()) for buffer in model.buffers()]
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):  # no trace of the run: RNG and buffers restored
+            model(*example_inputs)
+    except Exception as error:  # torch's own message, naming the module it came from
+        where = running[-1] if running else ""
+        module = f"module {where!r} ({type(model.get_submodule(where)).__name__})" if where else type(model).__name__
+        raise SpecError(f"trace: running {type(model).__name__} on the example inputs failed in {module}: "
+                        f"{type(error).__name__}: {error}") from None
+    finally:
+        for handle in enter + leave:
+            handle.remove()
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
+def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention: bool = True) -> ModelGraph:
+    """Trace ``model`` into a :class:`ModelGraph` (fx first, ``torch.export`` as the fallback).
+
+    Parameters
+    ----------
+    model : any ``nn.Module``.
+    example_inputs : a tuple of example tensors; enables shape propagation (needed for
+        convolutions followed by ``flatten`` and for hand-written attention) and the export fallback.
+    fold_attention : fold hand-written multi-head attention into ``attention`` nodes.
+    """
+    if not isinstance(model, nn.Module):
+        raise SpecError(f"trace: expected a torch.nn.Module, got {type(model).__name__}")
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
+            raise SpecError(f"module {name!r} ({type(module).__name__}): lazy module not initialised yet; run one "
+                            "forward pass first")
+    if example_inputs is not None and not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    if example_inputs is not None:
+        _check_example_inputs(model, example_inputs)
+    tracer = "fx"
+    try:
+        gm = _fx_graph(model)
+    except Exception as fx_error:  # fx's own failure, reported with the export one below
+        if example_inputs is None:
+            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__}: {fx_error}; pass example_inputs "
+                            "to try torch.export instead") from None
+        try:
+            gm = _export_graph(model, example_inputs)
+            tracer = "export"
+        except Exception as export_error:
+            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__} ({type(fx_error).__name__}: "
+                            f"{fx_error}) and torch.export failed too ({type(export_error).__name__}: "
+                            f"{str(export_error).splitlines()[0] if str(export_error) else ''})") from None
+    _drop_guards(gm)
+    _redirect_in_place(gm)
+    if example_inputs is not None and tracer == "fx":
+        from torch.fx.passes.shape_prop import ShapeProp
+
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # ShapeProp prints a traceback of its own
+                ShapeProp(gm).propagate(*example_inputs)
+        except Exception as error:  # the model ran eagerly, but its fx graph does not: torch's message, not fx's
+            cause = error.__cause__ or error
+            raise SpecError(f"trace: running the fx graph of {type(model).__name__} on the example inputs failed: "
+                            f"{type(cause).__name__}: {cause}") from None
+    aliases, by_id = _canonical_params(model)
+    graph = nx.DiGraph()
+    for node in gm.graph.nodes:
+        record = _node_record(node, gm, by_id)
+        record["shape"] = _shape_of(node.meta)
+        record["arguments"] = _constant_args(node)
+        record.update(_transpose_attribute(node, gm))
+        inputs = _tensor_inputs(node, gm)
+        record["inputs"] = tuple(i.name if i is not None else None for i in inputs)
+        graph.add_node(node.name, **record)
+    for name, data in list(graph.nodes(data=True)):
+        kept = tuple(i if i in graph else None for i in data["inputs"])
+        data["inputs"] = kept
+        for index, source in enumerate(kept):
+            if source is not None and not graph.has_edge(source, name):
+                graph.add_edge(source, name, index=index)
+    _drop_shape_queries(graph)
+    result = ModelGraph(graph, model, example_inputs, tracer, aliases)
+    if fold_attention:
+        from symalg.frontend.attention_folding import fold_attention as fold
+
+        fold(result)
+    return result
+
+
+def _drop_shape_queries(graph: nx.DiGraph) -> None:
+    """``x.size()``, ``x.shape`` and arithmetic on them only read shapes: drop them from the data flow."""
+    queries = set()
+    for name in list(nx.topological_sort(graph)):
+        data = graph.nodes[name]
+        sources = [i for i in data["inputs"] if i is not None]
+        attribute = data["op"] == "getattr" and data["arguments"].get("arg1") in ("shape", "device", "dtype", "ndim")
+        if data["op"] == "size" or attribute or (sources and all(s in queries for s in sources)
+                                                 and data["kind"] == "function"):
+            queries.add(name)
+    for name in queries:
+        for user in list(graph.successors(name)):
+            data = graph.nodes[user]
+            data["inputs"] = tuple(None if i == name else i for i in data["inputs"])
+    graph.remove_nodes_from(queries)
+
+
+def _transpose_attribute(node: torch.fx.Node, gm: torch.fx.GraphModule) -> dict:
+    """The record fields of ``x.mT``/``x.mH``/``x.H`` (swap the last two axes) and ``x.T`` (reverse
+    every axis: ``permute``; the identity below two axes); ``{}`` for any other node. ``x.T`` of unknown
+    rank becomes the op ``T``, which no rule knows, so it blocks what it touches."""
+    if node.op != "call_function":
+        return {}
+    swap_last = {"op": "transpose", "arguments": {"dim0": -2, "dim1": -1}}
+    attribute = node.args[1] if node.target is getattr else None
+    if attribute in ("mT", "mH", "H"):
+        return swap_last
+    if attribute != "T" and node.target is not torch.ops.aten.numpy_T.default:
+        return {}
+    ndim = _rank(node.args[0], gm)
+    if ndim is None:
+        return {"op": "T", "where": f"node {node.name!r} (x.T of unknown rank: pass example_inputs to trace)"}
+    if ndim < 2:
+        return {"op": "identity", "arguments": {}}
+    return swap_last if ndim == 2 else {"op": "permute", "arguments": {"dims": tuple(range(ndim - 1, -1, -1))}}
+
+
+def _rank(value, gm: torch.fx.GraphModule) -> int | None:
+    """Number of axes of a traced value: from shape propagation, or from the tensor a ``get_attr`` reads."""
+    if not isinstance(value, torch.fx.Node):
+        return None
+    shape = _shape_of(value.meta)
+    if shape is not None:
+        return len(shape)
+    tensor = _attribute(gm, value.target) if value.op == "get_attr" else None
+    return tensor.dim() if isinstance(tensor, torch.Tensor) else None
+
+
+def _drop_guards(gm: torch.fx.GraphModule) -> None:
+    """Erase unused guard and assertion calls (``torch.export``'s ``_guards_fn``, ``torch._assert``):
+    they check the inputs and compute nothing."""
+    for node in list(gm.graph.nodes):
+        if node.users:
+            continue
+        if node.op == "call_module":
+            guard = type(gm.get_submodule(node.target)).__name__ == "GuardsFn"
+        elif isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            guard = node.target.__name__.split(".")[0] in _GUARD_OPS
+        else:
+            guard = node.op == "call_function" and node.target in _GUARD_FUNCTIONS
+        if guard:
+            gm.graph.erase_node(node)
+
+
+_GUARD_OPS = {"_assert_scalar", "_assert_async", "_assert_tensor_metadata", "sym_constrain_range",
+              "sym_constrain_range_for_size"}
+_GUARD_FUNCTIONS = {torch._assert, torch._check, torch._check_is_size, torch._assert_scalar}
+
+
+def scale_constant(value) -> bool:
+    """True for a Python number (the only non-tensor operand of ``mul``/``div`` we treat as linear)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

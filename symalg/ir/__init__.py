@@ -1,0 +1,1 @@
+"""The graph format every front end emits and every later stage reads."""

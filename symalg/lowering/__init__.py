@@ -1,0 +1,1 @@
+"""SymPy → torch: the torch printer and the one code generator."""

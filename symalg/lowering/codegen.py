@@ -1,0 +1,316 @@
+"""Lowering: SymPy matrix expressions compiled to torch callables with inspectable source.
+
+Built on SymPy's own :class:`sympy.printing.pytorch.TorchPrinter`; :class:`SymalgTorchPrinter`
+overrides only what it gets wrong or slow for our expressions, each override saying why. Matrix
+expressions use the papers' column convention (a bias is an ``h × 1`` column); the compiled
+function adapts torch's layout (bias vectors of shape ``(h,)``) at its boundary, and every matrix
+operation works on the last two axes, so leading batch dimensions broadcast.
+
+Example
+-------
+>>> import sympy as sp, torch
+>>> from symalg.lowering.codegen import lower
+>>> W = sp.MatrixSymbol("W_1", 3, 2)
+>>> f = lower("gram", W * W.T, params={W: "0.weight"})
+>>> print(f.source.splitlines()[-1])
+    return torch.matmul(W_1, W_1.transpose(-1, -2))
+>>> f({"0.weight": torch.ones(3, 2)}).shape
+torch.Size([3, 3])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import re
+
+import numpy as np
+import sympy as sp
+import torch
+from sympy.printing.pytorch import TorchPrinter
+
+__all__ = ["SymalgTorchPrinter", "LoweredFunction", "lower", "reads", "torch_source", "evaluate_symbolic"]
+
+
+def identifier(name: str) -> str:
+    """A Python identifier for a symbol name (``\\dot{W}_{1}`` → ``dot_W_1``)."""
+    cleaned = re.sub(r"[\W_]+", "_", name.replace("\\", "")).strip("_")
+    return cleaned if cleaned.isidentifier() else f"_{cleaned}"
+
+
+class SymalgTorchPrinter(TorchPrinter):
+    """SymPy's torch printer with fixes for batching, devices and a few wrong translations."""
+
+    def _print_MatrixSymbol(self, expr):
+        # Symbol names may be LaTeX (velocities are \dot{W}_{1}); print them as Python identifiers.
+        return identifier(expr.name)
+
+    def _print_Max(self, expr):
+        # SymPy maps Max to torch.max, which for (tensor, 0) reduces over dim 0 and returns
+        # (values, indices); clamp against constants and use the elementwise torch.maximum otherwise.
+        return self._print_extremum(expr, "min", "torch.maximum")
+
+    def _print_Min(self, expr):
+        # Same problem as Max: torch.min(x, 0) is a reduction, not an elementwise minimum.
+        return self._print_extremum(expr, "max", "torch.minimum")
+
+    def _print_extremum(self, expr, bound, elementwise):
+        constants = [a for a in expr.args if a.is_number]
+        others = [self._print(a) for a in expr.args if not a.is_number]
+        result = others[0]
+        for other in others[1:]:
+            result = f"{self._module_format(elementwise)}({result}, {other})"
+        for c in constants:
+            result = f"{self._module_format('torch.clamp')}({result}, {bound}={self._print(c)})"
+        return result
+
+    def _print_Transpose(self, expr):
+        # SymPy prints torch.transpose(X).t() (an invalid call) for square matrices and a reversed
+        # permute string otherwise; neither works on batches. Swap the last two axes.
+        arg = self._print(expr.arg)
+        return f"{arg if isinstance(expr.arg, sp.MatrixSymbol) else f'({arg})'}.transpose(-1, -2)"
+
+    def _print_Trace(self, expr):
+        # torch.trace accepts 2-D tensors only; sum the diagonal of the last two axes instead.
+        return f"{self._module_format('torch.diagonal')}({self._print(expr.arg)}, dim1=-2, dim2=-1).sum(-1)"
+
+    def _print_MatMul(self, expr):
+        # (1) diag(d) X is printed as the broadcast product d * X (and X diag(d) as X * dᵀ) rather than
+        #     a dense h×h matrix product; (2) X 1 (a column of ones) as a row sum, not a matmul;
+        # (3) X A⁻¹ as a linear solve; (4) scalar factors stay one Python product in front.
+        scalars = [a for a in expr.args if not isinstance(a, sp.MatrixExpr)]
+        factors = [a for a in expr.args if isinstance(a, sp.MatrixExpr)]
+        leading = []
+        while len(factors) > 1 and isinstance(factors[0], sp.DiagMatrix):
+            leading.append(factors.pop(0))
+        result = self._print(factors[0])
+        for factor in factors[1:]:
+            if isinstance(factor, sp.OneMatrix) and factor.shape[1] == 1:
+                result = f"{result}.sum(-1, keepdim=True)"
+            elif isinstance(factor, sp.DiagMatrix):
+                result = f"({result} * {self._print(factor.args[0])}.transpose(-1, -2))"
+            elif isinstance(factor, sp.Inverse):
+                # X A⁻¹ solved as X = B A rather than forming the inverse: faster and more accurate.
+                result = f"{self._module_format('torch.linalg.solve')}({self._print(factor.arg)}, {result}, left=False)"
+            else:
+                result = f"{self._module_format('torch.matmul')}({result}, {self._print(factor)})"
+        for factor in reversed(leading):
+            result = f"({self._print(factor.args[0])} * {result})"
+        coefficient = sp.Mul(*scalars)
+        if coefficient == -1:
+            return f"-{result}"
+        if scalars:
+            result = f"{self.parenthesize(coefficient, 40)}*{result}"
+        return result
+
+    def _print_MatAdd(self, expr):
+        # SymPy folds torch.add(torch.add(A, B), (-1)*C): nested calls plus a multiply per negative
+        # term. Print one flat sum with subtraction instead.
+        text = ""
+        for term in expr.args:
+            coeff, rest = term.as_coeff_mmul()
+            negative = coeff == -1
+            printed = self._print(rest if negative else term)
+            text = (f"-{printed}" if negative else printed) if not text else \
+                f"{text} {'-' if negative else '+'} {printed}"
+        return f"({text})"
+
+    def _print_DiagMatrix(self, expr):
+        # A stand-alone diag(d): d is an h×1 column; torch.diag_embed builds (..., h, h).
+        return f"{self._module_format('torch.diag_embed')}({self._print(expr.args[0])}.squeeze(-1))"
+
+    def _print_HadamardPower(self, expr):
+        # Squares of a plain symbol (or its transpose) as X * X, which is faster than torch.pow(X, 2).
+        if expr.exp == 2 and isinstance(expr.base, (sp.MatrixSymbol, sp.Transpose)):
+            base = self._print(expr.base)
+            return f"({base} * {base})"
+        return f"{self._module_format('torch.pow')}({self._print(expr.base)}, {self._print(expr.exp)})"
+
+    def _print_MatPow(self, expr):
+        # SymPy chains torch.mm, which fails for negative or large exponents and for batches.
+        return f"{self._module_format('torch.linalg.matrix_power')}({self._print(expr.base)}, {self._print(expr.exp)})"
+
+    def _print_OneMatrix(self, expr):
+        # SymPy's torch.ones(shape) ignores dtype and device; match the reference tensor.
+        return f"torch.ones({self._print(expr.shape[0])}, {self._print(expr.shape[1])}, **_like)"
+
+    def _print_ZeroMatrix(self, expr):
+        return f"torch.zeros({self._print(expr.shape[0])}, {self._print(expr.shape[1])}, **_like)"
+
+    def _print_Identity(self, expr):
+        return f"torch.eye({self._print(expr.shape[0])}, **_like)"
+
+    def _print(self, expr, **kwargs):
+        # Any non-integer real constant (1/5, sqrt(2)/2, pi) as a Python float: SymPy would print
+        # torch.sqrt(2), which fails on a Python int.
+        if isinstance(expr, sp.Expr) and not isinstance(expr, sp.MatrixExpr) and expr.is_number \
+                and not expr.is_Integer and expr.is_real:
+            return repr(float(expr))
+        return super()._print(expr, **kwargs)
+
+
+_PRINTER = SymalgTorchPrinter({"fully_qualified_modules": True})
+
+
+def torch_source(expr: sp.Basic) -> str:
+    """The torch expression printed for ``expr`` (names of symbols as variables)."""
+    return _PRINTER.doprint(expr)
+
+
+@dataclass(frozen=True)
+class LoweredFunction:
+    """A compiled torch callable with its printed ``source``.
+
+    Called as ``f(params, *args)`` where ``params`` is ``dict(model.named_parameters())`` (or any
+    name → tensor mapping) and ``args`` are the extra inputs (group or Lie-algebra elements,
+    velocities) in the order of :attr:`arg_names`.
+    """
+
+    name: str
+    source: str
+    arg_names: tuple[str, ...]
+    fn: Callable = field(repr=False)
+    param_names: tuple[str, ...] = ()
+    param_shapes: Mapping[str, tuple] = field(default_factory=dict, repr=False)
+    """Trailing shape each parameter must have (ints, or symbols that must agree across parameters)."""
+
+    def __call__(self, params: Mapping[str, torch.Tensor], *args):
+        missing = [name for name in self.param_names if name not in params]
+        if missing:
+            raise KeyError(f"{self.name}: parameter(s) {missing} missing from params "
+                           f"(it reads {list(self.param_names)})")
+        if len(args) != len(self.arg_names):
+            raise TypeError(f"{self.name} takes params and {len(self.arg_names)} more arguments "
+                            f"{list(self.arg_names)}, got {len(args)}")
+        self._check_shapes(params)
+        return self.fn(params, *args)
+
+    def _check_shapes(self, params: Mapping[str, torch.Tensor]) -> None:
+        """Raise ``ValueError`` naming the parameter whose trailing shape is not :attr:`param_shapes`
+        (leading batch dimensions are free); torch would otherwise broadcast or fail without the name."""
+        bound: dict = {}
+        for name, expected in self.param_shapes.items():
+            value = params[name]
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{self.name}: parameter {name!r} is a {type(value).__name__}, not a tensor")
+            actual = tuple(value.shape[value.dim() - len(expected):]) if value.dim() >= len(expected) else None
+            ok = actual is not None and all(
+                bound.setdefault(e, a) == a if isinstance(e, sp.Symbol) else int(e) == a for e, a in zip(expected, actual))
+            if not ok:
+                raise ValueError(f"{self.name}: parameter {name!r} has shape {tuple(value.shape)}, expected "
+                                 f"(..., {', '.join(str(bound.get(e, e)) for e in expected)})")
+
+
+def reads(symbols: Mapping[str, sp.MatrixSymbol]) -> dict[sp.MatrixSymbol, str]:
+    """``{symbol: parameter name}`` from ``{parameter name: symbol}``: the form :func:`lower` reads."""
+    return {symbol: name for name, symbol in symbols.items()}
+
+
+def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: Mapping[sp.MatrixSymbol, str],
+          args: Sequence[sp.MatrixSymbol] = (), vector_outputs: Sequence[str] = (),
+          vector_inputs: Sequence[sp.MatrixSymbol] = (),
+          read_suffixes: Mapping[sp.MatrixSymbol, str] | None = None) -> LoweredFunction:
+    """Compile ``expr`` (or a dict of named expressions) to a torch function.
+
+    Parameters
+    ----------
+    name : Python name of the generated function.
+    expr : a SymPy matrix expression, or ``{output name: expression}`` for several outputs.
+    params : parameter symbols and the names they are read from in the ``params`` mapping.
+    args : further symbols taken positionally.
+    vector_outputs : names of dict outputs returned as vectors ``(..., h)`` (e.g. biases).
+    vector_inputs : column symbols (``h × 1``: biases, diagonal elements) passed as torch vectors
+        of shape ``(..., h)``.
+    read_suffixes : code appended to ``params[name]`` when reading a symbol (e.g. the unfolding
+        ``.narrow(0, 0, 4).reshape(4, -1)`` of a slice of a conv kernel).
+    """
+    outputs = dict(expr) if isinstance(expr, Mapping) else None
+    exprs = list(outputs.values()) if outputs is not None else [expr]
+    if outputs is None:
+        body = [f"    return {torch_source(expr)}"]
+    else:
+        body = ["    return {"]
+        body += [f"        {key!r}: {torch_source(value)}{'.squeeze(-1)' if key in vector_outputs else ''},"
+                 for key, value in outputs.items()]
+        body.append("    }")
+    needs_like = any("_like" in line for line in body)
+    used = set().union(*(e.free_symbols for e in exprs))
+    stray = sorted(str(s) for s in used - set(params) - set(args) if isinstance(s, sp.MatrixSymbol))
+    if stray:
+        raise ValueError(f"lower({name}): expression uses {stray}, which are neither params nor args")
+    # read the parameters the expressions use, plus any needed only for a width or for dtype/device
+    to_read = [s for s in params if s in used]
+    inputs = to_read + list(args)
+    missing = {s for s in used if not isinstance(s, sp.MatrixSymbol)} - {w for m in inputs for w in m.shape}
+    for symbol in params:
+        if symbol not in to_read and (missing & set(symbol.shape) or (needs_like and not inputs)):
+            to_read.append(symbol)
+            inputs.append(symbol)
+            missing -= set(symbol.shape)
+    lines = [f"def {name}(params{''.join(', ' + identifier(a.name) for a in args)}):"]
+    vector_inputs = set(vector_inputs)
+    for symbol in to_read:
+        suffix = (read_suffixes or {}).get(symbol, ".unsqueeze(-1)" if symbol in vector_inputs else "")
+        lines.append(f"    {identifier(symbol.name)} = params[{params[symbol]!r}]{suffix}")
+    lines += [f"    {identifier(s.name)} = {identifier(s.name)}.unsqueeze(-1)" for s in args if s in vector_inputs]
+    bound = set()
+    taken = {identifier(s.name) for s in inputs} | {"torch", "params", "_like", name}
+    clash = sorted({str(w) for s in inputs for w in s.shape if sp.sympify(w).is_Symbol and str(w) in taken})
+    if clash:  # `b_1 = W_1.shape[-2]` would overwrite the bias b_1: a wrong value, silently
+        raise ValueError(f"lower({name}): width(s) {clash} have the name of a tensor or function the generated code "
+                         "uses; rename the width")
+    for symbol in inputs:
+        for axis, size in enumerate(symbol.shape):
+            if sp.sympify(size).is_Symbol and size not in bound:
+                bound.add(size)
+                lines.append(f"    {size} = {identifier(symbol.name)}.shape[{axis - 2}]")
+    unbound = sorted(str(s) for s in used - bound if not isinstance(s, sp.MatrixSymbol))
+    if unbound:
+        raise ValueError(f"lower({name}): expression uses {unbound}, which are neither params, args nor widths "
+                         "read off their shapes")
+    if needs_like:
+        if not inputs:
+            raise ValueError(f"lower({name}): a constant matrix needs at least one input for its dtype and device")
+        reference = identifier(inputs[0].name)
+        lines.append(f"    _like = dict(dtype={reference}.dtype, device={reference}.device)")
+    source = "\n".join(lines + body)
+    namespace = {"torch": torch}
+    exec(compile(source, f"<symalg.lowered.{name}>", "exec"), namespace)
+    shapes = {params[s]: tuple(s.shape[:1] if s in vector_inputs else s.shape)
+              for s in to_read if s not in (read_suffixes or {})}
+    return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), namespace[name],
+                           tuple(params[s] for s in to_read), shapes)
+
+
+def _explicit_entrywise(expr: sp.Basic) -> sp.Basic:
+    """Write ``OneMatrix`` and Hadamard powers of explicit matrices out as explicit matrices: SymPy
+    otherwise evaluates them one entry at a time through the whole product (quadratic in the size)."""
+    expr = expr.replace(lambda e: isinstance(e, sp.OneMatrix), lambda e: sp.ImmutableMatrix.ones(*e.shape))
+
+    def power(e):
+        base = e.base.doit()
+        return base.applyfunc(lambda v: v ** e.exp) if isinstance(base, sp.MatrixBase) else e
+
+    return expr.replace(lambda e: isinstance(e, sp.HadamardPower), power)
+
+
+def evaluate_symbolic(expr: sp.Basic, values: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Evaluate ``expr`` exactly in SymPy at concrete matrices given by symbol name (small checks).
+
+    Vectors stand for columns; symbolic widths are read from the values' shapes.
+    """
+    arrays = {}
+    widths = {}
+    for symbol in sp.sympify(expr).atoms(sp.MatrixSymbol):
+        value = np.asarray(values[symbol.name], dtype=float)
+        value = value[:, None] if value.ndim == 1 else value
+        arrays[symbol.name] = value
+        widths.update({size: actual for size, actual in zip(symbol.shape, value.shape) if sp.sympify(size).is_Symbol})
+    concrete = sp.sympify(expr).subs(widths)
+    replacements = {s: sp.ImmutableMatrix(arrays[s.name].tolist()) for s in concrete.atoms(sp.MatrixSymbol)}
+    result = _explicit_entrywise(concrete.xreplace(replacements)).doit()
+    if isinstance(result, sp.MatrixExpr):
+        result = result.as_explicit()
+    if isinstance(result, sp.MatrixBase):
+        return np.array(result.evalf(), dtype=float)
+    return np.array(float(result))

@@ -1,0 +1,1 @@
+"""Numerics: random parameters and data, the network function, certified orbit ranks."""

@@ -1,0 +1,438 @@
+"""Inference on a traced model: which group acts on each site, through every op that touches it.
+
+Every value flowing through a :class:`~symalg.frontend.tracing.ModelGraph` gets a :class:`Label`: the sites
+whose coordinates run along its feature axis (:class:`Segment`\\ s; a concatenation has several, a
+value with none is data nothing acts on). Op rules (:mod:`symalg.op_rules`) create sites where a
+parameterised map writes a feature axis, bind the tensors around them (:class:`~symalg.catalogue.bindings.Binding`),
+tie sites that must transform together (skip connections, shared parameters, heads) and restrict the
+*kinds* of group a site may carry:
+
+======= ===========================================================================
+kind    group
+======= ===========================================================================
+``GL``  general linear (identity activation, attention heads, adapter ranks)
+``O``   orthogonal (radial activations, gain-free RMSNorm streams, tied embeddings)
+``O1``  orthogonal fixing ``1`` (inputs of a LayerNorm without gain, groups of a GroupNorm)
+``PS``  positive diagonal scaling, ``π(d) = d^power`` (ReLU, pooling, batch norm)
+``SF``  sign flips (odd activations)
+``S``   permutations (any pointwise op); acts on a whole *permutation class* of sites
+        tied through diagonal maps (norm gains, batch norm)
+``T``   translation of the producer's bias (the input of a batch norm; one group's biases under group norm)
+``T1``  translation along ``1`` of the producer's map (logits under softmax/cross-entropy)
+======= ===========================================================================
+
+A site's group is the largest kind allowed by every op touching it; an op the rules do not know
+restricts every site it touches to the kinds under which its input is invariant (usually none), and
+each removal is recorded as a :class:`~symalg.symbolic.chain_inference.Blocked` note naming the node.
+
+>>> import torch, symalg
+>>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+>>> sites = infer_model(symalg.trace(model))
+>>> [(s.name, s.width, s.kinds) for s in sites.classes]
+[('_0', 4, ('PS',))]
+>>> [(p.name, p.width) for p in sites.permutations]
+[('_0', 4)]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Mapping
+
+import networkx as nx
+import sympy as sp
+
+from symalg.catalogue.bindings import Binding
+from symalg.catalogue.activations import CATALOGUE
+from symalg.errors import SpecError
+from symalg.ir.architecture import at_least
+from symalg.symbolic.chain_inference import Blocked
+from symalg.frontend.tracing import ModelGraph
+
+__all__ = ["Segment", "Label", "SiteClass", "ModelSites", "Inference", "infer_model", "KINDS"]
+
+KINDS = ("GL", "O", "O1", "PS", "SF", "S", "T", "T1")
+CENTER_AWARE = frozenset({"linear", "conv", "flatten", "reshape", "transpose", "permute", "identity", "cat"})
+"""Ops that carry or absorb the shift ``center·(1 − g1)`` of an affine sign flip (only a biased linear map, or a
+biased convolution without padding, absorbs it); any other reader of a shifted value removes the flips."""
+ALL = frozenset(KINDS)
+DIAGONAL_MOVES = frozenset({"PS", "SF"})
+"""Kinds that rescale the diagonal of a diagonal map reading the site (a norm's gain absorbs them)."""
+TRANSLATIONS = frozenset({"T", "T1"})
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Coordinates ``[offset, offset + width·block)`` of a value's feature axis belong to ``site``.
+
+    ``power``: the value transforms by ``d^power`` under positive scaling of the site (0 after a
+    scale-invariant normalisation); ``invariant``: kinds under which the value does not change.
+    """
+
+    site: int
+    offset: int
+    width: int
+    block: int = 1
+    power: Fraction = Fraction(1)
+    invariant: frozenset = frozenset()
+    center: Fraction = Fraction(0)
+    """Sign flips act affinely on the value: ``v ↦ g v + center·(1 − g1)`` (``1/2`` after a sigmoid)."""
+
+    def acts_trivially(self) -> frozenset:
+        return self.invariant | ({"PS"} if self.power == 0 else set())
+
+
+@dataclass(frozen=True)
+class Label:
+    """The sites along a value's feature axis ``dim`` (a negative index) of length ``size``."""
+
+    dim: int
+    size: int | None
+    segments: tuple[Segment, ...] = ()
+
+    @staticmethod
+    def data(dim: int = -1, size: int | None = None) -> "Label":
+        """A value nothing acts on (model inputs, outputs of unknown ops)."""
+        return Label(dim, size, ())
+
+    def map_segments(self, **changes) -> "Label":
+        return Label(self.dim, self.size, tuple(replace(s, **changes) for s in self.segments))
+
+
+@dataclass
+class _Site:
+    id: int
+    name: str
+    width: int
+    node: str
+    allowed: set = field(default_factory=lambda: set(ALL))
+    bindings: list = field(default_factory=list)
+    translations: list = field(default_factory=list)
+    shifts: list = field(default_factory=list)
+    removed: list = field(default_factory=list)
+    dissolved: bool = False
+
+
+@dataclass(frozen=True)
+class SiteClass:
+    """Sites tied together (one group acts on all of them), with what survived every constraint."""
+
+    name: str
+    width: int
+    members: tuple[str, ...]
+    kinds: tuple[str, ...]
+    bindings: tuple[Binding, ...]
+    translations: tuple = ()
+    """``(kind, producer node, TranslationFamily)`` triples: the translations that survived."""
+    alpha: Fraction = Fraction(1)
+    """The power at which the site's readers see positive scaling (1 for ReLU, 0 before batch norm)."""
+    shifts: tuple = ()
+    """``(bias, column binding, center, node)``: biases absorbing the shift of affine sign flips."""
+
+
+@dataclass(frozen=True)
+class PermutationClass:
+    """Sites moved by one permutation (tied through diagonal maps such as norm gains)."""
+
+    name: str
+    width: int
+    members: tuple[str, ...]
+    bindings: tuple[Binding, ...]
+
+
+@dataclass(frozen=True)
+class ModelSites:
+    """The result of :func:`infer_model`: site classes, permutation classes and blocked notes."""
+
+    classes: tuple[SiteClass, ...]
+    permutations: tuple[PermutationClass, ...]
+    blocked: tuple[Blocked, ...]
+    restrictions: tuple[Blocked, ...] = ()
+    """Every other kind an op removed, and why (the nature of the op, not a limitation)."""
+    labels: Mapping = field(default_factory=dict, repr=False)
+
+
+class Inference:
+    """The state op rules work on: labels of values, sites, ties and restrictions."""
+
+    def __init__(self, model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse", strict: bool = True):
+        self.model_graph = model_graph
+        self.graph = model_graph.graph
+        self.catalogue = catalogue
+        self.loss = loss
+        self.strict = strict
+        """Drop an activation's declared group that a symbolic check (:mod:`symalg.checks`) disproves."""
+        self.sites: list[_Site] = []
+        self.ties = nx.utils.UnionFind()
+        self.permutation_ties = nx.utils.UnionFind()
+        self.labels: dict[str, object] = {}
+        self.opaque: dict[str, str] = {}
+        """``{tensor: node}``: parameters read by an op the rules do not know; no action may move them."""
+        self.pinned: list[tuple[Binding, str]] = []
+        """``(region, node)``: tensor regions ``node`` reads against values nothing acts on (see :meth:`pin`)."""
+        self.shapes = {**{k: tuple(v.shape) for k, v in model_graph.model.named_parameters()},
+                       **{k: tuple(v.shape) for k, v in model_graph.model.named_buffers()}}
+
+    # -- sites ----------------------------------------------------------------------------------
+    def new_site(self, node: str, width: int, bindings=(), name: str | None = None,
+                 allowed=ALL) -> int:
+        site = _Site(len(self.sites), name or node, width if isinstance(width, sp.Basic) else int(width), node, set(allowed))
+        self.sites.append(site)
+        self.ties[site.id]
+        self.permutation_ties[site.id]
+        for binding in bindings:
+            self.bind(site.id, binding)
+        return site.id
+
+    def site(self, site_id: int) -> _Site:
+        return self.sites[site_id]
+
+    def bind(self, site_id: int, binding: Binding) -> None:
+        self.sites[site_id].bindings.append(binding)
+
+    def bind_reader(self, label: Label, tensor: str, axis: int, node: str, role: str = "in") -> None:
+        """Bindings for a map reading ``label`` along ``axis`` of ``tensor`` (columns of a weight; ``role="out"``
+        for a parameter added to the value); the coordinates of the axis no segment covers are read against
+        data and are pinned."""
+        covered = 0
+        for seg in sorted(label.segments, key=lambda s: s.offset):
+            self.bind(seg.site, Binding(tensor, axis, seg.offset, seg.width, seg.block, role, seg.power, node=node))
+            if seg.offset > covered:
+                self.pin(Binding(tensor, axis, covered, seg.offset - covered, node=node), node)
+            covered = max(covered, seg.offset + seg.width * seg.block)
+        if covered < self.shapes[tensor][axis]:
+            self.pin(Binding(tensor, axis, covered, self.shapes[tensor][axis] - covered, node=node), node)
+
+    def pin(self, region: Binding, node: str) -> None:
+        """``node`` reads ``region`` against values nothing acts on (a model input, the output of an unknown
+        op, token indices): no action may move it. A ``diagonal`` in-region pins only the in-side of a
+        diagonal map (its gain may still scale its output)."""
+        self.pinned.append((region, node))
+
+    def tie(self, a: int, b: int) -> None:
+        """Sites ``a`` and ``b`` carry the same group element (a skip connection, a shared tensor)."""
+        self.ties.union(a, b)
+        self.permutation_ties.union(a, b)
+
+    def tie_permutations(self, a: int, b: int) -> None:
+        """The same permutation acts on ``a`` and ``b`` (input and output of a diagonal map)."""
+        self.permutation_ties.union(a, b)
+
+    def restrict(self, site_id: int, kinds, node: str, reason: str, blocked: bool = False) -> None:
+        """Only ``kinds`` may act on the site. ``blocked`` marks a restriction that is a limitation
+        (an unknown op, an unsupported layout, a shared tensor) rather than the op's nature; those
+        are reported in ``analysis.blocked``, naming ``node``."""
+        site = self.sites[site_id]
+        removed = site.allowed - set(kinds)
+        if removed:
+            site.allowed &= set(kinds)
+            site.removed.append((frozenset(removed), node, reason, blocked))
+
+    def restrict_label(self, label: Label, kinds, node: str, reason: str, blocked: bool = False) -> None:
+        """Restrict every site along ``label`` to ``kinds`` plus those that act trivially on it."""
+        for seg in label.segments:
+            self.restrict(seg.site, set(kinds) | seg.acts_trivially(), node, reason, blocked)
+
+    def where(self, node: str) -> str:
+        return self.graph.nodes[node]["where"]
+
+    def shape(self, node: str) -> tuple | None:
+        return self.graph.nodes[node].get("shape")
+
+    def users(self, node: str) -> list[str]:
+        return list(self.graph.successors(node))
+
+
+def _rule_for(op: str, inputs: list, catalogue: Mapping):
+    """The op's rule; an op reading a parameter (or a weight computed from parameters) as a value gets
+    the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis)."""
+    from symalg.catalogue.rules import OP_RULES, WEIGHT_RULES, WeightExpr, activation_rule, unknown_rule
+
+    if op not in WEIGHT_RULES and any(isinstance(i, WeightExpr) or isinstance(i, tuple) and i[:1] == ("param",)
+                                      for i in inputs):
+        return unknown_rule
+    if op in OP_RULES:
+        return OP_RULES[op]
+    if op in catalogue:
+        return activation_rule
+    return unknown_rule
+
+
+LOSSES = ("mse", "cross_entropy")
+"""The losses symmetries are derived for: ``mse`` (outputs fixed) and ``cross_entropy`` (logits move along ``1``)."""
+
+
+def check_loss(loss, caller: str) -> None:
+    """Raise ``SpecError`` naming ``caller`` unless ``loss`` is one of :data:`LOSSES`."""
+    if not (isinstance(loss, str) and loss in LOSSES):
+        raise SpecError(f"{caller}: loss must be 'mse' or 'cross_entropy', got {loss!r}")
+
+
+def infer_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse",
+                strict: bool = True) -> ModelSites:
+    """Run every op rule in data-flow order and solve the ties and restrictions.
+
+    ``loss`` is ``"mse"`` (outputs must not change) or ``"cross_entropy"`` (outputs are logits: a
+    shift along ``1`` leaves the loss unchanged). With ``strict``, an activation's declared group that
+    a symbolic check disproves is not claimed (a ``Blocked`` note says which check failed).
+    """
+    check_loss(loss, "infer_model")
+    state = Inference(model_graph, catalogue, loss, strict)
+    for node in nx.topological_sort(state.graph):
+        data = state.graph.nodes[node]
+        inputs = [state.labels.get(i) if i is not None else None for i in data["inputs"]]
+        if data["op"] not in CENTER_AWARE:
+            for label in inputs:
+                if isinstance(label, Label) and any(seg.center for seg in label.segments):
+                    state.restrict_label(label.map_segments(center=Fraction(0)), ALL - {"SF"}, node,
+                                         f"{state.where(node)} cannot absorb the shift of an affine sign flip")
+        state.labels[node] = _rule_for(data["op"], inputs, catalogue)(state, node, data, inputs)
+    return _solve(state)
+
+
+def _shared_regions(state: Inference) -> None:
+    """A tensor region transforms one way: bindings of the same region tie their sites (reused
+    modules, tied weights) and the region is moved once; opposite roles on it (tied
+    embedding/unembedding) force ``O``/``S``/``SF``. The diagonal of a diagonal map (a norm's gain)
+    called several times (a weight-shared block) ties the calls' sites per role: ``s ↦ d s`` once for
+    all calls, each call's output scaled by the same ``d``."""
+    regions: dict[tuple, list[tuple[int, Binding]]] = {}
+    for site in state.sites:
+        if site.dissolved:
+            continue
+        for binding in site.bindings:
+            key = (binding.region, binding.role) if binding.diagonal else binding.region
+            regions.setdefault(key, []).append((site.id, binding))
+    for uses in regions.values():
+        nodes = {b.node for _, b in uses}
+        if len(uses) < 2:
+            continue
+        first_site, first = uses[0]
+        for site_id, binding in uses[1:]:
+            if binding.diagonal and binding.role == "in" and \
+                    not (state.sites[first_site].allowed | state.sites[site_id].allowed) & DIAGONAL_MOVES:
+                state.tie_permutations(first_site, site_id)  # only a permutation moves the gain's input side
+            else:
+                state.tie(first_site, site_id)
+            if binding.role != first.role:
+                state.restrict(site_id, {"O", "O1", "S", "SF"}, binding.node,
+                               f"{first.tensor} is read and written along the same axis by {sorted(nodes)} (tied "
+                               "weights): only orthogonal actions keep it one tensor", blocked=True)
+            if binding.power != first.power:
+                state.restrict(site_id, ALL - {"PS"}, binding.node,
+                               f"{first.tensor} is used at different scaling powers by {sorted(nodes)}", blocked=True)
+            state.sites[site_id].bindings.remove(binding)
+
+
+def _pinned_regions(state: Inference) -> None:
+    """A site moving a region that some node reads against data (``out(w(w(x)))``: ``w``'s columns read
+    ``x``) carries no group: the data read does not transform with it."""
+    for site in state.sites:
+        if site.dissolved:
+            continue
+        for binding in site.bindings:
+            for region, node in state.pinned:
+                if _overlap(binding, region) and (not region.diagonal or binding.diagonal and binding.role == "in"):
+                    state.restrict(site.id, set(), node, f"{binding.describe()} is also read by {state.where(node)} "
+                                                         "against a value nothing acts on", blocked=True)
+
+
+def _overlap(a: Binding, b: Binding) -> bool:
+    """True when ``a`` and ``b`` share entries of the same tensor axis."""
+    return (a.tensor, a.axis) == (b.tensor, b.axis) and \
+        a.start < b.start + b.width * b.block and b.start < a.start + a.width * a.block
+
+
+def _solve(state: Inference) -> ModelSites:
+    _shared_regions(state)
+    _pinned_regions(state)
+    for site in state.sites:
+        for tensor in dict.fromkeys(b.tensor for b in site.bindings if b.tensor in state.opaque):
+            node = state.opaque[tensor]
+            why = "which returns it as a model output" if state.graph.nodes[node]["op"] == "output" else \
+                "an op the catalogue does not know"
+            state.restrict(site.id, set(), node, f"{tensor} is also read by {state.where(node)}, {why}", blocked=True)
+    live = [s for s in state.sites if not s.dissolved]
+    groups: dict[int, list[_Site]] = {}
+    for site in live:
+        groups.setdefault(state.ties[site.id], []).append(site)
+    classes, blocked, restrictions, class_of, allowed_by_root = [], [], [], {}, {}
+    for members in groups.values():
+        allowed = set(ALL)
+        for site in members:
+            allowed &= site.allowed
+        allowed_by_root[state.ties[members[0].id]] = allowed
+        name = members[0].name
+        for site in members:
+            for kinds, node, reason, is_blocked in site.removed:
+                note = Blocked(node, name, f"{', '.join(sorted(kinds))} removed: {reason}")
+                (blocked if is_blocked else restrictions).append(note)
+        width = members[0].width
+        if any(site.width != width for site in members):
+            raise SpecError(f"sites {[s.name for s in members]} are tied but have widths {[s.width for s in members]}")
+        bindings = tuple(b for site in members for b in site.bindings)
+        translations = tuple(t for site in members for t in site.translations
+                             if t[0] in allowed and _owned(state, t[1], t[2].parameters))
+        # tied sites binding the same region (a group norm's group and group-permutation sites when a group has
+        # one channel) record its reader's shift once each: the bias absorbs it once
+        shifts = tuple(dict.fromkeys(t for site in members for t in site.shifts))
+        if "SF" in allowed and not all(_owned(state, node, (bias, column.tensor)) for bias, column, _, node in shifts):
+            allowed.discard("SF")
+            restrictions.append(Blocked(shifts[0][3], name, "SF removed: a bias absorbing a sign flip's shift is shared"))
+        reader_powers = {b.power for b in bindings if b.role == "in"}
+        alpha = reader_powers.pop() if len(reader_powers) == 1 else Fraction(1)
+        kinds = _maximal(allowed, {t[0] for t in translations})
+        if "PS" in kinds and len({b.power for b in bindings if b.role == "in"}) > 1:
+            kinds = tuple(k for k in kinds if k != "PS")
+        cls = SiteClass(name, width, tuple(s.name for s in members), kinds, bindings, translations, alpha, shifts)
+        classes.append(cls)
+        for site in members:
+            class_of[site.id] = cls
+    permutations = []
+    perm_groups: dict[int, list[_Site]] = {}
+    for site in live:
+        perm_groups.setdefault(state.permutation_ties[site.id], []).append(site)
+    for members in perm_groups.values():
+        member_classes = list({id(class_of[s.id]): class_of[s.id] for s in members}.values())
+        allowed = all("S" in allowed_by_root[state.ties[s.id]] for s in members)
+        if not allowed or not at_least(members[0].width, 2):
+            continue
+        contained = len(member_classes) == 1 and any(k in ("GL", "O", "O1") for k in member_classes[0].kinds)
+        if contained:
+            continue
+        bindings, seen = [], set()
+        for cls in member_classes:
+            for binding in cls.bindings:
+                if binding.region not in seen:
+                    seen.add(binding.region)
+                    bindings.append(binding)
+        permutations.append(PermutationClass(member_classes[0].name, members[0].width,
+                                             tuple(c.name for c in member_classes), tuple(bindings)))
+    return ModelSites(tuple(c for c in classes if c.kinds), tuple(permutations), tuple(blocked),
+                      tuple(restrictions), state.labels)
+
+
+def _owned(state: Inference, node: str, tensors) -> bool:
+    """True when no node but ``node`` uses ``tensors`` (a translation of a shared weight is no symmetry)."""
+    wanted = {t for t in tensors if t}
+    for other, data in state.graph.nodes(data=True):
+        if not set(data.get("params", {}).values()) & wanted:
+            continue
+        users = set(state.graph.successors(other)) if data["kind"] == "param" else {other}
+        if users - {node}:
+            return False
+    return True
+
+
+def _maximal(allowed: set, translations: set) -> tuple[str, ...]:
+    """The kinds to report: the largest group allowed, plus the ``translations`` that apply."""
+    if "GL" in allowed:
+        kinds = ["GL"]
+    elif "O" in allowed:
+        kinds = ["O"]
+    elif "O1" in allowed:
+        kinds = ["O1"]
+    else:
+        kinds = [k for k in ("PS", "SF") if k in allowed]
+    kinds += [k for k in ("T", "T1") if k in translations]
+    return tuple(kinds)

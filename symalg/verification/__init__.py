@@ -1,0 +1,1 @@
+"""Checking claims numerically: the verifier, certification of claims, and the false-claim fuzzer."""

@@ -1,0 +1,198 @@
+"""Numerical certification of claimed symmetries on the model itself.
+
+A claim ``θ ↦ g·θ`` holds when ``F(g·θ, x) = F(θ, x)`` for every output of ``F``, every input ``x`` and
+every ``g`` of the group. :func:`claim_errors` measures the worst relative change of any output over
+
+* test elements of each group (:func:`sample_elements`): ``exp(M)`` with ``‖M‖`` near ``10⁻³`` and ``1``,
+  every discrete generator (random sign patterns for wide ``SignFlips``), and an element of the other
+  component of ``GL``/``O``; drawn anew for each draw of inputs;
+* fresh inputs drawn like the example inputs (:func:`fresh_inputs`), several draws;
+* the model's parameters **and buffers** (eval-mode running statistics move with some actions), in
+  float64, with stochastic ops (dropout) drawing the same noise for ``θ`` and ``g·θ``.
+
+With ``loss="cross_entropy"`` the first output is the logits and is compared after ``softmax`` (the
+loss's own invariance); every other output is compared as it is.
+
+Claims are checked together first: the composition of symmetries is a symmetry, so one forward pass per
+round with an element of *every* group applied checks them all, and only a failing round is split
+claim by claim. The verdict is one relative error per claim (:class:`ClaimError`): the worst error of
+the composed rounds it passed in, or its own error where a round failed.
+
+>>> import torch, symalg
+>>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+>>> analysis = symalg.derive(symalg.trace(model, (torch.randn(5, 3, dtype=torch.float64),)))
+>>> [e.holds for e in claim_errors(analysis)]
+[True, True]
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+from torch.func import functional_call
+
+from symalg.catalogue.groups import GeneralLinear, Orthogonal, SignFlips
+from symalg.frontend.outputs import output_tensors
+from symalg.verification.verifier import relative_error
+
+__all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "assert_claims_hold", "claim_errors", "fresh_inputs", "output_change", "sample_elements"]
+
+CERTIFICATION_TOLERANCE = 1e-8
+"""Largest relative change of any output (float64) a certified claim may cause; false claims found by
+the fuzzer change outputs by 0.1 to 5."""
+
+SIGN_FLIP_GENERATORS = 16
+"""Widest ``SignFlips`` group whose ``h`` single-neuron flips are tested one by one; wider ones are tested
+with :data:`SIGN_FLIP_SAMPLES` uniformly random sign patterns instead."""
+
+SIGN_FLIP_SAMPLES = 8
+"""Random sign patterns per draw for a wide ``SignFlips`` group. The patterns that keep the outputs form
+a subgroup, so a false claim (a proper subgroup) passes one uniform pattern with probability at most
+1/2, and the 16 of :func:`claim_errors`' two default draws with at most ``2⁻¹⁶``."""
+
+
+@dataclass(frozen=True)
+class ClaimError:
+    """The worst relative output change one claim caused: ``error`` under ``element`` on ``output``."""
+
+    symmetry: object
+    error: float
+    element: str = ""
+    output: str = ""
+
+    @property
+    def holds(self) -> bool:
+        return self.error <= CERTIFICATION_TOLERANCE
+
+    def __str__(self):
+        return f"{self.symmetry.label}: relative error {self.error:.2e} on output {self.output!r} under {self.element}"
+
+
+def sample_elements(group, generator: torch.Generator, dtype=torch.float64, device="cpu") -> list[tuple[str, torch.Tensor]]:
+    """``[(description, g), ...]``: every discrete generator, ``exp(M)`` near and far from the identity,
+    and for ``GL``/``O`` an element of the other component (reflection times ``exp(M)``). ``SignFlips(h)``
+    wider than :data:`SIGN_FLIP_GENERATORS` gets :data:`SIGN_FLIP_SAMPLES` random sign patterns
+    ``diag(±1)`` instead of its ``h`` generators (``h`` forward passes and ``h`` dense matrices)."""
+    if isinstance(group, SignFlips) and group.width > SIGN_FLIP_GENERATORS:
+        signs = torch.randint(0, 2, (SIGN_FLIP_SAMPLES, int(group.width)), generator=generator).to(dtype) * 2 - 1
+        return [(f"random sign pattern {i}", torch.diag(s).to(device)) for i, s in enumerate(signs)]
+    discrete = group.discrete_generators(dtype, device)
+    elements = [(f"discrete generator {i}", g) for i, g in enumerate(discrete)]
+    if group.is_continuous:
+        for scale, label in ((1e-3, "exp(M), |M| = 1e-3"), (1.0, "exp(M), |M| = 1")):
+            elements.append((label, group.exp(group.random_algebra_element(scale, generator, dtype, device))))
+        if isinstance(group, (GeneralLinear, Orthogonal)) and discrete:
+            M = group.random_algebra_element(1.0, generator, dtype, device)
+            elements.append(("reflection times exp(M), |M| = 1", discrete[0] @ group.exp(M)))
+    return elements
+
+
+def fresh_inputs(example_inputs: Sequence, generator: torch.Generator, dtype=torch.float64, device="cpu") -> tuple:
+    """Inputs shaped like ``example_inputs``, drawn anew: floating tensors from ``N(0, s²)`` with ``s`` the
+    example's standard deviation (1 when it has none); integer tensors (token ids) uniformly between the
+    example's minimum and maximum; booleans (masks) and non-tensors kept as given."""
+    fresh = []
+    for x in example_inputs:
+        if not isinstance(x, torch.Tensor) or x.dtype == torch.bool or x.numel() == 0:
+            fresh.append(x.to(device) if isinstance(x, torch.Tensor) else x)
+        elif torch.is_floating_point(x):
+            scale = x.double().std().item() if x.numel() > 1 else 1.0
+            scale = scale if scale > 0 and scale == scale else 1.0
+            fresh.append((scale * torch.randn(x.shape, generator=generator, dtype=torch.float64)).to(device, dtype))
+        else:
+            low, high = int(x.min()), int(x.max())
+            fresh.append(torch.randint(low, high + 1, x.shape, generator=generator, dtype=x.dtype).to(device))
+    return tuple(fresh)
+
+
+def _forward(model, state: Mapping[str, torch.Tensor], inputs: tuple, parameters: set, seed: int):
+    """All outputs of ``model`` at ``state`` (buffers copied: training-mode statistics update copies), with the
+    random number generators seeded so that stochastic ops draw the same noise at every call."""
+    values = {k: v if k in parameters else v.clone() for k, v in state.items()}
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        return output_tensors(functional_call(model, values, inputs))
+
+
+def output_change(moved, reference, cross_entropy: bool) -> tuple[float, str]:
+    """``(worst relative change, output path)`` between two :func:`~symalg.frontend.outputs.output_tensors` lists:
+    every output compared (the first one as ``softmax`` for cross-entropy); non-float outputs must be
+    equal, a different structure or a NaN counts as ``inf``."""
+    if [p for p, _ in moved] != [p for p, _ in reference] or \
+            any(a.shape != b.shape for (_, a), (_, b) in zip(moved, reference)):
+        return float("inf"), "the structure of the outputs"
+    worst, where = 0.0, ""
+    for index, ((path, a), (_, b)) in enumerate(zip(moved, reference)):
+        if not torch.is_floating_point(b) and not torch.is_complex(b):
+            error = 0.0 if torch.equal(a, b) else float("inf")
+        else:
+            if cross_entropy and index == 0:
+                a, b = a.softmax(-1), b.softmax(-1)
+            error = relative_error(a, b) if b.numel() else 0.0
+            error = error if error == error else float("inf")  # NaN: the claim broke the output
+        if error > worst or not where:
+            worst, where = error, path
+    return worst, where
+
+
+def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: int = 0, device="cpu",
+                 symmetries: Sequence | None = None) -> list[ClaimError]:
+    """Worst relative output change of every claim of a traced ``analysis`` (see the module docstring).
+
+    ``inputs`` default to the example inputs the model was traced with (fresh inputs are drawn like
+    them, ``draws`` times); ``symmetries`` default to all the analysis claims. Parameters and buffers
+    are the model's own, in float64 on ``device``.
+    """
+    symmetries = list(analysis.symmetries if symmetries is None else symmetries)
+    graph = analysis.model_graph
+    inputs = graph.example_inputs if inputs is None else inputs
+    if inputs is None:
+        raise ValueError("claim_errors: the model was traced without example_inputs; pass inputs=(tensor, ...)")
+    dtype = torch.float64
+    model = copy.deepcopy(graph.model).to(device=device, dtype=dtype)
+    parameters = {k for k, _ in model.named_parameters()}
+    state = {**{k: v.detach() for k, v in model.named_parameters()},
+             **{k: v.detach() for k, v in model.named_buffers()}}
+    generator = torch.Generator().manual_seed(seed)
+    cross_entropy = analysis.loss == "cross_entropy"
+    worst = {id(s): ClaimError(s, 0.0) for s in symmetries}
+    for draw in range(draws):
+        by_group = {}  # fresh elements per draw; equal groups share them (S(3072) of every layer: one pair)
+        for s in symmetries:
+            if s.group not in by_group:
+                by_group[s.group] = sample_elements(s.group, generator, dtype, device)
+        elements = {id(s): by_group[s.group] for s in symmetries}
+        rounds = max((len(e) for e in elements.values()), default=0)
+        x = fresh_inputs(inputs, generator, dtype, device)
+        reference = _forward(model, state, x, parameters, seed + draw)
+
+        def change(group_elements):
+            touched = {t for symmetry, _ in group_elements for t in symmetry.tensors}
+            moved = {k: v.clone() if k in touched else v for k, v in state.items()}  # one copy, moved in place
+            for symmetry, (_, g) in group_elements:
+                moved = symmetry.apply(moved, g, inplace=True, checked=False)  # g from sample_elements
+            return output_change(_forward(model, moved, x, parameters, seed + draw), reference, cross_entropy)
+
+        for r in range(rounds):
+            chosen = [(s, elements[id(s)][r]) for s in symmetries if r < len(elements[id(s)])]
+            error, output = change(chosen)
+            if error <= CERTIFICATION_TOLERANCE:  # every claim of the round: at most the composition's error
+                for symmetry, element in chosen:
+                    if error > worst[id(symmetry)].error:
+                        worst[id(symmetry)] = ClaimError(symmetry, error, f"{element[0]} with all claims composed", output)
+                continue
+            for symmetry, element in chosen:  # split the failing round claim by claim
+                error, output = change([(symmetry, element)])
+                if error > worst[id(symmetry)].error:
+                    worst[id(symmetry)] = ClaimError(symmetry, error, element[0], output)
+    return [worst[id(s)] for s in symmetries]
+
+
+def assert_claims_hold(analysis, **options) -> None:
+    """Raise ``AssertionError`` listing every claim of ``analysis`` that changes an output
+    (:func:`claim_errors` with ``options``); for tests of inference rules, on ``derive(..., certify=False)``."""
+    failures = [str(e) for e in claim_errors(analysis, **options) if not e.holds]
+    if failures:
+        raise AssertionError("claims that change an output: " + "; ".join(failures))

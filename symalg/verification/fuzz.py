@@ -1,0 +1,737 @@
+"""The false-claim fuzzer: random small torch models, every claimed symmetry checked on the model itself.
+
+:func:`generate` draws one model per ``(seed, index)`` from a seeded ``random.Random``: a family
+(:data:`FAMILIES`), widths 1-6, float64, random parameters, buffers and example inputs. A model is a
+:class:`Case`: a list of layers and a straight-line ``forward`` program over a small op table
+(:data:`OPS`), which :meth:`Case.build` runs as an ``nn.Module`` and :meth:`Case.source` prints as a
+standalone Python script building the same model with the same values (a failure is a copy-paste
+reproduction).
+
+:func:`run` traces (:func:`symalg.trace`), derives (:func:`derive_claims`, with or without the numerical
+certification inside ``derive``) and checks every claim ``θ ↦ g·θ`` with
+:func:`symalg.verification.certification.claim_errors`: the worst relative change of any output, ``‖F(g·θ, x) − F(θ, x)‖ /
+‖F(θ, x)‖``, over group elements near and far from the identity and discrete generators, on fresh inputs,
+buffers included. A claim is false when that change exceeds
+:data:`~symalg.verification.certification.CERTIFICATION_TOLERANCE`. The outcome of each model is one of: claims checked,
+a documented refusal (:class:`symalg.SpecError` or a subclass), a crash (any other exception) or a hang
+(over ``time_limit`` CPU seconds, stopped by ``SIGPROF``).
+
+Command line::
+
+    python -m symalg.verification.fuzz --models 1000 --seed 0 [--start 0] [--families mlp,norm] [--workers 2] [--raw]
+    python -m symalg.verification.fuzz --show SEED INDEX [FAMILY]      # the reproduction script of one model
+
+>>> report = run(3, seed=0, families=["mlp"])
+>>> report.models, len(report.crashes), len(report.hangs)
+(3, 0, 0)
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing
+import random
+import signal
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
+from symalg.errors import SpecError
+
+__all__ = ["Case", "FAMILIES", "FuzzReport", "check_case", "derive_claims", "generate",
+           "main", "run"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The model language: layers, and a forward program over a small op table.
+
+@dataclass(frozen=True)
+class Op:
+    """A forward op: ``template`` prints it (``{0}``, ``{1}`` the tensor operands, ``{name}`` constants),
+    ``fn(module, *tensors, **constants)`` runs it."""
+
+    template: str
+    fn: Callable
+
+
+OPS = {
+    "layer": Op("self.{layer}({0})", lambda m, x, layer: getattr(m, layer)(x)),
+    "act": Op("F.{name}({0})", lambda m, x, name: getattr(F, name)(x)),
+    "add": Op("{0} + {1}", lambda m, a, b: a + b),
+    "mul": Op("{0} * {1}", lambda m, a, b: a * b),
+    "matmul": Op("{0} @ {1}", lambda m, a, b: a @ b),
+    "matmul_t": Op("{0} @ {1}.transpose(-2, -1)", lambda m, a, b: a @ b.transpose(-2, -1)),
+    "scale": Op("{0} * {c}", lambda m, x, c: x * c),
+    "softmax": Op("{0}.softmax({dim})", lambda m, x, dim: x.softmax(dim)),
+    "cat": Op("torch.cat([{0}, {1}], dim={dim})", lambda m, a, b, dim: torch.cat([a, b], dim=dim)),
+    "transpose": Op("{0}.transpose({a}, {b})", lambda m, x, a, b: x.transpose(a, b)),
+    "reshape": Op("{0}.reshape{shape}", lambda m, x, shape: x.reshape(shape)),
+    "flatten": Op("{0}.flatten(1)", lambda m, x: x.flatten(1)),
+    "max": Op("{0}.max({dim})[0]", lambda m, x, dim: x.max(dim)[0]),
+    "mean": Op("{0}.mean({dim})", lambda m, x, dim: x.mean(dim)),
+    "linear_w": Op("F.linear({0}, self.{layer}.weight)", lambda m, x, layer: F.linear(x, getattr(m, layer).weight)),
+    "sdpa": Op("F.scaled_dot_product_attention({0}, {1}, {2}, is_causal={causal})",
+               lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
+    "mha": Op("self.{layer}({0}, {0}, {0}, need_weights={need}, average_attn_weights={average})",
+              lambda m, x, layer, need, average: getattr(m, layer)(x, x, x, need_weights=need,
+                                                                   average_attn_weights=average)),
+}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """``nn.<cls>(*args, **kwargs)``, in eval mode when ``train`` is false."""
+
+    cls: str
+    args: tuple
+    kwargs: tuple = ()
+    train: bool = True
+
+    def source(self) -> str:
+        return f"nn.{self.cls}({', '.join([repr(a) for a in self.args] + [f'{k}={v!r}' for k, v in self.kwargs])})"
+
+
+@dataclass(frozen=True)
+class Step:
+    """``out = OPS[op](*inputs, **constants)``; ``out`` is a name, or a tuple of names for a tuple result."""
+
+    out: str | tuple
+    op: str
+    inputs: tuple
+    constants: tuple = ()
+
+    def source(self) -> str:
+        target = ", ".join(self.out) if isinstance(self.out, tuple) else self.out
+        return f"{target} = {OPS[self.op].template.format(*self.inputs, **dict(self.constants))}"
+
+
+class FuzzModel(nn.Module):
+    """Runs a :class:`Case`'s program: ``forward(x)`` executes the steps, then returns ``output``."""
+
+    def __init__(self, layers: Sequence[tuple[str, Layer]], steps: Sequence[Step], output: tuple):
+        super().__init__()
+        for name, layer in layers:
+            self.add_module(name, getattr(nn, layer.cls)(*layer.args, **dict(layer.kwargs)))
+        self.steps, self.output = tuple(steps), output
+
+    def forward(self, x):
+        env = {"x": x}
+        for step in self.steps:
+            value = OPS[step.op].fn(self, *(env[i] for i in step.inputs), **dict(step.constants))
+            # index a tuple result rather than iterate it: fx proxies cannot be iterated
+            env.update({n: value[i] for i, n in enumerate(step.out)} if isinstance(step.out, tuple) else
+                       {step.out: value})
+        kind, names = self.output
+        if kind == "dict":
+            return {name: env[name] for name in names}
+        return tuple(env[name] for name in names) if kind == "tuple" else env[names[0]]
+
+
+
+def randomize(model: nn.Module) -> nn.Module:
+    """The fuzzer's values, in place: parameters ``N(0, 0.7²)`` (norm gains included, so no gain is 1),
+    running means ``N(0, 1)``, running variances ``U(0.5, 2)`` (eval-mode norms are not the identity)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            nn.init.normal_(p, std=0.7)
+        for name, b in model.named_buffers():
+            if name.endswith("running_mean"):
+                b.normal_()
+            elif name.endswith("running_var"):
+                b.uniform_(0.5, 2.0)
+    return model
+
+@dataclass(frozen=True)
+class Case:
+    """One generated model: ``family``, its layers and program, its input, and the torch seed its values
+    are drawn with. :meth:`build` makes it, :meth:`source` prints it as a standalone script."""
+
+    seed: int
+    index: int
+    family: str
+    variant: str
+    layers: tuple
+    steps: tuple
+    output: tuple
+    input_shape: tuple
+    vocab: int = 0
+    torch_seed: int = 0
+
+    @property
+    def description(self) -> str:
+        return f"{self.family}/{self.variant} (symalg.verification.fuzz.generate({self.seed}, {self.index}, {self.family!r}))"
+
+    def build(self) -> tuple[nn.Module, tuple]:
+        """``(model, (x,))`` in float64; the global torch seed is left as it was."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.torch_seed)
+            model = randomize(FuzzModel(self.layers, self.steps, self.output).double())
+            for name, layer in self.layers:
+                getattr(model, name).train(layer.train)
+            x = (torch.randint(0, self.vocab, self.input_shape) if self.vocab
+                 else torch.randn(self.input_shape, dtype=torch.float64))
+        return model, (x,)
+
+    def source(self) -> str:
+        """A standalone script that builds the same model and input, values included, and prints its false claims."""
+        kind, names = self.output
+        returned = {"tensor": names[0], "tuple": f"({', '.join(names)},)",
+                    "dict": "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"}[kind]
+        x = (f"torch.randint(0, {self.vocab}, {self.input_shape})" if self.vocab
+             else f"torch.randn({self.input_shape}, dtype=torch.float64)")
+        lines = ["# " + self.description, "import torch", "import torch.nn.functional as F", "from torch import nn",
+                 "", "", "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()"]
+        lines += [f"        self.{name} = {layer.source()}" for name, layer in self.layers]
+        lines += ["", "    def forward(self, x):"] + [f"        {s.source()}" for s in self.steps]
+        lines += [f"        return {returned}", "", "", f"torch.manual_seed({self.torch_seed})",
+                  "model = Model().double()", "with torch.no_grad():", "    for p in model.parameters():",
+                  "        nn.init.normal_(p, std=0.7)", "    for name, b in model.named_buffers():",
+                  "        if name.endswith('running_mean'):", "            b.normal_()",
+                  "        elif name.endswith('running_var'):", "            b.uniform_(0.5, 2.0)"]
+        lines += [f"model.{name}.eval()" for name, layer in self.layers if not layer.train]
+        lines += [f"x = {x}", "", "import symalg", "from symalg.verification.certification import claim_errors",
+                  "analysis = symalg.derive(symalg.trace(model, (x,)))",
+                  "print([str(e) for e in claim_errors(analysis) if not e.holds])"]
+        return "\n".join(lines) + "\n"
+
+
+class _Builder:
+    """Collects layers and steps while a family draws a model."""
+
+    def __init__(self, rng: random.Random):
+        self.rng, self.layers, self.steps, self.count = rng, [], [], 0
+        self.variant: list[str] = []
+
+    def width(self, low: int = 1) -> int:
+        return self.rng.randint(low, 6)
+
+    def add(self, cls: str, *args, train: bool = True, **kwargs) -> str:
+        name = f"m{len(self.layers)}"
+        self.layers.append((name, Layer(cls, args, tuple(kwargs.items()), train)))
+        return name
+
+    def op(self, op: str, *inputs, outs: int = 1, **constants):
+        self.count += outs
+        names = tuple(f"h{self.count - outs + i}" for i in range(outs))
+        self.steps.append(Step(names if outs > 1 else names[0], op, inputs, tuple(constants.items())))
+        return names if outs > 1 else names[0]
+
+    def call(self, layer: str, x: str) -> str:
+        return self.op("layer", x, layer=layer)
+
+    def linear(self, x: str, n_in: int, n_out: int, bias: bool | None = None) -> str:
+        bias = self.rng.random() < 0.8 if bias is None else bias
+        return self.call(self.add("Linear", n_in, n_out, bias=bias), x)
+
+    def act(self, x: str, names: Sequence[str] = ("relu", "leaky_relu", "tanh", "sigmoid", "gelu", "silu",
+                                                   "softplus", "elu", "identity")) -> str:
+        name = self.rng.choice(names)
+        return x if name == "identity" else self.op("act", x, name=name)
+
+    def norm(self, x: str, shape: tuple) -> str:
+        """A random norm applied to ``x`` of ``shape`` ``(B, ..., d)`` along some axis (transposing when the
+        norm's channel axis is not where ``x`` has it)."""
+        rng, d = self.rng, shape[-1]
+        kind = rng.choice(["batchnorm", "layernorm", "groupnorm", "rmsnorm", "layernorm_axis"])
+        train = rng.random() < 0.5
+        self.variant.append(f"{kind}{'' if train else '-eval'}")
+        if kind == "batchnorm":
+            if len(shape) == 2:
+                return self.call(self.add("BatchNorm1d", d, affine=rng.random() < 0.8, train=train), x)
+            if rng.random() < 0.5:  # on axis 1, its channel axis (the issue's BatchNorm1d(4) on (B, T=4, d=4))
+                self.variant.append("axis1")
+                return self.call(self.add("BatchNorm1d", shape[1], affine=rng.random() < 0.8, train=train), x)
+            y = self.call(self.add("BatchNorm1d", d, train=train), self.op("transpose", x, a=1, b=-1))
+            return self.op("transpose", y, a=1, b=-1)
+        if kind == "layernorm":
+            return self.call(self.add("LayerNorm", d, elementwise_affine=rng.random() < 0.8,
+                                      bias=rng.random() < 0.7), x)
+        if kind == "rmsnorm":
+            return self.call(self.add("RMSNorm", d, elementwise_affine=rng.random() < 0.8), x)
+        if kind == "groupnorm":
+            channels = shape[1] if len(shape) > 2 and rng.random() < 0.5 else d
+            groups = rng.choice([g for g in range(1, channels + 1) if channels % g == 0])
+            layer = self.add("GroupNorm", groups, channels, affine=rng.random() < 0.7, train=train)
+            if len(shape) == 2 or channels == shape[1]:
+                return self.call(layer, x)
+            return self.op("transpose", self.call(layer, self.op("transpose", x, a=1, b=-1)), a=1, b=-1)
+        if len(shape) == 2:  # layernorm over a non-last axis needs one
+            return self.call(self.add("LayerNorm", d), x)
+        t = shape[1]  # LayerNorm over the time axis, after a transpose
+        y = self.call(self.add("LayerNorm", t, elementwise_affine=rng.random() < 0.8), self.op("transpose", x, a=1, b=-1))
+        return self.op("transpose", y, a=1, b=-1)
+
+    def mlp(self, x: str, n_in: int, n_out: int, depth: int | None = None) -> str:
+        depth = self.rng.randint(1, 3) if depth is None else depth
+        widths = [n_in] + [self.width() for _ in range(depth - 1)] + [n_out]
+        for i, (a, b) in enumerate(zip(widths, widths[1:])):
+            x = self.linear(x, a, b)
+            if i < depth - 1:
+                x = self.act(x)
+        return x
+
+
+# ---------------------------------------------------------------------------------------------------
+# Families: each draws layers and steps into a builder and returns (input shape, vocab, outputs).
+
+def _mlp(b: _Builder):
+    """lin → act → [dropout] → 1-2 more layers, on (B, n) or (B, T, n)."""
+    n, m = b.width(), b.width()
+    shape = (b.rng.randint(2, 5), n) if b.rng.random() < 0.7 else (b.rng.randint(2, 3), b.width(), n)
+    x = b.linear("x", n, h := b.width())
+    x = b.act(x)
+    if b.rng.random() < 0.3:
+        x = b.call(b.add("Dropout", 0.2), x)
+        b.variant.append("dropout")
+    return shape, 0, b.mlp(x, h, m, b.rng.randint(1, 2))
+
+
+def _gated(b: _Builder):
+    """SwiGLU / GeGLU / bilinear GLU: ``down(act(gate(x)) * up(x))``."""
+    n, h, m = b.width(), b.width(), b.width()
+    gate, up = b.linear("x", n, h), b.linear("x", n, h)
+    act = b.rng.choice(["silu", "gelu", "sigmoid", "identity"])
+    b.variant.append({"silu": "swiglu", "gelu": "geglu", "sigmoid": "glu", "identity": "bilinear"}[act])
+    return (b.rng.randint(2, 5), n), 0, b.linear(b.op("mul", b.act(gate, [act]), up), h, m)
+
+
+def _residual(b: _Builder):
+    """lin, then 1-2 blocks ``x ← x + mlp(norm(x))`` (norm or none), then act → lin."""
+    n, d, m = b.width(), b.width(), b.width()
+    shape = (b.rng.randint(2, 5), n) if b.rng.random() < 0.5 else (2, b.width(), n)
+    x = b.linear("x", n, d)
+    for _ in range(b.rng.randint(1, 2)):
+        y = b.norm(x, shape[:-1] + (d,)) if b.rng.random() < 0.5 else x
+        x = b.op("add", x, b.mlp(y, d, d, b.rng.randint(1, 2)))
+    return shape, 0, b.linear(b.act(x), d, m)
+
+
+def _norm(b: _Builder):
+    """lin → act → norm (any axis, train or eval) → act → lin, on (B, d) or (B, T, d)."""
+    n, h, m = b.width(), b.width(), b.width()
+    if b.rng.random() < 0.3:
+        shape = (b.rng.randint(2, 4), n)
+    elif b.rng.random() < 0.3:  # the issue's (B, T=d, d)
+        shape = (b.rng.randint(2, 3), h, n)
+    else:
+        shape = (b.rng.randint(2, 3), b.width(2), n)
+    if len(shape) == 3 and shape[1] == h:
+        b.variant.append("T=d")
+    x = b.act(b.linear("x", n, h))
+    x = b.norm(x, shape[:-1] + (h,))
+    return shape, 0, b.linear(b.act(x), h, m)
+
+
+def _conv(b: _Builder):
+    """conv (padding, groups, depthwise) → [GroupNorm(affine=False) → BatchNorm(eval)] → act → conv → head."""
+    rng, two_d = b.rng, b.rng.random() < 0.4
+    dim, c_in, c = ("2d" if two_d else "1d"), b.width(), b.width()
+    length = rng.randint(3, 6)
+    shape = (rng.randint(2, 3), c_in) + ((length, length) if two_d else (length,))
+    groups = rng.choice([g for g in range(1, min(c_in, c) + 1) if c_in % g == 0 and c % g == 0])
+    if rng.random() < 0.3:
+        c, groups = c_in, c_in  # depthwise
+    padding = rng.choice([0, 1, "same"])
+    b.variant.append(f"conv{dim}-groups{groups}-pad{padding}")
+    kernel = rng.choice([1, 3] if padding == "same" else [1, 2, 3])  # even kernels with "same" pad unevenly
+    x = b.call(b.add(f"Conv{dim}", c_in, c, kernel, padding=padding, groups=groups,
+                     bias=rng.random() < 0.8), "x")
+    if rng.random() < 0.3:  # the issue's conv → GroupNorm(affine=False) → BatchNorm(eval)
+        b.variant.append("gn-bn")
+        x = b.call(b.add("GroupNorm", rng.choice([g for g in range(1, c + 1) if c % g == 0]), c, affine=False), x)
+        x = b.call(b.add(f"BatchNorm{dim}", c, train=rng.random() < 0.3), x)
+    x = b.act(x)
+    c2 = b.width()
+    x = b.call(b.add(f"Conv{dim}", c, c2, 1, bias=rng.random() < 0.8), x)
+    x = b.op("mean", x, dim=-1) if rng.random() < 0.5 else b.op("flatten", x)
+    return shape, 0, x
+
+
+def _pooling(b: _Builder):
+    rng = b.rng
+    c_in, c = b.width(), b.width()
+    two_d = rng.random() < 0.4
+    dim = "2d" if two_d else "1d"
+    shape = (rng.randint(2, 3), c_in) + ((4, 4) if two_d else (rng.randint(4, 6),))
+    kernel = rng.choice([1, 2])
+    x = b.act(b.call(b.add(f"Conv{dim}", c_in, c, kernel, bias=rng.random() < 0.8), "x"))
+    pool = rng.choice([("MaxPool", (2,)), ("AvgPool", (2,)), ("AdaptiveAvgPool", (1,)), ("AdaptiveMaxPool", (1,))])
+    b.variant.append(pool[0])
+    x = b.op("flatten", b.call(b.add(pool[0] + dim, *pool[1]), x))
+    if rng.random() < 0.25:  # the pooled channels are the output: nothing may move them
+        return shape, 0, x
+    positions = 1 if pool[0].startswith("Adaptive") else ((shape[2] - kernel + 1) // 2) ** (2 if two_d else 1)
+    return shape, 0, b.linear(x, c * positions, b.width())  # a head reads the channels: scalings may pass
+
+
+def _mha(b: _Builder):
+    """``nn.MultiheadAttention``: weights returned or used, averaged or per head."""
+    rng = b.rng
+    heads = rng.randint(1, 3)
+    d = heads * rng.randint(1, 3)
+    need, average = rng.random() < 0.6, rng.random() < 0.5
+    b.variant.append(f"heads{heads}-need{need}-avg{average}")
+    n, t = b.width(), b.width(2)
+    x = b.linear("x", n, d)
+    attn = b.add("MultiheadAttention", d, heads, batch_first=True, bias=rng.random() < 0.8)
+    out, weights = b.op("mha", x, layer=attn, need=need, average=average, outs=2)
+    y = b.linear(b.act(out), d, b.width())
+    return (2, t, n), 0, y if not need else (y, weights)
+
+
+def _attention(b: _Builder):
+    """Hand-written single/multi-head attention, or ``F.scaled_dot_product_attention``."""
+    rng = b.rng
+    heads, dk = rng.randint(1, 3), rng.randint(1, 3)
+    d, n, t, batch = heads * dk, b.width(), b.width(2), 2
+    kind = rng.choice(["single", "multi", "sdpa"]) if heads > 1 else rng.choice(["single", "sdpa"])
+    b.variant.append(f"{kind}-heads{heads}")
+    q, k, v = (b.linear("x", n, d if kind != "single" else dk) for _ in range(3))
+    if kind == "single":
+        o = b.op("matmul", b.op("softmax", b.op("scale", b.op("matmul_t", q, k), c=dk ** -0.5), dim=-1), v)
+    else:
+        q, k, v = (b.op("transpose", b.op("reshape", z, shape=(batch, t, heads, dk)), a=1, b=2) for z in (q, k, v))
+        if kind == "sdpa":
+            o = b.op("sdpa", q, k, v, causal=rng.random() < 0.5)
+        else:
+            o = b.op("matmul", b.op("softmax", b.op("scale", b.op("matmul_t", q, k), c=dk ** -0.5), dim=-1), v)
+        o = b.op("reshape", b.op("transpose", o, a=1, b=2), shape=(batch, t, d))
+        dk = d
+    return (batch, t, n), 0, b.linear(o, dk, b.width())
+
+
+def _embedding(b: _Builder):
+    """Token embeddings; heads tied through ``F.linear(·, emb.weight)``, pooled by max or mean."""
+    rng = b.rng
+    vocab, d = b.width(2), b.width()
+    emb = b.add("Embedding", vocab, d)
+    x = b.call(emb, "x")
+    if rng.random() < 0.6:
+        x = b.mlp(x, d, d)
+    if rng.random() < 0.4:  # the issue's F.linear(fc(emb(t)).max(1)[0], emb.weight)
+        x = b.op("max", x, dim=1) if rng.random() < 0.6 else b.op("mean", x, dim=1)
+        b.variant.append("pooled")
+    if rng.random() < 0.6:
+        b.variant.append("tied")
+        return (2, b.width()), vocab, b.op("linear_w", x, layer=emb)
+    return (2, b.width()), vocab, b.linear(x, d, b.width())
+
+
+def _concat(b: _Builder):
+    """Two branches concatenated, then (often) a norm over the concatenation, then a head."""
+    rng = b.rng
+    n, h1, h2 = b.width(), b.width(), b.width()
+    shape = (rng.randint(2, 4), n) if rng.random() < 0.6 else (2, b.width(), n)
+    left = b.act(b.linear("x", n, h1))
+    right = b.act(b.linear("x", n, h2)) if rng.random() < 0.7 else b.mlp("x", n, h2)
+    x = b.op("cat", left, right, dim=-1)
+    if rng.random() < 0.7:
+        x = b.norm(x, shape[:-1] + (h1 + h2,))
+    return shape, 0, b.linear(b.act(x), h1 + h2, b.width())
+
+
+def _shared(b: _Builder):
+    """One module called twice: ``out(w(w(x)))``, or ``w`` on the raw input and on a hidden value."""
+    rng = b.rng
+    d = b.width()
+    w = b.add("Linear", d, d, bias=rng.random() < 0.7)
+    if rng.random() < 0.5:
+        b.variant.append("w(w(x))")
+        x = b.call(w, b.act(b.call(w, "x"), ["relu", "identity", "tanh"]))
+    else:
+        b.variant.append("w(x)+w(h)")
+        h = b.act(b.linear("x", d, d))
+        x = b.op("add", b.call(w, "x"), b.call(w, h))
+    return (rng.randint(2, 4), d), 0, b.linear(x, d, b.width())
+
+
+def _albert(b: _Builder):
+    """ALBERT-style weight-shared blocks: ``x ← norm(x + mlp(x))`` with the same modules k times."""
+    rng = b.rng
+    n, d, h = b.width(), b.width(), b.width()
+    shape = (2, b.width(), n) if rng.random() < 0.6 else (rng.randint(2, 4), n)
+    x = b.linear("x", n, d)
+    up, down = b.add("Linear", d, h), b.add("Linear", h, d)
+    norm = b.add(rng.choice(["LayerNorm", "RMSNorm"]), d)
+    act = rng.choice(["relu", "gelu", "tanh"])
+    k = rng.randint(2, 3)
+    b.variant.append(f"x{k}")
+    for _ in range(k):
+        x = b.call(norm, b.op("add", x, b.call(down, b.act(b.call(up, x), [act]))))
+    return shape, 0, b.linear(x, d, b.width())
+
+
+FAMILIES: dict[str, Callable] = {
+    "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
+    "mha": _mha, "attention": _attention, "embedding": _embedding, "concat": _concat, "shared": _shared,
+    "albert": _albert,
+    "outputs": _mlp,  # an MLP that generate() always makes return a dict or tuple, hidden values included
+}
+"""Model families by name; :func:`generate` draws from them in turn."""
+
+
+def generate(seed: int, index: int, family: str | None = None) -> Case:
+    """The model number ``index`` of ``seed`` (family ``family``, by default the ``index``-th in turn).
+
+    The same arguments give the same model, values included.
+    """
+    names = list(FAMILIES)
+    family = names[index % len(names)] if family is None else family
+    if family not in FAMILIES:
+        raise SpecError(f"generate: unknown family {family!r}; known: {', '.join(names)}")
+    rng = random.Random(f"{seed}:{index}:{family}")
+    b = _Builder(rng)
+    shape, vocab, result = FAMILIES[family](b)
+    outputs = result if isinstance(result, tuple) else (result,)
+    kind = "tuple" if len(outputs) > 1 else "tensor"
+    if family == "outputs" or rng.random() < 0.15:  # dicts and tuples, hidden values exposed
+        hidden = [s.out for s in b.steps if isinstance(s.out, str) and s.out not in outputs]
+        outputs += tuple(rng.sample(hidden, min(len(hidden), rng.randint(0, 2))))
+        kind = rng.choice(["dict", "tuple"])
+    variant = "-".join(b.variant + ([kind] if kind != "tensor" else [])) or "plain"
+    return Case(seed, index, family, variant, tuple(b.layers), tuple(b.steps), (kind, outputs), shape, vocab,
+                rng.randrange(2 ** 31))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running and checking.
+
+def derive_claims(graph, certify: bool, catalogue: Mapping | None = None):
+    """``symalg.derive(graph, certify=certify)``: raw inferred claims with ``certify=False`` (the inference
+    rules' own error rate), the claims derive reports with ``certify=True``."""
+    from symalg.symbolic.derive import derive
+
+    return derive(graph, certify=certify, **({} if catalogue is None else {"catalogue": catalogue}))
+
+
+class _Hang(BaseException):
+    """A model ran past the fuzzer's time limit (a ``BaseException``, like ``KeyboardInterrupt``, so that
+    the ``except Exception`` of fallbacks inside symalg and torch cannot swallow it)."""
+
+
+@contextmanager
+def _time_limit(seconds: float):
+    """Raise :class:`_Hang` after ``seconds`` of this process's CPU time (``SIGPROF``, main thread only):
+    CPU time, not wall time, so that a loaded machine does not turn slow models into hangs. The timer
+    repeats every ``seconds``: a library that catches every exception may swallow one signal, not all."""
+    def alarm(signum, frame):
+        raise _Hang(f"over {seconds} CPU seconds")
+
+    previous = signal.signal(signal.SIGPROF, alarm)
+    signal.setitimer(signal.ITIMER_PROF, seconds, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+
+
+@dataclass(frozen=True)
+class FalseClaim:
+    """A claim that changed an output: ``error`` (relative) on ``output`` under ``element``."""
+
+    case: str
+    family: str
+    claim: str
+    error: float
+    element: str
+    output: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A crash (``error`` not a documented refusal, with the innermost frames) or a hang."""
+
+    case: str
+    family: str
+    error: str
+    where: str = ""
+
+
+@dataclass
+class FamilyFigures:
+    """One family's counts; ``seconds`` is CPU time (build, trace, derive, check)."""
+
+    models: int = 0
+    claims: int = 0
+    false_claims: int = 0
+    refusals: int = 0
+    crashes: int = 0
+    hangs: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class FuzzReport:
+    """What :func:`run` found; ``certified`` says whether ``derive`` certified the claims it made."""
+
+    seed: int
+    certified: bool = False
+    models: int = 0
+    claims: int = 0
+    refusals: int = 0
+    false_claims: list[FalseClaim] = field(default_factory=list)
+    crashes: list[Failure] = field(default_factory=list)
+    hangs: list[Failure] = field(default_factory=list)
+    families: dict[str, FamilyFigures] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def add(self, outcome: "_Outcome") -> None:
+        figures = self.families.setdefault(outcome.family, FamilyFigures())
+        figures.models += 1
+        figures.claims += outcome.claims
+        figures.false_claims += len(outcome.false_claims)
+        figures.refusals += outcome.refused
+        figures.crashes += outcome.crash is not None
+        figures.hangs += outcome.hang is not None
+        figures.seconds += outcome.seconds
+        self.models += 1
+        self.claims += outcome.claims
+        self.refusals += outcome.refused
+        self.certified = self.certified or outcome.certified
+        self.false_claims += outcome.false_claims
+        self.crashes += [outcome.crash] if outcome.crash else []
+        self.hangs += [outcome.hang] if outcome.hang else []
+
+    def summary(self) -> str:
+        """A table of the figures by family, then every false claim, crash and hang."""
+        lines = [f"seed {self.seed}: {self.models} models, {self.claims} claims "
+                 f"({'certified by derive' if self.certified else 'raw: derive did not certify'}), "
+                 f"{len(self.false_claims)} false, {self.refusals} refusals, {len(self.crashes)} crashes, "
+                 f"{len(self.hangs)} hangs, {self.seconds:.1f} s wall",
+                 f"{'family':<10} {'models':>6} {'claims':>6} {'false':>5} {'refused':>7} {'crash':>5} {'hang':>4} "
+                 f"{'CPU ms/model':>12}"]
+        for name, f in sorted(self.families.items()):
+            lines.append(f"{name:<10} {f.models:>6} {f.claims:>6} {f.false_claims:>5} {f.refusals:>7} {f.crashes:>5} "
+                         f"{f.hangs:>4} {1000 * f.seconds / max(f.models, 1):>12.1f}")
+        lines += [f"FALSE {c.case}: {c.claim}: {c.error:.2e} on {c.output!r} under {c.element}" for c in self.false_claims]
+        lines += [f"CRASH {c.case}: {c.error} at {c.where}" for c in self.crashes]
+        lines += [f"HANG {c.case}: {c.error}" for c in self.hangs]
+        return "\n".join(lines)
+
+
+@dataclass
+class _Outcome:
+    family: str
+    claims: int = 0
+    certified: bool = False
+    refused: bool = False
+    false_claims: list = field(default_factory=list)
+    crash: Failure | None = None
+    hang: Failure | None = None
+    seconds: float = 0.0
+
+
+def _claim_errors(analysis, draws: int, seed: int) -> list[tuple[str, float, str, str]]:
+    """``(label, error, element, output)`` per claim; a claim whose action cannot even be applied (its
+    ``apply`` raises) is false with an infinite error, the exception as its element."""
+    try:
+        errors = claim_errors(analysis, draws=draws, seed=seed)
+    except Exception:  # find the claims that cannot be applied, and check the others
+        errors = []
+        for symmetry in analysis.symmetries:
+            try:
+                errors += claim_errors(analysis, draws=draws, seed=seed, symmetries=[symmetry])
+            except Exception as error:
+                errors.append(ClaimError(symmetry, math.inf, f"apply raised {type(error).__name__}: {error}"))
+    return [(e.symmetry.label, e.error, e.element, e.output) for e in errors]
+
+
+def check_case(case: Case, certify: bool = True, time_limit: float = 20.0, draws: int = 2,
+               catalogue: Mapping | None = None) -> _Outcome:
+    """Trace, derive (with ``catalogue`` when given) and check one case; never raises (refusals, crashes
+    and hangs are outcomes)."""
+    from symalg.frontend.tracing import trace
+
+    outcome, start = _Outcome(case.family), time.process_time()
+    try:
+        with _time_limit(time_limit):
+            model, inputs = case.build()
+            analysis, outcome.certified = derive_claims(trace(model, inputs), certify, catalogue), certify
+            # seeded apart from derive's own certification, so the check draws other elements and inputs
+            errors = _claim_errors(analysis, draws, 1 + case.index)
+        outcome.claims = len(errors)
+        outcome.false_claims = [FalseClaim(case.description, case.family, *e) for e in errors
+                                if not e[1] <= CERTIFICATION_TOLERANCE]
+    except _Hang as error:
+        outcome.hang = Failure(case.description, case.family, str(error))
+    except SpecError:
+        outcome.refused = True
+    except Exception as error:  # anything else is a crash: reported, never raised
+        frames = traceback.extract_tb(error.__traceback__)[-3:]
+        where = " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in reversed(frames))
+        outcome.crash = Failure(case.description, case.family, f"{type(error).__name__}: {error}", where)
+    outcome.seconds = time.process_time() - start
+    return outcome
+
+
+def _check_index(arguments) -> _Outcome:
+    seed, index, families, certify, time_limit, draws = arguments
+    family = families[index % len(families)] if families else None
+    return check_case(generate(seed, index, family), certify, time_limit, draws)
+
+
+def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, time_limit: float = 20.0,
+        certify: bool = True, draws: int = 2, workers: int = 1, start: int = 0) -> FuzzReport:
+    """Generate ``n_models`` models (indices ``start … start + n_models − 1`` of ``seed``, families in turn)
+    and check every claim of each; see the module docstring. ``workers > 1`` checks them in that many
+    processes."""
+    families = list(families) if families else None
+    unknown = [f for f in families or () if f not in FAMILIES]
+    if unknown:
+        raise SpecError(f"run: unknown families {unknown}; known: {', '.join(FAMILIES)}")
+    report, began = FuzzReport(seed), time.perf_counter()
+    jobs = [(seed, i, families, certify, time_limit, draws) for i in range(start, start + n_models)]
+    if workers > 1:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            for outcome in pool.imap(_check_index, jobs, chunksize=8):
+                report.add(outcome)
+    else:
+        for job in jobs:
+            report.add(_check_index(job))
+    report.seconds = time.perf_counter() - began
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m symalg.verification.fuzz``: print the figures; exit status 1 when a claim was false or a model
+    crashed or hung."""
+    parser = argparse.ArgumentParser(prog="python -m symalg.verification.fuzz", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--start", type=int, default=0, help="index of the first model")
+    parser.add_argument("--families", default="", help=f"comma-separated, of: {', '.join(FAMILIES)}")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--time-limit", type=float, default=20.0, help="CPU seconds per model")
+    parser.add_argument("--draws", type=int, default=2, help="fresh inputs per claim check")
+    parser.add_argument("--raw", action="store_true", help="check derive's raw claims (no certification)")
+    parser.add_argument("--show", nargs="+", metavar="SEED INDEX [FAMILY]",
+                        help="print the source of one model (generate(SEED, INDEX, FAMILY)) and exit")
+    args = parser.parse_args(argv)
+    if args.show:
+        if len(args.show) not in (2, 3) or not all(a.isdigit() for a in args.show[:2]):
+            parser.error("--show takes SEED INDEX [FAMILY] (two integers, then a family name)")
+    try:
+        if args.show:
+            print(generate(int(args.show[0]), int(args.show[1]), *args.show[2:]).source())
+            return 0
+        families = [f for f in args.families.split(",") if f] or None
+        torch.set_default_dtype(torch.float64)
+        report = run(args.models, args.seed, families, args.time_limit, not args.raw, args.draws, args.workers,
+                     args.start)
+    except SpecError as error:
+        parser.error(str(error))
+    print(report.summary())
+    return int(bool(report.false_claims or report.crashes or report.hangs))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""Numerical verification of a :class:`~symalg.symbolic.model_derive.ModelAnalysis` on the model itself.
+
+The traced model is run with ``torch.func.functional_call`` on moved parameters and buffers, so every
+check is on the real ``forward``, not on a re-implementation. Checks per symmetry (results, never
+assertions):
+
+``invariance``
+    every output (tuples, dicts, dataclasses, Hugging-Face-style output objects:
+    :func:`~symalg.frontend.outputs.output_tensors`) and the loss unchanged under the elements of
+    :func:`~symalg.verification.certification.sample_elements` (``exp(10⁻³ M)``, ``exp(M)`` with ``‖M‖ = 1``, every
+    discrete generator, the other component of ``GL``/``O``). For ``cross_entropy`` the first output is
+    compared as ``softmax(logits)``.
+``gradient_orthogonality``
+    ``⟨∇L, M·θ⟩ = 0`` for every Lie-algebra basis element (at most ``max_generators``, then random
+    combinations), relative to ``‖∇L‖ ‖M·θ‖``; skipped for actions that move buffers.
+``gd_drift``
+    one gradient-descent step ``θ' = θ − η∇L`` changes each quadratic quantity by exactly
+    ``η² C(∇L)`` and leaves each linear one unchanged.
+``gradient_flow``
+    each conserved quantity stays constant along gradient flow ``θ̇ = −∇L(θ)``, integrated on the model
+    by the core's RK4 (``flow_steps`` steps, each moving ``θ`` by at most ``min(10⁻⁴, √(tol/steps))``
+    relative: small enough for steps across ReLU kinks, see :func:`_gradient_flow`); buffers are
+    passed along unchanged (training-mode running statistics are updated on copies).
+``lowering``
+    each lowered conserved quantity equals SymPy's exact evaluation of its expressions at the same
+    numbers (:func:`symalg.verification.verifier.compare_to_sympy`). Every symbol holds its tensor unfolded by its read
+    suffix, as the lowered code reads it, so the check covers the printed expression. Skipped for a
+    quantity reading more than ``symbolic_limit`` entries (exact rational arithmetic on explicit
+    matrices grows with their size).
+
+``orbit_dimension``
+    the orbit dimension at the verified parameters, computed with the structure of the action
+    (:func:`symalg.numeric.orbit_rank.model_orbit_dimension`), equals its generic formula and the dense
+    Jacobian's rank (the latter where that Jacobian fits in ``DENSE_ORBIT_BYTES``); skipped when
+    neither exists.
+
+The loss is computed on the first output (the logits for ``cross_entropy``, against random classes;
+MSE against a random target otherwise); the other outputs enter only ``invariance``.
+
+Actions that move buffers have no conserved quantity, so ``gd_drift``, ``gradient_flow`` and
+``lowering`` have nothing to check for them.
+
+>>> import torch, symalg
+>>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+>>> analysis = symalg.derive(symalg.trace(model, (torch.randn(5, 3, dtype=torch.float64),)))
+>>> verify_model(analysis).passed
+True
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch.func import functional_call
+
+from symalg.verification.certification import output_change, sample_elements
+from symalg.errors import SpecError
+from symalg.catalogue.groups import Translations
+from symalg.frontend.outputs import output_tensors
+from symalg.verification.verifier import (TOLERANCES, CheckResult, VerificationReport, check_device, check_gradient_orthogonality,
+                           check_params, compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
+
+__all__ = ["verify_model"]
+
+SYMBOLIC_LIMIT = 2000
+"""Largest number of tensor entries a conserved quantity may read for the ``lowering`` check (about
+0.2 s of SymPy for a diagonal quantity at the limit)."""
+
+
+def _inputs(analysis, inputs, dtype, device) -> tuple:
+    inputs = inputs if inputs is not None else analysis.model_graph.example_inputs
+    if inputs is None:
+        raise SpecError("verify: the model was traced without example_inputs; pass inputs=(tensor, ...)")
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    return tuple(x.to(device=device, dtype=dtype) if torch.is_floating_point(x) else x.to(device) for x in inputs)
+
+
+def verify_model(analysis, inputs: tuple | None = None, device: str = "cpu", dtype=torch.float64, seed: int = 0,
+                 max_generators: int = 64, learning_rate: float = 0.1, flow_steps: int = 10,
+                 symbolic_limit: int = SYMBOLIC_LIMIT, params=None) -> VerificationReport:
+    """Check every symmetry of ``analysis`` on its model at random parameters (see the module docstring).
+
+    ``inputs`` default to the example inputs the model was traced with; the parameters are ``params``
+    (``{name: tensor}``: every parameter of the model, and any of its buffers) or else the model's own,
+    cast to ``dtype``/``device`` on a copy; buffers not given are the model's. An unknown or missing
+    name, a wrong shape or a non-finite entry raises ``SpecError``. ``flow_steps``: RK4 steps of ``gradient_flow``
+    (each runs the model forward and backward four times, hence fewer than the core's 40; the step
+    bound of :func:`_gradient_flow` keeps the same guarantee); ``symbolic_limit``: most entries a
+    quantity may read for ``lowering``.
+    """
+    check_device(device)
+    tol = TOLERANCES[dtype]
+    generator = torch.Generator().manual_seed(seed)
+    model = copy.deepcopy(analysis.model_graph.model).to(device=device, dtype=dtype)
+    state = {**{k: v.detach() for k, v in model.named_parameters()},
+             **{k: v.detach() for k, v in model.named_buffers()}}
+    parameter_names = [k for k, _ in model.named_parameters()]
+    if params is not None:
+        check_params(params, {k: tuple(v.shape) for k, v in state.items()}, "verify",
+                     optional=set(state) - set(parameter_names))
+        state.update({k: v.detach().to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
+                      for k, v in params.items()})
+    x = _inputs(analysis, inputs, dtype, device)
+    cross_entropy = analysis.loss == "cross_entropy"
+
+    def forward(values) -> list:
+        """Every output at ``values``, as ``(path, tensor)`` pairs; buffers cloned (training-mode running stats)."""
+        values = {k: v.clone() if k not in parameter_names else v for k, v in values.items()}
+        return output_tensors(functional_call(model, values, x))
+
+    try:
+        outputs = forward(state)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise SpecError(f"verify: the model does not run on its inputs (data= of a traced model are its inputs, a "
+                        f"tensor or a tuple of tensors): {type(error).__name__}: {error}") from error
+    if not outputs:
+        raise SpecError(f"verify: {type(model).__name__} returns no tensor to compare")
+    reference = outputs[0][1]
+    if cross_entropy:
+        classes = torch.randint(reference.shape[-1], reference.shape[:-1], generator=generator).to(device)
+    else:
+        target = torch.randn(reference.shape, generator=generator, dtype=dtype).to(device)
+
+    def loss_of(outputs):
+        """The loss of the first output (see the module docstring)."""
+        output = outputs[0][1]
+        if cross_entropy:
+            return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), classes.reshape(-1))
+        return ((output - target) ** 2).mean()
+
+    def loss(params):
+        """The loss as a function of the parameters alone (buffers as in ``state``)."""
+        return loss_of(forward({**state, **params}))
+
+    params = {k: state[k] for k in parameter_names}
+    grads = loss_gradients(loss, params)
+    checks = []
+    for symmetry in analysis.symmetries:
+        checks.append(_invariance(symmetry, state, forward, loss_of, cross_entropy, generator, dtype, device, tol))
+        if symmetry.group.is_continuous and not symmetry.acts_on_buffers:
+            checks.append(_orthogonality(symmetry, state, grads, generator, dtype, device, tol, max_generators))
+        if symmetry.conserved is not None:
+            checks.append(_drift(symmetry, state, grads, learning_rate, tol))
+    conserving = [s for s in analysis.symmetries if s.conserved is not None]
+    checks += _gradient_flow(conserving, loss, state, params, grads, tol, flow_steps)
+    with torch.no_grad():
+        checks += [_lowering(s, state, tol, symbolic_limit) for s in conserving]
+    checks.append(_orbit_dimension(analysis, state))
+    return VerificationReport(tuple(checks), dtype, device)
+
+
+DENSE_ORBIT_BYTES = 64 * 2 ** 20
+"""Largest Jacobian the ``orbit_dimension`` check builds for the dense baseline."""
+
+
+def _orbit_dimension(analysis, state) -> CheckResult:
+    """The structured orbit dimension at the verified parameters (:mod:`symalg.orbit_rank`) against its
+    generic formula and, where the Jacobian is small, the dense baseline; integers, so exact equality."""
+    from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
+
+    structured = model_orbit_dimension(analysis, state)
+    compared = {}
+    try:
+        compared["formula"] = int(model_orbit_dimension_formula(analysis))
+    except NotImplementedError:
+        pass
+    try:
+        compared["dense"] = model_orbit_dimension(analysis, state, method="dense", max_bytes=DENSE_ORBIT_BYTES).dimension
+    except MemoryError:
+        pass
+    detail = f"structured {structured.dimension} of {structured.algebra_dim}"
+    if not compared:
+        return CheckResult("orbit_dimension", "*", float("nan"), 0.0, detail + "; no formula, dense Jacobian too large",
+                           skipped=True)
+    error = max(abs(value - structured.dimension) for value in compared.values())
+    detail += "".join(f", {name} {value}" for name, value in compared.items())
+    return CheckResult("orbit_dimension", "*", float(error), 0.0, detail)
+
+
+def _invariance(symmetry, state, forward, loss_of, cross_entropy, generator, dtype, device, tol) -> CheckResult:
+    """Worst relative change of any output or of the loss under the group's test elements."""
+    with torch.no_grad():
+        outputs = forward(state)
+        base_loss = loss_of(outputs)
+        worst, detail = 0.0, ""
+        for description, g in sample_elements(symmetry.group, generator, dtype, device):
+            moved = forward(symmetry.apply(state, g))
+            error, path = output_change(moved, outputs, cross_entropy)
+            where = f"{description}, output {path!r}"
+            loss_error = relative_error(loss_of(moved), base_loss)
+            if not loss_error <= error:
+                error, where = loss_error, f"{description}, loss"
+            if not error <= worst:
+                worst, detail = error, where
+    return CheckResult("invariance", symmetry.label, worst, tol, detail)
+
+
+def _orthogonality(symmetry, state, grads, generator, dtype, device, tol, max_generators) -> CheckResult:
+    basis = symmetry.group.algebra_basis(dtype, device)
+    if basis.shape[0] > max_generators:
+        coefficients = torch.randn(max_generators, basis.shape[0], generator=generator, dtype=dtype).to(device)
+        basis = torch.tensordot(coefficients, basis, dims=1)
+    return check_gradient_orthogonality(symmetry.label, lambda M: symmetry.tangent(state, M), basis, grads, tol)
+
+
+def _drift(symmetry, state, grads, learning_rate, tol) -> CheckResult:
+    quantity = symmetry.conserved
+    stepped = {**state, **{k: state[k] - learning_rate * g for k, g in grads.items()}}
+    before, after = quantity(state), quantity(stepped)
+    worst = 0.0
+    for key in before:
+        if quantity.kind == "linear" or isinstance(symmetry.group, Translations):
+            predicted = before[key]
+        else:
+            predicted = before[key] + learning_rate ** 2 * quantity({**state, **grads})[key]
+        worst = max(worst, _deviation(after[key], predicted))
+    return CheckResult("gd_drift", symmetry.label, worst, tol, f"{quantity.kind} quantity {quantity.name}")
+
+
+def _deviation(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Relative difference; absolute where ``expected`` is exactly zero (a quantity that is 0 at θ)."""
+    return relative_error(actual, expected) if expected.abs().max() > 0 else (actual - expected).abs().max().item()
+
+
+def _gradient_flow(symmetries, loss, state, params, grads, tol, steps) -> list[CheckResult]:
+    """Each ``C`` at the end of gradient flow ``θ̇ = −∇L`` from ``params`` equals ``C`` at the start.
+
+    Where no step crosses a kink of the loss, RK4 changes a quadratic ``C`` by ``O(δ⁵)`` per step of
+    relative move ``δ``. A step across a kink (ReLU, max pooling: frequent in conv nets) loses RK4's
+    cancellation and changes ``C`` by ``O(δ²)``, so ``δ = min(10⁻⁴, √(tol/steps))`` keeps ``C`` within
+    ``tol`` even with a kink in every step; a quantity that is not conserved still drifts at first
+    order, by about ``steps·δ = √(steps·tol) ≫ tol`` (``10⁻⁴`` in float64 with 10 steps).
+    """
+    if not symmetries:
+        return []
+    flowed, detail = integrate_gradient_flow(loss, params, grads, steps, max_move=min(1e-4, math.sqrt(tol / steps)))
+    results = []
+    for symmetry in symmetries:
+        quantity = symmetry.conserved
+        before, after = quantity(state), quantity({**state, **flowed})
+        error = max(_deviation(after[key], before[key]) for key in before)
+        results.append(CheckResult("gradient_flow", symmetry.label, error, tol, f"{quantity.name}: {detail}"))
+    return results
+
+
+def _lowering(symmetry, state, tol, symbolic_limit) -> CheckResult:
+    """The lowered quantity against SymPy's exact value of its expressions at the same numbers."""
+    quantity = symmetry.conserved
+    values = {s.name: _read(state[tensor], quantity.suffixes.get(s, "")) for s, tensor in quantity.reads.items()}
+    size = sum(v.size for v in values.values())
+    if size > symbolic_limit:
+        return CheckResult("lowering", symmetry.label, float("nan"), tol, f"{quantity.name} reads {size} entries > "
+                           f"symbolic_limit={symbolic_limit}: exact SymPy evaluation skipped", skipped=True)
+    return CheckResult("lowering", symmetry.label, compare_to_sympy(quantity(state), quantity.exprs, values), tol,
+                       f"{quantity.name} vs SymPy")
+
+
+def _read(tensor: torch.Tensor, suffix: str):
+    """The value of a symbol: ``tensor`` unfolded by the source ``suffix`` of the lowered read."""
+    return eval(f"tensor{suffix}", {"__builtins__": {}}, {"tensor": tensor.detach().cpu().double()}).numpy()
