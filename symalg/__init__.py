@@ -26,27 +26,28 @@ from symalg.applications.conservation_laws import (Completeness, ConservationLaw
 from symalg.catalogue import groups
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry, overlay, register
 from symalg.errors import SpecError
-from symalg.frontend.spec import Spec, from_torch, parse, to_module, to_spec_string
-from symalg.frontend.tracing import ModelGraph, trace
+from symalg.frontend.spec import Spec, from_torch, parse, to_graph, to_module, to_spec_string
+from symalg.frontend.tracing import trace
+from symalg.ir.graph import ModelGraph
 from symalg.ir.architecture import Architecture, validate
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.numeric import orbit_rank
 from symalg.numeric.orbit_rank import OrbitDimension, model_orbit_dimension, model_orbit_dimension_formula
 from symalg.numeric.sampling import network_function, random_data, random_params
 from symalg.symbolic import report
-from symalg.symbolic.chain_inference import Blocked, Site, infer_sites
-from symalg.symbolic.derive import Analysis, Symmetry, derive, parameter_symbols
-from symalg.symbolic.model_derive import ModelAnalysis, ModelSymmetry, derive_model
+from symalg.symbolic.inference import Blocked
+from symalg.symbolic.derive import Analysis, derive
+from symalg.symbolic.symmetry import Symmetry
 from symalg.verification.verifier import verify
 
 __all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry",
            "compare_with_symmetries", "Completeness", "conjugated", "conservation_laws", "ConservationLaws",
-           "count_conservation_laws", "derive", "derive_model", "ensembles", "flat_minima", "from_torch", "groups",
-           "infer_sites", "loss_symmetries", "lower", "LoweredFunction", "minima_geometry", "model_orbit_dimension",
-           "model_orbit_dimension_formula", "ModelAnalysis", "ModelGraph", "ModelSymmetry", "network_function",
-           "nonlinear_actions", "orbit_rank", "OrbitDimension", "overlay", "parameter_symbols", "parse",
-           "random_data", "random_params", "register", "report", "Site", "Spec", "SpecError", "Symmetry",
-           "symmetry_init", "teleport", "teleport_actions", "teleport_optim", "to_module", "to_spec_string", "trace",
+           "count_conservation_laws", "derive", "derive", "ensembles", "flat_minima", "from_torch", "groups",
+           "loss_symmetries", "lower", "LoweredFunction", "minima_geometry", "model_orbit_dimension",
+           "model_orbit_dimension_formula", "Analysis", "ModelGraph", "Symmetry", "network_function",
+           "nonlinear_actions", "orbit_rank", "OrbitDimension", "overlay", "parse",
+           "random_data", "random_params", "register", "report", "Spec", "SpecError", "Symmetry",
+           "symmetry_init", "teleport", "teleport_actions", "teleport_optim", "to_graph", "to_module", "to_spec_string", "trace",
            "validate", "verify"]
 __version__ = "0.1.0"
 

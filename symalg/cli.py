@@ -96,11 +96,10 @@ def _run_model_file(args) -> int:
 
     namespace = _load_model_file(args.model)
     analysis = derive(trace(namespace["model"], namespace["example_inputs"]), loss=namespace.get("loss", "mse"))
-    print(f"model: {type(namespace['model']).__name__} ({args.model})")
-    print(analysis)
+    print(describe(analysis))
     if args.latex:
         print("\nLaTeX:")
-        print(analysis.latex())
+        print(describe_latex(analysis))
     if args.no_verify:
         return 0
     return _print_verification(verify(analysis, device=args.device, dtype=getattr(torch, args.dtype),
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run_model_file(args)
         analysis = derive(parse(args.spec))
         widths_text = args.widths if args.widths is not None else (DEFAULT_WIDTHS if args.spec == DEFAULT_SPEC else "")
-        widths = _widths(widths_text, {str(s) for s in analysis.architecture.widths})
+        widths = _widths(widths_text, {str(s) for s in analysis.widths})
         if not (args.latex or args.no_verify):
             check_device(args.device)
         if args.latex:
@@ -134,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print(describe(analysis))
         print("\nLaTeX:")
         print(describe_latex(analysis))
-        symbolic = sorted(str(s) for s in analysis.architecture.widths)
+        symbolic = sorted(str(s) for s in analysis.widths)
         missing = [name for name in symbolic if name not in widths]
         if missing:
             print(f"\n(no verification: give --widths for {', '.join(missing)})")

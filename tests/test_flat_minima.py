@@ -318,7 +318,7 @@ def test_spec_analysis_needs_concrete_widths_and_params():
         flat_minimum(symalg.derive("linear(n, h) -> relu -> linear(h, m)"), x, y, {})
     with pytest.raises(ValueError, match="params are required"):
         flat_minimum(symalg.derive("linear(3, 4) -> relu -> linear(4, 2)"), x, y)
-    with pytest.raises(TypeError, match="nn.Module, ModelAnalysis or Analysis"):
+    with pytest.raises(TypeError, match="nn.Module, Analysis or Analysis"):
         flat_minimum("linear(3, 4) -> relu -> linear(4, 2)", x, y)
 
 

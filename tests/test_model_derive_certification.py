@@ -11,7 +11,7 @@ from torch import nn
 import symalg
 from symalg.catalogue import rules as op_rules
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, assert_claims_hold, sample_elements
-from symalg.symbolic.model_derive import derive_model
+from symalg.symbolic.derive import derive
 from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
 
 
@@ -130,7 +130,7 @@ def test_certify_must_be_a_bool(certify):
     with pytest.raises(symalg.SpecError, match="certify must be True or False"):
         symalg.derive(graph, certify=certify)
     with pytest.raises(symalg.SpecError, match="certify must be True or False"):
-        derive_model(graph, certify=certify)
+        derive(graph, certify=certify)
 
 
 def relu_mlp(depth: int) -> nn.Module:

@@ -12,9 +12,9 @@ from torch import nn
 
 import symalg
 from symalg.lowering.codegen import lower
-from symalg.symbolic.model_derive import ModelConserved
-from symalg.verification.model_verifier import SYMBOLIC_LIMIT, verify_model
-from symalg.verification.verifier import TOLERANCES
+from symalg.symbolic.symmetry import ModelConserved
+from symalg.verification.verifier import SYMBOLIC_LIMIT, verify as verify_model
+from symalg.verification.checks import TOLERANCES
 from test_models import PreNormBlock, SmallCNN
 
 

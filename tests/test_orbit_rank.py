@@ -432,7 +432,7 @@ def test_params_default_to_the_model_and_bad_arguments_are_named():
         model_orbit_dimension(analysis, {**params, "0.bias": torch.zeros(3)})
     with pytest.raises(ValueError, match="method must be"):
         model_orbit_dimension(analysis, method="svd")
-    with pytest.raises(TypeError, match="analysis must be a ModelAnalysis"):
+    with pytest.raises(TypeError, match="analysis must be a Analysis"):
         model_orbit_dimension(symalg.derive("linear(3, 4) -> identity -> linear(4, 2)"))
 
 

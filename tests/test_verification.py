@@ -14,7 +14,7 @@ from symalg.catalogue.activations import CatalogueEntry, declare_homogeneous
 from symalg.errors import SpecError
 from symalg.catalogue.groups import Orthogonal, PositiveScaling
 from symalg.numeric.sampling import mse_loss, random_data
-from symalg.verification.verifier import TOLERANCES
+from symalg.verification.checks import TOLERANCES
 
 ACTIVATIONS = ["identity", "relu", "leaky_relu", "relu_pow", "tanh", "sigmoid", "gelu", "silu", "softplus", "radial"]
 

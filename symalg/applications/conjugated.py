@@ -70,7 +70,7 @@ import torch
 from symalg.frontend.grammar import refuse_text
 from symalg.catalogue.groups import Orthogonal, SiteGroup, matrix_exp
 from symalg.lowering.codegen import identifier, torch_source
-from symalg.verification.verifier import CheckResult, VerificationReport, rk4
+from symalg.verification.checks import CheckResult, VerificationReport, rk4
 
 __all__ = ["ConjugatedAction", "TestFunction", "ComponentFunction", "lower_components", "group_elements",
            "check_group_axioms", "quadratic_form", "ellipse", "rosenbrock", "booth", "sample_level_set",

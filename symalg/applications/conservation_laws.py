@@ -426,7 +426,7 @@ def _architecture(model, activation: str | None, bias: bool | None) -> Architect
         if activation is not None or bias is not None:
             raise SpecError("count_conservation_laws: activation= and bias= apply to a widths sequence; "
                             f"a {type(model).__name__} carries its own")
-        return model.architecture if isinstance(model, Analysis) else parse(model)
+        return model.model_graph.source if isinstance(model, Analysis) else parse(model)
     widths = list(model) if isinstance(model, Sequence) else None
     if not widths or len(widths) < 2 or not all(isinstance(w, int) and w > 0 for w in widths):
         raise SpecError(f"count_conservation_laws: model must be widths (n_0, …, n_q) of positive ints, at least two, "

@@ -313,7 +313,7 @@ def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max
     """Tangents ``M·θ`` of every continuous symmetry at ``params`` and the orbit dimension (their rank).
 
     ``symmetries``: the ``symmetries`` of an :class:`~symalg.symbolic.derive.Analysis` or
-    :class:`~symalg.symbolic.model_derive.ModelAnalysis` (anything with ``group``, ``label`` and
+    :class:`~symalg.symbolic.derive.Analysis` (anything with ``group``, ``label`` and
     ``tangent(params, M)``). With at most ``k = min(max_tangents, P)`` Lie-algebra generators in all,
     one row per basis element; otherwise ``k`` random combinations over all symmetries at once (Gaussian
     coefficients on the basis): they span the tangent space with probability 1 when ``k`` exceeds its
@@ -599,7 +599,6 @@ def _resolve(model, x, loss, params, dtype, device):
     """The analysis, a forward ``f(params, x)``, the loss kind, the parameters and a label for ``model``."""
     from symalg.symbolic.derive import Analysis, derive
     from symalg.frontend.spec import to_spec_string
-    from symalg.symbolic.model_derive import ModelAnalysis
     from symalg.numeric.sampling import network_function
     from symalg.frontend.tracing import trace
 
@@ -607,7 +606,7 @@ def _resolve(model, x, loss, params, dtype, device):
         first = next(model.parameters(), None)
         example = x.to(first.dtype) if first is not None and torch.is_floating_point(x) else x
         model = derive(trace(model, (example,)), loss=loss or "mse")
-    if isinstance(model, ModelAnalysis):
+    if isinstance(model, Analysis):
         module = model.model_graph.model
         params = dict(module.named_parameters()) if params is None else params
         return model, _module_forward(module, dtype, device), loss or model.loss, params, type(module).__name__
@@ -619,7 +618,7 @@ def _resolve(model, x, loss, params, dtype, device):
             raise ValueError("flat_minimum: params are required for an Analysis of a spec (it holds no weights)")
         return (model, network_function(model.architecture), loss or "mse", params,
                 to_spec_string(model.architecture))
-    raise TypeError(f"flat_minimum: expected an nn.Module, ModelAnalysis or Analysis, got {type(model).__name__}")
+    raise TypeError(f"flat_minimum: expected an nn.Module, Analysis or Analysis, got {type(model).__name__}")
 
 
 def flat_minimum(model, x: torch.Tensor, y: torch.Tensor, params: Mapping[str, torch.Tensor] | None = None, *,
@@ -631,7 +630,7 @@ def flat_minimum(model, x: torch.Tensor, y: torch.Tensor, params: Mapping[str, t
 
     Parameters
     ----------
-    model : an ``nn.Module`` (traced and derived here), a :class:`~symalg.symbolic.model_derive.ModelAnalysis`, or a
+    model : an ``nn.Module`` (traced and derived here), a :class:`~symalg.symbolic.derive.Analysis`, or a
         spec :class:`~symalg.symbolic.derive.Analysis` (then ``params`` are required).
     x, y : the data (one input tensor, rows as samples); ``loss`` ``"mse"`` or ``"cross_entropy"``
         (default: the analysis's, else ``"mse"``).

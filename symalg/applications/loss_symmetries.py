@@ -71,7 +71,7 @@ import torch
 from symalg.applications.conjugated import TOLERANCE, check_group_axioms, group_elements
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, SiteGroup, matrix_exp
 from symalg.lowering.codegen import LoweredFunction, lower
-from symalg.verification.verifier import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift, check_gradient_flow,
+from symalg.verification.checks import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift, check_gradient_flow,
                            check_gradient_orthogonality, compare_to_sympy, loss_gradients, relative_error)
 
 __all__ = ["GramLossSymmetry", "MomentStabiliser", "DistributionSymmetry", "spectral_contrastive_loss", "info_nce_loss",

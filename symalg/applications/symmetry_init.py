@@ -274,7 +274,7 @@ def set_conserved(analysis, params: Mapping[str, torch.Tensor], targets=0.0, *, 
                   max_sweeps: int = 500) -> InitResult:
     """Apply group elements so that every targeted conserved quantity equals its target.
 
-    ``analysis``: a :class:`~symalg.symbolic.model_derive.ModelAnalysis` (``symalg.derive(symalg.trace(model, (x,)))``)
+    ``analysis``: a :class:`~symalg.symbolic.derive.Analysis` (``symalg.derive(symalg.trace(model, (x,)))``)
     or a chain :class:`~symalg.symbolic.derive.Analysis` with concrete widths; its ``GL`` sites (``C``) and
     positive-scaling sites (``q``) can be targeted. ``targets``: a number ``λ`` for all of them
     (``C = λI``, ``q = λ·1``) or ``{site: number | tensor}`` (sites not named keep ``g = I``; their values

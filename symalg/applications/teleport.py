@@ -3,7 +3,7 @@
 API
 ---
 ``as_action(obj, x=None, params=None)``
-    an :class:`Action` for a symalg analysis (``ModelAnalysis``/``Analysis``, one or several symmetries), a
+    an :class:`Action` for a symalg analysis (``Analysis``/``Analysis``, one or several symmetries), a
     conjugated action (``ConjugatedAction``/``TestFunction``, parameters ``{"x": point}``), or a data-dependent
     action (``DataDependentAction``, ``ExactTeleport``, ``ApproximateTeleport``; give the batch ``x`` and
     ``params`` for the widths). Your own: subclass :class:`Action` or wrap ``fn(params, coords)`` in
@@ -175,7 +175,7 @@ def _identity_basis(group) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class SymmetryAction(Action):
-    """The product of symmetries derived by symalg (``ModelSymmetry`` or chain ``Symmetry``), acting by their
+    """The product of symmetries derived by symalg (``Symmetry`` or chain ``Symmetry``), acting by their
     ``apply``. Coordinates are concatenated over the continuous symmetries' ``group.algebra_basis()``, in order;
     the discrete generators of every group (``group.discrete_generators()``) are offered for search.
     """

@@ -32,12 +32,11 @@ batch axes or key lengths disagree between ``Q``, ``K`` and ``V``: folding never
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import networkx as nx
 import torch
-
-from symalg.frontend.tracing import ModelGraph, scale_constant
 
 __all__ = ["fold_attention"]
 
@@ -71,13 +70,16 @@ class _Match:
     final: str
 
 
-def fold_attention(model_graph: ModelGraph) -> None:
-    """Replace every hand-written multi-head attention of ``model_graph.graph`` by one ``attention`` node.
+def scale_constant(value) -> bool:
+    """True for a Python number (the only non-tensor operand of ``mul``/``div`` we treat as linear)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
-    The graph is changed in place; patterns that do not match exactly (see the module docstring) are left
-    as they are.
+
+def fold_attention(graph: nx.DiGraph) -> nx.DiGraph:
+    """A pass: a copy of ``graph`` with every hand-written multi-head attention replaced by one ``attention``
+    node; patterns that do not match exactly (see the module docstring) are left as they are.
     """
-    graph = model_graph.graph
+    graph = graph.copy()
     for name in list(graph):
         if name not in graph:
             continue
@@ -85,6 +87,7 @@ def fold_attention(model_graph: ModelGraph) -> None:
         match = _match_sdpa(graph, name) if op == "sdpa" else _match_explicit(graph, name) if op == "softmax" else None
         if match is not None:
             _fold(graph, match)
+    return graph
 
 
 def _match_sdpa(graph: nx.DiGraph, name: str) -> _Match | None:

@@ -27,8 +27,9 @@ from symalg.catalogue.activations import CATALOGUE, exact
 from symalg.frontend.grammar import literal
 from symalg.errors import SpecError
 from symalg.ir.architecture import Architecture, as_width
+from symalg.ir.graph import ModelGraph
 
-__all__ = ["Spec", "parse", "from_torch", "to_module", "to_spec_string"]
+__all__ = ["Spec", "parse", "from_torch", "to_graph", "to_module", "to_spec_string"]
 
 
 class Spec:
@@ -346,3 +347,54 @@ def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generato
                     for p in layer.parameters():
                         p.uniform_(-bound, bound, generator=generator)
     return model
+
+
+EXAMPLE_BATCH = 8
+"""Rows of the example input a concrete-width spec graph carries (for certification and verification)."""
+
+
+def to_graph(spec, catalogue: Mapping | None = None) -> ModelGraph:
+    """Emit the one graph format (:class:`~symalg.ir.graph.ModelGraph`) for a spec (anything :func:`parse` takes).
+
+    Widths stay symbolic: shapes hold SymPy symbols (the batch axis is ``B``). At concrete widths the graph
+    also carries the module of :func:`to_module` (float64, seeded) and a seeded ``(8, n)`` example input,
+    so that claims can be certified and verified by running it, as for a traced model.
+
+    >>> g = to_graph("linear(3, h) -> tanh -> linear(h, 2)")
+    >>> g.parameter_shapes["2.weight"], g.model is None
+    ((2, h), True)
+    >>> to_graph("linear(3, 4) -> tanh -> linear(4, 2)").model[1].op
+    'tanh'
+    """
+    arch = spec if isinstance(spec, Architecture) and catalogue is None else parse(spec, catalogue=catalogue or CATALOGUE)
+    batch = sp.Symbol("B", integer=True, positive=True) if arch.widths else EXAMPLE_BATCH
+    graph, shapes, previous = nx.DiGraph(), {}, "input"
+    features = arch.graph.nodes["input"]["features"]
+
+    def add(name, op, kind, shape, where, params=None, settings=None, module=None):
+        graph.add_node(name, op=op, kind=kind, module=module, params=params or {}, buffers={}, settings=settings or {},
+                       where=where, shape=shape, arguments={}, inputs=(previous,) if kind != "input" else ())
+        if kind != "input":
+            graph.add_edge(previous, name, index=0)
+
+    add("input", "input", "input", (batch, features), "the input")
+    for name in arch.layer_names:
+        node = arch.node(name)
+        if node["kind"] == "linear":
+            params = {"weight": node["weight"], **({"bias": node["bias"]} if node["bias"] else {})}
+            shapes[node["weight"]] = (node["out_features"], node["in_features"])
+            if node["bias"]:
+                shapes[node["bias"]] = (node["out_features"],)
+            features = node["out_features"]
+            add(name, "linear", "module", (batch, features), f"layer {name} (linear)", params, module=name)
+        else:
+            add(name, node["op"], "module", (batch, features), f"layer {name} ({node['op']})",
+                settings=dict(node["params"]), module=name)
+        previous = name
+    add("output", "output", "output", (batch, features), "the output")
+    model, example = None, None
+    if not arch.widths:
+        model = to_module(arch, generator=torch.Generator().manual_seed(0))
+        example = (torch.randn(EXAMPLE_BATCH, int(arch.graph.nodes["input"]["features"]), dtype=torch.float64,
+                               generator=torch.Generator().manual_seed(1)),)
+    return ModelGraph(graph, shapes, {}, model, example, "spec", {}, arch)

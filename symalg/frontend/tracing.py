@@ -53,9 +53,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
-import math
 import operator
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import is_dataclass
 from typing import Mapping
 
 import networkx as nx
@@ -66,6 +65,8 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from symalg.catalogue.activations import exact
 from symalg.errors import SpecError
+from symalg.frontend.attention_folding import fold_attention as fold_attention_pass
+from symalg.ir.graph import ModelGraph
 
 __all__ = ["ModelGraph", "trace", "canonical_module_op"]
 
@@ -114,37 +115,6 @@ _METHODS = {
 }
 
 _IN_PLACE = {"relu_", "tanh_", "sigmoid_", "add_", "mul_", "div_"}
-
-@dataclass(frozen=True, eq=False)
-class ModelGraph:
-    """A traced model: the canonical op graph (schema in the module docstring) and the model itself."""
-
-    graph: nx.DiGraph
-    model: nn.Module = field(repr=False)
-    example_inputs: tuple | None = field(default=None, repr=False)
-    tracer: str = "fx"
-    """``"fx"`` or ``"export"`` (the fallback)."""
-    aliases: Mapping[str, str] = field(default_factory=dict)
-    """``{alias: canonical parameter name}`` for tied parameters."""
-
-    @property
-    def nodes(self) -> list[str]:
-        return list(self.graph.nodes)
-
-    def node(self, name: str) -> Mapping:
-        return self.graph.nodes[name]
-
-    def parameters(self) -> dict[str, torch.Tensor]:
-        """The model's parameters by canonical name (tied parameters once)."""
-        return dict(self.model.named_parameters())
-
-    def buffers(self) -> dict[str, torch.Tensor]:
-        return dict(self.model.named_buffers())
-
-    def __repr__(self) -> str:
-        ops = [self.graph.nodes[v]["op"] for v in self.graph]
-        return f"ModelGraph({type(self.model).__name__}, tracer={self.tracer!r}, ops={ops})"
-
 
 def canonical_module_op(module: nn.Module) -> tuple[str, dict]:
     """``(canonical op, settings)`` of a module; activation modules map to catalogue names.
@@ -515,12 +485,11 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
             if source is not None and not graph.has_edge(source, name):
                 graph.add_edge(source, name, index=index)
     _drop_shape_queries(graph)
-    result = ModelGraph(graph, model, example_inputs, tracer, aliases)
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    buffer_shapes = {name: tuple(b.shape) for name, b in model.named_buffers()}
     if fold_attention:
-        from symalg.frontend.attention_folding import fold_attention as fold
-
-        fold(result)
-    return result
+        graph = fold_attention_pass(graph)
+    return ModelGraph(graph, shapes, buffer_shapes, model, example_inputs, tracer, aliases)
 
 
 def _drop_shape_queries(graph: nx.DiGraph) -> None:
@@ -591,7 +560,3 @@ _GUARD_OPS = {"_assert_scalar", "_assert_async", "_assert_tensor_metadata", "sym
               "sym_constrain_range_for_size"}
 _GUARD_FUNCTIONS = {torch._assert, torch._check, torch._check_is_size, torch._assert_scalar}
 
-
-def scale_constant(value) -> bool:
-    """True for a Python number (the only non-tensor operand of ``mul``/``div`` we treat as linear)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,7 +1,7 @@
 """Orbit dimension of a traced model at scale: the rank of ``M ↦ M·θ`` from the structure of the action.
 
 The orbit of θ under the identity component of a model's symmetry group has dimension
-``rank(A_θ)``, ``A_θ: ⊕_s g_s → R^P``, ``A_θ(M) = Σ_s M_s·θ`` (the sum of :meth:`ModelSymmetry.tangent`
+``rank(A_θ)``, ``A_θ: ⊕_s g_s → R^P``, ``A_θ(M) = Σ_s M_s·θ`` (the sum of :meth:`Symmetry.tangent`
 over the continuous symmetries; ``P`` counts the parameters, and the buffers an action moves). So
 ``dim orbit = Σ_s dim g_s − dim ker A_θ``, and the kernel (the Lie algebra of θ's stabiliser) is what
 is computed here, with the structure of the action instead of the ``P × Σ dim g_s`` Jacobian.
@@ -705,11 +705,9 @@ def _couple_again(sites: list[_Site]) -> list[list[_Site]]:
 # public functions
 # ---------------------------------------------------------------------------------------------
 def _check_analysis(analysis, caller: str) -> None:
-    from symalg.symbolic.model_derive import ModelAnalysis
-
-    if not isinstance(analysis, ModelAnalysis):
-        raise TypeError(f"{caller}: analysis must be a ModelAnalysis (symalg.derive(symalg.trace(model, inputs))), got "
-                        f"{type(analysis).__name__}; for chain analyses use Analysis.orbit_dimension")
+    """The derivation's result is read by duck type: this module sits below :mod:`symalg.symbolic.derive`."""
+    if not (hasattr(analysis, "model_graph") and hasattr(analysis, "sites")):
+        raise TypeError(f"{caller}: analysis must be the result of symalg.derive, got {type(analysis).__name__}")
 
 
 def _state(analysis, sites: list[_Site], params, dtype, device, caller: str) -> dict[str, torch.Tensor]:
@@ -753,7 +751,7 @@ def model_orbit_dimension(analysis, params: Mapping[str, torch.Tensor] | None = 
 
     Parameters
     ----------
-    analysis : a :class:`~symalg.symbolic.model_derive.ModelAnalysis` (``symalg.derive(symalg.trace(model, inputs))``).
+    analysis : a :class:`~symalg.symbolic.derive.Analysis` (``symalg.derive(symalg.trace(model, inputs))``).
     params : ``{name: tensor}``; default the model's own parameters (buffers the actions move are
         always taken from the model unless given).
     method : ``"structured"`` (per component, module docstring) or ``"dense"`` (the baseline: the

@@ -1,449 +1,283 @@
-"""Symbolic derivation (SymPy): group actions, generators, infinitesimal actions, conserved quantities.
+"""The derivation: one graph in, one :class:`Analysis` out, whatever the front end.
 
-Parameters are ``MatrixSymbol``\\ s in the papers' column convention: layer ``k`` is
-``W_k ∈ R^{h_k × h_{k-1}}`` with bias column ``b_k ∈ R^{h_k × 1}`` (torch's ``nn.Linear`` layout,
-samples as columns). Widths stay symbolic unless the architecture is concrete.
+``derive`` infers the sites and groups of the graph (:func:`~symalg.symbolic.inference.infer_model`), builds one
+:class:`~symalg.symbolic.symmetry.Symmetry` per group and site class, and, when the graph carries a model (a traced
+torch model, or a spec at concrete widths), certifies every claim numerically before reporting it. A spec with
+symbolic widths keeps them: groups, conserved quantities and the orbit dimension are formulas in the widths.
 
 >>> import symalg
->>> analysis = symalg.derive(symalg.parse("linear(n, h) -> relu -> linear(h, m)"))
->>> [(s.group.name, s.group.is_continuous) for s in analysis.symmetries]
-[('PositiveScaling(h, alpha=1)', True), ('S(h)', False)]
->>> print(analysis.conserved_quantities()[0])
-q_1 = W_1∘^2*1 + b_1∘^2 - W_2.T∘^2*1   (h quantities, Q_M = <M, q_1>)
+>>> analysis = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
+>>> analysis
+Analysis('linear(n, h) -> relu -> linear(h, m)': PositiveScaling(h, alpha=1) on 0, S(h) on 0)
+>>> analysis.orbit_dimension()
+h
+>>> analysis.subs({"n": 3, "h": 5, "m": 2}).certified
+True
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import sympy as sp
 import torch
 
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry
-from symalg.symbolic.checks import SymbolicCheck, disproof, symbolic_checks
-from symalg.symbolic.conserved import AngularMomentum, ConservedQuantity
+from symalg.catalogue.groups import Permutations, SignFlips, Translations
 from symalg.errors import SpecError
+from symalg.frontend.spec import to_graph, to_spec_string
 from symalg.ir.architecture import Architecture
-from symalg.catalogue.groups import Orthogonal, SiteGroup, Translations
-from symalg.symbolic.chain_inference import Blocked, Site, infer_sites
-from symalg.lowering.codegen import LoweredFunction, lower, reads
-from symalg.symbolic.printing import latex, sstr
+from symalg.ir.graph import ModelGraph
+from symalg.lowering.codegen import LoweredFunction
+from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
+from symalg.symbolic.inference import Blocked, ModelSites, check_loss, infer_model
+from symalg.symbolic.orbit import independent_conserved_formula, independent_conserved_rank, orbit_dimension_formula
+from symalg.symbolic.symmetry import ModelConserved, Symmetry, _group, _number
+from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 
-__all__ = ["derive", "Analysis", "Symmetry", "LogitTranslation", "parameter_symbols"]
-
-
-def parameter_symbols(arch: Architecture) -> dict[str, sp.MatrixSymbol]:
-    """``{parameter name: MatrixSymbol}``: ``W_k`` (out × in) and ``b_k`` (out × 1) for layer k."""
-    symbols = {}
-    for k, name in enumerate(arch.linear_layers, start=1):
-        node = arch.node(name)
-        n_out, n_in = sp.sympify(node["out_features"]), sp.sympify(node["in_features"])
-        symbols[node["weight"]] = sp.MatrixSymbol(f"W_{k}", n_out, n_in)
-        if node["bias"]:
-            symbols[node["bias"]] = sp.MatrixSymbol(f"b_{k}", n_out, 1)
-    return symbols
-
-
-@dataclass(frozen=True, eq=False)
-class Symmetry:
-    """One group acting on one site, with its symbolic action and everything derived from it.
-
-    Attributes
-    ----------
-    site, group : where it acts and what acts.
-    symbols : ``{parameter name: MatrixSymbol}`` for the parameters the action touches.
-    element : the group element's symbol (``g_k``, or the diagonal ``d_k`` for positive scaling).
-    action : ``{parameter name: transformed expression}``.
-    algebra_element, infinitesimal : ``M_k`` and ``{name: M·θ}`` (continuous groups only).
-    checks : symbolic checks (declared identity, invariance, infinitesimal invariance).
-    """
-
-    site: Site
-    group: SiteGroup
-    symbols: dict
-    element: sp.MatrixSymbol
-    action: dict
-    algebra_element: sp.MatrixSymbol | None
-    infinitesimal: dict
-    checks: tuple[SymbolicCheck, ...]
-    roles: Mapping = field(default_factory=dict)
-
-    @property
-    def bias_names(self) -> tuple[str, ...]:
-        return tuple(n for n in (self.roles["b_in"], self.roles["b_out"]) if n)
-
-    @property
-    def label(self) -> str:
-        return f"{self.site.name}:{self.group.name}"
-
-    def generators(self) -> list[sp.ImmutableMatrix]:
-        """Explicit Lie-algebra basis (concrete widths)."""
-        return self.group.generators()
-
-    def discrete_generators(self) -> list[sp.ImmutableMatrix]:
-        return [sp.ImmutableMatrix(g.to(torch.int64).tolist()) for g in self.group.discrete_generators()]
-
-    @cached_property
-    def conserved(self) -> ConservedQuantity | AngularMomentum | None:
-        """The symmetry's conserved quantities (symmetric generators) or angular momentum (antisymmetric)."""
-        if not self.group.is_continuous:
-            return None
-        syms, roles = self.symbols, self.roles
-        w_in, w_out = syms[roles["W_in"]], syms[roles["W_out"]]
-        b_in = syms[roles["b_in"]] if roles["b_in"] else None
-        alpha = sp.sympify(self.group.alpha)
-        if isinstance(self.group, Orthogonal):
-            velocities = {name: sp.MatrixSymbol(_dotted(s.name), *s.shape) for name, s in syms.items()}
-            x = w_in * velocities[roles["W_in"]].T - velocities[roles["W_out"]].T * w_out
-            if b_in is not None:
-                x = x + b_in * velocities[roles["b_in"]].T
-            return AngularMomentum(self, x - x.T, syms, velocities)
-        if self.group.element_format == "diagonal":
-            ones_in, ones_out = sp.OneMatrix(w_in.shape[1], 1), sp.OneMatrix(w_out.shape[0], 1)
-            expr = sp.HadamardProduct(w_in, w_in) * ones_in - alpha * sp.HadamardProduct(w_out, w_out).T * ones_out
-            if b_in is not None:
-                expr = expr + sp.HadamardProduct(b_in, b_in)
-        else:
-            expr = w_in * w_in.T - alpha * w_out.T * w_out
-            if b_in is not None:
-                expr = expr + b_in * b_in.T
-        return ConservedQuantity(self, expr, self.algebra_element, syms)
-
-    # -- lowering -------------------------------------------------------------------------------
-    @cached_property
-    def lowered_action(self) -> LoweredFunction:
-        """``(params, g) ↦ {name: transformed tensor}`` for the touched parameters."""
-        return lower(f"act_{self.site.name}_{self.group.symbol}", self.action, reads(self.symbols),
-                     args=[self.element], vector_outputs=self.bias_names, vector_inputs=self._vector_inputs)
-
-    @cached_property
-    def lowered_infinitesimal(self) -> LoweredFunction:
-        """``(params, M) ↦ {name: M·θ}``; ``M`` may carry leading batch dimensions."""
-        if not self.infinitesimal:
-            raise ValueError(f"{self.label} is discrete: it has no infinitesimal action")
-        return lower(f"tangent_{self.site.name}_{self.group.symbol}", self.infinitesimal, reads(self.symbols),
-                     args=[self.algebra_element], vector_outputs=self.bias_names, vector_inputs=self._vector_inputs)
-
-    @property
-    def _vector_inputs(self) -> list:
-        """Symbols passed as torch vectors: the biases and diagonal group/algebra elements."""
-        vectors = [self.symbols[n] for n in self.bias_names]
-        if self.group.element_format == "diagonal":
-            vectors += [self.element] + ([self.algebra_element] if self.algebra_element is not None else [])
-        return vectors
-
-    def apply(self, params: Mapping[str, torch.Tensor], g: torch.Tensor) -> dict[str, torch.Tensor]:
-        """All parameters after acting with group element ``g`` (untouched ones passed through).
-
-        ``g`` is checked to be a group element (an ``h × h`` matrix, or the positive diagonal vector for
-        positive scaling); anything else raises ``ValueError``.
-        """
-        self.group.check_element(g)
-        return {**params, **self.lowered_action(params, g)}
-
-    def apply_algebra(self, params, M: torch.Tensor) -> dict[str, torch.Tensor]:
-        """All parameters after acting with ``exp(M)`` for ``M`` in the Lie algebra (checked)."""
-        self.group.check_algebra_element(M)
-        return self.apply(params, self.group.exp(M))
-
-    def tangent(self, params, M: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The infinitesimal action ``M·θ`` on the touched parameters (``M`` checked, may be batched)."""
-        self.group.check_algebra_element(M)
-        return self.lowered_infinitesimal(params, M)
-
-    # -- printing -------------------------------------------------------------------------------
-    def latex(self) -> str:
-        op = self.site.op.replace("_", r"\_")
-        lines = [rf"\text{{site {self.site.name} ({op}):}}\ {self.group.latex()}"]
-        for name, expr in self.action.items():
-            lines.append(rf"{latex(self.symbols[name])} \mapsto {latex(expr)}")
-        for name, expr in self.infinitesimal.items():
-            lines.append(rf"\delta {latex(self.symbols[name])} = {latex(expr)}")
-        return r" \\ ".join(lines)
-
-    def __str__(self):
-        action = "; ".join(f"{self.symbols[n]} -> {sstr(e)}" for n, e in self.action.items())
-        return f"{self.label} (dim {self.group.dim}): {action}"
-
-    def _repr_latex_(self):
-        return f"$\\begin{{gathered}}{self.latex()}\\end{{gathered}}$"
-
-
-@dataclass(frozen=True, eq=False)
-class LogitTranslation:
-    """Translations of the logits along ``1``, a symmetry of softmax cross-entropy.
-
-    For the last layer ``y = W x + b`` (``W ∈ R^{m×n}``, torch layout), ``W ↦ W + 1 vᵀ`` and ``b ↦ b + t₀ 1``
-    add ``vᵀx + t₀`` to every logit of a sample, which softmax ignores. The group is ``R^k``, ``k = n + 1``
-    (``n`` without a bias), with element ``t = (v, t₀)``; the action is a translation, so ``M·θ`` is the same
-    shift. Each row of ``∂L/∂y`` sums to zero, so ``1ᵀ ∇_W L = 0`` and ``1ᵀ ∇_b L = 0``: the linear quantities
-    ``1ᵀ W`` and ``1ᵀ b`` are conserved by gradient flow and, being linear, exactly by gradient descent.
-    """
-
-    weight: str
-    bias: str | None
-    symbols: dict = field(repr=False)
-    group: Translations
-
-    @property
-    def label(self) -> str:
-        return f"y:{self.group.name}"
-
-    def _shift(self, params, t: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``{W: 1 vᵀ, b: t₀ 1}`` for ``t`` of shape ``(..., k)``."""
-        W = params[self.weight]
-        n = W.shape[1]
-        shift = {self.weight: t[..., None, :n].expand(*t.shape[:-1], *W.shape)}
-        if self.bias:
-            shift[self.bias] = t[..., n:].expand(*t.shape[:-1], W.shape[0])
-        return shift
-
-    def apply(self, params: Mapping[str, torch.Tensor], t: torch.Tensor) -> dict[str, torch.Tensor]:
-        """All parameters after the translation by ``t`` (checked: a finite vector of length ``k``)."""
-        self.group.check_element(t)
-        return {**params, **{name: params[name] + change for name, change in self._shift(params, t).items()}}
-
-    def tangent(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``M·θ`` for ``M`` of shape ``(..., k)`` (a batch of Lie-algebra elements)."""
-        return self._shift(params, M)
-
-    @cached_property
-    def conserved(self):
-        """The linear quantities ``1ᵀ W`` and ``1ᵀ b`` (a :class:`~symalg.symbolic.model_derive.ModelConserved`)."""
-        from symalg.symbolic.model_derive import ModelConserved
-
-        W = self.symbols[self.weight]
-        ones = sp.OneMatrix(1, W.shape[0])
-        exprs = {"ell_W": ones * W}
-        reads = {W: self.weight}
-        if self.bias:
-            exprs["ell_b"] = ones * self.symbols[self.bias]
-            reads[self.symbols[self.bias]] = self.bias
-        vectors = (self.symbols[self.bias],) if self.bias else ()
-        return ModelConserved("ell_y", "linear", exprs, reads, {}, vectors)
-
-    def latex(self) -> str:
-        W = self.symbols[self.weight]
-        parts = [rf"\text{{logits (softmax cross-entropy)}}:\ {self.group.latex()}",
-                 rf"{latex(W)} \mapsto {latex(W)} + \mathbf{{1}} v^T"]
-        if self.bias:
-            parts.append(rf"{latex(self.symbols[self.bias])} \mapsto {latex(self.symbols[self.bias])} + t_0 \mathbf{{1}}")
-        return r" \\ ".join(parts)
-
-    def __str__(self):
-        W = self.symbols[self.weight]
-        moved = [f"{W} -> {W} + 1*v.T"] + ([f"{self.symbols[self.bias]} -> {self.symbols[self.bias]} + t0*1"]
-                                          if self.bias else [])
-        return f"{self.label} (dim {self.group.dim}): {'; '.join(moved)}; conserved: {self.conserved}"
-
-
-def _logit_translation(arch: Architecture, symbols: dict) -> LogitTranslation:
-    last = arch.node(arch.linear_layers[-1])
-    width = sp.sympify(last["in_features"]) + (1 if last["bias"] else 0)
-    return LogitTranslation(last["weight"], last["bias"], symbols, Translations(width, "logits along 1"))
-
-
-def _dotted(name: str) -> str:
-    """The velocity's symbol name: ``W_1`` → ``\\dot{W}_{1}``."""
-    base, _, index = name.partition("_")
-    return rf"\dot{{{base}}}_{{{index}}}"
-
-
-def _symmetry(arch: Architecture, site: Site, group: SiteGroup, symbols: dict, entry: CatalogueEntry) -> Symmetry:
-    producer, consumer = arch.node(site.producer), arch.node(site.consumer)
-    roles = {"W_in": producer["weight"], "b_in": producer["bias"], "W_out": consumer["weight"], "b_out": consumer["bias"]}
-    touched = {name: symbols[name] for name in roles.values() if name}
-    role_symbol = {role: symbols[name] if name else None for role, name in roles.items()}
-    g = group.element_symbol(f"g_{site.index}" if group.element_format == "matrix" else f"d_{site.index}")
-    action = {roles[role]: expr for role, expr in group.site_action(g, **{k.lower(): v for k, v in role_symbol.items()}).items()}
-    infinitesimal, M = {}, None
-    if group.is_continuous:
-        M = group.element_symbol(f"M_{site.index}" if group.element_format == "matrix" else f"m_{site.index}")
-        M_op = group.as_operator(M)
-        infinitesimal = {roles["W_in"]: M_op * role_symbol["W_in"],
-                         roles["W_out"]: -sp.sympify(group.alpha) * role_symbol["W_out"] * M_op}
-        if roles["b_in"]:
-            infinitesimal[roles["b_in"]] = M_op * role_symbol["b_in"]
-    params = tuple(sorted(site.params.items()))
-    checks = symbolic_checks(entry, group, params)
-    return Symmetry(site, group, touched, g, action, M, infinitesimal, checks, roles)
-
+__all__ = ["Analysis", "derive"]
 
 
 @dataclass(frozen=True, eq=False)
 class Analysis:
-    """Everything derived for one architecture; every stage's output is kept.
+    """Everything derived for one model: its symmetries, what was blocked and why, and how it was checked.
 
     Attributes
     ----------
-    architecture, catalogue : the inputs.
-    sites : the hidden sites with their groups; ``blocked`` : what could not be claimed and why.
-    symmetries : one :class:`Symmetry` per (site, group).
-    symbols : ``{parameter name: MatrixSymbol}`` for every parameter.
-    loss : ``"mse"`` or ``"cross_entropy"``; ``translations`` the :class:`LogitTranslation` of the latter.
+    model_graph : the graph derived from (:class:`~symalg.ir.graph.ModelGraph`).
+    symmetries : one :class:`~symalg.symbolic.symmetry.Symmetry` per group and site class.
+    blocked : :class:`~symalg.symbolic.inference.Blocked` notes naming the node that removed each group.
+    sites : the inference result (site classes, permutation classes).
+    loss : ``"mse"`` or ``"cross_entropy"``; ``catalogue`` and ``strict`` as given to :func:`derive`.
+    certification : the measured error of every inferred claim, kept or removed
+        (:class:`~symalg.verification.certification.ClaimError`), or ``None`` when nothing was run (``certify=False``,
+        or symbolic widths: there is no model to run, and the claims rest on the symbolic checks).
     """
 
-    architecture: Architecture
-    catalogue: Mapping
-    sites: tuple[Site, ...]
-    blocked: tuple[Blocked, ...]
+    model_graph: ModelGraph
     symmetries: tuple[Symmetry, ...]
-    symbols: dict
+    blocked: tuple[Blocked, ...]
+    sites: ModelSites = field(repr=False)
     loss: str = "mse"
-    translations: tuple[LogitTranslation, ...] = ()
+    catalogue: Mapping = field(default_factory=lambda: CATALOGUE, repr=False)
+    strict: bool = True
+    certification: tuple[ClaimError, ...] | None = field(default=None, repr=False)
 
-    def conserved_quantities(self) -> list[ConservedQuantity]:
-        """Quadratic conserved quantities of gradient flow, one family per continuous symmetry."""
-        return [s.conserved for s in self.symmetries if isinstance(s.conserved, ConservedQuantity)]
+    @property
+    def certified(self) -> bool:
+        """True when every reported symmetry passed numerical certification."""
+        return self.certification is not None
 
-    def angular_momenta(self) -> list[AngularMomentum]:
-        """The angular-momentum relations of antisymmetric (orthogonal) symmetries."""
-        return [s.conserved for s in self.symmetries if isinstance(s.conserved, AngularMomentum)]
+    @property
+    def architecture(self) -> Architecture | None:
+        """The spec the graph was emitted from (``None`` for a traced model)."""
+        source = self.model_graph.source
+        return source if isinstance(source, Architecture) else None
 
-    def conserved_count(self) -> sp.Expr:
-        """Number of symmetric generators over the whole network: one quadratic quantity each."""
-        return sp.Add(*[q.count for q in self.conserved_quantities()])
-
-    def independent_conserved(self, params: Mapping[str, torch.Tensor] | None = None):
-        """Number of *functionally independent* conserved quantities: a formula at generic θ
-        (``params=None``) or the numeric rank at ``params``. Below :meth:`conserved_count` when a
-        linear site is wider than its neighbours together (the entries of ``C`` are then related)."""
-        from symalg.symbolic.orbit import independent_conserved_formula, independent_conserved_rank
-
-        if params is None:
-            return independent_conserved_formula(self)
-        return independent_conserved_rank(self._at_widths_of(params), params)
-
-    def _at_widths_of(self, params: Mapping[str, torch.Tensor]) -> "Analysis":
-        """This analysis at the widths of ``params`` (checked: names, shapes, finiteness)."""
-        widths = self.architecture.widths_from_params(params)
-        return self.subs({str(k): v for k, v in widths.items()}) if widths else self
+    @property
+    def widths(self) -> set[sp.Symbol]:
+        """The symbolic widths (empty for concrete models)."""
+        return self.model_graph.widths
 
     @property
     def continuous(self) -> list[Symmetry]:
         return [s for s in self.symmetries if s.group.is_continuous]
 
+    def conserved_quantities(self) -> list[ModelConserved]:
+        """The conserved quantities of gradient flow, one family per continuous symmetry that has one."""
+        return [s.conserved for s in self.symmetries if s.conserved is not None]
+
     def orbit_dimension(self, params: Mapping[str, torch.Tensor] | None = None):
         """Dimension of the group orbit through θ.
 
-        ``params=None``: the formula in the widths at generic parameters (a SymPy expression);
-        otherwise the numeric rank of the infinitesimal action ``M ↦ M·θ`` at ``params`` (an int).
+        ``params=None``: the generic value, a formula in the widths (a SymPy expression; an integer at concrete
+        widths). Otherwise the certified numeric rank of ``M ↦ M·θ`` at ``params``
+        (:class:`~symalg.numeric.orbit_rank.OrbitDimension`, with its certificate); symbolic widths are read from
+        the shapes of ``params``.
         """
-        from symalg.symbolic.orbit import orbit_dimension_formula, orbit_rank
-
         if params is None:
-            return orbit_dimension_formula(self)
-        return orbit_rank(self._at_widths_of(params), params)
+            if self.model_graph.tracer == "spec":
+                return orbit_dimension_formula(self)
+            return model_orbit_dimension_formula(self)
+        return model_orbit_dimension(self.at_widths_of(params), params)
 
-    def lower(self) -> "LoweredAnalysis":
-        """Torch callables for every action, infinitesimal action, conserved quantity and relation."""
-        return LoweredAnalysis(self)
+    def independent_conserved(self, params: Mapping[str, torch.Tensor] | None = None):
+        """Number of *functionally independent* conserved quantities: a formula at generic θ (``params=None``,
+        spec chains) or the numeric rank of ``M ↦ M·θ`` on the symmetric generators at ``params``. Below the
+        number of symmetric generators when a linear site is wider than its neighbours together."""
+        if params is None:
+            return independent_conserved_formula(self)
+        return independent_conserved_rank(self.at_widths_of(params), params)
+
+    def at_widths_of(self, params: Mapping[str, torch.Tensor]) -> "Analysis":
+        """This analysis at the widths of ``params`` (itself when its widths are concrete)."""
+        if not self.widths:
+            return self
+        arch = self.model_graph.source
+        return self.subs({str(k): v for k, v in arch.widths_from_params(params).items()})
 
     def subs(self, widths: Mapping) -> "Analysis":
-        """The same analysis at concrete widths."""
-        return derive(self.architecture.subs(widths), self.catalogue, loss=self.loss)
+        """The same derivation at concrete widths, e.g. ``subs({"h": 5})`` (names or symbols as keys)."""
+        arch = self.model_graph.source
+        if not isinstance(arch, Architecture):
+            raise SpecError("subs: this analysis has concrete widths (a traced model); there is nothing to substitute")
+        return derive(arch.subs(widths), self.catalogue, self.strict, self.loss, certify=self.certified or not
+                      arch.subs(widths).widths)
+
+    def lower(self) -> dict[str, LoweredFunction]:
+        """Torch callables for every conserved quantity: ``{name: f}`` with ``f(params)`` the values and
+        ``f.source`` the generated code (actions are torch already: :meth:`Symmetry.apply`)."""
+        return {q.name: q.lowered for q in self.conserved_quantities()}
 
     def latex(self) -> str:
-        parts = [s.latex() for s in self.symmetries] + [t.latex() for t in self.translations]
-        parts += [q.latex() for q in self.conserved_quantities()] + [j.latex() for j in self.angular_momenta()]
-        return r" \\ ".join(parts)
+        rows = [s.latex() for s in self.symmetries]
+        rows += [q.latex() for q in self.conserved_quantities()]
+        return "\\begin{align*}\n" + " \\\\\n".join(f"& {r}" for r in rows) + "\n\\end{align*}"
 
     def _repr_latex_(self):
-        return f"$\\begin{{gathered}}{self.latex()}\\end{{gathered}}$"
+        return self.latex()
+
+    def table(self) -> list[tuple[str, str, object]]:
+        """``(site, group name, Lie-algebra dimension)`` for every symmetry."""
+        return [(s.site, s.group.name, s.group.dim) for s in self.symmetries]
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable summary: model, symmetries (group, site, dimension, tensors moved, conserved
+        quantity), blocked notes, orbit dimension and certification."""
+        try:
+            orbit = str(self.orbit_dimension())
+        except NotImplementedError as error:
+            orbit = f"no closed form: {error}"
+        return {
+            "model": self._name(), "loss": self.loss,
+            "symmetries": [{"group": s.group.name, "site": s.site, "members": list(s.members), "dimension": str(s.group.dim),
+                            "continuous": bool(s.group.is_continuous), "tensors": list(s.tensors),
+                            "conserved": None if s.conserved is None else str(s.conserved)} for s in self.symmetries],
+            "blocked": [{"node": b.node, "site": b.site, "reason": b.reason} for b in self.blocked],
+            "orbit_dimension": orbit,
+            "certification": None if self.certification is None else [
+                {"symmetry": e.symmetry.label, "error": e.error, "holds": e.holds} for e in self.certification],
+        }
+
+    def _name(self) -> str:
+        source = self.model_graph.source
+        if isinstance(source, Architecture):
+            return repr(to_spec_string(source))
+        return type(self.model_graph.model).__name__ if self.model_graph.model is not None else "graph"
+
+    def __repr__(self) -> str:
+        return f"Analysis({self._name()}: {', '.join(s.label for s in self.symmetries) or 'no symmetry'})"
 
     def __str__(self):
-        from symalg.symbolic.report import describe
+        lines = [str(s) for s in self.symmetries]
+        lines += [f"blocked: {b}" for b in self.blocked]
+        lines.append(self.certification_summary())
+        return "\n".join(lines)
 
-        return describe(self)
-
-
-@dataclass(frozen=True, eq=False)
-class LoweredAnalysis:
-    """The torch side of an :class:`Analysis` (each callable keeps its ``.source``)."""
-
-    analysis: Analysis
-
-    @property
-    def actions(self) -> dict[str, LoweredFunction]:
-        return {s.label: s.lowered_action for s in self.analysis.symmetries}
-
-    @property
-    def infinitesimal_actions(self) -> dict[str, LoweredFunction]:
-        return {s.label: s.lowered_infinitesimal for s in self.analysis.continuous}
-
-    @property
-    def conserved_quantities(self) -> dict[str, ConservedQuantity]:
-        """``{name: q}`` with ``q(params)`` the tensor of quantities (source in ``q.lowered.source``)."""
-        return {q.name: q for q in self.analysis.conserved_quantities()}
-
-    @property
-    def angular_momenta(self) -> dict[str, AngularMomentum]:
-        """``{name: J}`` with ``J(params, velocity)`` the antisymmetric matrix (``J.lowered.source``)."""
-        return {j.name: j for j in self.analysis.angular_momenta()}
-
-    def source(self) -> str:
-        """All generated torch source, for inspection."""
-        functions = [*self.actions.values(), *self.infinitesimal_actions.values(),
-                     *(q.lowered for q in self.conserved_quantities.values()),
-                     *(j.lowered for j in self.angular_momenta.values())]
-        return "\n\n".join(f.source for f in functions)
+    def certification_summary(self) -> str:
+        """One line: how many claims were certified, the worst kept error, how many failed."""
+        if self.certification is None:
+            why = ("symbolic widths: nothing to run; the claims rest on the symbolic checks" if self.widths else
+                   "certify=False: the symmetries above are inferred, not checked numerically")
+            return f"certification: none ({why})"
+        kept = [e.error for e in self.certification if e.holds]
+        failed = len(self.certification) - len(kept)
+        return (f"certification: {len(kept)} of {len(self.certification)} claims hold numerically (worst relative "
+                f"error {max(kept, default=0.0):.1e}, tolerance {CERTIFICATION_TOLERANCE:.0e})"
+                + (f"; {failed} failed (blocked)" if failed else ""))
 
 
-def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse", certify: bool = True):
-    """Run inference and the symbolic derivation for an architecture (or anything :func:`parse` takes).
-
-    A traced model (:class:`~symalg.frontend.tracing.ModelGraph`) goes to :func:`~symalg.symbolic.model_derive.derive_model`
-    with ``loss`` (``"mse"`` or ``"cross_entropy"``) and ``certify`` and returns a
-    :class:`~symalg.symbolic.model_derive.ModelAnalysis`: with ``certify`` (the default) every claim is checked
-    numerically on the model first and one that fails is blocked ("failed numerical certification");
-    ``certify=False`` keeps the raw inferred claims. Spec architectures have no weights to run: their
-    claims are checked symbolically (``strict``) and ``certify`` does not apply to them. For a chain,
-    ``loss="cross_entropy"`` adds the :class:`LogitTranslation` of the last layer (``analysis.translations``).
-
-    ``catalogue`` defaults to the one the architecture was parsed with (the built-in one for strings).
-    With ``strict`` (the default) a declared symmetry that a symbolic check *disproves* is not claimed
-    but listed in ``analysis.blocked``; ``strict=False`` keeps it (e.g. to watch the verifier fail).
-    Both pipelines run the same cached checks (:mod:`symalg.checks`).
-
-    Arguments of the wrong type (``strict="yes"``, a catalogue that is not a mapping, an unknown loss)
-    raise ``SpecError`` naming the argument.
-    """
-    from symalg.frontend.spec import parse
-    from symalg.symbolic.model_derive import derive_model
-    from symalg.symbolic.inference import check_loss
-    from symalg.frontend.tracing import ModelGraph
-
+def _check_arguments(catalogue, strict, loss, certify) -> None:
     if not isinstance(strict, bool):
         raise SpecError(f"derive: strict must be True or False, got {strict!r}")
-    if catalogue is not None and not isinstance(catalogue, Mapping):
-        raise SpecError(f"derive: catalogue must be a mapping of activation names to CatalogueEntry (e.g. "
-                        f"symalg.overlay({{...}})), got {type(catalogue).__name__}")
     if not isinstance(certify, bool):
         raise SpecError(f"derive: certify must be True or False, got {certify!r}")
     check_loss(loss, "derive")
-    if catalogue is not None:
-        wrong = [key for key, entry in catalogue.items() if not isinstance(entry, CatalogueEntry)]
-        if wrong:
-            raise SpecError(f"derive: catalogue entry {wrong[0]!r} is a {type(catalogue[wrong[0]]).__name__}, "
-                            "not a CatalogueEntry")
-    if isinstance(arch, ModelGraph):
-        return derive_model(arch, CATALOGUE if catalogue is None else catalogue, loss, strict, certify)
-    if isinstance(arch, Architecture):
-        catalogue = catalogue if catalogue is not None else (arch.catalogue or CATALOGUE)
-    else:
+    if catalogue is None:
+        return
+    if not isinstance(catalogue, Mapping):
+        raise SpecError(f"derive: catalogue must be a mapping of activation names to CatalogueEntry (e.g. "
+                        f"symalg.overlay({{...}})), got {type(catalogue).__name__}")
+    wrong = [key for key, entry in catalogue.items() if not isinstance(entry, CatalogueEntry)]
+    if wrong:
+        raise SpecError(f"derive: catalogue entry {wrong[0]!r} is a {type(catalogue[wrong[0]]).__name__}, "
+                        "not a CatalogueEntry")
+
+
+def derive(model, catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse",
+           certify: bool = True) -> Analysis:
+    """Derive the symmetries of ``model``: a spec (string, :class:`~symalg.frontend.spec.Spec`,
+    :class:`~symalg.ir.architecture.Architecture`) or a graph (:func:`symalg.trace`, :func:`symalg.to_graph`).
+
+    ``loss``: ``"mse"`` (every output is fixed) or ``"cross_entropy"`` (the first output is logits, free to move
+    along ``1``). ``catalogue``: the activation entries (default: the spec's own, else the built-in one).
+    ``strict``: a declared group that a symbolic check disproves is blocked, not claimed (``False`` keeps it,
+    e.g. to watch the verifier fail). ``certify``: check every claim numerically on the model first
+    (:func:`~symalg.verification.certification.claim_errors`: ``max_x,g |F(g·θ, x) − F(θ, x)| / |F(θ, x)|`` over
+    every output, group elements near and far from the identity, discrete generators, fresh inputs, buffers
+    included, float64); a claim above :data:`~symalg.verification.certification.CERTIFICATION_TOLERANCE` becomes a
+    ``Blocked`` note "failed numerical certification". A traced model needs its example inputs for that; a spec
+    at concrete widths runs its generated module; a spec with symbolic widths has nothing to run (its claims
+    rest on the symbolic checks, ``certification`` is ``None``). Arguments of the wrong type raise ``SpecError``
+    naming the argument.
+    """
+    _check_arguments(catalogue, strict, loss, certify)
+    if isinstance(model, ModelGraph):
+        graph = model
         catalogue = CATALOGUE if catalogue is None else catalogue
-        arch = parse(arch, catalogue=catalogue)
-    sites, blocked = infer_sites(arch, catalogue)
-    symbols = parameter_symbols(arch)
-    symmetries, disproved = [], []
-    for site in sites:
-        for group in site.groups:
-            symmetry = _symmetry(arch, site, group, symbols, catalogue[site.op])
-            reason = disproof(site.op, group, symmetry.checks)
-            if strict and reason:
-                disproved.append(Blocked(site.activation_node, site.name, reason))
-            else:
-                symmetries.append(symmetry)
-    translations = (_logit_translation(arch, symbols),) if loss == "cross_entropy" else ()
-    return Analysis(arch, catalogue, sites, blocked + tuple(disproved), tuple(symmetries), symbols, loss, translations)
+    elif isinstance(model, torch.nn.Module):
+        raise SpecError(f"derive: got a {type(model).__name__} module; trace it first with "
+                        "symalg.trace(model, example_inputs)")
+    else:
+        if catalogue is None:
+            catalogue = (model.catalogue if isinstance(model, Architecture) else None) or CATALOGUE
+        graph = to_graph(model, catalogue)
+    if certify and graph.model is not None and graph.example_inputs is None:
+        raise SpecError("derive: the model was traced without example_inputs, so its claims cannot be certified "
+                        "numerically; trace it with symalg.trace(model, example_inputs) or pass certify=False for "
+                        "uncertified claims")
+    sites = infer_model(graph, catalogue, loss, strict)
+    shapes = graph.shapes
+    origins = {}  # symmetry -> ("class", class name, kind) or ("permutation", class name): what certification removes
+    for cls in sites.classes:
+        for kind in cls.kinds:
+            if kind in ("T", "T1"):
+                families = tuple(t[2] for t in cls.translations if t[0] == kind)
+                group = Translations(sum(f.count(shapes) for f in families), "bias" if kind == "T" else "along 1")
+                origins[Symmetry(cls.name, cls.members, group, (), shapes, families)] = ("class", cls.name, kind)
+                continue
+            group = _group(kind, cls.width, cls.alpha)
+            shifts = cls.shifts if kind == "SF" else ()
+            if shifts:
+                group = SignFlips(cls.width, center=_number(shifts[0][2]))
+            if group.is_continuous or not isinstance(group, Permutations) or cls.width != 1:  # S(1) is trivial
+                symmetry = Symmetry(cls.name, cls.members, group, cls.bindings, shapes, shifts=shifts)
+                origins[symmetry] = ("class", cls.name, kind)
+    for perm in sites.permutations:
+        origins[Symmetry(perm.name, perm.members, Permutations(perm.width), perm.bindings, shapes)] = \
+            ("permutation", perm.name)
+    analysis = Analysis(graph, tuple(origins), sites.blocked, sites, loss, catalogue, strict)
+    return _certified(analysis, origins) if certify and graph.model is not None else analysis
+
+
+def _certified(analysis: Analysis, origins: Mapping) -> Analysis:
+    """``analysis`` without the claims that fail :func:`~symalg.verification.certification.claim_errors`: they leave
+    ``symmetries`` and ``sites`` (their kind, translations, shifts or permutation class), hence every
+    conserved quantity, orbit dimension and table, and become blocked notes with their measured error."""
+    errors = tuple(claim_errors(analysis))
+    failed = [e for e in errors if not e.holds]
+    if not failed:
+        return replace(analysis, certification=errors)
+    notes = tuple(Blocked(e.symmetry.site, e.symmetry.site,
+                          f"{e.symmetry.group.name} failed numerical certification: relative error {e.error:.1e} on "
+                          f"output {e.output!r} under {e.element}") for e in failed)
+    gone = {origins[e.symmetry] for e in failed}
+    sites = analysis.sites
+    classes = tuple(replace(c, kinds=tuple(k for k in c.kinds if ("class", c.name, k) not in gone),
+                            translations=tuple(t for t in c.translations if ("class", c.name, t[0]) not in gone),
+                            shifts=() if ("class", c.name, "SF") in gone else c.shifts) for c in sites.classes)
+    permutations = tuple(p for p in sites.permutations if ("permutation", p.name) not in gone)
+    removed = {e.symmetry for e in failed}
+    return replace(analysis, symmetries=tuple(s for s in analysis.symmetries if s not in removed),
+                   blocked=analysis.blocked + notes, certification=errors,
+                   sites=replace(sites, classes=classes, permutations=permutations, blocked=sites.blocked + notes))

@@ -23,7 +23,7 @@ kind    group
 
 A site's group is the largest kind allowed by every op touching it; an op the rules do not know
 restricts every site it touches to the kinds under which its input is invariant (usually none), and
-each removal is recorded as a :class:`~symalg.symbolic.chain_inference.Blocked` note naming the node.
+each removal is recorded as a :class:`~symalg.symbolic.inference.Blocked` note naming the node.
 
 >>> import torch, symalg
 >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
@@ -46,8 +46,7 @@ from symalg.catalogue.bindings import Binding
 from symalg.catalogue.activations import CATALOGUE
 from symalg.errors import SpecError
 from symalg.ir.architecture import at_least
-from symalg.symbolic.chain_inference import Blocked
-from symalg.frontend.tracing import ModelGraph
+from symalg.ir.graph import ModelGraph
 
 __all__ = ["Segment", "Label", "SiteClass", "ModelSites", "Inference", "infer_model", "KINDS"]
 
@@ -59,6 +58,18 @@ ALL = frozenset(KINDS)
 DIAGONAL_MOVES = frozenset({"PS", "SF"})
 """Kinds that rescale the diagonal of a diagonal map reading the site (a norm's gain absorbs them)."""
 TRANSLATIONS = frozenset({"T", "T1"})
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """A symmetry that could not be claimed: the node responsible, the site, and why."""
+
+    node: str
+    site: str
+    reason: str
+
+    def __str__(self):
+        return f"{self.site} (node {self.node}): {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -170,8 +181,7 @@ class Inference:
         """``{tensor: node}``: parameters read by an op the rules do not know; no action may move them."""
         self.pinned: list[tuple[Binding, str]] = []
         """``(region, node)``: tensor regions ``node`` reads against values nothing acts on (see :meth:`pin`)."""
-        self.shapes = {**{k: tuple(v.shape) for k, v in model_graph.model.named_parameters()},
-                       **{k: tuple(v.shape) for k, v in model_graph.model.named_buffers()}}
+        self.shapes = model_graph.shapes
 
     # -- sites ----------------------------------------------------------------------------------
     def new_site(self, node: str, width: int, bindings=(), name: str | None = None,

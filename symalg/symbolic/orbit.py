@@ -39,9 +39,9 @@ import sympy as sp
 import torch
 
 from symalg.frontend.grammar import refuse_text
-from symalg.catalogue.groups import GeneralLinear, Orthogonal
+from symalg.catalogue.groups import GeneralLinear, Orthogonal, Translations
 
-__all__ = ["orbit_dimension_formula", "orbit_rank", "action_matrix", "gl_chain_kernel_dimension",
+__all__ = ["orbit_dimension_formula", "action_matrix", "gl_chain_kernel_dimension",
            "independent_conserved_formula", "independent_conserved_rank"]
 
 
@@ -69,10 +69,10 @@ def gl_chain_kernel_dimension(widths: list, biases: list) -> sp.Expr:
 def orbit_dimension_formula(analysis) -> sp.Expr:
     """Generic orbit dimension of ``analysis`` as a SymPy expression in the widths."""
     widths, has_bias = _widths_and_biases(analysis)
-    continuous = {s.site.index: s.group for s in analysis.continuous}
+    continuous = _continuous_by_site(analysis)
     total = sp.Add(*[g.dim for g in continuous.values()])
     soft = lambda k: isinstance(continuous.get(k), (GeneralLinear, Orthogonal))  # noqa: E731
-    k, n_sites = 1, len(analysis.sites)
+    k, n_sites = 1, len(widths) - 2
     while k <= n_sites:
         if not soft(k):
             k += 1
@@ -92,7 +92,7 @@ def orbit_dimension_formula(analysis) -> sp.Expr:
             raise NotImplementedError(f"no closed-form orbit dimension for adjacent sites {names} mixing O(h) with "
                                       "other continuous groups; use orbit_dimension(params) for the numeric rank")
         k = end + 1
-    for translation in analysis.translations:
+    for translation in _translations(analysis):
         # W ↦ W + 1vᵀ, b ↦ b + t₀1 moves no other parameter; a scaling or discrete last site moves W only by
         # −W diag(m) together with rows upstream, so the two are independent; a GL or O site can cancel them
         if soft(n_sites):
@@ -103,10 +103,23 @@ def orbit_dimension_formula(analysis) -> sp.Expr:
 
 
 def _widths_and_biases(analysis):
-    arch = analysis.architecture
+    """``[n, h_1, …, m]`` and which linear layers have a bias, for an analysis of a spec chain."""
+    arch = analysis.model_graph.source
+    if analysis.model_graph.tracer != "spec":
+        raise NotImplementedError("the closed-form chain formulas need a spec chain")
     layers = [arch.node(name) for name in arch.linear_layers]
     widths = [sp.sympify(layers[0]["in_features"])] + [sp.sympify(layer["out_features"]) for layer in layers]
     return widths, [layer["bias"] is not None for layer in layers]
+
+
+def _continuous_by_site(analysis) -> dict:
+    """``{k: group}``: the continuous group on hidden site ``k`` (1-based; produced by the ``k``-th linear layer)."""
+    index = {name: k for k, name in enumerate(analysis.model_graph.source.linear_layers, start=1)}
+    return {index[s.site]: s.group for s in analysis.continuous if not isinstance(s.group, Translations)}
+
+
+def _translations(analysis) -> list:
+    return [s for s in analysis.symmetries if isinstance(s.group, Translations)]
 
 
 def independent_conserved_formula(analysis) -> sp.Expr:
@@ -119,7 +132,7 @@ def independent_conserved_formula(analysis) -> sp.Expr:
     Adjacent ``GL`` sites couple; there only :func:`independent_conserved_rank` applies.
     """
     widths, has_bias = _widths_and_biases(analysis)
-    continuous = {s.site.index: s.group for s in analysis.continuous}
+    continuous = _continuous_by_site(analysis)
     total = sp.Integer(0)
     for k, group in continuous.items():
         if isinstance(group, Orthogonal):
@@ -138,7 +151,6 @@ def independent_conserved_formula(analysis) -> sp.Expr:
 
 def independent_conserved_rank(analysis, params: Mapping[str, torch.Tensor]) -> int:
     """Numeric count of functionally independent conserved quantities at ``params``."""
-    analysis.architecture.widths_from_params(params)
     matrix = action_matrix(analysis, {k: v.detach() for k, v in params.items()}, symmetric=True)
     return int(torch.linalg.matrix_rank(matrix).item()) if matrix.numel() else 0
 
@@ -147,11 +159,11 @@ def action_matrix(analysis, params: Mapping[str, torch.Tensor], symmetric: bool 
     """The matrix of ``M ↦ M·θ`` over the Lie-algebra bases of all continuous symmetries (only
     their symmetric elements when ``symmetric``): one row per basis generator, one column per
     parameter entry (all parameters, flattened)."""
-    names = list(analysis.architecture.parameter_shapes)
+    names = list(analysis.model_graph.parameter_shapes)
     reference = params[names[0]]
     total = sum(params[n].numel() for n in names)
     rows = []
-    for symmetry in [*analysis.continuous, *analysis.translations]:
+    for symmetry in analysis.continuous:
         group = symmetry.group
         basis = (group.symmetric_basis if symmetric else group.algebra_basis)(reference.dtype, reference.device)
         if basis.shape[0] == 0:
@@ -168,10 +180,3 @@ def action_matrix(analysis, params: Mapping[str, torch.Tensor], symmetric: bool 
     if not rows:
         return torch.zeros(0, total, dtype=reference.dtype, device=reference.device)
     return torch.cat(rows)
-
-
-def orbit_rank(analysis, params: Mapping[str, torch.Tensor]) -> int:
-    """Numeric orbit dimension at ``params``: the rank of :func:`action_matrix` (SVD, default tolerance)."""
-    analysis.architecture.widths_from_params(params)
-    matrix = action_matrix(analysis, {k: v.detach() for k, v in params.items()})
-    return int(torch.linalg.matrix_rank(matrix).item()) if matrix.numel() else 0

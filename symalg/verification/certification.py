@@ -35,7 +35,7 @@ from torch.func import functional_call
 
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, SignFlips
 from symalg.frontend.outputs import output_tensors
-from symalg.verification.verifier import relative_error
+from symalg.verification.checks import relative_error
 
 __all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "assert_claims_hold", "claim_errors", "fresh_inputs", "output_change", "sample_elements"]
 

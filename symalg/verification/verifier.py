@@ -1,450 +1,304 @@
-"""Numerical verification of an :class:`~symalg.symbolic.derive.Analysis`, returning a report (never asserting).
+"""Numerical verification of a :class:`~symalg.symbolic.derive.Analysis` on the model itself.
 
-Checks, each reported per symmetry with its maximum relative error and the tolerance of the dtype:
+The traced model is run with ``torch.func.functional_call`` on moved parameters and buffers, so every
+check is on the real ``forward``, not on a re-implementation. Checks per symmetry (results, never
+assertions):
 
 ``invariance``
-    output and loss unchanged under group elements near (``exp(10⁻³ M)``) and far (``exp(M)``,
-    ``‖M‖ = 1``) from the identity, under every discrete generator, and (for ``GL``/``O``) under an
-    element of the other component.
+    every output (tuples, dicts, dataclasses, Hugging-Face-style output objects:
+    :func:`~symalg.frontend.outputs.output_tensors`) and the loss unchanged under the elements of
+    :func:`~symalg.verification.certification.sample_elements` (``exp(10⁻³ M)``, ``exp(M)`` with ``‖M‖ = 1``, every
+    discrete generator, the other component of ``GL``/``O``). For ``cross_entropy`` the first output is
+    compared as ``softmax(logits)``.
 ``gradient_orthogonality``
-    ``⟨∇L, M·θ⟩ = 0`` for every Lie-algebra basis generator, relative to ``‖∇L‖ ‖M·θ‖``.
+    ``⟨∇L, M·θ⟩ = 0`` for every Lie-algebra basis element (at most ``max_generators``, then random
+    combinations), relative to ``‖∇L‖ ‖M·θ‖``; skipped for actions that move buffers.
 ``gd_drift``
-    one gradient-descent step ``θ' = θ − η ∇L`` changes ``C`` by exactly ``η² C(∇L)``.
+    one gradient-descent step ``θ' = θ − η∇L`` changes each quadratic quantity by exactly
+    ``η² C(∇L)`` and leaves each linear one unchanged.
 ``gradient_flow``
-    ``C`` stays constant along gradient flow (RK4, steps scaled to the gradient).
-``angular_momentum``
-    for ``O(h)``: under heavy-ball dynamics ``θ̈ + γθ̇ = −∇L`` the angular momentum ``J(θ, θ̇)`` decays
-    exactly as ``e^{−γt}`` (conserved for ``γ = 0``).
-``orbit_dimension``
-    the formula at the model's widths equals the numeric rank at θ (skipped where no formula exists).
+    each conserved quantity stays constant along gradient flow ``θ̇ = −∇L(θ)``, integrated on the model
+    by the core's RK4 (``flow_steps`` steps, each moving ``θ`` by at most ``min(10⁻⁴, √(tol/steps))``
+    relative: small enough for steps across ReLU kinks, see :func:`_gradient_flow`); buffers are
+    passed along unchanged (training-mode running statistics are updated on copies).
 ``lowering``
-    lowered callables agree with SymPy's exact evaluation (small models only).
+    each lowered conserved quantity equals SymPy's exact evaluation of its expressions at the same
+    numbers (:func:`symalg.verification.verifier.compare_to_sympy`). Every symbol holds its tensor unfolded by its read
+    suffix, as the lowered code reads it, so the check covers the printed expression. Skipped for a
+    quantity reading more than ``symbolic_limit`` entries (exact rational arithmetic on explicit
+    matrices grows with their size).
 
->>> import symalg
->>> report = symalg.verify(symalg.derive("linear(3, 4) -> relu -> linear(4, 2)"))
->>> report.passed, sorted({c.check for c in report.checks})
-(True, ['gd_drift', 'gradient_flow', 'gradient_orthogonality', 'invariance', 'lowering', 'orbit_dimension'])
+``orbit_dimension``
+    the orbit dimension at the verified parameters, computed with the structure of the action
+    (:func:`symalg.numeric.orbit_rank.model_orbit_dimension`), equals its generic formula and the dense
+    Jacobian's rank (the latter where that Jacobian fits in ``DENSE_ORBIT_BYTES``); skipped when
+    neither exists.
+
+The loss is computed on the first output (the logits for ``cross_entropy``, against random classes;
+MSE against a random target otherwise); the other outputs enter only ``invariance``.
+
+Actions that move buffers have no conserved quantity, so ``gd_drift``, ``gradient_flow`` and
+``lowering`` have nothing to check for them.
+
+>>> import torch, symalg
+>>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+>>> analysis = symalg.derive(symalg.trace(model, (torch.randn(5, 3, dtype=torch.float64),)))
+>>> symalg.verify(analysis).passed
+True
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Mapping
+import copy
+import math
 
 import torch
+from torch.func import functional_call
 
-from symalg.symbolic.conserved import AngularMomentum, ConservedQuantity
+from symalg.numeric.orbit_rank import model_orbit_dimension
+from symalg.symbolic.derive import Analysis
+from symalg.verification.certification import output_change, sample_elements
 from symalg.errors import SpecError
-from symalg.lowering.codegen import evaluate_symbolic
-from symalg.numeric.sampling import mse_loss, network_function, random_data, random_params
+from symalg.catalogue.groups import Translations
+from symalg.frontend.outputs import output_tensors
+from symalg.verification.checks import (TOLERANCES, CheckResult, VerificationReport, check_device, check_gradient_orthogonality,
+                           check_params, compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
 
-__all__ = ["verify", "check_device", "default_widths", "CheckResult", "VerificationReport", "TOLERANCES",
-           # building blocks shared with the other verifiers (traced models, loss symmetries, conjugated actions)
-           "check_angular_momentum", "check_gd_drift", "check_gradient_flow", "check_gradient_orthogonality",
-           "check_params", "compare_to_sympy", "integrate_gradient_flow", "loss_gradients", "relative_error", "rk4"]
+__all__ = ["verify", "default_widths"]
 
-TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
-"""Relative tolerance of every check, keyed by dtype."""
-
-_SYMBOLIC_LIMIT = 400  # parameters above which the exact SymPy comparison is skipped
+SYMBOLIC_LIMIT = 2000
+"""Largest number of tensor entries a conserved quantity may read for the ``lowering`` check (about
+0.2 s of SymPy for a diagonal quantity at the limit)."""
 
 
-@dataclass(frozen=True)
-class CheckResult:
-    """One check on one symmetry (or on the whole analysis, ``symmetry='*'``)."""
-
-    check: str
-    symmetry: str
-    max_error: float
-    tolerance: float
-    detail: str = ""
-    skipped: bool = False
-
-    @property
-    def passed(self) -> bool:
-        """True when the check ran and its error is within tolerance (False when skipped)."""
-        return not self.skipped and self.max_error <= self.tolerance
-
-    @property
-    def failed(self) -> bool:
-        """True when the check ran and its error exceeds the tolerance or is not a number."""
-        return not self.skipped and not self.max_error <= self.tolerance
-
-    def __str__(self):
-        verdict = "skip" if self.skipped else ("pass" if self.passed else "FAIL")
-        return f"{verdict:4}  {self.check:22} {self.symmetry:34} err={self.max_error:.2e} tol={self.tolerance:.0e}  {self.detail}"
+def _inputs(analysis, inputs, dtype, device) -> tuple:
+    inputs = inputs if inputs is not None else analysis.model_graph.example_inputs
+    if inputs is None:
+        raise SpecError("verify: the model was traced without example_inputs; pass inputs=(tensor, ...)")
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    return tuple(x.to(device=device, dtype=dtype) if torch.is_floating_point(x) else x.to(device) for x in inputs)
 
 
-@dataclass(frozen=True)
-class VerificationReport:
-    """All check results; ``passed`` when every check passed."""
-
-    checks: tuple[CheckResult, ...]
-    dtype: torch.dtype
-    device: str
-    widths: dict = field(default_factory=dict)
-
-    @property
-    def passed(self) -> bool:
-        """True when no check failed (skipped checks are listed, not counted as passes)."""
-        return not self.failures
-
-    @property
-    def failures(self) -> list[CheckResult]:
-        return [c for c in self.checks if c.failed]
-
-    def summary(self) -> str:
-        n_fail, n_skip = len(self.failures), sum(c.skipped for c in self.checks)
-        at = f", widths {', '.join(f'{k}={v}' for k, v in self.widths.items())}" if self.widths else ""
-        skipped = f", {n_skip} skipped" if n_skip else ""
-        return (f"{len(self.checks) - n_fail - n_skip} passed, {n_fail} failed{skipped} "
-                f"({len(self.checks)} checks, {str(self.dtype).replace('torch.', '')}, {self.device}{at})")
-
-    def __str__(self):
-        return "\n".join([str(c) for c in self.checks] + [self.summary()])
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``max|a − b| / max(max|a|, max|b|)`` (the dtype's smallest positive number when both vanish)."""
-    scale = max(a.abs().max().item(), b.abs().max().item(), torch.finfo(a.dtype).tiny)
-    return (a - b).abs().max().item() / scale
-
-
-def loss_gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``∇L`` at ``params`` (``{name: tensor}``), taken on detached copies: ``params`` are not touched. A
-    parameter the loss does not use has gradient zero."""
-    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
-    value = loss(leaves)
-    grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
-    return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
-
-
-def _check_invariance(symmetry, forward, loss, params, x, generator, tol):
-    from symalg.verification.certification import sample_elements  # certification builds on this module
-
-    reference_out, reference_loss = forward(params, x), loss(params)
-    worst, where = 0.0, ""
-    for label, g in sample_elements(symmetry.group, generator, reference_out.dtype, reference_out.device):
-        moved = symmetry.apply(params, g)
-        error = max(relative_error(forward(moved, x), reference_out), relative_error(loss(moved), reference_loss))
-        if error >= worst:
-            worst, where = error, label
-    return CheckResult("invariance", symmetry.label, worst, tol, f"worst: {where}")
-
-
-def _check_gradient_orthogonality(symmetry, params, grads, tol):
-    reference = params[symmetry.roles["W_in"]]
-    basis = symmetry.group.algebra_basis(reference.dtype, reference.device)
-    tangent = symmetry.tangent(params, basis)
-    inner = sum((tangent[n] * grads[n]).flatten(1).sum(1) for n in tangent)
-    norms = torch.sqrt(sum(tangent[n].flatten(1).pow(2).sum(1) for n in tangent))
-    grad_norm = torch.sqrt(sum(grads[n].pow(2).sum() for n in tangent))
-    error = (inner.abs() / (norms * grad_norm).clamp_min(torch.finfo(reference.dtype).tiny)).max().item()
-    return CheckResult("gradient_orthogonality", symmetry.label, error, tol, f"{basis.shape[0]} generators")
-
-
-def check_gradient_orthogonality(label: str, tangent, basis, grads, tol) -> CheckResult:
-    """``max_M |⟨∇L, M·θ⟩| / (‖∇L‖ ‖M·θ‖)`` over the Lie-algebra elements ``basis``; ``tangent(M)`` returns
-    ``{name: M·θ}`` (entries that are not parameters, such as moved buffers, count in ``‖M·θ‖`` only). A zero
-    tangent is orthogonal to everything."""
-    grad_norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
-    worst = 0.0
-    for M in basis:
-        moved = tangent(M)
-        inner = sum((grads[k] * v).sum() for k, v in moved.items() if k in grads)
-        norm = torch.sqrt(sum(v.pow(2).sum() for v in moved.values()))
-        if norm > 0:
-            worst = max(worst, (abs(inner) / (grad_norm * norm).clamp_min(torch.finfo(norm.dtype).tiny)).item())
-    return CheckResult("gradient_orthogonality", label, worst, tol, f"{len(basis)} generators")
-
-
-def check_gd_drift(quantity: ConservedQuantity, params, grads, tol, learning_rate=0.1):
-    """``C(θ − η g) − C(θ) = η² C(g)``; the error is relative to the size of ``C(θ)`` and of the drift."""
-    value = quantity(params)
-    drift = quantity({k: v - learning_rate * grads[k] for k, v in params.items()}) - value
-    predicted = learning_rate ** 2 * quantity(grads)
-    scale = max(value.abs().max().item(), drift.abs().max().item(), predicted.abs().max().item(), 1e-300)
-    return CheckResult("gd_drift", quantity.symmetry.label, (drift - predicted).abs().max().item() / scale, tol,
-                       f"ΔC = η² C(∇L), η = {learning_rate}, max|ΔC| = {drift.abs().max().item():.2e}")
-
-
-def rk4(field, state: dict, dt: float, steps: int) -> dict:
-    """Integrate ``d state/dt = field(state)`` (dicts of tensors) with the classical RK4 scheme."""
-    for _ in range(steps):
-        k1 = field(state)
-        k2 = field({k: state[k] + dt / 2 * k1[k] for k in state})
-        k3 = field({k: state[k] + dt / 2 * k2[k] for k in state})
-        k4 = field({k: state[k] + dt * k3[k] for k in state})
-        state = {k: state[k] + dt / 6 * (k1[k] + 2 * k2[k] + 2 * k3[k] + k4[k]) for k in state}
-    return state
-
-
-def _flow_step(params, grads, max_dt=2.5e-4, max_move=1e-4) -> float:
-    """RK4 step for the dynamical checks: at most ``max_dt``, and small enough that one step moves θ
-    by at most ``max_move`` relative, so that integrator error stays far below the tolerance."""
-    theta = torch.sqrt(sum(p.pow(2).sum() for p in params.values())).item()
-    grad = torch.sqrt(sum(g.pow(2).sum() for g in grads.values())).item()
-    return min(max_dt, max_move * theta / max(grad, 1e-300))
-
-
-def integrate_gradient_flow(loss, params, grads, steps: int, max_move: float = 1e-4) -> tuple[dict, str]:
-    """``θ(T)`` along gradient flow ``θ̇ = −∇L`` from ``params`` (RK4, ``steps`` of :func:`_flow_step`),
-    and a description of the run for the report."""
-    dt = _flow_step(params, grads, max_move=max_move)
-    flowed = rk4(lambda p: {k: -g for k, g in loss_gradients(loss, p).items()}, dict(params), dt, steps)
-    moved = torch.sqrt(sum((flowed[k] - p).pow(2).sum() for k, p in params.items()) /
-                       sum(p.pow(2).sum() for p in params.values())).item()
-    return flowed, f"RK4 dt={dt:.1e}, {steps} steps; θ moved {moved:.1e} (relative)"
-
-
-def check_gradient_flow(analysis, loss, params, grads, tol, steps=40):
-    """Every ``C`` is constant along gradient flow ``θ̇ = −∇L``."""
-    quantities = analysis.conserved_quantities()
-    if not quantities:
-        return []
-    flowed, detail = integrate_gradient_flow(loss, params, grads, steps)
-    return [CheckResult("gradient_flow", q.symmetry.label, relative_error(q(flowed), q(params)), tol, detail)
-            for q in quantities]
-
-
-def check_angular_momentum(analysis, loss, params, grads, generator, tol, damping=1.0, steps=40):
-    """Heavy-ball dynamics ``θ̈ + γ θ̇ = −∇L`` from a random velocity: every entry of ``J(θ, θ̇)``
-    (``⟨θ̇, A·θ⟩`` for antisymmetric ``A``) decays exactly as ``e^{−γt}``, since
-    ``d/dt ⟨θ̇, A·θ⟩ = −γ ⟨θ̇, A·θ⟩ − ⟨∇L, A·θ⟩ + ⟨θ̇, A·θ̇⟩`` and the last two terms vanish."""
-    momenta = analysis.angular_momenta()
-    if not momenta:
-        return []
-    grad_norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
-    velocity = {k: torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for k, p in params.items()}
-    velocity_norm = torch.sqrt(sum(v.pow(2).sum() for v in velocity.values()))
-    velocity = {k: v * (grad_norm / velocity_norm) for k, v in velocity.items()}
-    dt = _flow_step(params, grads)
-
-    def field(state):
-        theta = {k: state[("θ", k)] for k in params}
-        gradient = loss_gradients(loss, theta)
-        return {**{("θ", k): state[("v", k)] for k in params},
-                **{("v", k): -damping * state[("v", k)] - gradient[k] for k in params}}
-
-    state = rk4(field, {**{("θ", k): p for k, p in params.items()}, **{("v", k): v for k, v in velocity.items()}},
-                 dt, steps)
-    end_theta, end_velocity = ({k: state[(part, k)] for k in params} for part in ("θ", "v"))
-    decay = torch.exp(torch.tensor(-damping * dt * steps, dtype=grad_norm.dtype)).item()
-    results = []
-    for j in momenta:
-        start = j(params, velocity)
-        error = (j(end_theta, end_velocity) - decay * start).abs().max().item() / max(start.abs().max().item(), 1e-300)
-        results.append(CheckResult("angular_momentum", j.symmetry.label, error, tol,
-                                   f"heavy ball γ={damping}: J(t) = e^(-γt) J(0), RK4 dt={dt:.1e}, {steps} steps"))
-    return results
-
-
-def _check_translations(translations, observed, loss, params, grads, x, generator, tol, symbolic_limit):
-    """The logit translations of cross-entropy (:class:`~symalg.symbolic.derive.LogitTranslation`): invariance of the
-    softmax and the loss, ``⟨∇L, M·θ⟩ = 0``, and their linear quantities checked as the traced verifier does."""
-    from symalg.verification.model_verifier import _drift, _gradient_flow, _lowering
-
-    checks = []
-    for translation in translations:
-        with torch.no_grad():
-            checks.append(_check_invariance(translation, observed, loss, params, x, generator, tol))
-            basis = translation.group.algebra_basis(x.dtype, x.device)
-            checks.append(check_gradient_orthogonality(translation.label, lambda M: translation.tangent(params, M),
-                                                       basis, grads, tol))
-            checks.append(_drift(translation, params, grads, 0.1, tol))
-            checks.append(_lowering(translation, params, tol, symbolic_limit))
-        checks += _gradient_flow([translation], loss, params, params, grads, tol, 40)
-    return checks
-
-
-def _check_orbit_dimension(analysis, params):
-    numeric = analysis.orbit_dimension(params)
-    try:
-        formula = analysis.orbit_dimension()
-    except NotImplementedError as error:
-        return CheckResult("orbit_dimension", "*", float("nan"), 0.0, f"numeric rank {numeric}; no formula: {error}",
-                           skipped=True)
-    formula = int(formula.subs(analysis.architecture.widths_from_params(params)))
-    return CheckResult("orbit_dimension", "*", float(abs(formula - numeric)), 0.0, f"formula {formula}, numeric rank {numeric}")
-
-
-def _check_lowering(analysis, params, generator, tol):
-    """Lowered torch values against SymPy's exact evaluation at the same numbers."""
-    from symalg.verification.certification import sample_elements  # certification builds on this module
-
-    values = {s.name: params[n].detach().cpu().double().numpy() for n, s in analysis.symbols.items()}
-    results = []
-    for symmetry in analysis.symmetries:
-        reference = params[symmetry.roles["W_in"]]
-        g = sample_elements(symmetry.group, generator, reference.dtype, reference.device)[-1][1]
-        error = compare_to_sympy(symmetry.lowered_action(params, g), symmetry.action,
-                         {**values, symmetry.element.name: g.detach().cpu().double().numpy()})
-        results.append(CheckResult("lowering", symmetry.label, error, tol, "action vs SymPy"))
-        if symmetry.group.is_continuous:
-            M = symmetry.group.random_algebra_element(1.0, generator, reference.dtype, reference.device)
-            results.append(CheckResult("lowering", symmetry.label, compare_to_sympy(
-                symmetry.tangent(params, M), symmetry.infinitesimal,
-                {**values, symmetry.algebra_element.name: M.cpu().double().numpy()}), tol, "infinitesimal action vs SymPy"))
-        if isinstance(symmetry.conserved, ConservedQuantity):
-            q = symmetry.conserved
-            results.append(CheckResult("lowering", symmetry.label, compare_to_sympy({"C": q(params)}, {"C": q.expr}, values), tol,
-                                       f"{q.name} vs SymPy"))
-        elif isinstance(symmetry.conserved, AngularMomentum):
-            j = symmetry.conserved
-            velocity = {n: torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for n, p in params.items()}
-            exact_values = {**values, **{s.name: velocity[n].cpu().double().numpy() for n, s in j.velocities.items()}}
-            results.append(CheckResult("lowering", symmetry.label, compare_to_sympy({"J": j(params, velocity)}, {"J": j.expr},
-                                                                            exact_values), tol, f"{j.name} vs SymPy"))
-    return results
-
-
-def compare_to_sympy(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values: Mapping) -> float:
-    """Largest relative difference between lowered tensors and SymPy's exact values of ``exprs``."""
-    return max(relative_error(lowered[n].detach().cpu().double(),
-                              torch.from_numpy(evaluate_symbolic(e, values)).reshape(lowered[n].shape))
-               for n, e in exprs.items())
-
-
-def _data(arch, data) -> tuple[torch.Tensor, torch.Tensor]:
-    """``data`` checked to be ``(x, y)`` with ``x`` of shape ``(batch, n_in)`` and ``y`` of ``(batch, n_out)``."""
-    if not (isinstance(data, (tuple, list)) and len(data) == 2):
-        raise ValueError("verify: data must be a pair (x, y) of tensors, x of shape (batch, inputs) and y of "
-                         "shape (batch, outputs)")
-    x, y = data
-    for name, tensor, width in (("x", x, arch.node("input")["features"]), ("y", y, arch.node("output")["features"])):
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-            raise ValueError(f"verify: data {name} must be a floating-point tensor, got {type(tensor).__name__}")
-        if tensor.dim() != 2 or tensor.shape[-1] != int(width):
-            raise ValueError(f"verify: data {name} must have shape (batch, {width}), got {tuple(tensor.shape)}")
-    return x, y
-
-
-def check_device(device) -> None:
-    """Raise ``ValueError`` naming ``device`` when torch cannot allocate on it here."""
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as error:
-        raise ValueError(f"device {device!r} is not available here ({error})") from None
-
-
-def check_params(params, shapes: Mapping[str, tuple], caller: str, optional=()) -> None:
-    """Raise ``SpecError`` naming the parameter unless ``params`` maps names of ``shapes`` to finite tensors:
-    no unknown name, none missing but those in ``optional`` (buffers), each concrete shape as given
-    (symbolic widths are read off and compared by ``Architecture.widths_from_params``)."""
-    if not isinstance(params, Mapping):
-        raise SpecError(f"{caller}: params must be a mapping {{name: tensor}}, got {type(params).__name__}")
-    for name, value in params.items():
-        if name not in shapes:
-            raise SpecError(f"{caller}: unknown parameter {name!r} (expected names: {sorted(shapes)})")
-        if not isinstance(value, torch.Tensor):
-            raise SpecError(f"{caller}: parameter {name!r} is a {type(value).__name__}, not a tensor")
-        expected = tuple(shapes[name])
-        concrete = all(isinstance(size, int) or getattr(size, "is_Integer", False) for size in expected)
-        if concrete and tuple(value.shape) != tuple(int(size) for size in expected):
-            raise SpecError(f"{caller}: parameter {name!r} has shape {tuple(value.shape)}, expected {expected}")
-        if value.is_floating_point() and not torch.isfinite(value).all():
-            raise SpecError(f"{caller}: parameter {name!r} has non-finite entries")
-    missing = sorted(set(shapes) - set(params) - set(optional))
-    if missing:
-        raise SpecError(f"{caller}: parameter {missing[0]!r} is missing (expected names: {sorted(shapes)})")
-
-
-def default_widths(arch) -> dict[str, int]:
+def default_widths(analysis) -> dict[str, int]:
     """Widths used when none are given: 3, 4, 5, ... in alphabetical order of the width names."""
-    return {name: 3 + i for i, name in enumerate(sorted(str(s) for s in arch.widths))}
+    return {name: 3 + i for i, name in enumerate(sorted(str(s) for s in analysis.widths))}
 
 
-def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tuple | None = None, device: str = "cpu",
-           dtype: torch.dtype = torch.float64, widths: Mapping | None = None, seed: int = 0,
-           symbolic_limit: int | None = None) -> VerificationReport:
-    """Check every symmetry of ``analysis`` numerically and return a :class:`VerificationReport`.
+def _concrete(analysis, params, widths, caller: str):
+    """``(analysis at concrete widths, the widths substituted)``: read from ``params``, else ``widths``, else
+    :func:`default_widths`; a concrete analysis refuses ``widths``."""
+    if not analysis.widths:
+        if widths is not None:
+            raise SpecError(f"{caller}: widths= sets symbolic widths; this analysis has concrete widths")
+        return analysis, {}
+    if params is not None:
+        if widths is not None:
+            raise SpecError(f"{caller}: give params or widths, not both (the widths are those of the parameters)")
+        check_params(params, analysis.model_graph.parameter_shapes, caller)
+        substituted = {str(k): int(v) for k, v in analysis.model_graph.source.widths_from_params(params).items()}
+    else:
+        substituted = {str(k): int(v) for k, v in (widths or default_widths(analysis)).items()}
+        missing = sorted(str(s) for s in analysis.widths if str(s) not in substituted)
+        if missing:
+            raise SpecError(f"{caller}: no value for the symbolic widths {missing}; pass params or widths=")
+    return analysis.subs(substituted), substituted
+
+
+def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.float64, widths=None, seed: int = 0,
+           max_generators: int = 64, learning_rate: float = 0.1, flow_steps: int = 10,
+           symbolic_limit: int = SYMBOLIC_LIMIT) -> VerificationReport:
+    """Check every symmetry of ``analysis`` numerically by running its model (see the module docstring).
 
     Parameters
     ----------
-    analysis : the result of :func:`symalg.derive`; a traced model's analysis goes to
-        :func:`symalg.verification.model_verifier.verify_model` (``data`` are then the model inputs, ``params`` its
-        parameters and, optionally, buffers).
-    params : ``{name: tensor}`` (e.g. ``dict(model.named_parameters())``), converted to ``dtype``;
-        random (the model's own for a traced model) when None. An unknown or missing name, a wrong shape
-        or a non-finite entry raises ``SpecError`` naming the parameter.
-    data : ``(x, y)``: inputs ``(batch, n_in)`` and regression targets ``(batch, n_out)`` in torch's row
-        layout; random when None. The loss is ``½ mean ‖f(x) − y‖²``; for an analysis derived with
-        ``loss="cross_entropy"`` it is cross-entropy with target probabilities ``y`` (random: a softmax), and
-        invariance compares ``softmax(f(x))``.
-    device, dtype : where and in which precision to run (float64 by default).
-    widths : values for symbolic widths when ``params`` is None; by default :func:`default_widths`
-        (recorded in the report). Refused with ``params`` and for a traced model (their widths are fixed).
-    seed : seed of the random parameters, data and group elements.
-    symbolic_limit : largest parameter count for the exact SymPy comparison of lowered code (for a traced
-        model: the largest entry count of a conserved quantity); default 400 (2000 traced).
+    analysis : the result of :func:`symalg.derive`, from any front end. A spec with symbolic widths is verified
+        at the widths of ``params``, else at ``widths``, else at :func:`default_widths` (recorded in the report).
+    params : ``{name: tensor}``, every parameter of the model and any of its buffers (e.g.
+        ``dict(model.named_parameters())``); by default the model's own (a spec's generated module is seeded).
+        An unknown or missing name, a wrong shape or a non-finite entry raises ``SpecError`` naming it.
+    data : the model's inputs, a tensor or a tuple of tensors; by default the example inputs it was traced with
+        (a spec's are a seeded ``(8, n)`` batch).
+    device, dtype : where and in which precision to run (float64 by default; tolerances by dtype).
+    seed : seed of the targets and group elements. ``max_generators``: most Lie-algebra generators checked one by
+        one for ``gradient_orthogonality``; ``learning_rate``: the ``gd_drift`` step; ``flow_steps``: RK4 steps of
+        ``gradient_flow``; ``symbolic_limit``: most entries a quantity may read for ``lowering``.
     """
-    from symalg.symbolic.derive import Analysis
-    from symalg.symbolic.model_derive import ModelAnalysis
-
-    if not isinstance(analysis, (Analysis, ModelAnalysis)):
-        raise TypeError(f"verify: analysis must be the result of symalg.derive, got {type(analysis).__name__}")
+    if not isinstance(analysis, Analysis):
+        raise SpecError(f"verify: analysis must be the result of symalg.derive, got {type(analysis).__name__}")
     if dtype not in TOLERANCES:
-        raise ValueError(f"dtype {dtype} is not supported; use one of {list(TOLERANCES)}")
-    for name, value in (("seed", seed), ("symbolic_limit", 0 if symbolic_limit is None else symbolic_limit)):
+        raise SpecError(f"verify: dtype {dtype} is not supported; use one of {list(TOLERANCES)}")
+    for name, value in (("seed", seed), ("symbolic_limit", symbolic_limit), ("max_generators", max_generators),
+                        ("flow_steps", flow_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise SpecError(f"verify: {name} must be a non-negative integer, got {value!r}")
-
-    if isinstance(analysis, ModelAnalysis):
-        from symalg.verification.model_verifier import SYMBOLIC_LIMIT, verify_model
-
-        if widths is not None:
-            raise SpecError("verify: widths= sets symbolic widths of a chain architecture; a traced model's widths "
-                            "are those of its parameters")
-        return verify_model(analysis, inputs=data, params=params, device=device, dtype=dtype, seed=seed,
-                            symbolic_limit=SYMBOLIC_LIMIT if symbolic_limit is None else symbolic_limit)
-    symbolic_limit = _SYMBOLIC_LIMIT if symbolic_limit is None else symbolic_limit
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not learning_rate > 0:
+        raise SpecError(f"verify: learning_rate must be a positive number, got {learning_rate!r}")
+    analysis, substituted = _concrete(analysis, params, widths, "verify")
+    inputs = data
     check_device(device)
     tol = TOLERANCES[dtype]
     generator = torch.Generator().manual_seed(seed)
-    arch = analysis.architecture
+    model = copy.deepcopy(analysis.model_graph.model).to(device=device, dtype=dtype)
+    state = {**{k: v.detach() for k, v in model.named_parameters()},
+             **{k: v.detach() for k, v in model.named_buffers()}}
+    parameter_names = [k for k, _ in model.named_parameters()]
     if params is not None:
-        if widths is not None:
-            raise SpecError("verify: give params or widths, not both (the widths are those of the parameters)")
-        check_params(params, arch.parameter_shapes, "verify")
-        params = {k: v.detach().to(device=device, dtype=dtype) for k, v in params.items()}
-        substituted = {str(k): v for k, v in arch.widths_from_params(params).items()}
+        check_params(params, {k: tuple(v.shape) for k, v in state.items()}, "verify",
+                     optional=set(state) - set(parameter_names))
+        state.update({k: v.detach().to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
+                      for k, v in params.items()})
+    x = _inputs(analysis, inputs, dtype, device)
+    cross_entropy = analysis.loss == "cross_entropy"
+
+    def forward(values) -> list:
+        """Every output at ``values``, as ``(path, tensor)`` pairs; buffers cloned (training-mode running stats)."""
+        values = {k: v.clone() if k not in parameter_names else v for k, v in values.items()}
+        return output_tensors(functional_call(model, values, x))
+
+    try:
+        outputs = forward(state)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise SpecError(f"verify: the model does not run on its inputs (data= of a traced model are its inputs, a "
+                        f"tensor or a tuple of tensors): {type(error).__name__}: {error}") from error
+    if not outputs:
+        raise SpecError(f"verify: {type(model).__name__} returns no tensor to compare")
+    reference = outputs[0][1]
+    if cross_entropy:
+        classes = torch.randint(reference.shape[-1], reference.shape[:-1], generator=generator).to(device)
     else:
-        substituted = {str(k): int(v) for k, v in (widths or default_widths(arch)).items()} if arch.widths else {}
-        missing = sorted(str(s) for s in arch.widths if str(s) not in substituted)
-        if missing:
-            raise SpecError(f"verify: no value for the symbolic widths {missing}; pass params or widths=")
-    if substituted:
-        analysis = analysis.subs(substituted)
-    if params is None:
-        params = random_params(analysis.architecture, generator, dtype, device)
-    arch = analysis.architecture
-    x, y = _data(arch, data) if data is not None else random_data(arch, generator=generator, dtype=dtype, device=device)
-    x, y = x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
-    forward = network_function(arch, analysis.catalogue)
-    if analysis.loss == "cross_entropy":
-        y = y if data is not None else y.softmax(-1)
-        loss = lambda p: torch.nn.functional.cross_entropy(forward(p, x), y)  # noqa: E731
-        observed = lambda p, inputs: forward(p, inputs).softmax(-1)  # noqa: E731
-    else:
-        loss, observed = mse_loss(forward, x, y), forward
+        target = torch.randn(reference.shape, generator=generator, dtype=dtype).to(device)
+
+    def loss_of(outputs):
+        """The loss of the first output (see the module docstring)."""
+        output = outputs[0][1]
+        if cross_entropy:
+            return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), classes.reshape(-1))
+        return ((output - target) ** 2).mean()
+
+    def loss(params):
+        """The loss as a function of the parameters alone (buffers as in ``state``)."""
+        return loss_of(forward({**state, **params}))
+
+    params = {k: state[k] for k in parameter_names}
     grads = loss_gradients(loss, params)
     checks = []
+    for symmetry in analysis.symmetries:
+        checks.append(_invariance(symmetry, state, forward, loss_of, cross_entropy, generator, dtype, device, tol))
+        if symmetry.group.is_continuous and not symmetry.acts_on_buffers:
+            checks.append(_orthogonality(symmetry, state, grads, generator, dtype, device, tol, max_generators))
+        if symmetry.conserved is not None:
+            checks.append(_drift(symmetry, state, grads, learning_rate, tol))
+    conserving = [s for s in analysis.symmetries if s.conserved is not None]
+    checks += _gradient_flow(conserving, loss, state, params, grads, tol, flow_steps)
     with torch.no_grad():
-        for symmetry in analysis.symmetries:
-            checks.append(_check_invariance(symmetry, observed, loss, params, x, generator, tol))
-            if symmetry.group.is_continuous:
-                checks.append(_check_gradient_orthogonality(symmetry, params, grads, tol))
-        for q in analysis.conserved_quantities():
-            checks.append(check_gd_drift(q, params, grads, tol))
-    checks += _check_translations(analysis.translations, observed, loss, params, grads, x, generator, tol,
-                                  symbolic_limit)
-    checks += check_gradient_flow(analysis, loss, params, grads, tol)
-    checks += check_angular_momentum(analysis, loss, params, grads, generator, tol)
-    checks.append(_check_orbit_dimension(analysis, params))
-    size = sum(p.numel() for p in params.values())
-    if size <= symbolic_limit:
-        with torch.no_grad():
-            checks += _check_lowering(analysis, params, generator, tol)
-    else:
-        checks.append(CheckResult("lowering", "*", float("nan"), tol, f"{size} parameters > symbolic_limit="
-                                  f"{symbolic_limit}: exact SymPy evaluation skipped", skipped=True))
+        checks += [_lowering(s, state, tol, symbolic_limit) for s in conserving]
+    checks.append(_orbit_dimension(analysis, state))
     return VerificationReport(tuple(checks), dtype, str(device), substituted)
+
+
+DENSE_ORBIT_BYTES = 64 * 2 ** 20
+"""Largest Jacobian the ``orbit_dimension`` check builds for the dense baseline."""
+
+
+def _orbit_dimension(analysis, state) -> CheckResult:
+    """The structured orbit dimension at the verified parameters (:mod:`symalg.orbit_rank`) against its
+    generic formula and, where the Jacobian is small, the dense baseline; integers, so exact equality."""
+    structured = model_orbit_dimension(analysis, state)
+    compared = {}
+    try:
+        compared["formula"] = int(analysis.orbit_dimension())
+    except NotImplementedError:
+        pass
+    try:
+        compared["dense"] = model_orbit_dimension(analysis, state, method="dense", max_bytes=DENSE_ORBIT_BYTES).dimension
+    except MemoryError:
+        pass
+    detail = f"structured {structured.dimension} of {structured.algebra_dim}"
+    if not compared:
+        return CheckResult("orbit_dimension", "*", float("nan"), 0.0, detail + "; no formula, dense Jacobian too large",
+                           skipped=True)
+    error = max(abs(value - structured.dimension) for value in compared.values())
+    detail += "".join(f", {name} {value}" for name, value in compared.items())
+    return CheckResult("orbit_dimension", "*", float(error), 0.0, detail)
+
+
+def _invariance(symmetry, state, forward, loss_of, cross_entropy, generator, dtype, device, tol) -> CheckResult:
+    """Worst relative change of any output or of the loss under the group's test elements."""
+    with torch.no_grad():
+        outputs = forward(state)
+        base_loss = loss_of(outputs)
+        worst, detail = 0.0, ""
+        for description, g in sample_elements(symmetry.group, generator, dtype, device):
+            moved = forward(symmetry.apply(state, g))
+            error, path = output_change(moved, outputs, cross_entropy)
+            where = f"{description}, output {path!r}"
+            loss_error = relative_error(loss_of(moved), base_loss)
+            if not loss_error <= error:
+                error, where = loss_error, f"{description}, loss"
+            if not error <= worst:
+                worst, detail = error, where
+    return CheckResult("invariance", symmetry.label, worst, tol, detail)
+
+
+def _orthogonality(symmetry, state, grads, generator, dtype, device, tol, max_generators) -> CheckResult:
+    basis = symmetry.group.algebra_basis(dtype, device)
+    if basis.shape[0] > max_generators:
+        coefficients = torch.randn(max_generators, basis.shape[0], generator=generator, dtype=dtype).to(device)
+        basis = torch.tensordot(coefficients, basis, dims=1)
+    return check_gradient_orthogonality(symmetry.label, lambda M: symmetry.tangent(state, M), basis, grads, tol)
+
+
+def _drift(symmetry, state, grads, learning_rate, tol) -> CheckResult:
+    quantity = symmetry.conserved
+    stepped = {**state, **{k: state[k] - learning_rate * g for k, g in grads.items()}}
+    before, after = quantity(state), quantity(stepped)
+    worst = 0.0
+    for key in before:
+        if quantity.kind == "linear" or isinstance(symmetry.group, Translations):
+            predicted = before[key]
+        else:
+            predicted = before[key] + learning_rate ** 2 * quantity({**state, **grads})[key]
+        worst = max(worst, _deviation(after[key], predicted))
+    return CheckResult("gd_drift", symmetry.label, worst, tol, f"{quantity.kind} quantity {quantity.name}")
+
+
+def _deviation(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Relative difference; absolute where ``expected`` is exactly zero (a quantity that is 0 at θ)."""
+    return relative_error(actual, expected) if expected.abs().max() > 0 else (actual - expected).abs().max().item()
+
+
+def _gradient_flow(symmetries, loss, state, params, grads, tol, steps) -> list[CheckResult]:
+    """Each ``C`` at the end of gradient flow ``θ̇ = −∇L`` from ``params`` equals ``C`` at the start.
+
+    Where no step crosses a kink of the loss, RK4 changes a quadratic ``C`` by ``O(δ⁵)`` per step of
+    relative move ``δ``. A step across a kink (ReLU, max pooling: frequent in conv nets) loses RK4's
+    cancellation and changes ``C`` by ``O(δ²)``, so ``δ = min(10⁻⁴, √(tol/steps))`` keeps ``C`` within
+    ``tol`` even with a kink in every step; a quantity that is not conserved still drifts at first
+    order, by about ``steps·δ = √(steps·tol) ≫ tol`` (``10⁻⁴`` in float64 with 10 steps).
+    """
+    if not symmetries:
+        return []
+    flowed, detail = integrate_gradient_flow(loss, params, grads, steps, max_move=min(1e-4, math.sqrt(tol / steps)))
+    results = []
+    for symmetry in symmetries:
+        quantity = symmetry.conserved
+        before, after = quantity(state), quantity({**state, **flowed})
+        error = max(_deviation(after[key], before[key]) for key in before)
+        results.append(CheckResult("gradient_flow", symmetry.label, error, tol, f"{quantity.name}: {detail}"))
+    return results
+
+
+def _lowering(symmetry, state, tol, symbolic_limit) -> CheckResult:
+    """The lowered quantity against SymPy's exact value of its expressions at the same numbers."""
+    quantity = symmetry.conserved
+    values = {s.name: _read(state[tensor], quantity.suffixes.get(s, "")) for s, tensor in quantity.reads.items()}
+    size = sum(v.size for v in values.values())
+    if size > symbolic_limit:
+        return CheckResult("lowering", symmetry.label, float("nan"), tol, f"{quantity.name} reads {size} entries > "
+                           f"symbolic_limit={symbolic_limit}: exact SymPy evaluation skipped", skipped=True)
+    return CheckResult("lowering", symmetry.label, compare_to_sympy(quantity(state), quantity.exprs, values), tol,
+                       f"{quantity.name} vs SymPy")
+
+
+def _read(tensor: torch.Tensor, suffix: str):
+    """The value of a symbol: ``tensor`` unfolded by the source ``suffix`` of the lowered read."""
+    return eval(f"tensor{suffix}", {"__builtins__": {}}, {"tensor": tensor.detach().cpu().double()}).numpy()

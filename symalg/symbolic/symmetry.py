@@ -1,7 +1,7 @@
 """Symmetries of a traced model: groups from :func:`~symalg.symbolic.inference.infer_model`, actions on
 every bound tensor, conserved quantities in SymPy, lowered to torch.
 
-Each :class:`ModelSymmetry` is one group acting on one site class (or one permutation class): its
+Each :class:`Symmetry` is one group acting on one site class (or one permutation class): its
 action moves every bound region ``U`` (see :mod:`symalg.bindings`), and its conserved quantity is
 
 * ``C = Σ_out p·U Uᵀ − Σ_in p·U Uᵀ`` for ``GL`` (``Q_M = tr(M C)``, ``M`` symmetric): query/key
@@ -29,7 +29,7 @@ C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
 from typing import Mapping
@@ -38,18 +38,12 @@ import sympy as sp
 import torch
 
 from symalg.catalogue.bindings import Binding, TranslationFamily
-from symalg.catalogue.activations import CATALOGUE
-from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
-from symalg.errors import SpecError
 from symalg.catalogue.groups import (GeneralLinear, Orthogonal, OrthogonalFixingOnes, Permutations, PositiveScaling, SignFlips, SiteGroup,
                      Translations)
-from symalg.symbolic.chain_inference import Blocked
 from symalg.lowering.codegen import LoweredFunction, lower
-from symalg.symbolic.inference import ModelSites, infer_model
 from symalg.symbolic.printing import latex, sstr
-from symalg.frontend.tracing import ModelGraph
 
-__all__ = ["ModelSymmetry", "ModelAnalysis", "ModelConserved", "derive_model"]
+__all__ = ["Symmetry", "ModelConserved"]
 
 
 def _number(value: Fraction):
@@ -142,7 +136,7 @@ class _Symbols:
 
 
 @dataclass(frozen=True, eq=False)
-class ModelSymmetry:
+class Symmetry:
     """One group acting on one site class of a traced model.
 
     Attributes
@@ -319,121 +313,3 @@ class ModelSymmetry:
 
     def _repr_latex_(self):
         return f"${self.latex()}$"
-
-
-@dataclass(frozen=True, eq=False)
-class ModelAnalysis:
-    """Everything derived for a traced model: symmetries, blocked notes, and the inference result.
-
-    ``certification``: the measured error of every inferred claim, kept or removed
-    (:class:`~symalg.verification.certification.ClaimError`), or ``None`` when derived with ``certify=False``.
-    """
-
-    model_graph: ModelGraph
-    symmetries: tuple[ModelSymmetry, ...]
-    blocked: tuple[Blocked, ...]
-    sites: ModelSites = field(repr=False)
-    loss: str = "mse"
-    certification: tuple[ClaimError, ...] | None = field(default=None, repr=False)
-
-    @property
-    def certified(self) -> bool:
-        """True when every reported symmetry passed numerical certification."""
-        return self.certification is not None
-
-    @property
-    def conserved_quantities(self) -> list[ModelConserved]:
-        return [s.conserved for s in self.symmetries if s.conserved is not None]
-
-    def table(self) -> list[tuple[str, str, int]]:
-        """``(site, group name, Lie-algebra dimension)`` for every symmetry: the summary tests compare."""
-        return [(s.site, s.group.name, int(s.group.dim)) for s in self.symmetries]
-
-    def latex(self) -> str:
-        rows = [s.latex() for s in self.symmetries]
-        rows += [q.latex() for q in self.conserved_quantities]
-        return "\\begin{align*}\n" + " \\\\\n".join(f"& {r}" for r in rows) + "\n\\end{align*}"
-
-    def __str__(self):
-        lines = [str(s) for s in self.symmetries]
-        lines += [f"blocked: {b}" for b in self.blocked]
-        lines.append(self.certification_summary())
-        return "\n".join(lines)
-
-    def certification_summary(self) -> str:
-        """One line: how many claims were certified, the worst kept error, how many failed."""
-        if self.certification is None:
-            return "certification: none (certify=False): the symmetries above are inferred, not checked numerically"
-        kept = [e.error for e in self.certification if e.holds]
-        failed = len(self.certification) - len(kept)
-        return (f"certification: {len(kept)} of {len(self.certification)} claims hold numerically (worst relative "
-                f"error {max(kept, default=0.0):.1e}, tolerance {CERTIFICATION_TOLERANCE:.0e})"
-                + (f"; {failed} failed (blocked)" if failed else ""))
-
-
-def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse",
-                 strict: bool = True, certify: bool = True) -> ModelAnalysis:
-    """Infer the sites of a traced model and build its symmetries (see the module docstring); ``strict`` as
-    in :func:`symalg.derive` (a group that a symbolic check disproves is blocked, not claimed).
-
-    With ``certify`` (the default) every inferred claim is first checked numerically on the model
-    (:func:`~symalg.verification.certification.claim_errors`: ``max_x,g |F(g·θ, x) − F(θ, x)| / |F(θ, x)|`` over every
-    output, group elements near and far from the identity, discrete generators, fresh inputs, buffers
-    included, float64); a claim above :data:`~symalg.verification.certification.CERTIFICATION_TOLERANCE` is removed
-    from ``symmetries`` and from ``sites`` and becomes a :class:`~symalg.symbolic.chain_inference.Blocked` note saying
-    "failed numerical certification" with the measured error. Certification needs the example inputs
-    the model was traced with; ``certify=False`` gives the raw inferred claims (``certification`` is
-    then ``None``).
-    """
-    if not isinstance(certify, bool):
-        raise SpecError(f"derive: certify must be True or False, got {certify!r}")
-    if certify and model_graph.example_inputs is None:
-        raise SpecError("derive: the model was traced without example_inputs, so its claims cannot be certified "
-                        "numerically; trace it with symalg.trace(model, example_inputs) or pass certify=False for "
-                        "uncertified claims")
-    sites = infer_model(model_graph, catalogue, loss, strict)
-    shapes = {**{k: tuple(v.shape) for k, v in model_graph.model.named_parameters()},
-              **{k: tuple(v.shape) for k, v in model_graph.model.named_buffers()}}
-    origins = {}  # symmetry -> ("class", class name, kind) or ("permutation", class name): what certification removes
-    for cls in sites.classes:
-        for kind in cls.kinds:
-            if kind in ("T", "T1"):
-                families = tuple(t[2] for t in cls.translations if t[0] == kind)
-                group = Translations(sum(f.count(shapes) for f in families), "bias" if kind == "T" else "along 1")
-                origins[ModelSymmetry(cls.name, cls.members, group, (), shapes, families)] = ("class", cls.name, kind)
-                continue
-            group = _group(kind, cls.width, cls.alpha)
-            shifts = cls.shifts if kind == "SF" else ()
-            if shifts:
-                group = SignFlips(cls.width, center=_number(shifts[0][2]))
-            if group.is_continuous or not isinstance(group, Permutations) or cls.width > 1:  # S(1) is trivial
-                symmetry = ModelSymmetry(cls.name, cls.members, group, cls.bindings, shapes, shifts=shifts)
-                origins[symmetry] = ("class", cls.name, kind)
-    for perm in sites.permutations:
-        origins[ModelSymmetry(perm.name, perm.members, Permutations(perm.width), perm.bindings, shapes)] = \
-            ("permutation", perm.name)
-    analysis = ModelAnalysis(model_graph, tuple(origins), sites.blocked, sites, loss)
-    return _certified(analysis, origins) if certify else analysis
-
-
-def _certified(analysis: ModelAnalysis, origins: Mapping) -> ModelAnalysis:
-    """``analysis`` without the claims that fail :func:`~symalg.verification.certification.claim_errors`: they leave
-    ``symmetries`` and ``sites`` (their kind, translations, shifts or permutation class), hence every
-    conserved quantity, orbit dimension and table, and become blocked notes with their measured error."""
-    errors = tuple(claim_errors(analysis))
-    failed = [e for e in errors if not e.holds]
-    if not failed:
-        return replace(analysis, certification=errors)
-    notes = tuple(Blocked(e.symmetry.site, e.symmetry.site,
-                          f"{e.symmetry.group.name} failed numerical certification: relative error {e.error:.1e} on "
-                          f"output {e.output!r} under {e.element}") for e in failed)
-    gone = {origins[e.symmetry] for e in failed}
-    sites = analysis.sites
-    classes = tuple(replace(c, kinds=tuple(k for k in c.kinds if ("class", c.name, k) not in gone),
-                            translations=tuple(t for t in c.translations if ("class", c.name, t[0]) not in gone),
-                            shifts=() if ("class", c.name, "SF") in gone else c.shifts) for c in sites.classes)
-    permutations = tuple(p for p in sites.permutations if ("permutation", p.name) not in gone)
-    removed = {e.symmetry for e in failed}
-    return replace(analysis, symmetries=tuple(s for s in analysis.symmetries if s not in removed),
-                   blocked=analysis.blocked + notes, certification=errors,
-                   sites=replace(sites, classes=classes, permutations=permutations, blocked=sites.blocked + notes))

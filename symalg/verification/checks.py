@@ -1,0 +1,225 @@
+"""The check library every verifier uses: results and reports, relative errors, gradients, the exact
+gradient-descent drift, gradient-flow and heavy-ball integrators, argument checks.
+
+A check returns a :class:`CheckResult` (never asserts); a verifier collects them into a
+:class:`VerificationReport`. Tolerances are keyed by dtype (:data:`TOLERANCES`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import torch
+
+from symalg.errors import SpecError
+from symalg.lowering.codegen import evaluate_symbolic
+
+__all__ = ["CheckResult", "VerificationReport", "TOLERANCES", "check_device", "check_angular_momentum", "check_gd_drift", "check_gradient_flow", "check_gradient_orthogonality",
+           "check_params", "compare_to_sympy", "integrate_gradient_flow", "loss_gradients", "relative_error", "rk4"]
+
+TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
+"""Relative tolerance of every check, keyed by dtype."""
+
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check on one symmetry (or on the whole analysis, ``symmetry='*'``)."""
+
+    check: str
+    symmetry: str
+    max_error: float
+    tolerance: float
+    detail: str = ""
+    skipped: bool = False
+
+    @property
+    def passed(self) -> bool:
+        """True when the check ran and its error is within tolerance (False when skipped)."""
+        return not self.skipped and self.max_error <= self.tolerance
+
+    @property
+    def failed(self) -> bool:
+        """True when the check ran and its error exceeds the tolerance or is not a number."""
+        return not self.skipped and not self.max_error <= self.tolerance
+
+    def __str__(self):
+        verdict = "skip" if self.skipped else ("pass" if self.passed else "FAIL")
+        return f"{verdict:4}  {self.check:22} {self.symmetry:34} err={self.max_error:.2e} tol={self.tolerance:.0e}  {self.detail}"
+
+
+@dataclass(frozen=True)
+class VerificationReport:
+    """All check results; ``passed`` when every check passed."""
+
+    checks: tuple[CheckResult, ...]
+    dtype: torch.dtype
+    device: str
+    widths: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """True when no check failed (skipped checks are listed, not counted as passes)."""
+        return not self.failures
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.failed]
+
+    def summary(self) -> str:
+        n_fail, n_skip = len(self.failures), sum(c.skipped for c in self.checks)
+        at = f", widths {', '.join(f'{k}={v}' for k, v in self.widths.items())}" if self.widths else ""
+        skipped = f", {n_skip} skipped" if n_skip else ""
+        return (f"{len(self.checks) - n_fail - n_skip} passed, {n_fail} failed{skipped} "
+                f"({len(self.checks)} checks, {str(self.dtype).replace('torch.', '')}, {self.device}{at})")
+
+    def __str__(self):
+        return "\n".join([str(c) for c in self.checks] + [self.summary()])
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max|a − b| / max(max|a|, max|b|)`` (the dtype's smallest positive number when both vanish)."""
+    scale = max(a.abs().max().item(), b.abs().max().item(), torch.finfo(a.dtype).tiny)
+    return (a - b).abs().max().item() / scale
+
+
+def loss_gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``∇L`` at ``params`` (``{name: tensor}``), taken on detached copies: ``params`` are not touched. A
+    parameter the loss does not use has gradient zero."""
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+    value = loss(leaves)
+    grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
+    return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
+
+
+def check_gradient_orthogonality(label: str, tangent, basis, grads, tol) -> CheckResult:
+    """``max_M |⟨∇L, M·θ⟩| / (‖∇L‖ ‖M·θ‖)`` over the Lie-algebra elements ``basis``; ``tangent(M)`` returns
+    ``{name: M·θ}`` (entries that are not parameters, such as moved buffers, count in ``‖M·θ‖`` only). A zero
+    tangent is orthogonal to everything."""
+    grad_norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
+    worst = 0.0
+    for M in basis:
+        moved = tangent(M)
+        inner = sum((grads[k] * v).sum() for k, v in moved.items() if k in grads)
+        norm = torch.sqrt(sum(v.pow(2).sum() for v in moved.values()))
+        if norm > 0:
+            worst = max(worst, (abs(inner) / (grad_norm * norm).clamp_min(torch.finfo(norm.dtype).tiny)).item())
+    return CheckResult("gradient_orthogonality", label, worst, tol, f"{len(basis)} generators")
+
+
+def check_gd_drift(quantity, params, grads, tol, learning_rate=0.1):
+    """``C(θ − η g) − C(θ) = η² C(g)``; the error is relative to the size of ``C(θ)`` and of the drift."""
+    value = quantity(params)
+    drift = quantity({k: v - learning_rate * grads[k] for k, v in params.items()}) - value
+    predicted = learning_rate ** 2 * quantity(grads)
+    scale = max(value.abs().max().item(), drift.abs().max().item(), predicted.abs().max().item(), 1e-300)
+    return CheckResult("gd_drift", quantity.symmetry.label, (drift - predicted).abs().max().item() / scale, tol,
+                       f"ΔC = η² C(∇L), η = {learning_rate}, max|ΔC| = {drift.abs().max().item():.2e}")
+
+
+def rk4(field, state: dict, dt: float, steps: int) -> dict:
+    """Integrate ``d state/dt = field(state)`` (dicts of tensors) with the classical RK4 scheme."""
+    for _ in range(steps):
+        k1 = field(state)
+        k2 = field({k: state[k] + dt / 2 * k1[k] for k in state})
+        k3 = field({k: state[k] + dt / 2 * k2[k] for k in state})
+        k4 = field({k: state[k] + dt * k3[k] for k in state})
+        state = {k: state[k] + dt / 6 * (k1[k] + 2 * k2[k] + 2 * k3[k] + k4[k]) for k in state}
+    return state
+
+
+def _flow_step(params, grads, max_dt=2.5e-4, max_move=1e-4) -> float:
+    """RK4 step for the dynamical checks: at most ``max_dt``, and small enough that one step moves θ
+    by at most ``max_move`` relative, so that integrator error stays far below the tolerance."""
+    theta = torch.sqrt(sum(p.pow(2).sum() for p in params.values())).item()
+    grad = torch.sqrt(sum(g.pow(2).sum() for g in grads.values())).item()
+    return min(max_dt, max_move * theta / max(grad, 1e-300))
+
+
+def integrate_gradient_flow(loss, params, grads, steps: int, max_move: float = 1e-4) -> tuple[dict, str]:
+    """``θ(T)`` along gradient flow ``θ̇ = −∇L`` from ``params`` (RK4, ``steps`` of :func:`_flow_step`),
+    and a description of the run for the report."""
+    dt = _flow_step(params, grads, max_move=max_move)
+    flowed = rk4(lambda p: {k: -g for k, g in loss_gradients(loss, p).items()}, dict(params), dt, steps)
+    moved = torch.sqrt(sum((flowed[k] - p).pow(2).sum() for k, p in params.items()) /
+                       sum(p.pow(2).sum() for p in params.values())).item()
+    return flowed, f"RK4 dt={dt:.1e}, {steps} steps; θ moved {moved:.1e} (relative)"
+
+
+def check_gradient_flow(analysis, loss, params, grads, tol, steps=40):
+    """Every ``C`` is constant along gradient flow ``θ̇ = −∇L``."""
+    quantities = analysis.conserved_quantities()
+    if not quantities:
+        return []
+    flowed, detail = integrate_gradient_flow(loss, params, grads, steps)
+    return [CheckResult("gradient_flow", q.symmetry.label, relative_error(q(flowed), q(params)), tol, detail)
+            for q in quantities]
+
+
+def check_angular_momentum(analysis, loss, params, grads, generator, tol, damping=1.0, steps=40):
+    """Heavy-ball dynamics ``θ̈ + γ θ̇ = −∇L`` from a random velocity: every entry of ``J(θ, θ̇)``
+    (``⟨θ̇, A·θ⟩`` for antisymmetric ``A``) decays exactly as ``e^{−γt}``, since
+    ``d/dt ⟨θ̇, A·θ⟩ = −γ ⟨θ̇, A·θ⟩ − ⟨∇L, A·θ⟩ + ⟨θ̇, A·θ̇⟩`` and the last two terms vanish."""
+    momenta = analysis.angular_momenta()
+    if not momenta:
+        return []
+    grad_norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
+    velocity = {k: torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for k, p in params.items()}
+    velocity_norm = torch.sqrt(sum(v.pow(2).sum() for v in velocity.values()))
+    velocity = {k: v * (grad_norm / velocity_norm) for k, v in velocity.items()}
+    dt = _flow_step(params, grads)
+
+    def field(state):
+        theta = {k: state[("θ", k)] for k in params}
+        gradient = loss_gradients(loss, theta)
+        return {**{("θ", k): state[("v", k)] for k in params},
+                **{("v", k): -damping * state[("v", k)] - gradient[k] for k in params}}
+
+    state = rk4(field, {**{("θ", k): p for k, p in params.items()}, **{("v", k): v for k, v in velocity.items()}},
+                 dt, steps)
+    end_theta, end_velocity = ({k: state[(part, k)] for k in params} for part in ("θ", "v"))
+    decay = torch.exp(torch.tensor(-damping * dt * steps, dtype=grad_norm.dtype)).item()
+    results = []
+    for j in momenta:
+        start = j(params, velocity)
+        error = (j(end_theta, end_velocity) - decay * start).abs().max().item() / max(start.abs().max().item(), 1e-300)
+        results.append(CheckResult("angular_momentum", j.symmetry.label, error, tol,
+                                   f"heavy ball γ={damping}: J(t) = e^(-γt) J(0), RK4 dt={dt:.1e}, {steps} steps"))
+    return results
+
+
+def compare_to_sympy(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values: Mapping) -> float:
+    """Largest relative difference between lowered tensors and SymPy's exact values of ``exprs``."""
+    return max(relative_error(lowered[n].detach().cpu().double(),
+                              torch.from_numpy(evaluate_symbolic(e, values)).reshape(lowered[n].shape))
+               for n, e in exprs.items())
+
+
+def check_device(device) -> None:
+    """Raise ``ValueError`` naming ``device`` when torch cannot allocate on it here."""
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:
+        raise ValueError(f"device {device!r} is not available here ({error})") from None
+
+
+def check_params(params, shapes: Mapping[str, tuple], caller: str, optional=()) -> None:
+    """Raise ``SpecError`` naming the parameter unless ``params`` maps names of ``shapes`` to finite tensors:
+    no unknown name, none missing but those in ``optional`` (buffers), each concrete shape as given
+    (symbolic widths are read off and compared by ``Architecture.widths_from_params``)."""
+    if not isinstance(params, Mapping):
+        raise SpecError(f"{caller}: params must be a mapping {{name: tensor}}, got {type(params).__name__}")
+    for name, value in params.items():
+        if name not in shapes:
+            raise SpecError(f"{caller}: unknown parameter {name!r} (expected names: {sorted(shapes)})")
+        if not isinstance(value, torch.Tensor):
+            raise SpecError(f"{caller}: parameter {name!r} is a {type(value).__name__}, not a tensor")
+        expected = tuple(shapes[name])
+        concrete = all(isinstance(size, int) or getattr(size, "is_Integer", False) for size in expected)
+        if concrete and tuple(value.shape) != tuple(int(size) for size in expected):
+            raise SpecError(f"{caller}: parameter {name!r} has shape {tuple(value.shape)}, expected {expected}")
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise SpecError(f"{caller}: parameter {name!r} has non-finite entries")
+    missing = sorted(set(shapes) - set(params) - set(optional))
+    if missing:
+        raise SpecError(f"{caller}: parameter {missing[0]!r} is missing (expected names: {sorted(shapes)})")
