@@ -62,10 +62,10 @@ def main() -> None:
             fixed = teleport(action, params, loss, lr=0.1)
             default = teleport(action, params, loss)
             change = max(abs(v / r.loss_before - 1) for r in (fixed, default) for v in r.losses)
-            print(f"{name:9} {scale:6.0e} {default.objective_before:9.3g} | {fixed.history[-1]:12.3g} "
-                  f"{max(fixed.history):9.3g} {fixed.history[-1] / reference:10.3g} {max(fixed.history) / reference:10.3g}"
-                  f" | {default.objective_after:9.3g} {default.objective_after / reference:9.3g} "
-                  f"{str(default.accepted):>8} {change:10.1e}")
+            last, best = fixed.history[-1], max(fixed.history)
+            print(f"{name:9} {scale:6.0e} {default.objective_before:9.3g} | {last:12.3g} {best:9.3g} "
+                  f"{last / reference:10.3g} {best / reference:10.3g} | {default.objective_after:9.3g} "
+                  f"{default.objective_after / reference:9.3g} {str(default.accepted):>8} {change:10.1e}")
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ an objective ``F`` over the orbit by gradient steps on the coordinates, differen
 so the group element is the product ``g = exp(Δ_K)⋯exp(Δ_1)``, each factor exact (``compose=False`` keeps one
 element ``exp(Σ cᵢ Bᵢ)`` and steps ``c``). Every factor keeps the loss, so only the step length ``s`` is chosen:
 by default the normalised step ``‖Δ‖ = max_step`` halved until the objective rises by the Armijo amount
-``ARMIJO·‖Δ‖‖∇_c F‖`` (scale-free: ``F ↦ kF`` changes no iterate), or a fixed rate ``s = lr`` when ``lr`` is given. Discrete generators (permutations, sign flips, reflections) are
-searched greedily or at random (``discrete=``). Since ``L(g·θ) = L(θ)``, the chain rule gives
+``ARMIJO·‖Δ‖‖∇_c F‖`` (scale-free: ``F ↦ kF`` changes no iterate), or a fixed rate ``s = lr`` when ``lr`` is
+given. Discrete generators (permutations, sign flips, reflections) are searched greedily or at random
+(``discrete=``). Since ``L(g·θ) = L(θ)``, the chain rule gives
 ``∇L(g·θ) = J⁻ᵀ ∇L(θ)`` with ``J = ∂(g·θ)/∂θ``: for a linear action ``J = g`` and an orthogonal ``g`` leaves
 ``‖∇L‖`` unchanged (Cor. 4.5.2), so only the non-orthogonal part of a group can speed up gradient descent.
 The loss is measured at every iterate; the result is the iterate with the best objective among those that
@@ -73,9 +74,10 @@ import torch
 
 from .groups import GeneralLinear, Permutations, PositiveScaling, SignFlips, Translations, matrix_exp
 
-__all__ = ["ARMIJO", "Action", "BACKTRACK", "ConjugatedCoordinates", "Curvature", "DataCoordinates", "FunctionAction", "GradNorm",
-           "MetricGradNorm", "Move", "Objective", "Sharpness", "SymmetryAction", "TOLERANCES", "TeleportResult",
-           "Teleporter", "as_action", "gradients", "optimizer_metric", "teleport", "transform_cotangent"]
+__all__ = ["ARMIJO", "Action", "BACKTRACK", "ConjugatedCoordinates", "Curvature", "DataCoordinates", "FunctionAction",
+           "GradNorm", "MetricGradNorm", "Move", "Objective", "Sharpness", "SymmetryAction", "TOLERANCES",
+           "TeleportResult", "Teleporter", "as_action", "gradients", "optimizer_metric", "teleport",
+           "transform_cotangent"]
 
 Params = Mapping[str, torch.Tensor]
 
@@ -667,11 +669,13 @@ class Teleporter:
         if not (isinstance(self.steps, int) and self.steps >= 0):
             raise ValueError(f"Teleporter: steps must be a non-negative integer, got {self.steps!r}")
         if self.lr is not None and not (isinstance(self.lr, numbers.Real) and 0 <= self.lr < math.inf):
-            raise ValueError(f"Teleporter: lr must be None (the normalised step) or a finite number ≥ 0, got {self.lr!r}")
+            raise ValueError(f"Teleporter: lr must be None (the normalised step) or a finite number ≥ 0, "
+                             f"got {self.lr!r}")
         if self.max_step is not None and not (isinstance(self.max_step, numbers.Real) and self.max_step > 0):
             raise ValueError(f"Teleporter: max_step must be a positive number or None, got {self.max_step!r}")
         if self.lr is None and self.max_step is None:
-            raise ValueError("Teleporter: lr=None takes the step length from max_step; give max_step > 0 or a number lr")
+            raise ValueError("Teleporter: lr=None takes the step length from max_step; "
+                             "give max_step > 0 or a number lr")
         if self.backtrack is not None and not (isinstance(self.backtrack, int) and self.backtrack >= 0):
             raise ValueError(f"Teleporter: backtrack must be a non-negative integer or None, got {self.backtrack!r}")
         if not (isinstance(self.min_gain, numbers.Real) and 0 <= self.min_gain < math.inf):
