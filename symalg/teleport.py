@@ -666,17 +666,17 @@ class Teleporter:
         object.__setattr__(self, "action", as_action(self.action))
         if self.discrete not in (None, "greedy", "random"):
             raise ValueError(f"Teleporter: discrete must be None, 'greedy' or 'random', got {self.discrete!r}")
-        if not (isinstance(self.steps, int) and self.steps >= 0):
+        if not (isinstance(self.steps, numbers.Integral) and self.steps >= 0):
             raise ValueError(f"Teleporter: steps must be a non-negative integer, got {self.steps!r}")
         if self.lr is not None and not (isinstance(self.lr, numbers.Real) and 0 <= self.lr < math.inf):
             raise ValueError(f"Teleporter: lr must be None (the normalised step) or a finite number ≥ 0, "
                              f"got {self.lr!r}")
-        if self.max_step is not None and not (isinstance(self.max_step, numbers.Real) and self.max_step > 0):
-            raise ValueError(f"Teleporter: max_step must be a positive number or None, got {self.max_step!r}")
+        if self.max_step is not None and not (isinstance(self.max_step, numbers.Real) and 0 < self.max_step < math.inf):
+            raise ValueError(f"Teleporter: max_step must be a finite positive number or None, got {self.max_step!r}")
         if self.lr is None and self.max_step is None:
             raise ValueError("Teleporter: lr=None takes the step length from max_step; "
                              "give max_step > 0 or a number lr")
-        if self.backtrack is not None and not (isinstance(self.backtrack, int) and self.backtrack >= 0):
+        if self.backtrack is not None and not (isinstance(self.backtrack, numbers.Integral) and self.backtrack >= 0):
             raise ValueError(f"Teleporter: backtrack must be a non-negative integer or None, got {self.backtrack!r}")
         if not (isinstance(self.min_gain, numbers.Real) and 0 <= self.min_gain < math.inf):
             raise ValueError(f"Teleporter: min_gain must be a finite number ≥ 0, got {self.min_gain!r}")
