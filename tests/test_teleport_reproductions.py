@@ -33,7 +33,10 @@ def test_test_functions_reach_the_closed_form_optimum_and_speed_up_gd(tmp_path):
         assert v[f"{name}_max_rel_loss_change"] < 1e-10, name  # teleports keep the loss
     # Rosenbrock: the converged ascent ends at a local maximum of the orbit, below the global one (reported)
     assert 0.5 < v["rosenbrock_converged_ratio"] <= 1 + 1e-9
-    assert v["rosenbrock_final_loss_teleport"] < v["rosenbrock_final_loss_gd"]
+    # the dissertation's 10 fixed steps jump around the orbit; their best iterate is far above the start, and GD at
+    # lr 1e-3 diverges from there (curvature ~1e5): maximising ‖∇f‖² needs a step size adapted to the new point
+    assert v["rosenbrock_start_ratio"] < 0.02 and v["rosenbrock_first_ratio"] > 0.4
+    assert not v["rosenbrock_final_loss_teleport"] < v["rosenbrock_final_loss_gd"]
 
 
 @pytest.mark.slow

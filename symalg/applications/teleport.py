@@ -8,7 +8,7 @@ API
     action (``DataDependentAction``, ``ExactTeleport``, ``ApproximateTeleport``; give the batch ``x`` and
     ``params`` for the widths). Your own: subclass :class:`Action` or wrap ``fn(params, coords)`` in
     :class:`FunctionAction`.
-``teleport(action, params, loss, objective=GradNorm(), steps=10, lr=0.1, ...)`` → :class:`TeleportResult`
+``teleport(action, params, loss, objective=GradNorm(), steps=10, ...)`` → :class:`TeleportResult`
     (or ``Teleporter(action, ...)(params, loss)``: the same settings kept for reuse).
 Objectives: :class:`GradNorm`, :class:`MetricGradNorm` (with :func:`optimizer_metric`), :class:`Sharpness`
     (eq. 5.1), :class:`Curvature` (eq. 5.2), or any callable ``params → scalar``.
@@ -21,15 +21,20 @@ An action maps Lie-algebra coordinates ``c ∈ R^d`` to parameters, ``θ ↦ exp
 basis, ``exp`` exact: :meth:`SiteGroup.exp <symalg.catalogue.groups.SiteGroup.exp>`). A teleport maximises (or minimises)
 an objective ``F`` over the orbit by gradient steps on the coordinates, differentiating through the action:
 
-    Δ = ±lr ∇_c F(exp(Σ cᵢ Bᵢ)·θ_k)|_{c=0},     θ_{k+1} = exp(Σ Δᵢ Bᵢ)·θ_k        (compose=True)
+    Δ = ±s ∇_c F(exp(Σ cᵢ Bᵢ)·θ_k)|_{c=0},     θ_{k+1} = exp(Σ Δᵢ Bᵢ)·θ_k        (compose=True)
 
 so the group element is the product ``g = exp(Δ_K)⋯exp(Δ_1)``, each factor exact (``compose=False`` keeps one
-element ``exp(Σ cᵢ Bᵢ)`` and steps ``c``). Discrete generators (permutations, sign flips, reflections) are
-searched greedily or at random (``discrete=``). Since ``L(g·θ) = L(θ)``, the chain rule gives
+element ``exp(Σ cᵢ Bᵢ)`` and steps ``c``). Every factor keeps the loss, so only the step length ``s`` is chosen:
+by default the normalised step ``‖Δ‖ = max_step`` halved until the objective rises by the Armijo amount
+``ARMIJO·‖Δ‖‖∇_c F‖`` (scale-free: ``F ↦ kF`` changes no iterate), or a fixed rate ``s = lr`` when ``lr`` is
+given. Discrete generators (permutations, sign flips, reflections) are searched greedily or at random
+(``discrete=``). Since ``L(g·θ) = L(θ)``, the chain rule gives
 ``∇L(g·θ) = J⁻ᵀ ∇L(θ)`` with ``J = ∂(g·θ)/∂θ``: for a linear action ``J = g`` and an orthogonal ``g`` leaves
 ``‖∇L‖`` unchanged (Cor. 4.5.2), so only the non-orthogonal part of a group can speed up gradient descent.
-The loss is measured before and after; a teleport changing it by more than ``tolerance`` (relative) is
-rejected: the original parameters come back with ``accepted=False``.
+The loss is measured at every iterate; the result is the iterate with the best objective among those that
+changed the loss by at most ``tolerance`` (relative), so never worse than the start. It is accepted when it
+improved the objective by at least ``min_gain`` (relative); otherwise the original parameters come back with
+``accepted=False`` and the reason.
 
 Objectives (``maximize`` is each one's default direction; pass ``maximize=`` to :func:`teleport` to flip it):
 
@@ -52,13 +57,14 @@ Example
 >>> x, y = torch.randn(8, 3, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
 >>> action = as_action(symalg.derive(symalg.trace(model, (x,))))          # GL(4) on the hidden site
 >>> loss = lambda p: ((torch.func.functional_call(model, p, (x,)) - y) ** 2).mean()
->>> result = teleport(action, dict(model.named_parameters()), loss, steps=5, lr=0.05)
+>>> result = teleport(action, dict(model.named_parameters()), loss, steps=5)
 >>> result.accepted, result.objective_after > result.objective_before, result.relative_loss_change < 1e-12
 (True, True, True)
 """
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
@@ -68,9 +74,10 @@ import torch
 
 from symalg.catalogue.groups import GeneralLinear, Permutations, PositiveScaling, SignFlips, Translations, matrix_exp
 
-__all__ = ["Action", "ConjugatedCoordinates", "Curvature", "DataCoordinates", "FunctionAction", "GradNorm",
-           "MetricGradNorm", "Move", "Objective", "Sharpness", "SymmetryAction", "TOLERANCES", "TeleportResult",
-           "Teleporter", "as_action", "gradients", "optimizer_metric", "teleport", "transform_cotangent"]
+__all__ = ["ARMIJO", "Action", "BACKTRACK", "ConjugatedCoordinates", "Curvature", "DataCoordinates", "FunctionAction",
+           "GradNorm", "MetricGradNorm", "Move", "Objective", "Sharpness", "SymmetryAction", "TOLERANCES",
+           "TeleportResult", "Teleporter", "as_action", "gradients", "optimizer_metric", "teleport",
+           "transform_cotangent"]
 
 Params = Mapping[str, torch.Tensor]
 
@@ -539,14 +546,25 @@ def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str
 
 # ------------------------------------------------------------------------------------------------ teleport
 
+ARMIJO = 1e-4
+"""Sufficient-increase constant of the line search: a step ``Δ = ±s ∇_c F`` passes when it improves the objective by at
+least ``ARMIJO · ‖Δ‖ ‖∇_c F‖`` (the Armijo condition; ``‖Δ‖ ‖∇_c F‖`` is the first-order gain)."""
+
+BACKTRACK = 30
+"""Halvings of the line search when ``Teleporter.backtrack`` is not given and the step is normalised (``lr=None``)."""
+
+
 @dataclass(frozen=True)
 class TeleportResult:
     """What a teleport did.
 
-    ``params``: the teleported parameters, or the original ones when rejected (``accepted=False``, ``reason``
-    says why). ``moves``: the group element as factors (:class:`Move`); ``coordinates`` their Lie-algebra parts.
-    ``objective_before/after`` and ``loss_before/after`` are of the candidate even when rejected; ``history``
-    the objective at every iterate; ``steps`` the gradient steps taken; ``seconds`` the wall-clock time.
+    ``params``: the best iterate of the ascent (the best objective among the iterates that kept the loss within the
+    tolerance), or the original parameters (the same tensors) when that is the start or improved the objective by less
+    than ``min_gain`` (``accepted=False``, ``reason`` says why). ``moves``: the group element taking the input to
+    ``params`` as factors (:class:`Move`); ``coordinates`` their Lie-algebra parts. ``objective_after`` and
+    ``loss_after`` are at ``params``. ``history`` and ``losses``: the objective and the loss at every iterate (index 0
+    the start, then the discrete search's result if it moved, then one per gradient step); ``best``: the index of
+    ``params`` in them; ``steps``: the gradient steps taken; ``seconds``: the wall-clock time.
     """
 
     params: dict
@@ -560,6 +578,8 @@ class TeleportResult:
     steps: int
     seconds: float
     history: tuple[float, ...] = ()
+    losses: tuple[float, ...] = ()
+    best: int = 0
 
     @property
     def relative_loss_change(self) -> float:
@@ -580,36 +600,63 @@ class TeleportResult:
 class Teleporter:
     """Settings of a teleport (see :func:`teleport`); ``teleporter(params, loss, wrt=None)`` runs one.
 
+    Every step moves along the objective's gradient in the coordinates, ``Δ = ±s ∇_c F``; each group element keeps
+    the loss, so only the step length ``s`` is chosen:
+
+    * ``lr=None`` (default), scale-free: the normalised step ``s = max_step / ‖∇_c F‖`` (``‖Δ‖ = max_step``) under
+      the line search. Multiplying the objective by any constant leaves every iterate unchanged.
+    * ``lr`` a number: ``s = lr`` (with ``‖Δ‖`` clipped to ``max_step``), the dissertation's fixed rate, every step
+      taken unless ``backtrack`` asks for the line search.
+
+    The line search halves ``Δ``, up to ``backtrack`` times, until the objective improves by at least
+    ``ARMIJO · ‖Δ‖ ‖∇_c F‖`` (Armijo), the loss stays within ``tolerance`` and everything is finite; the next step
+    starts from twice the last scale (at most the full step); when no halving passes, the ascent has converged and
+    stops. The result is the best iterate that kept the loss (never worse than the start), accepted when it improved
+    the objective by at least ``min_gain · |F(θ)|``.
+
     Parameters
     ----------
     action : an :class:`Action` (or anything :func:`as_action` takes without data).
     objective : an :class:`Objective`, or a callable ``params → scalar``.
-    steps, lr : gradient steps on the coordinates and their size (``Δ = ±lr ∇_c F``).
+    steps : the most gradient steps on the coordinates.
+    lr : ``None``: the normalised step; a number ``≥ 0``: the fixed rate ``Δ = ±lr ∇_c F``.
     maximize : direction; ``None`` takes the objective's default (``True`` for a plain callable).
     compose : ``g ← exp(Δ) g`` at every step (``True``) or one element ``exp(Σ cᵢ Bᵢ)`` with ``c ← c + Δ``.
-    max_step : clip ``‖Δ‖`` to this (a trust region, so each factor ``exp(Δ)`` has condition number at most
-        ``e^{2 max_step}``; ``None``: no clipping). Gradient-norm objectives are unbounded on non-compact orbits
-        (``GL``, scalings): without a bound, steps grow with the objective and the parameters explode.
-    backtrack : 0 takes every step ``Δ = ±lr ∇_c F`` as the dissertation does. ``k > 0`` adapts the step: halve it
-        up to ``k`` times until the objective improves, the loss stays within ``tolerance`` and everything is
-        finite; after an accepted step the next one starts from twice the last scale (at most ``lr``); stop when
-        no such step is found (converged).
-    tolerance : largest accepted relative loss change (default :data:`TOLERANCES` by dtype).
+    max_step : the trust radius ``‖Δ‖ ≤ max_step`` (each factor ``exp(Δ)`` then has condition number at most
+        ``e^{2 max_step}``), and the length of the normalised step. ``None`` (only with a number ``lr``): no clipping.
+        Gradient-norm objectives are unbounded on non-compact orbits (``GL``, scalings): without a bound, fixed-rate
+        steps grow with the objective and the parameters explode.
+    backtrack : halvings of the line search; ``None``: ``BACKTRACK`` (30) with ``lr=None``, 0 with a number ``lr``.
+    tolerance : largest relative loss change of an iterate (default :data:`TOLERANCES` by dtype).
+    min_gain : least relative improvement ``±(F(g·θ) − F(θ)) / |F(θ)|`` of an accepted teleport; 0 accepts any.
     discrete : ``None``, ``"greedy"`` (repeatedly take the best discrete generator or inverse while it improves)
         or ``"random"`` (best of random words in the generators), tried before the gradient steps.
     discrete_steps : rounds of the greedy search, or random words of up to this length.
     samples, seed : number of random words and their seed.
+
+    Examples
+    --------
+    On the level set ``ℓ = 1.09`` of ``f = 9x₁² + x₂²`` the gradient norm ``‖∇f‖² = 4‖Ax‖²`` ranges over
+    ``[4ℓ, 36ℓ]``; the default settings reach the maximum whatever the scale of ``f``:
+
+    >>> from symalg.applications.conjugated import quadratic_form
+    >>> fn = quadratic_form([[9, 0], [0, 1]])
+    >>> x0 = torch.tensor([0.1, 1.0], dtype=torch.float64)
+    >>> [round(Teleporter(fn)({"x": x0}, lambda p: k * fn.loss(p["x"])).objective_after / (36 * 1.09 * k * k), 6)
+    ...  for k in (1e3, 1.0, 1e-6)]
+    [1.0, 1.0, 1.0]
     """
 
     action: Action
     objective: Objective | Callable = GradNorm()
     steps: int = 10
-    lr: float = 0.1
+    lr: float | None = None
     maximize: bool | None = None
     compose: bool = True
     max_step: float | None = 1.0
-    backtrack: int = 0
+    backtrack: int | None = None
     tolerance: float | None = None
+    min_gain: float = 1e-6
     discrete: str | None = None
     discrete_steps: int = 4
     samples: int = 16
@@ -619,8 +666,20 @@ class Teleporter:
         object.__setattr__(self, "action", as_action(self.action))
         if self.discrete not in (None, "greedy", "random"):
             raise ValueError(f"Teleporter: discrete must be None, 'greedy' or 'random', got {self.discrete!r}")
-        if self.steps < 0 or not self.lr >= 0:
-            raise ValueError(f"Teleporter: steps ({self.steps}) and lr ({self.lr}) must be non-negative")
+        if not (isinstance(self.steps, numbers.Integral) and self.steps >= 0):
+            raise ValueError(f"Teleporter: steps must be a non-negative integer, got {self.steps!r}")
+        if self.lr is not None and not (isinstance(self.lr, numbers.Real) and 0 <= self.lr < math.inf):
+            raise ValueError(f"Teleporter: lr must be None (the normalised step) or a finite number ≥ 0, "
+                             f"got {self.lr!r}")
+        if self.max_step is not None and not (isinstance(self.max_step, numbers.Real) and 0 < self.max_step < math.inf):
+            raise ValueError(f"Teleporter: max_step must be a finite positive number or None, got {self.max_step!r}")
+        if self.lr is None and self.max_step is None:
+            raise ValueError("Teleporter: lr=None takes the step length from max_step; "
+                             "give max_step > 0 or a number lr")
+        if self.backtrack is not None and not (isinstance(self.backtrack, numbers.Integral) and self.backtrack >= 0):
+            raise ValueError(f"Teleporter: backtrack must be a non-negative integer or None, got {self.backtrack!r}")
+        if not (isinstance(self.min_gain, numbers.Real) and 0 <= self.min_gain < math.inf):
+            raise ValueError(f"Teleporter: min_gain must be a finite number ≥ 0, got {self.min_gain!r}")
         if self.discrete and not self.action.discrete_generators():
             raise ValueError(f"Teleporter: discrete={self.discrete!r} but the action has no discrete generators")
         if self.steps and self.action.dim == 0 and not self.discrete:
@@ -630,6 +689,13 @@ class Teleporter:
     def sign(self) -> float:
         maximize = self.maximize if self.maximize is not None else getattr(self.objective, "maximize", True)
         return 1.0 if maximize else -1.0
+
+    @property
+    def halvings(self) -> int:
+        """Halvings of the line search (``backtrack``, or its default for the step rule)."""
+        if self.backtrack is not None:
+            return self.backtrack
+        return BACKTRACK if self.lr is None else 0
 
     def evaluate(self, params: Params, loss: Callable, wrt: Sequence[str]) -> torch.Tensor:
         """The objective at ``params``."""
@@ -657,75 +723,117 @@ class Teleporter:
             with torch.enable_grad():
                 return float(self.evaluate(p, loss, wrt).detach())
 
-        def admissible(p):
+        def loss_at(p) -> float:
+            """The loss at ``p`` (NaN where a parameter is not finite)."""
             if not all(bool(torch.isfinite(p[n]).all()) for n in wrt):
-                return False
+                return math.nan
             with torch.no_grad():
-                lp = float(loss(p))
-            return math.isfinite(lp) and abs(lp - loss0) <= tolerance * max(abs(loss0), 1e-300)
+                return float(loss(p))
 
-        theta, moves = theta0, []
-        history = [value(theta0) if self.discrete else None]      # None: filled in by the next evaluation
+        def change(lp: float) -> float:
+            """The relative loss change of the loss value ``lp`` (``inf`` when not finite)."""
+            relative = abs(lp - loss0) / max(abs(loss0), 1e-300)
+            return relative if math.isfinite(relative) else math.inf
+
+        def kept(lp: float) -> bool:
+            return change(lp) <= tolerance
+
+        theta, moves, steps = theta0, [], 0
+        base, total = theta0, torch.zeros(self.action.dim, dtype=like.dtype, device=like.device)
+        history, losses = [value(theta0) if self.discrete else None], [loss0]   # None: filled by the next evaluation
         if self.discrete:
-            theta, found, current = self._search(theta, value, admissible, history[0])
+            theta, found, current = self._search(theta, value, lambda p: kept(loss_at(p)), history[0])
             if found:
-                moves, history = found, history + [current]
-        base, total, steps = theta, torch.zeros(self.action.dim, dtype=like.dtype, device=like.device), 0
+                moves, history, losses = found, history + [current], losses + [loss_at(theta)]
+            base = theta
+        best = (0, theta0, 0, total, 0)     # index, params, number of moves, coordinates (compose=False), steps
+
+        def consider():
+            """Make the current iterate the best when it kept the loss and has a better, finite objective."""
+            nonlocal best
+            k = len(history) - 1
+            if k and kept(losses[k]) and math.isfinite(history[k]) and self.sign * (history[k] - history[best[0]]) > 0:
+                best = (k, theta, len(moves), total, steps)
+
+        consider()
         scale, note = 1.0, ""
         for _ in range(self.steps if self.action.dim else 0):
             z = torch.zeros_like(total, requires_grad=True)
             with torch.enable_grad():
                 objective = self.evaluate(self.action(theta if self.compose else base, total + z), loss, wrt)
                 (grad,) = torch.autograd.grad(objective, z, allow_unused=True)
+            here = float(objective.detach())
             if history[-1] is None:
-                history[-1] = float(objective.detach())
+                history[-1] = here
+                consider()
             if grad is None:
                 break
             if not torch.isfinite(grad).all():
                 note = f"stopped after {steps} steps: the objective's gradient in the coordinates is not finite"
                 break
-            delta = self.sign * self.lr * scale * grad
-            norm = float(delta.norm())
-            if self.max_step is not None and norm > self.max_step:
-                delta, norm = delta * (self.max_step / norm), self.max_step
-            if norm == 0:
+            slope = float(grad.norm())
+            if slope == 0:
                 break
-            (candidate, failure), current = self._advance(base, theta, total, delta), None
-            if self.backtrack:
-                for _ in range(self.backtrack):
-                    current = value(candidate) if candidate is not None and admissible(candidate) else None
-                    if current is not None and self.sign * (current - float(objective.detach())) > 0:
-                        break
-                    delta, scale = delta / 2, scale / 2
+            delta = self.sign * (self.lr if self.lr is not None else self.max_step / slope) * scale * grad
+            length = float(delta.norm())
+            if self.max_step is not None and length > self.max_step:
+                delta, length = delta * (self.max_step / length), self.max_step
+            if length == 0:
+                break
+            (candidate, failure), current, lp = self._advance(base, theta, total, delta), None, math.nan
+            if self.halvings:
+                for _ in range(self.halvings):
+                    if candidate is not None:
+                        lp = loss_at(candidate)
+                        current = value(candidate) if kept(lp) else None
+                        if current is not None and self.sign * (current - here) >= ARMIJO * length * slope:
+                            break
+                    delta, length, scale = delta / 2, length / 2, scale / 2
                     candidate, failure = self._advance(base, theta, total, delta)
                 else:
-                    break  # no admissible improving step along the gradient: converged
+                    note = f"converged after {steps} steps: no step along the gradient passes the line search"
+                    break
                 scale = min(1.0, 2 * scale)
             elif candidate is None:
                 note = f"stopped after {steps} steps: the action is undefined at the next step ({failure})"
                 break
+            else:
+                lp = loss_at(candidate)
             theta, steps = candidate, steps + 1
             if self.compose:
                 moves.append(Move(coords=delta.detach()))
             else:
                 total = total + delta.detach()
             history.append(current)
+            losses.append(lp)
+            if current is not None:
+                consider()
         if history[-1] is None:
             history[-1] = value(theta)
-        if not self.compose and steps:
-            moves.append(Move(coords=total))
-        with torch.no_grad():
-            loss1 = float(loss(theta))
-        change = abs(loss1 - loss0) / max(abs(loss0), 1e-300)
-        accepted, reason = True, note
-        if not (math.isfinite(loss1) and math.isfinite(history[-1])
-                and all(bool(torch.isfinite(theta[n]).all()) for n in wrt)):
-            accepted, reason = False, "the parameters, loss or objective after the teleport are not finite"
-        elif change > tolerance:
-            accepted, reason = False, f"relative loss change {change:.2e} > tolerance {tolerance:.1e}"
+            consider()
+        index, theta, count, total, taken = best
+        moves = moves[:count] + ([Move(coords=total)] if not self.compose and taken else [])
+        accepted, reason = self._verdict(history, index, max(map(change, losses[1:]), default=0.0), tolerance, note)
+        if not accepted:
+            index, theta, moves = 0, theta0, []
         moved = {n: params[n] if theta[n] is theta0[n] else theta[n] for n in params}
         return TeleportResult(moved if accepted else dict(params), accepted, reason, tuple(moves), history[0],
-                              history[-1], loss0, loss1, steps, time.perf_counter() - start, tuple(history))
+                              history[index], loss0, losses[index], steps, time.perf_counter() - start,
+                              tuple(history), tuple(losses), index)
+
+    def _verdict(self, history, index, worst, tolerance, note) -> tuple[bool, str]:
+        """``(accepted, reason)`` for the best iterate ``history[index]``: accepted when it improved the objective by at
+        least ``min_gain`` relative to the start; ``worst`` is the largest relative loss change of any iterate."""
+        gain = self.sign * (history[index] - history[0])
+        if index and gain >= self.min_gain * abs(history[0]):
+            return True, note
+        if index:
+            return False, (f"the objective improved by {gain / abs(history[0]):.1e} (relative) < min_gain "
+                           f"{self.min_gain:.1e}")
+        if worst > tolerance:
+            return False, (f"no iterate improved the objective and kept the loss: relative loss change up to "
+                           f"{worst:.2e} > tolerance {tolerance:.1e}")
+        return False, "the objective did not improve" + (f" ({note})" if note else "")
 
     def _advance(self, base, theta, total, delta):
         """``(next iterate, "")``, or ``(None, why)`` where the action is undefined (singular frames, points off the
