@@ -76,8 +76,8 @@ _KINDS_OF_GROUP = {GeneralLinear: ALL - TRANSLATIONS, Orthogonal: {"O", "O1", "S
 
 def activation_rule(state: Inference, node, data, inputs) -> Label:
     """A catalogue activation on the feature axis: ``σ(g z) = π(g) σ(z) + τ(g)`` for the entry's groups
-    (``τ ≠ 0`` for affine sign flips, ``σ(−z) = 1 − σ(z)``: the output's segments carry the center). The symbolic
-    checks of every group it claims are recorded on the sites along its input (``Symmetry.checks``)."""
+    (``τ ≠ 0`` for affine sign flips, ``σ(−z) = 1 − σ(z)``: the output's segments carry the center). The
+    symbolic checks of every group it claims are recorded on the sites along its input (``Symmetry.checks``)."""
     label = _first(inputs)
     entry = state.catalogue[data["op"]]
     params = entry.resolve({k: v for k, v in data["settings"].items() if k in entry.defaults})

@@ -291,7 +291,8 @@ def _rule_for(op: str, inputs: list, catalogue: Mapping):
     the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis). A
     pointwise function that ``catalogue`` lists (an overlay's ``sin``) is an activation: its entry, not the
     generic pointwise rule (permutations only, for functions the catalogue does not list), decides."""
-    from symalg.catalogue.rules import OP_RULES, WEIGHT_RULES, WeightExpr, activation_rule, elementwise_rule, unknown_rule
+    from symalg.catalogue.rules import (OP_RULES, WEIGHT_RULES, WeightExpr, activation_rule, elementwise_rule,
+                                        unknown_rule)
 
     if op not in WEIGHT_RULES and any(isinstance(i, WeightExpr) or isinstance(i, tuple) and i[:1] == ("param",)
                                       for i in inputs):
@@ -430,7 +431,8 @@ def _solve(state: Inference) -> ModelSites:
         if "PS" in kinds and len({b.power for b in bindings if b.role == "in"}) > 1:
             kinds = tuple(k for k in kinds if k != "PS")
         checks = tuple(dict.fromkeys(record for site in members for record in site.checks))
-        cls = SiteClass(name, width, tuple(s.name for s in members), kinds, bindings, translations, alpha, shifts, checks)
+        cls = SiteClass(name, width, tuple(s.name for s in members), kinds, bindings, translations, alpha, shifts,
+                        checks)
         classes.append(cls)
         for site in members:
             class_of[site.id] = cls
