@@ -6,11 +6,13 @@ checked against the mathematics stated in ``symalg.groups`` and ``symalg.derive`
 * the declared identity ``σ(g z) = π(g) σ(z) + τ(g)`` numerically, for group elements near and far
   from the identity, in the other component, and for every discrete generator;
 * the representation laws behind it (``π`` a homomorphism, ``τ`` a cocycle, ``dπ(M) = α M``);
-* the symbolic checks of the entry's symmetries are proved;
+* the symbolic checks of the entry's symmetries are proved, through the spec and the traced front ends
+  (``Symmetry.checks``), and a wrong declaration shows a disproved check;
 * the Lie-algebra bases (dimension, independence, closure under the bracket, symmetric part);
 * a two-layer network with the entry passes :func:`symalg.verify`;
-* the lowered action is a left group action: ``g2 · (g1 · θ) = (g2 g1) · θ``, ``e · θ = θ``,
-  ``g⁻¹ · (g · θ) = θ``; it matches the action formula and its derivative is the tangent map.
+* ``Symmetry.apply`` is a left group action: ``g2 · (g1 · θ) = (g2 g1) · θ``, ``e · θ = θ``,
+  ``g⁻¹ · (g · θ) = θ``; it matches the action formula and ``Symmetry.action_expressions``, keeps the network
+  function (the analysis' own module, through ``functional_call``), and its derivative is ``Symmetry.tangent``.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import torch
 import symalg
 from symalg.catalogue.groups import Orthogonal
 from symalg.catalogue.modules import activation_function
+from symalg.lowering.codegen import evaluate_symbolic
 
 ENTRIES = sorted(symalg.CATALOGUE)
 DTYPE = torch.float64
@@ -242,6 +245,60 @@ def test_symbolic_checks_are_proved(op, bias):
 
 
 @pytest.mark.parametrize("op", ENTRIES)
+def test_symbolic_checks_are_proved_on_traced_models(op):
+    """The traced front end runs the same checks: trace the module the spec generates (fx) and derive."""
+    spec = symalg.derive(f"linear(3, 5) -> {op} -> linear(5, 2)")
+    traced = symalg.derive(symalg.trace(spec.model_graph.model, spec.model_graph.example_inputs))
+    assert [s.group.name for s in traced.symmetries] == [s.group.name for s in spec.symmetries]
+    for symmetry, reference in zip(traced.symmetries, spec.symmetries):
+        assert symmetry.checks == reference.checks and len(symmetry.checks) == 3, symmetry.label
+        assert all(check.proved is True for check in symmetry.checks), symmetry.label
+
+
+def _softplus_declared_odd():
+    return symalg.overlay({"softplus": symalg.CatalogueEntry(
+        "softplus", symalg.CATALOGUE["softplus"].function, symalg.catalogue.activations.declare_odd(),
+        defaults=symalg.CATALOGUE["softplus"].defaults)})
+
+
+def test_a_wrong_declaration_shows_its_disproved_check_on_both_front_ends():
+    """Kept with ``strict=False`` (uncertified), the claim carries the check that refutes it; strict derivation
+    blocks it instead."""
+    wrong = _softplus_declared_odd()
+    spec = symalg.parse("linear(n, h) -> softplus -> linear(h, m)", catalogue=wrong)
+    module = symalg.derive("linear(3, 4) -> softplus -> linear(4, 2)")
+    traced = symalg.trace(module.model_graph.model, module.model_graph.example_inputs)
+    for graph in (spec, traced):
+        flips = next(s for s in symalg.derive(graph, wrong, strict=False, certify=False).symmetries
+                     if s.group.name.startswith("SignFlips"))
+        assert flips.checks[0].proved is False and "σ(−z) = −σ(z)" in flips.checks[0].statement
+        assert not any(s.group.name.startswith("SignFlips") for s in symalg.derive(graph, wrong).symmetries)
+
+
+def test_an_overlay_entry_decides_a_pointwise_op_on_both_front_ends():
+    """``torch.sin`` is only permuted by the generic pointwise rule; an overlay entry declaring it odd is what
+    decides the op, whether the spec names it or a traced model calls it, and its checks come along."""
+    mine = symalg.overlay({"sin": symalg.CatalogueEntry("sin", lambda z: sp.sin(z),
+                                                        symalg.catalogue.activations.declare_odd())})
+
+    class Sine(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(2, 3), torch.nn.Linear(3, 1)
+
+        def forward(self, x):
+            return self.b(torch.sin(self.a(x)))
+
+    traced = symalg.trace(Sine().double(), (torch.randn(6, 2, dtype=DTYPE),))
+    assert [s.group.name for s in symalg.derive(traced).symmetries] == ["S(3)"]
+    for analysis in (symalg.derive(symalg.parse("linear(2, 3) -> sin -> linear(3, 1)", catalogue=mine)),
+                     symalg.derive(traced, mine)):
+        assert [s.group.name for s in analysis.symmetries] == ["SignFlips(3)", "S(3)"]
+        assert analysis.certified and all(c.proved is True for s in analysis.symmetries for c in s.checks)
+        assert [len(s.checks) for s in analysis.symmetries] == [3, 3]
+
+
+@pytest.mark.parametrize("op", ENTRIES)
 def test_derived_groups_are_the_declared_groups(op):
     analysis = symalg.derive(f"linear(n, h) -> {op} -> linear(h, m)")
     h = sp.Symbol("h", integer=True, positive=True)
@@ -331,11 +388,17 @@ def test_two_layer_network_verifies(op, bias):
         assert any(c.check == dynamical and c.symmetry == symmetry.label for c in report.checks)
 
 
-# -- (5) the lowered action is a left group action -----------------------------------------------------
+# -- (5) the action is a left group action -----------------------------------------------------------
+ROLES = {"W_in": "0.weight", "b_in": "0.bias", "W_out": "2.weight", "b_out": "2.bias"}
+"""The tensors around the site of ``linear -> op -> linear`` (the generated module names its layers 0, 1, 2)."""
+
+
 def _two_layer(op, h, bias):
     b = "" if bias else ", bias=False"
     analysis = symalg.derive(f"linear(3, {h}{b}) -> {op} -> linear({h}, 2{b})")
-    params = symalg.random_params(analysis.architecture, torch.Generator().manual_seed(42))
+    generator = torch.Generator().manual_seed(42)
+    params = {name: torch.randn(p.shape, generator=generator, dtype=DTYPE)
+              for name, p in analysis.model_graph.model.named_parameters()}
     return analysis, params
 
 
@@ -408,11 +471,13 @@ def test_inverse_undoes_action(op, bias, index):
 
 
 @pytest.mark.parametrize("op, bias, index", _symmetry_cases())
-def test_lowered_action_matches_action_formula(op, bias, index):
+def test_action_matches_action_formula(op, bias, index):
     """``W_in ↦ g W_in, b_in ↦ g b_in, W_out ↦ W_out π(g)⁻¹, b_out ↦ b_out − W_out π(g)⁻¹ τ(g)``."""
     analysis, params = _two_layer(op, 4, bias)
     symmetry = analysis.symmetries[index]
-    group, roles = symmetry.group, symmetry.roles
+    group = symmetry.group
+    roles = {role: name if name in params else None for role, name in ROLES.items()}
+    assert set(symmetry.tensors) == {roles["W_in"], roles["W_out"]} | ({roles["b_in"]} if bias else set())
     for label, g in group_elements(group, 4, torch.Generator().manual_seed(17)):
         G, inverse = as_matrix(group, g), torch.linalg.inv(as_matrix(group, group.rep(g)))
         expected = dict(params)
@@ -426,14 +491,33 @@ def test_lowered_action_matches_action_formula(op, bias, index):
 
 
 @pytest.mark.parametrize("op, bias, index", _symmetry_cases())
+def test_action_expressions_match_apply(op, bias, index):
+    """The SymPy action (``Symmetry.action_expressions``), evaluated exactly at the parameters and a group
+    element, is what ``apply`` computes; every tensor it leaves out is left unchanged by ``apply``."""
+    analysis, params = _two_layer(op, 4, bias)
+    symmetry = analysis.symmetries[index]
+    expressions = symmetry.action_expressions()
+    assert {symbol.name for symbol in expressions} >= set(symmetry.tensors)
+    for label, g in group_elements(symmetry.group, 4, torch.Generator().manual_seed(29))[:3]:
+        moved = symmetry.apply(params, g)
+        values = {**{name: p.numpy() for name, p in params.items()}, symmetry.element_symbol.name: g.numpy()}
+        for symbol, expression in expressions.items():
+            value = torch.from_numpy(evaluate_symbolic(expression, values)).reshape(moved[symbol.name].shape)
+            assert rel_err(value, moved[symbol.name]) < 1e-12, f"{symmetry.label}, {label}, {symbol.name}"
+        for name in set(params) - {symbol.name for symbol in expressions}:
+            assert torch.equal(moved[name], params[name]), f"{symmetry.label} moved {name}"
+
+
+@pytest.mark.parametrize("op, bias, index", _symmetry_cases())
 def test_action_preserves_network_function(op, bias, index):
     analysis, params = _two_layer(op, 4, bias)
     symmetry = analysis.symmetries[index]
-    forward = symalg.network_function(analysis.architecture)
+    model = analysis.model_graph.model
     x = torch.randn(32, 3, generator=torch.Generator().manual_seed(19), dtype=DTYPE)
-    reference = forward(params, x)
+    reference = torch.func.functional_call(model, params, (x,))
     for label, g in group_elements(symmetry.group, 4, torch.Generator().manual_seed(23)):
-        assert rel_err(forward(symmetry.apply(params, g), x), reference) < 1e-12, label
+        moved = torch.func.functional_call(model, symmetry.apply(params, g), (x,))
+        assert rel_err(moved, reference) < 1e-12, label
 
 
 @pytest.mark.parametrize("op, bias, index", _symmetry_cases(lambda group: group.is_continuous))
@@ -443,14 +527,16 @@ def test_tangent_is_derivative_of_action(op, bias, index):
     symmetry = analysis.symmetries[index]
     group = symmetry.group
     basis = group.algebra_basis(DTYPE)
-    tangent = symmetry.tangent(params, basis)
     t = 1e-5
+    assert basis.shape[0] == int(group.dim)
     for i in range(basis.shape[0]):
+        tangent = symmetry.tangent(params, basis[i])
+        assert set(tangent) <= set(params)
         plus = symmetry.apply(params, group.exp(t * basis[i]))
         minus = symmetry.apply(params, group.exp(-t * basis[i]))
-        for name in symmetry.symbols:
+        for name in params:
             numeric = (plus[name] - minus[name]) / (2 * t)
-            analytic = tangent[name][i] if name in tangent else torch.zeros_like(numeric)
+            analytic = tangent[name] if name in tangent else torch.zeros_like(numeric)
             assert (numeric - analytic).abs().max().item() <= 1e-8 * max(1.0, params[name].abs().max().item()), \
                 f"{symmetry.label}, generator {i}, {name}"
 

@@ -17,6 +17,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Callable
 
+from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.symbolic.checks import disproof, symbolic_checks
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips
@@ -75,18 +76,21 @@ _KINDS_OF_GROUP = {GeneralLinear: ALL - TRANSLATIONS, Orthogonal: {"O", "O1", "S
 
 def activation_rule(state: Inference, node, data, inputs) -> Label:
     """A catalogue activation on the feature axis: ``σ(g z) = π(g) σ(z) + τ(g)`` for the entry's groups
-    (``τ ≠ 0`` for affine sign flips, ``σ(−z) = 1 − σ(z)``: the output's segments carry the center)."""
+    (``τ ≠ 0`` for affine sign flips, ``σ(−z) = 1 − σ(z)``: the output's segments carry the center). The
+    symbolic checks of every group it claims are recorded on the sites along its input (``Symmetry.checks``)."""
     label = _first(inputs)
     entry = state.catalogue[data["op"]]
     params = entry.resolve({k: v for k, v in data["settings"].items() if k in entry.defaults})
     groups = entry.site_groups(label.size or 2, **params)     # the width only names the groups in notes
-    kinds, alpha, center, disproved = set(), Fraction(1), Fraction(0), {}
+    kinds, alpha, center, disproved, claimed = set(), Fraction(1), Fraction(0), {}, []
     for group in groups:
-        reason = disproof(data["op"], group, symbolic_checks(entry, group, tuple(sorted(params.items()))))
+        checks = symbolic_checks(entry, group, tuple(sorted(params.items())))
+        reason = disproof(data["op"], group, checks)
         if state.strict and reason:
             disproved[reason] = _KINDS_OF_GROUP[type(group)]
             continue
         kinds |= _KINDS_OF_GROUP[type(group)]
+        claimed.append((frozenset(_KINDS_OF_GROUP[type(group)]), checks))
         if isinstance(group, PositiveScaling):
             alpha = Fraction(str(group.alpha))
         if isinstance(group, SignFlips):
@@ -98,6 +102,8 @@ def activation_rule(state: Inference, node, data, inputs) -> Label:
         state.restrict_label(label, ALL - (refuted - kinds), node, f"{state.where(node)}: {reason}", blocked=True)
     state.restrict_label(label, kinds, node, f"{state.where(node)} ({data['op']}) is equivariant only under "
                                              f"{', '.join(sorted(kinds)) or 'nothing'}")
+    for segment in label.segments:   # the checks behind every claim this activation allows on the site
+        state.site(segment.site).checks.append((node, data["op"], tuple(claimed)))
     return Label(label.dim, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, s.power * alpha,
                                                       s.invariant, center) for s in label.segments))
 
@@ -454,7 +460,16 @@ def _tensor_constant(state, node) -> bool:
 
 @register_rule("neg", "identity")
 def identity_rule(state, node, data, inputs) -> Label:
-    return _first(inputs)
+    """``±z`` commutes with every action, translations included, so nothing is restricted. An identity layer
+    (``nn.Identity``, the spec's ``identity``; not ``clone``/``contiguous``) is also the catalogue's linear
+    activation: its symbolic checks (``σ`` linear, hence ``GL``-equivariant) are recorded on the sites it reads,
+    as for any activation (the built-in entry: this rule, not an overlay, decides the op)."""
+    label = _first(inputs)
+    if data["op"] == "identity" and data["kind"] == "module":
+        checks = symbolic_checks(CATALOGUE["identity"], GeneralLinear(2), ())
+        for segment in label.segments:
+            state.site(segment.site).checks.append((node, "identity", ((ALL, checks),)))
+    return label
 
 
 @register_rule("dropout")

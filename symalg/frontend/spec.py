@@ -337,7 +337,7 @@ def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generato
         elif node["module"] is not None:
             modules.append(node["module"])
         else:
-            modules.append(Activation(node["op"], **node["params"]))
+            modules.append(Activation(node["op"], arch.catalogue or CATALOGUE, **node["params"]))  # overlays too
     model = torch.nn.Sequential(*modules)
     if generator is not None:
         with torch.no_grad():

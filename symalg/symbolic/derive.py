@@ -251,11 +251,12 @@ def derive(model, catalogue: Mapping | None = None, strict: bool = True, loss: s
             if shifts:
                 group = SignFlips(cls.width, center=_number(shifts[0][2]))
             if group.is_continuous or not isinstance(group, Permutations) or cls.width != 1:  # S(1) is trivial
-                symmetry = Symmetry(cls.name, cls.members, group, cls.bindings, shapes, shifts=shifts)
+                symmetry = Symmetry(cls.name, cls.members, group, cls.bindings, shapes, shifts=shifts,
+                                    checks=cls.checks_for(kind))
                 origins[symmetry] = ("class", cls.name, kind)
     for perm in sites.permutations:
-        origins[Symmetry(perm.name, perm.members, Permutations(perm.width), perm.bindings, shapes)] = \
-            ("permutation", perm.name)
+        origins[Symmetry(perm.name, perm.members, Permutations(perm.width), perm.bindings, shapes,
+                         checks=perm.checks_for("S"))] = ("permutation", perm.name)
     analysis = Analysis(graph, tuple(origins), sites.blocked, sites, loss, catalogue, strict)
     return _certified(analysis, origins) if certify and graph.model is not None else analysis
 

@@ -122,6 +122,27 @@ class _Site:
     shifts: list = field(default_factory=list)
     removed: list = field(default_factory=list)
     dissolved: bool = False
+    checks: list = field(default_factory=list)
+    """Symbolic checks of the activations acting on the site, one record per activation (see :data:`CheckRecord`)."""
+
+
+CheckRecord = tuple
+"""``(node, op, ((kinds, checks), ...))``: an activation ``op`` at ``node`` acting on a site, and for each group it
+declares and that was claimed, the kinds the group allows and its three :class:`~symalg.symbolic.checks.SymbolicCheck`
+results."""
+
+
+def checks_for(records, kind: str) -> tuple:
+    """The symbolic checks behind a claim of ``kind`` on a site: for every activation acting on it (``records``,
+    :data:`CheckRecord`), the checks of the most specific declared group that allows ``kind`` (``S`` of a pointwise
+    activation rather than its ``GL``). Empty when no activation acts on the site (a linear bottleneck, a
+    translation)."""
+    found = []
+    for _, _, groups in records:
+        allowing = [(len(kinds), checks) for kinds, checks in groups if kind in kinds]
+        if allowing:
+            found.extend(min(allowing, key=lambda pair: pair[0])[1])
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -139,6 +160,12 @@ class SiteClass:
     """The power at which the site's readers see positive scaling (1 for ReLU, 0 before batch norm)."""
     shifts: tuple = ()
     """``(bias, column binding, center, node)``: biases absorbing the shift of affine sign flips."""
+    checks: tuple = ()
+    """Symbolic checks of the activations acting on the class's sites (:data:`CheckRecord`; :meth:`checks_for`)."""
+
+    def checks_for(self, kind: str) -> tuple:
+        """The symbolic checks behind a claim of ``kind`` here (:func:`checks_for`)."""
+        return checks_for(self.checks, kind)
 
 
 @dataclass(frozen=True)
@@ -149,6 +176,12 @@ class PermutationClass:
     width: int
     members: tuple[str, ...]
     bindings: tuple[Binding, ...]
+    checks: tuple = ()
+    """Symbolic checks of the activations acting on the member sites (:data:`CheckRecord`)."""
+
+    def checks_for(self, kind: str = "S") -> tuple:
+        """The symbolic checks behind the permutation claim (:func:`checks_for`)."""
+        return checks_for(self.checks, kind)
 
 
 @dataclass(frozen=True)
@@ -255,13 +288,16 @@ class Inference:
 
 def _rule_for(op: str, inputs: list, catalogue: Mapping):
     """The op's rule; an op reading a parameter (or a weight computed from parameters) as a value gets
-    the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis)."""
-    from symalg.catalogue.rules import OP_RULES, WEIGHT_RULES, WeightExpr, activation_rule, unknown_rule
+    the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis). A
+    pointwise function that ``catalogue`` lists (an overlay's ``sin``) is an activation: its entry, not the
+    generic pointwise rule (permutations only, for functions the catalogue does not list), decides."""
+    from symalg.catalogue.rules import (OP_RULES, WEIGHT_RULES, WeightExpr, activation_rule, elementwise_rule,
+                                        unknown_rule)
 
     if op not in WEIGHT_RULES and any(isinstance(i, WeightExpr) or isinstance(i, tuple) and i[:1] == ("param",)
                                       for i in inputs):
         return unknown_rule
-    if op in OP_RULES:
+    if op in OP_RULES and not (OP_RULES[op] is elementwise_rule and op in catalogue):
         return OP_RULES[op]
     if op in catalogue:
         return activation_rule
@@ -394,7 +430,9 @@ def _solve(state: Inference) -> ModelSites:
         kinds = _maximal(allowed, {t[0] for t in translations})
         if "PS" in kinds and len({b.power for b in bindings if b.role == "in"}) > 1:
             kinds = tuple(k for k in kinds if k != "PS")
-        cls = SiteClass(name, width, tuple(s.name for s in members), kinds, bindings, translations, alpha, shifts)
+        checks = tuple(dict.fromkeys(record for site in members for record in site.checks))
+        cls = SiteClass(name, width, tuple(s.name for s in members), kinds, bindings, translations, alpha, shifts,
+                        checks)
         classes.append(cls)
         for site in members:
             class_of[site.id] = cls
@@ -416,8 +454,9 @@ def _solve(state: Inference) -> ModelSites:
                 if binding.region not in seen:
                     seen.add(binding.region)
                     bindings.append(binding)
+        checks = tuple(dict.fromkeys(record for site in members for record in site.checks))
         permutations.append(PermutationClass(member_classes[0].name, members[0].width,
-                                             tuple(c.name for c in member_classes), tuple(bindings)))
+                                             tuple(c.name for c in member_classes), tuple(bindings), checks))
     return ModelSites(tuple(c for c in classes if c.kinds), tuple(permutations), tuple(blocked),
                       tuple(restrictions), state.labels)
 

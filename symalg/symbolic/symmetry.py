@@ -148,6 +148,10 @@ class Symmetry:
     shifts : for affine sign flips (``σ(−z) = 2c − σ(z)``), the ``(bias, column binding, c, node)`` of
         each reader: its bias absorbs ``−W' τ(g)`` with ``τ(g) = c(1 − g1)`` and ``W'`` the moved weight.
     acts_on_buffers : the action moves buffers (running statistics) as well as parameters.
+    checks : the symbolic checks (:class:`~symalg.symbolic.checks.SymbolicCheck`: declared identity, site
+        invariance, infinitesimal identity) of every activation acting on the site, for the declared group the
+        claim rests on; three per activation, whatever the front end; empty where no activation acts (a linear
+        bottleneck, a translation).
     """
 
     site: str
@@ -157,6 +161,7 @@ class Symmetry:
     shapes: Mapping[str, tuple] = field(repr=False)
     translations: tuple[TranslationFamily, ...] = field(default=(), repr=False)
     shifts: tuple = field(default=(), repr=False)
+    checks: tuple = field(default=(), repr=False)
 
     @property
     def label(self) -> str:
@@ -298,6 +303,54 @@ class Symmetry:
         key = f"{'q' if diagonal else 'C'}_{name}"
         return ModelConserved(key, "diagonal" if diagonal else "matrix", {key: sp.MatAdd(*terms)},
                               symbols.reads, symbols.suffixes, tuple(symbols.vectors))
+
+    @property
+    def element_symbol(self) -> sp.MatrixSymbol:
+        """The group element in :meth:`action_expressions`: ``g`` (``h × h``), or ``d`` (``h × 1``, the diagonal)
+        for positive scaling."""
+        return self.group.element_symbol("d" if self.group.element_format == "diagonal" else "g")
+
+    def action_expressions(self) -> dict[sp.MatrixSymbol, sp.MatrixExpr]:
+        """The action of :attr:`element_symbol` as SymPy matrix expressions, ``{region symbol: its image}``: what
+        :meth:`apply` computes, for display (LaTeX) and symbolic work.
+
+        A whole 2-D tensor is its own symbol (``W ↦ π(g) W`` for a producer's rows, ``W ↦ W π(g)⁻¹`` for a
+        reader's columns, composed when both move); a bias is an ``h × 1`` column; any other region (a slice, a
+        conv kernel, a block) is the ``width × rest`` unfolding named as in :attr:`conserved`. Positive scaling
+        acts by ``diag(d)^power``; an affine sign flip's reader bias absorbs ``−W' τ(g)``, ``τ(g) = c(1 − g1)``.
+
+        >>> import symalg
+        >>> symmetry = symalg.derive("linear(n, h) -> identity -> linear(h, m, bias=False)").symmetries[0]
+        >>> {str(k): str(v) for k, v in symmetry.action_expressions().items()}
+        {'0.weight': 'g*0.weight', '0.bias': 'g*0.bias', '2.weight': '2.weight*g**(-1)'}
+
+        Raises ``NotImplementedError`` for translations (their element is a vector of per-direction coefficients,
+        see :meth:`apply`) and for a sign-flip shift read through a region that is not a whole 2-D weight.
+        """
+        if isinstance(self.group, Translations):
+            raise NotImplementedError(f"action_expressions: {self.label} is a translation (θ ↦ θ + Σ t_i B_i); "
+                                      "it has no matrix expression")
+        symbols, G = _Symbols(self.shapes), self.element_symbol
+        images: dict[sp.MatrixSymbol, sp.MatrixExpr] = {}
+        for b in self.moving_bindings():
+            U = symbols.region(b)
+            key, transposed = (U.arg, True) if isinstance(U, sp.Transpose) else (U, False)
+            if isinstance(self.group, PositiveScaling):
+                power = sp.Rational(b.power.numerator, b.power.denominator) * (1 if b.role == "out" else -1)
+                A = sp.DiagMatrix(G) if power == 1 else sp.DiagMatrix(sp.HadamardPower(G, power))
+            else:  # a reader's unfolded region moves by π(g)⁻ᵀ (π(g) = g here)
+                A = self.group.as_operator(G) if b.role == "out" else self.group.rep_inverse_expr(G).T
+            current = images.get(key, key)
+            moved = A * (current.T if transposed else current)
+            images[key] = moved.T if transposed else moved
+        for bias, column, _, _ in self.shifts:
+            weight = symbols.region(column)
+            if not isinstance(weight, sp.Transpose) or len(self.shapes[bias]) != 1:
+                raise NotImplementedError(f"action_expressions: the shift absorbed by {bias} is read through "
+                                          f"{column.describe()}, not a whole 2-D weight")
+            b = symbols.region(Binding(bias, 0, 0, self.shapes[bias][0]))
+            images[b] = b - images.get(weight.arg, weight.arg) * self.group.shift_expr(G)
+        return images
 
     def latex(self) -> str:
         moved = ", ".join(rf"\mathrm{{{t}}}" for t in self.tensors)
