@@ -70,6 +70,7 @@ import torch
 from symalg.frontend.grammar import refuse_text
 from symalg.catalogue.groups import Orthogonal, SiteGroup, matrix_exp
 from symalg.lowering.codegen import identifier, torch_source
+from symalg.numeric.linalg import relative_error
 from symalg.verification.verifier import CheckResult, VerificationReport, rk4
 
 __all__ = ["ConjugatedAction", "TestFunction", "ComponentFunction", "lower_components", "group_elements",
@@ -139,8 +140,8 @@ def _matvec(matrix: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Row-wise ``‖a − b‖ / max(‖b‖, 1)``."""
-    return (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(1.0)
+    """Row-wise relative error, absolute below norm 1."""
+    return relative_error(a, b, dim=-1, floor=1.0)
 
 
 @dataclass(frozen=True, eq=False)

@@ -35,6 +35,7 @@ import sympy as sp
 import torch
 
 from symalg.frontend.grammar import check_entries, refuse_text
+from symalg.numeric.linalg import relative_error
 
 __all__ = ["matrix_exp", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes", "PositiveScaling",
            "SignFlips", "Permutations", "Translations"]
@@ -241,10 +242,6 @@ def _tolerance(x: torch.Tensor) -> float:
     return 1e-9 if x.dtype == torch.float64 else 1e-4
 
 
-def _deviation(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1)).item()
-
-
 def _reflection(h: int, dtype, device) -> torch.Tensor:
     g = torch.eye(h, dtype=dtype, device=device)
     g[0, 0] = -1
@@ -336,10 +333,10 @@ class Orthogonal(SiteGroup):
 
     def _not_an_element(self, g, tol):
         eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
-        return "gᵀg ≠ I" if _deviation(g.transpose(-1, -2) @ g, eye) > tol else None
+        return "gᵀg ≠ I" if relative_error(g.transpose(-1, -2) @ g, eye, floor=1) > tol else None
 
     def _not_in_algebra(self, M, tol):
-        return "M is not antisymmetric" if _deviation(M, -M.transpose(-1, -2)) > tol else None
+        return "M is not antisymmetric" if relative_error(M, -M.transpose(-1, -2), floor=1) > tol else None
 
 
 def _ones_complement(h: int, dtype, device) -> torch.Tensor:
@@ -396,11 +393,11 @@ class OrthogonalFixingOnes(Orthogonal):
 
     def _not_an_element(self, g, tol):
         ones = torch.ones(g.shape[-1], dtype=g.dtype, device=g.device)
-        return super()._not_an_element(g, tol) or ("g 1 ≠ 1" if _deviation(g @ ones, ones) > tol else None)
+        return super()._not_an_element(g, tol) or ("g 1 ≠ 1" if relative_error(g @ ones, ones, floor=1) > tol else None)
 
     def _not_in_algebra(self, M, tol):
         ones = torch.ones(M.shape[-1], dtype=M.dtype, device=M.device)
-        return super()._not_in_algebra(M, tol) or ("M 1 ≠ 0" if _deviation(M @ ones, 0 * ones) > tol else None)
+        return super()._not_in_algebra(M, tol) or ("M 1 ≠ 0" if relative_error(M @ ones, 0 * ones, floor=1) > tol else None)
 
 
 @dataclass(frozen=True)
@@ -504,7 +501,7 @@ class SignFlips(SiteGroup):
         diagonal = torch.diagonal(g, dim1=-2, dim2=-1)
         signs = torch.diag_embed(torch.sign(diagonal))
         unit = ((diagonal.abs() - 1).abs() <= tol).all()
-        return None if unit and _deviation(g, signs) <= tol else "g must be diagonal with entries ±1"
+        return None if unit and relative_error(g, signs, floor=1) <= tol else "g must be diagonal with entries ±1"
 
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
         h = _concrete(self.width)
@@ -536,9 +533,9 @@ class Permutations(SiteGroup):
         return g.T
 
     def _not_an_element(self, g, tol):
-        binary = _deviation(g, g.round().clamp(0, 1)) <= tol
-        stochastic = _deviation(g.sum(-1), torch.ones_like(g.sum(-1))) <= tol and \
-            _deviation(g.sum(-2), torch.ones_like(g.sum(-2))) <= tol
+        binary = relative_error(g, g.round().clamp(0, 1), floor=1) <= tol
+        stochastic = relative_error(g.sum(-1), torch.ones_like(g.sum(-1)), floor=1) <= tol and \
+            relative_error(g.sum(-2), torch.ones_like(g.sum(-2)), floor=1) <= tol
         return None if binary and stochastic else "g must be a permutation matrix"
 
     def discrete_generators(self, dtype=torch.float64, device="cpu"):

@@ -58,8 +58,9 @@ from symalg.verification.certification import output_change, sample_elements
 from symalg.errors import SpecError
 from symalg.catalogue.groups import Translations
 from symalg.frontend.outputs import output_tensors
+from symalg.numeric.linalg import relative_error
 from symalg.verification.verifier import (TOLERANCES, CheckResult, VerificationReport, check_device, check_gradient_orthogonality,
-                           check_params, compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
+                           check_params, compare_to_sympy, integrate_gradient_flow, loss_gradients)
 
 __all__ = ["verify_model"]
 
