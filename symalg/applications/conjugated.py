@@ -69,7 +69,7 @@ import torch
 
 from symalg.frontend.grammar import refuse_text
 from symalg.catalogue.groups import Orthogonal, SiteGroup, matrix_exp
-from symalg.lowering.codegen import identifier, torch_source
+from symalg.lowering.codegen import compile_function, identifier, torch_source
 from symalg.numeric.linalg import relative_error
 from symalg.verification.verifier import CheckResult, VerificationReport, rk4
 
@@ -129,9 +129,7 @@ def lower_components(name: str, exprs: Sequence[sp.Expr] | sp.Expr, symbols: Seq
     lines.append(f"    return {printed[0]}" if scalar else
                  f"    return torch.stack(torch.broadcast_tensors({', '.join(printed)}), dim=-1)")
     source = "\n".join(lines)
-    namespace = {"torch": torch}
-    exec(compile(source, f"<symalg.lowered.{name}>", "exec"), namespace)
-    return ComponentFunction(name, source, namespace[identifier(name)], len(symbols))
+    return ComponentFunction(name, source, compile_function(identifier(name), source), len(symbols))
 
 
 # -- the action ---------------------------------------------------------------------------------------------
