@@ -7,8 +7,8 @@ assertions):
 ``invariance``
     every output (tuples, dicts, dataclasses, Hugging-Face-style output objects:
     :func:`~symalg.frontend.outputs.output_tensors`) and the loss unchanged under the elements of
-    :func:`~symalg.verification.certification.sample_elements` (``exp(10⁻³ M)``, ``exp(M)`` with ``‖M‖ = 1``, every
-    discrete generator, the other component of ``GL``/``O``). For ``cross_entropy`` the first output is
+    :meth:`~symalg.catalogue.groups.SiteGroup.sample` (``exp(10⁻³ M)``, ``exp(M)`` with ``‖M‖ = 1``, every
+    discrete generator, another component). For ``cross_entropy`` the first output is
     compared as ``softmax(logits)``.
 ``gradient_orthogonality``
     ``⟨∇L, M·θ⟩ = 0`` for every Lie-algebra basis element (at most ``max_generators``, then random
@@ -54,7 +54,7 @@ import math
 import torch
 from torch.func import functional_call
 
-from symalg.verification.certification import output_change, sample_elements
+from symalg.verification.certification import output_change
 from symalg.errors import SpecError
 from symalg.catalogue.groups import Translations
 from symalg.frontend.outputs import output_tensors
@@ -185,7 +185,7 @@ def _invariance(symmetry, state, forward, loss_of, cross_entropy, generator, dty
         outputs = forward(state)
         base_loss = loss_of(outputs)
         worst, detail = 0.0, ""
-        for description, g in sample_elements(symmetry.group, generator, dtype, device):
+        for description, g in symmetry.group.sample(generator, dtype, device):
             moved = forward(symmetry.apply(state, g))
             error, path = output_change(moved, outputs, cross_entropy)
             where = f"{description}, output {path!r}"
