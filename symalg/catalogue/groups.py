@@ -132,6 +132,8 @@ class SiteGroup:
     conserved_kind: ClassVar[str | None] = None
     """``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``), ``"linear"`` or None: the kind of
     conserved quantity of gradient flow the group gives (None: none, e.g. ``so(h)`` gives angular momentum)."""
+    site_options: ClassVar[tuple] = ()
+    """The options of :meth:`for_site` the group depends on (``"alpha"``, ``"center"``)."""
     infinitesimal_statement: ClassVar[str] = "dσ(z)[M z] = dπ(M) σ(z)"
     infinitesimal_detail: ClassVar[str] = ""
 
@@ -145,11 +147,18 @@ class SiteGroup:
 
     @classmethod
     def for_site(cls, width, alpha=1, center=0) -> "SiteGroup":
-        """The group on a site of ``width`` whose activation has degree ``alpha`` and center ``c``; a group
-        whose action does not depend on them refuses any but the neutral values (``alpha = 1``, ``c = 0``)."""
-        if alpha != 1 or center != 0:
-            raise ValueError(f"{cls.__name__}: its action has no degree or center, got alpha={alpha}, center={center}")
-        return cls(width)
+        """The group on a site of ``width`` whose activation has degree ``alpha`` and center ``c``. A class takes
+        the options named in ``site_options`` and refuses any other option but its neutral value
+        (``alpha = 1``, ``c = 0``).
+
+        >>> PositiveScaling.for_site(3, alpha=2).name
+        'PositiveScaling(3, alpha=2)'
+        """
+        given, neutral = {"alpha": alpha, "center": center}, {"alpha": 1, "center": 0}
+        refused = [f"{k}={v}" for k, v in given.items() if k not in cls.site_options and v != neutral[k]]
+        if refused:
+            raise ValueError(f"{cls.__name__}: its action does not depend on {', '.join(refused)}")
+        return cls(width, **{k: given[k] for k in cls.site_options})
 
     @property
     def homogeneity(self):
@@ -618,14 +627,9 @@ class PositiveScaling(SiteGroup):
     symbol: ClassVar[str] = "PositiveScaling"
     kind: ClassVar[str] = "PS"
     kinds_it_preserves: ClassVar[frozenset] = frozenset({"PS"})
+    site_options: ClassVar[tuple] = ("alpha",)
     standard_basis: ClassVar[bool] = True
     conserved_kind: ClassVar[str] = "diagonal"
-
-    @classmethod
-    def for_site(cls, width, alpha=1, center=0):
-        if center != 0:
-            raise ValueError(f"{cls.__name__}: scalings have no center, got center={center}")
-        return cls(width, alpha=alpha)
 
     @property
     def homogeneity(self):
@@ -731,13 +735,8 @@ class SignFlips(SiteGroup):
     discrete_description: ClassVar[str] = "the {h} single-neuron sign flips"
     kind: ClassVar[str] = "SF"
     kinds_it_preserves: ClassVar[frozenset] = frozenset({"SF"})
+    site_options: ClassVar[tuple] = ("center",)
     orthogonal: ClassVar[bool] = True
-
-    @classmethod
-    def for_site(cls, width, alpha=1, center=0):
-        if alpha != 1:
-            raise ValueError(f"{cls.__name__}: sign flips have no degree, got alpha={alpha}")
-        return cls(width, center=center)
 
     @property
     def acts_monomially(self):
