@@ -161,6 +161,11 @@ class SiteGroup:
         return cls(width, **{k: given[k] for k in cls.site_options})
 
     @property
+    def is_trivial(self) -> bool:
+        """The group has a single element (a site of width 0; ``S_1``); False while the width is symbolic."""
+        return sp.sympify(self.width) == 0
+
+    @property
     def homogeneity(self):
         """The degree ``α`` of ``σ(c z) = c^α σ(z)`` that the group declares, or None (it declares none)."""
         return None
@@ -575,6 +580,11 @@ class OrthogonalFixingOnes(Orthogonal):
     kind: ClassVar[str] = "O1"
     kinds_it_preserves: ClassVar[frozenset] = frozenset({"O1", "S"})
 
+    @property
+    def is_trivial(self):
+        width = sp.sympify(self.width)
+        return bool(width.is_Integer and width <= 1)
+
     def width_two_element(self):
         return sp.ImmutableMatrix([[0, 1], [1, 0]])   # O(2)_1 = {I, (0 1)}
 
@@ -824,6 +834,11 @@ class Permutations(SiteGroup):
     def act(self, g, U, role="out", power=1):
         self._check_role(role)   # g U for a permutation matrix g (= its own inverse transpose), by indexing
         return U[g.argmax(-1)]
+
+    @property
+    def is_trivial(self):
+        width = sp.sympify(self.width)
+        return bool(width.is_Integer and width <= 1)
 
     def pointwise_identity(self, sigma):
         return "σ(P z) = P σ(z)", []

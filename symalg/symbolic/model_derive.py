@@ -41,8 +41,7 @@ from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.activations import CATALOGUE
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 from symalg.errors import SpecError
-from symalg.catalogue.groups import (GeneralLinear, Orthogonal, OrthogonalFixingOnes, Permutations, PositiveScaling, SignFlips, SiteGroup,
-                     Translations)
+from symalg.catalogue.groups import Permutations, SignFlips, SiteGroup, Translations, group_classes
 from symalg.symbolic.chain_inference import Blocked
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.symbolic.inference import ModelSites, infer_model
@@ -58,9 +57,9 @@ def _number(value: Fraction):
 
 
 def _group(kind: str, width: int, alpha) -> SiteGroup:
-    return {"GL": lambda: GeneralLinear(width), "O": lambda: Orthogonal(width), "O1": lambda: OrthogonalFixingOnes(width),
-            "PS": lambda: PositiveScaling(width, alpha=_number(alpha)),
-            "SF": lambda: SignFlips(width), "S": lambda: Permutations(width)}[kind]()
+    """The group of ``kind`` on a site of ``width`` whose activations have degree ``alpha``."""
+    cls = group_classes()[kind]
+    return cls.for_site(width, alpha=_number(alpha)) if "alpha" in cls.site_options else cls.for_site(width)
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,7 +169,7 @@ class ModelSymmetry:
 
     @property
     def acts_on_buffers(self) -> bool:
-        return any(b.buffer and (b.power != 0 or isinstance(self.group, Permutations)) for b in self.bindings) or \
+        return any(b.buffer and self.group.moves_region(b.power) for b in self.bindings) or \
             any(f.moves_buffers for f in self.translations)
 
     @property
@@ -180,27 +179,17 @@ class ModelSymmetry:
         return tuple(dict.fromkeys(names))
 
     # -- numeric action -------------------------------------------------------------------------
-    def _operator(self, b: Binding, g: torch.Tensor) -> torch.Tensor:
-        """The matrix (or diagonal) by which ``g`` multiplies the unfolded region of ``b``."""
-        if isinstance(self.group, PositiveScaling):
-            return g ** (float(b.power) if b.role == "out" else -float(b.power))
-        if isinstance(self.group, SignFlips):  # diag(±1) is its own inverse transpose: multiply by its diagonal
-            return torch.diagonal(g)
-        if b.role == "out" or isinstance(self.group, (Orthogonal, Permutations)):
-            return g
-        return torch.linalg.inv(g).transpose(-1, -2)
-
     def moving_bindings(self) -> list[Binding]:
-        """The bindings the action moves: a permutation moves a diagonal map's region once; positive scaling
-        leaves regions of power 0 (the readers of a normalised value) where they are."""
-        if isinstance(self.group, Permutations):
-            seen, moves = set(), []
-            for b in self.bindings:
-                if b.region not in seen:
-                    seen.add(b.region)
-                    moves.append(b)
-            return moves
-        return [b for b in self.bindings if not (isinstance(self.group, PositiveScaling) and b.power == 0)]
+        """The bindings the action moves: a group permuting entries moves a diagonal map's region once
+        (``permutes_entries``); positive scaling leaves regions of power 0 (the readers of a normalised value)
+        where they are (``moves_region``)."""
+        moving = [b for b in self.bindings if self.group.moves_region(b.power)]
+        if not self.group.permutes_entries:
+            return moving
+        first: dict = {}
+        for b in moving:
+            first.setdefault(b.region, b)
+        return list(first.values())
 
     def apply(self, params: Mapping[str, torch.Tensor], g: torch.Tensor,
               inplace: bool = False, checked: bool = True) -> dict[str, torch.Tensor]:
@@ -217,18 +206,14 @@ class ModelSymmetry:
         if checked:
             self.group.check_element(g)
         moved = dict(params)
-        if isinstance(self.group, Translations):
+        if self.translations:
             for index, direction in enumerate(self._basis(params)):
                 for tensor, change in direction.items():
                     moved[tensor] = moved[tensor] + g[index] * change
             return moved
         for b in self.moving_bindings():
             U = b.unfold(moved[b.tensor])
-            if isinstance(self.group, Permutations):  # g U for a permutation matrix g, by indexing (no h² matmul)
-                moved[b.tensor] = b.fold(moved[b.tensor], U[g.argmax(-1)], inplace)
-                continue
-            A = self._operator(b, g)
-            moved[b.tensor] = b.fold(moved[b.tensor], A[:, None] * U if A.dim() == 1 else A @ U, inplace)
+            moved[b.tensor] = b.fold(moved[b.tensor], self.group.act(g, U, b.role, b.power), inplace)
         for bias, column, center, _ in self.shifts:
             tau = float(center) * (1 - torch.diagonal(g))
             weight = moved[column.tensor]
@@ -244,7 +229,7 @@ class ModelSymmetry:
     def tangent(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[str, torch.Tensor]:
         """The infinitesimal action ``M·θ`` on the tensors it moves: linear in ``M``, defined for any ``M`` of the
         algebra's shape (unchecked, so that :mod:`symalg.orbit_rank` can differentiate it under ``vmap``)."""
-        if isinstance(self.group, Translations):
+        if self.translations:
             out: dict[str, torch.Tensor] = {}
             for index, direction in enumerate(self._basis(params)):
                 for tensor, change in direction.items():
@@ -252,12 +237,7 @@ class ModelSymmetry:
             return out
         out = {}
         for b in self.moving_bindings():
-            if isinstance(self.group, PositiveScaling):
-                dA = float(b.power) * (M if b.role == "out" else -M)
-            else:
-                dA = M if b.role == "out" else -M.transpose(-1, -2)
-            U = b.unfold(params[b.tensor])
-            dU = dA[:, None] * U if dA.dim() == 1 else dA @ U
+            dU = self.group.act_infinitesimally(M, b.unfold(params[b.tensor]), b.role, b.power)
             base = out.get(b.tensor, torch.zeros_like(params[b.tensor]))
             out[b.tensor] = base + b.fold(torch.zeros_like(params[b.tensor]), dU)
         return out
@@ -270,11 +250,11 @@ class ModelSymmetry:
     @cached_property
     def conserved(self) -> ModelConserved | None:
         """The conserved quantity of gradient flow (module docstring), or ``None``."""
-        if self.acts_on_buffers or isinstance(self.group, (Orthogonal, SignFlips, Permutations)):
+        if self.acts_on_buffers or self.group.conserved_kind is None:
             return None
         symbols = _Symbols(self.shapes)
         name = _python_name(self.site)
-        if isinstance(self.group, Translations):
+        if self.translations:
             exprs = {}
             for family in self.translations:
                 region = family.regions[0]
@@ -284,26 +264,19 @@ class ModelSymmetry:
                 exprs[key] = U if family.pattern == "entries" else sp.OneMatrix(1, U.shape[0]) * U
             return ModelConserved(f"ell_{name}", "linear", exprs, symbols.reads, symbols.suffixes,
                                   tuple(symbols.vectors))
-        diagonal = isinstance(self.group, PositiveScaling)
         terms = []
         for b in self.moving_bindings():
             if b.power == 0:
                 continue
-            U = symbols.region(b)
             sign = 1 if b.role == "out" else -1
             power = sp.Rational(b.power.numerator, b.power.denominator)
-            if diagonal:
-                term = sp.HadamardPower(U, 2)
-                if U.shape[1] != 1:
-                    term = term * sp.OneMatrix(U.shape[1], 1)
-            else:
-                term = U * U.T
-            terms.append(sign * power * term)
+            terms.append(sign * power * self.group.conserved_term(symbols.region(b)))
         if not terms:
             return None
-        key = f"{'q' if diagonal else 'C'}_{name}"
-        return ModelConserved(key, "diagonal" if diagonal else "matrix", {key: sp.MatAdd(*terms)},
-                              symbols.reads, symbols.suffixes, tuple(symbols.vectors))
+        kind = self.group.conserved_kind
+        key = f"{'q' if kind == 'diagonal' else 'C'}_{name}"
+        return ModelConserved(key, kind, {key: sp.MatAdd(*terms)}, symbols.reads, symbols.suffixes,
+                              tuple(symbols.vectors))
 
     def latex(self) -> str:
         moved = ", ".join(rf"\mathrm{{{t}}}" for t in self.tensors)
@@ -406,7 +379,7 @@ def derive_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: 
             shifts = cls.shifts if kind == "SF" else ()
             if shifts:
                 group = SignFlips(cls.width, center=_number(shifts[0][2]))
-            if group.is_continuous or not isinstance(group, Permutations) or cls.width > 1:  # S(1) is trivial
+            if not group.is_trivial:  # S(1)
                 symmetry = ModelSymmetry(cls.name, cls.members, group, cls.bindings, shapes, shifts=shifts)
                 origins[symmetry] = ("class", cls.name, kind)
     for perm in sites.permutations:
