@@ -132,6 +132,8 @@ class SiteGroup:
     conserved_kind: ClassVar[str | None] = None
     """``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``), ``"linear"`` or None: the kind of
     conserved quantity of gradient flow the group gives (None: none, e.g. ``so(h)`` gives angular momentum)."""
+    roles: ClassVar[tuple] = ("out", "in")
+    """The roles a region can have under the action (:meth:`operator`)."""
     site_options: ClassVar[tuple] = ()
     """The options of :meth:`for_site` the group depends on (``"alpha"``, ``"center"``)."""
     infinitesimal_statement: ClassVar[str] = "dσ(z)[M z] = dπ(M) σ(z)"
@@ -886,6 +888,7 @@ class Translations(SiteGroup):
     symbol: ClassVar[str] = "T"
     kind: ClassVar[str] = "T"
     kinds_it_preserves: ClassVar[frozenset] = frozenset({"T"})
+    roles: ClassVar[tuple] = ("out",)
     standard_basis: ClassVar[bool] = True
     conserved_kind: ClassVar[str] = "linear"
 
@@ -900,7 +903,7 @@ class Translations(SiteGroup):
         raise TypeError(f"{self.name} acts by adding M to a region (act_infinitesimally), not by multiplying it")
 
     def act(self, g, U, role="out", power=1):
-        """``U + t 1ᵀ``: row ``i`` of the region (direction ``B_i``) moves by ``t_i``."""
+        """``U + t 1ᵀ``: row ``i`` of the region (direction ``B_i = e_i 1ᵀ``) moves by ``t_i``."""
         self._check_translated(role, power)
         return U + g[:, None]
 
@@ -911,6 +914,10 @@ class Translations(SiteGroup):
     def _check_translated(self, role, power):
         if role != "out" or power != 1:
             raise ValueError(f"{self.name}: a translated region has no role or degree, got role={role!r}, power={power}")
+
+    def conserved_term(self, U):
+        """``⟨B_i, U⟩ = (U 1)_i``: the linear quantities of the directions :meth:`act` moves along."""
+        return U * sp.OneMatrix(U.shape[1], 1)
 
     def compose(self, g1, g2):
         return g1 + g2
