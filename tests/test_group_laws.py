@@ -238,3 +238,11 @@ def test_the_conserved_term_is_invariant_under_gradient_flow_of_an_invariant_los
 def test_a_group_without_conserved_kind_has_no_conserved_term(group):
     assert group.conserved_term(sp.MatrixSymbol("U", WIDTH, 3)) is None
     assert group.n_symmetric == 0
+
+
+@pytest.mark.parametrize("cls", list(group_classes().values()), ids=list(group_classes()))
+def test_a_group_is_trivial_exactly_when_it_has_no_generators(cls):
+    for width in range(1, 4):
+        group = cls.for_site(width)
+        assert group.is_trivial == (not group.is_continuous and not group.discrete_generators(DTYPE)), width
+    assert not cls.for_site(sp.Symbol("h", positive=True, integer=True)).is_trivial

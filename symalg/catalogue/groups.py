@@ -100,6 +100,12 @@ a subgroup, so a false claim (a proper subgroup) passes one uniform pattern with
 1/2, and 16 patterns with at most ``2⁻¹⁶``."""
 
 
+def _at_most_one(width) -> bool:
+    """The width is a known integer ``≤ 1`` (a group permuting that many neurons has one element)."""
+    width = sp.sympify(width)
+    return bool(width.is_Integer and width <= 1)
+
+
 def _multiply(A: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
     """``A U`` for a matrix ``A``, ``diag(A) U`` for a vector ``A``."""
     return A[:, None] * U if A.dim() == 1 else A @ U
@@ -584,8 +590,7 @@ class OrthogonalFixingOnes(Orthogonal):
 
     @property
     def is_trivial(self):
-        width = sp.sympify(self.width)
-        return bool(width.is_Integer and width <= 1)
+        return _at_most_one(self.width)
 
     def width_two_element(self):
         return sp.ImmutableMatrix([[0, 1], [1, 0]])   # O(2)_1 = {I, (0 1)}
@@ -839,8 +844,7 @@ class Permutations(SiteGroup):
 
     @property
     def is_trivial(self):
-        width = sp.sympify(self.width)
-        return bool(width.is_Integer and width <= 1)
+        return _at_most_one(self.width)
 
     def pointwise_identity(self, sigma):
         return "σ(P z) = P σ(z)", []
