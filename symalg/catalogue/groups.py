@@ -244,11 +244,12 @@ class SiteGroup:
     def random_algebra_element(self, scale: float, generator: torch.Generator | None = None,
                                dtype=torch.float64, device="cpu") -> torch.Tensor:
         """A random Lie-algebra element with operator norm about ``scale``."""
-        element = self._gaussian_combination(generator, dtype, device)
+        element = self.gaussian_algebra_element(generator, dtype, device)
         norm = torch.linalg.matrix_norm(element, ord=2) if element.dim() == 2 else element.abs().max()
         return element * (scale / norm)
 
-    def _gaussian_combination(self, generator, dtype, device) -> torch.Tensor:
+    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype=torch.float64,
+                                 device="cpu") -> torch.Tensor:
         """``Σ_k c_k B_k`` over the algebra basis with ``c_k ~ N(0, 1)``; matrix groups override it to draw the
         same element without stacking their ``dim·h²``-entry basis."""
         basis = self.algebra_basis(dtype, device)
@@ -491,7 +492,7 @@ class GeneralLinear(SiteGroup):
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis + basis.transpose(1, 2) - torch.diag_embed(torch.diagonal(basis, dim1=1, dim2=2))
 
-    def _gaussian_combination(self, generator, dtype, device):
+    def gaussian_algebra_element(self, generator, dtype, device):
         h = _concrete(self.width)  # basis E_ij in row-major order: the coefficients are the entries
         return torch.randn(h * h, generator=generator, dtype=dtype).to(device).reshape(h, h)
 
@@ -536,7 +537,7 @@ class Orthogonal(SiteGroup):
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis - basis.transpose(1, 2)
 
-    def _gaussian_combination(self, generator, dtype, device):
+    def gaussian_algebra_element(self, generator, dtype, device):
         h = _concrete(self.width)  # basis E_ij − E_ji, i < j, in row-major order
         rows, cols = torch.triu_indices(h, h, offset=1)
         upper = torch.zeros(h, h, dtype=dtype)
@@ -612,10 +613,10 @@ class OrthogonalFixingOnes(Orthogonal):
         P = _ones_complement(h, dtype, device)
         return P @ Orthogonal(h - 1).algebra_basis(dtype, device) @ P.T
 
-    def _gaussian_combination(self, generator, dtype, device):
+    def gaussian_algebra_element(self, generator, dtype, device):
         h = _concrete(self.width)
         P = _ones_complement(h, dtype, device)
-        return P @ Orthogonal(h - 1)._gaussian_combination(generator, dtype, device) @ P.T
+        return P @ Orthogonal(h - 1).gaussian_algebra_element(generator, dtype, device) @ P.T
 
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
         h = _concrete(self.width)
