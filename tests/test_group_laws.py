@@ -246,3 +246,16 @@ def test_a_group_is_trivial_exactly_when_it_has_no_generators(cls):
         group = cls.for_site(width)
         assert group.is_trivial == (not group.is_continuous and not group.discrete_generators(DTYPE)), width
     assert not cls.for_site(sp.Symbol("h", positive=True, integer=True)).is_trivial
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if g.element_format == "matrix"],
+                         ids=_ids([g for g in GROUPS if g.element_format == "matrix"]))
+def test_a_closed_form_element_between_two_points_is_a_member_aligning_them(group):
+    generator = torch.Generator().manual_seed(17)
+    y1, y2 = (torch.randn(int(group.width), generator=generator, dtype=DTYPE) for _ in range(2))
+    g = group.element_between(y1, y2)
+    if g is None:   # no closed form: ConjugatedAction.connect searches numerically
+        assert group.kind != "O"
+        return
+    group.check_element(g)
+    assert relative_error(g @ y1 / y1.norm(), y2 / y2.norm()) < TOL

@@ -242,9 +242,8 @@ class ConjugatedAction:
         if x1.dim() != 1 or x2.dim() != 1:
             raise ValueError(f"{self.name}: connect takes single points of shape ({self.dim},)")
         y1, y2 = self.h(x1), self.h(x2)
-        if type(self.group) is Orthogonal:
-            return _rotation_between(y1, y2)
-        return self._solve(y1, y2, restarts, steps, generator)
+        closed_form = self.group.element_between(y1, y2)
+        return closed_form if closed_form is not None else self._solve(y1, y2, restarts, steps, generator)
 
     def _solve(self, y1, y2, restarts, steps, generator):
         """Levenberg–Marquardt on the group: ``g ← exp(Σ δᵢ Bᵢ) g`` with the exact Jacobian ``[Bᵢ g y₁]`` at ``δ = 0``."""
@@ -335,30 +334,6 @@ def check_group_axioms(name: str, move: Callable, x, g1: torch.Tensor, g2: torch
               "inverse": distance(move(move(x, g1), torch.linalg.inv(g1)), x)}
     worst = max(errors, key=errors.get)
     return CheckResult("group_axioms", name, errors[worst], tolerance, ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
-
-
-def _rotation_between(y1: torch.Tensor, y2: torch.Tensor) -> torch.Tensor:
-    """An element of ``O(n)`` taking the direction of ``y1`` to that of ``y2``: ``exp(φK)`` with ``K = v uᵀ − u vᵀ``
-    (``u = y1/‖y1‖``, ``v`` the unit component of ``y2`` orthogonal to ``u``, ``φ`` the angle), in ``SO(n)`` for
-    ``n ≥ 2``; ``±1`` for ``n = 1``."""
-    n = y1.shape[-1]
-    eye = torch.eye(n, dtype=y1.dtype, device=y1.device)
-    if y1.norm() == 0 or y2.norm() == 0:
-        return eye
-    u, w = y1 / y1.norm(), y2 / y2.norm()
-    if n == 1:
-        return eye * torch.sign(u * w)
-    cos = (u * w).sum()
-    v = w - cos * u
-    if v.norm() <= 1e-12:
-        if cos > 0:
-            return eye
-        # antipodal: rotate by π in the plane of u and the basis vector least aligned with it
-        e = eye[u.abs().argmin()]
-        v = e - (e * u).sum() * u
-    angle = torch.atan2(v.norm(), cos)
-    v = v / v.norm()
-    return matrix_exp(angle * (torch.outer(v, u) - torch.outer(u, v)))
 
 
 # -- level sets and transitivity ----------------------------------------------------------------------------

@@ -336,6 +336,11 @@ class SiteGroup:
         """The product ``g1 g2`` in the element format."""
         return g1 @ g2
 
+    def element_between(self, y1: torch.Tensor, y2: torch.Tensor) -> torch.Tensor | None:
+        """A closed-form element ``g`` with ``g y1 ∥ y2`` (``π(g) = g`` on ``R^h``), or None when the group has none
+        (callers then search for one numerically)."""
+        return None
+
     def identity(self, dtype=torch.float64, device="cpu") -> torch.Tensor:
         """The identity element in the element format."""
         return torch.eye(_concrete(self.width), dtype=dtype, device=device)
@@ -525,6 +530,16 @@ class Orthogonal(SiteGroup):
         t = sp.Symbol("t", real=True)
         return sp.ImmutableMatrix([[sp.cos(t), -sp.sin(t)], [sp.sin(t), sp.cos(t)]])
 
+    def element_between(self, y1, y2):
+        """The rotation in the plane of ``y1`` and ``y2`` taking the direction of one to the other
+        (:func:`_rotation_between`).
+
+        >>> y1, y2 = torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([0.0, 2.0], dtype=torch.float64)
+        >>> (Orthogonal(2).element_between(y1, y2) @ y1).round(decimals=12).tolist()
+        [0.0, 1.0]
+        """
+        return _rotation_between(y1, y2)
+
     @property
     def dim(self):
         h = sp.sympify(self.width)
@@ -561,6 +576,30 @@ class Orthogonal(SiteGroup):
         return "M is not antisymmetric" if relative_error(M, -M.transpose(-1, -2), floor=1) > tol else None
 
 
+def _rotation_between(y1: torch.Tensor, y2: torch.Tensor) -> torch.Tensor:
+    """An element of ``O(n)`` taking the direction of ``y1`` to that of ``y2``: ``exp(φK)`` with ``K = v uᵀ − u vᵀ``
+    (``u = y1/‖y1‖``, ``v`` the unit component of ``y2`` orthogonal to ``u``, ``φ`` the angle), in ``SO(n)`` for
+    ``n ≥ 2``; ``±1`` for ``n = 1``."""
+    n = y1.shape[-1]
+    eye = torch.eye(n, dtype=y1.dtype, device=y1.device)
+    if y1.norm() == 0 or y2.norm() == 0:
+        return eye
+    u, w = y1 / y1.norm(), y2 / y2.norm()
+    if n == 1:
+        return eye * torch.sign(u * w)
+    cos = (u * w).sum()
+    v = w - cos * u
+    if v.norm() <= 1e-12:
+        if cos > 0:
+            return eye
+        # antipodal: rotate by π in the plane of u and the basis vector least aligned with it
+        e = eye[u.abs().argmin()]
+        v = e - (e * u).sum() * u
+    angle = torch.atan2(v.norm(), cos)
+    v = v / v.norm()
+    return matrix_exp(angle * (torch.outer(v, u) - torch.outer(u, v)))
+
+
 def _ones_complement(h: int, dtype, device) -> torch.Tensor:
     """An orthonormal basis of ``1^⊥`` as the columns of an ``h × (h−1)`` matrix (Helmert's)."""
     basis = torch.zeros(h, h - 1, dtype=dtype, device=device)
@@ -595,6 +634,9 @@ class OrthogonalFixingOnes(Orthogonal):
 
     def width_two_element(self):
         return sp.ImmutableMatrix([[0, 1], [1, 0]])   # O(2)_1 = {I, (0 1)}
+
+    def element_between(self, y1, y2):
+        return None   # the rotation of O(h) need not fix 1
 
     @property
     def name(self):
