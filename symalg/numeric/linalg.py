@@ -19,7 +19,7 @@ def relative_error(a: torch.Tensor, b: torch.Tensor, dim=None, floor: float = 0.
     and the result is a tensor holding one error per remaining index (per row, per draw). ``floor`` makes
     the error absolute below that scale (``floor=1``: an error of entries of order one or smaller is
     measured absolutely); when every scale is zero, the dtype's smallest positive number stands in, so
-    equal zero tensors give 0 and a change of a zero tensor gives a huge error.
+    equal zero tensors give 0 (and any change of a zero tensor gives 1).
 
     Symmetric in ``a`` and ``b``, so never smaller than half the one-sided ``‖a − b‖ / ‖b‖`` when that is
     below 1.
