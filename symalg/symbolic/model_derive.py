@@ -198,7 +198,7 @@ class ModelSymmetry:
         ``g`` is checked to be an element of the group (:meth:`~symalg.catalogue.groups.SiteGroup.check_element`:
         shape, finiteness, membership); anything else raises ``ValueError`` naming the group.
         ``checked=False`` skips that check for elements the group made itself
-        (:func:`~symalg.verification.certification.sample_elements`: for a 3072-wide permutation the check costs more than
+        (:meth:`~symalg.catalogue.groups.SiteGroup.sample`: for a 3072-wide permutation the check costs more than
         the move). With ``inplace`` the moved regions are written into the tensors of ``params`` (the
         caller's own copies) instead of into fresh copies: composing many claims on a large model
         (certification) then copies each tensor once, not once per claim.
