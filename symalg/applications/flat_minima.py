@@ -61,7 +61,6 @@ from torch import nn
 from torch.func import functional_call, grad, jvp, vmap
 
 from symalg.errors import SpecError
-from symalg.catalogue.groups import GeneralLinear, Orthogonal
 
 __all__ = ["NullSpace", "OrbitTangents", "FlatMinimumReport", "TrainingRun", "hessian_null_space",
            "hessian_vector_products", "orbit_tangents", "flat_minimum", "model_loss", "linear_teacher_minimum",
@@ -293,21 +292,6 @@ class OrbitTangents:
     skipped: tuple[str, ...]
 
 
-_DIRECT_DRAWS = {GeneralLinear: lambda A: A, Orthogonal: lambda A: A - A.mT}
-"""Groups whose Gaussian algebra element is drawn directly: their bases (``h²`` and ``h(h−1)/2``
-matrices ``h × h``) are too big to stack at large ``h``."""
-
-
-def _random_algebra_element(group, generator, dtype, device) -> torch.Tensor:
-    """Gaussian coefficients on the Lie-algebra basis."""
-    draw = _DIRECT_DRAWS.get(type(group))
-    if draw is not None:
-        h = int(group.width)
-        return draw(torch.randn(h, h, generator=generator, dtype=dtype).to(device))
-    basis = group.algebra_basis(dtype, device)
-    return torch.tensordot(torch.randn(basis.shape[0], generator=generator, dtype=dtype).to(device), basis, dims=1)
-
-
 def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max_tangents: int = 4096,
                    seed: int = 0) -> OrbitTangents:
     """Tangents ``M·θ`` of every continuous symmetry at ``params`` and the orbit dimension (their rank).
@@ -346,7 +330,7 @@ def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max
         rows = [flat.flatten(s.tangent(params, M), reference) for s in used for M in s.group.algebra_basis(dtype, device)]
     else:
         generator = torch.Generator().manual_seed(seed)
-        rows = [sum(flat.flatten(s.tangent(params, _random_algebra_element(s.group, generator, dtype, device)), reference)
+        rows = [sum(flat.flatten(s.tangent(params, s.group.gaussian_algebra_element(generator, dtype, device)), reference)
                     for s in used) for _ in range(count)]
     vectors = torch.stack(rows) if rows else reference.new_zeros(0, flat.size)
     rank = int(torch.linalg.matrix_rank(vectors)) if rows else 0

@@ -68,11 +68,12 @@ import numpy as np
 import sympy as sp
 import torch
 
-from symalg.applications.conjugated import TOLERANCE, check_group_axioms, group_elements
+from symalg.applications.conjugated import TEST_SCALES, TOLERANCE, check_group_axioms
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, SiteGroup, matrix_exp
 from symalg.lowering.codegen import LoweredFunction, lower
+from symalg.numeric.linalg import relative_error
 from symalg.verification.checks import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift, check_gradient_flow,
-                           check_gradient_orthogonality, compare_to_sympy, loss_gradients, relative_error)
+                           check_gradient_orthogonality, compare_to_sympy, loss_gradients)
 
 __all__ = ["GramLossSymmetry", "MomentStabiliser", "DistributionSymmetry", "spectral_contrastive_loss", "info_nce_loss",
            "barlow_twins_loss", "two_view_loss", "moments", "gaussian_expectation", "paired_monte_carlo"]
@@ -272,7 +273,7 @@ class GramLossSymmetry:
         generator = torch.Generator().manual_seed(seed)
         reference = params[self.weight]
         dtype, device = reference.dtype, reference.device
-        elements = group_elements(self.group, generator, dtype, device)
+        elements = self.group.sample(generator, dtype, device, TEST_SCALES)
         worst, where = _worst_change(loss, self.apply, params, elements)
         checks = [CheckResult("invariance", self.label, worst, tolerance, f"loss on the given batch, worst: {where}")]
         if outputs is not None:
@@ -680,7 +681,7 @@ class DistributionSymmetry:
         generator = torch.Generator().manual_seed(seed)
         reference = params[self.weight]
         dtype, device = reference.dtype, reference.device
-        elements = group_elements(self.group, generator, dtype, device)
+        elements = self.group.sample(generator, dtype, device, TEST_SCALES)
         worst, where = _worst_change(expected_loss, self.apply, params, elements)
         checks = [CheckResult("invariance", self.label, worst, tolerance, f"expected loss, worst: {where}")]
         grads = loss_gradients(expected_loss, params)

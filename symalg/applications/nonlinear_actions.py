@@ -61,6 +61,7 @@ import torch
 from torch import nn
 
 from symalg.catalogue.groups import matrix_exp
+from symalg.numeric.linalg import relative_error
 
 __all__ = ["TOLERANCES", "Cocycle", "CocycleCheck", "DataDependentAction", "FeedForward", "FrameCocycle",
            "LipschitzBounds", "check_cocycle", "frame", "lipschitz_bounds", "random_gl", "rotation_matrix",
@@ -228,9 +229,8 @@ class FrameCocycle(Cocycle):
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``‖a − b‖ / ‖b‖`` over the last two axes (per draw)."""
-    tiny = torch.finfo(b.dtype).tiny
-    return torch.linalg.matrix_norm(a - b) / torch.linalg.matrix_norm(b).clamp_min(tiny)
+    """Relative error over the last two axes (one per draw)."""
+    return relative_error(a, b, dim=(-2, -1))
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,6 @@ from typing import Callable, Mapping
 import torch
 
 from symalg.applications.flat_minima import hessian_vector_products
-from symalg.catalogue.groups import GeneralLinear, PositiveScaling
 
 __all__ = ["UnreachableTarget", "InitResult", "imbalance_element", "scaling_element", "set_conserved", "balance",
            "HessianEigenvalue", "TraceEstimate", "top_hessian_eigenvalue", "hessian_trace"]
@@ -208,14 +207,11 @@ def _quantity(symmetry, params) -> torch.Tensor:
     value = symmetry.conserved(params)
     if isinstance(value, dict):
         (value,) = value.values()
-    return value.reshape(-1) if isinstance(symmetry.group, PositiveScaling) else value
+    return value.reshape(-1) if symmetry.group.element_format == "diagonal" else value
 
 
 def _scalar_element(symmetry, c: float, like: torch.Tensor) -> torch.Tensor:
-    h = like.shape[0]
-    if isinstance(symmetry.group, PositiveScaling):
-        return torch.full((h,), c, dtype=like.dtype, device=like.device)
-    return c * torch.eye(h, dtype=like.dtype, device=like.device)
+    return c * symmetry.group.identity(like.dtype, like.device)
 
 
 def _split(symmetry, params) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,7 +292,7 @@ def set_conserved(analysis, params: Mapping[str, torch.Tensor], targets=0.0, *, 
     if not tol > 0:
         raise ValueError(f"tol must be positive, got {tol!r}")
     symmetries = {_site(s): s for s in analysis.symmetries
-                  if isinstance(s.group, (GeneralLinear, PositiveScaling)) and s.conserved is not None}
+                  if s.group.conserved_kind in ("matrix", "diagonal") and s.conserved is not None}
     if not symmetries:
         raise ValueError("analysis: no GL or positive-scaling site with a conserved quantity to set")
     params = {k: v.detach() for k, v in params.items()}
@@ -309,7 +305,7 @@ def set_conserved(analysis, params: Mapping[str, torch.Tensor], targets=0.0, *, 
             P, R = _split(symmetry, params)
             scales[site] = float(torch.linalg.norm(P) + torch.linalg.norm(R)) or 1.0
             where = f"targets[{site!r}] ({symmetry.group.name} on {site})"
-            if isinstance(symmetry.group, PositiveScaling):
+            if symmetry.group.element_format == "diagonal":
                 g = scaling_element(P.clamp_min(0), R.clamp_min(0), target, float(symmetry.group.alpha), where)
             else:
                 g = imbalance_element((P + P.T) / 2, (R + R.T) / 2, target, where)

@@ -72,7 +72,7 @@ from typing import Callable, Mapping, Sequence
 import sympy as sp
 import torch
 
-from symalg.catalogue.groups import GeneralLinear, Permutations, PositiveScaling, SignFlips, Translations, matrix_exp
+from symalg.catalogue.groups import matrix_exp
 
 __all__ = ["ARMIJO", "Action", "BACKTRACK", "ConjugatedCoordinates", "Curvature", "DataCoordinates", "FunctionAction",
            "GradNorm", "MetricGradNorm", "Move", "Objective", "Sharpness", "SymmetryAction", "TOLERANCES",
@@ -175,11 +175,6 @@ class FunctionAction(Action):
         return dict(self.fn(params, coords))
 
 
-def _identity_basis(group) -> bool:
-    """``algebra_basis()`` is the standard basis of the element's entries (``M = coords`` reshaped)."""
-    return isinstance(group, (GeneralLinear, PositiveScaling, Translations))
-
-
 @dataclass(frozen=True, eq=False)
 class SymmetryAction(Action):
     """The product of symmetries derived by symalg (``Symmetry`` or chain ``Symmetry``), acting by their
@@ -208,12 +203,11 @@ class SymmetryAction(Action):
 
     @property
     def monomial_jacobian(self) -> bool:
-        return all(isinstance(s.group, (PositiveScaling, Permutations, Translations))
-                   or (isinstance(s.group, SignFlips) and s.group.center == 0) for s in self.symmetries)
+        return all(s.group.acts_monomially for s in self.symmetries)
 
     def _algebra_element(self, symmetry, coords: torch.Tensor) -> torch.Tensor:
         group = symmetry.group
-        if _identity_basis(group):
+        if group.standard_basis:  # M is the coordinates, reshaped
             h = int(group.width)
             return coords.reshape((h, h) if group.element_format == "matrix" else (h,))
         key = (id(symmetry), coords.dtype, coords.device)

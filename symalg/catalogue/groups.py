@@ -19,6 +19,12 @@ A group is its generators: a Lie-algebra basis plus discrete generators. Nothing
 Elements come in one of two formats, ``"matrix"`` (an ``h × h`` tensor) or ``"diagonal"``
 (a length-``h`` vector holding the diagonal), for both group and Lie-algebra elements.
 
+Each group owns its behaviour: its inference ``kind`` and the kinds an activation equivariant under it
+leaves possible, its action and tangent on a tensor region (:meth:`SiteGroup.act`,
+:meth:`SiteGroup.act_infinitesimally`), its conserved term, its test elements (:meth:`SiteGroup.sample`)
+and the symbolic statements of its declared identity. A new group is one subclass that sets ``kind``:
+it registers itself (:func:`group_classes`) and the law tests pick it up.
+
 Example
 -------
 >>> from symalg.catalogue.groups import GeneralLinear
@@ -35,8 +41,9 @@ import sympy as sp
 import torch
 
 from symalg.frontend.grammar import check_entries, refuse_text
+from symalg.numeric.linalg import relative_error
 
-__all__ = ["matrix_exp", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes", "PositiveScaling",
+__all__ = ["matrix_exp", "group_classes", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes", "PositiveScaling",
            "SignFlips", "Permutations", "Translations"]
 
 
@@ -68,6 +75,42 @@ def matrix_exp(M: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_exp(flat)[:count].reshape(M.shape)
 
 
+_CLASSES: dict[str, type] = {}
+
+
+def group_classes() -> dict[str, type]:
+    """``{kind: class}`` of every registered group class (each subclass of :class:`SiteGroup` setting ``kind``).
+
+    >>> sorted(group_classes())
+    ['GL', 'O', 'O1', 'PS', 'S', 'SF', 'T']
+    """
+    return dict(_CLASSES)
+
+
+SAMPLE_SCALES = (1e-3, 1.0)
+"""Operator norms ``‖M‖`` of the Lie-algebra elements behind the test elements ``exp(M)``: near and far."""
+
+SIGN_FLIP_GENERATORS = 16
+"""Widest ``SignFlips`` group whose ``h`` single-neuron flips are its test elements; wider ones are tested
+with :data:`SIGN_FLIP_SAMPLES` uniformly random sign patterns instead."""
+
+SIGN_FLIP_SAMPLES = 8
+"""Random sign patterns per sample of a wide ``SignFlips`` group. The patterns that keep the outputs form
+a subgroup, so a false claim (a proper subgroup) passes one uniform pattern with probability at most
+1/2, and 16 patterns with at most ``2⁻¹⁶``."""
+
+
+def _at_most_one(width) -> bool:
+    """The width is a known integer ``≤ 1`` (a group permuting that many neurons has one element)."""
+    width = sp.sympify(width)
+    return bool(width.is_Integer and width <= 1)
+
+
+def _multiply(A: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
+    """``A U`` for a matrix ``A``, ``diag(A) U`` for a vector ``A``."""
+    return A[:, None] * U if A.dim() == 1 else A @ U
+
+
 @dataclass(frozen=True)
 class SiteGroup:
     """Base class: a group acting on a site of ``width`` neurons (see the module docstring)."""
@@ -76,11 +119,75 @@ class SiteGroup:
     element_format: ClassVar[str] = "matrix"
     symbol: ClassVar[str] = "G"
     alpha: ClassVar[object] = 1
+    center: ClassVar[object] = 0
+    """``c`` of an affine identity ``σ(g z) = π(g) σ(z) + c(1 − g1)`` (0: the identity is linear)."""
     discrete_description: ClassVar[str] = ""
     """The discrete generators in words, ``{h}`` standing for the width (shown when it is symbolic)."""
+    kind: ClassVar[str | None] = None
+    """The site kind inference tracks for this group (``"GL"``, ``"O"``, ...); a class setting it registers."""
+    kinds_it_preserves: ClassVar[frozenset] = frozenset()
+    """The site kinds an activation equivariant under this group leaves possible (the subgroups it contains
+    among the catalogue groups, itself included)."""
+    orthogonal: ClassVar[bool] = False
+    """Every element is an orthogonal matrix (``‖g z‖ = ‖z‖``)."""
+    permutes_entries: ClassVar[bool] = False
+    """Elements permute the rows of a region: a region bound both as input and output of the site (the
+    diagonal ``d`` of a map ``diag(d)`` from the site to itself, ``d ↦ g diag(d) gᵀ``) is permuted once."""
+    standard_basis: ClassVar[bool] = False
+    """``algebra_basis()`` is the standard basis of the element's entries (``M`` is its coordinates, reshaped)."""
+    conserved_kind: ClassVar[str | None] = None
+    """``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``), ``"linear"`` or None: the kind of
+    conserved quantity of gradient flow the group gives (None: none, e.g. ``so(h)`` gives angular momentum)."""
+    roles: ClassVar[tuple] = ("out", "in")
+    """The roles a region can have under the action (:meth:`operator`)."""
+    site_options: ClassVar[tuple] = ()
+    """The options of :meth:`for_site` the group depends on (``"alpha"``, ``"center"``)."""
+    infinitesimal_statement: ClassVar[str] = "dσ(z)[M z] = dπ(M) σ(z)"
+    infinitesimal_detail: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            _CLASSES[cls.kind] = cls
 
     def __post_init__(self):
         refuse_text(self.width, f"{type(self).__name__}: width")
+
+    @classmethod
+    def for_site(cls, width, alpha=1, center=0) -> "SiteGroup":
+        """The group on a site of ``width`` whose activation has degree ``alpha`` and center ``c``. A class takes
+        the options named in ``site_options`` and refuses any other option but its neutral value
+        (``alpha = 1``, ``c = 0``).
+
+        >>> PositiveScaling.for_site(3, alpha=2).name
+        'PositiveScaling(3, alpha=2)'
+        """
+        given, neutral = {"alpha": alpha, "center": center}, {"alpha": 1, "center": 0}
+        refused = [f"{k}={v}" for k, v in given.items() if k not in cls.site_options and v != neutral[k]]
+        if refused:
+            raise ValueError(f"{cls.__name__}: its action does not depend on {', '.join(refused)}")
+        return cls(width, **{k: given[k] for k in cls.site_options})
+
+    @property
+    def is_trivial(self) -> bool:
+        """The group has a single element (a site of width 0; ``S_1``); False while the width is symbolic."""
+        return sp.sympify(self.width) == 0
+
+    @property
+    def homogeneity(self):
+        """The degree ``α`` of ``σ(c z) = c^α σ(z)`` that the group declares, or None (it declares none)."""
+        return None
+
+    @property
+    def affine(self) -> bool:
+        """The declared identity has a shift ``τ(g) ≠ 0``."""
+        return self.center != 0
+
+    @property
+    def acts_monomially(self) -> bool:
+        """Every element maps each parameter entry to a multiple of one entry (plus a constant): scalings,
+        permutations, sign flips without shift, translations."""
+        return False
 
     # -- naming ---------------------------------------------------------------------------------
     @property
@@ -137,11 +244,12 @@ class SiteGroup:
     def random_algebra_element(self, scale: float, generator: torch.Generator | None = None,
                                dtype=torch.float64, device="cpu") -> torch.Tensor:
         """A random Lie-algebra element with operator norm about ``scale``."""
-        element = self._gaussian_combination(generator, dtype, device)
+        element = self.gaussian_algebra_element(generator, dtype, device)
         norm = torch.linalg.matrix_norm(element, ord=2) if element.dim() == 2 else element.abs().max()
         return element * (scale / norm)
 
-    def _gaussian_combination(self, generator, dtype, device) -> torch.Tensor:
+    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype=torch.float64,
+                                 device="cpu") -> torch.Tensor:
         """``Σ_k c_k B_k`` over the algebra basis with ``c_k ~ N(0, 1)``; matrix groups override it to draw the
         same element without stacking their ``dim·h²``-entry basis."""
         basis = self.algebra_basis(dtype, device)
@@ -164,6 +272,78 @@ class SiteGroup:
     def discrete_generators(self, dtype=torch.float64, device="cpu") -> list[torch.Tensor]:
         """Generators of the group's discrete part (of the component group for Lie groups)."""
         return []
+
+    # -- action on a tensor region --------------------------------------------------------------
+    def operator(self, g: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
+        """The matrix (or diagonal, as a vector) by which ``g`` multiplies a region unfolded to ``h`` rows.
+
+        A region the site's values are written by (``role="out"``: rows of ``W_in``, ``b_in``) moves by ``g``; a
+        region that reads the site (``role="in"``: columns of ``W_out``, unfolded as rows) by ``π(g)⁻ᵀ``, so that
+        ``W_out π(g)⁻¹ · π(g) s = W_out s``. ``power`` is the region's degree of homogeneity in the site's
+        values; only a scaling group's action depends on it (``g^{±power}``).
+
+        >>> GeneralLinear(2).operator(2 * torch.eye(2, dtype=torch.float64), "in").diagonal().tolist()
+        [0.5, 0.5]
+        """
+        self._check_role(role)
+        return g if role == "out" else self.rep_inverse(g).transpose(-1, -2)
+
+    def act(self, g: torch.Tensor, U: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
+        """The region ``U`` (``h × r``, unfolded) moved by ``g``: :meth:`operator` times ``U``."""
+        return _multiply(self.operator(g, role, power), U)
+
+    def infinitesimal(self, M: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
+        """``d/dt operator(exp(tM), role, power)`` at ``t = 0``: ``M`` on a written region, ``−Mᵀ`` on a read one."""
+        self._check_role(role)
+        return M if role == "out" else -M.transpose(-1, -2)
+
+    def act_infinitesimally(self, M: torch.Tensor, U: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
+        """The tangent ``M·U = infinitesimal(M) U`` of the region ``U``; linear in ``M``."""
+        return _multiply(self.infinitesimal(M, role, power), U)
+
+    def moves_region(self, power) -> bool:
+        """Whether the action can change a region of degree ``power`` (scalings leave degree 0 alone)."""
+        return True
+
+    @staticmethod
+    def _check_role(role):
+        if role not in ("out", "in"):
+            raise ValueError(f"role must be 'out' (a region writing the site) or 'in' (one reading it), got {role!r}")
+
+    # -- test elements --------------------------------------------------------------------------
+    def sample(self, generator: torch.Generator | None = None, dtype=torch.float64, device="cpu",
+               scales=SAMPLE_SCALES) -> list[tuple[str, torch.Tensor]]:
+        """``[(description, g), ...]`` to test a claim with: every discrete generator, ``exp(M)`` for random ``M``
+        with ``‖M‖`` = each of ``scales`` (near and far from the identity), and, when there are discrete
+        generators, the first times ``exp(M)`` with ``‖M‖ = scales[-1]`` (another component). Every element is
+        a member of the group; they are drawn from ``generator``.
+
+        >>> [label for label, _ in Orthogonal(3).sample(torch.Generator().manual_seed(0))]
+        ['discrete generator 0', 'exp(M), |M| = 0.001', 'exp(M), |M| = 1', 'discrete generator 0 times exp(M), |M| = 1']
+        """
+        discrete = self.discrete_generators(dtype, device)
+        elements = [(f"discrete generator {i}", g) for i, g in enumerate(discrete)]
+        if self.is_continuous:
+            for scale in scales:
+                elements.append((f"exp(M), |M| = {scale:g}",
+                                 self.exp(self.random_algebra_element(scale, generator, dtype, device))))
+            if discrete:
+                far = self.exp(self.random_algebra_element(scales[-1], generator, dtype, device))
+                elements.append((f"discrete generator 0 times exp(M), |M| = {scales[-1]:g}", self.compose(discrete[0], far)))
+        return elements
+
+    def compose(self, g1: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
+        """The product ``g1 g2`` in the element format."""
+        return g1 @ g2
+
+    def element_between(self, y1: torch.Tensor, y2: torch.Tensor) -> torch.Tensor | None:
+        """A closed-form element ``g`` with ``g y1 ∥ y2`` (``π(g) = g`` on ``R^h``), or None when the group has none
+        (callers then search for one numerically)."""
+        return None
+
+    def identity(self, dtype=torch.float64, device="cpu") -> torch.Tensor:
+        """The identity element in the element format."""
+        return torch.eye(_concrete(self.width), dtype=dtype, device=device)
 
     # -- membership -----------------------------------------------------------------------------
     def check_element(self, g: torch.Tensor) -> None:
@@ -232,6 +412,30 @@ class SiteGroup:
             action["b_out"] = b_out - w_out * inverse * shift
         return action
 
+    def conserved_term(self, U: sp.MatrixExpr) -> sp.MatrixExpr | None:
+        """The contribution ``T(U)`` of a region ``U`` (``h × r``) of degree 1 written by the site to the conserved
+        quantity (readers contribute ``−T``, a region of degree ``p`` ``p·T``); None when the group has none
+        (see ``conserved_kind``). ``U Uᵀ`` for ``GL``, the row norms ``(U∘U)1`` for scalings."""
+        return None
+
+    def pointwise_identity(self, sigma) -> tuple[str, list] | None:
+        """``(statement, residuals)``: a pointwise activation ``sigma`` (a function of one SymPy scalar) satisfies
+        the group's declared identity iff every residual vanishes; residuals are taken at ``z`` of each sign
+        (activations are piecewise at 0). An empty list: every pointwise ``σ`` satisfies it. None: the group has
+        no symbolic rule for pointwise activations."""
+        return None
+
+    def infinitesimal_identity(self, sigma) -> tuple[str, list] | None:
+        """``(statement, residuals)`` of ``dσ(z)[M z] = dπ(M) σ(z)`` for a pointwise ``sigma`` when it is a statement of
+        its own (Euler's identity for scalings); None when it follows from the declared identity (statement
+        :attr:`infinitesimal_statement`)."""
+        return None
+
+    def width_two_element(self) -> sp.ImmutableMatrix | None:
+        """A generic element of the group at width 2 with symbolic entries (in the element format), for
+        deciding a site-level identity entry by entry; None when there is none."""
+        return None
+
     def _to_matrix(self, m: sp.ImmutableMatrix) -> sp.ImmutableMatrix:
         return sp.ImmutableMatrix(sp.diag(*m)) if self.element_format == "diagonal" else m
 
@@ -239,10 +443,6 @@ class SiteGroup:
 def _tolerance(x: torch.Tensor) -> float:
     """Relative tolerance of membership tests: a few thousand units in the last place."""
     return 1e-9 if x.dtype == torch.float64 else 1e-4
-
-
-def _deviation(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1)).item()
 
 
 def _reflection(h: int, dtype, device) -> torch.Tensor:
@@ -261,6 +461,21 @@ class GeneralLinear(SiteGroup):
 
     symbol: ClassVar[str] = "GL"
     discrete_description: ClassVar[str] = "reflection diag(-1, 1, ..., 1)"
+    kind: ClassVar[str] = "GL"
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"GL", "O", "O1", "PS", "SF", "S"})
+    standard_basis: ClassVar[bool] = True
+    conserved_kind: ClassVar[str] = "matrix"
+    infinitesimal_statement: ClassVar[str] = "dσ(z)[M z] = M σ(z) (σ linear)"
+
+    def conserved_term(self, U):
+        return U * U.T
+
+    def pointwise_identity(self, sigma):
+        a, b, z, w = sp.symbols("a b z w", real=True)
+        return "σ linear: σ(a z + b w) = a σ(z) + b σ(w)", [sigma(a * z + b * w) - a * sigma(z) - b * sigma(w)]
+
+    def width_two_element(self):
+        return sp.ImmutableMatrix(2, 2, sp.symbols("a:4", real=True))
 
     @property
     def dim(self):
@@ -282,7 +497,7 @@ class GeneralLinear(SiteGroup):
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis + basis.transpose(1, 2) - torch.diag_embed(torch.diagonal(basis, dim1=1, dim2=2))
 
-    def _gaussian_combination(self, generator, dtype, device):
+    def gaussian_algebra_element(self, generator, dtype, device):
         h = _concrete(self.width)  # basis E_ij in row-major order: the coefficients are the entries
         return torch.randn(h * h, generator=generator, dtype=dtype).to(device).reshape(h, h)
 
@@ -305,6 +520,25 @@ class Orthogonal(SiteGroup):
 
     symbol: ClassVar[str] = "O"
     discrete_description: ClassVar[str] = "reflection diag(-1, 1, ..., 1)"
+    kind: ClassVar[str] = "O"
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"O", "O1", "SF", "S"})
+    orthogonal: ClassVar[bool] = True
+    infinitesimal_statement: ClassVar[str] = "dσ(z)[A z] = A σ(z), A antisymmetric"
+    infinitesimal_detail: ClassVar[str] = "d‖z‖[A z] = zᵀA z / ‖z‖ = 0"
+
+    def width_two_element(self):
+        t = sp.Symbol("t", real=True)
+        return sp.ImmutableMatrix([[sp.cos(t), -sp.sin(t)], [sp.sin(t), sp.cos(t)]])
+
+    def element_between(self, y1, y2):
+        """The rotation in the plane of ``y1`` and ``y2`` taking the direction of one to the other
+        (:func:`_rotation_between`).
+
+        >>> y1, y2 = torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([0.0, 2.0], dtype=torch.float64)
+        >>> (Orthogonal(2).element_between(y1, y2) @ y1).round(decimals=12).tolist()
+        [0.0, 1.0]
+        """
+        return _rotation_between(y1, y2)
 
     @property
     def dim(self):
@@ -318,7 +552,7 @@ class Orthogonal(SiteGroup):
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis - basis.transpose(1, 2)
 
-    def _gaussian_combination(self, generator, dtype, device):
+    def gaussian_algebra_element(self, generator, dtype, device):
         h = _concrete(self.width)  # basis E_ij − E_ji, i < j, in row-major order
         rows, cols = torch.triu_indices(h, h, offset=1)
         upper = torch.zeros(h, h, dtype=dtype)
@@ -336,10 +570,34 @@ class Orthogonal(SiteGroup):
 
     def _not_an_element(self, g, tol):
         eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
-        return "gᵀg ≠ I" if _deviation(g.transpose(-1, -2) @ g, eye) > tol else None
+        return "gᵀg ≠ I" if relative_error(g.transpose(-1, -2) @ g, eye, floor=1) > tol else None
 
     def _not_in_algebra(self, M, tol):
-        return "M is not antisymmetric" if _deviation(M, -M.transpose(-1, -2)) > tol else None
+        return "M is not antisymmetric" if relative_error(M, -M.transpose(-1, -2), floor=1) > tol else None
+
+
+def _rotation_between(y1: torch.Tensor, y2: torch.Tensor) -> torch.Tensor:
+    """An element of ``O(n)`` taking the direction of ``y1`` to that of ``y2``: ``exp(φK)`` with ``K = v uᵀ − u vᵀ``
+    (``u = y1/‖y1‖``, ``v`` the unit component of ``y2`` orthogonal to ``u``, ``φ`` the angle), in ``SO(n)`` for
+    ``n ≥ 2``; ``±1`` for ``n = 1``."""
+    n = y1.shape[-1]
+    eye = torch.eye(n, dtype=y1.dtype, device=y1.device)
+    if y1.norm() == 0 or y2.norm() == 0:
+        return eye
+    u, w = y1 / y1.norm(), y2 / y2.norm()
+    if n == 1:
+        return eye * torch.sign(u * w)
+    cos = (u * w).sum()
+    v = w - cos * u
+    if v.norm() <= 1e-12:
+        if cos > 0:
+            return eye
+        # antipodal: rotate by π in the plane of u and the basis vector least aligned with it
+        e = eye[u.abs().argmin()]
+        v = e - (e * u).sum() * u
+    angle = torch.atan2(v.norm(), cos)
+    v = v / v.norm()
+    return matrix_exp(angle * (torch.outer(v, u) - torch.outer(u, v)))
 
 
 def _ones_complement(h: int, dtype, device) -> torch.Tensor:
@@ -367,6 +625,18 @@ class OrthogonalFixingOnes(Orthogonal):
     """
 
     discrete_description: ClassVar[str] = "transposition (0 1)"
+    kind: ClassVar[str] = "O1"
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"O1", "S"})
+
+    @property
+    def is_trivial(self):
+        return _at_most_one(self.width)
+
+    def width_two_element(self):
+        return sp.ImmutableMatrix([[0, 1], [1, 0]])   # O(2)_1 = {I, (0 1)}
+
+    def element_between(self, y1, y2):
+        return None   # the rotation of O(h) need not fix 1
 
     @property
     def name(self):
@@ -385,10 +655,10 @@ class OrthogonalFixingOnes(Orthogonal):
         P = _ones_complement(h, dtype, device)
         return P @ Orthogonal(h - 1).algebra_basis(dtype, device) @ P.T
 
-    def _gaussian_combination(self, generator, dtype, device):
+    def gaussian_algebra_element(self, generator, dtype, device):
         h = _concrete(self.width)
         P = _ones_complement(h, dtype, device)
-        return P @ Orthogonal(h - 1)._gaussian_combination(generator, dtype, device) @ P.T
+        return P @ Orthogonal(h - 1).gaussian_algebra_element(generator, dtype, device) @ P.T
 
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
         h = _concrete(self.width)
@@ -396,11 +666,11 @@ class OrthogonalFixingOnes(Orthogonal):
 
     def _not_an_element(self, g, tol):
         ones = torch.ones(g.shape[-1], dtype=g.dtype, device=g.device)
-        return super()._not_an_element(g, tol) or ("g 1 ≠ 1" if _deviation(g @ ones, ones) > tol else None)
+        return super()._not_an_element(g, tol) or ("g 1 ≠ 1" if relative_error(g @ ones, ones, floor=1) > tol else None)
 
     def _not_in_algebra(self, M, tol):
         ones = torch.ones(M.shape[-1], dtype=M.dtype, device=M.device)
-        return super()._not_in_algebra(M, tol) or ("M 1 ≠ 0" if _deviation(M @ ones, 0 * ones) > tol else None)
+        return super()._not_in_algebra(M, tol) or ("M 1 ≠ 0" if relative_error(M @ ones, 0 * ones, floor=1) > tol else None)
 
 
 @dataclass(frozen=True)
@@ -415,6 +685,55 @@ class PositiveScaling(SiteGroup):
     alpha: object = 1
     element_format: ClassVar[str] = "diagonal"
     symbol: ClassVar[str] = "PositiveScaling"
+    kind: ClassVar[str] = "PS"
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"PS"})
+    site_options: ClassVar[tuple] = ("alpha",)
+    standard_basis: ClassVar[bool] = True
+    conserved_kind: ClassVar[str] = "diagonal"
+
+    @property
+    def homogeneity(self):
+        return self.alpha
+
+    @property
+    def acts_monomially(self):
+        return True
+
+    def operator(self, g, role="out", power=1):
+        self._check_role(role)
+        return g ** (float(power) if role == "out" else -float(power))
+
+    def infinitesimal(self, M, role="out", power=1):
+        self._check_role(role)
+        return float(power) * (M if role == "out" else -M)
+
+    def moves_region(self, power):
+        return power != 0
+
+    def compose(self, g1, g2):
+        return g1 * g2
+
+    def identity(self, dtype=torch.float64, device="cpu"):
+        return torch.ones(_concrete(self.width), dtype=dtype, device=device)
+
+    def conserved_term(self, U):
+        term = sp.HadamardPower(U, 2)
+        return term * sp.OneMatrix(U.shape[1], 1) if U.shape[1] != 1 else term
+
+    def pointwise_identity(self, sigma):
+        c, p = sp.Symbol("c", positive=True), sp.Symbol("p", positive=True)
+        return (f"σ(c z) = c^{self.alpha} σ(z), c > 0",
+                [sigma(c * z) - c ** self.alpha * sigma(z) for z in (p, -p, sp.Integer(0))])
+
+    def infinitesimal_identity(self, sigma):
+        # differentiate inside each sign branch, z = ±p with p > 0, where z σ'(z) = p d/dp σ(±p):
+        # a derivative taken at a symbolic z can be 0/0 on the branch where σ vanishes (max(z,0)^½)
+        p = sp.Symbol("p", positive=True)
+        return (f"Euler: z σ'(z) = {self.alpha} σ(z) (z ≠ 0)",
+                [p * sp.diff(sigma(t), p) - self.alpha * sigma(t) for t in (p, -p)])
+
+    def width_two_element(self):
+        return sp.ImmutableMatrix(sp.symbols("d:2", positive=True))
 
     @property
     def name(self):
@@ -474,6 +793,34 @@ class SignFlips(SiteGroup):
     center: object = 0
     symbol: ClassVar[str] = "SignFlips"
     discrete_description: ClassVar[str] = "the {h} single-neuron sign flips"
+    kind: ClassVar[str] = "SF"
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"SF"})
+    site_options: ClassVar[tuple] = ("center",)
+    orthogonal: ClassVar[bool] = True
+
+    @property
+    def acts_monomially(self):
+        return not self.affine
+
+    def operator(self, g, role="out", power=1):
+        self._check_role(role)   # diag(±1) is its own inverse transpose: multiply by its diagonal
+        return torch.diagonal(g, dim1=-2, dim2=-1)
+
+    def sample(self, generator=None, dtype=torch.float64, device="cpu", scales=SAMPLE_SCALES):
+        """The ``h`` single-neuron flips; wider than :data:`SIGN_FLIP_GENERATORS`, :data:`SIGN_FLIP_SAMPLES`
+        uniformly random sign patterns ``diag(±1)`` instead (``h`` forward passes and ``h`` dense matrices)."""
+        if _concrete(self.width) <= SIGN_FLIP_GENERATORS:
+            return super().sample(generator, dtype, device, scales)
+        signs = torch.randint(0, 2, (SIGN_FLIP_SAMPLES, int(self.width)), generator=generator).to(dtype) * 2 - 1
+        return [(f"random sign pattern {i}", torch.diag(s).to(device)) for i, s in enumerate(signs)]
+
+    def pointwise_identity(self, sigma):
+        p = sp.Symbol("p", positive=True)
+        statement = "σ(−z) = −σ(z)" if self.center == 0 else f"σ(−z) = {2 * self.center} − σ(z)"
+        return statement, [sigma(-z) + sigma(z) - 2 * self.center for z in (p, -p, sp.Integer(0))]
+
+    def width_two_element(self):
+        return sp.ImmutableMatrix([[-1, 0], [0, 1]])
 
     @property
     def name(self):
@@ -504,7 +851,7 @@ class SignFlips(SiteGroup):
         diagonal = torch.diagonal(g, dim1=-2, dim2=-1)
         signs = torch.diag_embed(torch.sign(diagonal))
         unit = ((diagonal.abs() - 1).abs() <= tol).all()
-        return None if unit and _deviation(g, signs) <= tol else "g must be diagonal with entries ±1"
+        return None if unit and relative_error(g, signs, floor=1) <= tol else "g must be diagonal with entries ±1"
 
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
         h = _concrete(self.width)
@@ -525,6 +872,28 @@ class Permutations(SiteGroup):
 
     symbol: ClassVar[str] = "S"
     discrete_description: ClassVar[str] = "transposition (0 1) and cycle (0 1 ... {h}-1)"
+    kind: ClassVar[str] = "S"
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"S"})
+    orthogonal: ClassVar[bool] = True
+    permutes_entries: ClassVar[bool] = True
+
+    @property
+    def acts_monomially(self):
+        return True
+
+    def act(self, g, U, role="out", power=1):
+        self._check_role(role)   # g U for a permutation matrix g (= its own inverse transpose), by indexing
+        return U[g.argmax(-1)]
+
+    @property
+    def is_trivial(self):
+        return _at_most_one(self.width)
+
+    def pointwise_identity(self, sigma):
+        return "σ(P z) = P σ(z)", []
+
+    def width_two_element(self):
+        return sp.ImmutableMatrix([[0, 1], [1, 0]])
 
     def latex(self):
         return rf"S_{{{sp.latex(sp.sympify(self.width))}}}"
@@ -536,9 +905,9 @@ class Permutations(SiteGroup):
         return g.T
 
     def _not_an_element(self, g, tol):
-        binary = _deviation(g, g.round().clamp(0, 1)) <= tol
-        stochastic = _deviation(g.sum(-1), torch.ones_like(g.sum(-1))) <= tol and \
-            _deviation(g.sum(-2), torch.ones_like(g.sum(-2))) <= tol
+        binary = relative_error(g, g.round().clamp(0, 1), floor=1) <= tol
+        stochastic = relative_error(g.sum(-1), torch.ones_like(g.sum(-1)), floor=1) <= tol and \
+            relative_error(g.sum(-2), torch.ones_like(g.sum(-2)), floor=1) <= tol
         return None if binary and stochastic else "g must be a permutation matrix"
 
     def discrete_generators(self, dtype=torch.float64, device="cpu"):
@@ -564,6 +933,44 @@ class Translations(SiteGroup):
     description: str = ""
     element_format: ClassVar[str] = "vector"
     symbol: ClassVar[str] = "T"
+    kind: ClassVar[str] = "T"
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"T"})
+    roles: ClassVar[tuple] = ("out",)
+    standard_basis: ClassVar[bool] = True
+    conserved_kind: ClassVar[str] = "linear"
+
+    @property
+    def acts_monomially(self):
+        return True
+
+    def operator(self, g, role="out", power=1):
+        raise TypeError(f"{self.name} acts by adding t to a region (act), not by multiplying it")
+
+    def infinitesimal(self, M, role="out", power=1):
+        raise TypeError(f"{self.name} acts by adding M to a region (act_infinitesimally), not by multiplying it")
+
+    def act(self, g, U, role="out", power=1):
+        """``U + t 1ᵀ``: row ``i`` of the region (direction ``B_i = e_i 1ᵀ``) moves by ``t_i``."""
+        self._check_translated(role, power)
+        return U + g[:, None]
+
+    def act_infinitesimally(self, M, U, role="out", power=1):
+        self._check_translated(role, power)
+        return M[:, None].expand_as(U)
+
+    def _check_translated(self, role, power):
+        if role != "out" or power != 1:
+            raise ValueError(f"{self.name}: a translated region has no role or degree, got role={role!r}, power={power}")
+
+    def conserved_term(self, U):
+        """``⟨B_i, U⟩ = (U 1)_i``: the linear quantities of the directions :meth:`act` moves along."""
+        return U * sp.OneMatrix(U.shape[1], 1)
+
+    def compose(self, g1, g2):
+        return g1 + g2
+
+    def identity(self, dtype=torch.float64, device="cpu"):
+        return torch.zeros(_concrete(self.width), dtype=dtype, device=device)
 
     @property
     def name(self):

@@ -23,7 +23,7 @@ __all__ = ["Activation", "activation_function"]
 
 @lru_cache(maxsize=None)
 def _compiled(entry, params: tuple):
-    from symalg.lowering.codegen import torch_source
+    from symalg.lowering.codegen import compile_function, identifier, torch_source
 
     if entry.radial:
         r = sp.Symbol("_norm", positive=True)
@@ -34,10 +34,9 @@ def _compiled(entry, params: tuple):
     else:
         z = sp.Symbol("z", real=True)
         body, prologue = torch_source(entry.expression(z, **dict(params))), ""
-    source = f"def {entry.name}(z):\n{prologue}    return {body}"
-    namespace = {"torch": torch}
-    exec(compile(source, f"<symalg.activation.{entry.name}>", "exec"), namespace)
-    return namespace[entry.name], source
+    name = identifier(entry.name)
+    source = f"def {name}(z):\n{prologue}    return {body}"
+    return compile_function(name, source, "activation"), source
 
 
 def activation_function(op: str, params: Mapping | None = None, catalogue: Mapping = CATALOGUE):

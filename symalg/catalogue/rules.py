@@ -18,9 +18,9 @@ from types import MappingProxyType
 from typing import Callable
 
 from symalg.catalogue.activations import CATALOGUE
+from symalg.catalogue.groups import GeneralLinear
 from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.symbolic.checks import disproof, symbolic_checks
-from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips
 from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment
 
 __all__ = ["OP_RULES", "WEIGHT_RULES", "WeightExpr", "register_rule", "activation_rule", "unknown_rule"]
@@ -70,10 +70,6 @@ def _first(inputs) -> Label:
 
 # -- activations and unknown ops ---------------------------------------------------------------
 
-_KINDS_OF_GROUP = {GeneralLinear: ALL - TRANSLATIONS, Orthogonal: {"O", "O1", "SF", "S"}, PositiveScaling: {"PS"},
-                   SignFlips: {"SF"}, Permutations: {"S"}}
-
-
 def activation_rule(state: Inference, node, data, inputs) -> Label:
     """A catalogue activation on the feature axis: ``σ(g z) = π(g) σ(z) + τ(g)`` for the entry's groups
     (``τ ≠ 0`` for affine sign flips, ``σ(−z) = 1 − σ(z)``: the output's segments carry the center). The
@@ -87,13 +83,13 @@ def activation_rule(state: Inference, node, data, inputs) -> Label:
         checks = symbolic_checks(entry, group, tuple(sorted(params.items())))
         reason = disproof(data["op"], group, checks)
         if state.strict and reason:
-            disproved[reason] = _KINDS_OF_GROUP[type(group)]
+            disproved[reason] = group.kinds_it_preserves
             continue
-        kinds |= _KINDS_OF_GROUP[type(group)]
-        claimed.append((frozenset(_KINDS_OF_GROUP[type(group)]), checks))
-        if isinstance(group, PositiveScaling):
-            alpha = Fraction(str(group.alpha))
-        if isinstance(group, SignFlips):
+        kinds |= group.kinds_it_preserves
+        claimed.append((frozenset(group.kinds_it_preserves), checks))
+        if group.homogeneity is not None:
+            alpha = Fraction(str(group.homogeneity))
+        if group.affine:
             center = Fraction(str(group.center))
     if entry.radial and label.dim != -1 and label.segments:
         state.restrict_label(label, set(), node, f"{state.where(node)}: radial activation on a non-last axis", blocked=True)

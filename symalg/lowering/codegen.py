@@ -29,7 +29,8 @@ import sympy as sp
 import torch
 from sympy.printing.pytorch import TorchPrinter
 
-__all__ = ["SymalgTorchPrinter", "LoweredFunction", "lower", "reads", "torch_source", "evaluate_symbolic"]
+__all__ = ["SymalgTorchPrinter", "LoweredFunction", "compile_function", "lower", "reads", "torch_source",
+           "evaluate_symbolic"]
 
 
 def identifier(name: str) -> str:
@@ -157,6 +158,26 @@ def torch_source(expr: sp.Basic) -> str:
     return _PRINTER.doprint(expr)
 
 
+def compile_function(name: str, source: str, origin: str = "lowered") -> Callable:
+    """The function ``name`` defined by generated ``source``: the one place symalg turns code into a callable.
+
+    ``source`` is code symalg printed itself (:func:`torch_source` of SymPy expressions, identifiers from
+    :func:`identifier`), never a user's string; it runs in a namespace holding only ``torch``, and its
+    tracebacks name the file ``<symalg.{origin}.{name}>``.
+
+    >>> f = compile_function("double", "def double(x):\\n    return 2 * x")
+    >>> f(torch.ones(2)).tolist()
+    [2.0, 2.0]
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"compile_function: name must be a Python identifier, got {name!r}")
+    namespace = {"torch": torch}
+    exec(compile(source, f"<symalg.{origin}.{name}>", "exec"), namespace)
+    if not callable(namespace.get(name)):
+        raise ValueError(f"compile_function: the source does not define a function {name!r}")
+    return namespace[name]
+
+
 @dataclass(frozen=True)
 class LoweredFunction:
     """A compiled torch callable with its printed ``source``.
@@ -274,11 +295,10 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
         reference = identifier(inputs[0].name)
         lines.append(f"    _like = dict(dtype={reference}.dtype, device={reference}.device)")
     source = "\n".join(lines + body)
-    namespace = {"torch": torch}
-    exec(compile(source, f"<symalg.lowered.{name}>", "exec"), namespace)
+    function = compile_function(name, source)
     shapes = {params[s]: tuple(s.shape[:1] if s in vector_inputs else s.shape)
               for s in to_read if s not in (read_suffixes or {})}
-    return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), namespace[name],
+    return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), function,
                            tuple(params[s] for s in to_read), shapes)
 
 

@@ -76,14 +76,15 @@ import sympy as sp
 import torch
 
 from symalg.errors import SpecError
-from symalg.catalogue.groups import GeneralLinear, Orthogonal, OrthogonalFixingOnes, PositiveScaling, Translations
+from symalg.catalogue.groups import group_classes
 from symalg.symbolic.orbit import gl_chain_kernel_dimension
 
 __all__ = ["RankDecision", "ComponentRank", "Stratum", "OrbitDimension", "model_orbit_dimension",
            "model_orbit_dimension_formula"]
 
-_KINDS = {GeneralLinear: "GL", Orthogonal: "O", OrthogonalFixingOnes: "O1", PositiveScaling: "PS", Translations: "T"}
-"""Group types handled structurally, matched exactly (an unlisted subclass is not assumed to act like its parent)."""
+_KINDS = frozenset({"GL", "O", "O1", "PS", "T"})
+"""Group kinds handled structurally, matched by exact class (a subclass that does not register a kind of its own
+is not assumed to act like its parent)."""
 
 _COST = ("closed form", "chain", "joint", "dense fallback")
 """Methods from cheapest to most expensive; a component reports the most expensive it used."""
@@ -246,7 +247,7 @@ class _Site:
 
 def _site(symmetry) -> _Site:
     group = symmetry.group
-    kind = _KINDS.get(type(group))
+    kind = group.kind if group.kind in _KINDS and group_classes()[group.kind] is type(group) else None
     moving = tuple(symmetry.moving_bindings())
     regions = [(b.tensor, b.axis, b.start, b.start + b.width * b.block) for b in moving]
     if kind in ("T", None):   # translations, unknown kinds: whole tensors, conservatively

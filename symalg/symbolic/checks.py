@@ -26,7 +26,7 @@ from typing import Mapping
 import sympy as sp
 
 from symalg.catalogue.activations import CatalogueEntry
-from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
+from symalg.catalogue.groups import SiteGroup
 
 __all__ = ["SymbolicCheck", "symbolic_checks", "disproof"]
 
@@ -65,31 +65,22 @@ def _identity_check(entry: CatalogueEntry, group: SiteGroup, params: Mapping) ->
     ``z < 0`` and ``z = 0``.
     """
     if entry.radial:
-        ok = isinstance(group, (Orthogonal, Permutations, SignFlips)) and getattr(group, "center", 0) == 0
+        ok = group.orthogonal and not group.affine
         return SymbolicCheck("σ(g z) = g σ(z), σ(z) = f(‖z‖) z, ‖g z‖ = ‖z‖", True if ok else None,
                              "radial by construction" if ok else "radial entry, non-orthogonal group")
-    p = sp.Symbol("p", positive=True)
-    signs = (p, -p, sp.Integer(0))
-    sigma = lambda t: entry.expression(t, **params)  # noqa: E731
-    if isinstance(group, Permutations):
-        return SymbolicCheck("σ(P z) = P σ(z)", True, "pointwise")
-    if isinstance(group, PositiveScaling):
-        c = sp.Symbol("c", positive=True)
-        residuals = [sigma(c * z) - c ** group.alpha * sigma(z) for z in signs]
-        statement = f"σ(c z) = c^{group.alpha} σ(z), c > 0"
-    elif isinstance(group, SignFlips):
-        residuals = [sigma(-z) + sigma(z) - 2 * group.center for z in signs]
-        statement = "σ(−z) = −σ(z)" if group.center == 0 else f"σ(−z) = {2 * group.center} − σ(z)"
-    elif isinstance(group, GeneralLinear):
-        a, b = sp.symbols("a b", real=True)
-        z, w = sp.symbols("z w", real=True)
-        residuals = [sigma(a * z + b * w) - a * sigma(z) - b * sigma(w)]
-        statement = "σ linear: σ(a z + b w) = a σ(z) + b σ(w)"
-    else:
+    rule = group.pointwise_identity(lambda t: entry.expression(t, **params))
+    if rule is None:
         return SymbolicCheck(f"σ equivariant under {group.name}", None, "no symbolic rule for this group")
+    statement, residuals = rule
+    if not residuals:
+        return SymbolicCheck(statement, True, "pointwise")
+    return SymbolicCheck(statement, _all_zero(residuals))
+
+
+def _all_zero(residuals) -> bool | None:
+    """False if any residual has a counterexample, True if SymPy proves all zero, else None."""
     verdicts = [_is_zero(r) for r in residuals]
-    proved = False if False in verdicts else (True if all(verdicts) else None)
-    return SymbolicCheck(statement, proved)
+    return False if False in verdicts else (True if all(verdicts) else None)
 
 
 def _infinitesimal_check(entry: CatalogueEntry, group: SiteGroup, params: Mapping) -> SymbolicCheck:
@@ -98,21 +89,14 @@ def _infinitesimal_check(entry: CatalogueEntry, group: SiteGroup, params: Mappin
     For positive scaling it is Euler's identity ``z σ'(z) = α σ(z)``; for ``GL`` linearity of σ;
     for ``O(h)`` radial σ gives ``dσ(z)[A z] = A σ(z)`` for antisymmetric ``A``.
     """
-    if isinstance(group, PositiveScaling) and not entry.radial:
-        # differentiate inside each sign branch, z = ±p with p > 0, where z σ'(z) = p d/dp σ(±p):
-        # a derivative taken at a symbolic z can be 0/0 on the branch where σ vanishes (max(z,0)^½)
-        p = sp.Symbol("p", positive=True)
-        verdicts = [_is_zero(p * sp.diff(entry.expression(t, **params), p) - group.alpha * entry.expression(t, **params))
-                    for t in (p, -p)]
-        proved = False if False in verdicts else (True if all(verdicts) else None)
-        return SymbolicCheck(f"Euler: z σ'(z) = {group.alpha} σ(z) (z ≠ 0)", proved)
-    if isinstance(group, GeneralLinear):
-        identity = _identity_check(entry, group, params)
-        return SymbolicCheck("dσ(z)[M z] = M σ(z) (σ linear)", identity.proved)
-    if isinstance(group, Orthogonal):
-        return SymbolicCheck("dσ(z)[A z] = A σ(z), A antisymmetric", _identity_check(entry, group, params).proved,
-                             "d‖z‖[A z] = zᵀA z / ‖z‖ = 0")
-    return SymbolicCheck("no continuous part", True)
+    if not group.is_continuous:
+        return SymbolicCheck("no continuous part", True)
+    own = None if entry.radial else group.infinitesimal_identity(lambda t: entry.expression(t, **params))
+    if own is not None:
+        statement, residuals = own
+        return SymbolicCheck(statement, _all_zero(residuals))
+    return SymbolicCheck(group.infinitesimal_statement, _identity_check(entry, group, params).proved,
+                         group.infinitesimal_detail)
 
 
 def symbolic_checks(entry: CatalogueEntry, group: SiteGroup, params: tuple) -> tuple[SymbolicCheck, ...]:
@@ -149,7 +133,7 @@ def _invariance_check(group: SiteGroup) -> SymbolicCheck:
     shift = group.shift_expr(g)
     image = group.rep_expr(g) * s + (shift if shift is not None else sp.ZeroMatrix(h, 1))
     residual = (action["W_out"] * image + action.get("b_out", b_out) - (w_out * s + b_out)).doit()
-    if isinstance(group, (Orthogonal, Permutations)):
+    if group.orthogonal:
         residual = sp.refine(residual.expand().doit(), sp.Q.orthogonal(g))
     statement = "W_out' (π(g) s + τ(g)) + b_out' = W_out s + b_out"
     if sp.simplify(residual.expand()) == sp.ZeroMatrix(*residual.shape) or sp.simplify(residual) == 0:
@@ -161,14 +145,9 @@ def _invariance_check(group: SiteGroup) -> SymbolicCheck:
 def _explicit_residual(residual, group, g) -> bool | None:
     """Decide a residual with every matrix replaced by a width-2 matrix of symbols."""
     concrete = residual.subs({w: 2 for w in residual.atoms(sp.Symbol)})
-    t = sp.Symbol("t", real=True)
-    element = {
-        GeneralLinear: lambda: sp.ImmutableMatrix(2, 2, sp.symbols("a:4", real=True)),
-        Orthogonal: lambda: sp.ImmutableMatrix([[sp.cos(t), -sp.sin(t)], [sp.sin(t), sp.cos(t)]]),
-        PositiveScaling: lambda: sp.ImmutableMatrix(sp.symbols("d:2", positive=True)),
-        SignFlips: lambda: sp.ImmutableMatrix([[-1, 0], [0, 1]]),
-        Permutations: lambda: sp.ImmutableMatrix([[0, 1], [1, 0]]),
-    }[type(group)]()
+    element = group.width_two_element()
+    if element is None:
+        return None
     replacements = {}
     for symbol in concrete.atoms(sp.MatrixSymbol):
         rows, cols = (int(d) for d in symbol.shape)

@@ -250,7 +250,7 @@ def derive(model, catalogue: Mapping | None = None, strict: bool = True, loss: s
             shifts = cls.shifts if kind == "SF" else ()
             if shifts:
                 group = SignFlips(cls.width, center=_number(shifts[0][2]))
-            if group.is_continuous or not isinstance(group, Permutations) or cls.width != 1:  # S(1) is trivial
+            if not group.is_trivial:  # S(1)
                 symmetry = Symmetry(cls.name, cls.members, group, cls.bindings, shapes, shifts=shifts,
                                     checks=cls.checks_for(kind))
                 origins[symmetry] = ("class", cls.name, kind)

@@ -39,7 +39,6 @@ import sympy as sp
 import torch
 
 from symalg.frontend.grammar import refuse_text
-from symalg.catalogue.groups import GeneralLinear, Orthogonal, Translations
 
 __all__ = ["orbit_dimension_formula", "action_matrix", "gl_chain_kernel_dimension",
            "independent_conserved_formula", "independent_conserved_rank"]
@@ -71,7 +70,7 @@ def orbit_dimension_formula(analysis) -> sp.Expr:
     widths, has_bias = _widths_and_biases(analysis)
     continuous = _continuous_by_site(analysis)
     total = sp.Add(*[g.dim for g in continuous.values()])
-    soft = lambda k: isinstance(continuous.get(k), (GeneralLinear, Orthogonal))  # noqa: E731
+    soft = lambda k: k in continuous and continuous[k].kind in ("GL", "O", "O1")  # noqa: E731
     k, n_sites = 1, len(widths) - 2
     while k <= n_sites:
         if not soft(k):
@@ -81,7 +80,7 @@ def orbit_dimension_formula(analysis) -> sp.Expr:
         while end + 1 <= n_sites and soft(end + 1):
             end += 1
         run = [continuous[i] for i in range(k, end + 1)]
-        if all(isinstance(g, GeneralLinear) for g in run):
+        if all(g.kind == "GL" for g in run):
             total -= gl_chain_kernel_dimension(widths[k - 1: end + 2], has_bias[k - 1: end])
         elif len(run) == 1:
             h = widths[k]
@@ -115,11 +114,11 @@ def _widths_and_biases(analysis):
 def _continuous_by_site(analysis) -> dict:
     """``{k: group}``: the continuous group on hidden site ``k`` (1-based; produced by the ``k``-th linear layer)."""
     index = {name: k for k, name in enumerate(analysis.model_graph.source.linear_layers, start=1)}
-    return {index[s.site]: s.group for s in analysis.continuous if not isinstance(s.group, Translations)}
+    return {index[s.site]: s.group for s in analysis.continuous if s.group.kind != "T"}
 
 
 def _translations(analysis) -> list:
-    return [s for s in analysis.symmetries if isinstance(s.group, Translations)]
+    return [s for s in analysis.symmetries if s.group.kind == "T"]
 
 
 def independent_conserved_formula(analysis) -> sp.Expr:
@@ -135,10 +134,10 @@ def independent_conserved_formula(analysis) -> sp.Expr:
     continuous = _continuous_by_site(analysis)
     total = sp.Integer(0)
     for k, group in continuous.items():
-        if isinstance(group, Orthogonal):
+        if group.kind in ("O", "O1"):
             continue
-        if isinstance(group, GeneralLinear):
-            if isinstance(continuous.get(k - 1), GeneralLinear) or isinstance(continuous.get(k + 1), GeneralLinear):
+        if group.kind == "GL":
+            if any(k + d in continuous and continuous[k + d].kind == "GL" for d in (-1, 1)):
                 raise NotImplementedError(f"no closed form for the conserved quantities of adjacent GL sites at h{k}; "
                                           "use independent_conserved(params)")
             h = widths[k]

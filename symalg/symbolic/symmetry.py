@@ -38,8 +38,7 @@ import sympy as sp
 import torch
 
 from symalg.catalogue.bindings import Binding, TranslationFamily
-from symalg.catalogue.groups import (GeneralLinear, Orthogonal, OrthogonalFixingOnes, Permutations, PositiveScaling, SignFlips, SiteGroup,
-                     Translations)
+from symalg.catalogue.groups import SiteGroup, group_classes
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.symbolic.printing import latex, sstr
 
@@ -52,9 +51,9 @@ def _number(value: Fraction):
 
 
 def _group(kind: str, width: int, alpha) -> SiteGroup:
-    return {"GL": lambda: GeneralLinear(width), "O": lambda: Orthogonal(width), "O1": lambda: OrthogonalFixingOnes(width),
-            "PS": lambda: PositiveScaling(width, alpha=_number(alpha)),
-            "SF": lambda: SignFlips(width), "S": lambda: Permutations(width)}[kind]()
+    """The group of ``kind`` on a site of ``width`` whose activations have degree ``alpha``."""
+    cls = group_classes()[kind]
+    return cls.for_site(width, alpha=_number(alpha)) if "alpha" in cls.site_options else cls.for_site(width)
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,7 +168,7 @@ class Symmetry:
 
     @property
     def acts_on_buffers(self) -> bool:
-        return any(b.buffer and (b.power != 0 or isinstance(self.group, Permutations)) for b in self.bindings) or \
+        return any(b.buffer and self.group.moves_region(b.power) for b in self.bindings) or \
             any(f.moves_buffers for f in self.translations)
 
     @property
@@ -179,27 +178,17 @@ class Symmetry:
         return tuple(dict.fromkeys(names))
 
     # -- numeric action -------------------------------------------------------------------------
-    def _operator(self, b: Binding, g: torch.Tensor) -> torch.Tensor:
-        """The matrix (or diagonal) by which ``g`` multiplies the unfolded region of ``b``."""
-        if isinstance(self.group, PositiveScaling):
-            return g ** (float(b.power) if b.role == "out" else -float(b.power))
-        if isinstance(self.group, SignFlips):  # diag(±1) is its own inverse transpose: multiply by its diagonal
-            return torch.diagonal(g)
-        if b.role == "out" or isinstance(self.group, (Orthogonal, Permutations)):
-            return g
-        return torch.linalg.inv(g).transpose(-1, -2)
-
     def moving_bindings(self) -> list[Binding]:
-        """The bindings the action moves: a permutation moves a diagonal map's region once; positive scaling
-        leaves regions of power 0 (the readers of a normalised value) where they are."""
-        if isinstance(self.group, Permutations):
-            seen, moves = set(), []
-            for b in self.bindings:
-                if b.region not in seen:
-                    seen.add(b.region)
-                    moves.append(b)
-            return moves
-        return [b for b in self.bindings if not (isinstance(self.group, PositiveScaling) and b.power == 0)]
+        """The bindings the action moves: a group permuting entries moves a diagonal map's region once
+        (``permutes_entries``); positive scaling leaves regions of power 0 (the readers of a normalised value)
+        where they are (``moves_region``)."""
+        moving = [b for b in self.bindings if self.group.moves_region(b.power)]
+        if not self.group.permutes_entries:
+            return moving
+        first: dict = {}
+        for b in moving:
+            first.setdefault(b.region, b)
+        return list(first.values())
 
     def apply(self, params: Mapping[str, torch.Tensor], g: torch.Tensor,
               inplace: bool = False, checked: bool = True) -> dict[str, torch.Tensor]:
@@ -208,7 +197,7 @@ class Symmetry:
         ``g`` is checked to be an element of the group (:meth:`~symalg.catalogue.groups.SiteGroup.check_element`:
         shape, finiteness, membership); anything else raises ``ValueError`` naming the group.
         ``checked=False`` skips that check for elements the group made itself
-        (:func:`~symalg.verification.certification.sample_elements`: for a 3072-wide permutation the check costs more than
+        (:meth:`~symalg.catalogue.groups.SiteGroup.sample`: for a 3072-wide permutation the check costs more than
         the move). With ``inplace`` the moved regions are written into the tensors of ``params`` (the
         caller's own copies) instead of into fresh copies: composing many claims on a large model
         (certification) then copies each tensor once, not once per claim.
@@ -216,18 +205,14 @@ class Symmetry:
         if checked:
             self.group.check_element(g)
         moved = dict(params)
-        if isinstance(self.group, Translations):
+        if self.translations:
             for index, direction in enumerate(self._basis(params)):
                 for tensor, change in direction.items():
                     moved[tensor] = moved[tensor] + g[index] * change
             return moved
         for b in self.moving_bindings():
             U = b.unfold(moved[b.tensor])
-            if isinstance(self.group, Permutations):  # g U for a permutation matrix g, by indexing (no h² matmul)
-                moved[b.tensor] = b.fold(moved[b.tensor], U[g.argmax(-1)], inplace)
-                continue
-            A = self._operator(b, g)
-            moved[b.tensor] = b.fold(moved[b.tensor], A[:, None] * U if A.dim() == 1 else A @ U, inplace)
+            moved[b.tensor] = b.fold(moved[b.tensor], self.group.act(g, U, b.role, b.power), inplace)
         for bias, column, center, _ in self.shifts:
             tau = float(center) * (1 - torch.diagonal(g))
             weight = moved[column.tensor]
@@ -243,7 +228,7 @@ class Symmetry:
     def tangent(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[str, torch.Tensor]:
         """The infinitesimal action ``M·θ`` on the tensors it moves: linear in ``M``, defined for any ``M`` of the
         algebra's shape (unchecked, so that :mod:`symalg.orbit_rank` can differentiate it under ``vmap``)."""
-        if isinstance(self.group, Translations):
+        if self.translations:
             out: dict[str, torch.Tensor] = {}
             for index, direction in enumerate(self._basis(params)):
                 for tensor, change in direction.items():
@@ -251,12 +236,7 @@ class Symmetry:
             return out
         out = {}
         for b in self.moving_bindings():
-            if isinstance(self.group, PositiveScaling):
-                dA = float(b.power) * (M if b.role == "out" else -M)
-            else:
-                dA = M if b.role == "out" else -M.transpose(-1, -2)
-            U = b.unfold(params[b.tensor])
-            dU = dA[:, None] * U if dA.dim() == 1 else dA @ U
+            dU = self.group.act_infinitesimally(M, b.unfold(params[b.tensor]), b.role, b.power)
             base = out.get(b.tensor, torch.zeros_like(params[b.tensor]))
             out[b.tensor] = base + b.fold(torch.zeros_like(params[b.tensor]), dU)
         return out
@@ -269,11 +249,11 @@ class Symmetry:
     @cached_property
     def conserved(self) -> ModelConserved | None:
         """The conserved quantity of gradient flow (module docstring), or ``None``."""
-        if self.acts_on_buffers or isinstance(self.group, (Orthogonal, SignFlips, Permutations)):
+        if self.acts_on_buffers or self.group.conserved_kind is None:
             return None
         symbols = _Symbols(self.shapes)
         name = _python_name(self.site)
-        if isinstance(self.group, Translations):
+        if self.translations:
             exprs = {}
             for family in self.translations:
                 region = family.regions[0]
@@ -283,26 +263,19 @@ class Symmetry:
                 exprs[key] = U if family.pattern == "entries" else sp.OneMatrix(1, U.shape[0]) * U
             return ModelConserved(f"ell_{name}", "linear", exprs, symbols.reads, symbols.suffixes,
                                   tuple(symbols.vectors))
-        diagonal = isinstance(self.group, PositiveScaling)
         terms = []
         for b in self.moving_bindings():
             if b.power == 0:
                 continue
-            U = symbols.region(b)
             sign = 1 if b.role == "out" else -1
             power = sp.Rational(b.power.numerator, b.power.denominator)
-            if diagonal:
-                term = sp.HadamardPower(U, 2)
-                if U.shape[1] != 1:
-                    term = term * sp.OneMatrix(U.shape[1], 1)
-            else:
-                term = U * U.T
-            terms.append(sign * power * term)
+            terms.append(sign * power * self.group.conserved_term(symbols.region(b)))
         if not terms:
             return None
-        key = f"{'q' if diagonal else 'C'}_{name}"
-        return ModelConserved(key, "diagonal" if diagonal else "matrix", {key: sp.MatAdd(*terms)},
-                              symbols.reads, symbols.suffixes, tuple(symbols.vectors))
+        kind = self.group.conserved_kind
+        key = f"{'q' if kind == 'diagonal' else 'C'}_{name}"
+        return ModelConserved(key, kind, {key: sp.MatAdd(*terms)}, symbols.reads, symbols.suffixes,
+                              tuple(symbols.vectors))
 
     @property
     def element_symbol(self) -> sp.MatrixSymbol:
@@ -327,7 +300,7 @@ class Symmetry:
         Raises ``NotImplementedError`` for translations (their element is a vector of per-direction coefficients,
         see :meth:`apply`) and for a sign-flip shift read through a region that is not a whole 2-D weight.
         """
-        if isinstance(self.group, Translations):
+        if self.group.kind == "T":
             raise NotImplementedError(f"action_expressions: {self.label} is a translation (θ ↦ θ + Σ t_i B_i); "
                                       "it has no matrix expression")
         symbols, G = _Symbols(self.shapes), self.element_symbol
@@ -335,7 +308,7 @@ class Symmetry:
         for b in self.moving_bindings():
             U = symbols.region(b)
             key, transposed = (U.arg, True) if isinstance(U, sp.Transpose) else (U, False)
-            if isinstance(self.group, PositiveScaling):
+            if self.group.homogeneity is not None:   # positive scaling: π(d) = d^power, diagonal
                 power = sp.Rational(b.power.numerator, b.power.denominator) * (1 if b.role == "out" else -1)
                 A = sp.DiagMatrix(G) if power == 1 else sp.DiagMatrix(sp.HadamardPower(G, power))
             else:  # a reader's unfolded region moves by π(g)⁻ᵀ (π(g) = g here)

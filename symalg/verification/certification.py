@@ -3,9 +3,9 @@
 A claim ``θ ↦ g·θ`` holds when ``F(g·θ, x) = F(θ, x)`` for every output of ``F``, every input ``x`` and
 every ``g`` of the group. :func:`claim_errors` measures the worst relative change of any output over
 
-* test elements of each group (:func:`sample_elements`): ``exp(M)`` with ``‖M‖`` near ``10⁻³`` and ``1``,
-  every discrete generator (random sign patterns for wide ``SignFlips``), and an element of the other
-  component of ``GL``/``O``; drawn anew for each draw of inputs;
+* test elements of each group (:meth:`~symalg.catalogue.groups.SiteGroup.sample`): ``exp(M)`` with ``‖M‖`` near
+  ``10⁻³`` and ``1``, every discrete generator (random sign patterns for wide ``SignFlips``), and an element of
+  another component; drawn anew for each draw of inputs;
 * fresh inputs drawn like the example inputs (:func:`fresh_inputs`), several draws;
 * the model's parameters **and buffers** (eval-mode running statistics move with some actions), in
   float64, with stochastic ops (dropout) drawing the same noise for ``θ`` and ``g·θ``.
@@ -33,25 +33,14 @@ from typing import Mapping, Sequence
 import torch
 from torch.func import functional_call
 
-from symalg.catalogue.groups import GeneralLinear, Orthogonal, SignFlips
 from symalg.frontend.outputs import output_tensors
-from symalg.verification.checks import relative_error
+from symalg.numeric.linalg import relative_error
 
 __all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "assert_claims_hold", "claim_errors", "fresh_inputs", "output_change", "sample_elements"]
 
 CERTIFICATION_TOLERANCE = 1e-8
 """Largest relative change of any output (float64) a certified claim may cause; false claims found by
 the fuzzer change outputs by 0.1 to 5."""
-
-SIGN_FLIP_GENERATORS = 16
-"""Widest ``SignFlips`` group whose ``h`` single-neuron flips are tested one by one; wider ones are tested
-with :data:`SIGN_FLIP_SAMPLES` uniformly random sign patterns instead."""
-
-SIGN_FLIP_SAMPLES = 8
-"""Random sign patterns per draw for a wide ``SignFlips`` group. The patterns that keep the outputs form
-a subgroup, so a false claim (a proper subgroup) passes one uniform pattern with probability at most
-1/2, and the 16 of :func:`claim_errors`' two default draws with at most ``2⁻¹⁶``."""
-
 
 @dataclass(frozen=True)
 class ClaimError:
@@ -71,22 +60,9 @@ class ClaimError:
 
 
 def sample_elements(group, generator: torch.Generator, dtype=torch.float64, device="cpu") -> list[tuple[str, torch.Tensor]]:
-    """``[(description, g), ...]``: every discrete generator, ``exp(M)`` near and far from the identity,
-    and for ``GL``/``O`` an element of the other component (reflection times ``exp(M)``). ``SignFlips(h)``
-    wider than :data:`SIGN_FLIP_GENERATORS` gets :data:`SIGN_FLIP_SAMPLES` random sign patterns
-    ``diag(±1)`` instead of its ``h`` generators (``h`` forward passes and ``h`` dense matrices)."""
-    if isinstance(group, SignFlips) and group.width > SIGN_FLIP_GENERATORS:
-        signs = torch.randint(0, 2, (SIGN_FLIP_SAMPLES, int(group.width)), generator=generator).to(dtype) * 2 - 1
-        return [(f"random sign pattern {i}", torch.diag(s).to(device)) for i, s in enumerate(signs)]
-    discrete = group.discrete_generators(dtype, device)
-    elements = [(f"discrete generator {i}", g) for i, g in enumerate(discrete)]
-    if group.is_continuous:
-        for scale, label in ((1e-3, "exp(M), |M| = 1e-3"), (1.0, "exp(M), |M| = 1")):
-            elements.append((label, group.exp(group.random_algebra_element(scale, generator, dtype, device))))
-        if isinstance(group, (GeneralLinear, Orthogonal)) and discrete:
-            M = group.random_algebra_element(1.0, generator, dtype, device)
-            elements.append(("reflection times exp(M), |M| = 1", discrete[0] @ group.exp(M)))
-    return elements
+    """The test elements of ``group``: :meth:`~symalg.catalogue.groups.SiteGroup.sample` (every discrete generator,
+    ``exp(M)`` near and far from the identity, another component; random sign patterns for wide sign flips)."""
+    return group.sample(generator, dtype, device)
 
 
 def fresh_inputs(example_inputs: Sequence, generator: torch.Generator, dtype=torch.float64, device="cpu") -> tuple:
@@ -130,7 +106,7 @@ def output_change(moved, reference, cross_entropy: bool) -> tuple[float, str]:
         else:
             if cross_entropy and index == 0:
                 a, b = a.softmax(-1), b.softmax(-1)
-            error = relative_error(a, b) if b.numel() else 0.0
+            error = relative_error(a, b)
             error = error if error == error else float("inf")  # NaN: the claim broke the output
         if error > worst or not where:
             worst, where = error, path
@@ -162,7 +138,7 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
         by_group = {}  # fresh elements per draw; equal groups share them (S(3072) of every layer: one pair)
         for s in symmetries:
             if s.group not in by_group:
-                by_group[s.group] = sample_elements(s.group, generator, dtype, device)
+                by_group[s.group] = s.group.sample(generator, dtype, device)
         elements = {id(s): by_group[s.group] for s in symmetries}
         rounds = max((len(e) for e in elements.values()), default=0)
         x = fresh_inputs(inputs, generator, dtype, device)
@@ -172,7 +148,7 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
             touched = {t for symmetry, _ in group_elements for t in symmetry.tensors}
             moved = {k: v.clone() if k in touched else v for k, v in state.items()}  # one copy, moved in place
             for symmetry, (_, g) in group_elements:
-                moved = symmetry.apply(moved, g, inplace=True, checked=False)  # g from sample_elements
+                moved = symmetry.apply(moved, g, inplace=True, checked=False)  # g from group.sample
             return output_change(_forward(model, moved, x, parameters, seed + draw), reference, cross_entropy)
 
         for r in range(rounds):

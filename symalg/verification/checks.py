@@ -12,6 +12,7 @@ from typing import Mapping
 import torch
 
 from symalg.errors import SpecError
+from symalg.numeric.linalg import relative_error
 from symalg.lowering.codegen import evaluate_symbolic
 
 __all__ = ["CheckResult", "VerificationReport", "TOLERANCES", "check_device", "check_angular_momentum", "check_gd_drift", "check_gradient_flow", "check_gradient_orthogonality",
@@ -75,12 +76,6 @@ class VerificationReport:
 
     def __str__(self):
         return "\n".join([str(c) for c in self.checks] + [self.summary()])
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``max|a − b| / max(max|a|, max|b|)`` (the dtype's smallest positive number when both vanish)."""
-    scale = max(a.abs().max().item(), b.abs().max().item(), torch.finfo(a.dtype).tiny)
-    return (a - b).abs().max().item() / scale
 
 
 def loss_gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,261 @@
+"""Laws every registered group obeys, checked on the group's own test elements (jaxlie style).
+
+The groups are every class in :func:`~symalg.catalogue.groups.group_classes` (a new subclass that sets ``kind``
+registers itself and gets all of these laws), plus the parameterised variants below. Regions are random
+``h × r`` tensors; "out" regions are written by the site (``g U``), "in" regions read it (``π(g)⁻ᵀ V``).
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import sympy as sp
+import torch
+
+from symalg.catalogue.groups import (SIGN_FLIP_GENERATORS, GeneralLinear, PositiveScaling, SignFlips, SiteGroup,
+                                     group_classes)
+from symalg.lowering.codegen import lower
+from symalg.numeric.linalg import relative_error
+from symalg.symbolic.inference import ALL, TRANSLATIONS
+
+DTYPE = torch.float64
+WIDTH = 4
+TOL = 1e-10
+
+GROUPS = [cls.for_site(WIDTH) for cls in group_classes().values()] + [
+    PositiveScaling.for_site(WIDTH, alpha=2), SignFlips.for_site(WIDTH, center=Fraction(1, 2)),
+    SignFlips(SIGN_FLIP_GENERATORS + 1)]
+CONTINUOUS = [g for g in GROUPS if g.is_continuous]
+WITH_CONSERVED = [g for g in GROUPS if g.conserved_kind is not None]
+
+
+def _ids(groups):
+    return [g.name for g in groups]
+
+
+def _region(seed: int, group=None, cols: int = 3, rows: int | None = None) -> torch.Tensor:
+    """A random region with one row per neuron of ``group``'s site (or ``rows`` rows)."""
+    rows = int(group.width) if rows is None else rows
+    return torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed), dtype=DTYPE)
+
+
+def _elements(group, seed=0):
+    elements = group.sample(torch.Generator().manual_seed(seed), DTYPE)
+    assert elements, f"{group.name} has no test elements"
+    return elements
+
+
+def _all_subclasses(cls):
+    return {c for sub in cls.__subclasses__() for c in {sub} | _all_subclasses(sub)}
+
+
+# -- registry ----------------------------------------------------------------------------------------------
+def test_every_group_class_that_sets_a_kind_is_registered_under_it():
+    registered = group_classes()
+    own_kind = {c for c in _all_subclasses(SiteGroup) if "kind" in vars(c) and c.__module__ == "symalg.catalogue.groups"}
+    assert own_kind == set(registered.values())
+    assert all(registered[c.kind] is c for c in own_kind)
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
+def test_kinds_it_preserves_are_inference_kinds_and_include_its_own(group):
+    assert group.kind in group.kinds_it_preserves <= ALL
+
+
+def test_general_linear_preserves_every_kind_but_translations():
+    assert GeneralLinear.kinds_it_preserves == ALL - TRANSLATIONS
+
+
+def test_for_site_refuses_options_a_group_does_not_take():
+    with pytest.raises(ValueError, match="alpha=2"):
+        GeneralLinear.for_site(3, alpha=2)
+    with pytest.raises(ValueError, match="center=1/2"):
+        PositiveScaling.for_site(3, center=Fraction(1, 2))
+    assert SignFlips.for_site(3, center=Fraction(1, 2)).center == Fraction(1, 2)
+
+
+# -- elements ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
+def test_sampled_elements_are_members(group):
+    for label, g in _elements(group):
+        group.check_element(g)   # raises ValueError naming the group otherwise
+    group.check_element(group.identity(DTYPE))
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
+def test_samples_come_from_the_generator(group):
+    first, again = _elements(group, 3), _elements(group, 3)
+    assert [label for label, _ in first] == [label for label, _ in again]
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(first, again))
+
+
+def test_a_non_member_is_refused():
+    with pytest.raises(ValueError, match="not a group element"):
+        SignFlips(3).check_element(torch.diag(torch.tensor([1.0, 2.0, -1.0], dtype=DTYPE)))
+
+
+def test_wide_sign_flips_sample_random_patterns_not_every_generator():
+    group = SignFlips(SIGN_FLIP_GENERATORS + 1)
+    labels = [label for label, _ in _elements(group)]
+    assert labels and all(label.startswith("random sign pattern") for label in labels)
+
+
+# -- action ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
+def test_identity_acts_trivially(group):
+    U = _region(1, group)
+    for role in group.roles:
+        assert torch.equal(group.act(group.identity(DTYPE), U, role), U)
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
+def test_action_is_a_homomorphism(group):
+    elements = [g for _, g in _elements(group)]
+    U = _region(2, group)
+    for role in group.roles:
+        for power in ((1, 2) if "PS" == group.kind else (1,)):
+            for g1, g2 in zip(elements, elements[::-1]):
+                composed = group.act(group.compose(g1, g2), U, role, power)
+                stepwise = group.act(g1, group.act(g2, U, role, power), role, power)
+                assert relative_error(stepwise, composed) < TOL, (role, power)
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if "in" in g.roles], ids=_ids([g for g in GROUPS if "in" in g.roles]))
+def test_action_leaves_the_pairing_of_writers_and_readers_unchanged(group):
+    """``(π(g)⁻ᵀ V)ᵀ (g U) = Vᵀ U``: the contraction the next layer computes is invariant (a linear identity;
+    an affine one also moves the reader's bias, which is not a region)."""
+    U, V = _region(3, group), _region(4, group, cols=5)
+    for _, g in _elements(group):
+        moved = group.act(g, V, "in").T @ group.act(g, U, "out")
+        assert relative_error(moved, V.T @ U) < TOL
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
+def test_an_unknown_role_is_refused(group):
+    with pytest.raises(ValueError, match="role"):
+        group.act(group.identity(DTYPE), _region(5, group), "sideways")
+
+
+@pytest.mark.parametrize("group", CONTINUOUS, ids=_ids(CONTINUOUS))
+def test_exp_of_the_infinitesimal_action_matches_the_action_to_first_order(group):
+    """``(act(exp(tM)) − act(exp(−tM))) / 2t = M·U + O(t²)``."""
+    M = group.random_algebra_element(1.0, torch.Generator().manual_seed(6), DTYPE)
+    group.check_algebra_element(M)
+    U, t = _region(7, group), 1e-5
+    for role in group.roles:
+        for power in ((1, 2) if group.kind == "PS" else (1,)):
+            forward = group.act(group.exp(t * M), U, role, power)
+            backward = group.act(group.exp(-t * M), U, role, power)
+            tangent = group.act_infinitesimally(M, U, role, power)
+            assert relative_error((forward - backward) / (2 * t), tangent) < 1e-8, (role, power)
+
+
+@pytest.mark.parametrize("group", CONTINUOUS, ids=_ids(CONTINUOUS))
+def test_the_infinitesimal_action_is_linear(group):
+    generator = torch.Generator().manual_seed(8)
+    M1, M2 = (group.random_algebra_element(1.0, generator, DTYPE) for _ in range(2))
+    U = _region(9, group)
+    for role in group.roles:
+        combined = group.act_infinitesimally(2 * M1 - 3 * M2, U, role)
+        separate = 2 * group.act_infinitesimally(M1, U, role) - 3 * group.act_infinitesimally(M2, U, role)
+        assert relative_error(combined, separate) < TOL
+
+
+# -- conserved term ----------------------------------------------------------------------------------------
+def _conserved(group, U: torch.Tensor, V: torch.Tensor | None):
+    """``Q = T(U) − T(V)`` (``V`` read by the site), lowered from the group's SymPy term."""
+    Us, Vs = sp.MatrixSymbol("U", *U.shape), sp.MatrixSymbol("V", *V.shape) if V is not None else None
+    expr = group.conserved_term(Us) - (group.conserved_term(Vs) if V is not None else 0 * group.conserved_term(Us))
+    params = {Us: "U", **({Vs: "V"} if V is not None else {})}
+    function = lower("Q", expr, params)
+    return lambda u, v: function({"U": u, **({"V": v} if V is not None else {})})
+
+
+def _symmetric(group, seed):
+    """A random element of the algebra's symmetric part (the ``M`` whose ``Q_M`` is conserved)."""
+    basis = group.symmetric_basis(DTYPE) if group.conserved_kind != "linear" else group.algebra_basis(DTYPE)
+    coefficients = torch.randn(basis.shape[0], generator=torch.Generator().manual_seed(seed), dtype=DTYPE)
+    return torch.tensordot(coefficients, basis, dims=1)
+
+
+@pytest.mark.parametrize("group", WITH_CONSERVED, ids=_ids(WITH_CONSERVED))
+def test_the_gradient_of_the_conserved_term_is_the_infinitesimal_action(group):
+    """``∇_θ ⟨M, Q(θ)⟩ = c·M·θ`` (``c = 2`` for a quadratic ``Q``, 1 for a linear one): so ``Q`` is constant along
+    the gradient flow of every loss invariant under the group, whose gradient is orthogonal to ``M·θ``."""
+    U = _region(10, group).requires_grad_(True)
+    V = _region(11, group, cols=5).requires_grad_(True) if "in" in group.roles else None
+    M = _symmetric(group, 12)
+    Q = _conserved(group, U, V)(U, V)
+    pairing = (M.reshape(Q.shape) * Q).sum()
+    grads = torch.autograd.grad(pairing, [U] + ([V] if V is not None else []))
+    c = 1 if group.conserved_kind == "linear" else 2
+    assert relative_error(grads[0], c * group.act_infinitesimally(M, U.detach(), "out")) < TOL
+    if V is not None:
+        assert relative_error(grads[1], c * group.act_infinitesimally(M, V.detach(), "in")) < TOL
+
+
+def _invariant_loss(group, target):
+    """A loss of the regions invariant under the group: ``‖VᵀU − T‖²`` (the pairing is invariant), or for a
+    group with writers only (translations ``U + t1ᵀ``) the loss of ``U`` with each row centred."""
+    if "in" in group.roles:
+        return lambda U, V: ((V.T @ U - target) ** 2).sum()
+    return lambda U, V: ((U - U.mean(-1, keepdim=True) - target) ** 2).sum()
+
+
+@pytest.mark.parametrize("group", WITH_CONSERVED, ids=_ids(WITH_CONSERVED))
+def test_the_conserved_term_is_invariant_under_gradient_flow_of_an_invariant_loss(group):
+    two_roles = "in" in group.roles
+    U, V = _region(13, group), (_region(14, group, cols=5) if two_roles else None)
+    target = _region(15, group, rows=5 if two_roles else None)
+    loss = _invariant_loss(group, target)
+    for _, g in _elements(group, 16):   # the loss is invariant
+        moved = loss(group.act(g, U, "out"), group.act(g, V, "in") if two_roles else None)
+        assert relative_error(moved, loss(U, V)) < 1e-9
+    Q = _conserved(group, U, V)
+
+    def velocity(u, v):
+        u = u.detach().requires_grad_(True)
+        v = v.detach().requires_grad_(True) if v is not None else None
+        grads = torch.autograd.grad(loss(u, v), [u] + ([v] if v is not None else []))
+        return -grads[0], (-grads[1] if v is not None else None)
+
+    def add(state, delta, h):
+        return state[0] + h * delta[0], (state[1] + h * delta[1] if state[1] is not None else None)
+
+    state, before, step = (U, V), Q(U, V), 5e-4
+    for _ in range(40):   # RK4 on θ̇ = −∇L
+        k1 = velocity(*state)
+        k2 = velocity(*add(state, k1, step / 2))
+        k3 = velocity(*add(state, k2, step / 2))
+        k4 = velocity(*add(state, k3, step))
+        state = tuple(s + step / 6 * (a + 2 * b + 2 * c + d) if s is not None else None
+                      for s, a, b, c, d in zip(state, k1, k2, k3, k4))
+    assert relative_error(state[0], U) > 1e-3            # the flow moved
+    assert relative_error(Q(*state), before) < 1e-9      # Q did not
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if g.conserved_kind is None], ids=_ids([g for g in GROUPS if g.conserved_kind is None]))
+def test_a_group_without_conserved_kind_has_no_conserved_term(group):
+    assert group.conserved_term(sp.MatrixSymbol("U", WIDTH, 3)) is None
+    assert group.n_symmetric == 0
+
+
+@pytest.mark.parametrize("cls", list(group_classes().values()), ids=list(group_classes()))
+def test_a_group_is_trivial_exactly_when_it_has_no_generators(cls):
+    for width in range(1, 4):
+        group = cls.for_site(width)
+        assert group.is_trivial == (not group.is_continuous and not group.discrete_generators(DTYPE)), width
+    assert not cls.for_site(sp.Symbol("h", positive=True, integer=True)).is_trivial
+
+
+@pytest.mark.parametrize("group", [g for g in GROUPS if g.element_format == "matrix"],
+                         ids=_ids([g for g in GROUPS if g.element_format == "matrix"]))
+def test_a_closed_form_element_between_two_points_is_a_member_aligning_them(group):
+    generator = torch.Generator().manual_seed(17)
+    y1, y2 = (torch.randn(int(group.width), generator=generator, dtype=DTYPE) for _ in range(2))
+    g = group.element_between(y1, y2)
+    if g is None:   # no closed form: ConjugatedAction.connect searches numerically
+        assert group.kind != "O"
+        return
+    group.check_element(g)
+    assert relative_error(g @ y1 / y1.norm(), y2 / y2.norm()) < TOL

@@ -1,0 +1,55 @@
+"""The package layout: no import cycle between symalg's modules, and the curated public API."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import networkx as nx
+
+import symalg
+
+PACKAGE = pathlib.Path(symalg.__file__).parent
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> nx.DiGraph:
+    """``module → imported symalg module`` for every import statement, module-level or deferred into a
+    function (a deferred import still ties the two modules together)."""
+    graph = nx.DiGraph()
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    for name, path in modules.items():
+        graph.add_node(name)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            # the most specific symalg module each statement names
+            for target in targets:
+                if target in modules and target != name:
+                    graph.add_edge(name, target)
+                    break
+    return graph
+
+
+def test_import_graph_sees_imports():
+    graph = import_graph()
+    assert graph.has_edge("symalg.symbolic.derive", "symalg.catalogue.activations")
+
+
+def test_no_import_cycle_between_modules():
+    graph = import_graph()
+    graph.remove_node("symalg")  # the package façade imports everything and nothing imports it back
+    cycles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    assert cycles == [], f"import cycles: {cycles}"
