@@ -312,9 +312,8 @@ def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max
                    seed: int = 0) -> OrbitTangents:
     """Tangents ``M·θ`` of every continuous symmetry at ``params`` and the orbit dimension (their rank).
 
-    ``symmetries``: the ``symmetries`` of an :class:`~symalg.symbolic.derive.Analysis` or
-    :class:`~symalg.symbolic.derive.Analysis` (anything with ``group``, ``label`` and
-    ``tangent(params, M)``). With at most ``k = min(max_tangents, P)`` Lie-algebra generators in all,
+    ``symmetries``: the ``symmetries`` of an :class:`~symalg.symbolic.derive.Analysis` (anything with ``group``,
+    ``label`` and ``tangent(params, M)``). With at most ``k = min(max_tangents, P)`` Lie-algebra generators in all,
     one row per basis element; otherwise ``k`` random combinations over all symmetries at once (Gaussian
     coefficients on the basis): they span the tangent space with probability 1 when ``k`` exceeds its
     dimension, in particular when ``k = P``. Actions that move buffers are skipped (the loss is invariant
