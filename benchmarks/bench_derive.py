@@ -71,7 +71,7 @@ def _one_pass(symalg, spec: str) -> dict:
     lowered = [q.lowered for q in quantities]
     t4 = time.perf_counter()
     return {"parse": t1 - t0, "derive": t2 - t1, "conserved": t3 - t2, "lower": t4 - t3, "total": t4 - t0,
-            "sites": len(analysis.sites), "symmetries": len(analysis.symmetries), "quantities": len(lowered)}
+            "sites": len(analysis.sites.classes), "symmetries": len(analysis.symmetries), "quantities": len(lowered)}
 
 
 def child(depth: int, activations: tuple, memory: bool, warm: bool) -> dict:

@@ -151,8 +151,8 @@ def initialisation_statistics(imbalance, model, n_samples: int, out: Path) -> No
 
     Parameters
     ----------
-    imbalance : symalg.symbolic.conserved.ConservedQuantity
-        The conserved matrix ``C`` derived by symalg (evaluated on batched parameters).
+    imbalance : callable
+        ``params -> C``: the conserved matrix derived by symalg (evaluated on batched parameters).
     model : torch.nn.Sequential
         The network, re-initialised for every sample.
     n_samples : int
@@ -213,8 +213,8 @@ def gradient_descent_drift(imbalance, arch, init: dict[str, torch.Tensor], lr: f
 
     Parameters
     ----------
-    imbalance : symalg.symbolic.conserved.ConservedQuantity
-        The conserved matrix ``C``.
+    imbalance : callable
+        ``params -> C``: the conserved matrix derived by symalg.
     arch : symalg.Architecture
         The concrete architecture.
     init : dict
@@ -299,8 +299,8 @@ def drift_scaling(imbalance, arch, model, n_steps: int, out: Path) -> None:
 
     Parameters
     ----------
-    imbalance : symalg.symbolic.conserved.ConservedQuantity
-        The conserved matrix ``C``.
+    imbalance : callable
+        ``params -> C``: the conserved matrix derived by symalg.
     arch : symalg.Architecture
         The concrete architecture.
     model : torch.nn.Sequential
@@ -374,8 +374,13 @@ def main(argv: list[str] | None = None) -> None:
     n_samples, n_steps = (2_000, 100) if args.quick else (50_000, 2_000)
 
     arch = symalg.parse(SPEC, **WIDTHS)
-    (imbalance,) = symalg.derive(arch).conserved_quantities()
-    print(f"# conserved quantity derived by symalg: {imbalance.name} = {imbalance.expr}")
+    (quantity,) = symalg.derive(arch).conserved_quantities()
+    print(f"# conserved quantity derived by symalg: {quantity}")
+    (name,) = quantity.exprs
+
+    def imbalance(params: dict[str, torch.Tensor]) -> torch.Tensor:
+        return quantity(params)[name]
+
     model = symalg.to_module(arch)
     initialisation_statistics(imbalance, model, n_samples, args.out)
     drift_scaling(imbalance, arch, model, n_steps, args.out)

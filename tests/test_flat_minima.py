@@ -79,7 +79,7 @@ def test_two_layer_linear_10_50_5_null_dimension_equals_orbit_dimension():
     assert "exactly the orbit's tangent space" in report.explanation
 
     spec = symalg.derive(symalg.parse("linear(10, 50, bias=False) -> identity -> linear(50, 5, bias=False)"))
-    assert spec.orbit_dimension(params) == 700 and spec.orbit_dimension() == 700
+    assert spec.orbit_dimension(params).dimension == 700 and spec.orbit_dimension() == 700
     from_spec = flat_minimum(spec, x, y, params)
     assert (from_spec.orbit_dimension, from_spec.null_dimension) == (700, 700)
     assert "750" in str(report) and "700" in str(report)
@@ -312,13 +312,29 @@ def test_bad_arguments_are_named(kwargs, message):
         flat_minimum(model, x, y, **kwargs)
 
 
-def test_spec_analysis_needs_concrete_widths_and_params():
-    x, y = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
+def test_spec_analysis_runs_its_generated_module_and_reads_symbolic_widths_off_params():
+    """A spec analysis goes through the same path as a traced one: its generated module, with its seeded
+    parameters by default; symbolic widths are read off ``params`` and refused without them."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 3, generator=generator, dtype=torch.float64)
+    concrete = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)")
+    module = concrete.model_graph.model
+    y = module(x).detach()                                   # the seeded parameters are a zero-loss minimum
+    report = flat_minimum(concrete, x, y)
+    assert report.label == "linear(3, 4) -> relu -> linear(4, 2)" and report.loss == 0
+    assert (report.n_params, report.orbit_dimension) == (26, 4) and report.passed
+    other = {k: v.detach() + 0.1 for k, v in module.named_parameters()}
+    assert flat_minimum(concrete, x, y, other).loss > 1e-4          # explicit params are honoured
+
+    symbolic = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
+    at_params = flat_minimum(symbolic, x, y, dict(module.named_parameters()))
+    assert (at_params.n_params, at_params.orbit_dimension, at_params.null_dimension) == \
+        (report.n_params, report.orbit_dimension, report.null_dimension)
     with pytest.raises(symalg.SpecError, match="symbolic"):
-        flat_minimum(symalg.derive("linear(n, h) -> relu -> linear(h, m)"), x, y, {})
-    with pytest.raises(ValueError, match="params are required"):
-        flat_minimum(symalg.derive("linear(3, 4) -> relu -> linear(4, 2)"), x, y)
-    with pytest.raises(TypeError, match="nn.Module, Analysis or Analysis"):
+        flat_minimum(symbolic, x, y)
+    with pytest.raises(symalg.SpecError, match="'0.weight' is missing"):
+        flat_minimum(symbolic, x, y, {})
+    with pytest.raises(TypeError, match="nn.Module or an Analysis"):
         flat_minimum("linear(3, 4) -> relu -> linear(4, 2)", x, y)
 
 

@@ -391,8 +391,8 @@ def _network(activation: str, deep: bool):
     spec = (f"linear(3, 5) -> tanh -> linear(5, 4) -> {activation} -> linear(4, 2)" if deep
             else f"linear(3, 4) -> {activation} -> linear(4, 2)")
     analysis = _analysis(spec)
-    last_site = analysis.sites[-1].name
-    return analysis, [s for s in analysis.symmetries if s.site.name == last_site and s.group.is_continuous][0]
+    last_site = analysis.architecture.linear_layers[-2]       # a site is named by the linear layer producing it
+    return analysis, [s for s in analysis.symmetries if s.site == last_site and s.group.is_continuous][0]
 
 
 def _features(activation: str, params, x, deep: bool):

@@ -156,7 +156,7 @@ def test_dead_and_unread_neurons_limit_the_scaling_targets():
     assert torch.allclose(result.conserved["_0"], torch.tensor([0.0, -1.0, 0.0, 1.0]), atol=1e-12)
 
 
-def test_mixed_sites_and_the_chain_pipeline():
+def test_mixed_sites_traced_and_spec():
     layers = [nn.Linear(4, 4), nn.Identity(), nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 4), nn.Identity(), nn.Linear(4, 4)]
     model, x, analysis = analysed(*layers, n_in=4)
     targets = {"_0": 0.0, "_2": torch.linspace(-1, 1, 6), "_4": -0.3}
@@ -164,15 +164,20 @@ def test_mixed_sites_and_the_chain_pipeline():
     assert function_change(model, result.params, x) < 1e-10
     assert torch.allclose(result.conserved["_2"], targets["_2"], atol=1e-9)
     assert torch.allclose(result.conserved["_4"], -0.3 * torch.eye(4), atol=1e-9)
-    chain = symalg.derive(symalg.parse("linear(n, h) -> identity -> linear(h, m) -> relu -> linear(m, k)")
-                          .subs({"n": 5, "h": 4, "m": 6, "k": 3}))
-    theta = symalg.random_params(chain.architecture)
-    result = set_conserved(chain, theta, {"h1": 0.25, "h2": -0.5})
-    assert torch.allclose(result.conserved["h1"], 0.25 * torch.eye(4), atol=1e-9)
-    assert torch.allclose(result.conserved["h2"], torch.full((6,), -0.5), atol=1e-9)
-    f = symalg.network_function(chain.architecture)
-    x = torch.randn(7, 5)
-    assert torch.allclose(f(result.params, x), f(theta, x), atol=1e-12)
+    # A spec analysis: sites are named by the linear layer producing them; symbolic widths are read off params.
+    spec = symalg.derive(symalg.parse("linear(n, h) -> identity -> linear(h, m) -> relu -> linear(m, k)"))
+    concrete = spec.subs({"n": 5, "h": 4, "m": 6, "k": 3})
+    theta = symalg.random_params(concrete.architecture)
+    f = symalg.network_function(concrete.architecture)
+    x = torch.randn(7, 5, dtype=torch.float64)
+    for chain in (concrete, spec):
+        result = set_conserved(chain, theta, {"0": 0.25, "2": -0.5})
+        assert torch.allclose(result.conserved["0"], 0.25 * torch.eye(4, dtype=torch.float64), atol=1e-9)
+        assert torch.allclose(result.conserved["2"], torch.full((6,), -0.5, dtype=torch.float64), atol=1e-9)
+        assert torch.allclose(f(result.params, x), f(theta, x), atol=1e-12)
+        assert not torch.allclose(result.params["0.weight"], theta["0.weight"])
+    with pytest.raises(symalg.SpecError, match="'0.weight' is missing"):
+        set_conserved(spec, {}, 0.0)
 
 
 def test_target_arguments_are_checked():

@@ -607,3 +607,18 @@ def test_adagrad_with_teleports_in_its_own_metric_on_the_leaky_relu_regression()
     for result in wrapped.results:
         assert result.accepted and result.relative_loss_change < 1e-12
         assert result.objective_after > result.objective_before
+
+
+def test_a_spec_analysis_with_symbolic_widths_acts_at_the_widths_of_params():
+    symbolic = symalg.derive("linear(n, h) -> identity -> linear(h, m)")
+    concrete = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)")
+    params = {k: v.detach() for k, v in concrete.model_graph.model.named_parameters()}
+    with pytest.raises(symalg.SpecError, match=r"symbolic widths.*params=params"):
+        as_action(symbolic)
+    action = as_action(symbolic, params=params)
+    assert action.dim == as_action(concrete).dim == 16
+    moved = action(params, 0.3 * torch.randn(action.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(5, 3, dtype=torch.float64)
+    forward = symalg.network_function(concrete.architecture)
+    assert (moved["0.weight"] - params["0.weight"]).abs().max() > 0.1
+    assert torch.allclose(forward(moved, x), forward(params, x), atol=1e-12)

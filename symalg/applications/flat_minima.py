@@ -296,9 +296,8 @@ def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max
                    seed: int = 0) -> OrbitTangents:
     """Tangents ``M·θ`` of every continuous symmetry at ``params`` and the orbit dimension (their rank).
 
-    ``symmetries``: the ``symmetries`` of an :class:`~symalg.symbolic.derive.Analysis` or
-    :class:`~symalg.symbolic.derive.Analysis` (anything with ``group``, ``label`` and
-    ``tangent(params, M)``). With at most ``k = min(max_tangents, P)`` Lie-algebra generators in all,
+    ``symmetries``: the ``symmetries`` of an :class:`~symalg.symbolic.derive.Analysis` (anything with ``group``,
+    ``label`` and ``tangent(params, M)``). With at most ``k = min(max_tangents, P)`` Lie-algebra generators in all,
     one row per basis element; otherwise ``k`` random combinations over all symmetries at once (Gaussian
     coefficients on the basis): they span the tangent space with probability 1 when ``k`` exceeds its
     dimension, in particular when ``k = P``. Actions that move buffers are skipped (the loss is invariant
@@ -580,29 +579,33 @@ class FlatMinimumReport:
 
 
 def _resolve(model, x, loss, params, dtype, device):
-    """The analysis, a forward ``f(params, x)``, the loss kind, the parameters and a label for ``model``."""
-    from symalg.symbolic.derive import Analysis, derive
+    """The analysis, a forward ``f(params, x)``, the loss kind, the parameters and a label for ``model``.
+
+    One path for every front end: an ``nn.Module`` is traced and derived; an :class:`Analysis` runs its graph's
+    module (a traced model, or the module a spec generates at concrete widths). Symbolic widths are read off
+    ``params`` first (:meth:`Analysis.at_widths_of`).
+    """
     from symalg.frontend.spec import to_spec_string
-    from symalg.numeric.sampling import network_function
     from symalg.frontend.tracing import trace
+    from symalg.symbolic.derive import Analysis, derive
 
     if isinstance(model, nn.Module):
         first = next(model.parameters(), None)
         example = x.to(first.dtype) if first is not None and torch.is_floating_point(x) else x
         model = derive(trace(model, (example,)), loss=loss or "mse")
-    if isinstance(model, Analysis):
-        module = model.model_graph.model
-        params = dict(module.named_parameters()) if params is None else params
-        return model, _module_forward(module, dtype, device), loss or model.loss, params, type(module).__name__
-    if isinstance(model, Analysis):
-        if model.architecture.widths:
-            raise SpecError(f"flat_minimum: widths {sorted(map(str, model.architecture.widths))} are symbolic; use "
-                            "analysis.subs(...)")
+    if not isinstance(model, Analysis):
+        raise TypeError(f"flat_minimum: model must be an nn.Module or an Analysis, got {type(model).__name__}")
+    if model.widths:
         if params is None:
-            raise ValueError("flat_minimum: params are required for an Analysis of a spec (it holds no weights)")
-        return (model, network_function(model.architecture), loss or "mse", params,
-                to_spec_string(model.architecture))
-    raise TypeError(f"flat_minimum: expected an nn.Module, Analysis or Analysis, got {type(model).__name__}")
+            raise SpecError(f"flat_minimum: widths {sorted(map(str, model.widths))} are symbolic; pass params (their "
+                            "shapes give the widths) or use analysis.subs(...)")
+        model = model.at_widths_of(params)
+    module = model.model_graph.model
+    if module is None:
+        raise ValueError("flat_minimum: model: the analysis's graph carries no module to run")
+    params = dict(module.named_parameters()) if params is None else params
+    label = to_spec_string(model.architecture) if model.architecture is not None else type(module).__name__
+    return model, _module_forward(module, dtype, device), loss or model.loss, params, label
 
 
 def flat_minimum(model, x: torch.Tensor, y: torch.Tensor, params: Mapping[str, torch.Tensor] | None = None, *,
@@ -614,11 +617,12 @@ def flat_minimum(model, x: torch.Tensor, y: torch.Tensor, params: Mapping[str, t
 
     Parameters
     ----------
-    model : an ``nn.Module`` (traced and derived here), a :class:`~symalg.symbolic.derive.Analysis`, or a
-        spec :class:`~symalg.symbolic.derive.Analysis` (then ``params`` are required).
+    model : an ``nn.Module`` (traced and derived here) or an :class:`~symalg.symbolic.derive.Analysis` of any
+        front end (a spec runs its generated module; symbolic widths are read off ``params``).
     x, y : the data (one input tensor, rows as samples); ``loss`` ``"mse"`` or ``"cross_entropy"``
         (default: the analysis's, else ``"mse"``).
-    params : ``{name: tensor}``, default the model's own parameters.
+    params : ``{name: tensor}``, default the model's own parameters (for a spec, the seeded ones of its
+        generated module); required for symbolic widths.
     symmetries : default the analysis's; pass others to test a claimed symmetry.
     method, rtol, block, max_rank, probes : see :func:`hessian_null_space`; ``max_tangents`` and ``seed``:
         see :func:`orbit_tangents`. The tangents are checked with the dense Hessian when it was formed,

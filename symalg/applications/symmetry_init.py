@@ -198,15 +198,9 @@ def scaling_element(a: torch.Tensor, b: torch.Tensor, target: torch.Tensor, alph
 
 
 # -- whole analyses ---------------------------------------------------------------------------------
-def _site(symmetry) -> str:
-    return symmetry.site if isinstance(symmetry.site, str) else symmetry.site.name
-
-
 def _quantity(symmetry, params) -> torch.Tensor:
-    """``C`` (``h × h``) or ``q`` (``h``) of either pipeline's symmetry."""
-    value = symmetry.conserved(params)
-    if isinstance(value, dict):
-        (value,) = value.values()
+    """``C`` (``h × h``) or ``q`` (``h``) of the symmetry's conserved family at ``params``."""
+    (value,) = symmetry.conserved(params).values()
     return value.reshape(-1) if symmetry.group.element_format == "diagonal" else value
 
 
@@ -270,8 +264,8 @@ def set_conserved(analysis, params: Mapping[str, torch.Tensor], targets=0.0, *, 
                   max_sweeps: int = 500) -> InitResult:
     """Apply group elements so that every targeted conserved quantity equals its target.
 
-    ``analysis``: a :class:`~symalg.symbolic.derive.Analysis` (``symalg.derive(symalg.trace(model, (x,)))``)
-    or a chain :class:`~symalg.symbolic.derive.Analysis` with concrete widths; its ``GL`` sites (``C``) and
+    ``analysis``: a :class:`~symalg.symbolic.derive.Analysis` of any front end (``symalg.derive(symalg.trace(model,
+    (x,)))``, or of a spec: symbolic widths are read off ``params``); its ``GL`` sites (``C``) and
     positive-scaling sites (``q``) can be targeted. ``targets``: a number ``λ`` for all of them
     (``C = λI``, ``q = λ·1``) or ``{site: number | tensor}`` (sites not named keep ``g = I``; their values
     still change where a neighbour moves). Sites are swept in order, each solved in closed form given
@@ -291,7 +285,8 @@ def set_conserved(analysis, params: Mapping[str, torch.Tensor], targets=0.0, *, 
         raise ValueError(f"max_sweeps must be a positive integer, got {max_sweeps!r}")
     if not tol > 0:
         raise ValueError(f"tol must be positive, got {tol!r}")
-    symmetries = {_site(s): s for s in analysis.symmetries
+    analysis = analysis.at_widths_of(params)
+    symmetries = {s.site: s for s in analysis.symmetries
                   if s.group.conserved_kind in ("matrix", "diagonal") and s.conserved is not None}
     if not symmetries:
         raise ValueError("analysis: no GL or positive-scaling site with a conserved quantity to set")

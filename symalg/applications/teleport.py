@@ -3,10 +3,10 @@
 API
 ---
 ``as_action(obj, x=None, params=None)``
-    an :class:`Action` for a symalg analysis (``Analysis``/``Analysis``, one or several symmetries), a
-    conjugated action (``ConjugatedAction``/``TestFunction``, parameters ``{"x": point}``), or a data-dependent
-    action (``DataDependentAction``, ``ExactTeleport``, ``ApproximateTeleport``; give the batch ``x`` and
-    ``params`` for the widths). Your own: subclass :class:`Action` or wrap ``fn(params, coords)`` in
+    an :class:`Action` for a symalg analysis (an ``Analysis`` of any front end, one or several symmetries; for
+    symbolic widths give ``params``, whose shapes fix them), a conjugated action (``ConjugatedAction``/``TestFunction``,
+    parameters ``{"x": point}``), or a data-dependent action (``DataDependentAction``, ``ExactTeleport``,
+    ``ApproximateTeleport``; give the batch ``x`` and ``params`` for the widths). Your own: subclass :class:`Action` or wrap ``fn(params, coords)`` in
     :class:`FunctionAction`.
 ``teleport(action, params, loss, objective=GradNorm(), steps=10, ...)`` → :class:`TeleportResult`
     (or ``Teleporter(action, ...)(params, loss)``: the same settings kept for reuse).
@@ -72,6 +72,7 @@ from typing import Callable, Mapping, Sequence
 import sympy as sp
 import torch
 
+from symalg.errors import SpecError
 from symalg.catalogue.groups import matrix_exp
 
 __all__ = ["ARMIJO", "Action", "BACKTRACK", "ConjugatedCoordinates", "Curvature", "DataCoordinates", "FunctionAction",
@@ -177,7 +178,7 @@ class FunctionAction(Action):
 
 @dataclass(frozen=True, eq=False)
 class SymmetryAction(Action):
-    """The product of symmetries derived by symalg (``Symmetry`` or chain ``Symmetry``), acting by their
+    """The product of symmetries derived by symalg (:class:`~symalg.symbolic.symmetry.Symmetry`), acting by their
     ``apply``. Coordinates are concatenated over the continuous symmetries' ``group.algebra_basis()``, in order;
     the discrete generators of every group (``group.discrete_generators()``) are offered for search.
     """
@@ -191,7 +192,8 @@ class SymmetryAction(Action):
             raise TypeError(f"SymmetryAction: symmetries must be symalg symmetries (with .group and .apply), got {bad[0]!r}")
         symbolic = [s.label for s in self.symmetries if not sp.sympify(s.group.width).is_Integer]
         if symbolic:
-            raise ValueError(f"SymmetryAction: {symbolic} have symbolic widths; substitute concrete ones (analysis.subs)")
+            raise SpecError(f"SymmetryAction: symmetries {symbolic} have symbolic widths; substitute concrete ones "
+                            "(analysis.subs, or as_action(analysis, params=params))")
 
     @property
     def continuous(self) -> tuple:
@@ -328,7 +330,8 @@ class DataCoordinates(Action):
 
 
 def as_action(obj, x: torch.Tensor | None = None, params: Params | None = None, key: str = "x") -> Action:
-    """An :class:`Action` for ``obj`` (see the module docstring); ``x`` and ``params`` only for data-dependent actions.
+    """An :class:`Action` for ``obj`` (see the module docstring); ``x`` only for data-dependent actions, ``params``
+    for them and for an analysis with symbolic widths (read off the shapes of ``params``).
 
     >>> from symalg.applications.conjugated import booth
     >>> as_action(booth()).dim
@@ -341,6 +344,8 @@ def as_action(obj, x: torch.Tensor | None = None, params: Params | None = None, 
     if isinstance(obj, Action):
         return obj
     if hasattr(obj, "symmetries"):
+        if params is not None and getattr(obj, "widths", None):
+            obj = obj.at_widths_of(params)
         return SymmetryAction(tuple(obj.symmetries))
     if hasattr(obj, "group") and hasattr(obj, "apply") and hasattr(obj, "label"):
         return SymmetryAction((obj,))

@@ -394,7 +394,8 @@ def to_graph(spec, catalogue: Mapping | None = None) -> ModelGraph:
     add("output", "output", "output", (batch, features), "the output")
     model, example = None, None
     if not arch.widths:
-        model = to_module(arch, generator=torch.Generator().manual_seed(0))
+        with torch.random.fork_rng(devices=[]):  # nn.Linear's own initialisation draws from torch's global state
+            model = to_module(arch, generator=torch.Generator().manual_seed(0))
         example = (torch.randn(EXAMPLE_BATCH, int(arch.graph.nodes["input"]["features"]), dtype=torch.float64,
                                generator=torch.Generator().manual_seed(1)),)
     return ModelGraph(graph, shapes, {}, model, example, "spec", {}, arch)
