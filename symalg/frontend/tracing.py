@@ -255,7 +255,8 @@ _ATEN = {
     "contiguous": "identity", "_softmax": "softmax", "softmax": "softmax", "_log_softmax": "log_softmax",
     "log_softmax": "log_softmax", "t": "transpose", "flatten": "flatten", "exp": "exp",
     "scaled_dot_product_attention": "sdpa", "matmul": "matmul", "layer_norm": "layer_norm", "embedding": "embedding",
-    "getitem": "getitem",
+    "getitem": "getitem", "sub": "sub", "pow": "pow", "sin": "sin", "cos": "cos", "abs": "abs", "log": "log",
+    "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square",
 }
 """Structural ATen ops by overload packet name (activation overloads are spelled by their catalogue entries)."""
 
