@@ -15,19 +15,10 @@ import symalg
 from symalg.catalogue.activations import CATALOGUE
 from symalg.errors import SpecError
 from symalg.frontend.canonical import ACTIVATIONS, call_activation, module_activation, opaque_module_name
+from test_routes import native_module  # the differential suite's torch module per entry
 
 nn = torch.nn
 F = torch.nn.functional
-
-NON_DEFAULT_MODULES = {"gelu_tanh": nn.GELU(approximate="tanh")}
-"""Entries whose module class, built with its defaults, is another entry's (``nn.GELU()`` is exact GELU)."""
-
-
-def native_module(name: str) -> nn.Module:
-    """A torch module the catalogue reads as entry ``name``: its first module class with default settings,
-    or the one in :data:`NON_DEFAULT_MODULES`."""
-    return NON_DEFAULT_MODULES.get(name) or CATALOGUE[name].spellings.modules[0]()
-
 
 SPELLED_MODULES = sorted(name for name, entry in CATALOGUE.items() if entry.spellings.modules)
 FUNCTIONS = [pytest.param(name, f, id=f"{name}-{f.__name__}")
