@@ -62,8 +62,6 @@ EXPORT_ERASES = {"identity": "torch.export drops x.contiguous()", "pack": "torch
 """Ops that torch.export removes from the graph: the routes must still agree on the claims."""
 
 EXPORT_GAPS = {
-    "avg_pool": "aten.avg_pool1d is not in the structural ATen table",
-    "max_pool": "aten.max_pool1d is not in the structural ATen table",
     "batch_norm": "export writes the module as aten.batch_norm on buffers (with aten.add_ on the batch counter)",
     "group_norm": "aten.group_norm is not in the structural ATen table",
     "rms_norm": "aten.rms_norm is not in the structural ATen table",
@@ -71,8 +69,6 @@ EXPORT_GAPS = {
                   "the rule then claims nothing",
     "embedding": "export's embedding call has no module settings (padding_idx), and the rule then claims nothing",
     "conv": "aten.conv1d is not in the structural ATen table",
-    "cdist": "aten.cdist is not in the structural ATen table",
-    "dropout": "aten.dropout is not in the structural ATen table",
     "getitem": "export decomposes nn.MultiheadAttention into unflatten/select/squeeze, which no rule knows",
     "multihead_attention": "export decomposes nn.MultiheadAttention into unflatten/select/squeeze, which no rule knows",
 }
@@ -120,3 +116,19 @@ def test_overlay_entry_named_like_a_structural_op_is_refused(op):
     overlay = symalg.overlay({op: symalg.CatalogueEntry(op, lambda z: z, declare_linear())})
     with pytest.raises(SpecError, match=f"entry '{op}' names the structural op '{op}'"):
         symalg.derive(example_graph("sin"), catalogue=overlay)
+
+
+@pytest.mark.parametrize("pool, dims", [(torch.nn.MaxPool2d(2), 2), (torch.nn.AvgPool2d(2), 2),
+                                        (torch.nn.AdaptiveAvgPool1d(3), 1)])
+def test_export_reads_pooling_with_its_pooled_axes(pool, dims):
+    """ATen pooling ops carry ``pooled_dims`` like the modules, so a pool over positions keeps the channel
+    sites' claims and a pool over the sites' axis would remove them."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3) if dims == 2 else torch.nn.Conv1d(2, 3, 3), torch.nn.ReLU(),
+                                pool, torch.nn.Flatten(), torch.nn.LazyLinear(2))
+    x = torch.randn(4, 2, 8, 8) if dims == 2 else torch.randn(4, 2, 8)
+    model(x)
+    graph = symalg.trace(model, (x,), tracer="export")
+    (node,) = [v for v in graph.nodes if graph.node(v)["op"] in ("max_pool", "avg_pool")]
+    assert graph.node(node)["settings"] == {"pooled_dims": dims}
+    assert_claims_hold(symalg.derive(graph, certify=False), draws=2)

@@ -256,8 +256,13 @@ _ATEN = {
     "log_softmax": "log_softmax", "t": "transpose", "flatten": "flatten", "exp": "exp",
     "scaled_dot_product_attention": "sdpa", "matmul": "matmul", "layer_norm": "layer_norm", "embedding": "embedding",
     "getitem": "getitem", "sub": "sub", "pow": "pow", "sin": "sin", "cos": "cos", "abs": "abs", "log": "log",
-    "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square",
+    "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square", "dropout": "dropout", "cdist": "cdist",
+    "max_pool1d": "max_pool", "max_pool2d": "max_pool", "avg_pool1d": "avg_pool", "avg_pool2d": "avg_pool",
+    "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool",
 }
+_ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
+                     "adaptive_avg_pool2d": 2}
+"""How many trailing axes an ATen pooling op pools over (setting ``pooled_dims``, as for the modules)."""
 """Structural ATen ops by overload packet name (activation overloads are spelled by their catalogue entries)."""
 
 
@@ -283,7 +288,8 @@ def _function_op(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, di
         return _FUNCTIONS[target], {}
     if aten:
         name = target.__name__.split(".")[0] if hasattr(target, "__name__") else str(target)
-        return _ATEN.get(name, f"aten.{name}"), {}
+        pooled = {"pooled_dims": _ATEN_POOLED_DIMS[name]} if name in _ATEN_POOLED_DIMS else {}
+        return _ATEN.get(name, f"aten.{name}"), pooled
     name = getattr(target, "__name__", str(target))
     return (name if name not in CATALOGUE else f"{getattr(target, '__module__', '')}.{name}"), {}
 
