@@ -173,3 +173,11 @@ def test_fx_only_tracer_does_not_fall_back_to_export():
         symalg.trace(Branchy(), example(), tracer="fx")
     assert "export" not in str(error.value)
     assert symalg.trace(Branchy(), (torch.ones(5, 3),)).tracer == "export"
+
+
+@pytest.mark.parametrize("tracer", ["fx", "export"])
+def test_hardtanh_at_relu6_bounds_is_relu6(tracer):
+    """``hardtanh(z, 0, 6)`` is ReLU6 however it is written: the second entry spelling it takes it."""
+    assert module_activation(nn.Hardtanh(0.0, 6.0)) == ("relu6", {})
+    graph = symalg.trace(Call(F.hardtanh, min_val=0.0, max_val=6.0), example(), tracer=tracer)
+    assert _ops(graph) == ["linear", "relu6", "linear"]

@@ -365,14 +365,20 @@ def _identity(z):
 
 
 @register("relu", declare_homogeneous(), spellings=Spellings(
-    (nn.ReLU,), (F.relu, torch.relu, F.relu_, torch.relu_), ("relu", "relu_"), ("aten.relu.default", "aten.relu_.default")))
+    modules=(nn.ReLU,),
+    functions=(F.relu, torch.relu, F.relu_, torch.relu_),
+    methods=("relu", "relu_"),
+    aten=("aten.relu.default", "aten.relu_.default")))
 def _relu(z):
     return sp.Max(z, 0)
 
 
 @register("leaky_relu", declare_leaky(), slope=sp.Rational(1, 100), spellings=Spellings(
-    (nn.LeakyReLU,), (F.leaky_relu, F.leaky_relu_), (), ("aten.leaky_relu.default", "aten.leaky_relu_.default"),
-    ("negative_slope",), lambda torch_args: {"slope": torch_args.get("negative_slope", 0.01)}))
+    modules=(nn.LeakyReLU,),
+    functions=(F.leaky_relu, F.leaky_relu_),
+    aten=("aten.leaky_relu.default", "aten.leaky_relu_.default"),
+    arguments=("negative_slope",),
+    read=lambda torch_args: {"slope": torch_args.get("negative_slope", 0.01)}))
 def _leaky_relu(z, slope):
     if exact(slope) == 1:
         return z    # max(z, 0) + min(z, 0), which SymPy does not reduce to z by itself
@@ -385,14 +391,19 @@ def _relu_pow(z, alpha):
 
 
 @register("tanh", declare_odd(), spellings=Spellings(
-    (nn.Tanh,), (torch.tanh, F.tanh, torch.tanh_), ("tanh", "tanh_"), ("aten.tanh.default", "aten.tanh_.default")))
+    modules=(nn.Tanh,),
+    functions=(torch.tanh, F.tanh, torch.tanh_),
+    methods=("tanh", "tanh_"),
+    aten=("aten.tanh.default", "aten.tanh_.default")))
 def _tanh(z):
     return sp.tanh(z)
 
 
 @register("sigmoid", declare_odd(center=sp.Rational(1, 2)), spellings=Spellings(
-    (nn.Sigmoid,), (torch.sigmoid, F.sigmoid, torch.sigmoid_), ("sigmoid", "sigmoid_"),
-    ("aten.sigmoid.default", "aten.sigmoid_.default")))
+    modules=(nn.Sigmoid,),
+    functions=(torch.sigmoid, F.sigmoid, torch.sigmoid_),
+    methods=("sigmoid", "sigmoid_"),
+    aten=("aten.sigmoid.default", "aten.sigmoid_.default")))
 def _sigmoid(z):
     return sigmoid(z)
 
@@ -404,71 +415,102 @@ def _only_at(**settings) -> Callable[[Mapping], dict | None]:
 
 
 @register("gelu", declare_pointwise(), spellings=Spellings(
-    (nn.GELU,), (F.gelu,), (), ("aten.gelu.default", "aten.gelu_.default"), ("approximate",), _only_at(approximate="none")))
+    modules=(nn.GELU,),
+    functions=(F.gelu,),
+    aten=("aten.gelu.default", "aten.gelu_.default"),
+    arguments=("approximate",),
+    read=_only_at(approximate="none")))
 def _gelu(z):
     return gelu(z)
 
 
 @register("silu", declare_pointwise(), spellings=Spellings(
-    (nn.SiLU,), (F.silu,), (), ("aten.silu.default", "aten.silu_.default")))
+    modules=(nn.SiLU,),
+    functions=(F.silu,),
+    aten=("aten.silu.default", "aten.silu_.default")))
 def _silu(z):
     return silu(z)
 
 
 @register("softplus", declare_pointwise(), spellings=Spellings(
-    (nn.Softplus,), (F.softplus,), (), ("aten.softplus.default",), ("beta", "threshold"),
-    _only_at(beta=1, threshold=20)))
+    modules=(nn.Softplus,),
+    functions=(F.softplus,),
+    aten=("aten.softplus.default",),
+    arguments=("beta", "threshold"),
+    read=_only_at(beta=1, threshold=20)))
 def _softplus(z):
     return softplus(z)
 
 
 @register("gelu_tanh", declare_pointwise(), spellings=Spellings(
-    (nn.GELU,), (F.gelu,), (), ("aten.gelu.default", "aten.gelu_.default"), ("approximate",), _only_at(approximate="tanh")))
+    modules=(nn.GELU,),
+    functions=(F.gelu,),
+    aten=("aten.gelu.default", "aten.gelu_.default"),
+    arguments=("approximate",),
+    read=_only_at(approximate="tanh")))
 def _gelu_tanh(z):
     return gelu_tanh(z)
 
 
 @register("hardtanh", declare_odd(), spellings=Spellings(
-    (nn.Hardtanh,), (F.hardtanh, F.hardtanh_), (), ("aten.hardtanh.default", "aten.hardtanh_.default"),
-    ("min_val", "max_val"), _only_at(min_val=-1, max_val=1)))
+    modules=(nn.Hardtanh,),
+    functions=(F.hardtanh, F.hardtanh_),
+    aten=("aten.hardtanh.default", "aten.hardtanh_.default"),
+    arguments=("min_val", "max_val"),
+    read=_only_at(min_val=-1, max_val=1)))
 def _hardtanh(z):
     return hardtanh(z)
 
 
 @register("relu6", declare_pointwise(), spellings=Spellings(
-    (nn.ReLU6,), (F.relu6,), (), ("aten.relu6.default", "aten.hardtanh.default", "aten.hardtanh_.default"),
-    ("min_val", "max_val"), _only_at(min_val=0, max_val=6)))
+    modules=(nn.ReLU6, nn.Hardtanh),
+    functions=(F.relu6, F.hardtanh, F.hardtanh_),
+    aten=("aten.relu6.default", "aten.hardtanh.default", "aten.hardtanh_.default"),
+    arguments=("min_val", "max_val"),
+    read=_only_at(min_val=0, max_val=6)))
 def _relu6(z):
     return relu6(z)
 
 
 @register("hardswish", declare_pointwise(), spellings=Spellings(
-    (nn.Hardswish,), (F.hardswish,), (), ("aten.hardswish.default", "aten.hardswish_.default")))
+    modules=(nn.Hardswish,),
+    functions=(F.hardswish,),
+    aten=("aten.hardswish.default", "aten.hardswish_.default")))
 def _hardswish(z):
     return hardswish(z)
 
 
 @register("hardsigmoid", declare_odd(center=sp.Rational(1, 2)), spellings=Spellings(
-    (nn.Hardsigmoid,), (F.hardsigmoid,), (), ("aten.hardsigmoid.default", "aten.hardsigmoid_.default")))
+    modules=(nn.Hardsigmoid,),
+    functions=(F.hardsigmoid,),
+    aten=("aten.hardsigmoid.default", "aten.hardsigmoid_.default")))
 def _hardsigmoid(z):
     return hardsigmoid(z)
 
 
 @register("elu", declare_pointwise(), alpha=1, spellings=Spellings(
-    (nn.ELU,), (F.elu, F.elu_), (), ("aten.elu.default", "aten.elu_.default"), ("alpha", "scale", "input_scale"),
-    lambda torch_args: {"alpha": torch_args.get("alpha", 1)}
+    modules=(nn.ELU,),
+    functions=(F.elu, F.elu_),
+    aten=("aten.elu.default", "aten.elu_.default"),
+    arguments=("alpha", "scale", "input_scale"),
+    read=lambda torch_args: {"alpha": torch_args.get("alpha", 1)}
     if (torch_args.get("scale", 1), torch_args.get("input_scale", 1)) == (1, 1) else None))
 def _elu(z, alpha):
     return elu(z, exact(alpha))
 
 
-@register("mish", declare_pointwise(), spellings=Spellings((nn.Mish,), (F.mish,), (), ("aten.mish.default",)))
+@register("mish", declare_pointwise(), spellings=Spellings(
+    modules=(nn.Mish,),
+    functions=(F.mish,),
+    aten=("aten.mish.default",)))
 def _mish(z):
     return mish(z)
 
 
 @register("selu", declare_pointwise(), spellings=Spellings(
-    (nn.SELU,), (F.selu, torch.selu), (), ("aten.selu.default", "aten.selu_.default")))
+    modules=(nn.SELU,),
+    functions=(F.selu, torch.selu),
+    aten=("aten.selu.default", "aten.selu_.default")))
 def _selu(z):
     return selu(z)
 
