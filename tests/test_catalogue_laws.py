@@ -136,7 +136,8 @@ def test_declared_identity_holds_numerically(op, h, index):
 
 HYPER_PARAMETER_VARIANTS = [("leaky_relu", {"slope": -0.5}), ("leaky_relu", {"slope": 0.7071067811865476}),
                             ("leaky_relu", {"slope": 3}), ("leaky_relu", {"slope": 1}), ("relu_pow", {"alpha": 3}),
-                            ("relu_pow", {"alpha": 0.5})]
+                            ("relu_pow", {"alpha": 0.5}),
+                            ("elu", {"alpha": 0.5}), ("elu", {"alpha": 2})]
 
 
 @pytest.mark.parametrize("op, params", HYPER_PARAMETER_VARIANTS, ids=lambda v: str(v))

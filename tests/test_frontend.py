@@ -218,6 +218,15 @@ SUPPORTED = [
     (nn.SiLU(), "silu", "silu", {}),
     (nn.Softplus(), "softplus", "softplus", {}),
     (nn.Identity(), "identity", "identity", {}),
+    (nn.GELU(approximate="tanh"), "gelu_tanh", "gelu_tanh", {}),
+    (nn.Hardswish(), "hardswish", "hardswish", {}),
+    (nn.Hardsigmoid(), "hardsigmoid", "hardsigmoid", {}),
+    (nn.Hardtanh(), "hardtanh", "hardtanh", {}),
+    (nn.ReLU6(), "relu6", "relu6", {}),
+    (nn.ELU(), "elu", "elu", {"alpha": 1}),
+    (nn.ELU(alpha=0.5), "elu(alpha=0.5)", "elu", {"alpha": sp.Rational(1, 2)}),
+    (nn.Mish(), "mish", "mish", {}),
+    (nn.SELU(), "selu", "selu", {}),
     (symalg.catalogue.modules.Activation("radial"), "radial", "radial", {}),
     (symalg.catalogue.modules.Activation("relu_pow", alpha=3), "relu_pow(alpha=3)", "relu_pow", {"alpha": 3}),
     (symalg.catalogue.modules.Activation("leaky_relu", slope=0.2), "leaky_relu(slope=0.2)", "leaky_relu", {"slope": sp.Rational(1, 5)}),
@@ -288,14 +297,14 @@ def test_from_torch_parameter_names_match_named_parameters_of_a_flat_model():
     assert set(analysis.symbols) == set(params)
 
 
-@pytest.mark.parametrize("module", [nn.Hardswish(), nn.ReLU6(), nn.GELU(approximate="tanh"), nn.Softplus(beta=2),
-                                    nn.ELU()], ids=lambda mod: repr(mod))
+@pytest.mark.parametrize("module", [nn.CELU(), nn.Hardtanh(-2.0, 3.0), nn.Softplus(beta=2),
+                                    nn.Softsign(), nn.Tanhshrink()], ids=lambda mod: repr(mod))
 def test_unknown_shape_preserving_module_is_an_opaque_node(module):
     model = nn.Sequential(nn.Linear(3, 4), module, nn.Linear(4, 2))
     arch = from_torch(model)
     node = arch.node("1")
     assert node["kind"] == "activation"
-    assert node["op"].startswith(type(module).__name__)  # GELU(approximate='tanh'), Softplus(beta=2, ...)
+    assert node["op"].startswith(type(module).__name__)  # Hardtanh(min_val=-2.0, max_val=3.0), Softplus(beta=2, ...)
     assert node["module"] is module
     assert node["params"] == {}
     sites, blocked = symalg.infer_sites(arch)
@@ -317,7 +326,7 @@ def test_sequential_with_a_parameterised_layer_is_traced_in_its_own_dtype_or_dev
 
 
 def test_opaque_module_survives_to_module():
-    module = nn.Hardswish()
+    module = nn.CELU()
     model = nn.Sequential(nn.Linear(3, 4), module, nn.Linear(4, 2))
     rebuilt = to_module(from_torch(model), dtype=torch.float32)
     assert rebuilt[1] is module

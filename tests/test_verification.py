@@ -191,13 +191,13 @@ def _sequential(middle: torch.nn.Module) -> torch.nn.Sequential:
 
 
 def test_unknown_module_blocks_exactly_its_site():
-    model = _sequential(torch.nn.Hardswish())
+    model = _sequential(torch.nn.CELU())
     analysis = symalg.derive(symalg.from_torch(model))
     assert len(analysis.blocked) == 1
     blocked = analysis.blocked[0]
     assert (blocked.node, blocked.site) == ("3", "h2")
-    assert "Hardswish" in blocked.reason
-    assert "Hardswish" in str(blocked)
+    assert "CELU" in blocked.reason
+    assert "CELU" in str(blocked)
     labels = [s.label for s in analysis.symmetries]
     assert not any(label.startswith("h2:") for label in labels)
     # the same network with a known activation there differs exactly by that site's symmetries

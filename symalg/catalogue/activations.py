@@ -2,8 +2,11 @@
 
 Each :class:`CatalogueEntry` holds the activation's SymPy function (which prints itself to torch),
 the identity it declares, ``σ(g z) = π(g) σ(z) + τ(g)``, and the groups for which it declares it.
-Entries are registered with :func:`register` into a read-only mapping, :data:`CATALOGUE`. To add or
-replace entries for one call, overlay a mapping — never mutate the global one::
+Entries are registered with :func:`register` into a read-only mapping, :data:`CATALOGUE`. An entry
+also carries its torch :class:`Spellings` (module classes, functions, tensor methods, ATen overloads),
+from which the tracing and ``from_torch`` tables are built (:mod:`symalg.frontend.canonical`): a new
+activation is one registration. To add or replace entries for one call, overlay a mapping — never
+mutate the global one::
 
     >>> import symalg
     >>> from symalg.catalogue.activations import CATALOGUE, CatalogueEntry, overlay, declare_odd
@@ -26,11 +29,15 @@ from types import MappingProxyType
 from typing import Callable, Mapping
 
 import sympy as sp
+import torch
+import torch.nn.functional as F
 
 from symalg.frontend.grammar import parse_number
+
+nn = torch.nn
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
 
-__all__ = ["CATALOGUE", "CatalogueEntry", "register", "overlay", "declare_linear", "declare_homogeneous",
+__all__ = ["CATALOGUE", "CatalogueEntry", "Spellings", "register", "overlay", "declare_linear", "declare_homogeneous",
            "declare_leaky", "declare_odd", "declare_pointwise", "declare_radial", "exact"]
 
 
@@ -61,16 +68,24 @@ GroupDeclaration = Callable[..., tuple[SiteGroup, ...]]
 
 # -- SymPy activation functions that print themselves to torch ----------------------------------
 class _TorchActivation(sp.Function):
-    """A scalar SymPy function printed as a ``torch.nn.functional`` call, exactly as torch defines it."""
+    """A scalar SymPy function printed as a ``torch.nn.functional`` call, exactly as torch defines it.
+
+    Arguments after the first are hyper-parameters, passed on positionally (``F.elu(z, alpha)``);
+    ``torch_keywords`` is appended verbatim (``approximate='tanh'``).
+    """
 
     torch_name: str = ""
+    torch_keywords: str = ""
     nargs = 1
 
     def _torchcode(self, printer):
-        return f"{printer._module_format('torch.nn.functional.' + self.torch_name)}({printer._print(self.args[0])})"
+        arguments = [printer._print(a) for a in self.args] + ([self.torch_keywords] if self.torch_keywords else [])
+        return f"{printer._module_format('torch.nn.functional.' + self.torch_name)}({', '.join(arguments)})"
 
     def _latex(self, printer):
-        return rf"\operatorname{{{self.torch_name}}}\left({printer._print(self.args[0])}\right)"
+        arguments = ", ".join(printer._print(a) for a in self.args)
+        name = type(self).__name__.replace("_", r"\_")
+        return rf"\operatorname{{{name}}}\left({arguments}\right)"
 
     def _eval_is_real(self):
         return self.args[0].is_real
@@ -129,6 +144,75 @@ class softplus(_TorchActivation):
         return sp.log(1 + sp.exp(z))
 
 
+class gelu_tanh(_TorchActivation):
+    """GELU's tanh approximation, ``z (1 + tanh(√(2/π) (z + 0.044715 z³))) / 2`` (``approximate='tanh'``)."""
+
+    torch_name, torch_keywords = "gelu", "approximate='tanh'"
+
+
+class hardswish(_TorchActivation):
+    """``z · relu6(z + 3) / 6``."""
+
+    torch_name = "hardswish"
+
+
+class relu6(_TorchActivation):
+    """``min(max(z, 0), 6)``."""
+
+    torch_name = "relu6"
+
+
+class mish(_TorchActivation):
+    """``z tanh(softplus(z))``."""
+
+    torch_name = "mish"
+
+
+class selu(_TorchActivation):
+    """``λ elu(z, α)`` with torch's fixed ``λ ≈ 1.0507``, ``α ≈ 1.6733``."""
+
+    torch_name = "selu"
+
+
+class elu(_TorchActivation):
+    """``z`` for ``z > 0``, ``α (e^z − 1)`` otherwise; the second argument is ``α``."""
+
+    torch_name = "elu"
+    nargs = 2
+
+
+class hardtanh(_TorchActivation):
+    """``min(max(z, −1), 1)``; odd, which :meth:`eval` states (``hardtanh(−z) → −hardtanh(z)``,
+    ``hardtanh(0) → 0``) so that the sign-flip identity is decided symbolically; the catalogue law
+    tests check it numerically against torch's function."""
+
+    torch_name = "hardtanh"
+
+    @classmethod
+    def eval(cls, z):
+        if z.is_zero:
+            return sp.S.Zero
+        if z.could_extract_minus_sign():
+            return -cls(-z)
+        return None
+
+
+class hardsigmoid(_TorchActivation):
+    """``min(max(z / 6 + 1/2, 0), 1)``; symmetric about ``(0, 1/2)``, which :meth:`eval` states
+    (``hardsigmoid(−z) → 1 − hardsigmoid(z)``, ``hardsigmoid(0) → 1/2``), checked numerically by the
+    catalogue law tests."""
+
+    torch_name = "hardsigmoid"
+
+    @classmethod
+    def eval(cls, z):
+        if z.is_zero:
+            return sp.Rational(1, 2)
+        if z.could_extract_minus_sign():
+            return 1 - cls(-z)
+        return None
+
+
 # -- group declarations --------------------------------------------------------------------------
 def declare_linear() -> GroupDeclaration:
     """Identity activation: ``σ(g z) = g σ(z)`` for all of ``GL(h)``."""
@@ -168,6 +252,40 @@ def declare_radial() -> GroupDeclaration:
     return lambda width, **_: (Orthogonal(width),)
 
 
+def _no_hyper_parameters(arguments: Mapping) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Spellings:
+    """How torch writes one catalogue entry; the front ends' op tables are built from these.
+
+    Parameters
+    ----------
+    modules : module classes, matched by exact type (a subclass may compute something else).
+    functions : functional forms, in-place ones included (``F.relu``, ``torch.relu``, ``F.relu_``).
+    methods : tensor-method names, in-place ``_`` forms included (``"relu"``, ``"relu_"``).
+    aten : ATen overloads as ``torch.export`` shows them (``"aten.relu.default"``).
+    arguments : torch's names of the hyper-parameters a module stores and a call takes
+        (``"negative_slope"``; a module lacking one, or a call not taking it, leaves it out).
+    read : ``read({torch name: value}) -> hyper-parameters | None``: the entry's hyper-parameters, or
+        ``None`` where the entry does not cover torch's settings (``GELU(approximate='tanh')`` is not
+        exact GELU), so that another entry, or none, takes the op.
+
+    Example
+    -------
+    >>> CATALOGUE["leaky_relu"].spellings.read({"negative_slope": 0.2})
+    {'slope': 0.2}
+    """
+
+    modules: tuple[type, ...] = ()
+    functions: tuple[Callable, ...] = ()
+    methods: tuple[str, ...] = ()
+    aten: tuple[str, ...] = ()
+    arguments: tuple[str, ...] = ()
+    read: Callable[[Mapping], Mapping | None] = _no_hyper_parameters
+
+
 @dataclass(frozen=True, eq=False)
 class CatalogueEntry:
     """One activation: its SymPy function, its declared identity (via its groups), its groups.
@@ -181,6 +299,7 @@ class CatalogueEntry:
     radial : ``True`` when the activation acts on the whole feature vector through its norm.
     defaults : default hyper-parameters (``{"slope": 0.01}``).
     positive : hyper-parameters that must be positive (a homogeneity degree).
+    spellings : how torch writes the activation (none for an entry torch lacks, such as ``radial``).
     """
 
     name: str
@@ -189,6 +308,7 @@ class CatalogueEntry:
     radial: bool = False
     defaults: Mapping = field(default_factory=dict)
     positive: tuple[str, ...] = ()
+    spellings: Spellings = Spellings()
 
     def expression(self, z: sp.Symbol, **params) -> sp.Expr:
         """``σ(z)`` (pointwise) or ``f(z)`` (radial) with defaults filled in."""
@@ -218,12 +338,15 @@ CATALOGUE: Mapping[str, CatalogueEntry] = MappingProxyType(_REGISTRY)
 
 
 def register(name: str, groups: GroupDeclaration, *, radial: bool = False, positive: tuple[str, ...] = (),
-             **defaults):
-    """Decorator registering ``function`` as the built-in entry ``name`` (``defaults``: hyper-parameters)."""
+             spellings: Spellings = Spellings(), **defaults):
+    """Decorator registering ``function`` as the built-in entry ``name`` (``defaults``: hyper-parameters;
+    ``spellings``: how torch writes it, which is all the front ends need to recognise it)."""
     def decorate(function):
         if name in _REGISTRY:
             raise ValueError(f"catalogue entry {name!r} is already registered")
-        _REGISTRY[name] = CatalogueEntry(name, function, groups, radial, MappingProxyType(defaults), positive)
+        if not isinstance(spellings, Spellings):
+            raise ValueError(f"catalogue entry {name!r}: spellings must be a Spellings, got {type(spellings).__name__}")
+        _REGISTRY[name] = CatalogueEntry(name, function, groups, radial, MappingProxyType(defaults), positive, spellings)
         return function
     return decorate
 
@@ -236,17 +359,26 @@ def overlay(entries: Mapping[str, CatalogueEntry], base: Mapping[str, CatalogueE
     return ChainMap(dict(entries), base)
 
 
-@register("identity", declare_linear())
+@register("identity", declare_linear(), spellings=Spellings(modules=(nn.Identity,)))
 def _identity(z):
     return z
 
 
-@register("relu", declare_homogeneous())
+@register("relu", declare_homogeneous(), spellings=Spellings(
+    modules=(nn.ReLU,),
+    functions=(F.relu, torch.relu, F.relu_, torch.relu_),
+    methods=("relu", "relu_"),
+    aten=("aten.relu.default", "aten.relu_.default")))
 def _relu(z):
     return sp.Max(z, 0)
 
 
-@register("leaky_relu", declare_leaky(), slope=sp.Rational(1, 100))
+@register("leaky_relu", declare_leaky(), slope=sp.Rational(1, 100), spellings=Spellings(
+    modules=(nn.LeakyReLU,),
+    functions=(F.leaky_relu, F.leaky_relu_),
+    aten=("aten.leaky_relu.default", "aten.leaky_relu_.default"),
+    arguments=("negative_slope",),
+    read=lambda torch_args: {"slope": torch_args.get("negative_slope", 0.01)}))
 def _leaky_relu(z, slope):
     if exact(slope) == 1:
         return z    # max(z, 0) + min(z, 0), which SymPy does not reduce to z by itself
@@ -258,29 +390,129 @@ def _relu_pow(z, alpha):
     return sp.Max(z, 0) ** exact(alpha)
 
 
-@register("tanh", declare_odd())
+@register("tanh", declare_odd(), spellings=Spellings(
+    modules=(nn.Tanh,),
+    functions=(torch.tanh, F.tanh, torch.tanh_),
+    methods=("tanh", "tanh_"),
+    aten=("aten.tanh.default", "aten.tanh_.default")))
 def _tanh(z):
     return sp.tanh(z)
 
 
-@register("sigmoid", declare_odd(center=sp.Rational(1, 2)))
+@register("sigmoid", declare_odd(center=sp.Rational(1, 2)), spellings=Spellings(
+    modules=(nn.Sigmoid,),
+    functions=(torch.sigmoid, F.sigmoid, torch.sigmoid_),
+    methods=("sigmoid", "sigmoid_"),
+    aten=("aten.sigmoid.default", "aten.sigmoid_.default")))
 def _sigmoid(z):
     return sigmoid(z)
 
 
-@register("gelu", declare_pointwise())
+def _only_at(**settings) -> Callable[[Mapping], dict | None]:
+    """``read`` of an entry without hyper-parameters that covers torch's op only at ``settings``
+    (a setting the module or call lacks counts as matching: ``F.relu6`` has no ``min_val``)."""
+    return lambda torch_args: {} if all(torch_args.get(k, v) == v for k, v in settings.items()) else None
+
+
+@register("gelu", declare_pointwise(), spellings=Spellings(
+    modules=(nn.GELU,),
+    functions=(F.gelu,),
+    aten=("aten.gelu.default", "aten.gelu_.default"),
+    arguments=("approximate",),
+    read=_only_at(approximate="none")))
 def _gelu(z):
     return gelu(z)
 
 
-@register("silu", declare_pointwise())
+@register("silu", declare_pointwise(), spellings=Spellings(
+    modules=(nn.SiLU,),
+    functions=(F.silu,),
+    aten=("aten.silu.default", "aten.silu_.default")))
 def _silu(z):
     return silu(z)
 
 
-@register("softplus", declare_pointwise())
+@register("softplus", declare_pointwise(), spellings=Spellings(
+    modules=(nn.Softplus,),
+    functions=(F.softplus,),
+    aten=("aten.softplus.default",),
+    arguments=("beta", "threshold"),
+    read=_only_at(beta=1, threshold=20)))
 def _softplus(z):
     return softplus(z)
+
+
+@register("gelu_tanh", declare_pointwise(), spellings=Spellings(
+    modules=(nn.GELU,),
+    functions=(F.gelu,),
+    aten=("aten.gelu.default", "aten.gelu_.default"),
+    arguments=("approximate",),
+    read=_only_at(approximate="tanh")))
+def _gelu_tanh(z):
+    return gelu_tanh(z)
+
+
+@register("hardtanh", declare_odd(), spellings=Spellings(
+    modules=(nn.Hardtanh,),
+    functions=(F.hardtanh, F.hardtanh_),
+    aten=("aten.hardtanh.default", "aten.hardtanh_.default"),
+    arguments=("min_val", "max_val"),
+    read=_only_at(min_val=-1, max_val=1)))
+def _hardtanh(z):
+    return hardtanh(z)
+
+
+@register("relu6", declare_pointwise(), spellings=Spellings(
+    modules=(nn.ReLU6, nn.Hardtanh),
+    functions=(F.relu6, F.hardtanh, F.hardtanh_),
+    aten=("aten.relu6.default", "aten.hardtanh.default", "aten.hardtanh_.default"),
+    arguments=("min_val", "max_val"),
+    read=_only_at(min_val=0, max_val=6)))
+def _relu6(z):
+    return relu6(z)
+
+
+@register("hardswish", declare_pointwise(), spellings=Spellings(
+    modules=(nn.Hardswish,),
+    functions=(F.hardswish,),
+    aten=("aten.hardswish.default", "aten.hardswish_.default")))
+def _hardswish(z):
+    return hardswish(z)
+
+
+@register("hardsigmoid", declare_odd(center=sp.Rational(1, 2)), spellings=Spellings(
+    modules=(nn.Hardsigmoid,),
+    functions=(F.hardsigmoid,),
+    aten=("aten.hardsigmoid.default", "aten.hardsigmoid_.default")))
+def _hardsigmoid(z):
+    return hardsigmoid(z)
+
+
+@register("elu", declare_pointwise(), alpha=1, spellings=Spellings(
+    modules=(nn.ELU,),
+    functions=(F.elu, F.elu_),
+    aten=("aten.elu.default", "aten.elu_.default"),
+    arguments=("alpha", "scale", "input_scale"),
+    read=lambda torch_args: {"alpha": torch_args.get("alpha", 1)}
+    if (torch_args.get("scale", 1), torch_args.get("input_scale", 1)) == (1, 1) else None))
+def _elu(z, alpha):
+    return elu(z, exact(alpha))
+
+
+@register("mish", declare_pointwise(), spellings=Spellings(
+    modules=(nn.Mish,),
+    functions=(F.mish,),
+    aten=("aten.mish.default",)))
+def _mish(z):
+    return mish(z)
+
+
+@register("selu", declare_pointwise(), spellings=Spellings(
+    modules=(nn.SELU,),
+    functions=(F.selu, torch.selu),
+    aten=("aten.selu.default", "aten.selu_.default")))
+def _selu(z):
+    return selu(z)
 
 
 class inverse_hypot(_TorchActivation):

@@ -15,15 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Callable
+from typing import Callable, Mapping
+
+import torch
 
 from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.groups import GeneralLinear
 from symalg.catalogue.bindings import Binding, TranslationFamily
+from symalg.catalogue.rule_examples import Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
 from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment
 
-__all__ = ["OP_RULES", "WEIGHT_RULES", "WeightExpr", "register_rule", "activation_rule", "unknown_rule"]
+__all__ = ["OP_RULES", "OVERLAYABLE", "RULE_EXAMPLES", "WEIGHT_RULES", "WeightExpr", "register_rule", "activation_rule", "unknown_rule"]
 
 _RULES: dict[str, Callable] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
@@ -34,11 +37,34 @@ OP_RULES = MappingProxyType(_RULES)
 
 DIAGONAL = frozenset({"PS", "SF", "S"})
 
+OVERLAYABLE = frozenset({"exp", "log", "sin", "cos", "abs", "sqrt", "rsqrt", "square", "neg", "identity"})
+"""Ops computing a fixed function of their one input: an overlay catalogue entry of the same name
+describes such an op and replaces its rule (``overlay({"sin": CatalogueEntry("sin", sp.sin, declare_odd())})``
+claims sign flips at a traced ``torch.sin``); an overlay entry named like any other op rule is refused."""
 
-def register_rule(*ops: str):
+
+_EXAMPLES: dict[str, Example] = {}
+RULE_EXAMPLES = MappingProxyType(_EXAMPLES)
+"""Read-only ``{canonical op: example}``: a small model using the op (:mod:`symalg.catalogue.rule_examples`),
+which the rule law tests trace, derive and check claim by claim."""
+
+
+def register_rule(*ops: str, examples: Mapping[str, Example]):
+    """Decorator registering ``rule`` for the canonical ``ops``, each with an example model in
+    ``examples`` (``{op: factory returning (model, example_inputs)}``), so that the law tests run it.
+
+    >>> from symalg.frontend.tracing import trace
+    >>> model, inputs = RULE_EXAMPLES["sin"]()
+    >>> [trace(model, inputs).graph.nodes[v]["op"] for v in trace(model, inputs).graph]
+    ['input', 'linear', 'sin', 'linear', 'output']
+    """
+    if set(examples) != set(ops):
+        raise ValueError(f"register_rule{ops}: examples must be given for exactly these ops, got {sorted(examples)}")
+
     def decorate(rule):
         for op in ops:
             _RULES[op] = rule
+            _EXAMPLES[op] = examples[op]
         return rule
     return decorate
 
@@ -120,18 +146,25 @@ def unknown_rule(state: Inference, node, data, inputs) -> Label:
     return Label.data()
 
 
-@register_rule("input", "constant", "buffer")
+@register_rule("input", "constant", "buffer", examples={
+    "input": around(lambda self, h: h),
+    "constant": around(lambda self, h: self.inner(torch.relu(h)) * self.scale, scale=lambda: torch.linspace(0.5, 2.0, 4),
+                       inner=lambda: torch.nn.Linear(4, 4)),
+    "buffer": around(lambda self, h: self.inner(torch.relu(h)) + self.shift, inner=lambda: torch.nn.Linear(4, 4),
+                     buffers=lambda: {"shift": torch.linspace(-1.0, 1.0, 4)})})
 def data_rule(state, node, data, inputs) -> Label:
     return Label.data()
 
 
-@register_rule("param")
+@register_rule("param", examples={
+    "param": around(lambda self, h: torch.nn.functional.linear(torch.relu(h), self.w, self.b),
+                    w=lambda: torch.nn.Parameter(torch.randn(4, 4)), b=lambda: torch.nn.Parameter(torch.randn(4)))})
 def param_rule(state, node, data, inputs):
     """A parameter read in ``forward``: its own label, resolved by the op that uses it."""
     return ("param", data["params"]["value"])
 
 
-@register_rule("output")
+@register_rule("output", examples={"output": around(lambda self, h: torch.relu(h))})
 def output_rule(state: Inference, node, data, inputs) -> None:
     """Every returned tensor (nested in tuples, lists, dicts, dataclasses) must not change (``mse``); with
     ``cross_entropy`` the first is the logits, which may shift along ``1``. A returned parameter is
@@ -148,7 +181,7 @@ def output_rule(state: Inference, node, data, inputs) -> None:
     return None
 
 
-@register_rule("pack")
+@register_rule("pack", examples={"pack": around(lambda self, h: torch.tanh(h), packed=True)})
 def pack_rule(state, node, data, inputs) -> tuple:
     """A dataclass or named tuple built in ``forward`` (``Output(logits=…, hidden=…)``): the tuple of its
     fields' labels."""
@@ -255,7 +288,8 @@ def _refuse_shifts(state, node, label: Label, why: str) -> None:
             state.restrict(seg.site, ALL - {"SF"}, node, f"{state.where(node)} {why}")
 
 
-@register_rule("linear")
+@register_rule("linear", examples={"linear": around(lambda self, h: self.inner(torch.relu(h)),
+                                                   inner=lambda: torch.nn.Linear(4, 4))})
 def linear_rule(state: Inference, node, data, inputs) -> Label:
     """``y = W x + b``: a new site on the rows of ``W`` and ``b``; the input's sites on its columns.
     ``W`` may be computed from parameters (``F.linear(x, W + B @ A)``: see :func:`matmul_rule`)."""
@@ -276,7 +310,9 @@ def linear_rule(state: Inference, node, data, inputs) -> Label:
     return Label(-1, out_features, (Segment(site, 0, out_features),))
 
 
-@register_rule("conv")
+@register_rule("conv", examples={"conv": model_example(
+    lambda: torch.nn.Sequential(torch.nn.Conv1d(2, 3, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv1d(3, 2, 3)),
+    lambda: torch.randn(5, 2, 8))})
 def conv_rule(state: Inference, node, data, inputs) -> Label:
     """Convolution: output channels are a site (kernel axis 0, bias); input channels its columns.
 
@@ -335,7 +371,9 @@ def _diagonal_map(state, node, label: Label, scale: str | None, shift: str | Non
     return Label(dim, label.size, tuple(segments))
 
 
-@register_rule("embedding")
+@register_rule("embedding", examples={"embedding": model_example(
+    lambda: torch.nn.Sequential(torch.nn.Embedding(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)),
+    lambda: torch.arange(6))})
 def embedding_rule(state: Inference, node, data, inputs) -> Label:
     """``x = E[i]``: a site on the columns of the table ``E`` (``E ↦ E gᵀ``)."""
     weight = data["params"].get("weight") if data["kind"] == "module" else (
@@ -355,7 +393,9 @@ def _same_layout(a: Label, b: Label) -> bool:
     return a.dim == b.dim and key(a) == key(b)
 
 
-@register_rule("add", "sub")
+@register_rule("add", "sub", examples={
+    "add": around(lambda self, h: h + self.inner(torch.relu(h)), inner=lambda: torch.nn.Linear(4, 4)),
+    "sub": around(lambda self, h: h - self.inner(torch.relu(h)), inner=lambda: torch.nn.Linear(4, 4))})
 def add_rule(state: Inference, node, data, inputs) -> Label:
     """``a ± b``: both summands' sites are tied (a skip connection); a fixed summand pins the other. A sum
     of weights (parameters, products of parameters) is a weight whose rows and columns are both's."""
@@ -410,7 +450,8 @@ def _add_parameter(state: Inference, node, label: Label, tensor: str) -> None:
     state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} adds a parameter")
 
 
-@register_rule("mul", "div")
+@register_rule("mul", "div", examples={"mul": around(lambda self, h: 2.5 * torch.relu(h)),
+                                      "div": around(lambda self, h: torch.relu(h) / 2.5)})
 def scale_rule(state: Inference, node, data, inputs) -> Label:
     """Multiplication by a number commutes with every linear action; by a tensor it is unknown."""
     scaled = [i for i in inputs if isinstance(i, (Label, WeightExpr)) or _is_param(i)]
@@ -427,7 +468,9 @@ def _same_shape(state: Inference, data) -> bool:
     return None not in shapes and len(set(shapes)) == 1
 
 
-@register_rule("matmul")
+@register_rule("matmul", examples={
+    "matmul": around(lambda self, h: torch.nn.functional.linear(torch.relu(h), self.lora_b @ self.lora_a),
+                     lora_a=lambda: torch.nn.Parameter(torch.randn(2, 4)), lora_b=lambda: torch.nn.Parameter(torch.randn(4, 2)))})
 def matmul_rule(state: Inference, node, data, inputs):
     """A product of weights ``B @ A`` (a low-rank adapter): ``GL(r)`` on the inner axis (``A ↦ g A``,
     ``B ↦ B g⁻¹``); the product's rows are ``B``'s, its columns ``A``'s. Products of values (attention
@@ -454,7 +497,8 @@ def _tensor_constant(state, node) -> bool:
     return False
 
 
-@register_rule("neg", "identity")
+@register_rule("neg", "identity", examples={"neg": around(lambda self, h: -torch.relu(h)),
+                                           "identity": around(lambda self, h: torch.relu(h).contiguous())})
 def identity_rule(state, node, data, inputs) -> Label:
     """``±z`` commutes with every action, translations included, so nothing is restricted. An identity layer
     (``nn.Identity``, the spec's ``identity``; not ``clone``/``contiguous``) is also the catalogue's linear
@@ -468,7 +512,8 @@ def identity_rule(state, node, data, inputs) -> Label:
     return label
 
 
-@register_rule("dropout")
+@register_rule("dropout", examples={
+    "dropout": around(lambda self, h: self.drop(torch.relu(h)), drop=lambda: torch.nn.Dropout(0.25))})
 def dropout_rule(state, node, data, inputs) -> Label:
     """Dropout is the identity in eval mode (``p = 0`` likewise); in training its random mask
     commutes only with diagonal actions."""
@@ -480,7 +525,8 @@ def dropout_rule(state, node, data, inputs) -> Label:
     return label
 
 
-@register_rule("cat")
+@register_rule("cat", examples={"cat": around(lambda self, h: torch.cat([torch.relu(h), self.inner(h)], -1), k=7,
+                                       inner=lambda: torch.nn.Linear(4, 3))})
 def cat_rule(state: Inference, node, data, inputs) -> Label:
     """Concatenation along the feature axis stacks the inputs' segments; along another axis it ties them."""
     labels = [i for i in inputs if isinstance(i, Label)]
@@ -507,7 +553,9 @@ def cat_rule(state: Inference, node, data, inputs) -> Label:
     return first
 
 
-@register_rule("flatten", "reshape")
+@register_rule("flatten", "reshape", examples={
+    "flatten": around(lambda self, h: torch.relu(h).flatten(0, 1), shape=(5, 2, 3)),
+    "reshape": around(lambda self, h: torch.relu(h).reshape(-1, 4), shape=(5, 2, 3))})
 def reshape_rule(state: Inference, node, data, inputs) -> Label:
     """Reshapes that keep the feature axis last, or flatten it with trailing axes (conv → dense:
     each channel becomes a block of entries). Anything else splits the axis: unknown."""
@@ -543,7 +591,9 @@ def _prod(values) -> int:
     return result
 
 
-@register_rule("transpose", "permute")
+@register_rule("transpose", "permute", examples={
+    "transpose": around(lambda self, h: torch.relu(h).transpose(0, 1), shape=(5, 2, 3)),
+    "permute": around(lambda self, h: torch.relu(h).permute(1, 0, 2), shape=(5, 2, 3))})
 def transpose_rule(state: Inference, node, data, inputs) -> Label:
     """Moving axes moves the feature axis with them; transposing a weight swaps its rows and columns."""
     weight = _weight(state, inputs[0]) if inputs else None
@@ -570,7 +620,8 @@ def transpose_rule(state: Inference, node, data, inputs) -> Label:
     return Label(order.index(position) - ndim, label.size, label.segments)
 
 
-@register_rule("getitem")
+@register_rule("getitem", examples={"getitem": around(
+    lambda self, h: self.attention(h, h, h)[0], shape=(5, 3, 3), attention=lambda: torch.nn.MultiheadAttention(4, 2, batch_first=True))})
 def getitem_rule(state: Inference, node, data, inputs):
     """Picking an output of a multi-output op; indexing a tensor is unknown."""
     source = inputs[0]
@@ -580,7 +631,12 @@ def getitem_rule(state: Inference, node, data, inputs):
     return unknown_rule(state, node, data, inputs)
 
 
-@register_rule("exp", "pow", "log", "sin", "cos", "abs", "sqrt", "rsqrt", "square")
+@register_rule("exp", "pow", "log", "sin", "cos", "abs", "sqrt", "rsqrt", "square", examples={
+    "exp": around(lambda self, h: torch.exp(h)), "pow": around(lambda self, h: h ** 3),
+    "log": around(lambda self, h: torch.log(h * h + 1)), "sin": around(lambda self, h: torch.sin(h)),
+    "cos": around(lambda self, h: torch.cos(h)), "abs": around(lambda self, h: torch.abs(h)),
+    "sqrt": around(lambda self, h: torch.sqrt(h * h + 1)), "rsqrt": around(lambda self, h: torch.rsqrt(h * h + 1)),
+    "square": around(lambda self, h: h.square())})
 def elementwise_rule(state, node, data, inputs) -> Label:
     """A pointwise function the catalogue does not list: it commutes with permutations only."""
     label = _first(inputs)
@@ -590,7 +646,8 @@ def elementwise_rule(state, node, data, inputs) -> Label:
     return label.map_segments(power=Fraction(1), invariant=frozenset())
 
 
-@register_rule("cdist")
+@register_rule("cdist", examples={"cdist": model_example(
+    lambda: torch.nn.Sequential(RadialBasis(6, 3), torch.nn.Linear(6, 2)), lambda: torch.randn(8, 3))})
 def cdist_rule(state: Inference, node, data, inputs) -> Label:
     """Distances ``‖x − c_i‖`` to centres ``C`` (rows): a site whose permutations move the centres."""
     label = _first(inputs)
@@ -614,7 +671,8 @@ def _pools_the_sites(state: Inference, node, data, label: Label) -> bool:
     return True
 
 
-@register_rule("max_pool")
+@register_rule("max_pool", examples={"max_pool": around(
+    lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6, 3), pool=lambda: torch.nn.MaxPool1d(2))})
 def max_pool_rule(state, node, data, inputs) -> Label:
     """``max`` over positions commutes with positive per-channel scaling and channel permutations."""
     label = _first(inputs)
@@ -624,7 +682,8 @@ def max_pool_rule(state, node, data, inputs) -> Label:
     return label
 
 
-@register_rule("avg_pool")
+@register_rule("avg_pool", examples={"avg_pool": around(
+    lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6, 3), pool=lambda: torch.nn.AvgPool1d(2))})
 def avg_pool_rule(state, node, data, inputs) -> Label:
     """Averaging over positions is linear per channel: every channel action passes through."""
     label = _first(inputs)
@@ -634,7 +693,8 @@ def avg_pool_rule(state, node, data, inputs) -> Label:
     return label
 
 
-@register_rule("softmax", "log_softmax")
+@register_rule("softmax", "log_softmax", examples={"softmax": around(lambda self, h: torch.softmax(h, -1)),
+                                                  "log_softmax": around(lambda self, h: torch.log_softmax(h, -1))})
 def softmax_rule(state: Inference, node, data, inputs) -> Label:
     """Softmax over the feature axis: equivariant under permutations, invariant under shifts along 1."""
     label = _first(inputs)
@@ -673,7 +733,8 @@ def _across_sites(state: Inference, node, label: Label, axes: tuple, kinds: set,
     return True
 
 
-@register_rule("batch_norm")
+@register_rule("batch_norm", examples={
+    "batch_norm": around(lambda self, h: torch.relu(self.norm(h)), norm=lambda: torch.nn.BatchNorm1d(4))})
 def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
     """Batch norm per channel (axis 1 of its input). With batch statistics (training) it is invariant under
     translations of its input's bias and, for ``eps = 0``, under positive scalings; in eval mode the running
@@ -725,7 +786,8 @@ def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
     return _diagonal_map(state, node, normalised, data["params"]["weight"], data["params"].get("bias"), channel)
 
 
-@register_rule("layer_norm")
+@register_rule("layer_norm", examples={
+    "layer_norm": around(lambda self, h: torch.relu(self.norm(h)), norm=lambda: torch.nn.LayerNorm(4))})
 def layer_norm_rule(state: Inference, node, data, inputs) -> Label:
     """Layer norm over the last ``k = len(normalized_shape)`` axes. A site along one of them: equivariant under
     orthogonal maps fixing ``1`` (they keep the mean and the norm of the centred vector; permutations among
@@ -767,7 +829,8 @@ def _whole_vector_shifts(state: Inference, node, label: Label, what: str, axes: 
         site.translations[:] = [t for t in site.translations if not (t[0] == "T1" and t[2].pattern == "rows")]
 
 
-@register_rule("rms_norm")
+@register_rule("rms_norm", examples={
+    "rms_norm": around(lambda self, h: torch.relu(self.norm(h)), norm=lambda: torch.nn.RMSNorm(4))})
 def rms_norm_rule(state: Inference, node, data, inputs) -> Label:
     """RMS norm ``x/‖x‖·√d`` over the last ``k`` axes: a site along one of them gets all of ``O(d)``; a gain is
     a diagonal map after it. A site along another axis keeps permutations and sign flips (the norm is odd)."""
@@ -786,7 +849,8 @@ def rms_norm_rule(state: Inference, node, data, inputs) -> Label:
                          dim, k + dim)
 
 
-@register_rule("group_norm")
+@register_rule("group_norm", examples={
+    "group_norm": around(lambda self, h: torch.relu(self.norm(h)), norm=lambda: torch.nn.GroupNorm(2, 4))})
 def group_norm_rule(state: Inference, node, data, inputs) -> Label:
     """Group norm: ``G`` groups of ``n = C/G`` channels (axis 1), each normalised over its channels and positions.
 
@@ -893,7 +957,9 @@ def attention_sites(state: Inference, node, heads: int, q: list[Binding], k: lis
     return Label(-1, d_v * heads, tuple(segments))
 
 
-@register_rule("multihead_attention")
+@register_rule("multihead_attention", examples={"multihead_attention": around(
+    lambda self, h: self.attention(h, h, h, need_weights=False)[0], shape=(5, 3, 3),
+    attention=lambda: torch.nn.MultiheadAttention(4, 2, batch_first=True))})
 def multihead_attention_rule(state: Inference, node, data, inputs):
     """``nn.MultiheadAttention`` with a packed in-projection (``q, k, v`` rows of ``in_proj_weight``).
 
@@ -933,7 +999,9 @@ def multihead_attention_rule(state: Inference, node, data, inputs):
     return (Label(-1, d, (Segment(site, 0, d),)), weights)
 
 
-@register_rule("attention")
+@register_rule("attention", examples={"attention": around(
+    split_heads_attention, shape=(5, 3, 3), query=lambda: torch.nn.Linear(4, 4), key=lambda: torch.nn.Linear(4, 4),
+    value=lambda: torch.nn.Linear(4, 4))})
 def attention_rule(state: Inference, node, data, inputs) -> Label:
     """Hand-written attention folded by :mod:`symalg.attention_folding`: inputs are the outputs of the
     ``q``, ``k``, ``v`` maps (each read by nothing else); their sites are split into heads."""

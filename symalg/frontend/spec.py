@@ -23,7 +23,8 @@ import networkx as nx
 import sympy as sp
 import torch
 
-from symalg.catalogue.activations import CATALOGUE, exact
+from symalg.catalogue.activations import CATALOGUE
+from symalg.frontend.canonical import module_activation, opaque_module_name
 from symalg.frontend.grammar import literal
 from symalg.errors import SpecError
 from symalg.ir.architecture import Architecture, as_width
@@ -197,35 +198,6 @@ def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
     return arch.subs(widths) if widths else arch
 
 
-def _torch_activation(module: torch.nn.Module):
-    """``(op, params)`` for an activation module the catalogue knows, else ``None``."""
-    from symalg.catalogue.modules import Activation
-
-    nn = torch.nn
-    if isinstance(module, Activation):
-        return module.op, {k: exact(v) for k, v in module.params.items()}
-    if isinstance(module, nn.LeakyReLU):
-        return "leaky_relu", {"slope": exact(module.negative_slope)}
-    if isinstance(module, nn.GELU):
-        return ("gelu", {}) if module.approximate == "none" else None
-    if isinstance(module, nn.Softplus):
-        return ("softplus", {}) if module.beta == 1 and module.threshold == 20 else None
-    simple = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.SiLU: "silu", nn.Identity: "identity"}
-    for cls, op in simple.items():
-        if type(module) is cls:
-            return op, {}
-    return None
-
-
-def _opaque_name(module: torch.nn.Module) -> str:
-    """The op name of a module the catalogue does not know, with the setting that excluded it."""
-    if isinstance(module, torch.nn.GELU):
-        return f"GELU(approximate={module.approximate!r})"
-    if isinstance(module, torch.nn.Softplus):
-        return f"Softplus(beta={module.beta}, threshold={module.threshold})"
-    return type(module).__name__
-
-
 def _leaves(module: torch.nn.Module, prefix: str = ""):
     for name, child in module.named_children():
         path = f"{prefix}{name}"
@@ -244,7 +216,7 @@ def _is_chain(module: torch.nn.Module) -> bool:
     for _, child in _leaves(module):
         if isinstance(child, torch.nn.Linear):
             continue
-        if any(True for _ in child.parameters()) or (type(child) in _MODULE_OPS and type(child) is not torch.nn.Identity):
+        if any(True for _ in child.parameters()) or type(child) in _MODULE_OPS:
             return False
     return True
 
@@ -280,7 +252,7 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None, cat
             width = child.out_features
             continue
         _check_activation_position(nodes, f"{path} ({type(child).__name__})")
-        known = _torch_activation(child)
+        known = module_activation(child)
         if known is not None and known[0] in catalogue:
             nodes.append((path, dict(kind="activation", op=known[0], params=known[1], module=None)))
             continue
@@ -294,7 +266,7 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None, cat
         if shape != (2, width):
             raise SpecError(f"layer {path} ({type(child).__name__}): unknown module changes the shape "
                             f"{(2, width)} -> {shape}")
-        nodes.append((path, dict(kind="activation", op=_opaque_name(child), params={}, module=child)))
+        nodes.append((path, dict(kind="activation", op=opaque_module_name(child), params={}, module=child)))
     return _chain_graph(nodes, catalogue)
 
 

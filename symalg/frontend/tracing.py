@@ -4,7 +4,8 @@
 ``nn.MultiheadAttention``, norm layers, ...) as single nodes, and falls back to ``torch.export`` when
 fx cannot trace the model; if both fail the error says why and where. Every spelling of an op
 (``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu()``, ``x.relu_()``) becomes one canonical name, and
-with ``example_inputs`` a shape-propagation pass records every value's shape.
+with ``example_inputs`` a shape-propagation pass records every value's shape. Activation spellings come
+from the catalogue (:mod:`symalg.frontend.canonical`); the tables here hold the structural ops.
 
 Schema of ``ModelGraph.graph`` (a ``networkx.DiGraph``; node names are fx node names, in data-flow
 order):
@@ -63,10 +64,12 @@ import torch.fx
 import torch.nn.functional as F
 from torch.fx.operator_schemas import get_signature_for_torch_op
 
-from symalg.catalogue.activations import exact
+from symalg.catalogue.activations import CATALOGUE
 from symalg.errors import SpecError
 from symalg.frontend.attention_folding import fold_attention as fold_attention_pass
 from symalg.ir.graph import ModelGraph
+from symalg.frontend.canonical import IN_PLACE_FUNCTIONS, IN_PLACE_METHODS, call_activation, module_activation, \
+    opaque_module_name
 
 __all__ = ["ModelGraph", "trace", "canonical_module_op"]
 
@@ -78,13 +81,13 @@ _MODULE_OPS = {
     nn.MultiheadAttention: "multihead_attention", nn.Embedding: "embedding", nn.MaxPool1d: "max_pool",
     nn.MaxPool2d: "max_pool", nn.AdaptiveMaxPool1d: "max_pool", nn.AdaptiveMaxPool2d: "max_pool",
     nn.AvgPool1d: "avg_pool", nn.AvgPool2d: "avg_pool", nn.AdaptiveAvgPool1d: "avg_pool",
-    nn.AdaptiveAvgPool2d: "avg_pool", nn.Flatten: "flatten", nn.Dropout: "dropout", nn.Identity: "identity",
-    nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax",
+    nn.AdaptiveAvgPool2d: "avg_pool", nn.Flatten: "flatten", nn.Dropout: "dropout", nn.Softmax: "softmax",
+    nn.LogSoftmax: "log_softmax",
 }
+"""Structural modules (activation modules are spelled by their catalogue entries)."""
 
 _FUNCTIONS = {
-    F.relu: "relu", torch.relu: "relu", F.relu_: "relu", torch.relu_: "relu", torch.tanh: "tanh", F.tanh: "tanh",
-    torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.silu: "silu", F.linear: "linear", operator.add: "add",
+    F.linear: "linear", operator.add: "add",
     torch.add: "add", operator.iadd: "add", operator.mul: "mul", torch.mul: "mul", operator.imul: "mul",
     operator.truediv: "div", torch.div: "div", operator.neg: "neg", torch.neg: "neg", operator.sub: "sub",
     torch.sub: "sub", torch.cat: "cat", torch.concat: "cat", torch.flatten: "flatten", F.softmax: "softmax",
@@ -97,6 +100,7 @@ _FUNCTIONS = {
     F.adaptive_avg_pool2d: "avg_pool", operator.getitem: "getitem", torch.transpose: "transpose",
     torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding",
 }
+"""Structural functions (activation functions are spelled by their catalogue entries)."""
 
 _POOLED_DIMS = {
     nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.AdaptiveMaxPool1d: 1, nn.AdaptiveMaxPool2d: 2, nn.AvgPool1d: 1,
@@ -106,15 +110,15 @@ _POOLED_DIMS = {
 """How many trailing axes a pooling layer or function pools over (setting ``pooled_dims``)."""
 
 _METHODS = {
-    "relu": "relu", "relu_": "relu", "tanh": "tanh", "tanh_": "tanh", "sigmoid": "sigmoid", "sigmoid_": "sigmoid",
     "add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "div": "div", "div_": "div", "neg": "neg",
     "sub": "sub", "view": "reshape", "reshape": "reshape", "transpose": "transpose", "permute": "permute",
     "contiguous": "identity", "flatten": "flatten", "softmax": "softmax", "log_softmax": "log_softmax",
     "exp": "exp", "pow": "pow", "square": "square", "abs": "abs", "sqrt": "sqrt", "matmul": "matmul", "size": "size",
     "dim": "size", "clone": "identity",
 }
+"""Structural tensor methods (activation methods are spelled by their catalogue entries)."""
 
-_IN_PLACE = {"relu_", "tanh_", "sigmoid_", "add_", "mul_", "div_"}
+_IN_PLACE = {"add_", "mul_", "div_"} | IN_PLACE_METHODS
 
 def canonical_module_op(module: nn.Module) -> tuple[str, dict]:
     """``(canonical op, settings)`` of a module; activation modules map to catalogue names.
@@ -122,15 +126,12 @@ def canonical_module_op(module: nn.Module) -> tuple[str, dict]:
     >>> canonical_module_op(torch.nn.LeakyReLU(0.2))
     ('leaky_relu', {'slope': 1/5})
     """
-    from symalg.frontend.spec import _opaque_name, _torch_activation
-
-    known = _torch_activation(module)
+    known = module_activation(module)
     if known is not None:
-        return known[0], dict(known[1])
-    for cls, op in _MODULE_OPS.items():
-        if type(module) is cls:
-            return op, _module_settings(module)
-    return _opaque_name(module), {}
+        return known
+    if type(module) in _MODULE_OPS:
+        return _MODULE_OPS[type(module)], _module_settings(module)
+    return opaque_module_name(module), {}
 
 
 def _module_settings(module: nn.Module) -> dict:
@@ -190,41 +191,77 @@ def _export_graph(model: nn.Module, example_inputs: tuple) -> torch.fx.GraphModu
     return exported.module()
 
 
+def _export_failure(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def _exported(model: nn.Module, example_inputs: tuple) -> torch.fx.GraphModule:
+    """``torch.export``'s graph of ``model``, or a :class:`SpecError` with export's reason."""
+    try:
+        return _export_graph(model, example_inputs)
+    except Exception as error:  # export's own failure, reported with its first line
+        raise SpecError(f"trace: torch.export failed on {type(model).__name__} ({_export_failure(error)})") from None
+
+
+def _traced(model: nn.Module, example_inputs: tuple | None, tracer: str) -> tuple[torch.fx.GraphModule, str]:
+    """``(graph, tracer used)``: fx's graph, else (``tracer="auto"`` with example inputs) export's; the
+    error names both failures."""
+    try:
+        return _fx_graph(model), "fx"
+    except Exception as fx_error:  # fx's own failure, reported with the export one below
+        if tracer == "fx" or example_inputs is None:
+            hint = "" if tracer == "fx" else "; pass example_inputs to try torch.export instead"
+            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__}: {fx_error}{hint}") from None
+        try:
+            return _export_graph(model, example_inputs), "export"
+        except Exception as export_error:
+            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__} ({type(fx_error).__name__}: "
+                            f"{fx_error}) and torch.export failed too ({_export_failure(export_error)})") from None
+
+
 _ATEN = {
-    "linear": "linear", "relu": "relu", "relu_": "relu", "tanh": "tanh", "sigmoid": "sigmoid", "gelu": "gelu",
-    "silu": "silu", "add": "add", "mul": "mul", "div": "div", "neg": "neg", "cat": "cat", "view": "reshape",
+    "linear": "linear", "add": "add", "mul": "mul", "div": "div", "neg": "neg", "cat": "cat", "view": "reshape",
     "reshape": "reshape", "transpose": "transpose", "permute": "permute", "clone": "identity",
     "contiguous": "identity", "_softmax": "softmax", "softmax": "softmax", "_log_softmax": "log_softmax",
     "log_softmax": "log_softmax", "t": "transpose", "flatten": "flatten", "exp": "exp",
     "scaled_dot_product_attention": "sdpa", "matmul": "matmul", "layer_norm": "layer_norm", "embedding": "embedding",
-    "leaky_relu": "leaky_relu", "getitem": "getitem",
+    "getitem": "getitem", "sub": "sub", "pow": "pow", "sin": "sin", "cos": "cos", "abs": "abs", "log": "log",
+    "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square", "dropout": "dropout", "cdist": "cdist",
+    "max_pool1d": "max_pool", "max_pool2d": "max_pool", "avg_pool1d": "avg_pool", "avg_pool2d": "avg_pool",
+    "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool",
 }
+_ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
+                     "adaptive_avg_pool2d": 2}
+"""How many trailing axes an ATen pooling op pools over (setting ``pooled_dims``, as for the modules)."""
+"""Structural ATen ops by overload packet name (activation overloads are spelled by their catalogue entries)."""
 
 
-def _function_op(node: torch.fx.Node) -> tuple[str, dict]:
-    """Canonical op and settings of a ``call_function``/``call_method`` node."""
-    if node.op == "call_method":
-        op = _METHODS.get(node.target, node.target)
-        return op, {"method": node.target}
+def _function_op(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, dict]:
+    """Canonical op and settings of a ``call_function``/``call_method`` node: a catalogue activation
+    (with its hyper-parameters as settings) when an entry spells the callee, else a structural op.
+    A callee nobody spells keeps its name, qualified where the bare name is a catalogue entry's (a
+    function that happens to be called ``relu`` is not the catalogue's ``relu``)."""
     target = node.target
+    aten = isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+    spelling = "method" if node.op == "call_method" else "aten" if aten else "function"
+    if not _is_pack(node):
+        known = call_activation(spelling, target, _bound_arguments(node, gm))
+        if known is not None:
+            return known
+    if node.op == "call_method":
+        return _METHODS.get(target) or (target if target not in CATALOGUE else f"Tensor.{target}"), {"method": target}
     if _is_pack(node):
         return "pack", {"container": target.__name__}
     if target in _POOLED_DIMS:
         return _FUNCTIONS[target], {"pooled_dims": _POOLED_DIMS[target]}
     if target in _FUNCTIONS:
-        op = _FUNCTIONS[target]
-    elif isinstance(target, torch._ops.OpOverload) or isinstance(target, torch._ops.OpOverloadPacket):
+        return _FUNCTIONS[target], {}
+    if aten:
         name = target.__name__.split(".")[0] if hasattr(target, "__name__") else str(target)
-        op = _ATEN.get(name, f"aten.{name}")
-    elif target is F.leaky_relu:
-        slope = node.kwargs.get("negative_slope", node.args[1] if len(node.args) > 1 else 0.01)
-        return "leaky_relu", {"slope": exact(slope)}
-    elif target is F.gelu:
-        approximate = node.kwargs.get("approximate", "none")
-        return ("gelu", {}) if approximate == "none" else (f"gelu(approximate={approximate!r})", {})
-    else:
-        op = getattr(target, "__name__", str(target))
-    return op, {}
+        pooled = {"pooled_dims": _ATEN_POOLED_DIMS[name]} if name in _ATEN_POOLED_DIMS else {}
+        return _ATEN.get(name, f"aten.{name}"), pooled
+    name = getattr(target, "__name__", str(target))
+    return (name if name not in CATALOGUE else f"{getattr(target, '__module__', '')}.{name}"), {}
 
 
 def _is_pack(node: torch.fx.Node) -> bool:
@@ -262,7 +299,7 @@ def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[i
             record["settings"]["inplace"] = True
         record["instance"] = module
     else:
-        op, settings = _function_op(node)
+        op, settings = _function_op(node, gm)
         record.update(op=op, settings=settings)
         if node.op == "call_method" and node.target in _IN_PLACE:
             record["settings"]["inplace"] = True
@@ -311,14 +348,33 @@ def _tensor_inputs(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list:
     return inputs
 
 
+def _binding(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[inspect.Signature, inspect.BoundArguments] | None:
+    """The first signature of the callee that binds the node's arguments, and the binding; ``None`` when
+    none does (an unknown callee)."""
+    for signature in _signatures(node, gm):
+        try:
+            return signature, signature.bind(*node.args, **node.kwargs)
+        except TypeError:
+            continue
+    return None
+
+
+def _bound_arguments(node: torch.fx.Node, gm: torch.fx.GraphModule) -> dict:
+    """``{parameter name: value}`` of a call, defaults included (``{}`` when no signature binds it)."""
+    binding = _binding(node, gm)
+    if binding is None:
+        return {}
+    bound = binding[1]
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
 def _ordered_arguments(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[tuple[object, bool]]:
     """``(value, may be a tensor operand)`` per argument, in the order of the first signature of the
     callee that binds them; positional then keyword order when none does (an unknown callee)."""
-    for signature in _signatures(node, gm):
-        try:
-            bound = signature.bind(*node.args, **node.kwargs)
-        except TypeError:
-            continue
+    binding = _binding(node, gm)
+    if binding is not None:
+        signature, bound = binding
         ordered = []
         for name, value in bound.arguments.items():
             parameter = signature.parameters[name]
@@ -372,7 +428,7 @@ def _redirect_in_place(gm: torch.fx.GraphModule) -> None:
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     for node in list(gm.graph.nodes):
         in_place = (node.op == "call_method" and node.target in _IN_PLACE) or \
-            (node.op == "call_function" and node.target in (F.relu_, torch.relu_, operator.iadd, operator.imul)) or \
+            (node.op == "call_function" and node.target in IN_PLACE_FUNCTIONS | {operator.iadd, operator.imul}) or \
             (node.op == "call_module" and getattr(gm.get_submodule(node.target), "inplace", False)) or \
             (node.op == "call_function" and node.kwargs.get("inplace", False))
         if not in_place or not node.args or not isinstance(node.args[0], torch.fx.Node):
@@ -422,7 +478,12 @@ def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
                 buffer.copy_(value)
 
 
-def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention: bool = True) -> ModelGraph:
+TRACERS = ("auto", "fx", "export")
+"""``trace(tracer=...)``: fx with ``torch.export`` as the fallback, fx only, or ``torch.export`` only."""
+
+
+def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention: bool = True,
+          tracer: str = "auto") -> ModelGraph:
     """Trace ``model`` into a :class:`ModelGraph` (fx first, ``torch.export`` as the fallback).
 
     Parameters
@@ -431,9 +492,23 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
     example_inputs : a tuple of example tensors; enables shape propagation (needed for
         convolutions followed by ``flatten`` and for hand-written attention) and the export fallback.
     fold_attention : fold hand-written multi-head attention into ``attention`` nodes.
+    tracer : ``"auto"`` (fx, then ``torch.export`` when fx fails), ``"fx"`` (no fallback) or
+        ``"export"`` (``torch.export`` only, which needs ``example_inputs``): both routes give the same
+        canonical ops, so forcing one checks that they agree.
+
+    Example
+    -------
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Hardswish(), torch.nn.Linear(4, 2))
+    >>> graph = trace(model, (torch.zeros(5, 3),), tracer="export")
+    >>> graph.tracer, [graph.graph.nodes[v]["op"] for v in graph.graph]
+    ('export', ['param', 'param', 'param', 'param', 'input', 'linear', 'hardswish', 'linear', 'output'])
     """
     if not isinstance(model, nn.Module):
         raise SpecError(f"trace: expected a torch.nn.Module, got {type(model).__name__}")
+    if not (isinstance(tracer, str) and tracer in TRACERS):
+        raise SpecError(f"trace: tracer must be one of {TRACERS}, got {tracer!r}")
+    if tracer == "export" and example_inputs is None:
+        raise SpecError("trace: tracer='export' needs example_inputs (torch.export runs the model)")
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
             raise SpecError(f"module {name!r} ({type(module).__name__}): lazy module not initialised yet; run one "
@@ -442,20 +517,7 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
         example_inputs = (example_inputs,)
     if example_inputs is not None:
         _check_example_inputs(model, example_inputs)
-    tracer = "fx"
-    try:
-        gm = _fx_graph(model)
-    except Exception as fx_error:  # fx's own failure, reported with the export one below
-        if example_inputs is None:
-            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__}: {fx_error}; pass example_inputs "
-                            "to try torch.export instead") from None
-        try:
-            gm = _export_graph(model, example_inputs)
-            tracer = "export"
-        except Exception as export_error:
-            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__} ({type(fx_error).__name__}: "
-                            f"{fx_error}) and torch.export failed too ({type(export_error).__name__}: "
-                            f"{str(export_error).splitlines()[0] if str(export_error) else ''})") from None
+    gm, tracer = (_exported(model, example_inputs), "export") if tracer == "export" else _traced(model, example_inputs, tracer)
     _drop_guards(gm)
     _redirect_in_place(gm)
     if example_inputs is not None and tracer == "fx":

@@ -288,20 +288,34 @@ class Inference:
 
 def _rule_for(op: str, inputs: list, catalogue: Mapping):
     """The op's rule; an op reading a parameter (or a weight computed from parameters) as a value gets
-    the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis). A
-    pointwise function that ``catalogue`` lists (an overlay's ``sin``) is an activation: its entry, not the
-    generic pointwise rule (permutations only, for functions the catalogue does not list), decides."""
-    from symalg.catalogue.rules import (OP_RULES, WEIGHT_RULES, WeightExpr, activation_rule, elementwise_rule,
-                                        unknown_rule)
+    the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis).
+    An overlay entry (one that is not the built-in catalogue's) named like a pointwise op rule
+    (``sin``, ``abs``; :data:`~symalg.catalogue.rules.OVERLAYABLE`) replaces that rule: the user's declared
+    identity is what the op is checked and claimed under."""
+    from symalg.catalogue.rules import OP_RULES, OVERLAYABLE, WEIGHT_RULES, WeightExpr, activation_rule, unknown_rule
 
     if op not in WEIGHT_RULES and any(isinstance(i, WeightExpr) or isinstance(i, tuple) and i[:1] == ("param",)
                                       for i in inputs):
         return unknown_rule
-    if op in OP_RULES and not (OP_RULES[op] is elementwise_rule and op in catalogue):
+    if op in OVERLAYABLE and op in catalogue and catalogue[op] is not CATALOGUE.get(op):
+        return activation_rule
+    if op in OP_RULES:
         return OP_RULES[op]
     if op in catalogue:
         return activation_rule
     return unknown_rule
+
+
+def _check_overlays(catalogue: Mapping) -> None:
+    """Refuse an overlay entry named like a structural op (``add``, ``linear``): an activation entry
+    cannot describe what that op does, and its rule would silently win."""
+    from symalg.catalogue.rules import OP_RULES, OVERLAYABLE
+
+    for name in catalogue:
+        if name in OP_RULES and name not in OVERLAYABLE and catalogue[name] is not CATALOGUE.get(name):
+            raise SpecError(f"catalogue: entry {name!r} names the structural op {name!r}, which an activation "
+                            f"entry cannot describe; only pointwise ops ({', '.join(sorted(OVERLAYABLE))}) may be "
+                            "overlaid")
 
 
 LOSSES = ("mse", "cross_entropy")
@@ -323,6 +337,7 @@ def infer_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: s
     a symbolic check disproves is not claimed (a ``Blocked`` note says which check failed).
     """
     check_loss(loss, "infer_model")
+    _check_overlays(catalogue)
     state = Inference(model_graph, catalogue, loss, strict)
     for node in nx.topological_sort(state.graph):
         data = state.graph.nodes[node]

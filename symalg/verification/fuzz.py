@@ -232,7 +232,8 @@ class _Builder:
         return self.call(self.add("Linear", n_in, n_out, bias=bias), x)
 
     def act(self, x: str, names: Sequence[str] = ("relu", "leaky_relu", "tanh", "sigmoid", "gelu", "silu",
-                                                   "softplus", "elu", "identity")) -> str:
+                                                   "softplus", "elu", "identity", "hardtanh", "hardsigmoid",
+                                                   "hardswish", "relu6", "mish", "selu")) -> str:
         name = self.rng.choice(names)
         return x if name == "identity" else self.op("act", x, name=name)
 

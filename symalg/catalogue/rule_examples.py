@@ -1,0 +1,97 @@
+"""Small example models that op rules register with themselves (``register_rule(..., examples=...)``).
+
+An example is a zero-argument factory returning ``(model, example_inputs)``; the rule law tests trace
+it, check that its op appears in the graph, derive its symmetries and check every claim numerically.
+Most examples are dense layers around the op, built by :func:`around`:
+
+>>> import torch
+>>> model, (x,) = around(lambda self, h: torch.sin(h))()
+>>> model(x).shape
+torch.Size([5, 2])
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Callable, NamedTuple
+
+import torch
+
+__all__ = ["Example", "ExampleModel", "ExampleOutput", "RadialBasis", "around", "model_example", "split_heads_attention"]
+
+nn = torch.nn
+Example = Callable[[], tuple[nn.Module, tuple]]
+Body = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+class ExampleOutput(NamedTuple):
+    """A named-tuple output (the ``pack`` op's example returns one)."""
+
+    y: torch.Tensor
+
+
+class ExampleModel(nn.Module):
+    """``fc2(body(self, fc1(x)))``: dense layers around the op under test.
+
+    Parameters
+    ----------
+    body : ``body(model, h)``, the op under test applied to ``h = fc1(x)`` (it may use ``members``).
+    n, h, k, m : ``fc1 = Linear(n, h)``, ``fc2 = Linear(k, m)`` (``k`` the width ``body`` leaves, ``h``
+        by default).
+    packed : return ``ExampleOutput(y)`` instead of ``y``.
+    buffers : tensors registered as buffers.
+    members : submodules, parameters, or plain tensors (read as constants).
+    """
+
+    def __init__(self, body: Body, n: int = 3, h: int = 4, k: int | None = None, m: int = 2,
+                 packed: bool = False, buffers: dict | None = None, **members):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(n, h), nn.Linear(h if k is None else k, m)
+        self.body, self.packed = body, packed
+        for name, tensor in (buffers or {}).items():
+            self.register_buffer(name, tensor)
+        for name, member in members.items():
+            setattr(self, name, member)
+
+    def forward(self, x):
+        y = self.fc2(self.body(self, self.fc1(x)))
+        return ExampleOutput(y) if self.packed else y
+
+
+def around(body: Body, shape: tuple = (5, 3), **options) -> Example:
+    """The example ``ExampleModel(body, **options)`` on a standard normal input of ``shape``. An option
+    given as a function (``inner=lambda: nn.Linear(4, 4)``) is called by each call of the example, so
+    that every model gets fresh members."""
+    def example():
+        built = {key: value() if inspect.isfunction(value) else value for key, value in options.items()}
+        return ExampleModel(body, n=shape[-1], **built), (torch.randn(*shape),)
+    return example
+
+
+def model_example(model: Callable[[], nn.Module], inputs: Callable[[], torch.Tensor]) -> Example:
+    """The example ``(model(), (inputs(),))``: for ops that need their own layer stack (convolutions,
+    embeddings)."""
+    return lambda: (model(), (inputs(),))
+
+
+class RadialBasis(nn.Module):
+    """``exp(−‖x − c_i‖²)`` for ``count`` learned centres ``c_i`` (rows of ``centres``)."""
+
+    def __init__(self, count: int, features: int):
+        super().__init__()
+        self.centres = nn.Parameter(torch.randn(count, features))
+
+    def forward(self, x):
+        return torch.exp(-torch.cdist(x, self.centres) ** 2)
+
+
+def split_heads_attention(model: nn.Module, h: torch.Tensor, heads: int = 2) -> torch.Tensor:
+    """Hand-written multi-head attention on ``h`` of shape ``(B, T, d)`` with ``model.query/key/value`` linears:
+    split into heads, ``F.scaled_dot_product_attention``, merge (folded into one ``attention`` node)."""
+    b, t, d = h.shape
+
+    def split(u):
+        return u.reshape(b, t, heads, d // heads).transpose(1, 2)
+
+    out = torch.nn.functional.scaled_dot_product_attention(split(model.query(h)), split(model.key(h)),
+                                                         split(model.value(h)))
+    return out.transpose(1, 2).reshape(b, t, d)

@@ -1,0 +1,144 @@
+"""The differential suite: every catalogue entry and every acceptance model through every front end.
+
+Routes: the spec string (``symalg.derive(spec)``), ``symalg.from_torch(module, inputs)`` on the
+plain chain, and the traced model through ``torch.fx`` and through ``torch.export``
+(``symalg.trace(..., tracer=...)``). On the same parameters they must agree on
+
+* the groups (kind and width, through ``symmetry.group``),
+* the orbit dimension (a number at the parameters),
+* the values of the conserved quantities (tensors at the parameters),
+
+and verification must pass on each route. Where the routes disagree today the case is an expected
+failure (strict) with the reason, so that a fix shows up as an unexpected pass.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import symalg
+from symalg.catalogue.activations import CATALOGUE
+from symalg.catalogue.modules import Activation
+
+nn = torch.nn
+
+NON_DEFAULT_MODULES = {"gelu_tanh": lambda: nn.GELU(approximate="tanh")}
+"""Entries whose first module class, built with its defaults, is another entry's."""
+
+
+def native_module(name: str) -> nn.Module:
+    """torch's own module for entry ``name`` at its default hyper-parameters, or the catalogue's
+    :class:`Activation` where torch has none (``radial``, ``relu_pow``)."""
+    if name in NON_DEFAULT_MODULES:
+        return NON_DEFAULT_MODULES[name]()
+    modules = CATALOGUE[name].spellings.modules
+    return modules[0]() if modules else Activation(name)
+
+
+NO_TORCH_MODULE = {name: "torch.export traces through the catalogue's Activation module into the ops of its printed "
+                         "function (radial: amax, vector_norm; relu_pow: clamp, pow), which no rule knows"
+                   for name in CATALOGUE if not CATALOGUE[name].spellings.modules}
+"""Entries torch has no module for: the export route sees their lowered source, op by op."""
+
+ROUTES = ("spec", "from_torch", "fx", "export")
+
+
+def analyse(route: str, spec: str, model: nn.Module, x: torch.Tensor):
+    """``(analysis, groups, orbit dimension, conserved values, verification passed)`` on ``route``."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    if route == "spec":
+        analysis = symalg.derive(spec)
+    elif route == "from_torch":
+        analysis = symalg.derive(symalg.from_torch(model, (x,)))
+    else:
+        graph = symalg.trace(model, (x,), tracer=route)
+        assert graph.tracer == route
+        analysis = symalg.derive(graph)
+    assert isinstance(analysis, symalg.Analysis)
+    orbit = analysis.orbit_dimension(params).dimension
+    conserved = [value.reshape(-1) for q in analysis.conserved_quantities() for value in q(params).values()]
+    passed = symalg.verify(analysis, params=params).passed
+    groups = sorted((type(s.group).__name__, int(s.group.width)) for s in analysis.symmetries)
+    return analysis, groups, int(orbit), conserved, passed
+
+
+def assert_routes_agree(spec: str, model: nn.Module, expected_groups=None):
+    """Every route gives the spec route's groups, orbit dimension and conserved values, and verifies."""
+    torch.manual_seed(0)
+    x = torch.randn(7, model[0].in_features)
+    results = {route: analyse(route, spec, model, x) for route in ROUTES}
+    _, groups, orbit, conserved, _ = results["spec"]
+    if expected_groups is not None:
+        assert groups == sorted(expected_groups)
+    for route, (analysis, route_groups, route_orbit, route_conserved, passed) in results.items():
+        assert passed, f"{route}: verification failed"
+        assert route_groups == groups, f"{route}: groups {route_groups} != spec's {groups}"
+        assert route_orbit == orbit, f"{route}: orbit dimension {route_orbit} != spec's {orbit}"
+        assert _same_values(route_conserved, conserved), f"{route}: conserved quantities differ from the spec's"
+
+
+def _same_values(values: list[torch.Tensor], reference: list[torch.Tensor]) -> bool:
+    """Both lists hold the same tensors (up to 1e-10 relative), in any order."""
+    if len(values) != len(reference):
+        return False
+    unmatched = list(reference)
+    for value in values:
+        match = next((i for i, r in enumerate(unmatched) if r.shape == value.shape
+                      and torch.allclose(value, r, rtol=1e-10, atol=1e-12)), None)
+        if match is None:
+            return False
+        unmatched.pop(match)
+    return True
+
+
+def chain(name: str) -> tuple[str, nn.Module]:
+    torch.manual_seed(1)
+    return f"linear(3, 5) -> {name} -> linear(5, 2)", nn.Sequential(nn.Linear(3, 5), native_module(name), nn.Linear(5, 2))
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(reason=NO_TORCH_MODULE[name], strict=True))
+                                  if name in NO_TORCH_MODULE else name for name in sorted(CATALOGUE)])
+def test_every_entry_agrees_on_every_route(name):
+    spec, model = chain(name)
+    assert_routes_agree(spec, model, [(type(g).__name__, 5) for g in CATALOGUE[name].site_groups(5)])
+
+
+@pytest.mark.parametrize("name", sorted(NO_TORCH_MODULE))
+def test_entries_without_a_torch_module_agree_on_the_other_routes(name):
+    spec, model = chain(name)
+    torch.manual_seed(0)
+    x = torch.randn(7, 3)
+    reference = analyse("spec", spec, model, x)[1:]
+    for route in ("from_torch", "fx"):
+        _, groups, orbit, conserved, passed = analyse(route, spec, model, x)
+        assert passed and groups == reference[0] and orbit == reference[1] and _same_values(conserved, reference[2])
+
+
+ACCEPTANCE = [
+    ("linear(3, 5) -> relu -> linear(5, 4) -> tanh -> linear(4, 2)",
+     lambda: nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 2))),
+    ("linear(3, 6) -> leaky_relu(slope=0.2) -> linear(6, 5, bias=False) -> relu -> linear(5, 4) -> sigmoid -> "
+     "linear(4, 2)",
+     lambda: nn.Sequential(nn.Linear(3, 6), nn.LeakyReLU(0.2), nn.Linear(6, 5, bias=False), nn.ReLU(),
+                           nn.Linear(5, 4), nn.Sigmoid(), nn.Linear(4, 2))),
+    ("linear(4, 3, bias=False) -> relu -> linear(3, 2, bias=False)",
+     lambda: nn.Sequential(nn.Linear(4, 3, bias=False), nn.ReLU(), nn.Linear(3, 2, bias=False))),
+    ("linear(3, 5) -> leaky_relu(slope=1) -> linear(5, 2)",
+     lambda: nn.Sequential(nn.Linear(3, 5), nn.LeakyReLU(1.0), nn.Linear(5, 2))),
+    ("linear(3, 5) -> leaky_relu(slope=-0.5) -> linear(5, 2)",
+     lambda: nn.Sequential(nn.Linear(3, 5), nn.LeakyReLU(-0.5), nn.Linear(5, 2))),
+    ("linear(2, 8) -> relu -> linear(8, 2)", lambda: nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 2))),
+    ("linear(3, 4) -> sigmoid -> linear(4, 2, bias=False)",
+     lambda: nn.Sequential(nn.Linear(3, 4), nn.Sigmoid(), nn.Linear(4, 2, bias=False))),
+    ("linear(3, 4) -> hardsigmoid -> linear(4, 4) -> hardtanh -> linear(4, 2)",
+     lambda: nn.Sequential(nn.Linear(3, 4), nn.Hardsigmoid(), nn.Linear(4, 4), nn.Hardtanh(), nn.Linear(4, 2))),
+    ("linear(3, 4) -> gelu -> linear(4, 5) -> relu6 -> linear(5, 3) -> hardswish -> linear(3, 2)",
+     lambda: nn.Sequential(nn.Linear(3, 4), nn.GELU(), nn.Linear(4, 5), nn.ReLU6(), nn.Linear(5, 3), nn.Hardswish(),
+                           nn.Linear(3, 2))),
+]
+
+
+@pytest.mark.parametrize("spec, build", ACCEPTANCE, ids=[spec for spec, _ in ACCEPTANCE])
+def test_acceptance_models_agree_on_every_route(spec, build):
+    torch.manual_seed(2)
+    assert_routes_agree(spec, build())
