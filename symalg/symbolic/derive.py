@@ -24,6 +24,8 @@ import torch
 
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry
 from symalg.catalogue.groups import Permutations, SignFlips, Translations
+from symalg.symbolic.report import describe
+from symalg.symbolic.symmetry import AngularMomentum
 from symalg.errors import SpecError
 from symalg.frontend.spec import to_graph, to_spec_string
 from symalg.ir.architecture import Architecture
@@ -87,6 +89,10 @@ class Analysis:
         """The conserved quantities of gradient flow, one family per continuous symmetry that has one."""
         return [s.conserved for s in self.symmetries if s.conserved is not None]
 
+    def angular_momenta(self) -> list[AngularMomentum]:
+        """The angular-momentum relations ``J(θ, θ̇) = 0`` of the orthogonal symmetries (whose ``Q_M`` vanish)."""
+        return [s.angular_momentum for s in self.symmetries if s.angular_momentum is not None]
+
     def orbit_dimension(self, params: Mapping[str, torch.Tensor] | None = None):
         """Dimension of the group orbit through θ.
 
@@ -130,12 +136,16 @@ class Analysis:
         return {q.name: q.lowered for q in self.conserved_quantities()}
 
     def latex(self) -> str:
+        """Every symmetry (group, site, tensors moved) and conserved quantity, one ``align*`` row each."""
+        return "\\begin{align*}\n" + self._latex_rows() + "\n\\end{align*}"
+
+    def _latex_rows(self) -> str:
         rows = [s.latex() for s in self.symmetries]
         rows += [q.latex() for q in self.conserved_quantities()]
-        return "\\begin{align*}\n" + " \\\\\n".join(f"& {r}" for r in rows) + "\n\\end{align*}"
+        return " \\\\\n".join(f"& {r}" for r in rows) or r"& \text{no symmetry}"
 
     def _repr_latex_(self):
-        return self.latex()
+        return "$\\begin{aligned}\n" + self._latex_rows() + "\n\\end{aligned}$"
 
     def table(self) -> list[tuple[str, str, object]]:
         """``(site, group name, Lie-algebra dimension)`` for every symmetry."""
@@ -169,10 +179,8 @@ class Analysis:
         return f"Analysis({self._name()}: {', '.join(s.label for s in self.symmetries) or 'no symmetry'})"
 
     def __str__(self):
-        lines = [str(s) for s in self.symmetries]
-        lines += [f"blocked: {b}" for b in self.blocked]
-        lines.append(self.certification_summary())
-        return "\n".join(lines)
+        """The plain-text report of :func:`~symalg.symbolic.report.describe`."""
+        return describe(self)
 
     def certification_summary(self) -> str:
         """One line: how many claims were certified, the worst kept error, how many failed."""

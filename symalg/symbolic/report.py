@@ -7,7 +7,7 @@ model: 'linear(2, 3) -> tanh -> linear(3, 1)'
 from __future__ import annotations
 
 
-from symalg.symbolic.printing import latex, sstr
+from symalg.symbolic.printing import latex, sstr, tensor_latex
 
 __all__ = ["describe", "describe_latex"]
 
@@ -34,18 +34,23 @@ def _group_text(group) -> str:
 
 
 def describe(analysis) -> str:
-    """Plain-text report of any analysis: symmetries with the tensors they move, blocked notes, orbit dimension,
-    conserved quantities, certification."""
+    """Plain-text report of any analysis (its ``str``): symmetries with the tensor regions they move and how,
+    blocked notes (a group removed by an op nobody declared, a disproved declaration, a failed certification),
+    restrictions (why a site's group is no larger: the activation's equivariance, a missing bias, the fixed
+    output), orbit dimension, conserved quantities, certification."""
     lines = [f"model: {analysis._name()}", "", "symmetries:"]
     for symmetry in analysis.symmetries:
         kind = "continuous" if symmetry.group.is_continuous else "discrete"
         lines.append(f"  {symmetry.label}  [{kind}, dim {sstr(symmetry.group.dim)}]")
-        lines.append(f"    moves {', '.join(symmetry.tensors)}")
+        moved = [b.describe() for b in symmetry.bindings] or [f"{r.tensor} ({f.pattern})" for f in symmetry.translations
+                                                             for r in f.regions]
+        lines.append(f"    moves {'; '.join(dict.fromkeys(moved))}")
         if _group_text(symmetry.group):
             lines.append(f"    {_group_text(symmetry.group)}")
     if not analysis.symmetries:
         lines.append("  none")
     lines += [f"blocked: {blocked}" for blocked in analysis.blocked]
+    lines += [f"restricted: {note}" for note in analysis.sites.restrictions]  # why a site's group is no larger
     lines.append("")
     lines.append(f"orbit dimension (generic): {_formula_text(analysis.orbit_dimension)}")
     quantities = analysis.conserved_quantities()
@@ -63,6 +68,8 @@ def describe_latex(analysis) -> str:
              else r"\text{orbit dimension: numeric only}"]
     for symmetry in analysis.symmetries:
         lines.append(rf"&\text{{{symmetry.site}: }} {symmetry.group.latex()}")
+        if symmetry.tensors:
+            lines.append(r"&\quad\text{moves } " + ", ".join(tensor_latex(t) for t in symmetry.tensors))
     for quantity in analysis.conserved_quantities():
         lines.append(quantity.latex().replace(" = ", " &= ", 1))
     return "\\begin{align*}\n" + " \\\\\n".join(lines) + "\n\\end{align*}"

@@ -29,7 +29,8 @@ C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from functools import cached_property
 from typing import Mapping
@@ -41,9 +42,9 @@ from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.groups import (GeneralLinear, Orthogonal, OrthogonalFixingOnes, Permutations, PositiveScaling, SignFlips, SiteGroup,
                      Translations)
 from symalg.lowering.codegen import LoweredFunction, lower
-from symalg.symbolic.printing import latex, sstr
+from symalg.symbolic.printing import latex, sstr, tensor_latex
 
-__all__ = ["Symmetry", "ModelConserved"]
+__all__ = ["Symmetry", "ModelConserved", "AngularMomentum"]
 
 
 def _number(value: Fraction):
@@ -90,6 +91,48 @@ class ModelConserved:
         return f"${self.latex()}$"
 
 
+@dataclass(frozen=True, eq=False)
+class AngularMomentum:
+    """The angular-momentum relation of an orthogonal symmetry, replacing its vacuous ``Q_M`` (``M`` antisymmetric).
+
+    Every moved region ``U`` (rows moved by the site: ``W_in``, ``b_in``, ``W_outᵀ``) changes by ``A U`` for ``A`` in
+    the algebra, so ``⟨θ̇, A·θ⟩ = tr(A X)`` with ``X = Σ U U̇ᵀ``, and invariance gives ``J(θ, θ̇) = X − Xᵀ = 0``
+    along gradient flow (decaying as ``e^{−γt}`` under heavy-ball dynamics ``θ̈ + γθ̇ = −∇L``). ``expr`` reads the
+    velocities as ``\\dot{...}`` symbols; ``J(params, velocity)`` evaluates it (``velocity`` keyed like ``params``).
+    """
+
+    name: str
+    symmetry: "Symmetry"
+    expr: sp.MatrixExpr
+    raw: sp.MatrixExpr = field(repr=False)
+    reads: Mapping[sp.MatrixSymbol, str] = field(repr=False)
+    suffixes: Mapping[sp.MatrixSymbol, str] = field(repr=False)
+    vectors: tuple = field(default=(), repr=False)
+
+    @cached_property
+    def lowered(self) -> LoweredFunction:
+        return lower(_python_name(self.name), {"value": self.raw}, self.reads, vector_inputs=self.vectors,
+                     read_suffixes=self.suffixes)
+
+    def __call__(self, params: Mapping[str, torch.Tensor], velocity: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``J`` at ``params`` moving with ``velocity`` (an ``h × h`` antisymmetric tensor)."""
+        merged = dict(params)
+        merged.update({_VELOCITY + k: v for k, v in velocity.items()})
+        return self.lowered(merged)["value"]
+
+    def latex(self) -> str:
+        return rf"{_latex_name(self.name)} = {latex(self.expr)} = 0 \ \text{{along gradient flow}}"
+
+    def __str__(self):
+        return f"{self.name} = {sstr(self.expr)} = 0 along gradient flow (angular momentum)"
+
+    def _repr_latex_(self):
+        return f"${self.latex()}$"
+
+
+_VELOCITY = "__velocity__"
+
+
 def _python_name(name: str) -> str:
     from symalg.lowering.codegen import identifier
 
@@ -97,8 +140,13 @@ def _python_name(name: str) -> str:
 
 
 def _latex_name(key: str) -> str:
+    """``C__0`` → ``C_{0}``, ``ell__2__2_weight`` → ``\\ell_{\\mathrm{2\\_2\\_weight}}``."""
     head, _, rest = key.partition("_")
-    return f"{head}_{{\\mathrm{{{rest}}}}}" if rest else key
+    head = r"\ell" if head == "ell" else head
+    rest = re.sub("_+", "_", rest).strip("_")
+    if not rest:
+        return head
+    return f"{head}_{{{rest}}}" if rest.isalnum() else f"{head}_{{\\mathrm{{{rest.replace('_', chr(92) + '_')}}}}}"
 
 
 class _Symbols:
@@ -299,8 +347,22 @@ class Symmetry:
         return ModelConserved(key, "diagonal" if diagonal else "matrix", {key: sp.MatAdd(*terms)},
                               symbols.reads, symbols.suffixes, tuple(symbols.vectors))
 
+    @cached_property
+    def angular_momentum(self) -> AngularMomentum | None:
+        """The angular-momentum relation (:class:`AngularMomentum`) of an orthogonal symmetry, else ``None``."""
+        if not isinstance(self.group, Orthogonal) or self.acts_on_buffers:
+            return None
+        positions, velocities = _Symbols(self.shapes), _Symbols({_VELOCITY + k: v for k, v in self.shapes.items()})
+        X = sp.MatAdd(*[positions.region(b) * velocities.region(replace(b, tensor=_VELOCITY + b.tensor)).T
+                        for b in self.moving_bindings()])
+        raw = X - X.T
+        display = {v: sp.MatrixSymbol(rf"\dot{{{v.name[len(_VELOCITY):]}}}", *v.shape) for v in velocities.reads}
+        return AngularMomentum(f"J_{_python_name(self.site)}", self, raw.xreplace(display), raw,
+                               {**positions.reads, **velocities.reads}, {**positions.suffixes, **velocities.suffixes},
+                               tuple(positions.vectors + velocities.vectors))
+
     def latex(self) -> str:
-        moved = ", ".join(rf"\mathrm{{{t}}}" for t in self.tensors)
+        moved = ", ".join(tensor_latex(t) for t in self.tensors)
         return rf"{self.group.latex()} \text{{ on {self.site}, moving }} {moved}"
 
     def __str__(self):
