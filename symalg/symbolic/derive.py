@@ -136,12 +136,13 @@ class Analysis:
         return {q.name: q.lowered for q in self.conserved_quantities()}
 
     def latex(self) -> str:
-        """Every symmetry (group, site, tensors moved) and conserved quantity, one ``align*`` row each."""
+        """Every symmetry (group, site, tensors moved), conserved quantity and angular-momentum relation, one
+        ``align*`` row each."""
         return "\\begin{align*}\n" + self._latex_rows() + "\n\\end{align*}"
 
     def _latex_rows(self) -> str:
         rows = [s.latex() for s in self.symmetries]
-        rows += [q.latex() for q in self.conserved_quantities()]
+        rows += [q.latex() for q in self.conserved_quantities()] + [j.latex() for j in self.angular_momenta()]
         return " \\\\\n".join(f"& {r}" for r in rows) or r"& \text{no symmetry}"
 
     def _repr_latex_(self):

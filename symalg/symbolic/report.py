@@ -54,15 +54,17 @@ def describe(analysis) -> str:
     lines.append("")
     lines.append(f"orbit dimension (generic): {_formula_text(analysis.orbit_dimension)}")
     quantities = analysis.conserved_quantities()
-    lines.append(f"conserved quantities: {len(quantities)} families; functionally independent at generic θ: "
-                 f"{_formula_text(analysis.independent_conserved)}")
+    lines.append(f"conserved quantities: {len(quantities)} {'family' if len(quantities) == 1 else 'families'}; "
+                 f"functionally independent at generic θ: {_formula_text(analysis.independent_conserved)}")
     lines += [f"  {quantity}" for quantity in quantities]
+    lines += [f"angular momentum: {momentum}" for momentum in analysis.angular_momenta()]
     lines.append(analysis.certification_summary())
     return "\n".join(lines)
 
 
 def describe_latex(analysis) -> str:
-    """LaTeX report: one ``align*``-ready line per symmetry and conserved quantity."""
+    """LaTeX report: one ``align*``-ready line per symmetry (and the tensors it moves), conserved quantity and
+    angular-momentum relation."""
     orbit, reason = _formula(analysis.orbit_dimension)
     lines = [rf"\text{{orbit dimension}} &= {latex(orbit)}" if reason is None
              else r"\text{orbit dimension: numeric only}"]
@@ -72,4 +74,6 @@ def describe_latex(analysis) -> str:
             lines.append(r"&\quad\text{moves } " + ", ".join(tensor_latex(t) for t in symmetry.tensors))
     for quantity in analysis.conserved_quantities():
         lines.append(quantity.latex().replace(" = ", " &= ", 1))
+    for momentum in analysis.angular_momenta():
+        lines.append(momentum.latex().replace(" = ", " &= ", 1))
     return "\\begin{align*}\n" + " \\\\\n".join(lines) + "\n\\end{align*}"

@@ -82,7 +82,12 @@ class ModelConserved:
         return self.lowered(params)
 
     def latex(self) -> str:
-        return r",\quad ".join(f"{_latex_name(key)} = {latex(expr)}" for key, expr in self.exprs.items())
+        """``Q_M = tr(M C), C = ...`` (matrix), ``Q_m = mᵀ q, q = ...`` (diagonal) or the linear quantities."""
+        body = r",\quad ".join(f"{_latex_name(key)} = {latex(expr)}" for key, expr in self.exprs.items())
+        name = _latex_name(self.name)
+        head = {"matrix": rf"Q_{{M}} = \operatorname{{tr}}\left(M {name}\right),\quad ",
+                "diagonal": rf"Q_{{m}} = m^{{T}} {name},\quad "}.get(self.kind, "")
+        return head + body
 
     def __str__(self):
         return "; ".join(f"{key} = {sstr(expr)}" for key, expr in self.exprs.items())
