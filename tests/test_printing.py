@@ -142,9 +142,29 @@ MOVES = "0.weight rows[0:h] (out); 0.bias rows[0:h] (out); 2.weight columns[0:h]
 def test_symmetry_latex_and_repr(relu_analysis):
     scaling, permutation = relu_analysis.symmetries
     text = scaling.latex()
-    assert text == r"(\mathbb{R}_{>0})^{h},\ \pi(g) = g^{1} \text{ on 0, moving } W_{0}, b_{0}, W_{2}"
+    assert text.startswith(r"(\mathbb{R}_{>0})^{h},\ \pi(g) = g^{1} \text{ on 0: } ")
+    assert r"W_{0} \mapsto \operatorname{diag}\left(g\right) W_{0}" in text
+    assert r"b_{0} \mapsto \operatorname{diag}\left(g\right) b_{0}" in text
+    assert r"W_{2} \mapsto W_{2} \left(\operatorname{diag}\left(g\right)\right)^{-1}" in text
+    assert "DiagMatrix" not in text
     assert scaling._repr_latex_() == f"${text}$"
-    assert permutation.latex() == r"S_{h} \text{ on 0, moving } W_{0}, b_{0}, W_{2}"
+    assert permutation.latex() == r"S_{h} \text{ on 0: } W_{0} \mapsto g W_{0},\ b_{0} \mapsto g b_{0},\ W_{2} \mapsto W_{2} g^{T}"
+    degree = symalg.derive("linear(n, h) -> relu_pow(alpha=3) -> linear(h, m)").symmetries[0]
+    assert r"W_{2} \mapsto W_{2} \left(\operatorname{diag}\left(g\right)\right)^{-3}" in degree.latex()
+
+
+def test_affine_sign_flip_latex_shifts_the_next_bias():
+    flips = symalg.derive("linear(n, h) -> sigmoid -> linear(h, m)").symmetries[0]
+    assert flips.action_latex()[2:] == [r"W_{2} \mapsto W_{2} g",
+                                        r"b_{2} \mapsto b_{2} - W_{2} g \left(- \frac{1}{2} g \mathbf{1} + "
+                                        r"\left(\frac{1}{2}\right) \mathbf{1}\right)"]
+
+
+def test_traced_sites_print_as_valid_latex():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
+    analysis = symalg.derive(symalg.from_torch(model, (torch.randn(5, 3, dtype=torch.float64),)))
+    assert analysis.symmetries[0].latex().startswith(r"(\mathbb{Z}_2)^{4} \text{ on \_0: } W_{0} \mapsto g W_{0}")
+    assert r"&\text{\_0: } S_{4}" in describe_latex(analysis)
 
 
 def test_symmetry_str(relu_analysis):
@@ -155,7 +175,8 @@ def test_symmetry_str(relu_analysis):
 
 def test_analysis_latex_and_repr(linear_analysis):
     text = linear_analysis.latex()
-    assert text.startswith("\\begin{align*}\n& \\mathrm{GL}(h) \\text{ on 0, moving } W_{0}, b_{0}, W_{2} \\\\\n")
+    assert text.startswith("\\begin{align*}\n& \\mathrm{GL}(h) \\text{ on 0: } W_{0} \\mapsto g W_{0},\\ b_{0} \\mapsto g b_{0},"
+                           "\\ W_{2} \\mapsto W_{2} g^{-1} \\\\\n")
     assert rf"& Q_{{M}} = \operatorname{{tr}}\left(M C_{{0}}\right),\quad C_{{0}} = {IMBALANCE}" in text
     body = text[len("\\begin{align*}\n"):-len("\n\\end{align*}")]
     assert linear_analysis._repr_latex_() == f"$\\begin{{aligned}}\n{body}\n\\end{{aligned}}$"
@@ -218,7 +239,8 @@ def test_describe_latex_linear(linear_analysis):
     assert lines[0] == r"\text{orbit dimension} &= " + latex(linear_analysis.orbit_dimension())
     assert lines[0] == (r"\text{orbit dimension} &= h^{2} - \left(h - \min\left(h, m\right)\right) "
                         r"\left(h - \min\left(h, n + 1\right)\right)")
-    assert lines[1:3] == [r"&\text{0: } \mathrm{GL}(h)", r"&\quad\text{moves } W_{0}, b_{0}, W_{2}"]
+    assert lines[1:5] == [r"&\text{0: } \mathrm{GL}(h)", r"&\quad W_{0} \mapsto g W_{0}", r"&\quad b_{0} \mapsto g b_{0}",
+                          r"&\quad W_{2} \mapsto W_{2} g^{-1}"]
     assert lines[-1].startswith(r"Q_{M} &= \operatorname{tr}\left(M C_{0}\right)")
     assert rf"C_{{0}} = {IMBALANCE}" in lines[-1]
     for line in lines:  # align*-ready: one alignment point per line
@@ -230,6 +252,7 @@ def test_describe_latex_positive_scaling(relu_analysis):
     assert lines[0] == r"\text{orbit dimension} &= h"
     assert r"&\text{0: } (\mathbb{R}_{>0})^{h},\ \pi(g) = g^{1}" in lines
     assert r"&\text{0: } S_{h}" in lines
+    assert r"&\quad W_{0} \mapsto \operatorname{diag}\left(g\right) W_{0}" in lines
     assert lines[-1].startswith(r"Q_{m} &= m^{T} q_{0}")
     assert r"\mathbf{1}" in lines[-1]
     assert all("DiagMatrix" not in line and "OneMatrix" not in line for line in lines)

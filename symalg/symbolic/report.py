@@ -7,6 +7,7 @@ model: 'linear(2, 3) -> tanh -> linear(3, 1)'
 from __future__ import annotations
 
 
+from symalg.catalogue.groups import Translations
 from symalg.symbolic.printing import latex, sstr, tensor_latex
 
 __all__ = ["describe", "describe_latex"]
@@ -63,15 +64,17 @@ def describe(analysis) -> str:
 
 
 def describe_latex(analysis) -> str:
-    """LaTeX report: one ``align*``-ready line per symmetry (and the tensors it moves), conserved quantity and
+    """LaTeX report: one ``align*``-ready line per symmetry, per moved tensor (its action), conserved quantity and
     angular-momentum relation."""
     orbit, reason = _formula(analysis.orbit_dimension)
     lines = [rf"\text{{orbit dimension}} &= {latex(orbit)}" if reason is None
              else r"\text{orbit dimension: numeric only}"]
     for symmetry in analysis.symmetries:
-        lines.append(rf"&\text{{{symmetry.site}: }} {symmetry.group.latex()}")
-        if symmetry.tensors:
-            lines.append(r"&\quad\text{moves } " + ", ".join(tensor_latex(t) for t in symmetry.tensors))
+        site = symmetry.site.replace("_", r"\_")
+        lines.append(rf"&\text{{{site}: }} {symmetry.group.latex()}")
+        lines += [rf"&\quad {row}" for row in symmetry.action_latex()]
+        if isinstance(symmetry.group, Translations):
+            lines.append(r"&\quad\text{translates } " + ", ".join(tensor_latex(t) for t in symmetry.tensors))
     for quantity in analysis.conserved_quantities():
         lines.append(quantity.latex().replace(" = ", " &= ", 1))
     for momentum in analysis.angular_momenta():

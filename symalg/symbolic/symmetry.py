@@ -366,9 +366,39 @@ class Symmetry:
                                {**positions.reads, **velocities.reads}, {**positions.suffixes, **velocities.suffixes},
                                tuple(positions.vectors + velocities.vectors))
 
+    def action_latex(self) -> list[str]:
+        """The action on every moved region as LaTeX, ``W_{0} \\mapsto g W_{0}``, ``W_{2} \\mapsto W_{2} g^{-1}``
+        (``g`` the group element; positive scaling by the region's power), and the reader's bias that absorbs the
+        shift of an affine sign flip, ``b ↦ b − W g c(1 − g1)``. Empty for translations (see :attr:`translations`)."""
+        if isinstance(self.group, Translations):
+            return []
+        g, symbols, rows = self.group.element_symbol("g"), _Symbols(self.shapes), []
+        for b in self.moving_bindings():
+            U = symbols.region(b)
+            if isinstance(self.group, PositiveScaling):
+                power = sp.Rational(b.power.numerator, b.power.denominator)
+                forward = sp.DiagMatrix(g) if power == 1 else sp.MatPow(sp.DiagMatrix(g), power)
+                inverse = sp.MatPow(sp.DiagMatrix(g), -power)
+            else:
+                forward, inverse = self.group.rep_expr(g), self.group.rep_inverse_expr(g)
+            if b.role == "out":
+                rows.append(rf"{latex(U)} \mapsto {latex(forward * U)}")
+            elif isinstance(U, sp.Transpose):  # a whole weight read by columns: W ↦ W π(g)⁻¹
+                rows.append(rf"{latex(U.arg)} \mapsto {latex(U.arg * inverse)}")
+            else:
+                rows.append(rf"{latex(U)} \mapsto {latex(inverse.T * U)}")
+        shift = self.group.shift_expr(g)
+        for bias, column, _, _ in self.shifts:  # b ↦ b − W' τ(g), W' the moved weight, τ(g) = c(1 − g1)
+            W = symbols.region(column)
+            W = W.arg if isinstance(W, sp.Transpose) else W.T
+            b = sp.MatrixSymbol(bias, W.shape[0], 1)
+            rows.append(rf"{latex(b)} \mapsto {latex(b - W * self.group.rep_inverse_expr(g) * shift)}")
+        return rows
+
     def latex(self) -> str:
-        moved = ", ".join(tensor_latex(t) for t in self.tensors)
-        return rf"{self.group.latex()} \text{{ on {self.site}, moving }} {moved}"
+        action = self.action_latex() or [", ".join(tensor_latex(t) for t in self.tensors) + r" \text{ translated}"]
+        site = self.site.replace("_", r"\_")
+        return rf"{self.group.latex()} \text{{ on {site}: }} " + r",\ ".join(action)
 
     def __str__(self):
         moved = [b.describe() for b in self.bindings] or [f"{r.tensor} ({f.pattern})" for f in self.translations
