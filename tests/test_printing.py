@@ -120,18 +120,15 @@ def test_homogeneous_degree_appears_in_the_quantity():
 def test_angular_momentum_latex(radial_analysis):
     (momentum,) = radial_analysis.angular_momenta()
     text = momentum.latex()
-    assert text.startswith("J_{0} = ") and text.endswith(r"= 0 \ \text{along gradient flow}")
-    for term in (r"W_{0} \dot{W}_{0}^{T}", r"\dot{W}_{0} W_{0}^{T}", r"W_{2}^{T} \dot{W}_{2}", r"\dot{W}_{2}^{T} W_{2}",
-                 r"b_{0} \dot{b}_{0}^{T}", r"\dot{b}_{0} b_{0}^{T}"):
-        assert term in text
+    assert text.startswith(r"J_{\mathrm{0}} = G - G^{T}") and r"0 \text{ along gradient flow)}" in text
     assert momentum._repr_latex_() == f"${text}$"
 
 
 def test_angular_momentum_str_is_plain_text(radial_analysis):
-    # The plain-text form should not carry LaTeX markup (``\\dot{W}_{0}``) in its symbol names.
+    # The plain-text form carries no LaTeX markup, and names the tensors it reads.
     (momentum,) = radial_analysis.angular_momenta()
     text = str(momentum)
-    assert text.startswith("J__0 = ") and "0.weight*dot(0.weight).T" in text
+    assert text.startswith("J__0 = G - G.T") and "over 0.weight, 0.bias, 2.weight" in text
     assert "\\" not in text and "{" not in text
 
 
@@ -261,15 +258,15 @@ def test_describe_latex_positive_scaling(relu_analysis):
 def test_describe_latex_angular_momentum(radial_analysis):
     lines = _lines(describe_latex(radial_analysis))
     assert r"&\text{0: } \mathrm{O}(h)" in lines
-    assert lines[-1].startswith(r"J_{0} &= ")
-    assert lines[-1].endswith(r"\text{along gradient flow}")
+    assert lines[-1].startswith(r"J_{\mathrm{0}} &= ")
+    assert lines[-1].endswith(r"\text{ along gradient flow)}")
 
 
 def test_describe_latex_without_closed_form_orbit():
     analysis = symalg.derive("linear(n, h) -> radial -> linear(h, k) -> identity -> linear(k, m)")
     lines = _lines(describe_latex(analysis))
     assert lines[0] == r"\text{orbit dimension: numeric only}"
-    assert any(line.startswith(r"J_{0} &= ") for line in lines)
+    assert any(line.startswith(r"J_{\mathrm{0}} &= ") for line in lines)
     assert any(line.startswith(r"Q_{M} &= ") and r"C_{2} = " in line for line in lines)
 
 

@@ -25,7 +25,6 @@ import torch
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry
 from symalg.catalogue.groups import Permutations, SignFlips, Translations
 from symalg.symbolic.report import describe
-from symalg.symbolic.symmetry import AngularMomentum
 from symalg.errors import SpecError
 from symalg.frontend.spec import to_graph, to_spec_string
 from symalg.ir.architecture import Architecture
@@ -34,7 +33,7 @@ from symalg.lowering.codegen import LoweredFunction
 from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
 from symalg.symbolic.inference import Blocked, ModelSites, check_loss, infer_model
 from symalg.symbolic.orbit import independent_conserved_formula, independent_conserved_rank, orbit_dimension_formula
-from symalg.symbolic.symmetry import ModelConserved, Symmetry, _group, _number
+from symalg.symbolic.symmetry import ModelAngularMomentum, ModelConserved, Symmetry, _group, _number
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 
 __all__ = ["Analysis", "derive"]
@@ -89,8 +88,9 @@ class Analysis:
         """The conserved quantities of gradient flow, one family per continuous symmetry that has one."""
         return [s.conserved for s in self.symmetries if s.conserved is not None]
 
-    def angular_momenta(self) -> list[AngularMomentum]:
-        """The angular-momentum relations ``J(θ, θ̇) = 0`` of the orthogonal symmetries (whose ``Q_M`` vanish)."""
+    def angular_momenta(self) -> list[ModelAngularMomentum]:
+        """The angular-momentum relations ``J(θ, θ̇)``, one per orthogonal symmetry (whose antisymmetric
+        generators have no conserved quantity): :class:`~symalg.symbolic.symmetry.ModelAngularMomentum`."""
         return [s.angular_momentum for s in self.symmetries if s.angular_momentum is not None]
 
     def orbit_dimension(self, params: Mapping[str, torch.Tensor] | None = None):

@@ -47,12 +47,7 @@ class SymalgLatexPrinter(LatexPrinter):
         return r"\mathbf{1}"
 
     def _print_MatrixSymbol(self, expr):
-        # SymPy reads "0.weight" as a plain name and prints it unchanged (invalid-looking LaTeX); a velocity
-        # \dot{0.weight} prints as \dot{W}_{0}.
-        velocity = re.fullmatch(r"\\dot\{(.+\..+)\}", expr.name)
-        if velocity:
-            head, _, sub = tensor_latex(velocity[1]).partition("_")
-            return rf"\dot{{{head}}}_{sub}" if sub else rf"\dot{{{head}}}"
+        # SymPy reads "0.weight" as a plain name and prints it unchanged (invalid-looking LaTeX).
         if "." in expr.name and not expr.name.startswith("\\"):
             return tensor_latex(expr.name)
         return super()._print_MatrixSymbol(expr)
@@ -74,10 +69,7 @@ class SymalgStrPrinter(StrPrinter):
     def _print_MatrixSymbol(self, expr):
         # Velocity symbols are named in LaTeX (\dot{W}_{1}); print them as Ẇ_1 in plain text.
         match = re.fullmatch(r"\\dot\{(\w+)\}_\{(\w+)\}", expr.name)
-        if match:
-            return f"{match[1]}\u0307_{match[2]}"
-        velocity = re.fullmatch(r"\\dot\{(.+)\}", expr.name)  # the velocity of a parameter: dot(0.weight)
-        return f"dot({velocity[1]})" if velocity else expr.name
+        return f"{match[1]}\u0307_{match[2]}" if match else expr.name
 
 
 def latex(expr) -> str:

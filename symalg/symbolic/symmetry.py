@@ -30,7 +30,7 @@ C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
 from typing import Mapping
@@ -44,7 +44,7 @@ from symalg.catalogue.groups import (GeneralLinear, Orthogonal, OrthogonalFixing
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.symbolic.printing import latex, sstr, tensor_latex
 
-__all__ = ["Symmetry", "ModelConserved", "AngularMomentum"]
+__all__ = ["Symmetry", "ModelConserved", "ModelAngularMomentum"]
 
 
 def _number(value: Fraction):
@@ -97,45 +97,53 @@ class ModelConserved:
 
 
 @dataclass(frozen=True, eq=False)
-class AngularMomentum:
-    """The angular-momentum relation of an orthogonal symmetry, replacing its vacuous ``Q_M`` (``M`` antisymmetric).
+class ModelAngularMomentum:
+    """The angular-momentum relation of a group with antisymmetric generators (``O``), built from its bindings.
 
-    Every moved region ``U`` (rows moved by the site: ``W_in``, ``b_in``, ``W_outᵀ``) changes by ``A U`` for ``A`` in
-    the algebra, so ``⟨θ̇, A·θ⟩ = tr(A X)`` with ``X = Σ U U̇ᵀ``, and invariance gives ``J(θ, θ̇) = X − Xᵀ = 0``
-    along gradient flow (decaying as ``e^{−γt}`` under heavy-ball dynamics ``θ̈ + γθ̇ = −∇L``). ``expr`` reads the
-    velocities as ``\\dot{...}`` symbols; ``J(params, velocity)`` evaluates it (``velocity`` keyed like ``params``).
+    For ``A`` antisymmetric in the Lie algebra, ``⟨θ̇, A·θ⟩ = ½ ⟨A, J⟩`` with
+
+        ``J(θ, θ̇) = G − Gᵀ``,   ``G = Σ_out U̇ Uᵀ − Σ_in U U̇ᵀ``
+
+    over the unfolded regions ``U`` the group moves (rows it multiplies, ``out``; columns it multiplies by the
+    inverse, ``in``), projected on the algebra when it is smaller than all of ``so(h)``. Invariance gives
+    ``J(θ, −∇L) = 0``; under heavy-ball dynamics ``θ̈ + γ θ̇ = −∇L`` every entry of ``J`` decays as ``e^{−γt}``
+    (``⟨θ̇, A·θ̇⟩ = 0`` for antisymmetric ``A``), and is conserved when ``γ = 0``.
     """
 
-    name: str
     symmetry: "Symmetry"
-    expr: sp.MatrixExpr
-    raw: sp.MatrixExpr = field(repr=False)
-    reads: Mapping[sp.MatrixSymbol, str] = field(repr=False)
-    suffixes: Mapping[sp.MatrixSymbol, str] = field(repr=False)
-    vectors: tuple = field(default=(), repr=False)
 
-    @cached_property
-    def lowered(self) -> LoweredFunction:
-        return lower(_python_name(self.name), {"value": self.raw}, self.reads, vector_inputs=self.vectors,
-                     read_suffixes=self.suffixes)
+    @property
+    def name(self) -> str:
+        return f"J_{_python_name(self.symmetry.site)}"
 
     def __call__(self, params: Mapping[str, torch.Tensor], velocity: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """``J`` at ``params`` moving with ``velocity`` (an ``h × h`` antisymmetric tensor)."""
-        merged = dict(params)
-        merged.update({_VELOCITY + k: v for k, v in velocity.items()})
-        return self.lowered(merged)["value"]
+        """``J`` (``h × h``, antisymmetric) at ``params`` with velocity ``velocity`` (both ``{name: tensor}``)."""
+        G = 0
+        for b in self.symmetry.moving_bindings():
+            if b.tensor not in params or b.tensor not in velocity:
+                raise KeyError(f"{self.name}: parameter {b.tensor!r} missing from params or velocity")
+            U, V = b.unfold(params[b.tensor]), b.unfold(velocity[b.tensor])
+            G = G + (V @ U.T if b.role == "out" else -U @ V.T)
+        J = G - G.T
+        group = self.symmetry.group
+        h = int(group.width)
+        if int(group.dim) != h * (h - 1) // 2:  # a subalgebra of so(h): keep the part it pairs with
+            basis = group.algebra_basis(J.dtype, J.device).reshape(int(group.dim), -1)
+            coefficients = torch.linalg.solve(basis @ basis.T, basis @ J.reshape(-1))
+            J = (coefficients @ basis).reshape(h, h)
+        return J
 
     def latex(self) -> str:
-        return rf"{_latex_name(self.name)} = {latex(self.expr)} = 0 \ \text{{along gradient flow}}"
+        return (rf"J_{{\mathrm{{{self.symmetry.site}}}}} = G - G^{{T}},\ G = \sum_{{\mathrm{{out}}}} \dot U U^{{T}} "
+                rf"- \sum_{{\mathrm{{in}}}} U \dot U^{{T}} \ \text{{(decays as }} e^{{-\gamma t}} "
+                r"\text{ under heavy ball; } 0 \text{ along gradient flow)}")
 
     def __str__(self):
-        return f"{self.name} = {sstr(self.expr)} = 0 along gradient flow (angular momentum)"
+        moved = ", ".join(dict.fromkeys(b.tensor for b in self.symmetry.moving_bindings()))
+        return f"{self.name} = G - G.T, G = sum_out U' U.T - sum_in U U'.T over {moved} (angular momentum)"
 
     def _repr_latex_(self):
         return f"${self.latex()}$"
-
-
-_VELOCITY = "__velocity__"
 
 
 def _python_name(name: str) -> str:
@@ -353,18 +361,12 @@ class Symmetry:
                               symbols.reads, symbols.suffixes, tuple(symbols.vectors))
 
     @cached_property
-    def angular_momentum(self) -> AngularMomentum | None:
-        """The angular-momentum relation (:class:`AngularMomentum`) of an orthogonal symmetry, else ``None``."""
-        if not isinstance(self.group, Orthogonal) or self.acts_on_buffers:
+    def angular_momentum(self) -> ModelAngularMomentum | None:
+        """The angular-momentum relation (:class:`ModelAngularMomentum`) of an orthogonal group, whose
+        antisymmetric generators have no conserved ``Q``; ``None`` for other groups and actions moving buffers."""
+        if self.acts_on_buffers or not isinstance(self.group, Orthogonal) or not self.group.is_continuous:
             return None
-        positions, velocities = _Symbols(self.shapes), _Symbols({_VELOCITY + k: v for k, v in self.shapes.items()})
-        X = sp.MatAdd(*[positions.region(b) * velocities.region(replace(b, tensor=_VELOCITY + b.tensor)).T
-                        for b in self.moving_bindings()])
-        raw = X - X.T
-        display = {v: sp.MatrixSymbol(rf"\dot{{{v.name[len(_VELOCITY):]}}}", *v.shape) for v in velocities.reads}
-        return AngularMomentum(f"J_{_python_name(self.site)}", self, raw.xreplace(display), raw,
-                               {**positions.reads, **velocities.reads}, {**positions.suffixes, **velocities.suffixes},
-                               tuple(positions.vectors + velocities.vectors))
+        return ModelAngularMomentum(self)
 
     def action_latex(self) -> list[str]:
         """The action on every moved region as LaTeX, ``W_{0} \\mapsto g W_{0}``, ``W_{2} \\mapsto W_{2} g^{-1}``
