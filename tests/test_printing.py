@@ -45,6 +45,7 @@ def radial_analysis():
     (W.T * sp.OneMatrix(3, 1), r"W_{1}^{T} \mathbf{1}"),
     (sp.HadamardPower(W, 2) * sp.OneMatrix(2, 1), r"W_{1}^{\circ {2}} \mathbf{1}"),
     (sp.HadamardProduct(W, V), r"W_{1} \circ V"),
+    (sp.HadamardPower(d, -3), r"d_{1}^{\circ (-3)}"),
 ])
 def test_latex_printer(expr, expected):
     assert latex(expr) == expected
@@ -140,14 +141,14 @@ def test_symmetry_latex_and_repr(relu_analysis):
     scaling, permutation = relu_analysis.symmetries
     text = scaling.latex()
     assert text.startswith(r"(\mathbb{R}_{>0})^{h},\ \pi(g) = g^{1} \text{ on 0: } ")
-    assert r"W_{0} \mapsto \operatorname{diag}\left(g\right) W_{0}" in text
-    assert r"b_{0} \mapsto \operatorname{diag}\left(g\right) b_{0}" in text
-    assert r"W_{2} \mapsto W_{2} \left(\operatorname{diag}\left(g\right)\right)^{-1}" in text
+    assert r"W_{0} \mapsto \operatorname{diag}\left(d\right) W_{0}" in text
+    assert r"b_{0} \mapsto \operatorname{diag}\left(d\right) b_{0}" in text
+    assert r"W_{2} \mapsto W_{2} \operatorname{diag}\left(d^{\circ (-1)}\right)" in text
     assert "DiagMatrix" not in text
     assert scaling._repr_latex_() == f"${text}$"
     assert permutation.latex() == r"S_{h} \text{ on 0: } W_{0} \mapsto g W_{0},\ b_{0} \mapsto g b_{0},\ W_{2} \mapsto W_{2} g^{T}"
     degree = symalg.derive("linear(n, h) -> relu_pow(alpha=3) -> linear(h, m)").symmetries[0]
-    assert r"W_{2} \mapsto W_{2} \left(\operatorname{diag}\left(g\right)\right)^{-3}" in degree.latex()
+    assert r"W_{2} \mapsto W_{2} \operatorname{diag}\left(d^{\circ (-3)}\right)" in degree.latex()
 
 
 def test_affine_sign_flip_latex_shifts_the_next_bias():
@@ -249,7 +250,7 @@ def test_describe_latex_positive_scaling(relu_analysis):
     assert lines[0] == r"\text{orbit dimension} &= h"
     assert r"&\text{0: } (\mathbb{R}_{>0})^{h},\ \pi(g) = g^{1}" in lines
     assert r"&\text{0: } S_{h}" in lines
-    assert r"&\quad W_{0} \mapsto \operatorname{diag}\left(g\right) W_{0}" in lines
+    assert r"&\quad W_{0} \mapsto \operatorname{diag}\left(d\right) W_{0}" in lines
     assert lines[-1].startswith(r"Q_{m} &= m^{T} q_{0}")
     assert r"\mathbf{1}" in lines[-1]
     assert all("DiagMatrix" not in line and "OneMatrix" not in line for line in lines)

@@ -331,15 +331,12 @@ def to_spec_string(arch: Architecture) -> str:
     return " -> ".join(parts)
 
 
-def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generator | None = None,
-              catalogue: Mapping | None = None) -> torch.nn.Sequential:
+def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generator | None = None) -> torch.nn.Sequential:
     """An ``nn.Sequential`` for a concrete-width architecture, named like its parameters.
 
     Parameters get torch's default initialisation, ``U(±1/√in_features)`` for weights and biases
-    (drawn from ``generator`` when given). Activations evaluate the entries of ``catalogue`` (default: the
-    architecture's own, else the built-in one), so an overlay's activation runs as it is declared.
+    (drawn from ``generator`` when given).
     """
-    catalogue = catalogue if catalogue is not None else arch.catalogue or CATALOGUE
     from symalg.catalogue.modules import Activation
 
     arch.check_materialisable("to_module")
@@ -352,7 +349,7 @@ def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generato
         elif node["module"] is not None:
             modules.append(node["module"])
         else:
-            modules.append(Activation(node["op"], catalogue, **node["params"]))
+            modules.append(Activation(node["op"], arch.catalogue or CATALOGUE, **node["params"]))  # overlays too
     model = torch.nn.Sequential(*modules)
     if generator is not None:
         with torch.no_grad():
@@ -409,7 +406,7 @@ def to_graph(spec, catalogue: Mapping | None = None) -> ModelGraph:
     add("output", "output", "output", (batch, features), "the output")
     model, example = None, None
     if not arch.widths:
-        model = to_module(arch, generator=torch.Generator().manual_seed(0), catalogue=catalogue)
+        model = to_module(arch, generator=torch.Generator().manual_seed(0))
         example = (torch.randn(EXAMPLE_BATCH, int(arch.graph.nodes["input"]["features"]), dtype=torch.float64,
                                generator=torch.Generator().manual_seed(1)),)
     return ModelGraph(graph, shapes, {}, model, example, "spec", {}, arch)

@@ -255,15 +255,16 @@ class Inference:
 
 def _rule_for(op: str, inputs: list, catalogue: Mapping):
     """The op's rule; an op reading a parameter (or a weight computed from parameters) as a value gets
-    the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis)."""
-    from symalg.catalogue.rules import OP_RULES, WEIGHT_RULES, WeightExpr, activation_rule, elementwise_rule, unknown_rule
+    the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis). A
+    pointwise function that ``catalogue`` lists (an overlay's ``sin``) is an activation: its entry, not the
+    generic pointwise rule (permutations only, for functions the catalogue does not list), decides."""
+    from symalg.catalogue.rules import (OP_RULES, WEIGHT_RULES, WeightExpr, activation_rule, elementwise_rule,
+                                        unknown_rule)
 
     if op not in WEIGHT_RULES and any(isinstance(i, WeightExpr) or isinstance(i, tuple) and i[:1] == ("param",)
                                       for i in inputs):
         return unknown_rule
-    if op in catalogue and catalogue[op] is not CATALOGUE.get(op) and OP_RULES.get(op, elementwise_rule) is elementwise_rule:
-        return activation_rule  # an overlay's own entry (``sin`` declared odd) is not overridden by the pointwise rule
-    if op in OP_RULES:
+    if op in OP_RULES and not (OP_RULES[op] is elementwise_rule and op in catalogue):
         return OP_RULES[op]
     if op in catalogue:
         return activation_rule

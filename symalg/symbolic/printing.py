@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from sympy.printing.latex import LatexPrinter
+from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
 __all__ = ["latex", "sstr", "tensor_latex"]
@@ -45,6 +46,12 @@ class SymalgLatexPrinter(LatexPrinter):
 
     def _print_OneMatrix(self, expr):
         return r"\mathbf{1}"
+
+    def _print_HadamardPower(self, expr):
+        # SymPy writes d^{\circ \left({-1}\right)} for a negative power; print d^{\circ (-1)}.
+        if expr.exp.is_negative:
+            return rf"{self.parenthesize(expr.base, PRECEDENCE['Pow'])}^{{\circ ({self._print(expr.exp)})}}"
+        return super()._print_HadamardPower(expr)
 
     def _print_MatrixSymbol(self, expr):
         # SymPy reads "0.weight" as a plain name and prints it unchanged (invalid-looking LaTeX).

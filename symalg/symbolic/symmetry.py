@@ -368,34 +368,59 @@ class Symmetry:
             return None
         return ModelAngularMomentum(self)
 
-    def action_latex(self) -> list[str]:
-        """The action on every moved region as LaTeX, ``W_{0} \\mapsto g W_{0}``, ``W_{2} \\mapsto W_{2} g^{-1}``
-        (``g`` the group element; positive scaling by the region's power), and the reader's bias that absorbs the
-        shift of an affine sign flip, ``b ↦ b − W g c(1 − g1)``. Empty for translations (see :attr:`translations`)."""
+    @property
+    def element_symbol(self) -> sp.MatrixSymbol:
+        """The group element in :meth:`action_expressions`: ``g`` (``h × h``), or ``d`` (``h × 1``, the diagonal)
+        for positive scaling."""
+        return self.group.element_symbol("d" if self.group.element_format == "diagonal" else "g")
+
+    def action_expressions(self) -> dict[sp.MatrixSymbol, sp.MatrixExpr]:
+        """The action of :attr:`element_symbol` as SymPy matrix expressions, ``{region symbol: its image}``: what
+        :meth:`apply` computes, for display (LaTeX) and symbolic work.
+
+        A whole 2-D tensor is its own symbol (``W ↦ π(g) W`` for a producer's rows, ``W ↦ W π(g)⁻¹`` for a
+        reader's columns, composed when both move); a bias is an ``h × 1`` column; any other region (a slice, a
+        conv kernel, a block) is the ``width × rest`` unfolding named as in :attr:`conserved`. Positive scaling
+        acts by ``diag(d)^power``; an affine sign flip's reader bias absorbs ``−W' τ(g)``, ``τ(g) = c(1 − g1)``.
+
+        >>> import symalg
+        >>> symmetry = symalg.derive("linear(n, h) -> identity -> linear(h, m, bias=False)").symmetries[0]
+        >>> {str(k): str(v) for k, v in symmetry.action_expressions().items()}
+        {'0.weight': 'g*0.weight', '0.bias': 'g*0.bias', '2.weight': '2.weight*g**(-1)'}
+
+        Raises ``NotImplementedError`` for translations (their element is a vector of per-direction coefficients,
+        see :meth:`apply`) and for a sign-flip shift read through a region that is not a whole 2-D weight.
+        """
         if isinstance(self.group, Translations):
-            return []
-        g, symbols, rows = self.group.element_symbol("g"), _Symbols(self.shapes), []
+            raise NotImplementedError(f"action_expressions: {self.label} is a translation (θ ↦ θ + Σ t_i B_i); "
+                                      "it has no matrix expression")
+        symbols, G = _Symbols(self.shapes), self.element_symbol
+        images: dict[sp.MatrixSymbol, sp.MatrixExpr] = {}
         for b in self.moving_bindings():
             U = symbols.region(b)
+            key, transposed = (U.arg, True) if isinstance(U, sp.Transpose) else (U, False)
             if isinstance(self.group, PositiveScaling):
-                power = sp.Rational(b.power.numerator, b.power.denominator)
-                forward = sp.DiagMatrix(g) if power == 1 else sp.MatPow(sp.DiagMatrix(g), power)
-                inverse = sp.MatPow(sp.DiagMatrix(g), -power)
-            else:
-                forward, inverse = self.group.rep_expr(g), self.group.rep_inverse_expr(g)
-            if b.role == "out":
-                rows.append(rf"{latex(U)} \mapsto {latex(forward * U)}")
-            elif isinstance(U, sp.Transpose):  # a whole weight read by columns: W ↦ W π(g)⁻¹
-                rows.append(rf"{latex(U.arg)} \mapsto {latex(U.arg * inverse)}")
-            else:
-                rows.append(rf"{latex(U)} \mapsto {latex(inverse.T * U)}")
-        shift = self.group.shift_expr(g)
-        for bias, column, _, _ in self.shifts:  # b ↦ b − W' τ(g), W' the moved weight, τ(g) = c(1 − g1)
-            W = symbols.region(column)
-            W = W.arg if isinstance(W, sp.Transpose) else W.T
-            b = sp.MatrixSymbol(bias, W.shape[0], 1)
-            rows.append(rf"{latex(b)} \mapsto {latex(b - W * self.group.rep_inverse_expr(g) * shift)}")
-        return rows
+                power = sp.Rational(b.power.numerator, b.power.denominator) * (1 if b.role == "out" else -1)
+                A = sp.DiagMatrix(G) if power == 1 else sp.DiagMatrix(sp.HadamardPower(G, power))
+            else:  # a reader's unfolded region moves by π(g)⁻ᵀ (π(g) = g here)
+                A = self.group.as_operator(G) if b.role == "out" else self.group.rep_inverse_expr(G).T
+            current = images.get(key, key)
+            moved = A * (current.T if transposed else current)
+            images[key] = moved.T if transposed else moved
+        for bias, column, _, _ in self.shifts:
+            weight = symbols.region(column)
+            if not isinstance(weight, sp.Transpose) or len(self.shapes[bias]) != 1:
+                raise NotImplementedError(f"action_expressions: the shift absorbed by {bias} is read through "
+                                          f"{column.describe()}, not a whole 2-D weight")
+            b = symbols.region(Binding(bias, 0, 0, self.shapes[bias][0]))
+            images[b] = b - images.get(weight.arg, weight.arg) * self.group.shift_expr(G)
+        return images
+
+    def action_latex(self) -> list[str]:
+        """:meth:`action_expressions` as LaTeX, one ``U \\mapsto g U`` per moved region (empty for translations)."""
+        if isinstance(self.group, Translations):
+            return []
+        return [rf"{latex(region)} \mapsto {latex(image)}" for region, image in self.action_expressions().items()]
 
     def latex(self) -> str:
         action = self.action_latex() or [", ".join(tensor_latex(t) for t in self.tensors) + r" \text{ translated}"]
