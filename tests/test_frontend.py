@@ -199,15 +199,35 @@ def test_to_spec_string_canonicalises():
 def test_to_spec_string_round_trips_a_torch_model():
     model = nn.Sequential(nn.Linear(3, 5), nn.LeakyReLU(0.2), nn.Sequential(nn.Linear(5, 4), nn.Tanh()),
                           nn.Linear(4, 2, bias=False))
-    text = to_spec_string(from_torch(model))
+    text = to_spec_string(parse(model))
     assert text == "linear(3, 5) -> leaky_relu(slope=0.2) -> linear(5, 4) -> tanh -> linear(4, 2, bias=False)"
     # node names differ (nested "2.0" vs "2"), the layers do not
     parsed = parse(text)
-    torch_arch = from_torch(model)
+    torch_arch = parse(model)
     assert [torch_arch.node(v)["op"] for v in torch_arch.layer_names] == [parsed.node(v)["op"] for v in parsed.layer_names]
 
 
-# -- from_torch ------------------------------------------------------------------------------------
+# -- parse(nn.Sequential) reads a chain as a spec; from_torch traces any model --------------------------
+def test_from_torch_always_returns_the_one_graph():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    for graph in (from_torch(model), from_torch(model, (x,)), from_torch(model, x), from_torch(model, example_inputs=(x,))):
+        assert isinstance(graph, symalg.ModelGraph) and graph.tracer == "fx"
+        assert graph.parameter_shapes == {k: tuple(v.shape) for k, v in model.named_parameters()}
+    assert from_torch(model).example_inputs is None
+    with pytest.raises(SpecError, match="traced without example_inputs.*pass certify=False"):
+        symalg.derive(from_torch(model))
+    uncertified = symalg.derive(from_torch(model), certify=False)
+    certified = symalg.derive(from_torch(model, (x,)))
+    assert [s.label for s in uncertified.symmetries] == [s.label for s in certified.symmetries] == \
+        ["PositiveScaling(4, alpha=1) on _0", "S(4) on _0"]
+    assert uncertified.certification is None and certified.certified
+    with pytest.raises(SpecError, match="from_torch: example_inputs must be a tensor or a tuple of tensors, got list"):
+        from_torch(model, [x])
+    with pytest.raises(TypeError, match="catalogue"):
+        from_torch(model, (x,), catalogue=symalg.CATALOGUE)  # a graph holds no catalogue: derive(graph, catalogue=...)
+
+
 SUPPORTED = [
     (nn.ReLU(), "relu", "relu", {}),
     (nn.LeakyReLU(), "leaky_relu", "leaky_relu", {"slope": sp.Rational(1, 100)}),
@@ -237,19 +257,22 @@ SUPPORTED_IDS = [f"{type(s[0]).__name__}-{s[1]}" for s in SUPPORTED]
 @pytest.mark.parametrize("module, spec, op, params", SUPPORTED, ids=SUPPORTED_IDS)
 def test_from_torch_supported_activations(module, spec, op, params):
     model = nn.Sequential(nn.Linear(3, 4), module, nn.Linear(4, 2))
-    arch = from_torch(model)
+    arch = parse(model)
     node = arch.node("1")
     assert node == {"kind": "activation", "op": op, "params": params, "module": None}
     # the same graph as the equivalent spec string
     assert _same_graph(arch, parse(f"linear(3, 4) -> {spec} -> linear(4, 2)"))
-    assert symalg.infer_sites(arch)[0][0].op == op
+    assert symalg.to_graph(arch).graph.nodes["1"]["op"] == op
+    # the spec route and the traced route claim the same groups
+    traced = symalg.derive(from_torch(model.double(), (torch.randn(6, 3, dtype=torch.float64),)))
+    assert [s.group.name for s in symalg.derive(arch).symmetries] == [s.group.name for s in traced.symmetries]
 
 
 @pytest.mark.parametrize("module, spec, op, params", SUPPORTED, ids=SUPPORTED_IDS)
 def test_from_torch_then_to_module_computes_the_same_function(module, spec, op, params):
     gen = torch.Generator().manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4, dtype=torch.float64), module, nn.Linear(4, 2, dtype=torch.float64))
-    rebuilt = to_module(from_torch(model), dtype=torch.float64)
+    rebuilt = to_module(parse(model), dtype=torch.float64)
     rebuilt.load_state_dict(model.state_dict())
     x = torch.randn(16, 3, generator=gen, dtype=torch.float64) * 3
     torch.testing.assert_close(rebuilt(x), model(x), rtol=1e-12, atol=1e-12)
@@ -261,7 +284,7 @@ def test_from_torch_leaky_relu_with_any_torch_slope(slope):
     # rebuilt module must compute torch's function.
     model = nn.Sequential(nn.Linear(2, 3, dtype=torch.float64), nn.LeakyReLU(negative_slope=slope),
                           nn.Linear(3, 1, dtype=torch.float64))
-    arch = from_torch(model)
+    arch = parse(model)
     assert float(arch.node("1")["params"]["slope"]) == pytest.approx(slope, rel=1e-15)
     rebuilt = to_module(arch, dtype=torch.float64)
     rebuilt.load_state_dict(model.state_dict())
@@ -275,7 +298,7 @@ def test_from_torch_nested_sequentials_and_parameter_names():
         nn.Sequential(nn.Sequential(nn.Linear(5, 4, bias=False), nn.Tanh())),
         nn.Linear(4, 2),
     )
-    arch = from_torch(model)
+    arch = parse(model)
     assert arch.layer_names == ["0.0", "0.1", "1.0.0", "1.0.1", "2"]
     assert arch.linear_layers == ["0.0", "1.0.0", "2"]
     params = dict(model.named_parameters())
@@ -290,26 +313,29 @@ def test_from_torch_nested_sequentials_and_parameter_names():
 
 def test_from_torch_parameter_names_match_named_parameters_of_a_flat_model():
     model = nn.Sequential(nn.Linear(3, 5), nn.GELU(), nn.Linear(5, 5), nn.Identity(), nn.Linear(5, 1, bias=False))
-    arch = from_torch(model)
+    arch = parse(model)
     params = dict(model.named_parameters())
     assert arch.parameter_shapes == {name: tuple(p.shape) for name, p in params.items()}
     analysis = symalg.derive(arch)
-    assert set(analysis.symbols) == set(params)
+    assert set(analysis.model_graph.parameter_shapes) == set(params)
+    assert {t for s in analysis.symmetries for t in s.tensors} <= set(params)
+    assert from_torch(model).parameter_shapes == arch.parameter_shapes
 
 
 @pytest.mark.parametrize("module", [nn.CELU(), nn.Hardtanh(-2.0, 3.0), nn.Softplus(beta=2),
                                     nn.Softsign(), nn.Tanhshrink()], ids=lambda mod: repr(mod))
 def test_unknown_shape_preserving_module_is_an_opaque_node(module):
     model = nn.Sequential(nn.Linear(3, 4), module, nn.Linear(4, 2))
-    arch = from_torch(model)
+    arch = parse(model)
     node = arch.node("1")
     assert node["kind"] == "activation"
     assert node["op"].startswith(type(module).__name__)  # Hardtanh(min_val=-2.0, max_val=3.0), Softplus(beta=2, ...)
     assert node["module"] is module
     assert node["params"] == {}
-    sites, blocked = symalg.infer_sites(arch)
-    assert sites[0].groups == ()
-    assert [b.node for b in blocked] == ["1"]
+    analysis = symalg.derive(arch)
+    assert analysis.symmetries == ()
+    assert [(b.node, b.site) for b in analysis.blocked] == [("1", "0")]
+    assert "not in the equivariance catalogue" in analysis.blocked[0].reason
 
 
 @pytest.mark.parametrize("convert", [lambda model: model.float(), lambda model: model.to("meta")],
@@ -328,7 +354,7 @@ def test_sequential_with_a_parameterised_layer_is_traced_in_its_own_dtype_or_dev
 def test_opaque_module_survives_to_module():
     module = nn.CELU()
     model = nn.Sequential(nn.Linear(3, 4), module, nn.Linear(4, 2))
-    rebuilt = to_module(from_torch(model), dtype=torch.float32)
+    rebuilt = to_module(parse(model), dtype=torch.float32)
     assert rebuilt[1] is module
 
 
@@ -529,16 +555,21 @@ def test_spec_builder_errors_name_the_layer(build, message):
 
 
 @pytest.mark.parametrize("model, message", [
-    (nn.ModuleList([nn.Linear(3, 4)]), r"torch\.fx cannot trace ModuleList"),
+    (nn.ModuleList([nn.Linear(3, 4)]), r"expected a chain nn\.Sequential .* got ModuleList; trace general models"),
     (nn.Sequential(), r"empty"),
     (nn.Sequential(nn.ReLU(), nn.Linear(3, 4)), r"layer 0 \(ReLU\): an activation before the first linear layer"),
     (nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Tanh(), nn.Linear(4, 2)), r"layer 2 \(Tanh\): two activations"),
     (nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(5, 2)), r"layer 2 \(Linear\): in_features=5 .* produces 4"),
     (nn.Sequential(nn.Sequential(nn.Linear(3, 4)), nn.Sequential(nn.Linear(6, 2))), r"layer 1\.0 \(Linear\)"),
 ])
-def test_from_torch_errors_name_the_layer(model, message):
+def test_parse_of_a_sequential_errors_name_the_layer(model, message):
     with pytest.raises(SpecError, match=message):
-        from_torch(model)
+        parse(model)
+
+
+def test_from_torch_errors_name_the_model():
+    with pytest.raises(SpecError, match=r"torch\.fx cannot trace ModuleList"):
+        from_torch(nn.ModuleList([nn.Linear(3, 4)]))
 
 
 def test_parse_rejects_other_objects():

@@ -470,7 +470,7 @@ def test_activation_matches_torch(op, params, reference):
 @pytest.mark.parametrize("slope", [0.01, 0.2, 0.5, 1 / 3])
 def test_leaky_relu_from_torch_module_matches_torch(slope):
     module = torch.nn.LeakyReLU(negative_slope=slope)
-    arch = symalg.from_torch(torch.nn.Sequential(torch.nn.Linear(2, 3), module, torch.nn.Linear(3, 1)))
+    arch = symalg.parse(torch.nn.Sequential(torch.nn.Linear(2, 3), module, torch.nn.Linear(3, 1)))
     fn, _ = activation_function("leaky_relu", arch.node("1")["params"])
     z = _inputs()
     torch.testing.assert_close(fn(z), module(z), rtol=1e-14, atol=0)

@@ -97,7 +97,7 @@ def test_small_cnn_with_batch_norm_and_max_pooling():
         ("c2", "Translations(6, bias)", 6), ("b2", "PositiveScaling(6, alpha=1)", 6), ("c2", "S(6)", 0)])
     assert [b.node for b in analysis.blocked] == ["b1", "b2"]
     assert all("eps" in b.reason for b in analysis.blocked)
-    quantities = {q.name: q for q in analysis.conserved_quantities}
+    quantities = {q.name: q for q in analysis.conserved_quantities()}
     assert str(quantities["ell_c1"]) == "ell_c1_c1_bias = c1.bias"
     assert str(quantities["q_b2"]) == "q_b2 = b2.bias∘^2 + b2.weight∘^2 - fc.weight_(1)/4∘^2*1"
     params = dict(analysis.model_graph.model.named_parameters())

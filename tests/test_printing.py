@@ -2,6 +2,7 @@
 
 import pytest
 import sympy as sp
+import torch
 
 import symalg
 from symalg.symbolic.printing import latex, sstr
@@ -12,7 +13,7 @@ d = sp.MatrixSymbol("d_1", 3, 1)
 W = sp.MatrixSymbol("W_1", 3, 2)
 V = sp.MatrixSymbol("V", 3, 2)
 
-IMBALANCE = r"W_{1} W_{1}^{T} + b_{1} b_{1}^{T} - W_{2}^{T} W_{2}"
+IMBALANCE = r"b_{0} b_{0}^{T} + W_{0} W_{0}^{T} - W_{2}^{T} W_{2}"  # C for the site of layer 0
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,7 @@ def radial_analysis():
     (W.T * sp.OneMatrix(3, 1), r"W_{1}^{T} \mathbf{1}"),
     (sp.HadamardPower(W, 2) * sp.OneMatrix(2, 1), r"W_{1}^{\circ {2}} \mathbf{1}"),
     (sp.HadamardProduct(W, V), r"W_{1} \circ V"),
+    (sp.HadamardPower(d, -3), r"d_{1}^{\circ (-3)}"),
 ])
 def test_latex_printer(expr, expected):
     assert latex(expr) == expected
@@ -69,13 +71,21 @@ def test_str_printer(expr, expected):
     assert sstr(expr) == expected
 
 
-# -- conserved quantities --------------------------------------------------------------------------
+# -- conserved quantities ---------------------------------------------------------------------------
+def test_parameter_names_print_as_readable_latex():
+    W0, b0 = sp.MatrixSymbol("0.weight", 3, 2), sp.MatrixSymbol("0.bias", 3, 1)
+    assert latex(W0 * W0.T + b0 * b0.T) == r"b_{0} b_{0}^{T} + W_{0} W_{0}^{T}"
+    assert latex(sp.MatrixSymbol("encoder.fc_1.weight", 3, 2)) == r"W_{\mathrm{encoder.fc\_1}}"
+    assert latex(sp.MatrixSymbol("0.weight[0:4]_(1)", 4, 2)) == r"\mathrm{0.weight[0:4]\_(1)}"
+    assert sstr(W0 * W0.T) == "0.weight*0.weight.T"  # plain text keeps the name params are keyed by
+
+
 def test_conserved_quantity_latex_has_the_layer_imbalance(linear_analysis):
     quantity = linear_analysis.conserved_quantities()[0]
     text = quantity.latex()
     assert IMBALANCE in text
-    assert text.startswith(r"Q_{M_{1}} = \operatorname{tr}\left(M_{1} C_{1}\right)")
-    assert rf"C_{{1}} = {IMBALANCE}" in text
+    assert text.startswith(r"Q_{M} = \operatorname{tr}\left(M C_{0}\right)")
+    assert rf"C_{{0}} = {IMBALANCE}" in text
 
 
 def test_conserved_quantity_repr_latex_wraps_in_dollars(linear_analysis):
@@ -85,73 +95,90 @@ def test_conserved_quantity_repr_latex_wraps_in_dollars(linear_analysis):
 
 def test_conserved_quantity_without_bias():
     quantity = symalg.derive("linear(n, h, bias=False) -> identity -> linear(h, m)").conserved_quantities()[0]
-    assert r"C_{1} = W_{1} W_{1}^{T} - W_{2}^{T} W_{2}" in quantity.latex()
+    assert r"C_{0} = W_{0} W_{0}^{T} - W_{2}^{T} W_{2}" in quantity.latex()
     assert "b_" not in quantity.latex()
-    assert str(quantity).startswith("C_1 = W_1*W_1.T - W_2.T*W_2")
+    assert str(quantity) == "C__0 = 0.weight*0.weight.T - 2.weight.T*2.weight"
 
 
 def test_conserved_quantity_str(linear_analysis):
-    assert str(linear_analysis.conserved_quantities()[0]).startswith("C_1 = W_1*W_1.T + b_1*b_1.T - W_2.T*W_2")
+    assert str(linear_analysis.conserved_quantities()[0]) == \
+        "C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight"
 
 
 def test_positive_scaling_quantity_prints_ones_and_hadamard_powers(relu_analysis):
     quantity = relu_analysis.conserved_quantities()[0]
-    assert quantity.latex() == (r"Q_{m_{1}} = m_{1}^{T} q_{1},\quad q_{1} = W_{1}^{\circ {2}} \mathbf{1} + b_{1}^{\circ {2}} "
+    assert quantity.latex() == (r"Q_{m} = m^{T} q_{0},\quad q_{0} = b_{0}^{\circ {2}} + W_{0}^{\circ {2}} \mathbf{1} "
                                 r"- \left(W_{2}^{T}\right)^{\circ {2}} \mathbf{1}")
-    assert str(quantity).startswith("q_1 = W_1∘^2*1 + b_1∘^2 - W_2.T∘^2*1")
+    assert str(quantity) == "q__0 = 0.bias∘^2 + 0.weight∘^2*1 - 2.weight.T∘^2*1"
 
 
 def test_homogeneous_degree_appears_in_the_quantity():
     quantity = symalg.derive("linear(n, h) -> relu_pow(alpha=3) -> linear(h, m)").conserved_quantities()[0]
     assert r"- 3 \left(W_{2}^{T}\right)^{\circ {2}} \mathbf{1}" in quantity.latex()
-    assert "3*W_2.T∘^2*1" in str(quantity)
+    assert "3*2.weight.T∘^2*1" in str(quantity)
 
 
 def test_angular_momentum_latex(radial_analysis):
     (momentum,) = radial_analysis.angular_momenta()
     text = momentum.latex()
-    assert text.startswith("J_{1} = ") and text.endswith(r"= 0 \ \text{along gradient flow}")
-    for term in (r"W_{1} \dot{W}_{1}^{T}", r"\dot{W}_{1} W_{1}^{T}", r"W_{2}^{T} \dot{W}_{2}", r"\dot{W}_{2}^{T} W_{2}",
-                 r"b_{1} \dot{b}_{1}^{T}", r"\dot{b}_{1} b_{1}^{T}"):
-        assert term in text
+    assert text.startswith(r"J_{\mathrm{0}} = G - G^{T}") and r"0 \text{ along gradient flow)}" in text
     assert momentum._repr_latex_() == f"${text}$"
 
 
 def test_angular_momentum_str_is_plain_text(radial_analysis):
-    # The plain-text form should not carry LaTeX markup (``\\dot{W}_{1}``) in its symbol names.
+    # The plain-text form carries no LaTeX markup, and names the tensors it reads.
     (momentum,) = radial_analysis.angular_momenta()
     text = str(momentum)
-    assert text.startswith("J_1 = ")
+    assert text.startswith("J__0 = G - G.T") and "over 0.weight, 0.bias, 2.weight" in text
     assert "\\" not in text and "{" not in text
 
 
 # -- symmetries and analyses -----------------------------------------------------------------------
+MOVES = "0.weight rows[0:h] (out); 0.bias rows[0:h] (out); 2.weight columns[0:h] (in)"
+
+
 def test_symmetry_latex_and_repr(relu_analysis):
     scaling, permutation = relu_analysis.symmetries
     text = scaling.latex()
-    assert text.startswith(r"\text{site h1 (relu):}\ ")
-    assert r"W_{1} \mapsto \operatorname{diag}\left(d_{1}\right) W_{1}" in text
-    assert r"b_{1} \mapsto \operatorname{diag}\left(d_{1}\right) b_{1}" in text
-    assert r"\delta W_{2} = - W_{2} \operatorname{diag}\left(m_{1}\right)" in text
+    assert text.startswith(r"(\mathbb{R}_{>0})^{h},\ \pi(g) = g^{1} \text{ on 0: } ")
+    assert r"W_{0} \mapsto \operatorname{diag}\left(d\right) W_{0}" in text
+    assert r"b_{0} \mapsto \operatorname{diag}\left(d\right) b_{0}" in text
+    assert r"W_{2} \mapsto W_{2} \operatorname{diag}\left(d^{\circ (-1)}\right)" in text
     assert "DiagMatrix" not in text
-    assert scaling._repr_latex_() == rf"$\begin{{gathered}}{text}\end{{gathered}}$"
-    assert r"W_{2} \mapsto W_{2} g_{1}^{T}" in permutation.latex()
-    assert r"\delta" not in permutation.latex()  # discrete: no infinitesimal action
+    assert scaling._repr_latex_() == f"${text}$"
+    assert permutation.latex() == r"S_{h} \text{ on 0: } W_{0} \mapsto g W_{0},\ b_{0} \mapsto g b_{0},\ W_{2} \mapsto W_{2} g^{T}"
+    degree = symalg.derive("linear(n, h) -> relu_pow(alpha=3) -> linear(h, m)").symmetries[0]
+    assert r"W_{2} \mapsto W_{2} \operatorname{diag}\left(d^{\circ (-3)}\right)" in degree.latex()
+
+
+def test_affine_sign_flip_latex_shifts_the_next_bias():
+    flips = symalg.derive("linear(n, h) -> sigmoid -> linear(h, m)").symmetries[0]
+    assert flips.action_latex()[2:] == [r"W_{2} \mapsto W_{2} g",
+                                        r"b_{2} \mapsto b_{2} - W_{2} g \left(- \frac{1}{2} g \mathbf{1} + "
+                                        r"\left(\frac{1}{2}\right) \mathbf{1}\right)"]
+
+
+def test_traced_sites_print_as_valid_latex():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
+    analysis = symalg.derive(symalg.from_torch(model, (torch.randn(5, 3, dtype=torch.float64),)))
+    assert analysis.symmetries[0].latex().startswith(r"(\mathbb{Z}_2)^{4} \text{ on \_0: } W_{0} \mapsto g W_{0}")
+    assert r"&\text{\_0: } S_{4}" in describe_latex(analysis)
 
 
 def test_symmetry_str(relu_analysis):
     scaling, permutation = relu_analysis.symmetries
-    assert str(scaling).startswith(f"h1:{scaling.group.name} (dim h): ")
-    assert "W_1 -> diag(d_1)*W_1" in str(scaling)
-    assert str(permutation) == f"h1:{permutation.group.name} (dim 0): W_2 -> W_2*g_1.T; W_1 -> g_1*W_1; b_1 -> g_1*b_1"
+    assert str(scaling) == f"PositiveScaling(h, alpha=1) on 0: moves {MOVES}\n  conserved: {scaling.conserved}"
+    assert str(permutation) == f"S(h) on 0: moves {MOVES}"  # discrete: no conserved quantity
 
 
 def test_analysis_latex_and_repr(linear_analysis):
     text = linear_analysis.latex()
-    assert text.startswith(r"\text{site h1 (identity):}\ ")
-    assert r"W_{1} \mapsto g_{1} W_{1}" in text and r"W_{2} \mapsto W_{2} g_{1}^{-1}" in text
-    assert IMBALANCE in text
-    assert linear_analysis._repr_latex_() == rf"$\begin{{gathered}}{text}\end{{gathered}}$"
+    assert text.startswith("\\begin{align*}\n& \\mathrm{GL}(h) \\text{ on 0: } W_{0} \\mapsto g W_{0},\\ b_{0} \\mapsto g b_{0},"
+                           "\\ W_{2} \\mapsto W_{2} g^{-1} \\\\\n")
+    assert rf"& Q_{{M}} = \operatorname{{tr}}\left(M C_{{0}}\right),\quad C_{{0}} = {IMBALANCE}" in text
+    body = text[len("\\begin{align*}\n"):-len("\n\\end{align*}")]
+    assert linear_analysis._repr_latex_() == f"$\\begin{{aligned}}\n{body}\n\\end{{aligned}}$"
+    assert repr(linear_analysis) == "Analysis('linear(n, h) -> identity -> linear(h, m)': GL(h) on 0)"
 
 
 @pytest.mark.parametrize("name", ["linear_analysis", "relu_analysis", "two_site_analysis", "radial_analysis"])
@@ -159,35 +186,43 @@ def test_str_of_analysis_mentions_everything(name, request):
     analysis = request.getfixturevalue(name)
     text = str(analysis)
     assert text == describe(analysis)
-    assert text.splitlines()[0] == f"network: {symalg.to_spec_string(analysis.architecture)}"
-    for site in analysis.sites:
-        assert f"site {site.name} (width {site.width}, activation {site.op})" in text
-        for group in site.groups:
-            assert group.name in text
+    assert text.splitlines()[0] == f"model: {symalg.to_spec_string(analysis.architecture)!r}"
     for symmetry in analysis.symmetries:
-        assert symmetry.label in text
+        assert f"  {symmetry.label}  [" in text
+        for binding in symmetry.bindings:
+            assert binding.describe() in text
+    for note in analysis.sites.restrictions:
+        assert f"restricted: {note}" in text
     assert f"orbit dimension (generic): {sstr(analysis.orbit_dimension())}" in text
     for quantity in analysis.conserved_quantities():
         assert str(quantity) in text
     for momentum in analysis.angular_momenta():
-        assert momentum.name in text
+        assert f"angular momentum: {momentum}" in text
+    assert text.splitlines()[-1] == analysis.certification_summary()
 
 
 def test_str_of_analysis_formulas(linear_analysis, two_site_analysis):
     text = str(linear_analysis)
     assert "orbit dimension (generic): h**2 - (h - Min(h, m))*(h - Min(h, n + 1))" in text
-    assert "C_1 = W_1*W_1.T + b_1*b_1.T - W_2.T*W_2" in text
-    assert "W_1 -> g_1*W_1" in text and "dW_2 = -W_2*M_1" in text
+    assert "C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight" in text
+    assert f"  GL(h) on 0  [continuous, dim h**2]\n    moves {MOVES}\n    Lie algebra of dim h**2" in text
+    assert "conserved quantities: 1 family; functionally independent at generic θ: " in text
     text = str(two_site_analysis)
-    assert "site h1 (width h, activation relu)" in text and "site h2 (width k, activation tanh)" in text
+    assert "PositiveScaling(h, alpha=1) on 0  [continuous, dim h]" in text and "SignFlips(k) on 2  [discrete, dim 0]" in text
+    assert "moves 2.weight rows[0:k] (out); 2.bias rows[0:k] (out); 4.weight columns[0:k] (in)" in text
     assert "orbit dimension (generic): h\n" in text
-    assert "q_1 = W_1∘^2*1 + b_1∘^2 - W_2.T∘^2*1" in text
+    assert "q__0 = 0.bias∘^2 + 0.weight∘^2*1 - 2.weight.T∘^2*1" in text
 
 
-def test_str_of_analysis_mentions_blocked_symmetries():
-    analysis = symalg.derive("linear(2, 3) -> sigmoid -> linear(3, 1, bias=False)")
-    text = str(analysis)
-    assert "blocked:" in text and "sign flips need a bias in layer 2" in text
+def test_str_of_analysis_mentions_blocked_and_restricted_symmetries():
+    text = str(symalg.derive("linear(2, 3) -> sigmoid -> linear(3, 1, bias=False)"))
+    assert "SignFlips" not in text.split("restricted:")[0]
+    assert "restricted: 0 (node 2): SF removed: layer 2 (linear) has no bias to absorb the shift of an affine sign flip" \
+        in text
+    opaque = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Softsign(), torch.nn.Linear(4, 2))
+    text = str(symalg.derive(symalg.parse(opaque)))
+    assert "blocked: 0 (node 1): " in text and "op 'Softsign' is not in the equivariance catalogue" in text
+    assert "symmetries:\n  none" in text
 
 
 # -- describe_latex --------------------------------------------------------------------------------
@@ -202,12 +237,10 @@ def test_describe_latex_linear(linear_analysis):
     assert lines[0] == r"\text{orbit dimension} &= " + latex(linear_analysis.orbit_dimension())
     assert lines[0] == (r"\text{orbit dimension} &= h^{2} - \left(h - \min\left(h, m\right)\right) "
                         r"\left(h - \min\left(h, n + 1\right)\right)")
-    assert r"&\text{h1: } \mathrm{GL}(h)" in lines
-    assert r"W_{1} &\mapsto g_{1} W_{1}" in lines
-    assert r"W_{2} &\mapsto W_{2} g_{1}^{-1}" in lines
-    assert r"b_{1} &\mapsto g_{1} b_{1}" in lines
-    assert lines[-1].startswith(r"Q_{M_{1}} &= \operatorname{tr}")
-    assert rf"C_{{1}} = {IMBALANCE}" in lines[-1]
+    assert lines[1:5] == [r"&\text{0: } \mathrm{GL}(h)", r"&\quad W_{0} \mapsto g W_{0}", r"&\quad b_{0} \mapsto g b_{0}",
+                          r"&\quad W_{2} \mapsto W_{2} g^{-1}"]
+    assert lines[-1].startswith(r"Q_{M} &= \operatorname{tr}\left(M C_{0}\right)")
+    assert rf"C_{{0}} = {IMBALANCE}" in lines[-1]
     for line in lines:  # align*-ready: one alignment point per line
         assert line.count("&") == 1, line
 
@@ -215,30 +248,48 @@ def test_describe_latex_linear(linear_analysis):
 def test_describe_latex_positive_scaling(relu_analysis):
     lines = _lines(describe_latex(relu_analysis))
     assert lines[0] == r"\text{orbit dimension} &= h"
-    assert r"W_{1} &\mapsto \operatorname{diag}\left(d_{1}\right) W_{1}" in lines
-    assert r"&\text{h1: } S_{h}" in lines
-    assert lines[-1].startswith(r"Q_{m_{1}} &= m_{1}^{T} q_{1}")
+    assert r"&\text{0: } (\mathbb{R}_{>0})^{h},\ \pi(g) = g^{1}" in lines
+    assert r"&\text{0: } S_{h}" in lines
+    assert r"&\quad W_{0} \mapsto \operatorname{diag}\left(d\right) W_{0}" in lines
+    assert lines[-1].startswith(r"Q_{m} &= m^{T} q_{0}")
     assert r"\mathbf{1}" in lines[-1]
     assert all("DiagMatrix" not in line and "OneMatrix" not in line for line in lines)
 
 
 def test_describe_latex_angular_momentum(radial_analysis):
     lines = _lines(describe_latex(radial_analysis))
-    assert r"&\text{h1: } \mathrm{O}(h)" in lines
-    assert lines[-1].startswith(r"J_{1} &= ")
-    assert lines[-1].endswith(r"\text{along gradient flow}")
+    assert r"&\text{0: } \mathrm{O}(h)" in lines
+    assert lines[-1].startswith(r"J_{\mathrm{0}} &= ")
+    assert lines[-1].endswith(r"\text{ along gradient flow)}")
 
 
 def test_describe_latex_without_closed_form_orbit():
     analysis = symalg.derive("linear(n, h) -> radial -> linear(h, k) -> identity -> linear(k, m)")
     lines = _lines(describe_latex(analysis))
     assert lines[0] == r"\text{orbit dimension: numeric only}"
-    assert any(line.startswith(r"J_{1} &= ") for line in lines)
-    assert any(line.startswith(r"Q_{M_{2}} &= ") and r"C_{2} = " in line for line in lines)
+    assert any(line.startswith(r"J_{\mathrm{0}} &= ") for line in lines)
+    assert any(line.startswith(r"Q_{M} &= ") and r"C_{2} = " in line for line in lines)
 
 
 def test_describe_latex_concrete_widths():
     analysis = symalg.derive("linear(2, 3) -> leaky_relu(slope=0.2) -> linear(3, 1)")
     lines = _lines(describe_latex(analysis))
     assert lines[0] == r"\text{orbit dimension} &= 3"
-    assert r"&\text{h1: } S_{3}" in lines
+    assert r"&\text{0: } S_{3}" in lines
+
+
+@pytest.mark.parametrize("make", ["spec", "symbolic", "traced"])
+def test_to_dict_is_json_for_every_front_end(make):
+    import json
+
+    if make == "traced":
+        model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+        analysis = symalg.derive(symalg.from_torch(model, (torch.randn(5, 3, dtype=torch.float64),)),
+                                 loss="cross_entropy")
+    else:
+        spec = "linear(3, 4) -> relu -> linear(4, 2)" if make == "spec" else "linear(n, h) -> relu -> linear(h, m)"
+        analysis = symalg.derive(spec, loss="cross_entropy")
+    summary = json.loads(json.dumps(analysis.to_dict()))
+    assert [s["group"] for s in summary["symmetries"]] == [s.group.name for s in analysis.symmetries]
+    assert summary["loss"] == "cross_entropy" and summary["orbit_dimension"] == str(analysis.orbit_dimension())
+    assert (summary["certification"] is None) == (make == "symbolic")

@@ -138,6 +138,8 @@ class SiteGroup:
     conserved_kind: ClassVar[str | None] = None
     """``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``), ``"linear"`` or None: the kind of
     conserved quantity of gradient flow the group gives (None: none, e.g. ``so(h)`` gives angular momentum)."""
+    has_angular_momentum: ClassVar[bool] = False
+    """Its Lie algebra is antisymmetric: gradient flow conserves no ``Q_M``, heavy-ball dynamics an angular momentum."""
     roles: ClassVar[tuple] = ("out", "in")
     """The roles a region can have under the action (:meth:`operator`)."""
     site_options: ClassVar[tuple] = ()
@@ -521,6 +523,7 @@ class Orthogonal(SiteGroup):
     symbol: ClassVar[str] = "O"
     discrete_description: ClassVar[str] = "reflection diag(-1, 1, ..., 1)"
     kind: ClassVar[str] = "O"
+    has_angular_momentum: ClassVar[bool] = True
     kinds_it_preserves: ClassVar[frozenset] = frozenset({"O", "O1", "SF", "S"})
     orthogonal: ClassVar[bool] = True
     infinitesimal_statement: ClassVar[str] = "dσ(z)[A z] = A σ(z), A antisymmetric"

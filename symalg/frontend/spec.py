@@ -1,4 +1,5 @@
-"""Front ends: spec strings, the :class:`Spec` builder and ``torch.nn.Sequential`` → :class:`Architecture`.
+"""The spec front end: spec strings, the :class:`Spec` builder and chain ``torch.nn.Sequential`` → :class:`Architecture`
+→ the one graph (:func:`to_graph`); :func:`from_torch` traces any other model into the same graph format.
 
 Spec strings are layers separated by ``->``; a layer is ``linear(in, out)`` (``bias=False`` to drop
 the bias) or an activation from the catalogue, with optional hyper-parameters::
@@ -171,8 +172,12 @@ def _parse_layer(text: str, index: int, catalogue: Mapping) -> tuple:
 
 
 def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
-    """Build an :class:`Architecture` from a spec string, a :class:`Spec`, an ``nn.Sequential``,
+    """Build an :class:`Architecture` from a spec string, a :class:`Spec`, a chain ``nn.Sequential``,
     a validated ``networkx.DiGraph`` or an :class:`Architecture`; ``widths`` substitutes symbols.
+
+    A chain ``nn.Sequential`` (``nn.Linear`` and parameter-free activation modules, nested Sequentials
+    allowed) is read as the spec it spells, named like its parameters; any other model is not a spec:
+    :func:`from_torch` traces it.
 
     >>> parse("linear(n, h) -> tanh -> linear(h, 1)", h=4)
     Architecture('linear(n, 4) -> tanh -> linear(4, 1)')
@@ -189,8 +194,8 @@ def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
     elif isinstance(spec, torch.nn.Module):
         if not _is_chain(spec):
             raise SpecError(f"parse: expected a chain nn.Sequential of Linear and activation modules, got "
-                            f"{type(spec).__name__}; trace general models with symalg.from_torch or symalg.trace")
-        arch = from_torch(spec)
+                            f"{type(spec).__name__}; trace general models with symalg.from_torch")
+        arch = _from_sequential(spec, catalogue)
     elif isinstance(spec, nx.DiGraph):
         arch = Architecture(spec, None if catalogue is CATALOGUE else catalogue)
     else:
@@ -221,21 +226,28 @@ def _is_chain(module: torch.nn.Module) -> bool:
     return True
 
 
-def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None, catalogue: Mapping = CATALOGUE):
-    """Read a torch model: an :class:`Architecture` for a plain chain, else a traced :class:`ModelGraph`.
+def from_torch(module: torch.nn.Module, example_inputs: tuple | torch.Tensor | None = None) -> ModelGraph:
+    """The one graph (:class:`~symalg.ir.graph.ModelGraph`) of any torch model: :func:`symalg.trace` by its
+    friendly name (torch.fx, ``torch.export`` as the fallback), whatever the model.
 
-    An ``nn.Sequential`` of ``nn.Linear`` and activation modules (nested Sequentials allowed) without
-    ``example_inputs`` becomes the symbolic chain schema (activations the catalogue does not know
-    are opaque nodes that admit no symmetry; they must preserve the feature width). Every other
-    model is traced by :func:`symalg.trace` (torch.fx, ``torch.export`` as the fallback); a traced
-    graph does not hold a catalogue, so give a custom one to ``derive(graph, catalogue=...)``.
+    ``example_inputs`` (a tensor or a tuple, positional or by keyword) give the graph its shapes and let
+    :func:`~symalg.symbolic.derive.derive` certify every claim by running the model; without them the model is
+    traced without shapes and ``derive`` needs ``certify=False``. To read a chain ``nn.Sequential`` of
+    ``nn.Linear`` and activation modules as a spec (symbolic widths, ``subs``, a spec string), use
+    :func:`parse` instead. A traced graph holds no catalogue: give a custom one to ``derive(graph,
+    catalogue=...)``.
     """
-    if example_inputs is not None or not _is_chain(module):
-        if not isinstance(example_inputs, (tuple, torch.Tensor, type(None))):
-            raise SpecError(f"from_torch: example_inputs must be a tuple of tensors, got {type(example_inputs).__name__}")
-        from symalg.frontend.tracing import trace
+    from symalg.frontend.tracing import trace
 
-        return trace(module, example_inputs)
+    if not isinstance(example_inputs, (tuple, torch.Tensor, type(None))):
+        raise SpecError(f"from_torch: example_inputs must be a tensor or a tuple of tensors, got "
+                        f"{type(example_inputs).__name__}")
+    return trace(module, example_inputs)
+
+
+def _from_sequential(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) -> Architecture:
+    """The spec of a chain ``nn.Sequential`` (see :func:`parse`): activations the catalogue does not know are
+    opaque nodes that admit no symmetry; they must preserve the feature width."""
     nodes: list[tuple[str, dict]] = []
     width = None
     for path, child in _leaves(module):

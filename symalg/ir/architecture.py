@@ -160,7 +160,7 @@ def validate(graph: nx.DiGraph) -> None:
 class Architecture:
     """A validated feed-forward architecture: the graph plus convenient read-only views.
 
-    Build one with :func:`symalg.parse`, :class:`symalg.Spec` or :func:`symalg.from_torch`.
+    Build one with :func:`symalg.parse` (a spec string or a chain ``nn.Sequential``) or :class:`symalg.Spec`.
     """
 
     graph: nx.DiGraph

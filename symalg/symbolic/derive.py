@@ -24,6 +24,7 @@ import torch
 
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry
 from symalg.catalogue.groups import Permutations, SignFlips, Translations
+from symalg.symbolic.report import describe
 from symalg.errors import SpecError
 from symalg.frontend.spec import to_graph, to_spec_string
 from symalg.ir.architecture import Architecture
@@ -32,7 +33,7 @@ from symalg.lowering.codegen import LoweredFunction
 from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
 from symalg.symbolic.inference import Blocked, ModelSites, check_loss, infer_model
 from symalg.symbolic.orbit import independent_conserved_formula, independent_conserved_rank, orbit_dimension_formula
-from symalg.symbolic.symmetry import ModelConserved, Symmetry, _group, _number
+from symalg.symbolic.symmetry import ModelAngularMomentum, ModelConserved, Symmetry, _group, _number
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 
 __all__ = ["Analysis", "derive"]
@@ -87,6 +88,11 @@ class Analysis:
         """The conserved quantities of gradient flow, one family per continuous symmetry that has one."""
         return [s.conserved for s in self.symmetries if s.conserved is not None]
 
+    def angular_momenta(self) -> list[ModelAngularMomentum]:
+        """The angular-momentum relations ``J(θ, θ̇)``, one per orthogonal symmetry (whose antisymmetric
+        generators have no conserved quantity): :class:`~symalg.symbolic.symmetry.ModelAngularMomentum`."""
+        return [s.angular_momentum for s in self.symmetries if s.angular_momentum is not None]
+
     def orbit_dimension(self, params: Mapping[str, torch.Tensor] | None = None):
         """Dimension of the group orbit through θ.
 
@@ -130,12 +136,17 @@ class Analysis:
         return {q.name: q.lowered for q in self.conserved_quantities()}
 
     def latex(self) -> str:
+        """Every symmetry (group, site, tensors moved), conserved quantity and angular-momentum relation, one
+        ``align*`` row each."""
+        return "\\begin{align*}\n" + self._latex_rows() + "\n\\end{align*}"
+
+    def _latex_rows(self) -> str:
         rows = [s.latex() for s in self.symmetries]
-        rows += [q.latex() for q in self.conserved_quantities()]
-        return "\\begin{align*}\n" + " \\\\\n".join(f"& {r}" for r in rows) + "\n\\end{align*}"
+        rows += [q.latex() for q in self.conserved_quantities()] + [j.latex() for j in self.angular_momenta()]
+        return " \\\\\n".join(f"& {r}" for r in rows) or r"& \text{no symmetry}"
 
     def _repr_latex_(self):
-        return self.latex()
+        return "$\\begin{aligned}\n" + self._latex_rows() + "\n\\end{aligned}$"
 
     def table(self) -> list[tuple[str, str, object]]:
         """``(site, group name, Lie-algebra dimension)`` for every symmetry."""
@@ -169,10 +180,8 @@ class Analysis:
         return f"Analysis({self._name()}: {', '.join(s.label for s in self.symmetries) or 'no symmetry'})"
 
     def __str__(self):
-        lines = [str(s) for s in self.symmetries]
-        lines += [f"blocked: {b}" for b in self.blocked]
-        lines.append(self.certification_summary())
-        return "\n".join(lines)
+        """The plain-text report of :func:`~symalg.symbolic.report.describe`."""
+        return describe(self)
 
     def certification_summary(self) -> str:
         """One line: how many claims were certified, the worst kept error, how many failed."""

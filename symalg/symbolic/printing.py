@@ -2,21 +2,42 @@
 
 SymPy's own printers write ``\\operatorname{DiagMatrix}(d)``, ``1`` for a column of ones and
 ``HadamardPower(W, 2)``; these subclasses print ``\\operatorname{diag}(d)``, ``\\mathbf{1}`` and
-``W∘W``-style powers instead.
+``W∘W``-style powers instead. In LaTeX, torch parameter names (symbols named ``0.weight``, ``fc.bias``)
+print as ``W_{0}``, ``b_{\\mathrm{fc}}`` (:func:`tensor_latex`); plain text keeps the parameter name.
 
 >>> import sympy as sp
 >>> d = sp.MatrixSymbol("d_1", 3, 1)
 >>> latex(sp.DiagMatrix(d))
 '\\\\operatorname{diag}\\\\left(d_{1}\\\\right)'
+>>> W = sp.MatrixSymbol("0.weight", 3, 2)
+>>> latex(W * W.T), sstr(W * W.T)
+('W_{0} W_{0}^{T}', '0.weight*0.weight.T')
 """
 from __future__ import annotations
 
 import re
 
 from sympy.printing.latex import LatexPrinter
+from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
-__all__ = ["latex", "sstr"]
+__all__ = ["latex", "sstr", "tensor_latex"]
+
+_ROLES = {"weight": "W", "bias": "b"}
+
+
+def tensor_latex(name: str) -> str:
+    """LaTeX for a parameter or buffer name: ``0.weight`` → ``W_{0}``, ``encoder.fc.bias`` →
+    ``b_{\\mathrm{encoder.fc}}``, any other dotted name (a region ``0.weight[0:4]_(1)``) in ``\\mathrm``."""
+    prefix, _, role = name.rpartition(".")
+    if prefix and role in _ROLES:
+        sub = prefix if prefix.isalnum() and len(prefix) <= 3 else rf"\mathrm{{{_escape(prefix)}}}"
+        return f"{_ROLES[role]}_{{{sub}}}"
+    return rf"\mathrm{{{_escape(name)}}}"
+
+
+def _escape(text: str) -> str:
+    return re.sub(r"([_&%$#{}])", r"\\\1", text)
 
 
 class SymalgLatexPrinter(LatexPrinter):
@@ -25,6 +46,18 @@ class SymalgLatexPrinter(LatexPrinter):
 
     def _print_OneMatrix(self, expr):
         return r"\mathbf{1}"
+
+    def _print_HadamardPower(self, expr):
+        # SymPy writes d^{\circ \left({-1}\right)} for a negative power; print d^{\circ (-1)}.
+        if expr.exp.is_negative:
+            return rf"{self.parenthesize(expr.base, PRECEDENCE['Pow'])}^{{\circ ({self._print(expr.exp)})}}"
+        return super()._print_HadamardPower(expr)
+
+    def _print_MatrixSymbol(self, expr):
+        # SymPy reads "0.weight" as a plain name and prints it unchanged (invalid-looking LaTeX).
+        if "." in expr.name and not expr.name.startswith("\\"):
+            return tensor_latex(expr.name)
+        return super()._print_MatrixSymbol(expr)
 
 
 class SymalgStrPrinter(StrPrinter):

@@ -7,7 +7,8 @@ model: 'linear(2, 3) -> tanh -> linear(3, 1)'
 from __future__ import annotations
 
 
-from symalg.symbolic.printing import latex, sstr
+from symalg.catalogue.groups import Translations
+from symalg.symbolic.printing import latex, sstr, tensor_latex
 
 __all__ = ["describe", "describe_latex"]
 
@@ -34,35 +35,48 @@ def _group_text(group) -> str:
 
 
 def describe(analysis) -> str:
-    """Plain-text report of any analysis: symmetries with the tensors they move, blocked notes, orbit dimension,
-    conserved quantities, certification."""
+    """Plain-text report of any analysis (its ``str``): symmetries with the tensor regions they move and how,
+    blocked notes (a group removed by an op nobody declared, a disproved declaration, a failed certification),
+    restrictions (why a site's group is no larger: the activation's equivariance, a missing bias, the fixed
+    output), orbit dimension, conserved quantities, certification."""
     lines = [f"model: {analysis._name()}", "", "symmetries:"]
     for symmetry in analysis.symmetries:
         kind = "continuous" if symmetry.group.is_continuous else "discrete"
         lines.append(f"  {symmetry.label}  [{kind}, dim {sstr(symmetry.group.dim)}]")
-        lines.append(f"    moves {', '.join(symmetry.tensors)}")
+        moved = [b.describe() for b in symmetry.bindings] or [f"{r.tensor} ({f.pattern})" for f in symmetry.translations
+                                                             for r in f.regions]
+        lines.append(f"    moves {'; '.join(dict.fromkeys(moved))}")
         if _group_text(symmetry.group):
             lines.append(f"    {_group_text(symmetry.group)}")
     if not analysis.symmetries:
         lines.append("  none")
     lines += [f"blocked: {blocked}" for blocked in analysis.blocked]
+    lines += [f"restricted: {note}" for note in analysis.sites.restrictions]  # why a site's group is no larger
     lines.append("")
     lines.append(f"orbit dimension (generic): {_formula_text(analysis.orbit_dimension)}")
     quantities = analysis.conserved_quantities()
-    lines.append(f"conserved quantities: {len(quantities)} families; functionally independent at generic θ: "
-                 f"{_formula_text(analysis.independent_conserved)}")
+    lines.append(f"conserved quantities: {len(quantities)} {'family' if len(quantities) == 1 else 'families'}; "
+                 f"functionally independent at generic θ: {_formula_text(analysis.independent_conserved)}")
     lines += [f"  {quantity}" for quantity in quantities]
+    lines += [f"angular momentum: {momentum}" for momentum in analysis.angular_momenta()]
     lines.append(analysis.certification_summary())
     return "\n".join(lines)
 
 
 def describe_latex(analysis) -> str:
-    """LaTeX report: one ``align*``-ready line per symmetry and conserved quantity."""
+    """LaTeX report: one ``align*``-ready line per symmetry, per moved tensor (its action), conserved quantity and
+    angular-momentum relation."""
     orbit, reason = _formula(analysis.orbit_dimension)
     lines = [rf"\text{{orbit dimension}} &= {latex(orbit)}" if reason is None
              else r"\text{orbit dimension: numeric only}"]
     for symmetry in analysis.symmetries:
-        lines.append(rf"&\text{{{symmetry.site}: }} {symmetry.group.latex()}")
+        site = symmetry.site.replace("_", r"\_")
+        lines.append(rf"&\text{{{site}: }} {symmetry.group.latex()}")
+        lines += [rf"&\quad {row}" for row in symmetry.action_latex()]
+        if isinstance(symmetry.group, Translations):
+            lines.append(r"&\quad\text{translates } " + ", ".join(tensor_latex(t) for t in symmetry.tensors))
     for quantity in analysis.conserved_quantities():
         lines.append(quantity.latex().replace(" = ", " &= ", 1))
+    for momentum in analysis.angular_momenta():
+        lines.append(momentum.latex().replace(" = ", " &= ", 1))
     return "\\begin{align*}\n" + " \\\\\n".join(lines) + "\n\\end{align*}"

@@ -29,6 +29,7 @@ C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
@@ -40,9 +41,9 @@ import torch
 from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.groups import SiteGroup, group_classes
 from symalg.lowering.codegen import LoweredFunction, lower
-from symalg.symbolic.printing import latex, sstr
+from symalg.symbolic.printing import latex, sstr, tensor_latex
 
-__all__ = ["Symmetry", "ModelConserved"]
+__all__ = ["Symmetry", "ModelConserved", "ModelAngularMomentum"]
 
 
 def _number(value: Fraction):
@@ -80,10 +81,65 @@ class ModelConserved:
         return self.lowered(params)
 
     def latex(self) -> str:
-        return r",\quad ".join(f"{_latex_name(key)} = {latex(expr)}" for key, expr in self.exprs.items())
+        """``Q_M = tr(M C), C = ...`` (matrix), ``Q_m = mᵀ q, q = ...`` (diagonal) or the linear quantities."""
+        body = r",\quad ".join(f"{_latex_name(key)} = {latex(expr)}" for key, expr in self.exprs.items())
+        name = _latex_name(self.name)
+        head = {"matrix": rf"Q_{{M}} = \operatorname{{tr}}\left(M {name}\right),\quad ",
+                "diagonal": rf"Q_{{m}} = m^{{T}} {name},\quad "}.get(self.kind, "")
+        return head + body
 
     def __str__(self):
         return "; ".join(f"{key} = {sstr(expr)}" for key, expr in self.exprs.items())
+
+    def _repr_latex_(self):
+        return f"${self.latex()}$"
+
+
+@dataclass(frozen=True, eq=False)
+class ModelAngularMomentum:
+    """The angular-momentum relation of a group with antisymmetric generators (``O``), built from its bindings.
+
+    For ``A`` antisymmetric in the Lie algebra, ``⟨θ̇, A·θ⟩ = ½ ⟨A, J⟩`` with
+
+        ``J(θ, θ̇) = G − Gᵀ``,   ``G = Σ_out U̇ Uᵀ − Σ_in U U̇ᵀ``
+
+    over the unfolded regions ``U`` the group moves (rows it multiplies, ``out``; columns it multiplies by the
+    inverse, ``in``), projected on the algebra when it is smaller than all of ``so(h)``. Invariance gives
+    ``J(θ, −∇L) = 0``; under heavy-ball dynamics ``θ̈ + γ θ̇ = −∇L`` every entry of ``J`` decays as ``e^{−γt}``
+    (``⟨θ̇, A·θ̇⟩ = 0`` for antisymmetric ``A``), and is conserved when ``γ = 0``.
+    """
+
+    symmetry: "Symmetry"
+
+    @property
+    def name(self) -> str:
+        return f"J_{_python_name(self.symmetry.site)}"
+
+    def __call__(self, params: Mapping[str, torch.Tensor], velocity: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``J`` (``h × h``, antisymmetric) at ``params`` with velocity ``velocity`` (both ``{name: tensor}``)."""
+        G = 0
+        for b in self.symmetry.moving_bindings():
+            if b.tensor not in params or b.tensor not in velocity:
+                raise KeyError(f"{self.name}: parameter {b.tensor!r} missing from params or velocity")
+            U, V = b.unfold(params[b.tensor]), b.unfold(velocity[b.tensor])
+            G = G + (V @ U.T if b.role == "out" else -U @ V.T)
+        J = G - G.T
+        group = self.symmetry.group
+        h = int(group.width)
+        if int(group.dim) != h * (h - 1) // 2:  # a subalgebra of so(h): keep the part it pairs with
+            basis = group.algebra_basis(J.dtype, J.device).reshape(int(group.dim), -1)
+            coefficients = torch.linalg.solve(basis @ basis.T, basis @ J.reshape(-1))
+            J = (coefficients @ basis).reshape(h, h)
+        return J
+
+    def latex(self) -> str:
+        return (rf"J_{{\mathrm{{{self.symmetry.site}}}}} = G - G^{{T}},\ G = \sum_{{\mathrm{{out}}}} \dot U U^{{T}} "
+                rf"- \sum_{{\mathrm{{in}}}} U \dot U^{{T}} \ \text{{(decays as }} e^{{-\gamma t}} "
+                r"\text{ under heavy ball; } 0 \text{ along gradient flow)}")
+
+    def __str__(self):
+        moved = ", ".join(dict.fromkeys(b.tensor for b in self.symmetry.moving_bindings()))
+        return f"{self.name} = G - G.T, G = sum_out U' U.T - sum_in U U'.T over {moved} (angular momentum)"
 
     def _repr_latex_(self):
         return f"${self.latex()}$"
@@ -96,8 +152,13 @@ def _python_name(name: str) -> str:
 
 
 def _latex_name(key: str) -> str:
+    """``C__0`` → ``C_{0}``, ``ell__2__2_weight`` → ``\\ell_{\\mathrm{2\\_2\\_weight}}``."""
     head, _, rest = key.partition("_")
-    return f"{head}_{{\\mathrm{{{rest}}}}}" if rest else key
+    head = r"\ell" if head == "ell" else head
+    rest = re.sub("_+", "_", rest).strip("_")
+    if not rest:
+        return head
+    return f"{head}_{{{rest}}}" if rest.isalnum() else f"{head}_{{\\mathrm{{{rest.replace('_', chr(92) + '_')}}}}}"
 
 
 class _Symbols:
@@ -325,9 +386,24 @@ class Symmetry:
             images[b] = b - images.get(weight.arg, weight.arg) * self.group.shift_expr(G)
         return images
 
+    @cached_property
+    def angular_momentum(self) -> ModelAngularMomentum | None:
+        """The angular-momentum relation (:class:`ModelAngularMomentum`) of an orthogonal group, whose
+        antisymmetric generators have no conserved ``Q``; ``None`` for other groups and actions moving buffers."""
+        if self.acts_on_buffers or not self.group.has_angular_momentum or not self.group.is_continuous:
+            return None
+        return ModelAngularMomentum(self)
+
+    def action_latex(self) -> list[str]:
+        """:meth:`action_expressions` as LaTeX, one ``U \\mapsto g U`` per moved region (empty for translations)."""
+        if self.group.kind == "T":
+            return []
+        return [rf"{latex(region)} \mapsto {latex(image)}" for region, image in self.action_expressions().items()]
+
     def latex(self) -> str:
-        moved = ", ".join(rf"\mathrm{{{t}}}" for t in self.tensors)
-        return rf"{self.group.latex()} \text{{ on {self.site}, moving }} {moved}"
+        action = self.action_latex() or [", ".join(tensor_latex(t) for t in self.tensors) + r" \text{ translated}"]
+        site = self.site.replace("_", r"\_")
+        return rf"{self.group.latex()} \text{{ on {site}: }} " + r",\ ".join(action)
 
     def __str__(self):
         moved = [b.describe() for b in self.bindings] or [f"{r.tensor} ({f.pattern})" for f in self.translations
