@@ -25,6 +25,7 @@ from symalg.errors import SpecError
 from symalg.ir.architecture import as_width
 from symalg.symbolic.report import describe, describe_latex
 from symalg.verification.verifier import check_device, verify
+from symalg.frontend.tracing import trace
 
 DEFAULT_SPEC = "linear(n, h1) -> relu -> linear(h1, h2) -> identity -> linear(h2, m)"
 DEFAULT_WIDTHS = "n=3,h1=4,h2=3,m=2"
@@ -92,8 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run_model_file(args) -> int:
     """Trace, derive and verify the model a Python file defines; print symmetries and blocked notes."""
-    from symalg.frontend.tracing import trace
-
     namespace = _load_model_file(args.model)
     analysis = derive(trace(namespace["model"], namespace["example_inputs"]), loss=namespace.get("loss", "mse"))
     print(describe(analysis))

@@ -111,7 +111,7 @@ def test_refusals_crashes_and_hangs_are_outcomes_not_exceptions(monkeypatch):
         while True:
             pass
 
-    monkeypatch.setattr(symalg.frontend.tracing, "trace", spin)
+    monkeypatch.setattr(fuzz, "trace", spin)
     hung = fuzz.check_case(fuzz.generate(0, 0, "mlp"), time_limit=0.05)
     assert hung.hang is not None and hung.crash is None
 

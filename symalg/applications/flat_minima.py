@@ -61,6 +61,9 @@ from torch import nn
 from torch.func import functional_call, grad, jvp, vmap
 
 from symalg.errors import SpecError
+from symalg.frontend.spec import to_spec_string
+from symalg.frontend.tracing import trace
+from symalg.symbolic.derive import Analysis, derive
 
 __all__ = ["NullSpace", "OrbitTangents", "FlatMinimumReport", "TrainingRun", "hessian_null_space",
            "hessian_vector_products", "orbit_tangents", "flat_minimum", "model_loss", "linear_teacher_minimum",
@@ -585,10 +588,6 @@ def _resolve(model, x, loss, params, dtype, device):
     module (a traced model, or the module a spec generates at concrete widths). Symbolic widths are read off
     ``params`` first (:meth:`Analysis.at_widths_of`).
     """
-    from symalg.frontend.spec import to_spec_string
-    from symalg.frontend.tracing import trace
-    from symalg.symbolic.derive import Analysis, derive
-
     if isinstance(model, nn.Module):
         first = next(model.parameters(), None)
         example = x.to(first.dtype) if first is not None and torch.is_floating_point(x) else x

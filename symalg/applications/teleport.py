@@ -74,6 +74,9 @@ import torch
 
 from symalg.errors import SpecError
 from symalg.catalogue.groups import matrix_exp
+from symalg.applications.conjugated import ConjugatedAction, TestFunction
+from symalg.applications.nonlinear_actions import DataDependentAction
+from symalg.applications.teleport_actions import ApproximateTeleport, ExactTeleport
 
 __all__ = ["ARMIJO", "Action", "BACKTRACK", "ConjugatedCoordinates", "Curvature", "DataCoordinates", "FunctionAction",
            "GradNorm", "MetricGradNorm", "Move", "Objective", "Sharpness", "SymmetryAction", "TOLERANCES",
@@ -316,7 +319,6 @@ class DataCoordinates(Action):
 
     @property
     def is_group_action(self) -> bool:
-        from symalg.applications.nonlinear_actions import DataDependentAction
         return isinstance(self.action, DataDependentAction) or bool(getattr(self.action, "complete", False))
 
     def __call__(self, params, coords):
@@ -325,7 +327,6 @@ class DataCoordinates(Action):
         for w in self.widths:
             gs.append(matrix_exp(coords[start:start + w * w].reshape(w, w)))
             start += w * w
-        from symalg.applications.nonlinear_actions import DataDependentAction
         return self.action(params, gs if isinstance(self.action, DataDependentAction) else gs[0], self.x)
 
 
@@ -337,10 +338,6 @@ def as_action(obj, x: torch.Tensor | None = None, params: Params | None = None, 
     >>> as_action(booth()).dim
     1
     """
-    from symalg.applications.conjugated import ConjugatedAction, TestFunction
-    from symalg.applications.nonlinear_actions import DataDependentAction
-    from symalg.applications.teleport_actions import ApproximateTeleport, ExactTeleport
-
     if isinstance(obj, Action):
         return obj
     if hasattr(obj, "symmetries"):

@@ -17,14 +17,13 @@ import sympy as sp
 import torch
 
 from symalg.catalogue.activations import CATALOGUE
+from symalg.lowering.codegen import compile_function, identifier, torch_source
 
 __all__ = ["Activation", "activation_function"]
 
 
 @lru_cache(maxsize=None)
 def _compiled(entry, params: tuple):
-    from symalg.lowering.codegen import compile_function, identifier, torch_source
-
     if entry.radial:
         r = sp.Symbol("_norm", positive=True)
         body = f"z * ({torch_source(entry.expression(r, **dict(params)))})"

@@ -40,6 +40,7 @@ import math
 from fractions import Fraction
 
 import sympy as sp
+from symalg.errors import SpecError
 
 __all__ = ["MAX_BITS", "MAX_ENTRIES", "MAX_WIDTH", "check_entries", "is_plain_name", "literal", "parse_number",
            "refuse_text"]
@@ -55,8 +56,6 @@ MAX_BITS = 256
 
 
 def _spec_error(message: str):
-    from symalg.errors import SpecError  # graph imports this module for its limits
-
     return SpecError(message)
 
 

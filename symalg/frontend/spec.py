@@ -28,8 +28,11 @@ from symalg.catalogue.activations import CATALOGUE
 from symalg.frontend.canonical import module_activation, opaque_module_name
 from symalg.frontend.grammar import literal
 from symalg.errors import SpecError
-from symalg.ir.architecture import Architecture, as_width
+from symalg.ir.architecture import Architecture, as_width, to_spec_string
 from symalg.ir.graph import ModelGraph
+from symalg.frontend.tracing import _MODULE_OPS
+from symalg.frontend.tracing import trace
+from symalg.catalogue.modules import Activation
 
 __all__ = ["Spec", "parse", "from_torch", "to_graph", "to_module", "to_spec_string"]
 
@@ -214,8 +217,6 @@ def _leaves(module: torch.nn.Module, prefix: str = ""):
 
 def _is_chain(module: torch.nn.Module) -> bool:
     """An ``nn.Sequential`` of ``nn.Linear`` and parameter-free activation-like modules."""
-    from symalg.frontend.tracing import _MODULE_OPS
-
     if not isinstance(module, torch.nn.Sequential):
         return False
     for _, child in _leaves(module):
@@ -237,8 +238,6 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple | torch.Tensor | N
     :func:`parse` instead. A traced graph holds no catalogue: give a custom one to ``derive(graph,
     catalogue=...)``.
     """
-    from symalg.frontend.tracing import trace
-
     if not isinstance(example_inputs, (tuple, torch.Tensor, type(None))):
         raise SpecError(f"from_torch: example_inputs must be a tensor or a tuple of tensors, got "
                         f"{type(example_inputs).__name__}")
@@ -282,35 +281,12 @@ def _from_sequential(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) ->
     return _chain_graph(nodes, catalogue)
 
 
-def _number(value) -> str:
-    """A hyper-parameter as spec text: integers as such, anything else as a Python float."""
-    value = sp.sympify(value)
-    return str(value) if value.is_Integer else repr(float(value))
-
-
-def to_spec_string(arch: Architecture) -> str:
-    """The spec string of ``arch`` (round-trips through :func:`parse` for catalogue activations)."""
-    parts = []
-    for name in arch.layer_names:
-        node = arch.node(name)
-        if node["kind"] == "linear":
-            bias = "" if node["bias"] else ", bias=False"
-            parts.append(f"linear({node['in_features']}, {node['out_features']}{bias})")
-        elif node["params"]:
-            parts.append(f"{node['op']}({', '.join(f'{k}={_number(v)}' for k, v in node['params'].items())})")
-        else:
-            parts.append(node["op"])
-    return " -> ".join(parts)
-
-
 def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generator | None = None) -> torch.nn.Sequential:
     """An ``nn.Sequential`` for a concrete-width architecture, named like its parameters.
 
     Parameters get torch's default initialisation, ``U(±1/√in_features)`` for weights and biases
     (drawn from ``generator`` when given).
     """
-    from symalg.catalogue.modules import Activation
-
     arch.check_materialisable("to_module")
     modules = []
     for name in arch.layer_names:

@@ -70,6 +70,7 @@ from symalg.frontend.attention_folding import fold_attention as fold_attention_p
 from symalg.ir.graph import ModelGraph
 from symalg.frontend.canonical import IN_PLACE_FUNCTIONS, IN_PLACE_METHODS, call_activation, module_activation, \
     opaque_module_name
+from symalg.catalogue.modules import Activation
 
 __all__ = ["ModelGraph", "trace", "canonical_module_op"]
 
@@ -157,8 +158,6 @@ class _Tracer(torch.fx.Tracer):
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
         if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
             return False
-        from symalg.catalogue.modules import Activation
-
         return isinstance(module, Activation) or super().is_leaf_module(module, qualified_name)
 
 

@@ -41,7 +41,7 @@ import sympy as sp
 from symalg.errors import SpecError
 from symalg.frontend.grammar import MAX_WIDTH, check_entries, is_plain_name
 
-__all__ = ["Architecture", "Width", "as_width", "at_least", "validate"]
+__all__ = ["Architecture", "Width", "as_width", "at_least", "to_spec_string", "validate"]
 
 Width = int | sp.Symbol
 
@@ -253,6 +253,25 @@ class Architecture:
         return found
 
     def __repr__(self) -> str:
-        from symalg.frontend.spec import to_spec_string
-
         return f"Architecture({to_spec_string(self)!r})"
+
+
+def _number(value) -> str:
+    """A hyper-parameter as spec text: integers as such, anything else as a Python float."""
+    value = sp.sympify(value)
+    return str(value) if value.is_Integer else repr(float(value))
+
+
+def to_spec_string(arch: Architecture) -> str:
+    """The spec string of ``arch`` (round-trips through :func:`parse` for catalogue activations)."""
+    parts = []
+    for name in arch.layer_names:
+        node = arch.node(name)
+        if node["kind"] == "linear":
+            bias = "" if node["bias"] else ", bias=False"
+            parts.append(f"linear({node['in_features']}, {node['out_features']}{bias})")
+        elif node["params"]:
+            parts.append(f"{node['op']}({', '.join(f'{k}={_number(v)}' for k, v in node['params'].items())})")
+        else:
+            parts.append(node["op"])
+    return " -> ".join(parts)

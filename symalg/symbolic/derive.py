@@ -1,6 +1,6 @@
 """The derivation: one graph in, one :class:`Analysis` out, whatever the front end.
 
-``derive`` infers the sites and groups of the graph (:func:`~symalg.symbolic.inference.infer_model`), builds one
+``derive`` infers the sites and groups of the graph (:func:`~symalg.symbolic.engine.infer_model`), builds one
 :class:`~symalg.symbolic.symmetry.Symmetry` per group and site class, and, when the graph carries a model (a traced
 torch model, or a spec at concrete widths), certifies every claim numerically before reporting it. A spec with
 symbolic widths keeps them: groups, conserved quantities and the orbit dimension are formulas in the widths.
@@ -31,7 +31,8 @@ from symalg.ir.architecture import Architecture
 from symalg.ir.graph import ModelGraph
 from symalg.lowering.codegen import LoweredFunction
 from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
-from symalg.symbolic.inference import Blocked, ModelSites, check_loss, infer_model
+from symalg.symbolic.engine import infer_model
+from symalg.symbolic.inference import Blocked, ModelSites, check_loss
 from symalg.symbolic.orbit import independent_conserved_formula, independent_conserved_rank, orbit_dimension_formula
 from symalg.symbolic.symmetry import ModelAngularMomentum, ModelConserved, Symmetry, _group, _number
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors

@@ -48,7 +48,7 @@ from symalg.errors import SpecError
 from symalg.ir.architecture import at_least
 from symalg.ir.graph import ModelGraph
 
-__all__ = ["Segment", "Label", "SiteClass", "ModelSites", "Inference", "infer_model", "KINDS"]
+__all__ = ["Blocked", "Segment", "Label", "SiteClass", "PermutationClass", "ModelSites", "Inference", "solve", "KINDS"]
 
 KINDS = ("GL", "O", "O1", "PS", "SF", "S", "T", "T1")
 CENTER_AWARE = frozenset({"linear", "conv", "flatten", "reshape", "transpose", "permute", "identity", "cat"})
@@ -286,38 +286,6 @@ class Inference:
         return list(self.graph.successors(node))
 
 
-def _rule_for(op: str, inputs: list, catalogue: Mapping):
-    """The op's rule; an op reading a parameter (or a weight computed from parameters) as a value gets
-    the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis).
-    An overlay entry (one that is not the built-in catalogue's) named like a pointwise op rule
-    (``sin``, ``abs``; :data:`~symalg.catalogue.rules.OVERLAYABLE`) replaces that rule: the user's declared
-    identity is what the op is checked and claimed under."""
-    from symalg.catalogue.rules import OP_RULES, OVERLAYABLE, WEIGHT_RULES, WeightExpr, activation_rule, unknown_rule
-
-    if op not in WEIGHT_RULES and any(isinstance(i, WeightExpr) or isinstance(i, tuple) and i[:1] == ("param",)
-                                      for i in inputs):
-        return unknown_rule
-    if op in OVERLAYABLE and op in catalogue and catalogue[op] is not CATALOGUE.get(op):
-        return activation_rule
-    if op in OP_RULES:
-        return OP_RULES[op]
-    if op in catalogue:
-        return activation_rule
-    return unknown_rule
-
-
-def _check_overlays(catalogue: Mapping) -> None:
-    """Refuse an overlay entry named like a structural op (``add``, ``linear``): an activation entry
-    cannot describe what that op does, and its rule would silently win."""
-    from symalg.catalogue.rules import OP_RULES, OVERLAYABLE
-
-    for name in catalogue:
-        if name in OP_RULES and name not in OVERLAYABLE and catalogue[name] is not CATALOGUE.get(name):
-            raise SpecError(f"catalogue: entry {name!r} names the structural op {name!r}, which an activation "
-                            f"entry cannot describe; only pointwise ops ({', '.join(sorted(OVERLAYABLE))}) may be "
-                            "overlaid")
-
-
 LOSSES = ("mse", "cross_entropy")
 """The losses symmetries are derived for: ``mse`` (outputs fixed) and ``cross_entropy`` (logits move along ``1``)."""
 
@@ -326,29 +294,6 @@ def check_loss(loss, caller: str) -> None:
     """Raise ``SpecError`` naming ``caller`` unless ``loss`` is one of :data:`LOSSES`."""
     if not (isinstance(loss, str) and loss in LOSSES):
         raise SpecError(f"{caller}: loss must be 'mse' or 'cross_entropy', got {loss!r}")
-
-
-def infer_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: str = "mse",
-                strict: bool = True) -> ModelSites:
-    """Run every op rule in data-flow order and solve the ties and restrictions.
-
-    ``loss`` is ``"mse"`` (outputs must not change) or ``"cross_entropy"`` (outputs are logits: a
-    shift along ``1`` leaves the loss unchanged). With ``strict``, an activation's declared group that
-    a symbolic check disproves is not claimed (a ``Blocked`` note says which check failed).
-    """
-    check_loss(loss, "infer_model")
-    _check_overlays(catalogue)
-    state = Inference(model_graph, catalogue, loss, strict)
-    for node in nx.topological_sort(state.graph):
-        data = state.graph.nodes[node]
-        inputs = [state.labels.get(i) if i is not None else None for i in data["inputs"]]
-        if data["op"] not in CENTER_AWARE:
-            for label in inputs:
-                if isinstance(label, Label) and any(seg.center for seg in label.segments):
-                    state.restrict_label(label.map_segments(center=Fraction(0)), ALL - {"SF"}, node,
-                                         f"{state.where(node)} cannot absorb the shift of an affine sign flip")
-        state.labels[node] = _rule_for(data["op"], inputs, catalogue)(state, node, data, inputs)
-    return _solve(state)
 
 
 def _shared_regions(state: Inference) -> None:
@@ -404,7 +349,7 @@ def _overlap(a: Binding, b: Binding) -> bool:
         a.start < b.start + b.width * b.block and b.start < a.start + a.width * a.block
 
 
-def _solve(state: Inference) -> ModelSites:
+def solve(state: Inference) -> ModelSites:
     _shared_regions(state)
     _pinned_regions(state)
     for site in state.sites:

@@ -1,4 +1,4 @@
-"""Symmetries of a traced model: groups from :func:`~symalg.symbolic.inference.infer_model`, actions on
+"""Symmetries of a traced model: groups from :func:`~symalg.symbolic.engine.infer_model`, actions on
 every bound tensor, conserved quantities in SymPy, lowered to torch.
 
 Each :class:`Symmetry` is one group acting on one site class (or one permutation class): its
@@ -42,6 +42,7 @@ from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.groups import SiteGroup, group_classes
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.symbolic.printing import latex, sstr, tensor_latex
+from symalg.lowering.codegen import identifier
 
 __all__ = ["Symmetry", "ModelConserved", "ModelAngularMomentum"]
 
@@ -146,8 +147,6 @@ class ModelAngularMomentum:
 
 
 def _python_name(name: str) -> str:
-    from symalg.lowering.codegen import identifier
-
     return identifier(name)
 
 

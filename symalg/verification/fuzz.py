@@ -45,6 +45,8 @@ from torch import nn
 
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 from symalg.errors import SpecError
+from symalg.symbolic.derive import derive
+from symalg.frontend.tracing import trace
 
 __all__ = ["Case", "FAMILIES", "FuzzReport", "check_case", "derive_claims", "generate",
            "main", "run"]
@@ -508,8 +510,6 @@ def generate(seed: int, index: int, family: str | None = None) -> Case:
 def derive_claims(graph, certify: bool, catalogue: Mapping | None = None):
     """``symalg.derive(graph, certify=certify)``: raw inferred claims with ``certify=False`` (the inference
     rules' own error rate), the claims derive reports with ``certify=True``."""
-    from symalg.symbolic.derive import derive
-
     return derive(graph, certify=certify, **({} if catalogue is None else {"catalogue": catalogue}))
 
 
@@ -650,8 +650,6 @@ def check_case(case: Case, certify: bool = True, time_limit: float = 20.0, draws
                catalogue: Mapping | None = None) -> _Outcome:
     """Trace, derive (with ``catalogue`` when given) and check one case; never raises (refusals, crashes
     and hangs are outcomes)."""
-    from symalg.frontend.tracing import trace
-
     outcome, start = _Outcome(case.family), time.process_time()
     try:
         with _time_limit(time_limit):
