@@ -32,7 +32,7 @@ from symalg.lowering.codegen import LoweredFunction
 from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
 from symalg.symbolic.inference import Blocked, ModelSites, check_loss, infer_model
 from symalg.symbolic.orbit import independent_conserved_formula, independent_conserved_rank, orbit_dimension_formula
-from symalg.symbolic.symmetry import ModelConserved, Symmetry, _group, _number
+from symalg.symbolic.symmetry import ModelAngularMomentum, ModelConserved, Symmetry, _group, _number
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 
 __all__ = ["Analysis", "derive"]
@@ -86,6 +86,11 @@ class Analysis:
     def conserved_quantities(self) -> list[ModelConserved]:
         """The conserved quantities of gradient flow, one family per continuous symmetry that has one."""
         return [s.conserved for s in self.symmetries if s.conserved is not None]
+
+    def angular_momenta(self) -> list[ModelAngularMomentum]:
+        """The angular-momentum relations ``J(θ, θ̇)``, one per orthogonal symmetry (whose antisymmetric
+        generators have no conserved quantity): :class:`~symalg.symbolic.symmetry.ModelAngularMomentum`."""
+        return [s.angular_momentum for s in self.symmetries if s.angular_momentum is not None]
 
     def orbit_dimension(self, params: Mapping[str, torch.Tensor] | None = None):
         """Dimension of the group orbit through θ.

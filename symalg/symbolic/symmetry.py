@@ -43,7 +43,7 @@ from symalg.catalogue.groups import (GeneralLinear, Orthogonal, OrthogonalFixing
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.symbolic.printing import latex, sstr
 
-__all__ = ["Symmetry", "ModelConserved"]
+__all__ = ["Symmetry", "ModelConserved", "ModelAngularMomentum"]
 
 
 def _number(value: Fraction):
@@ -85,6 +85,56 @@ class ModelConserved:
 
     def __str__(self):
         return "; ".join(f"{key} = {sstr(expr)}" for key, expr in self.exprs.items())
+
+    def _repr_latex_(self):
+        return f"${self.latex()}$"
+
+
+@dataclass(frozen=True, eq=False)
+class ModelAngularMomentum:
+    """The angular-momentum relation of a group with antisymmetric generators (``O``), built from its bindings.
+
+    For ``A`` antisymmetric in the Lie algebra, ``⟨θ̇, A·θ⟩ = ½ ⟨A, J⟩`` with
+
+        ``J(θ, θ̇) = G − Gᵀ``,   ``G = Σ_out U̇ Uᵀ − Σ_in U U̇ᵀ``
+
+    over the unfolded regions ``U`` the group moves (rows it multiplies, ``out``; columns it multiplies by the
+    inverse, ``in``), projected on the algebra when it is smaller than all of ``so(h)``. Invariance gives
+    ``J(θ, −∇L) = 0``; under heavy-ball dynamics ``θ̈ + γ θ̇ = −∇L`` every entry of ``J`` decays as ``e^{−γt}``
+    (``⟨θ̇, A·θ̇⟩ = 0`` for antisymmetric ``A``), and is conserved when ``γ = 0``.
+    """
+
+    symmetry: "Symmetry"
+
+    @property
+    def name(self) -> str:
+        return f"J_{_python_name(self.symmetry.site)}"
+
+    def __call__(self, params: Mapping[str, torch.Tensor], velocity: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``J`` (``h × h``, antisymmetric) at ``params`` with velocity ``velocity`` (both ``{name: tensor}``)."""
+        G = 0
+        for b in self.symmetry.moving_bindings():
+            if b.tensor not in params or b.tensor not in velocity:
+                raise KeyError(f"{self.name}: parameter {b.tensor!r} missing from params or velocity")
+            U, V = b.unfold(params[b.tensor]), b.unfold(velocity[b.tensor])
+            G = G + (V @ U.T if b.role == "out" else -U @ V.T)
+        J = G - G.T
+        group = self.symmetry.group
+        h = int(group.width)
+        if int(group.dim) != h * (h - 1) // 2:  # a subalgebra of so(h): keep the part it pairs with
+            basis = group.algebra_basis(J.dtype, J.device).reshape(int(group.dim), -1)
+            coefficients = torch.linalg.solve(basis @ basis.T, basis @ J.reshape(-1))
+            J = (coefficients @ basis).reshape(h, h)
+        return J
+
+    def latex(self) -> str:
+        return (rf"J_{{\mathrm{{{self.symmetry.site}}}}} = G - G^{{T}},\ G = \sum_{{\mathrm{{out}}}} \dot U U^{{T}} "
+                rf"- \sum_{{\mathrm{{in}}}} U \dot U^{{T}} \ \text{{(decays as }} e^{{-\gamma t}} "
+                r"\text{ under heavy ball; } 0 \text{ along gradient flow)}")
+
+    def __str__(self):
+        moved = ", ".join(dict.fromkeys(b.tensor for b in self.symmetry.moving_bindings()))
+        return f"{self.name} = G - G.T, G = sum_out U' U.T - sum_in U U'.T over {moved} (angular momentum)"
 
     def _repr_latex_(self):
         return f"${self.latex()}$"
@@ -170,7 +220,8 @@ class Symmetry:
     @property
     def tensors(self) -> tuple[str, ...]:
         """Names of the tensors the action moves."""
-        names = [b.tensor for b in self.bindings] + [r.tensor for f in self.translations for r in f.regions]
+        names = [b.tensor for b in self.bindings] + [r.tensor for f in self.translations for r in f.regions] + \
+            [bias for bias, _, _, _ in self.shifts]  # the readers' biases absorbing an affine sign flip's shift
         return tuple(dict.fromkeys(names))
 
     # -- numeric action -------------------------------------------------------------------------
@@ -298,6 +349,14 @@ class Symmetry:
         key = f"{'q' if diagonal else 'C'}_{name}"
         return ModelConserved(key, "diagonal" if diagonal else "matrix", {key: sp.MatAdd(*terms)},
                               symbols.reads, symbols.suffixes, tuple(symbols.vectors))
+
+    @cached_property
+    def angular_momentum(self) -> ModelAngularMomentum | None:
+        """The angular-momentum relation (:class:`ModelAngularMomentum`) of an orthogonal group, whose
+        antisymmetric generators have no conserved ``Q``; ``None`` for other groups and actions moving buffers."""
+        if self.acts_on_buffers or not isinstance(self.group, Orthogonal) or not self.group.is_continuous:
+            return None
+        return ModelAngularMomentum(self)
 
     def latex(self) -> str:
         moved = ", ".join(rf"\mathrm{{{t}}}" for t in self.tensors)

@@ -34,6 +34,7 @@ import torch
 from torch.func import functional_call
 
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, SignFlips
+from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
 from symalg.verification.checks import relative_error
 
@@ -75,6 +76,9 @@ def sample_elements(group, generator: torch.Generator, dtype=torch.float64, devi
     and for ``GL``/``O`` an element of the other component (reflection times ``exp(M)``). ``SignFlips(h)``
     wider than :data:`SIGN_FLIP_GENERATORS` gets :data:`SIGN_FLIP_SAMPLES` random sign patterns
     ``diag(±1)`` instead of its ``h`` generators (``h`` forward passes and ``h`` dense matrices)."""
+    if group.element_format == "matrix":  # every element below is a dense h × h matrix
+        width = int(group.width)
+        check_entries(width ** 2, f"a group acting on a site of width {width} (its {width}×{width} matrices)")
     if isinstance(group, SignFlips) and group.width > SIGN_FLIP_GENERATORS:
         signs = torch.randint(0, 2, (SIGN_FLIP_SAMPLES, int(group.width)), generator=generator).to(dtype) * 2 - 1
         return [(f"random sign pattern {i}", torch.diag(s).to(device)) for i, s in enumerate(signs)]
