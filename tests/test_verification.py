@@ -521,10 +521,30 @@ def test_large_models_list_the_skipped_lowering_check():
     ({"data": [[0.0] * 3]}, SpecError, r"verify: data must be the model's inputs, a tensor or a tuple of tensors, got list"),
     ({"data": torch.zeros(1, 3, dtype=torch.int64)}, SpecError,
      r"verify: data\[0\] must be a floating-point tensor like the example input, got torch.int64"),
-], ids=["seed-str", "seed-bool", "limit-negative", "data-list", "data-int"])
+    ({"data": (torch.zeros(1, 3, dtype=torch.float64), "x")}, SpecError, r"verify: the model does not run on data of "
+     r"shapes \[\(1, 3\), 'str'\]"),
+    ({"learning_rate": float("inf")}, SpecError, r"verify: learning_rate must be a positive finite number, got inf"),
+    ({"dtype": "float64"}, SpecError, r"verify: dtype float64 is not supported"),
+    ({"device": object()}, SpecError, r"device <object object at .*> is not available here"),
+    ({"params": [torch.zeros(4, 3)]}, SpecError, r"verify: params must be a mapping \{name: tensor\}, got list"),
+    ({"widths": {"h": 4}}, SpecError, r"verify: widths= sets symbolic widths; this analysis has concrete widths"),
+], ids=["seed-str", "seed-bool", "limit-negative", "data-list", "data-int", "data-not-a-tensor", "learning-rate-inf",
+        "dtype-str", "device-object", "params-list", "widths-concrete"])
 def test_verify_refuses_arguments_of_the_wrong_type_naming_them(kwargs, error, message):
     with pytest.raises(error, match=message):
         symalg.verify(symalg.derive("linear(3, 4) -> relu -> linear(4, 2)"), **kwargs)
+
+
+@pytest.mark.parametrize("widths, message", [
+    ("n=3,h=4,m=2", r"verify: widths must be a mapping \{name: positive int\}, got str"),
+    ({"n": 3, "h": "4", "m": 2}, r"verify: widths= values must be integers, got h='4'"),
+    ({"n": 3, "h": 4.0, "m": 2}, r"verify: widths= values must be integers, got h=4.0"),
+    ({"n": 3, "h": True, "m": 2}, r"verify: widths= values must be integers, got h=True"),
+    ({"n": 3, "h": 0, "m": 2}, r"width h: width 0 must be positive"),
+], ids=["text", "str-value", "float-value", "bool-value", "zero"])
+def test_verify_refuses_widths_that_are_not_positive_integers(widths, message):
+    with pytest.raises(SpecError, match=message):
+        symalg.verify(symalg.derive("linear(n, h) -> relu -> linear(h, m)"), widths=widths)
 
 
 def test_verify_refuses_widths_together_with_params():

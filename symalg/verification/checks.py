@@ -216,11 +216,12 @@ def compare_to_sympy(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values
 
 
 def check_device(device) -> None:
-    """Raise ``ValueError`` naming ``device`` when torch cannot allocate on it here."""
+    """Raise :class:`~symalg.errors.SpecError` (a ``ValueError``) naming ``device`` when torch cannot allocate on
+    it here, or when it is no device at all."""
     try:
         torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as error:
-        raise ValueError(f"device {device!r} is not available here ({error})") from None
+    except (RuntimeError, AssertionError, TypeError) as error:
+        raise SpecError(f"device {device!r} is not available here ({error})") from None
 
 
 def check_params(params, shapes: Mapping[str, tuple], caller: str, optional=()) -> None:

@@ -57,6 +57,8 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
+from typing import Mapping
 
 import torch
 from torch.func import functional_call
@@ -125,6 +127,9 @@ def _concrete(analysis, params, widths, caller: str):
         check_params(params, analysis.model_graph.parameter_shapes, caller)
         substituted = {str(k): int(v) for k, v in analysis.model_graph.source.widths_from_params(params).items()}
     else:
+        wrong = [(k, v) for k, v in (widths or {}).items() if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+        if wrong:
+            raise SpecError(f"{caller}: widths= values must be integers, got {wrong[0][0]}={wrong[0][1]!r}")
         substituted = {str(k): int(v) for k, v in (widths or default_widths(analysis)).items()}
         missing = sorted(str(s) for s in analysis.widths if str(s) not in substituted)
         if missing:
@@ -161,8 +166,10 @@ def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.fl
                         ("flow_steps", flow_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise SpecError(f"verify: {name} must be a non-negative integer, got {value!r}")
-    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not learning_rate > 0:
-        raise SpecError(f"verify: learning_rate must be a positive number, got {learning_rate!r}")
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not 0 < learning_rate < math.inf:
+        raise SpecError(f"verify: learning_rate must be a positive finite number, got {learning_rate!r}")
+    if widths is not None and not isinstance(widths, Mapping):
+        raise SpecError(f"verify: widths must be a mapping {{name: positive int}}, got {type(widths).__name__}")
     analysis, substituted = _concrete(analysis, params, widths, "verify")
     inputs = data
     check_device(device)
