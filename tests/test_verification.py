@@ -602,3 +602,47 @@ def test_report_to_dict_is_json_serialisable_and_round_trips():
     assert {c["max_error"] for c in data["checks"] if c["skipped"]} == {"nan"}  # skipped lowering: no error
     widths = symalg.verify(symalg.derive("linear(n, h) -> relu -> linear(h, m)")).to_dict()["widths"]
     assert json.loads(json.dumps(widths)) == {"h": 3, "m": 4, "n": 5}
+
+
+@pytest.mark.parametrize("spec", ["linear(3, 4) -> radial -> linear(4, 2)",
+                                  "linear(2, 4) -> radial -> linear(4, 3) -> tanh -> linear(3, 5) -> radial -> linear(5, 2, bias=False)"])
+def test_angular_momentum_pairs_with_every_antisymmetric_generator_as_the_tangent_does(spec):
+    """``⟨θ̇, A·θ⟩ = ½ ⟨A, J(θ, θ̇)⟩`` for every basis element ``A`` of the algebra, ``A·θ`` the symmetry's own tangent."""
+    analysis = symalg.derive(spec)
+    generator = torch.Generator().manual_seed(4)
+    params = {k: v.detach() for k, v in analysis.model_graph.model.named_parameters()}
+    velocity = {k: torch.randn(v.shape, generator=generator, dtype=v.dtype) for k, v in params.items()}
+    for j in analysis.angular_momenta():
+        J = j(params, velocity)
+        assert torch.allclose(J, -J.T, rtol=0, atol=1e-14) and J.abs().max() > 1e-3
+        for A in j.symmetry.group.algebra_basis():
+            tangent = j.symmetry.tangent(params, A)
+            inner = sum((velocity[k] * v).sum() for k, v in tangent.items())
+            assert torch.allclose(inner, 0.5 * (A * J).sum(), rtol=1e-12, atol=1e-12)
+
+
+class _LayerNormMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(3, 5), torch.nn.Linear(5, 2)
+        self.norm = torch.nn.LayerNorm(5, elementwise_affine=False)
+
+    def forward(self, x):
+        return self.b(self.norm(self.a(x)))
+
+
+def test_angular_momentum_of_a_subalgebra_is_projected_on_it_and_decays():
+    """A layer norm's site has O(h) fixing 1 (antisymmetric ``A`` with ``A1 = 0``): ``J`` is projected on that
+    subalgebra (the rest of ``so(h)`` is no symmetry and does not decay), and the heavy-ball check passes."""
+    torch.manual_seed(0)
+    model = _LayerNormMLP().double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(8, 3, dtype=torch.float64),)))
+    (j,) = analysis.angular_momenta()
+    params = dict(model.named_parameters())
+    velocity = {k: torch.randn_like(v) for k, v in params.items()}
+    J = j(params, velocity)
+    assert torch.allclose(J @ torch.ones(5, dtype=torch.float64), torch.zeros(5, dtype=torch.float64), atol=1e-13)
+    report = symalg.verify(analysis)
+    assert report.passed, str(report)
+    (decay,) = [c for c in report.checks if c.check == "angular_momentum"]
+    assert decay.symmetry == j.symmetry.label and decay.passed
