@@ -92,17 +92,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run_model_file(args) -> int:
-    """Trace, derive and verify the model a Python file defines; print symmetries and blocked notes."""
+    """Trace and derive the model a Python file defines, then print the same report as for a spec."""
     namespace = _load_model_file(args.model)
     analysis = derive(trace(namespace["model"], namespace["example_inputs"]), loss=namespace.get("loss", "mse"))
-    print(describe(analysis))
+    return _report(analysis, args)
+
+
+def _report(analysis, args, widths: dict | None = None, widths_text: str = "") -> int:
+    """The report every input gets: symmetries, orbit dimension, conserved quantities (text, then LaTeX), then the
+    verification at concrete widths (``widths`` for a spec with symbolic widths); the exit status."""
     if args.latex:
-        print("\nLaTeX:")
         print(describe_latex(analysis))
+        return 0
+    print(describe(analysis))
+    print("\nLaTeX:")
+    print(describe_latex(analysis))
+    symbolic = sorted(str(s) for s in analysis.widths)
+    missing = [name for name in symbolic if name not in (widths or {})]
+    if missing:
+        print(f"\n(no verification: give --widths for {', '.join(missing)})")
+        return 0
+    concrete = analysis.subs(widths) if symbolic else analysis
+    if symbolic:
+        print(f"\nat widths {widths_text}:")
+        print("\n".join(describe(concrete).split("\n\n")[1:]))
     if args.no_verify:
         return 0
-    return _print_verification(verify(analysis, device=args.device, dtype=getattr(torch, args.dtype),
-                                      seed=args.seed), args.verbose)
+    report = verify(concrete, device=args.device, dtype=getattr(torch, args.dtype), seed=args.seed)
+    return _print_verification(report, args.verbose)
 
 
 def _print_verification(report, verbose: bool) -> int:
@@ -126,25 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         widths = _widths(widths_text, {str(s) for s in analysis.widths})
         if not (args.latex or args.no_verify):
             check_device(args.device)
-        if args.latex:
-            print(describe_latex(analysis))
-            return 0
-        print(describe(analysis))
-        print("\nLaTeX:")
-        print(describe_latex(analysis))
-        symbolic = sorted(str(s) for s in analysis.widths)
-        missing = [name for name in symbolic if name not in widths]
-        if missing:
-            print(f"\n(no verification: give --widths for {', '.join(missing)})")
-            return 0
-        concrete = analysis.subs(widths) if symbolic else analysis
-        if symbolic:
-            print(f"\nat widths {widths_text}:")
-            print("\n".join(describe(concrete).split("\n\n")[1:]))
-        if args.no_verify:
-            return 0
-        report = verify(concrete, device=args.device, dtype=getattr(torch, args.dtype), seed=args.seed)
-        return _print_verification(report, args.verbose)
+        return _report(analysis, args, widths, widths_text)
     except (SpecError, NotImplementedError, ValueError) as error:
         print(f"symalg: error: {error}", file=sys.stderr)
         return 2

@@ -16,13 +16,15 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_default_run_prints_groups_generators_orbit_conserved_latex_and_verification(capsys):
     assert main([]) == 0
     out = capsys.readouterr().out
-    assert f"network: {DEFAULT_SPEC}" in out
-    assert "h1:PositiveScaling(h1, alpha=1)" in out and "h2:GL(h2)" in out
-    assert "Lie-algebra basis (9)" in out and "discrete generators (2)" in out
+    assert f"model: {DEFAULT_SPEC!r}" in out
+    assert "PositiveScaling(h1, alpha=1) on 0" in out and "GL(h2) on 2" in out
+    # at the default widths n=3, h1=4, h2=3, m=2: the algebras' dimensions and the discrete generators
+    assert "Lie algebra of dim 9; discrete generators: reflection diag(-1, 1, ..., 1)" in out
+    assert "discrete generators: transposition (0 1) and cycle" in out
     assert "orbit dimension (generic): h1 + h2**2 - (h2 - Min(h2, m))*(h2 - Min(h2, h1 + 1))" in out
     assert "orbit dimension (generic): 13" in out
-    assert "C_2 = W_2*W_2.T + b_2*b_2.T - W_3.T*W_3" in out
-    assert r"C_{2} = W_{2} W_{2}^{T} + b_{2} b_{2}^{T} - W_{3}^{T} W_{3}" in out
+    assert "C__2 = 2.bias*2.bias.T + 2.weight*2.weight.T - 4.weight.T*4.weight" in out
+    assert r"C_{2} = b_{2} b_{2}^{T} + W_{2} W_{2}^{T} - W_{4}^{T} W_{4}" in out  # the LaTeX part
     assert re.search(r"verification:\n  \d+ passed, 0 failed", out)
 
 
@@ -53,7 +55,8 @@ def test_failing_verification_gives_exit_status_1(capsys, monkeypatch):
     wrong = symalg.overlay({"tanh": symalg.CatalogueEntry("tanh", symalg.CATALOGUE["tanh"].function,
                                                           symalg.catalogue.activations.declare_homogeneous())})
     monkeypatch.setattr(symalg.cli, "parse", lambda spec: symalg.parse(spec, catalogue=wrong))
-    monkeypatch.setattr(symalg.cli, "derive", lambda arch: symalg.derive(arch, wrong, strict=False))
+    # strict=False keeps the disproved declaration, certify=False keeps derive from removing it numerically
+    monkeypatch.setattr(symalg.cli, "derive", lambda arch: symalg.derive(arch, wrong, strict=False, certify=False))
     assert main(["linear(2, 3) -> tanh -> linear(3, 1)"]) == 1
     assert "FAIL  invariance" in capsys.readouterr().out
 
@@ -68,7 +71,7 @@ def test_readme_python_example_runs():
     namespace = {}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["report"].passed, str(namespace["report"])
-    assert namespace["concrete"].orbit_dimension(namespace["params"]) == 5
+    assert namespace["concrete"].orbit_dimension(namespace["params"]).dimension == 5
 
 
 def test_widths_must_name_the_spec_widths_once(capsys):
@@ -92,3 +95,28 @@ def test_model_file_prints_symmetries_and_the_blocking_node(capsys):
     assert "GL(4) on attn.head1.qk" in out and "S(2) on attn.heads" in out
     assert "blocked: fc1 (node cumsum): PS, S removed" in out
     assert "0 failed" in out
+
+
+def test_a_model_file_gets_the_same_report_as_its_spec(tmp_path, capsys):
+    """The same network as a spec and as a ``--model`` file: the same sections, symmetries and verification."""
+    path = tmp_path / "mlp.py"
+    path.write_text("import torch\ntorch.manual_seed(0)\n"
+                    "model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()\n"
+                    "example_inputs = (torch.randn(8, 3, dtype=torch.float64),)\n")
+    assert main(["linear(3, 4) -> tanh -> linear(4, 2)"]) == 0
+    spec = capsys.readouterr().out
+    assert main(["--model", str(path)]) == 0
+    model = capsys.readouterr().out
+
+    def sections(out):  # the headings, in order
+        return [line.split(":")[0] for line in out.splitlines() if line and not line.startswith((" ", "\\", "&"))]
+
+    def groups(out):  # the symmetries (site names differ: '0' for the spec's layer, '_0' for the traced one)
+        return re.findall(r"^  (\S+) on \S+  \[", out, re.M)
+
+    assert sections(model) == sections(spec) == ["model", "symmetries", "restricted", "restricted", "orbit dimension (generic)",
+                                                 "conserved quantities", "certification", "LaTeX", "verification"]
+    assert groups(model) == groups(spec) == ["SignFlips(4)", "S(4)"]
+    assert "orbit dimension (generic): 0" in spec and "orbit dimension (generic): 0" in model
+    assert re.search(r"verification:\n  3 passed, 0 failed \(3 checks, float64, cpu\)", spec)
+    assert re.search(r"verification:\n  3 passed, 0 failed \(3 checks, float64, cpu\)", model)

@@ -117,9 +117,9 @@ API = [
     (lambda m: symalg.parse("linear(3, h) -> relu -> linear(h, 2)", h=-1), SpecError,
      r"subs: width h: width -1 must be positive"),
     (lambda m: symalg.parse("linear(3, h) -> relu -> linear(h, 2)", k=4), SpecError, r"subs: no width named \['k'\]"),
-    # a width named like a tensor of the generated code would overwrite it (the bias b_1 became the int 4)
-    (lambda m: symalg.derive("linear(n, b_1) -> relu -> linear(b_1, m)").conserved_quantities()[0](_params()),
-     ValueError, r"width\(s\) \['b_1'\] have the name of a tensor or function the generated code uses"),
+    # a width named like a name of the generated code would overwrite it (`params = W.shape[-2]`)
+    (lambda m: symalg.derive("linear(n, params) -> relu -> linear(params, m)").conserved_quantities()[0](_params()),
+     ValueError, r"width\(s\) \['params'\] have the name of a tensor or function the generated code uses"),
     (lambda m: symalg.derive("linear(n, torch) -> relu -> linear(torch, m)").conserved_quantities()[0](_params()), ValueError,
      r"width\(s\) \['torch'\] have the name of a tensor or function"),
     # text handed to SymPy constructors elsewhere in the API is refused, not parsed
@@ -129,10 +129,19 @@ API = [
 ]
 
 
+def test_a_width_named_like_a_chain_bias_is_read_correctly():
+    """Generated code reads tensors as ``_0_bias`` (a width cannot start with ``_``): a width ``b_1`` overwrites nothing."""
+    params = _params()
+    (q,) = symalg.derive("linear(n, b_1) -> relu -> linear(b_1, m)").conserved_quantities()
+    W1, b1, W2 = params["0.weight"], params["0.bias"], params["2.weight"]
+    expected = ((W1 ** 2).sum(1) + b1 ** 2 - (W2 ** 2).sum(0))[:, None]
+    torch.testing.assert_close(q(params)["q__0"], expected)
+
+
 @pytest.mark.parametrize("call, error, message", API, ids=[
     "builder-payload-slope", "builder-payload-or-number", "activation-payload-slope", "activation-power-tower",
     "activation-infinite-slope", "activation-object-slope", "builder-width-with-payload", "symbol-with-space",
-    "keyword-width-name", "subs-power-tower", "subs-payload", "subs-10-to-12", "subs-negative", "subs-unknown-name", "width-named-like-a-bias",
+    "keyword-width-name", "subs-power-tower", "subs-payload", "subs-10-to-12", "subs-negative", "subs-unknown-name", "width-named-like-the-argument",
     "width-named-torch", "group-width-text", "ellipse-text", "quadratic-form-text"])
 def test_api_argument_is_refused_without_evaluation(call, error, message, marker):
     with pytest.raises(error, match=message):
@@ -245,13 +254,13 @@ PARAMETERS = [
      SpecError, r"parameter '0\.bias' has shape \(4, 1\), expected \(4,\)"),
     (lambda: symalg.verify(symalg.derive("linear(n, h) -> relu -> linear(h, m)"),
                            params=_params(**{"2.weight": torch.randn(2, 6)})), SpecError, r"parameter '2\.weight': width h"),
-    (lambda: symalg.verify(symalg.derive(_SPEC), data=(torch.randn(8, 5), torch.randn(8, 2))),
-     ValueError, r"verify: data x must have shape \(batch, 3\), got \(8, 5\)"),
+    (lambda: symalg.verify(symalg.derive(_SPEC), data=torch.randn(8, 5)),
+     SpecError, r"verify: the model does not run on data of shapes \[\(8, 5\)\] \(example inputs of shapes \[\(8, 3\)\]\)"),
     (lambda: symalg.verify(symalg.derive(_SPEC), dtype=torch.float16), ValueError, r"dtype torch.float16 is not supported"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"0.weight": torch.randn(5, 3)})),
-     ValueError, r"q_1: parameter '0\.weight' has shape \(5, 3\), expected \(\.\.\., 4, 3\)"),
+     ValueError, r"q_0: parameter '0\.weight' has shape \(5, 3\), expected \(\.\.\., 4, 3\)"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"0.bias": torch.randn(1)})),
-     ValueError, r"q_1: parameter '0\.bias' has shape \(1,\), expected \(\.\.\., 4\)"),
+     ValueError, r"q_0: parameter '0\.bias' has shape \(1,\), expected \(\.\.\., 4\)"),
     (lambda: symalg.derive("linear(n, h) -> relu -> linear(h, m)").conserved_quantities()[0](
         _params(**{"2.weight": torch.randn(2, 6)})), ValueError, r"parameter '2\.weight' has shape \(2, 6\), expected \(\.\.\., 2, 4\)"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"2.weight": None})),

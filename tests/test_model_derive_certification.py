@@ -45,7 +45,7 @@ def test_a_false_claim_is_claimed_without_certification_and_fails_verify(monkeyp
 def test_a_false_claim_is_blocked_with_its_measured_error_and_disappears_everywhere(monkeypatch):
     graph = sin_graph(monkeypatch)
     analysis = symalg.derive(graph)
-    assert analysis.table() == [] and analysis.conserved_quantities == []
+    assert analysis.table() == [] and analysis.conserved_quantities() == []
     (error,) = analysis.certification
     assert error.symmetry.label == "GL(4) on fc1" and not error.holds and error.error > 0.1
     (note,) = analysis.blocked

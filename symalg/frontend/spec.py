@@ -348,7 +348,7 @@ def to_graph(spec, catalogue: Mapping | None = None) -> ModelGraph:
             features = node["out_features"]
             add(name, "linear", "module", (batch, features), f"layer {name} (linear)", params, module=name)
         else:
-            add(name, node["op"], "module", (batch, features), f"layer {name} ({node['op']})",
+            add(name, node["op"], "module", (batch, features), f"layer {name}",
                 settings=dict(node["params"]), module=name)
         previous = name
     add("output", "output", "output", (batch, features), "the output")

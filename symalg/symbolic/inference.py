@@ -27,6 +27,7 @@ each removal is recorded as a :class:`~symalg.symbolic.inference.Blocked` note n
 
 >>> import torch, symalg
 >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+>>> from symalg.symbolic.engine import infer_model
 >>> sites = infer_model(symalg.trace(model))
 >>> [(s.name, s.width, s.kinds) for s in sites.classes]
 [('_0', 4, ('PS',))]

@@ -234,7 +234,8 @@ class Symmetry:
     @property
     def tensors(self) -> tuple[str, ...]:
         """Names of the tensors the action moves."""
-        names = [b.tensor for b in self.bindings] + [r.tensor for f in self.translations for r in f.regions]
+        names = [b.tensor for b in self.bindings] + [r.tensor for f in self.translations for r in f.regions] + \
+            [bias for bias, _, _, _ in self.shifts]  # the readers' biases absorbing an affine sign flip's shift
         return tuple(dict.fromkeys(names))
 
     # -- numeric action -------------------------------------------------------------------------

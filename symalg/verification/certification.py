@@ -33,6 +33,7 @@ from typing import Mapping, Sequence
 import torch
 from torch.func import functional_call
 
+from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
 from symalg.numeric.linalg import relative_error
 
@@ -61,7 +62,11 @@ class ClaimError:
 
 def sample_elements(group, generator: torch.Generator, dtype=torch.float64, device="cpu") -> list[tuple[str, torch.Tensor]]:
     """The test elements of ``group``: :meth:`~symalg.catalogue.groups.SiteGroup.sample` (every discrete generator,
-    ``exp(M)`` near and far from the identity, another component; random sign patterns for wide sign flips)."""
+    ``exp(M)`` near and far from the identity, another component; random sign patterns for wide sign flips).
+    A group whose elements are dense ``h × h`` matrices is refused above the entry limit of the grammar."""
+    if group.element_format == "matrix":
+        width = int(group.width)
+        check_entries(width ** 2, f"a group acting on a site of width {width} (its {width}×{width} matrices)")
     return group.sample(generator, dtype, device)
 
 

@@ -44,6 +44,13 @@ class CheckResult:
         """True when the check ran and its error exceeds the tolerance or is not a number."""
         return not self.skipped and not self.max_error <= self.tolerance
 
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict: the fields, ``passed``, and a non-finite error as the string ``"nan"``/``"inf"``."""
+        error = self.max_error if self.max_error == self.max_error and abs(self.max_error) != float("inf") \
+            else str(self.max_error)
+        return {"check": self.check, "symmetry": self.symmetry, "max_error": error, "tolerance": self.tolerance,
+                "detail": self.detail, "skipped": self.skipped, "passed": self.passed}
+
     def __str__(self):
         verdict = "skip" if self.skipped else ("pass" if self.passed else "FAIL")
         return f"{verdict:4}  {self.check:22} {self.symmetry:34} err={self.max_error:.2e} tol={self.tolerance:.0e}  {self.detail}"
@@ -66,6 +73,19 @@ class VerificationReport:
     @property
     def failures(self) -> list[CheckResult]:
         return [c for c in self.checks if c.failed]
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict: ``passed``, the summary, dtype (``"float64"``), device, widths and every check
+        (:meth:`CheckResult.to_dict`).
+
+        >>> import json
+        >>> report = VerificationReport((CheckResult("invariance", "S(3) on 0", 0.0, 1e-9),), torch.float64, "cpu")
+        >>> json.loads(json.dumps(report.to_dict()))["checks"][0]["passed"]
+        True
+        """
+        return {"passed": self.passed, "summary": self.summary(), "dtype": str(self.dtype).replace("torch.", ""),
+                "device": self.device, "widths": {str(k): int(v) for k, v in self.widths.items()},
+                "checks": [c.to_dict() for c in self.checks]}
 
     def summary(self) -> str:
         n_fail, n_skip = len(self.failures), sum(c.skipped for c in self.checks)
@@ -191,11 +211,12 @@ def compare_to_sympy(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values
 
 
 def check_device(device) -> None:
-    """Raise ``ValueError`` naming ``device`` when torch cannot allocate on it here."""
+    """Raise :class:`~symalg.errors.SpecError` (a ``ValueError``) naming ``device`` when torch cannot allocate on
+    it here, or when it is no device at all."""
     try:
         torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as error:
-        raise ValueError(f"device {device!r} is not available here ({error})") from None
+    except (RuntimeError, AssertionError, TypeError) as error:
+        raise SpecError(f"device {device!r} is not available here ({error})") from None
 
 
 def check_params(params, shapes: Mapping[str, tuple], caller: str, optional=()) -> None:

@@ -21,6 +21,11 @@ assertions):
     by the core's RK4 (``flow_steps`` steps, each moving ``θ`` by at most ``min(10⁻⁴, √(tol/steps))``
     relative: small enough for steps across ReLU kinks, see :func:`_gradient_flow`); buffers are
     passed along unchanged (training-mode running statistics are updated on copies).
+``angular_momentum``
+    for each orthogonal group (whose antisymmetric generators have no conserved ``Q``), heavy-ball dynamics
+    ``θ̈ + γ θ̇ = −∇L`` from a random velocity: every entry of ``J(θ, θ̇)``
+    (:class:`~symalg.symbolic.symmetry.ModelAngularMomentum`) decays exactly as ``e^{−γt}``
+    (:func:`~symalg.verification.checks.check_angular_momentum`).
 ``lowering``
     each lowered conserved quantity equals SymPy's exact evaluation of its expressions at the same
     numbers (:func:`symalg.verification.verifier.compare_to_sympy`). Every symbol holds its tensor unfolded by its read
@@ -34,8 +39,10 @@ assertions):
     Jacobian's rank (the latter where that Jacobian fits in ``DENSE_ORBIT_BYTES``); skipped when
     neither exists.
 
-The loss is computed on the first output (the logits for ``cross_entropy``, against random classes;
-MSE against a random target otherwise); the other outputs enter only ``invariance``.
+The loss is computed on the first output: for ``cross_entropy`` against the classes
+``torch.randint(k, batch_shape, generator=torch.Generator().manual_seed(seed))`` (``k`` logits); otherwise the
+MSE ``mean((output − y)²)`` against ``y = torch.randn(output.shape, generator=torch.Generator().manual_seed(seed),
+dtype=dtype)``: the first draws of that generator. The other outputs enter only ``invariance``.
 
 Actions that move buffers have no conserved quantity, so ``gd_drift``, ``gradient_flow`` and
 ``lowering`` have nothing to check for them.
@@ -50,6 +57,8 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
+from typing import Mapping
 
 import torch
 from torch.func import functional_call
@@ -59,7 +68,8 @@ from symalg.symbolic.derive import Analysis
 from symalg.verification.certification import output_change, sample_elements
 from symalg.errors import SpecError
 from symalg.frontend.outputs import output_tensors
-from symalg.verification.checks import (TOLERANCES, CheckResult, VerificationReport, check_device, check_gradient_orthogonality,
+from symalg.verification.checks import (TOLERANCES, CheckResult, VerificationReport, check_angular_momentum, check_device,
+                                             check_gradient_orthogonality,
                            check_params, compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
 
 __all__ = ["verify", "default_widths"]
@@ -70,11 +80,32 @@ SYMBOLIC_LIMIT = 2000
 
 
 def _inputs(analysis, inputs, dtype, device) -> tuple:
-    inputs = inputs if inputs is not None else analysis.model_graph.example_inputs
+    """The model inputs, moved: ``data`` (a tensor or a tuple), else the example inputs. A floating example input
+    needs a floating tensor in its place; anything else raises ``SpecError`` naming ``data``."""
+    examples = analysis.model_graph.example_inputs
     if inputs is None:
-        raise SpecError("verify: the model was traced without example_inputs; pass inputs=(tensor, ...)")
-    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
-    return tuple(x.to(device=device, dtype=dtype) if torch.is_floating_point(x) else x.to(device) for x in inputs)
+        inputs = examples
+        if inputs is None:
+            raise SpecError("verify: the model was traced without example_inputs; pass data=(tensor, ...)")
+    elif isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    elif not isinstance(inputs, tuple):
+        raise SpecError(f"verify: data must be the model's inputs, a tensor or a tuple of tensors, got "
+                        f"{type(inputs).__name__}")
+    for index, x in enumerate(inputs):
+        example = examples[index] if examples is not None and index < len(examples) else None
+        if isinstance(example, torch.Tensor) and torch.is_floating_point(example) and not (
+                isinstance(x, torch.Tensor) and torch.is_floating_point(x)):
+            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise SpecError(f"verify: data[{index}] must be a floating-point tensor like the example input, got {got}")
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and not torch.isfinite(x).all():
+            raise SpecError(f"verify: data[{index}] has non-finite entries")
+    return tuple(x.to(device=device, dtype=dtype) if isinstance(x, torch.Tensor) and torch.is_floating_point(x)
+                 else x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def _shapes(inputs) -> list:
+    return [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs]
 
 
 def default_widths(analysis) -> dict[str, int]:
@@ -95,6 +126,9 @@ def _concrete(analysis, params, widths, caller: str):
         check_params(params, analysis.model_graph.parameter_shapes, caller)
         substituted = {str(k): int(v) for k, v in analysis.model_graph.source.widths_from_params(params).items()}
     else:
+        wrong = [(k, v) for k, v in (widths or {}).items() if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+        if wrong:
+            raise SpecError(f"{caller}: widths= values must be integers, got {wrong[0][0]}={wrong[0][1]!r}")
         substituted = {str(k): int(v) for k, v in (widths or default_widths(analysis)).items()}
         missing = sorted(str(s) for s in analysis.widths if str(s) not in substituted)
         if missing:
@@ -114,8 +148,10 @@ def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.fl
     params : ``{name: tensor}``, every parameter of the model and any of its buffers (e.g.
         ``dict(model.named_parameters())``); by default the model's own (a spec's generated module is seeded).
         An unknown or missing name, a wrong shape or a non-finite entry raises ``SpecError`` naming it.
-    data : the model's inputs, a tensor or a tuple of tensors; by default the example inputs it was traced with
-        (a spec's are a seeded ``(8, n)`` batch).
+    data : the model's inputs, a tensor or a tuple of tensors (not an ``(x, y)`` pair: the loss target is drawn
+        from ``seed``, see the module docstring); by default the example inputs it was traced with (a spec's are a
+        seeded ``(8, n)`` batch). Anything else, a non-floating tensor where the model takes a floating one, a
+        non-finite entry, or inputs the model cannot run on raise ``SpecError`` naming ``data``.
     device, dtype : where and in which precision to run (float64 by default; tolerances by dtype).
     seed : seed of the targets and group elements. ``max_generators``: most Lie-algebra generators checked one by
         one for ``gradient_orthogonality``; ``learning_rate``: the ``gd_drift`` step; ``flow_steps``: RK4 steps of
@@ -129,8 +165,10 @@ def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.fl
                         ("flow_steps", flow_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise SpecError(f"verify: {name} must be a non-negative integer, got {value!r}")
-    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not learning_rate > 0:
-        raise SpecError(f"verify: learning_rate must be a positive number, got {learning_rate!r}")
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not 0 < learning_rate < math.inf:
+        raise SpecError(f"verify: learning_rate must be a positive finite number, got {learning_rate!r}")
+    if widths is not None and not isinstance(widths, Mapping):
+        raise SpecError(f"verify: widths must be a mapping {{name: positive int}}, got {type(widths).__name__}")
     analysis, substituted = _concrete(analysis, params, widths, "verify")
     inputs = data
     check_device(device)
@@ -156,8 +194,10 @@ def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.fl
     try:
         outputs = forward(state)
     except (RuntimeError, TypeError, ValueError) as error:
-        raise SpecError(f"verify: the model does not run on its inputs (data= of a traced model are its inputs, a "
-                        f"tensor or a tuple of tensors): {type(error).__name__}: {error}") from error
+        examples = analysis.model_graph.example_inputs
+        expected = f" (example inputs of shapes {_shapes(examples)})" if examples is not None else ""
+        raise SpecError(f"verify: the model does not run on data of shapes {_shapes(x)}{expected}; data= are the "
+                        f"model's inputs, a tensor or a tuple of tensors: {type(error).__name__}: {error}") from error
     if not outputs:
         raise SpecError(f"verify: {type(model).__name__} returns no tensor to compare")
     reference = outputs[0][1]
@@ -188,6 +228,7 @@ def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.fl
             checks.append(_drift(symmetry, state, grads, learning_rate, tol))
     conserving = [s for s in analysis.symmetries if s.conserved is not None]
     checks += _gradient_flow(conserving, loss, state, params, grads, tol, flow_steps)
+    checks += check_angular_momentum(analysis, loss, params, grads, generator, tol)
     with torch.no_grad():
         checks += [_lowering(s, state, tol, symbolic_limit) for s in conserving]
     checks.append(_orbit_dimension(analysis, state))
@@ -250,14 +291,17 @@ def _drift(symmetry, state, grads, learning_rate, tol) -> CheckResult:
     quantity = symmetry.conserved
     stepped = {**state, **{k: state[k] - learning_rate * g for k, g in grads.items()}}
     before, after = quantity(state), quantity(stepped)
-    worst = 0.0
+    worst, change = 0.0, 0.0
     for key in before:
         if quantity.kind == "linear" or symmetry.group.kind == "T":
             predicted = before[key]
         else:
             predicted = before[key] + learning_rate ** 2 * quantity({**state, **grads})[key]
         worst = max(worst, _deviation(after[key], predicted))
-    return CheckResult("gd_drift", symmetry.label, worst, tol, f"{quantity.kind} quantity {quantity.name}")
+        change = max(change, (after[key] - before[key]).abs().max().item())
+    exact = "ΔC = 0" if quantity.kind == "linear" or symmetry.group.kind == "T" else "ΔC = η² C(∇L)"
+    return CheckResult("gd_drift", symmetry.label, worst, tol, f"{quantity.kind} quantity {quantity.name}: {exact}, "
+                       f"η = {learning_rate}, max|ΔC| = {change:.6e}")
 
 
 def _deviation(actual: torch.Tensor, expected: torch.Tensor) -> float:
