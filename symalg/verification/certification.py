@@ -34,6 +34,7 @@ import torch
 from torch.func import functional_call
 
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, SignFlips
+from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
 from symalg.verification.checks import relative_error
 
@@ -76,6 +77,8 @@ def sample_elements(group, generator: torch.Generator, dtype=torch.float64, devi
     wider than :data:`SIGN_FLIP_GENERATORS` gets :data:`SIGN_FLIP_SAMPLES` random sign patterns
     ``diag(±1)`` instead of its ``h`` generators (``h`` forward passes and ``h`` dense matrices)."""
     if isinstance(group, SignFlips) and group.width > SIGN_FLIP_GENERATORS:
+        h = int(group.width)   # each sample is an h × h matrix: refused, naming the site's width, before allocating
+        check_entries(h * h, f"a group acting on a site of width {h} (its {h}×{h} matrices)")
         signs = torch.randint(0, 2, (SIGN_FLIP_SAMPLES, int(group.width)), generator=generator).to(dtype) * 2 - 1
         return [(f"random sign pattern {i}", torch.diag(s).to(device)) for i, s in enumerate(signs)]
     discrete = group.discrete_generators(dtype, device)
