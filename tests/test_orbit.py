@@ -14,7 +14,7 @@ import sympy as sp
 import torch
 
 import symalg
-from symalg.numeric.orbit_rank import action_matrix
+from symalg.numeric.orbit_rank import action_matrix, model_orbit_dimension_formula
 
 MIN_COMBINATIONS = 50
 
@@ -111,6 +111,27 @@ def test_formula_equals_numeric_rank(name):
         if expected != actual:
             mismatches.append((widths, expected, actual))
     assert not mismatches, f"{name}: formula {formula} vs numeric rank (widths, formula, rank): {mismatches}"
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_formula_agrees_with_the_structured_and_dense_ranks_on_both_routes(name):
+    """The differential check at random widths: the closed form in the widths, the structured generic value
+    (:func:`model_orbit_dimension_formula`), the certified structured rank and the dense ``dim g × P`` rank at
+    random θ, for the spec and for the same module traced; all one number."""
+    analysis, formula = family(name)
+    rng = random.Random(f"differential {name}")
+    for seed in range(4):
+        widths = {s.name: rng.randint(1, 9 if s.name in FAMILIES[name][1] else 5) for s in analysis.widths}
+        concrete = analysis.subs(widths)
+        module = symalg.to_module(concrete.architecture, generator=torch.Generator().manual_seed(seed))
+        params = dict(module.named_parameters())
+        traced = symalg.derive(symalg.trace(module, (torch.randn(6, widths["n"], dtype=torch.float64),)))
+        structured, traced_rank = concrete.orbit_dimension(params), traced.orbit_dimension(params)
+        values = [formula_at(formula, widths), int(model_orbit_dimension_formula(concrete)), structured.dimension,
+                  structured.expected, _dense_rank(concrete, params), int(traced.orbit_dimension()),
+                  traced_rank.dimension, _dense_rank(traced, params)]
+        assert len(set(values)) == 1, (widths, values)
+        assert not structured.strata and structured.margin > 1
 
 
 def test_wide_hidden_layer_example():
