@@ -266,6 +266,17 @@ def test_independent_conserved_has_no_closed_form_for_adjacent_linear_sites():
     assert 0 < count <= symmetric == 12
 
 
+def test_independent_conserved_of_a_traced_model_is_a_numeric_rank_only():
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+    traced = symalg.derive(symalg.trace(module, (torch.randn(5, 3, dtype=torch.float64),)))
+    with pytest.raises(NotImplementedError, match="need a spec chain.*independent_conserved\\(params\\)"):
+        traced.independent_conserved()
+    params = dict(module.named_parameters())
+    spec = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
+    assert traced.independent_conserved(params) == spec.independent_conserved(params) == formula_at(
+        spec.independent_conserved(), {"n": 3, "h": 4, "m": 2}) == 4
+
+
 @pytest.mark.parametrize("spec, formula", [
     ("linear(3, 4) -> relu -> linear(4, 2)", 4 + 5),
     ("linear(3, 5) -> relu -> linear(5, 4) -> sigmoid -> linear(4, 3)", 5 + 5),
