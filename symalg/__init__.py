@@ -32,7 +32,7 @@ from symalg.ir.graph import ModelGraph
 from symalg.ir.architecture import Architecture, validate
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.numeric import orbit_rank
-from symalg.numeric.orbit_rank import OrbitDimension, model_orbit_dimension, model_orbit_dimension_formula
+from symalg.numeric.orbit_rank import OrbitDimension
 from symalg.numeric.sampling import network_function, random_data, random_params
 from symalg.symbolic import report
 from symalg.symbolic.inference import Blocked
@@ -43,8 +43,8 @@ from symalg.verification.verifier import verify
 __all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry",
            "compare_with_symmetries", "Completeness", "conjugated", "conservation_laws", "ConservationLaws",
            "count_conservation_laws", "derive", "derive", "ensembles", "flat_minima", "from_torch", "groups",
-           "loss_symmetries", "lower", "LoweredFunction", "minima_geometry", "model_orbit_dimension",
-           "model_orbit_dimension_formula", "Analysis", "ModelGraph", "Symmetry", "network_function",
+           "loss_symmetries", "lower", "LoweredFunction", "minima_geometry", "Analysis", "ModelGraph", "Symmetry",
+           "network_function",
            "nonlinear_actions", "orbit_rank", "OrbitDimension", "overlay", "parse",
            "random_data", "random_params", "register", "report", "Spec", "SpecError", "Symmetry",
            "symmetry_init", "teleport", "teleport_actions", "teleport_optim", "to_graph", "to_module", "to_spec_string", "trace",

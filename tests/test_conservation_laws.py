@@ -13,7 +13,7 @@ from symalg.catalogue.activations import declare_linear, declare_pointwise
 from symalg.applications.conservation_laws import (_Chain, _draw, _evaluate, compare_with_symmetries, count_conservation_laws,
                                       random_point)
 from symalg.errors import SpecError
-from symalg.symbolic.orbit import action_matrix, independent_conserved_rank
+from symalg.numeric.orbit_rank import action_matrix, independent_conserved_rank
 
 # (widths, activation, bias): depths 2-4, widths 2-9, bottlenecks and wide layers, both activations
 GRID = [
@@ -112,10 +112,16 @@ def test_a_low_bound_does_not_hide_laws_and_a_false_symmetry_is_caught():
     assert count_conservation_laws([3, 4, 2], known_laws=5).n_laws == 10
     relu_as_linear = symalg.overlay({"relu": symalg.CatalogueEntry("relu", lambda z: sp.Max(z, 0), declare_linear())})
     arch = symalg.parse("linear(3, 4, bias=False) -> relu -> linear(4, 2, bias=False)", catalogue=relu_as_linear)
-    wrong = symalg.derive(arch, catalogue=relu_as_linear, strict=False)   # claims GL(4) for ReLU
+    # uncertified, the overlay's GL(4) for ReLU is claimed; the comparison refutes it
+    wrong = symalg.derive(arch, catalogue=relu_as_linear, strict=False, certify=False)
+    assert [s.group.name for s in wrong.symmetries] == ["GL(4)"]
     result = compare_with_symmetries(wrong)
     assert result.symmetry_count == 10 and result.laws.n_laws == 4
     assert result.statement.startswith("inconsistent"), result.statement
+    # certified (the default), the numerical certification already removes the false claim
+    certified = symalg.derive(arch, catalogue=relu_as_linear, strict=False)
+    assert not certified.symmetries and "failed numerical certification" in str(certified.blocked)
+    assert compare_with_symmetries(certified).symmetry_count == 0
 
 
 def test_leaky_relu_with_slope_one_is_linear_and_complete():
@@ -185,6 +191,39 @@ def test_parameters_of_a_torch_module_are_accepted():
     result = compare_with_symmetries(arch, params=params)
     assert result.complete and result.laws.n_laws == 5
     assert result.laws.params["0.weight"].dtype == torch.float64
+
+
+def test_an_analysis_of_a_traced_chain_gives_the_spec_result():
+    """compare_with_symmetries takes the Analysis of either front end: a traced nn.Sequential is read back as its
+    chain (same parameter names), and its symmetries count the same independent quantities as the spec's."""
+    arch = symalg.parse("linear(3, 5) -> relu -> linear(5, 4) -> identity -> linear(4, 2)")
+    module = symalg.to_module(arch, generator=torch.Generator().manual_seed(0))
+    traced = symalg.derive(symalg.trace(module, (torch.randn(6, 3, dtype=torch.float64),)))
+    assert traced.architecture is None
+    from_trace, from_spec = compare_with_symmetries(traced), compare_with_symmetries(arch)
+    assert from_trace.complete and from_spec.complete, (str(from_trace), str(from_spec))
+    assert (from_trace.laws.n_laws, from_trace.symmetry_count) == (from_spec.laws.n_laws, from_spec.symmetry_count)
+    assert from_trace.laws.ranks == from_spec.laws.ranks
+
+
+def test_an_analysis_of_a_model_that_is_not_a_chain_is_refused_by_name():
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return x + self.b(torch.relu(self.a(x)))
+
+    model = Residual().double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(4, 3, dtype=torch.float64),)))
+    with pytest.raises(SpecError, match="Analysis of a traced Residual, not of a dense chain"):
+        compare_with_symmetries(analysis)
+    tanh = symalg.derive(symalg.trace(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(),
+                                                          torch.nn.Linear(4, 2)).double(),
+                                      (torch.randn(4, 3, dtype=torch.float64),)))
+    with pytest.raises(SpecError, match="activation 'tanh'"):
+        compare_with_symmetries(tanh)
 
 
 def test_invalid_input_raises_naming_the_argument():

@@ -14,6 +14,7 @@ import sympy as sp
 import torch
 
 import symalg
+from symalg.numeric.orbit_rank import action_matrix, model_orbit_dimension_formula
 
 MIN_COMBINATIONS = 50
 
@@ -86,6 +87,11 @@ def numeric_rank(name: str, widths: dict, seed: int) -> int:
     return concrete.orbit_dimension(params)
 
 
+def _dense_rank(analysis, params) -> int:
+    """The rank of the whole ``dim g × P`` matrix of ``M ↦ M·θ``: the baseline the structured rank must match."""
+    return int(torch.linalg.matrix_rank(action_matrix(analysis, params)))
+
+
 def formula_at(formula: sp.Expr, widths: dict) -> int:
     value = formula.subs({s: widths[s.name] for s in formula.free_symbols})
     assert value.is_Integer, f"formula {formula} at {widths} is {value}"
@@ -105,6 +111,27 @@ def test_formula_equals_numeric_rank(name):
         if expected != actual:
             mismatches.append((widths, expected, actual))
     assert not mismatches, f"{name}: formula {formula} vs numeric rank (widths, formula, rank): {mismatches}"
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_formula_agrees_with_the_structured_and_dense_ranks_on_both_routes(name):
+    """The differential check at random widths: the closed form in the widths, the structured generic value
+    (:func:`model_orbit_dimension_formula`), the certified structured rank and the dense ``dim g × P`` rank at
+    random θ, for the spec and for the same module traced; all one number."""
+    analysis, formula = family(name)
+    rng = random.Random(f"differential {name}")
+    for seed in range(4):
+        widths = {s.name: rng.randint(1, 9 if s.name in FAMILIES[name][1] else 5) for s in analysis.widths}
+        concrete = analysis.subs(widths)
+        module = symalg.to_module(concrete.architecture, generator=torch.Generator().manual_seed(seed))
+        params = dict(module.named_parameters())
+        traced = symalg.derive(symalg.trace(module, (torch.randn(6, widths["n"], dtype=torch.float64),)))
+        structured, traced_rank = concrete.orbit_dimension(params), traced.orbit_dimension(params)
+        values = [formula_at(formula, widths), int(model_orbit_dimension_formula(concrete)), structured.dimension,
+                  structured.expected, _dense_rank(concrete, params), int(traced.orbit_dimension()),
+                  traced_rank.dimension, _dense_rank(traced, params)]
+        assert len(set(values)) == 1, (widths, values)
+        assert not structured.strata and structured.margin > 1
 
 
 def test_wide_hidden_layer_example():
@@ -170,7 +197,9 @@ def test_adjacent_radial_and_linear_sites_have_no_closed_form(spec, sites):
     concrete = analysis.subs({s.name: 3 for s in analysis.architecture.widths})
     params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(0))
     rank = concrete.orbit_dimension(params)
-    assert 0 < rank <= sum(int(s.group.dim) for s in concrete.continuous)
+    assert 0 < rank.dimension <= sum(int(s.group.dim) for s in concrete.continuous) == rank.algebra_dim
+    assert rank == rank.expected == concrete.orbit_dimension()   # concrete widths: the structured generic value
+    assert rank == _dense_rank(concrete, params)
 
 
 def test_radial_separated_by_rigid_site_has_closed_form():
@@ -192,7 +221,9 @@ def test_numeric_rank_drops_at_non_generic_parameters():
     assert generic == formula_at(family("linear2_bias")[1], {"n": 2, "h": 4, "m": 3})
     degenerate = {k: v.clone() for k, v in params.items()}
     degenerate["0.bias"] = degenerate["0.weight"][:, 0].clone()
-    assert concrete.orbit_dimension(degenerate) == generic - 1
+    lower = concrete.orbit_dimension(degenerate)
+    assert lower == generic.dimension - 1 and lower.expected == generic.dimension
+    assert len(lower.strata) == 1 and "rank 2" in " ".join(lower.strata[0].reasons)
     zero = {k: torch.zeros_like(v) for k, v in params.items()}
     assert concrete.orbit_dimension(zero) == 0
 
@@ -228,7 +259,22 @@ def test_independent_conserved_has_no_closed_form_for_adjacent_linear_sites():
     with pytest.raises(NotImplementedError, match="adjacent GL sites at h1"):
         analysis.independent_conserved()
     concrete = analysis.subs({"n": 2, "h1": 3, "h2": 3, "m": 2})
-    assert concrete.independent_conserved(symalg.random_params(concrete.architecture)) <= concrete.conserved_count()
+    params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(0))
+    symmetric = sum(int(s.group.n_symmetric) for s in concrete.symmetries)   # one Q_M per symmetric generator
+    count = concrete.independent_conserved(params)
+    assert count == int(torch.linalg.matrix_rank(action_matrix(concrete, params, symmetric=True)))
+    assert 0 < count <= symmetric == 12
+
+
+def test_independent_conserved_of_a_traced_model_is_a_numeric_rank_only():
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
+    traced = symalg.derive(symalg.trace(module, (torch.randn(5, 3, dtype=torch.float64),)))
+    with pytest.raises(NotImplementedError, match="need a spec chain.*independent_conserved\\(params\\)"):
+        traced.independent_conserved()
+    params = dict(module.named_parameters())
+    spec = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
+    assert traced.independent_conserved(params) == spec.independent_conserved(params) == formula_at(
+        spec.independent_conserved(), {"n": 3, "h": 4, "m": 2}) == 4
 
 
 @pytest.mark.parametrize("spec, formula", [
@@ -238,25 +284,26 @@ def test_independent_conserved_has_no_closed_form_for_adjacent_linear_sites():
     ("linear(3, 2)", 4),
 ])
 def test_cross_entropy_adds_the_logit_translation_to_the_orbit_as_the_traced_pipeline_counts_it(spec, formula):
-    from symalg.numeric.orbit_rank import model_orbit_dimension
-
     analysis = symalg.derive(spec, loss="cross_entropy")
     assert analysis.orbit_dimension() == formula
     module = symalg.to_module(analysis.architecture, generator=torch.Generator().manual_seed(0))
     params = dict(module.named_parameters())
     assert analysis.orbit_dimension(params) == formula
     traced = symalg.derive(symalg.trace(module, (torch.randn(5, 3, dtype=torch.float64),)), loss="cross_entropy")
-    assert model_orbit_dimension(traced, params).dimension == formula
+    assert traced.orbit_dimension() == formula and traced.orbit_dimension(params) == formula
+    assert _dense_rank(analysis, params) == formula
 
 
-def test_logit_translation_next_to_a_linear_site_has_a_numeric_rank_only():
-    analysis = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)", loss="cross_entropy")
-    with pytest.raises(NotImplementedError, match="logit translation next to the GL\\(4\\) site h1"):
-        analysis.orbit_dimension()
-    params = dict(symalg.to_module(analysis.architecture).named_parameters())
-    # −W₂M = 1vᵀ has solutions when M also fixes W₁, b₁: no closed form; the numeric rank agrees with the traced one
-    from symalg.numeric.orbit_rank import model_orbit_dimension
-
-    traced = symalg.derive(symalg.trace(symalg.to_module(analysis.architecture),
-                                        (torch.randn(5, 3, dtype=torch.float64),)), loss="cross_entropy")
-    assert analysis.orbit_dimension(params) == model_orbit_dimension(traced, params).dimension
+def test_logit_translation_next_to_a_linear_site_has_no_formula_in_the_widths():
+    symbolic = symalg.derive("linear(n, h) -> identity -> linear(h, m)", loss="cross_entropy")
+    with pytest.raises(NotImplementedError, match="logit translation next to the GL\\(h\\) site h1"):
+        symbolic.orbit_dimension()
+    # −W₂M = 1vᵀ has solutions when M also fixes W₁, b₁: no closed form in the widths; at concrete widths the
+    # structured generic value, the numeric rank and the traced route agree
+    analysis = symbolic.subs({"n": 3, "h": 4, "m": 2})
+    module = symalg.to_module(analysis.architecture, generator=torch.Generator().manual_seed(0))
+    params = dict(module.named_parameters())
+    traced = symalg.derive(symalg.trace(module, (torch.randn(5, 3, dtype=torch.float64),)), loss="cross_entropy")
+    rank = analysis.orbit_dimension(params)
+    assert analysis.orbit_dimension() == traced.orbit_dimension() == rank.expected == 16 + 5   # GL(4), T(5): no stabiliser
+    assert rank == traced.orbit_dimension(params).dimension == _dense_rank(analysis, params) == 21

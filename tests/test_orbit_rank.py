@@ -432,8 +432,15 @@ def test_params_default_to_the_model_and_bad_arguments_are_named():
         model_orbit_dimension(analysis, {**params, "0.bias": torch.zeros(3)})
     with pytest.raises(ValueError, match="method must be"):
         model_orbit_dimension(analysis, method="svd")
-    with pytest.raises(TypeError, match="analysis must be a Analysis"):
-        model_orbit_dimension(symalg.derive("linear(3, 4) -> identity -> linear(4, 2)"))
+    with pytest.raises(TypeError, match="analysis must be the result of symalg.derive"):
+        model_orbit_dimension(model)
+    # one Analysis for both front ends: a spec at concrete widths runs on its generated module's parameters ...
+    spec = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)")
+    assert model_orbit_dimension(spec).dimension == 16 == model_orbit_dimension_formula(spec)
+    # ... but symbolic widths have no module: refused, naming them and the way out
+    for function in (model_orbit_dimension, model_orbit_dimension_formula):
+        with pytest.raises(symalg.SpecError, match=r"analysis has symbolic widths \(h, m, n\).*orbit_dimension\(params\)"):
+            function(symalg.derive("linear(n, h) -> identity -> linear(h, m)"))
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])

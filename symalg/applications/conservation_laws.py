@@ -49,10 +49,10 @@ from typing import Mapping, Sequence
 import torch
 
 from symalg.symbolic.derive import Analysis, derive
-from symalg.frontend.spec import parse
+from symalg.frontend.spec import from_torch, parse
 from symalg.errors import SpecError
 from symalg.ir.architecture import Architecture
-from symalg.symbolic.orbit import action_matrix
+from symalg.numeric.orbit_rank import action_matrix
 
 __all__ = ["ConservationLaws", "Completeness", "count_conservation_laws", "compare_with_symmetries", "random_point"]
 
@@ -422,11 +422,24 @@ def random_point(arch: Architecture, generator: torch.Generator | None = None) -
 
 
 def _architecture(model, activation: str | None, bias: bool | None) -> Architecture:
+    """The dense chain of ``model``: widths, a spec, or an :class:`~symalg.Analysis` of either front end (a traced
+    model must be an ``nn.Sequential`` of linear layers and activations; anything else is refused by name)."""
     if isinstance(model, (Analysis, Architecture, str)):
         if activation is not None or bias is not None:
             raise SpecError("count_conservation_laws: activation= and bias= apply to a widths sequence; "
                             f"a {type(model).__name__} carries its own")
-        return model.model_graph.source if isinstance(model, Analysis) else parse(model)
+        if not isinstance(model, Analysis):
+            return parse(model)
+        source, module = model.model_graph.source, model.model_graph.model
+        if isinstance(source, Architecture):
+            return source
+        chain = from_torch(module) if isinstance(module, torch.nn.Sequential) else None
+        if not isinstance(chain, Architecture):
+            raise SpecError(f"count_conservation_laws: model is an Analysis of a traced "
+                            f"{type(module).__name__ if module is not None else 'graph'}, not of a dense chain; the "
+                            "path lifting needs an nn.Sequential of Linear layers and identity / ReLU / leaky-ReLU "
+                            "activations (or a spec of one)")
+        return chain
     widths = list(model) if isinstance(model, Sequence) else None
     if not widths or len(widths) < 2 or not all(isinstance(w, int) and w > 0 for w in widths):
         raise SpecError(f"count_conservation_laws: model must be widths (n_0, …, n_q) of positive ints, at least two, "
@@ -446,8 +459,9 @@ def count_conservation_laws(model, activation: str | None = None, bias: bool | N
 
     Parameters
     ----------
-    model : widths ``(n_0, …, n_q)`` (``q`` layers), or an :class:`~symalg.Architecture`, an
-        :class:`~symalg.Analysis` or a spec string of a dense chain with identity / ReLU / leaky-ReLU sites.
+    model : widths ``(n_0, …, n_q)`` (``q`` layers), or an :class:`~symalg.Architecture`, a spec string or an
+        :class:`~symalg.Analysis` (of a spec, or of a traced ``nn.Sequential``) of a dense chain with identity /
+        ReLU / leaky-ReLU sites.
     activation : ``"linear"`` (default) or ``"relu"`` for every hidden site of a widths sequence.
     bias : whether every layer of a widths sequence has a bias (default ``False``).
     params : the point θ (``{name: tensor}`` as in ``nn.Sequential``); default :func:`random_point` (``seed``).

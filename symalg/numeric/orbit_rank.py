@@ -69,7 +69,8 @@ by ``torch.func.jacfwd`` and its SVD (refused beyond ``max_bytes``, with the siz
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+import numbers
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 import sympy as sp
@@ -80,7 +81,7 @@ from symalg.catalogue.groups import group_classes
 from symalg.symbolic.orbit import gl_chain_kernel_dimension
 
 __all__ = ["RankDecision", "ComponentRank", "Stratum", "OrbitDimension", "model_orbit_dimension",
-           "model_orbit_dimension_formula"]
+           "model_orbit_dimension_formula", "action_matrix", "independent_conserved_rank"]
 
 _KINDS = frozenset({"GL", "O", "O1", "PS", "T"})
 """Group kinds handled structurally, matched by exact class (a subclass that does not register a kind of its own
@@ -182,6 +183,15 @@ class OrbitDimension:
     only); ``decisions`` every numeric rank taken; ``expected`` the generic value
     (:func:`model_orbit_dimension_formula`, ``None`` without a closed form) and ``strata`` the
     components below it; ``notes`` what fell back to which method.
+
+    It stands for its dimension where an integer is expected: ``int(result)``, ``operator.index(result)`` and
+    ``result == 5`` (an integer, SymPy's included) read :attr:`dimension`, so ``analysis.orbit_dimension(params)``
+    compares with the formula ``analysis.orbit_dimension()`` at the same widths; two results are equal when all
+    their fields are. Order and arithmetic go through ``.dimension``.
+
+    >>> result = OrbitDimension(5, 9, "dense")
+    >>> result == 5, int(result), result == 4, result.dimension + 1
+    (True, 5, False, 6)
     """
 
     dimension: int
@@ -192,6 +202,22 @@ class OrbitDimension:
     expected: int | None = None
     strata: tuple[Stratum, ...] = ()
     notes: tuple[str, ...] = ()
+
+    def __int__(self) -> int:
+        return self.dimension
+
+    def __index__(self) -> int:
+        return self.dimension
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, OrbitDimension):
+            return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(self))
+        if isinstance(other, numbers.Integral):
+            return self.dimension == int(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.dimension)
 
     @property
     def gap(self) -> float:
@@ -373,16 +399,17 @@ def _describe(bindings) -> str:
 _GIB = 2 ** 30
 
 
-def _jacobian(parts, state, tensors, max_bytes: float, what: str) -> torch.Tensor:
+def _jacobian(parts, state, tensors, max_bytes: float, what: str, symmetric: bool = False) -> torch.Tensor:
     """``∂/∂x [Σ_s tangent_s(θ, Σ_i x_i B_{s,i})]`` restricted to ``tensors``: a ``rows × Σ dim`` matrix.
 
     ``parts`` are ``(site, coordinates)``: the basis ``B_{s,i}`` is the group's own
-    :meth:`algebra_basis`, restricted to ``coordinates`` unless that is ``None``. Refused with a
-    ``MemoryError`` when the Jacobian and the bases (``jacfwd`` holds about twice that) would exceed
-    ``max_bytes``.
+    :meth:`algebra_basis` (:meth:`symmetric_basis` with ``symmetric``), restricted to ``coordinates`` unless
+    that is ``None``. Refused with a ``MemoryError`` when the Jacobian and the bases (``jacfwd`` holds about
+    twice that) would exceed ``max_bytes``, before any of them is built.
     """
     reference = next(iter(state.values()), torch.zeros(()))
-    sizes = [site.dim if coordinates is None else len(coordinates) for site, coordinates in parts]
+    full = [int(site.symmetry.group.n_symmetric) if symmetric else site.dim for site, _ in parts]
+    sizes = [size if coordinates is None else len(coordinates) for size, (_, coordinates) in zip(full, parts)]
     rows = sum(state[t].numel() for t in tensors)
     element = [site.width ** 2 if site.symmetry.group.element_format == "matrix" else site.width for site, _ in parts]
     needed = 2 * reference.element_size() * (sum(sizes) * rows + sum(d * e for d, e in zip(sizes, element)))
@@ -392,12 +419,15 @@ def _jacobian(parts, state, tensors, max_bytes: float, what: str) -> torch.Tenso
         return torch.zeros(rows, sum(sizes), dtype=reference.dtype, device=reference.device)
     bases = []
     for site, coordinates in parts:
-        basis = site.symmetry.group.algebra_basis(reference.dtype, reference.device)
+        group = site.symmetry.group
+        basis = (group.symmetric_basis if symmetric else group.algebra_basis)(reference.dtype, reference.device)
         bases.append(basis if coordinates is None else basis[list(coordinates)])
 
     def action(x):
         changes, start = {}, 0
         for (site, _), basis, size in zip(parts, bases, sizes):
+            if not size:   # no generator (the symmetric part of so(h)): no column
+                continue
             M = (x[start:start + size] @ basis.reshape(size, -1)).reshape(basis.shape[1:])
             start += size
             for tensor, change in site.symmetry.tangent(state, M).items():
@@ -706,17 +736,21 @@ def _couple_again(sites: list[_Site]) -> list[list[_Site]]:
 # public functions
 # ---------------------------------------------------------------------------------------------
 def _check_analysis(analysis, caller: str) -> None:
-    """The derivation's result is read by duck type: this module sits below :mod:`symalg.symbolic.derive`."""
+    """The derivation's result is read by duck type: this module sits below :mod:`symalg.symbolic.derive`. Its
+    widths must be concrete (``Analysis.orbit_dimension(params)`` substitutes them from ``params`` first)."""
     if not (hasattr(analysis, "model_graph") and hasattr(analysis, "sites")):
         raise TypeError(f"{caller}: analysis must be the result of symalg.derive, got {type(analysis).__name__}")
+    if analysis.model_graph.widths:
+        widths = ", ".join(sorted(map(str, analysis.model_graph.widths)))
+        raise SpecError(f"{caller}: analysis has symbolic widths ({widths}); substitute them first "
+                        "(analysis.subs({...}), or analysis.orbit_dimension(params), which reads them from params)")
 
 
 def _state(analysis, sites: list[_Site], params, dtype, device, caller: str) -> dict[str, torch.Tensor]:
     """The tensors the actions move: from ``params`` (default: the model's own), buffers from the model."""
-    model = analysis.model_graph.model
-    own = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    buffers = dict(model.named_buffers())
-    source = own if params is None else params
+    model = analysis.model_graph.require_model(caller) if params is None else analysis.model_graph.model
+    buffers = {} if model is None else dict(model.named_buffers())
+    source = {**dict(model.named_parameters()), **buffers} if params is None else params
     state = {}
     for site in sites:
         for tensor in site.tensors:
@@ -727,7 +761,7 @@ def _state(analysis, sites: list[_Site], params, dtype, device, caller: str) -> 
                 raise KeyError(f"{caller}: params has no tensor {tensor!r} (moved by {site.label})")
             expected = tuple(site.symmetry.shapes[tensor])
             if tuple(value.shape) != expected:
-                raise ValueError(f"{caller}: params[{tensor!r}] has shape {tuple(value.shape)}, expected {expected}")
+                raise SpecError(f"{caller}: params[{tensor!r}] has shape {tuple(value.shape)}, expected {expected}")
             if not torch.isfinite(value).all():
                 raise SpecError(f"{caller}: parameter {tensor!r} has non-finite entries (NaN or inf): no rank to compute")
             state[tensor] = value.detach().to(dtype=dtype or value.dtype, device=device or value.device)
@@ -837,3 +871,37 @@ def model_orbit_dimension_formula(analysis) -> sp.Integer:
         raise NotImplementedError(f"{caller}: no closed form for the coupled sites {missing}; "
                                   "model_orbit_dimension(analysis, params) gives their numeric rank")
     return sp.Integer(total)
+
+
+def action_matrix(analysis, params: Mapping[str, torch.Tensor], symmetric: bool = False,
+                  max_bytes: float = 4 * _GIB) -> torch.Tensor:
+    """The matrix of ``M ↦ M·θ`` over the Lie-algebra bases of all continuous symmetries, at ``params``.
+
+    One row per basis generator (symmetry by symmetry, each group's :meth:`algebra_basis`, or only its
+    :meth:`symmetric_basis` with ``symmetric``: then row ``i`` is ``M_i·θ = ∇Q_{M_i}(θ) / 2``), one column per
+    parameter entry (every parameter of ``analysis.model_graph.parameter_shapes``, flattened, in that order;
+    buffers an action moves are not columns). Built as the Jacobian of :meth:`Symmetry.tangent` (one call per
+    symmetry, not one per generator); refused with a ``MemoryError`` above ``max_bytes``. The widths must be
+    concrete and ``params`` must match them.
+
+    >>> import symalg
+    >>> analysis = symalg.derive("linear(2, 3) -> identity -> linear(3, 2)")
+    >>> params = symalg.random_params(analysis.architecture)
+    >>> action_matrix(analysis, params).shape, action_matrix(analysis, params, symmetric=True).shape
+    (torch.Size([9, 17]), torch.Size([6, 17]))
+    """
+    caller = "action_matrix"
+    sites, _, state, _ = _prepare(analysis, params, None, None, caller)
+    names = list(analysis.model_graph.parameter_shapes)
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise KeyError(f"{caller}: params has no tensor {missing[0]!r}")
+    state = {**{n: params[n].detach() for n in names}, **state}
+    return _jacobian([(s, None) for s in sites], state, names, max_bytes, caller, symmetric).T
+
+
+def independent_conserved_rank(analysis, params: Mapping[str, torch.Tensor]) -> int:
+    """Number of functionally independent conserved quantities at ``params``: ``dQ_M(θ)[δ] = 2⟨δ, M·θ⟩``, so the
+    rank of :func:`action_matrix` on the symmetric generators (the rule of :func:`_decide`)."""
+    matrix = action_matrix(analysis, params, symmetric=True)
+    return _rank(matrix, "symmetric generators' action").rank if matrix.numel() else 0

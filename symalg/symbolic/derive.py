@@ -30,10 +30,10 @@ from symalg.frontend.spec import to_graph, to_spec_string
 from symalg.ir.architecture import Architecture
 from symalg.ir.graph import ModelGraph
 from symalg.lowering.codegen import LoweredFunction
-from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
+from symalg.numeric.orbit_rank import independent_conserved_rank, model_orbit_dimension, model_orbit_dimension_formula
 from symalg.symbolic.engine import infer_model
 from symalg.symbolic.inference import Blocked, ModelSites, check_loss
-from symalg.symbolic.orbit import independent_conserved_formula, independent_conserved_rank, orbit_dimension_formula
+from symalg.symbolic.orbit import independent_conserved_formula, orbit_dimension_formula
 from symalg.symbolic.symmetry import ModelAngularMomentum, ModelConserved, Symmetry, _group, _number
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 
@@ -98,13 +98,20 @@ class Analysis:
         """Dimension of the group orbit through θ.
 
         ``params=None``: the generic value, a formula in the widths (a SymPy expression; an integer at concrete
-        widths). Otherwise the certified numeric rank of ``M ↦ M·θ`` at ``params``
-        (:class:`~symalg.numeric.orbit_rank.OrbitDimension`, with its certificate); symbolic widths are read from
-        the shapes of ``params``.
+        widths): the closed form of :func:`~symalg.symbolic.orbit.orbit_dimension_formula` for a spec chain, else
+        (a traced model, or a concrete spec whose sites have no closed form in the widths) the generic structured
+        rank of :func:`~symalg.numeric.orbit_rank.model_orbit_dimension_formula`; ``NotImplementedError`` where
+        neither exists. Otherwise the certified numeric rank of ``M ↦ M·θ`` at ``params``
+        (:class:`~symalg.numeric.orbit_rank.OrbitDimension`, with its certificate; it compares equal to an
+        integer by its ``dimension``); symbolic widths are read from the shapes of ``params``.
         """
         if params is None:
             if self.model_graph.tracer == "spec":
-                return orbit_dimension_formula(self)
+                try:
+                    return orbit_dimension_formula(self)
+                except NotImplementedError:
+                    if self.widths:
+                        raise
             return model_orbit_dimension_formula(self)
         return model_orbit_dimension(self.at_widths_of(params), params)
 

@@ -33,15 +33,11 @@ h**2 - (h - Min(h, m))*(h - Min(h, n + 1))
 """
 from __future__ import annotations
 
-from typing import Mapping
-
 import sympy as sp
-import torch
 
 from symalg.frontend.grammar import refuse_text
 
-__all__ = ["orbit_dimension_formula", "action_matrix", "gl_chain_kernel_dimension",
-           "independent_conserved_formula", "independent_conserved_rank"]
+__all__ = ["orbit_dimension_formula", "gl_chain_kernel_dimension", "independent_conserved_formula"]
 
 
 def gl_chain_kernel_dimension(widths: list, biases: list) -> sp.Expr:
@@ -105,7 +101,8 @@ def _widths_and_biases(analysis):
     """``[n, h_1, …, m]`` and which linear layers have a bias, for an analysis of a spec chain."""
     arch = analysis.model_graph.source
     if analysis.model_graph.tracer != "spec":
-        raise NotImplementedError("the closed-form chain formulas need a spec chain")
+        raise NotImplementedError(f"the closed-form chain formulas need a spec chain, not a {analysis.model_graph.tracer!r}-"
+                                  "traced model; pass params for the numeric rank (e.g. independent_conserved(params))")
     layers = [arch.node(name) for name in arch.linear_layers]
     widths = [sp.sympify(layers[0]["in_features"])] + [sp.sympify(layer["out_features"]) for layer in layers]
     return widths, [layer["bias"] is not None for layer in layers]
@@ -128,7 +125,8 @@ def independent_conserved_formula(analysis) -> sp.Expr:
     generators. Positive scaling sites contribute ``h`` (their kernel is zero, see above); a ``GL``
     site between rigid neighbours loses the symmetric ``M`` vanishing on
     ``col[W_in, b_in] + row(W_out)``: ``h(h+1)/2 − f(f+1)/2`` with ``f = h − min(h, h_prev + β + h_next)``.
-    Adjacent ``GL`` sites couple; there only :func:`independent_conserved_rank` applies.
+    Adjacent ``GL`` sites couple; there only the numeric rank applies
+    (:func:`symalg.numeric.orbit_rank.independent_conserved_rank`).
     """
     widths, has_bias = _widths_and_biases(analysis)
     continuous = _continuous_by_site(analysis)
@@ -146,36 +144,3 @@ def independent_conserved_formula(analysis) -> sp.Expr:
         else:
             total += group.n_symmetric
     return sp.simplify(total) if total.free_symbols else sp.Integer(total)
-
-
-def independent_conserved_rank(analysis, params: Mapping[str, torch.Tensor]) -> int:
-    """Numeric count of functionally independent conserved quantities at ``params``."""
-    matrix = action_matrix(analysis, {k: v.detach() for k, v in params.items()}, symmetric=True)
-    return int(torch.linalg.matrix_rank(matrix).item()) if matrix.numel() else 0
-
-
-def action_matrix(analysis, params: Mapping[str, torch.Tensor], symmetric: bool = False) -> torch.Tensor:
-    """The matrix of ``M ↦ M·θ`` over the Lie-algebra bases of all continuous symmetries (only
-    their symmetric elements when ``symmetric``): one row per basis generator, one column per
-    parameter entry (all parameters, flattened)."""
-    names = list(analysis.model_graph.parameter_shapes)
-    reference = params[names[0]]
-    total = sum(params[n].numel() for n in names)
-    rows = []
-    for symmetry in analysis.continuous:
-        group = symmetry.group
-        basis = (group.symmetric_basis if symmetric else group.algebra_basis)(reference.dtype, reference.device)
-        if basis.shape[0] == 0:
-            continue
-        tangent = symmetry.tangent(params, basis)
-        block = torch.zeros(basis.shape[0], total, dtype=reference.dtype, device=reference.device)
-        offset = 0
-        for n in names:
-            size = params[n].numel()
-            if n in tangent:
-                block[:, offset: offset + size] = tangent[n].reshape(basis.shape[0], size)
-            offset += size
-        rows.append(block)
-    if not rows:
-        return torch.zeros(0, total, dtype=reference.dtype, device=reference.device)
-    return torch.cat(rows)
