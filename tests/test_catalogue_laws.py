@@ -478,7 +478,8 @@ def test_action_matches_action_formula(op, bias, index):
     symmetry = analysis.symmetries[index]
     group = symmetry.group
     roles = {role: name if name in params else None for role, name in ROLES.items()}
-    assert set(symmetry.tensors) == {roles["W_in"], roles["W_out"]} | ({roles["b_in"]} if bias else set())
+    shifted = {roles["b_out"]} if roles["b_out"] and symmetry.shifts else set()   # the reader bias absorbs τ(g)
+    assert set(symmetry.tensors) == {roles["W_in"], roles["W_out"]} | ({roles["b_in"]} if bias else set()) | shifted
     for label, g in group_elements(group, 4, torch.Generator().manual_seed(17)):
         G, inverse = as_matrix(group, g), torch.linalg.inv(as_matrix(group, group.rep(g)))
         expected = dict(params)

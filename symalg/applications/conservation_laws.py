@@ -49,7 +49,7 @@ from typing import Mapping, Sequence
 import torch
 
 from symalg.symbolic.derive import Analysis, derive
-from symalg.frontend.spec import from_torch, parse
+from symalg.frontend.spec import parse
 from symalg.errors import SpecError
 from symalg.ir.architecture import Architecture
 from symalg.numeric.orbit_rank import action_matrix
@@ -433,13 +433,13 @@ def _architecture(model, activation: str | None, bias: bool | None) -> Architect
         source, module = model.model_graph.source, model.model_graph.model
         if isinstance(source, Architecture):
             return source
-        chain = from_torch(module) if isinstance(module, torch.nn.Sequential) else None
-        if not isinstance(chain, Architecture):
+        try:
+            return parse(module)   # a chain nn.Sequential reads back as the spec it spells
+        except SpecError:
             raise SpecError(f"count_conservation_laws: model is an Analysis of a traced "
                             f"{type(module).__name__ if module is not None else 'graph'}, not of a dense chain; the "
                             "path lifting needs an nn.Sequential of Linear layers and identity / ReLU / leaky-ReLU "
-                            "activations (or a spec of one)")
-        return chain
+                            "activations (or a spec of one)") from None
     widths = list(model) if isinstance(model, Sequence) else None
     if not widths or len(widths) < 2 or not all(isinstance(w, int) and w > 0 for w in widths):
         raise SpecError(f"count_conservation_laws: model must be widths (n_0, …, n_q) of positive ints, at least two, "

@@ -83,7 +83,7 @@ def orbit_dimension_formula(analysis) -> sp.Expr:
             free = h - sp.Min(h, widths[k - 1] + int(has_bias[k - 1]) + widths[k + 1])
             total -= free * (free - 1) / 2
         else:
-            names = [f"h{i}" for i in range(k, end + 1)]
+            names = [_site_name(analysis, i) for i in range(k, end + 1)]
             raise NotImplementedError(f"no closed-form orbit dimension for adjacent sites {names} mixing O(h) with "
                                       "other continuous groups; use orbit_dimension(params) for the numeric rank")
         k = end + 1
@@ -92,7 +92,7 @@ def orbit_dimension_formula(analysis) -> sp.Expr:
         # −W diag(m) together with rows upstream, so the two are independent; a GL or O site can cancel them
         if soft(n_sites):
             raise NotImplementedError(f"no closed-form orbit dimension for the logit translation next to the "
-                                      f"{continuous[n_sites].name} site h{n_sites}; use orbit_dimension(params)")
+                                      f"{continuous[n_sites].name} site {_site_name(analysis, n_sites)!r}; use orbit_dimension(params)")
         total += translation.group.dim
     return sp.simplify(total) if total.free_symbols else sp.Integer(total)
 
@@ -106,6 +106,11 @@ def _widths_and_biases(analysis):
     layers = [arch.node(name) for name in arch.linear_layers]
     widths = [sp.sympify(layers[0]["in_features"])] + [sp.sympify(layer["out_features"]) for layer in layers]
     return widths, [layer["bias"] is not None for layer in layers]
+
+
+def _site_name(analysis, k: int) -> str:
+    """The name of hidden site ``k`` (1-based): the node of the linear layer producing it."""
+    return analysis.model_graph.source.linear_layers[k - 1]
 
 
 def _continuous_by_site(analysis) -> dict:
@@ -136,7 +141,7 @@ def independent_conserved_formula(analysis) -> sp.Expr:
             continue
         if group.kind == "GL":
             if any(k + d in continuous and continuous[k + d].kind == "GL" for d in (-1, 1)):
-                raise NotImplementedError(f"no closed form for the conserved quantities of adjacent GL sites at h{k}; "
+                raise NotImplementedError(f"no closed form for the conserved quantities of adjacent GL sites at {_site_name(analysis, k)!r}; "
                                           "use independent_conserved(params)")
             h = widths[k]
             free = h - sp.Min(h, widths[k - 1] + int(has_bias[k - 1]) + widths[k + 1])
