@@ -21,6 +21,7 @@ import argparse
 import torch
 
 import symalg
+import symalg.numeric.sampling
 from symalg.applications.conjugated import matrix_exp
 from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, barlow_twins_loss, gaussian_expectation,
                                     info_nce_loss, moments, paired_monte_carlo, spectral_contrastive_loss, two_view_loss)
@@ -33,8 +34,8 @@ def _row(label, key, values, formats):
 
 def loss_symmetry_table(generator) -> None:
     arch = symalg.parse("linear(4, 6) -> tanh -> linear(6, 3)")
-    forward = symalg.network_function(arch)
-    params = symalg.random_params(arch, generator)
+    forward = symalg.numeric.sampling.network_function(arch)
+    params = symalg.numeric.sampling.random_params(arch, generator)
     x1 = torch.randn(12, 4, generator=generator)
     x2 = x1 + 0.1 * torch.randn(12, 4, generator=generator)
     symmetry = GramLossSymmetry("2.weight", "2.bias", 3, 6)
@@ -85,8 +86,8 @@ def distribution_table(generator, samples: int) -> None:
     print(f"  fresh_batch_change={change:.3e}")
 
     arch = symalg.parse("linear(3, 5) -> gelu -> linear(5, 2)")
-    forward = symalg.network_function(arch)
-    net = symalg.random_params(arch, generator)
+    forward = symalg.numeric.sampling.network_function(arch)
+    net = symalg.numeric.sampling.random_params(arch, generator)
     mean = torch.tensor([0.5, -1.0, 0.3])
     B = torch.randn(3, 3, generator=generator)
     covariance = B @ B.T / 3 + 0.5 * torch.eye(3)

@@ -14,7 +14,7 @@ Derivations in ``docs/minima_geometry.md``; every formula is compared with a dir
 (c) Tightness: measured/bound → 1 as ``Δt → 0`` on a width-1 chain at a zero-loss minimum.
 (d) The helix ``(cos t, sin t, ct)``, orbit of a screw motion: the dissertation's Theorem 3.4.2 fails.
 (e) Homogeneous last layers: closed-form barrier of ``(1−α)θ + α g·θ`` against the numerical maximum of
-    the network's loss (``symalg.network_function``, ``Symmetry.apply``); growth with the scaling ``m``;
+    the network's loss (``symalg.numeric.sampling.network_function``, ``Symmetry.apply``); growth with the scaling ``m``;
     the choice of ``m`` in the proof of Prop. 3.3.3 for degree ``k = ½``.
 
 Usage::
@@ -195,14 +195,14 @@ def homogeneous(generator: torch.Generator, out_axes) -> None:
     for activation, (degree, sigma) in HOMOGENEOUS.items():
         analysis = symalg.derive(symalg.parse(f"linear(3, 4) -> {activation} -> linear(4, 2)"))
         symmetry = next(s for s in analysis.symmetries if s.group.is_continuous)
-        forward = symalg.network_function(analysis.architecture)
+        forward = symalg.numeric.sampling.network_function(analysis.architecture)
         elements = {"3.0": 3.0, "0.25": 0.25}
         if degree == 1:
             elements["diag"] = 0.2 + 4 * torch.rand(4, generator=generator, dtype=F64)
         if activation == "identity":
             elements["matrix"] = randn(4, 4, generator=generator)
         for point in ("zero", "random"):
-            params = symalg.random_params(analysis.architecture, generator=generator)
+            params = symalg.numeric.sampling.random_params(analysis.architecture, generator=generator)
             x = randn(16, 3, generator=generator)
             y = forward(params, x) if point == "zero" else randn(16, 2, generator=generator)
             loss = mse_loss(forward, x, y)

@@ -233,7 +233,7 @@ def gradient_descent_drift(imbalance, arch, init: dict[str, torch.Tensor], lr: f
     identity_error : float
         ``max_t max_ij |C(θ_{t+1}) − C(θ_t) − η² C(g_t)|``.
     """
-    loss = mse_loss(symalg.network_function(arch), x, y)
+    loss = mse_loss(symalg.numeric.sampling.network_function(arch), x, y)
     params = {name: p.clone().requires_grad_(True) for name, p in init.items()}
     C0 = C = imbalance(init)
     drift, identity_error = [0.0], 0.0
@@ -317,7 +317,7 @@ def drift_scaling(imbalance, arch, model, n_steps: int, out: Path) -> None:
     y = x @ teacher.T + 0.1 * torch.randn(batch, m, generator=generator, dtype=torch.float64)
     torch.manual_seed(SEED + 1)
     init = xavier_sample(model)
-    sharpness = largest_hessian_eigenvalue(mse_loss(symalg.network_function(arch), x, y), init)
+    sharpness = largest_hessian_eigenvalue(mse_loss(symalg.numeric.sampling.network_function(arch), x, y), init)
 
     learning_rates = torch.tensor(LEARNING_RATES, dtype=torch.float64)
     runs = [gradient_descent_drift(imbalance, arch, init, lr, n_steps, x, y) for lr in LEARNING_RATES]

@@ -4,6 +4,7 @@ import sympy as sp
 import torch
 
 import symalg
+import symalg.numeric.sampling
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, Translations
 from symalg.symbolic.checks import symbolic_checks
 
@@ -55,7 +56,7 @@ def test_action_on_every_parameter_including_biases(generator):
     analysis = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)")
     (symmetry,) = analysis.symmetries
     assert symmetry.tensors == ("0.weight", "0.bias", "2.weight")
-    params = symalg.random_params(analysis.architecture, generator)
+    params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     W1, b1, W2, b2 = (params[k] for k in ("0.weight", "0.bias", "2.weight", "2.bias"))
     g = torch.randn(4, 4, generator=generator, dtype=torch.float64) + 3 * torch.eye(4, dtype=torch.float64)
     moved = symmetry.apply(params, g)
@@ -69,7 +70,7 @@ def test_action_on_every_parameter_including_biases(generator):
     torch.testing.assert_close(tangent["0.weight"], M @ W1)
     torch.testing.assert_close(tangent["0.bias"], M @ b1)
     torch.testing.assert_close(tangent["2.weight"], -W2 @ M)
-    forward = symalg.network_function(analysis.architecture)
+    forward = symalg.numeric.sampling.network_function(analysis.architecture)
     x = torch.randn(7, 3, generator=generator, dtype=torch.float64)
     torch.testing.assert_close(forward(moved, x), forward(params, x))
 
@@ -79,13 +80,13 @@ def test_sigmoid_sign_flip_shifts_the_next_bias(generator):
     analysis = symalg.derive("linear(3, 4) -> sigmoid -> linear(4, 2)")
     flips = analysis.symmetries[0]
     assert isinstance(flips.group, SignFlips)
-    params = symalg.random_params(analysis.architecture, generator)
+    params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     g = torch.diag(torch.tensor([-1.0, 1.0, 1.0, -1.0], dtype=torch.float64))
     moved = flips.apply(params, g)
     # σ(−z) = 1 − σ(z): each flipped unit hands its outgoing weights to the next bias
     torch.testing.assert_close(moved["2.bias"], params["2.bias"] + params["2.weight"] @ torch.tensor(
         [1.0, 0.0, 0.0, 1.0], dtype=torch.float64))
-    forward = symalg.network_function(analysis.architecture)
+    forward = symalg.numeric.sampling.network_function(analysis.architecture)
     x = torch.randn(7, 3, generator=generator, dtype=torch.float64)
     torch.testing.assert_close(forward(moved, x), forward(params, x))
 
@@ -141,7 +142,7 @@ def test_conserved_quantity_closed_forms():
 
 def test_conserved_quantity_values_match_a_hand_computation(generator):
     analysis = symalg.derive("linear(3, 4) -> leaky_relu(slope=0.1) -> linear(4, 2) -> identity -> linear(2, 2)")
-    params = symalg.random_params(analysis.architecture, generator)
+    params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     q1, C2 = analysis.conserved_quantities()
     W1, b1, W2, b2, W3 = (params[k] for k in ("0.weight", "0.bias", "2.weight", "2.bias", "4.weight"))
     torch.testing.assert_close(q1(params)["q__0"].squeeze(-1), (W1 ** 2).sum(1) + b1 ** 2 - (W2 ** 2).sum(0))
@@ -156,7 +157,7 @@ def test_radial_networks_get_an_angular_momentum_relation_not_a_vacuous_q(genera
     assert r"\dot U" in momentum.latex()
     # J(θ, θ̇) pairs with the algebra: ⟨θ̇, A·θ⟩ = ½ ⟨A, J⟩ (Frobenius) for every antisymmetric A
     concrete = analysis.subs({"n": 3, "h": 4, "m": 2})
-    params = symalg.random_params(concrete.architecture, generator)
+    params = symalg.numeric.sampling.random_params(concrete.architecture, generator)
     velocity = {k: torch.randn(v.shape, generator=generator, dtype=v.dtype) for k, v in params.items()}
     J = concrete.angular_momenta()[0](params, velocity)
     torch.testing.assert_close(J, -J.T)
@@ -175,7 +176,7 @@ def test_counts_of_conserved_quantities():
     assert wide.symmetries[0].group.n_symmetric == 45
     # C = W1 W1^T + b b^T - W2^T W2 has rank <= 2 + 1 + 3 = 6 here, so only 45 - (9-6)(9-6+1)/2 = 39 are independent
     assert wide.independent_conserved() == 39
-    assert wide.independent_conserved(symalg.random_params(wide.architecture)) == 39
+    assert wide.independent_conserved(symalg.numeric.sampling.random_params(wide.architecture)) == 39
 
 
 def test_latex_str_and_notebook_repr_for_every_object():
@@ -198,7 +199,7 @@ def test_lowered_analysis_exposes_every_callable_with_source(generator):
     lowered = analysis.lower()
     assert set(lowered) == {"q__0"}
     assert "def q_0(params):" in lowered["q__0"].source
-    params = symalg.random_params(analysis.architecture, generator)
+    params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     W1, b1, W2 = params["0.weight"], params["0.bias"], params["2.weight"]
     torch.testing.assert_close(lowered["q__0"](params)["q__0"].squeeze(-1), (W1 ** 2).sum(1) + b1 ** 2 - (W2 ** 2).sum(0))
     assert [j.symmetry.label for j in analysis.angular_momenta()] == ["O(2) on 2"]
@@ -206,7 +207,7 @@ def test_lowered_analysis_exposes_every_callable_with_source(generator):
 
 def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
     relu = symalg.derive("linear(3, 5) -> relu -> linear(5, 2)")
-    params = symalg.random_params(relu.architecture, generator)
+    params = symalg.numeric.sampling.random_params(relu.architecture, generator)
     scaling, perms = relu.symmetries
     with pytest.raises(ValueError, match=r"PositiveScaling\(5, alpha=1\): a group element has shape \(\.\.\., h\) with h = 5"):
         scaling.apply(params, torch.ones(4))
@@ -219,14 +220,14 @@ def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
     with pytest.raises(ValueError, match="permutation matrix"):
         perms.apply(params, torch.eye(5) + 0.1)
     radial = symalg.derive("linear(3, 4) -> radial -> linear(4, 2)").symmetries[0]
-    radial_params = symalg.random_params(symalg.parse("linear(3, 4) -> radial -> linear(4, 2)"), generator)
+    radial_params = symalg.numeric.sampling.random_params(symalg.parse("linear(3, 4) -> radial -> linear(4, 2)"), generator)
     with pytest.raises(ValueError, match="gᵀg ≠ I"):
         radial.apply(radial_params, 2 * torch.eye(4))
     with pytest.raises(ValueError, match="not antisymmetric"):
         radial.apply_algebra(radial_params, torch.eye(4))
     gl = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)").symmetries[0]
     with pytest.raises(ValueError, match="singular"):
-        gl.apply(symalg.random_params(symalg.parse("linear(3, 4) -> identity -> linear(4, 2)"), generator),
+        gl.apply(symalg.numeric.sampling.random_params(symalg.parse("linear(3, 4) -> identity -> linear(4, 2)"), generator),
                  torch.zeros(4, 4))
     # genuine elements, batched algebra elements, pass
     assert scaling.apply(params, torch.rand(5) + 0.5)["0.weight"].shape == (5, 3)
@@ -239,7 +240,7 @@ def test_a_width_one_linear_site_is_still_a_gl_matrix_quantity(generator):
     analysis = symalg.derive("linear(3, 1) -> identity -> linear(1, 2)")
     (quantity,) = analysis.conserved_quantities()
     assert quantity.name == "C__0" and quantity.kind == "matrix" and r"\operatorname{tr}\left(M C_{0}\right)" in quantity.latex()
-    params = symalg.random_params(analysis.architecture, generator)
+    params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     assert quantity(params)["C__0"].shape == (1, 1)
     symbolic = symalg.derive("linear(n, h) -> identity -> linear(h, m)").conserved_quantities()[0]
     torch.testing.assert_close(symbolic(params)["C__0"], quantity(params)["C__0"])
@@ -247,13 +248,13 @@ def test_a_width_one_linear_site_is_still_a_gl_matrix_quantity(generator):
 
 def test_numeric_ranks_read_widths_off_params_of_a_symbolic_analysis(generator):
     symbolic = symalg.derive("linear(n, h) -> relu -> linear(h, m)")
-    params = symalg.random_params(symalg.parse("linear(3, 5) -> relu -> linear(5, 2)"), generator)
+    params = symalg.numeric.sampling.random_params(symalg.parse("linear(3, 5) -> relu -> linear(5, 2)"), generator)
     assert symbolic.orbit_dimension(params).dimension == 5 and symbolic.independent_conserved(params) == 5
 
 
 def test_lowered_callables_name_missing_parameters(generator):
     quantity = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)").conserved_quantities()[0]
-    params = symalg.random_params(symalg.parse("linear(3, 4) -> relu -> linear(4, 2)"), generator)
+    params = symalg.numeric.sampling.random_params(symalg.parse("linear(3, 4) -> relu -> linear(4, 2)"), generator)
     del params["0.bias"]
     with pytest.raises(KeyError, match=r"q_0: parameter\(s\) \['0.bias'\] missing"):
         quantity(params)

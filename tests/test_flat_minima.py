@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import symalg
+import symalg.numeric.sampling
 from symalg.applications.flat_minima import (flat_minimum, hessian_null_space, hessian_vector_products, linear_teacher_minimum,
                                 model_loss, orbit_tangents, train_to_minimum)
 
@@ -285,7 +286,7 @@ def test_a_claimed_non_symmetry_is_caught_at_a_minimum():
 # -- pieces -------------------------------------------------------------------------------------
 def test_orbit_tangents_basis_and_random_combinations_agree():
     analysis = symalg.derive("linear(3, 4, bias=False) -> identity -> linear(4, 2, bias=False)")
-    params = symalg.random_params(analysis.architecture, torch.Generator().manual_seed(0))
+    params = symalg.numeric.sampling.random_params(analysis.architecture, torch.Generator().manual_seed(0))
     basis = orbit_tangents(analysis.symmetries, params)
     sampled = orbit_tangents(analysis.symmetries, params, max_tangents=15)                 # 15 < dim gl(4)
     assert basis.vectors.shape == (16, 20) and sampled.vectors.shape == (15, 20)

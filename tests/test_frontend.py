@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 import symalg
-from symalg import Architecture, Spec, SpecError, from_torch, parse, to_module, to_spec_string, validate
+from symalg import Architecture, Spec, SpecError, from_torch, parse, to_module
+from symalg.frontend.spec import to_spec_string
+from symalg.ir.architecture import validate
 
 n, h, m, k = sp.symbols("n h m k", integer=True, positive=True)
 

@@ -53,3 +53,23 @@ def test_no_import_cycle_between_modules():
     graph.remove_node("symalg")  # the package façade imports everything and nothing imports it back
     cycles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
     assert cycles == [], f"import cycles: {cycles}"
+
+
+PUBLIC_API = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry", "LoweredFunction", "ModelGraph",
+              "Spec", "SpecError", "Symmetry", "VerificationReport", "derive", "from_torch", "lower", "overlay", "parse",
+              "register", "to_graph", "to_module", "trace", "verify"]
+
+
+def test_the_public_api_is_the_curated_list():
+    """A change to the top-level API is deliberate: it changes this snapshot."""
+    assert sorted(symalg.__all__) == sorted(PUBLIC_API)
+    assert all(hasattr(symalg, name) for name in symalg.__all__)
+
+
+def test_every_other_top_level_attribute_is_a_subpackage():
+    import types
+
+    others = {name for name in vars(symalg) if not name.startswith("_") and name not in symalg.__all__}
+    assert all(isinstance(getattr(symalg, name), types.ModuleType) for name in others), others
+    assert {"applications", "catalogue", "frontend", "ir", "lowering", "numeric", "symbolic",
+            "verification"} <= others

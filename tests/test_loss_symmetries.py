@@ -7,6 +7,7 @@ import sympy as sp
 import torch
 
 import symalg
+import symalg.numeric.sampling
 from symalg.applications.conjugated import TOLERANCE, matrix_exp
 from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, MomentStabiliser, barlow_twins_loss,
                                     gaussian_expectation, info_nce_loss, moments, paired_monte_carlo,
@@ -18,8 +19,8 @@ from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossS
 def ssl_setup():
     generator = torch.Generator().manual_seed(3)
     arch = symalg.parse("linear(4, 6) -> tanh -> linear(6, 3)")
-    forward = symalg.network_function(arch)
-    params = symalg.random_params(arch, generator)
+    forward = symalg.numeric.sampling.network_function(arch)
+    params = symalg.numeric.sampling.random_params(arch, generator)
     x1 = torch.randn(12, 4, generator=generator, dtype=torch.float64)
     x2 = x1 + 0.1 * torch.randn(12, 4, generator=generator, dtype=torch.float64)  # a second "view"
     return forward, params, x1, x2
@@ -70,9 +71,9 @@ def test_barlow_twins_is_not_rotation_invariant(ssl_setup):
 
 def test_bias_free_last_layer_and_angular_momentum_formula():
     arch = symalg.parse("linear(3, 5) -> relu -> linear(5, 4, bias=False)")
-    forward = symalg.network_function(arch)
+    forward = symalg.numeric.sampling.network_function(arch)
     generator = torch.Generator().manual_seed(1)
-    params = symalg.random_params(arch, generator)
+    params = symalg.numeric.sampling.random_params(arch, generator)
     x = torch.randn(10, 3, generator=generator, dtype=torch.float64)
     symmetry = GramLossSymmetry("2.weight", None, 4, 5)
     assert symmetry.verify(two_view_loss(forward, spectral_contrastive_loss, x, x.flip(0)), params).passed
@@ -194,8 +195,8 @@ def test_lowered_distribution_code_uses_a_solve():
 def gaussian_setup():
     generator = torch.Generator().manual_seed(2)
     arch = symalg.parse("linear(3, 5) -> gelu -> linear(5, 2)")  # GELU is entire: Gauss–Hermite converges fast
-    forward = symalg.network_function(arch)
-    params = symalg.random_params(arch, generator)
+    forward = symalg.numeric.sampling.network_function(arch)
+    params = symalg.numeric.sampling.random_params(arch, generator)
     mean = torch.tensor([0.5, -1.0, 0.3], dtype=torch.float64)
     covariance = _spd(3, generator)
     target = torch.tensor([0.2, -0.4], dtype=torch.float64)

@@ -426,11 +426,11 @@ def test_closed_form_barrier_matches_numerical_maximum(activation, deep):
     generator = torch.Generator().manual_seed(len(activation) + deep)
     analysis, symmetry = _network(activation, deep)
     arch = analysis.architecture
-    forward = symalg.network_function(arch)
+    forward = symalg.numeric.sampling.network_function(arch)
     last = arch.node(arch.linear_layers[-1])
     degree = ACTIVATIONS[activation][0]
     for zero_loss in (True, False):
-        params = symalg.random_params(arch, generator=generator)
+        params = symalg.numeric.sampling.random_params(arch, generator=generator)
         x = torch.randn(16, 3, generator=generator)
         y = forward(params, x) if zero_loss else torch.randn(16, 2, generator=generator)
         loss = mse_loss(forward, x, y)
@@ -459,8 +459,8 @@ def test_closed_form_barrier_is_zero_when_the_loss_first_decreases(generator):
     """``R = −ρ W_l K H`` with ``ρ > 1/8`` makes ``β/4 + φ/32 < 0``: the maximum is at the endpoints."""
     analysis, symmetry = _network("relu", deep=False)
     arch = analysis.architecture
-    forward = symalg.network_function(arch)
-    params = symalg.random_params(arch, generator=generator)
+    forward = symalg.numeric.sampling.network_function(arch)
+    params = symalg.numeric.sampling.random_params(arch, generator=generator)
     x = torch.randn(16, 3, generator=generator)
     d = torch.tensor([3.0, 0.5, 2.0, 1.5])
     H = torch.relu(x @ params["0.weight"].mT + params["0.bias"])

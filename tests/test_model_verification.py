@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import symalg
+import symalg.catalogue.groups
 from symalg.lowering.codegen import lower
 from symalg.symbolic.symmetry import ModelConserved
 from symalg.verification.verifier import SYMBOLIC_LIMIT, verify as verify_model

@@ -14,6 +14,7 @@ import sympy as sp
 import torch
 
 import symalg
+import symalg.numeric.sampling
 from symalg.numeric.orbit_rank import action_matrix, model_orbit_dimension_formula
 
 MIN_COMBINATIONS = 50
@@ -83,7 +84,7 @@ def width_combinations(name: str) -> list[dict]:
 def numeric_rank(name: str, widths: dict, seed: int) -> int:
     analysis, _ = family(name)
     concrete = analysis.subs(widths)
-    params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(seed))
+    params = symalg.numeric.sampling.random_params(concrete.architecture, torch.Generator().manual_seed(seed))
     return concrete.orbit_dimension(params)
 
 
@@ -195,7 +196,7 @@ def test_adjacent_radial_and_linear_sites_have_no_closed_form(spec, sites):
     assert "orbit_dimension(params)" in message
     # the numeric rank still works at concrete widths
     concrete = analysis.subs({s.name: 3 for s in analysis.architecture.widths})
-    params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(0))
+    params = symalg.numeric.sampling.random_params(concrete.architecture, torch.Generator().manual_seed(0))
     rank = concrete.orbit_dimension(params)
     assert 0 < rank.dimension <= sum(int(s.group.dim) for s in concrete.continuous) == rank.algebra_dim
     assert rank == rank.expected == concrete.orbit_dimension()   # concrete widths: the structured generic value
@@ -208,7 +209,7 @@ def test_radial_separated_by_rigid_site_has_closed_form():
     for seed, widths in enumerate([{"n": 2, "h1": 6, "h2": 1, "h3": 7, "m": 1}, {"n": 3, "h1": 4, "h2": 2, "h3": 3, "m": 2},
                                    {"n": 1, "h1": 9, "h2": 2, "h3": 8, "m": 2}]):
         concrete = analysis.subs(widths)
-        params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(seed))
+        params = symalg.numeric.sampling.random_params(concrete.architecture, torch.Generator().manual_seed(seed))
         assert formula_at(formula, widths) == concrete.orbit_dimension(params)
 
 
@@ -216,7 +217,7 @@ def test_numeric_rank_drops_at_non_generic_parameters():
     """The formula is the generic value; at special θ (here ``b_in`` equal to a column of ``W_in``, so
     ``[W_in, b_in]`` loses rank) the stabiliser grows and the orbit is smaller."""
     concrete = family("linear2_bias")[0].subs({"n": 2, "h": 4, "m": 3})
-    params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(0))
+    params = symalg.numeric.sampling.random_params(concrete.architecture, torch.Generator().manual_seed(0))
     generic = concrete.orbit_dimension(params)
     assert generic == formula_at(family("linear2_bias")[1], {"n": 2, "h": 4, "m": 3})
     degenerate = {k: v.clone() for k, v in params.items()}
@@ -230,7 +231,7 @@ def test_numeric_rank_drops_at_non_generic_parameters():
 
 def test_numeric_rank_reads_widths_from_params():
     analysis = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)")
-    wrong = symalg.random_params(symalg.parse("linear(3, 5) -> relu -> linear(5, 2)"))
+    wrong = symalg.numeric.sampling.random_params(symalg.parse("linear(3, 5) -> relu -> linear(5, 2)"))
     with pytest.raises(symalg.SpecError):
         analysis.orbit_dimension(wrong)
 
@@ -247,7 +248,7 @@ def test_independent_conserved_formula_equals_numeric_rank(name):
     mismatches = []
     for seed, widths in enumerate(width_combinations(name)):
         concrete = analysis.subs(widths)
-        params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(seed))
+        params = symalg.numeric.sampling.random_params(concrete.architecture, torch.Generator().manual_seed(seed))
         expected, actual = formula_at(formula, widths), concrete.independent_conserved(params)
         if expected != actual:
             mismatches.append((widths, expected, actual))
@@ -259,7 +260,7 @@ def test_independent_conserved_has_no_closed_form_for_adjacent_linear_sites():
     with pytest.raises(NotImplementedError, match="adjacent GL sites at '0'"):
         analysis.independent_conserved()
     concrete = analysis.subs({"n": 2, "h1": 3, "h2": 3, "m": 2})
-    params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(0))
+    params = symalg.numeric.sampling.random_params(concrete.architecture, torch.Generator().manual_seed(0))
     symmetric = sum(int(s.group.n_symmetric) for s in concrete.symmetries)   # one Q_M per symmetric generator
     count = concrete.independent_conserved(params)
     assert count == int(torch.linalg.matrix_rank(action_matrix(concrete, params, symmetric=True)))

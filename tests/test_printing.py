@@ -5,6 +5,7 @@ import sympy as sp
 import torch
 
 import symalg
+import symalg.frontend.spec
 from symalg.symbolic.printing import latex, sstr
 from symalg.symbolic.report import describe, describe_latex
 
@@ -186,7 +187,7 @@ def test_str_of_analysis_mentions_everything(name, request):
     analysis = request.getfixturevalue(name)
     text = str(analysis)
     assert text == describe(analysis)
-    assert text.splitlines()[0] == f"model: {symalg.to_spec_string(analysis.architecture)!r}"
+    assert text.splitlines()[0] == f"model: {symalg.frontend.spec.to_spec_string(analysis.architecture)!r}"
     for symmetry in analysis.symmetries:
         assert f"  {symmetry.label}  [" in text
         for binding in symmetry.bindings:

@@ -6,6 +6,7 @@ from torch import nn
 from torch.func import functional_call
 
 import symalg
+import symalg.numeric.sampling
 from symalg.applications.flat_minima import model_loss
 from symalg.catalogue.modules import Activation
 from symalg.applications.symmetry_init import (UnreachableTarget, balance, hessian_trace, imbalance_element, scaling_element,
@@ -167,8 +168,8 @@ def test_mixed_sites_traced_and_spec():
     # A spec analysis: sites are named by the linear layer producing them; symbolic widths are read off params.
     spec = symalg.derive(symalg.parse("linear(n, h) -> identity -> linear(h, m) -> relu -> linear(m, k)"))
     concrete = spec.subs({"n": 5, "h": 4, "m": 6, "k": 3})
-    theta = symalg.random_params(concrete.architecture)
-    f = symalg.network_function(concrete.architecture)
+    theta = symalg.numeric.sampling.random_params(concrete.architecture)
+    f = symalg.numeric.sampling.network_function(concrete.architecture)
     x = torch.randn(7, 5, dtype=torch.float64)
     for chain in (concrete, spec):
         result = set_conserved(chain, theta, {"0": 0.25, "2": -0.5})

@@ -11,6 +11,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import symalg
+import symalg.numeric.sampling
 from symalg.applications.conjugated import booth, ellipse, quadratic_form, rosenbrock
 from symalg.catalogue.groups import Permutations, PositiveScaling
 from symalg.applications.nonlinear_actions import DataDependentAction, FeedForward
@@ -619,6 +620,6 @@ def test_a_spec_analysis_with_symbolic_widths_acts_at_the_widths_of_params():
     assert action.dim == as_action(concrete).dim == 16
     moved = action(params, 0.3 * torch.randn(action.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
     x = torch.randn(5, 3, dtype=torch.float64)
-    forward = symalg.network_function(concrete.architecture)
+    forward = symalg.numeric.sampling.network_function(concrete.architecture)
     assert (moved["0.weight"] - params["0.weight"]).abs().max() > 0.1
     assert torch.allclose(forward(moved, x), forward(params, x), atol=1e-12)

@@ -283,7 +283,7 @@ def test_verify_reads_symbolic_widths_from_params():
 
 def test_verify_rejects_params_of_the_wrong_shape():
     analysis = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)")
-    params = symalg.random_params(symalg.parse("linear(3, 5) -> relu -> linear(5, 2)"))
+    params = symalg.numeric.sampling.random_params(symalg.parse("linear(3, 5) -> relu -> linear(5, 2)"))
     with pytest.raises(SpecError, match="0.weight"):
         symalg.verify(analysis, params=params)
 
@@ -378,7 +378,7 @@ def test_gd_drift_is_exactly_eta_squared_C_of_gradient(spec):
     """``C(θ − η∇L) − C(θ) = η² C(∇L)`` exactly (the linear term vanishes by invariance)."""
     analysis = symalg.derive(spec)
     generator = torch.Generator().manual_seed(1)
-    params = symalg.random_params(analysis.architecture, generator)
+    params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     x, y = random_data(analysis.architecture, generator=generator)
     grads = gradients(analysis, params, x, y)
     quantities = analysis.conserved_quantities()
@@ -418,7 +418,7 @@ def test_angular_momentum_relation_holds_and_decays_under_heavy_ball_for_radial_
     assert len(momenta) == len(radial_sites) > 0
     assert all(s.conserved is None for s in radial_sites)  # antisymmetric generators: no vacuous Q
     generator = torch.Generator().manual_seed(2)
-    params = symalg.random_params(analysis.architecture, generator)
+    params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     x, y = random_data(analysis.architecture, generator=generator)
     grads = gradients(analysis, params, x, y)
     velocity = {k: -g for k, g in grads.items()}
@@ -490,11 +490,11 @@ def test_a_nan_error_is_a_failure_not_a_pass():
 
 def test_params_and_data_are_validated_with_named_errors(generator):
     analysis = symalg.derive("linear(3, 4) -> relu -> linear(4, 2)")
-    params = symalg.random_params(analysis.architecture, generator)
+    params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     broken = {**params, "2.weight": params["2.weight"].clone().fill_(float("nan"))}
     with pytest.raises(SpecError, match="parameter '2.weight' has non-finite entries"):
         symalg.verify(analysis, params=broken)
-    x, y = symalg.random_data(analysis.architecture, generator=generator)
+    x, y = symalg.numeric.sampling.random_data(analysis.architecture, generator=generator)
     with pytest.raises(SpecError, match=r"verify: the model does not run on data of shapes \[\(16, 3\), \(16, 2\)\]"):
         symalg.verify(analysis, params=params, data=(x, y))  # the inputs, not an (x, y) pair
     with pytest.raises(SpecError, match=r"verify: the model does not run on data of shapes \[\(16, 5\)\] "

@@ -308,7 +308,7 @@ def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max
 
     >>> import symalg, torch
     >>> analysis = symalg.derive("linear(3, 4, bias=False) -> identity -> linear(4, 2, bias=False)")
-    >>> params = symalg.random_params(analysis.architecture, torch.Generator().manual_seed(0))
+    >>> params = symalg.numeric.sampling.random_params(analysis.architecture, torch.Generator().manual_seed(0))
     >>> orbit_tangents(analysis.symmetries, params).dimension      # 4² − (4 − 3)(4 − 2)
     14
     """

@@ -50,10 +50,10 @@ Example
 >>> import torch, symalg
 >>> arch = symalg.parse("linear(4, 6) -> tanh -> linear(6, 3)")
 >>> sym = GramLossSymmetry("2.weight", "2.bias", 3, 6)
->>> forward = symalg.network_function(arch)
+>>> forward = symalg.numeric.sampling.network_function(arch)
 >>> x1, x2 = torch.randn(8, 4, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
 >>> loss = two_view_loss(forward, spectral_contrastive_loss, x1, x2)
->>> params = symalg.random_params(arch)
+>>> params = symalg.numeric.sampling.random_params(arch)
 >>> sym.verify(loss, params, outputs=lambda p: forward(p, x1)).passed
 True
 """

@@ -886,7 +886,7 @@ def action_matrix(analysis, params: Mapping[str, torch.Tensor], symmetric: bool 
 
     >>> import symalg
     >>> analysis = symalg.derive("linear(2, 3) -> identity -> linear(3, 2)")
-    >>> params = symalg.random_params(analysis.architecture)
+    >>> params = symalg.numeric.sampling.random_params(analysis.architecture)
     >>> action_matrix(analysis, params).shape, action_matrix(analysis, params, symmetric=True).shape
     (torch.Size([9, 17]), torch.Size([6, 17]))
     """
