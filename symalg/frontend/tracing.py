@@ -7,30 +7,12 @@ fx cannot trace the model; if both fail the error says why and where. Every spel
 with ``example_inputs`` a shape-propagation pass records every value's shape. Activation spellings come
 from the catalogue (:mod:`symalg.frontend.canonical`); the tables here hold the structural ops.
 
-Schema of ``ModelGraph.graph`` (a ``networkx.DiGraph``; node names are fx node names, in data-flow
-order):
+The graph it emits is the one IR, :class:`~symalg.ir.graph.ModelGraph` (schema there); node names are fx node
+names, in data-flow order, and ``where`` reads ``"node 'relu_1' (F.relu)"``.
 
-=========== ==============================================================================
-attribute   meaning
-=========== ==============================================================================
-``op``      canonical op (``linear``, ``conv2d``, ``relu``, ``add``, ``layer_norm``,
-            ``multihead_attention``, ``attention``, ...; the fx target's name when unknown)
-``kind``    ``input``, ``output``, ``param`` (a parameter read in ``forward``), ``module``,
-            ``function``, ``constant``
-``module``  qualified name of the called module (``None`` for functions)
-``params``  ``{role: canonical parameter name}`` (tied parameters get the first name)
-``buffers`` ``{role: buffer name}``
-``settings`` hyper-parameters (``eps``, ``groups``, ``dim``, ``heads``, ...)
-``inputs``  tensor inputs in the callee's argument order (keywords included; a value read twice,
-            ``x * x``, is listed twice): node names, or ``None`` where a constant operand stands
-``shape``   the output shape (``None`` without example inputs)
-``where``   ``"node 'relu_1' (F.relu)"``, for error messages
-=========== ==============================================================================
-
-Edges ``u → v`` carry ``index``: the first position of ``u`` in ``v``'s ``inputs`` (one edge however
-often ``v`` reads ``u``; ``inputs`` has every position). ``x.T`` is a ``permute`` reversing every axis
-(``transpose`` for a matrix), ``x.mT`` a ``transpose`` of the last two; unused guard and assertion
-calls (``torch.export``'s ``_guards_fn``, ``torch._assert``) are dropped.
+One edge ``u → v`` however often ``v`` reads ``u`` (``inputs`` has every position). ``x.T`` is a
+``permute`` reversing every axis (``transpose`` for a matrix), ``x.mT`` a ``transpose`` of the last two;
+unused guard and assertion calls (``torch.export``'s ``_guards_fn``, ``torch._assert``) are dropped.
 
 Hand-written attention (``q/k/v`` linears split into heads, then ``F.scaled_dot_product_attention``
 or ``softmax(Q Kᵀ/√d) V``, merged back) is folded into one ``attention`` node with inputs ``q, k, v``
