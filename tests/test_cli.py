@@ -63,6 +63,14 @@ def test_console_script_is_installed_and_runs():
     assert result.returncode == 0 and "orbit dimension" in result.stdout
 
 
+def test_python_dash_m_symalg_runs_the_command_and_returns_its_status():
+    ok = subprocess.run([sys.executable, "-m", "symalg", "--no-verify"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "orbit dimension" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "symalg", "linear(2, 3) -> nosuchop -> linear(3, 1)"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("symalg: error:") and "nosuchop" in bad.stderr
+
+
 def test_readme_python_example_runs():
     code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
     namespace = {}
