@@ -12,6 +12,7 @@ API
     (or ``Teleporter(action, ...)(params, loss)``: the same settings kept for reuse).
 Objectives: :class:`GradNorm`, :class:`MetricGradNorm` (with :func:`optimizer_metric`), :class:`Sharpness`
     (eq. 5.1), :class:`Curvature` (eq. 5.2), or any callable ``params → scalar``.
+
 ``transform_cotangent(action, moves, params_after, vectors)``: ``J⁻ᵀ v`` for the Jacobian ``J`` of the teleport.
 Optimizer integration: :mod:`symalg.teleport_optim`.
 

@@ -10,6 +10,7 @@ API
     parameter dict (:func:`model_loss` builds one); ``data`` a callable returning a batch or an iterable (cycled).
 ``Schedule(every=k, at_steps=(...), at_epochs=(...), batches=n)``: when, and on how many mini-batches (one
     teleport per batch, in turn, as in the dissertation's Sec. 5.4.2).
+
 ``handle_state(optimizer, named_params, action, moves, params_after, mode)``: the state handling on its own.
 
 State handling at a teleport ``θ' = g·θ`` (``J = ∂θ'/∂θ``)
