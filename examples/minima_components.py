@@ -1,4 +1,4 @@
-"""Connected components of the minimum of deep linear networks (dissertation §3.2–3.3, App. B.1–B.2).
+"""Connected components of the minimum of deep linear networks ([Zhao2026] §3.2–3.3, App. B.1–B.2).
 
 Network ``f(x) = W_l ⋯ W_1 x`` with square ``h × h`` weights (torch layout, no biases), loss
 ``L = ½ mean ‖f(x_i) − y_i‖²`` on random data with an invertible least-squares product ``A``. Derivations in

@@ -1,4 +1,4 @@
-"""Teleportation with SGD, momentum, AdaGrad, RMSProp and Adam on scikit-learn's digits (dissertation Sec. 5.4.2).
+"""Teleportation with SGD, momentum, AdaGrad, RMSProp and Adam on scikit-learn's digits ([Zhao2026] Sec. 5.4.2).
 
 Model (Sec. 5.4.2, 8×8 digits instead of MNIST): 64 → 16 → 10 → 10, LeakyReLU(0.1), cross-entropy, mini-batches of
 20, float64; 1437 training / 360 validation images. Teleport once after the first epoch on one mini-batch of 200,
@@ -6,7 +6,7 @@ Model (Sec. 5.4.2, 8×8 digits instead of MNIST): 64 → 16 → 10 → 10, Leaky
 
 Action: the exact symmetries symalg derives for the traced model (``PositiveScaling(16)``, ``PositiveScaling(10)``
 at the LeakyReLU sites, ``Translations`` of the logits): batch 200 > width 16, so the data-dependent ``GL`` action
-would not keep the loss (the dissertation accepted that error; ``TeleportingOptimizer`` rejects such teleports).
+would not keep the loss ([Zhao2026] accepted that error; ``TeleportingOptimizer`` rejects such teleports).
 Objective: ``GradNorm`` for SGD and momentum, ``MetricGradNorm(optimizer_metric(opt))`` (the decay rate of the
 optimizer's next step, eq. 5.7) for AdaGrad, RMSProp and Adam.
 
@@ -47,7 +47,7 @@ def evaluate(model, x, y):
 
 
 TELEPORT_BATCHES, TELEPORT_STEPS = 1, 3
-"""One teleport: 3 ascent steps on one batch of 200 images. The dissertation's 8 batches × 10 steps cost
+"""One teleport: 3 ascent steps on one batch of 200 images. [Zhao2026]'s 8 batches × 10 steps cost
 about 700 training steps, 8–10 digits epochs of 68 steps (its MNIST epochs had 2,500); this fits in one."""
 
 

@@ -1,6 +1,6 @@
 """Gradient descent with and without symmetry teleportation on quadratic forms, Booth and Rosenbrock.
 
-Dissertation Sec. 4.6.1 (Fig. 4.3/4.4): each test function ``f = ‖h(x)‖²`` has the conjugated ``O(n)`` action
+[Zhao2026] Sec. 4.6.1 (Fig. 4.3/4.4): each test function ``f = ‖h(x)‖²`` has the conjugated ``O(n)`` action
 ``g·x = h⁻¹(g h(x))`` (``symalg.conjugated``), transitive on level sets. Every ``--every`` GD steps the point is
 teleported to maximise ``‖∇f‖²`` on its level set (``symalg.teleport.teleport``, ``GradNorm``, backtracking).
 

@@ -32,7 +32,7 @@ Booth                  ``(x₁ + 2x₂ − 7, 2x₁ + x₂ − 5)``    ``((2y₂
 (``(x − c)ᵀA(x − c) = ‖Lᵀ(x − c)‖²``; the symmetric root ``A^{1/2} = O Lᵀ`` with ``O`` orthogonal gives the
 same set of maps.) For a diagonal quadratic form, gradient flow also conserves ``λ_j log (x_i − c_i)² −
 λ_i log (x_j − c_j)²`` (``ẋ_i = −2λ_i(x_i − c_i)``); for the ellipse this is ``log(x₁^{2a}/x₂²)``, the
-logarithm of the dissertation's eq. (2.21).
+logarithm of [Zhao2026] eq. (2.21).
 
 API (also what teleportation uses)
 ----------------------------------
@@ -609,7 +609,7 @@ def quadratic_form(A, center=None, name: str = "quadratic_form") -> TestFunction
 
 
 def ellipse(a=4) -> TestFunction:
-    """The ellipse ``f(x) = x₁² + a x₂²``, ``a > 0``: ``h(x) = (x₁, √a x₂)`` (dissertation eq. C.2) and the flow
+    """The ellipse ``f(x) = x₁² + a x₂²``, ``a > 0``: ``h(x) = (x₁, √a x₂)`` ([Zhao2026] eq. C.2) and the flow
     invariant ``a log x₁² − log x₂² = log(x₁^{2a}/x₂²)`` (eq. 2.21). ``a = 0`` (two lines) has no such ``h``.
 
     >>> ellipse(4).h.T

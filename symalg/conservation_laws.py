@@ -1,6 +1,6 @@
 """Completeness of conservation laws: how many functionally independent quantities gradient flow conserves.
 
-Following Marcotte, Gribonval and Peyré ("Abide by the law and follow the flow", NeurIPS 2023), for a
+Following Marcotte, Gribonval and Peyré ("Abide by the law and follow the flow", NeurIPS 2023, [Marcotte2023]), for a
 dense chain ``F_θ(x) = W_q σ(⋯ σ(W_1 x + b_1) ⋯) + b_q`` with identity (linear) or ReLU-type sites, on a
 region where the activation pattern of every sample is fixed,
 

@@ -1,6 +1,6 @@
 """Symbolic derivation (SymPy): group actions, generators, infinitesimal actions, conserved quantities.
 
-Parameters are ``MatrixSymbol``\\ s in the papers' column convention: layer ``k`` is
+Parameters are ``MatrixSymbol``\\ s in the column convention of [Zhao2023] and [Zhao2026]: layer ``k`` is
 ``W_k ∈ R^{h_k × h_{k-1}}`` with bias column ``b_k ∈ R^{h_k × 1}`` (torch's ``nn.Linear`` layout,
 samples as columns). Widths stay symbolic unless the architecture is concrete.
 

@@ -1,7 +1,7 @@
 """Loss symmetries and distribution symmetries: derived in SymPy, lowered to torch, verified where they hold.
 
-Two relaxations of a parameter-space symmetry (dissertation Sec. 1.3). Torch layout ``y = W x + b``; the
-SymPy side uses the papers' columns (``Y = W H + b 1ᵀ`` has one column per sample).
+Two relaxations of a parameter-space symmetry ([Zhao2026] Sec. 1.3). Torch layout ``y = W x + b``; the
+SymPy side uses [Zhao2026]'s columns (``Y = W H + b 1ᵀ`` has one column per sample).
 
 Loss symmetry: ``O(m)`` on the last layer (Example 1.3.2)
 ---------------------------------------------------------
@@ -19,7 +19,7 @@ Distribution symmetry: ``W ↦ W A⁻¹`` on a linear first layer (Definition 1.
 The first layer ``z = W x + b`` sees ``A⁻¹x`` after ``W ↦ W A⁻¹``. Let ``μ = E x``, ``S = E xxᵀ``,
 ``C = E x yᵀ`` (targets ``y``, ``ν = E y``). What is invariant, exactly:
 
-1. ``A μ = μ`` (the paper's group): ``E z = W A⁻¹μ + b = Wμ + b``, so the expected residual
+1. ``A μ = μ`` ([Zhao2026]'s group): ``E z = W A⁻¹μ + b = Wμ + b``, so the expected residual
    ``E[Wx + b − y]`` (Example 1.3.7) and every function of it, e.g. ``‖E[Wx + b − y]‖²``, are invariant. The
    expected squared error is **not**: it reads ``S`` and ``C`` too.
 2. ``A F = F`` for ``F = [μ, C]`` and ``A S Aᵀ = S``: the expected squared error

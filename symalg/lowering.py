@@ -2,7 +2,7 @@
 
 Built on SymPy's own :class:`sympy.printing.pytorch.TorchPrinter`; :class:`SymalgTorchPrinter`
 overrides only what it gets wrong or slow for our expressions, each override saying why. Matrix
-expressions use the papers' column convention (a bias is an ``h × 1`` column); the compiled
+expressions use the column convention of [Zhao2023] and [Zhao2026] (a bias is an ``h × 1`` column); the compiled
 function adapts torch's layout (bias vectors of shape ``(h,)``) at its boundary, and every matrix
 operation works on the last two axes, so leading batch dimensions broadcast.
 

@@ -423,7 +423,7 @@ class Sharpness(Objective):
     their negatives (fixed by ``seed``), ``T`` = ``displacements``. Minimised by default (flatter).
 
     For a quadratic ``L = ½ θᵀHθ`` it is exactly ``(1/|T||D|) Σ t²/2 · dᵀHd``, whose mean over directions is
-    ``t² tr(H)/(2n)``. The dissertation used ``T = 0.001, 0.011, …, 0.191`` and ``|D| = 200``.
+    ``t² tr(H)/(2n)``. [Zhao2026] used ``T = 0.001, 0.011, …, 0.191`` and ``|D| = 200``.
     """
 
     displacements: tuple[float, ...] = (0.05, 0.1)
@@ -493,7 +493,7 @@ def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str
     """The diagonal preconditioner ``P`` of ``optimizer``'s next step at gradient ``g``, for :class:`MetricGradNorm`.
 
     ``named_params`` maps names to the optimizer's parameter tensors (``dict(model.named_parameters())``).
-    Adagrad: ``P = 1/(√(G + g²) + ε)`` (``G`` = state ``sum``: torch adds ``g²`` before dividing; the dissertation's
+    Adagrad: ``P = 1/(√(G + g²) + ε)`` (``G`` = state ``sum``: torch adds ``g²`` before dividing; [Zhao2026]'s
     ``(εI + diag G_{t+1})^{−1/2}``, eq. 5.7, places ``ε`` inside the root). RMSprop: ``v' = αv + (1 − α)g²``,
     ``P = 1/(√v' + ε)``. Adam/AdamW: ``v' = β₂v + (1 − β₂)g²``, ``P = 1/(√(v'/(1 − β₂^{t+1})) + ε)``. SGD: ``P = 1``.
     Learning rates and momentum are left out (a constant factor, or the old direction). State is read as stored.
@@ -591,7 +591,7 @@ class Teleporter:
     max_step : clip ``‖Δ‖`` to this (a trust region, so each factor ``exp(Δ)`` has condition number at most
         ``e^{2 max_step}``; ``None``: no clipping). Gradient-norm objectives are unbounded on non-compact orbits
         (``GL``, scalings): without a bound, steps grow with the objective and the parameters explode.
-    backtrack : 0 takes every step ``Δ = ±lr ∇_c F`` as the dissertation does. ``k > 0`` adapts the step: halve it
+    backtrack : 0 takes every step ``Δ = ±lr ∇_c F`` as [Zhao2026] does. ``k > 0`` adapts the step: halve it
         up to ``k`` times until the objective improves, the loss stays within ``tolerance`` and everything is
         finite; after an accepted step the next one starts from twice the last scale (at most ``lr``); stop when
         no such step is found (converged).

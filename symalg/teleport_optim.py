@@ -9,7 +9,7 @@ API
     ``batch → Teleporter`` (data-dependent actions need the batch). ``loss_fn(params, batch)`` is the loss at a
     parameter dict (:func:`model_loss` builds one); ``data`` a callable returning a batch or an iterable (cycled).
 ``Schedule(every=k, at_steps=(...), at_epochs=(...), batches=n)``: when, and on how many mini-batches (one
-    teleport per batch, in turn, as in the dissertation's Sec. 5.4.2).
+    teleport per batch, in turn, as in [Zhao2026] Sec. 5.4.2).
 
 ``handle_state(optimizer, named_params, action, moves, params_after, mode)``: the state handling on its own.
 
@@ -29,10 +29,10 @@ State handling at a teleport ``θ' = g·θ`` (``J = ∂θ'/∂θ``)
     a diagonal second moment has no covariant transform and is **kept**. Step counters are kept. Tensor state
     of any other name raises ``ValueError`` (use ``"keep"`` or ``"reset"``).
 ``"keep"``
-    Leave the state as it is (the dissertation's "teleport parameters but not momentum").
+    Leave the state as it is ([Zhao2026]'s "teleport parameters but not momentum").
 ``"reset"``
     Make the state of every moved parameter that of a fresh optimizer (momentum zero, no accumulated squares,
-    step 0; Adagrad's ``sum`` back to ``initial_accumulator_value``): the dissertation's "reset momentum".
+    step 0; Adagrad's ``sum`` back to ``initial_accumulator_value``): [Zhao2026]'s "reset momentum".
 
 Example
 -------

@@ -79,7 +79,7 @@ def test_rosenbrock_in_four_variables_has_o4():
 
 # -- closed forms and paper formulas, checked independently ---------------------------------------------------------
 def test_paper_maps_are_the_ones_derived():
-    """Dissertation eqs. C.2, C.5, C.8, reproduced from the printed formulas (they are correct)."""
+    """[Zhao2026] eqs. C.2, C.5, C.8, reproduced from the printed formulas (they are correct)."""
     a = sp.Symbol("a", positive=True)
     x1, x2, u, v = sp.symbols("x1 x2 u v")
     h_paper = sp.Matrix([10 * (x1 ** 2 - x2), x1 - 1])  # Rosenbrock, eq. C.5
