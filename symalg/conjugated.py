@@ -78,7 +78,7 @@ __all__ = ["ConjugatedAction", "TestFunction", "ComponentFunction", "lower_compo
            "check_transitivity", "TOLERANCE"]
 
 TOLERANCE = 1e-10
-"""Relative tolerance of every check here (float64), as the acceptance criterion of issue 5 asks."""
+"""Relative tolerance of every check here (float64)."""
 
 
 # -- lowering of component-wise SymPy functions -------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Symmetry ensembles and their adversarial robustness ([Zhao2026] Sec. 2.9, issue 5 item 5).
+"""Symmetry ensembles and their adversarial robustness ([Zhao2026] Sec. 2.9).
 
 One trained MLP ``θ`` is turned into an ensemble by the data-dependent action of
 :mod:`symalg.nonlinear_actions`: member ``i`` is ``θ_i = g_i·(θ, X_i)`` with a random ``g_i ∈ ∏ GL(n_l)``

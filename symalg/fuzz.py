@@ -246,7 +246,7 @@ class _Builder:
         if kind == "batchnorm":
             if len(shape) == 2:
                 return self.call(self.add("BatchNorm1d", d, affine=rng.random() < 0.8, train=train), x)
-            if rng.random() < 0.5:  # on axis 1, its channel axis (the BatchNorm1d(4) on (B, T=4, d=4))
+            if rng.random() < 0.5:  # on axis 1, its channel axis (a false claim once found: BatchNorm1d(4) on (B, T=4, d=4))
                 self.variant.append("axis1")
                 return self.call(self.add("BatchNorm1d", shape[1], affine=rng.random() < 0.8, train=train), x)
             y = self.call(self.add("BatchNorm1d", d, train=train), self.op("transpose", x, a=1, b=-1))
@@ -319,7 +319,7 @@ def _norm(b: _Builder):
     n, h, m = b.width(), b.width(), b.width()
     if b.rng.random() < 0.3:
         shape = (b.rng.randint(2, 4), n)
-    elif b.rng.random() < 0.3:  # the (B, T=d, d)
+    elif b.rng.random() < 0.3:  # a false claim once found: (B, T=d, d)
         shape = (b.rng.randint(2, 3), h, n)
     else:
         shape = (b.rng.randint(2, 3), b.width(2), n)
@@ -344,7 +344,7 @@ def _conv(b: _Builder):
     kernel = rng.choice([1, 3] if padding == "same" else [1, 2, 3])  # even kernels with "same" pad unevenly
     x = b.call(b.add(f"Conv{dim}", c_in, c, kernel, padding=padding, groups=groups,
                      bias=rng.random() < 0.8), "x")
-    if rng.random() < 0.3:  # the conv → GroupNorm(affine=False) → BatchNorm(eval)
+    if rng.random() < 0.3:  # a false claim once found: conv → GroupNorm(affine=False) → BatchNorm(eval)
         b.variant.append("gn-bn")
         x = b.call(b.add("GroupNorm", rng.choice([g for g in range(1, c + 1) if c % g == 0]), c, affine=False), x)
         x = b.call(b.add(f"BatchNorm{dim}", c, train=rng.random() < 0.3), x)
@@ -416,7 +416,7 @@ def _embedding(b: _Builder):
     x = b.call(emb, "x")
     if rng.random() < 0.6:
         x = b.mlp(x, d, d)
-    if rng.random() < 0.4:  # the F.linear(fc(emb(t)).max(1)[0], emb.weight)
+    if rng.random() < 0.4:  # a false claim once found: F.linear(fc(emb(t)).max(1)[0], emb.weight)
         x = b.op("max", x, dim=1) if rng.random() < 0.6 else b.op("mean", x, dim=1)
         b.variant.append("pooled")
     if rng.random() < 0.6:

@@ -1,4 +1,4 @@
-"""Regression tests for false claims around normalisations (issue 12, root causes 4-6).
+"""Regression tests for false claims around normalisations (root causes 4-6 of docs/soundness.md).
 
 Each test traces a minimal reproduction, certifies every remaining claim on the model itself
 (``claim_errors``: every output, fresh inputs, buffers moved), checks which groups are still claimed (the

@@ -11,8 +11,8 @@ from symalg.catalogue import declare_linear
 from symalg.fuzz import Case, Layer, Step
 
 
-def _issue_patterns(case: Case) -> set[str]:
-    """The issue-12 reproductions a case contains."""
+def _reproduced_patterns(case: Case) -> set[str]:
+    """The known false-claim patterns (docs/soundness.md) a case reproduces."""
     layers = {name: layer for name, layer in case.layers}
     ops = [s.op for s in case.steps]
     found = set()
@@ -39,10 +39,10 @@ def _issue_patterns(case: Case) -> set[str]:
     return found
 
 
-def test_generator_covers_every_family_and_every_issue_reproduction():
+def test_generator_covers_every_family_and_every_known_false_claim_pattern():
     cases = [fuzz.generate(0, i) for i in range(40 * len(fuzz.FAMILIES))]
     assert {c.family for c in cases[:len(fuzz.FAMILIES)]} == set(fuzz.FAMILIES)
-    found = set().union(*(_issue_patterns(c) for c in cases))
+    found = set().union(*(_reproduced_patterns(c) for c in cases))
     assert len(found) == 10, found
 
 

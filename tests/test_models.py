@@ -1,4 +1,4 @@
-"""Traced models of issue 3: each derived table equals the one written here from theory, and every
+"""Traced models: each derived table equals the one written here from theory, and every
 reported symmetry passes the verifier in float64 (invariance, ⟨∇L, M·θ⟩ = 0, exact GD drift of Q)."""
 import math
 

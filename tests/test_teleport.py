@@ -1,4 +1,4 @@
-"""Symmetry teleportation (issue 6): exactness, the theory of Ch. 4-5 as checks, objectives, and optimizer state.
+"""Symmetry teleportation: exactness, the theory of Ch. 4-5 as checks, objectives, and optimizer state.
 
 Each test derives its expected value from theory in a comment and compares numerically in float64.
 """

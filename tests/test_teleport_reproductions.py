@@ -1,4 +1,4 @@
-"""The teleportation reproductions (``examples/teleport_*.py``, issue 6 deliverable 4) run in quick mode and show
+"""The teleportation reproductions (``examples/teleport_*.py``) run in quick mode and show
 what they claim: closed-form optima reached, loss kept, overhead measured, correlations well defined."""
 from __future__ import annotations
 
