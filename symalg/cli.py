@@ -23,7 +23,7 @@ from .frontend import parse
 from .grammar import MAX_WIDTH
 from .graph import SpecError, as_width
 from .report import describe, describe_latex
-from .verification import check_device, verify
+from .verification import VerificationReport, check_device, verify
 
 DEFAULT_SPEC = "linear(n, h1) -> relu -> linear(h1, h2) -> identity -> linear(h2, m)"
 DEFAULT_WIDTHS = "n=3,h1=4,h2=3,m=2"
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_model_file(args) -> int:
+def _run_model_file(args: argparse.Namespace) -> int:
     """Trace, derive and verify the model a Python file defines; print symmetries and blocked notes."""
     from .tracing import trace
 
@@ -106,7 +106,7 @@ def _run_model_file(args) -> int:
                                       seed=args.seed), args.verbose)
 
 
-def _print_verification(report, verbose: bool) -> int:
+def _print_verification(report: VerificationReport, verbose: bool) -> int:
     """Print the checks (all with ``verbose``, else the failures) and the summary; the exit status."""
     print("\nverification:")
     for check in report.checks:

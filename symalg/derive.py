@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping, overload
 
 import sympy as sp
 import torch
@@ -28,6 +28,13 @@ from .groups import Orthogonal, SiteGroup, Translations
 from .inference import Blocked, Site, infer_sites
 from .lowering import LoweredFunction, lower, reads
 from .printing import latex, sstr
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+    from .frontend import Spec
+    from .model_derive import ModelAnalysis, ModelConserved
+    from .tracing import ModelGraph
 
 __all__ = ["derive", "Analysis", "Symmetry", "LogitTranslation", "parameter_symbols"]
 
@@ -141,12 +148,12 @@ class Symmetry:
         self.group.check_element(g)
         return {**params, **self.lowered_action(params, g)}
 
-    def apply_algebra(self, params, M: torch.Tensor) -> dict[str, torch.Tensor]:
+    def apply_algebra(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[str, torch.Tensor]:
         """All parameters after acting with ``exp(M)`` for ``M`` in the Lie algebra (checked)."""
         self.group.check_algebra_element(M)
         return self.apply(params, self.group.exp(M))
 
-    def tangent(self, params, M: torch.Tensor) -> dict[str, torch.Tensor]:
+    def tangent(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[str, torch.Tensor]:
         """The infinitesimal action ``M·θ`` on the touched parameters (``M`` checked, may be batched)."""
         self.group.check_algebra_element(M)
         return self.lowered_infinitesimal(params, M)
@@ -161,11 +168,11 @@ class Symmetry:
             lines.append(rf"\delta {latex(self.symbols[name])} = {latex(expr)}")
         return r" \\ ".join(lines)
 
-    def __str__(self):
+    def __str__(self) -> str:
         action = "; ".join(f"{self.symbols[n]} -> {sstr(e)}" for n, e in self.action.items())
         return f"{self.label} (dim {self.group.dim}): {action}"
 
-    def _repr_latex_(self):
+    def _repr_latex_(self) -> str:
         return f"$\\begin{{gathered}}{self.latex()}\\end{{gathered}}$"
 
 
@@ -189,7 +196,7 @@ class LogitTranslation:
     def label(self) -> str:
         return f"y:{self.group.name}"
 
-    def _shift(self, params, t: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _shift(self, params: Mapping[str, torch.Tensor], t: torch.Tensor) -> dict[str, torch.Tensor]:
         """``{W: 1 vᵀ, b: t₀ 1}`` for ``t`` of shape ``(..., k)``."""
         W = params[self.weight]
         n = W.shape[1]
@@ -208,7 +215,7 @@ class LogitTranslation:
         return self._shift(params, M)
 
     @cached_property
-    def conserved(self):
+    def conserved(self) -> ModelConserved:
         """The linear quantities ``1ᵀ W`` and ``1ᵀ b`` (a :class:`~symalg.model_derive.ModelConserved`)."""
         from .model_derive import ModelConserved
 
@@ -230,7 +237,7 @@ class LogitTranslation:
             parts.append(rf"{latex(self.symbols[self.bias])} \mapsto {latex(self.symbols[self.bias])} + t_0 \mathbf{{1}}")
         return r" \\ ".join(parts)
 
-    def __str__(self):
+    def __str__(self) -> str:
         W = self.symbols[self.weight]
         moved = [f"{W} -> {W} + 1*v.T"] + ([f"{self.symbols[self.bias]} -> {self.symbols[self.bias]} + t0*1"]
                                           if self.bias else [])
@@ -304,7 +311,7 @@ class Analysis:
         """Number of symmetric generators over the whole network: one quadratic quantity each."""
         return sp.Add(*[q.count for q in self.conserved_quantities()])
 
-    def independent_conserved(self, params: Mapping[str, torch.Tensor] | None = None):
+    def independent_conserved(self, params: Mapping[str, torch.Tensor] | None = None) -> sp.Expr | int:
         """Number of *functionally independent* conserved quantities: a formula at generic θ
         (``params=None``) or the numeric rank at ``params``. Below :meth:`conserved_count` when a
         linear site is wider than its neighbours together (the entries of ``C`` are then related)."""
@@ -323,7 +330,12 @@ class Analysis:
     def continuous(self) -> list[Symmetry]:
         return [s for s in self.symmetries if s.group.is_continuous]
 
-    def orbit_dimension(self, params: Mapping[str, torch.Tensor] | None = None):
+    @overload
+    def orbit_dimension(self, params: None = None) -> sp.Expr: ...
+    @overload
+    def orbit_dimension(self, params: Mapping[str, torch.Tensor]) -> int: ...
+
+    def orbit_dimension(self, params: Mapping[str, torch.Tensor] | None = None) -> sp.Expr | int:
         """Dimension of the group orbit through θ.
 
         ``params=None``: the formula in the widths at generic parameters (a SymPy expression);
@@ -348,10 +360,10 @@ class Analysis:
         parts += [q.latex() for q in self.conserved_quantities()] + [j.latex() for j in self.angular_momenta()]
         return r" \\ ".join(parts)
 
-    def _repr_latex_(self):
+    def _repr_latex_(self) -> str:
         return f"$\\begin{{gathered}}{self.latex()}\\end{{gathered}}$"
 
-    def __str__(self):
+    def __str__(self) -> str:
         from .report import describe
 
         return describe(self)
@@ -389,7 +401,16 @@ class LoweredAnalysis:
         return "\n\n".join(f.source for f in functions)
 
 
-def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse", certify: bool = True):
+@overload
+def derive(arch: ModelGraph, catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse",
+           certify: bool = True) -> ModelAnalysis: ...
+@overload
+def derive(arch: Architecture | str | Spec | torch.nn.Module | nx.DiGraph, catalogue: Mapping | None = None,
+           strict: bool = True, loss: str = "mse", certify: bool = True) -> Analysis: ...
+
+
+def derive(arch: Architecture | ModelGraph | str | Spec | torch.nn.Module | nx.DiGraph, catalogue: Mapping | None = None,
+           strict: bool = True, loss: str = "mse", certify: bool = True) -> Analysis | ModelAnalysis:
     """Run inference and the symbolic derivation for an architecture (or anything :func:`parse` takes).
 
     A traced model (:class:`~symalg.tracing.ModelGraph`) goes to :func:`~symalg.model_derive.derive_model`
@@ -441,7 +462,7 @@ def derive(arch, catalogue: Mapping | None = None, strict: bool = True, loss: st
             symmetry = _symmetry(arch, site, group, symbols, catalogue[site.op])
             reason = disproof(site.op, group, symmetry.checks)
             if strict and reason:
-                disproved.append(Blocked(site.activation_node, site.name, reason))
+                disproved.append(Blocked(site.activation_node or site.producer, site.name, reason))
             else:
                 symmetries.append(symmetry)
     translations = (_logit_translation(arch, symbols),) if loss == "cross_entropy" else ()

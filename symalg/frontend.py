@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 import difflib
-from typing import Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, cast
 
 import networkx as nx
 import sympy as sp
@@ -25,7 +25,10 @@ import torch
 
 from .catalogue import CATALOGUE, exact
 from .grammar import literal
-from .graph import Architecture, SpecError, as_width
+from .graph import Architecture, SpecError, Width, as_width
+
+if TYPE_CHECKING:
+    from .tracing import ModelGraph
 
 __all__ = ["Spec", "parse", "from_torch", "to_module", "to_spec_string"]
 
@@ -41,19 +44,19 @@ class Spec:
         self._layers: list[tuple] = []
         self._catalogue = catalogue
 
-    def linear(self, in_features, out_features, bias: bool = True) -> "Spec":
+    def linear(self, in_features: Width | str, out_features: Width | str, bias: bool = True) -> Spec:
         self._layers.append(("linear", in_features, out_features, bias))
         return self
 
-    def activation(self, name: str, **params) -> "Spec":
+    def activation(self, name: str, **params: object) -> Spec:
         self._layers.append(("activation", name, params))
         return self
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Callable[..., Spec]:
         if name.startswith("_"):
             raise AttributeError(name)
 
-        def add_activation(*args, **params):
+        def add_activation(*args: object, **params: object) -> Spec:
             if args:
                 raise SpecError(f"Spec.{name}(): activations take keyword hyper-parameters only "
                                 f"(got {args}); dense layers are Spec.linear(in, out)")
@@ -167,7 +170,8 @@ def _parse_layer(text: str, index: int, catalogue: Mapping) -> tuple:
     return ("activation", name, kwargs)
 
 
-def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
+def parse(spec: str | Spec | torch.nn.Module | nx.DiGraph | Architecture, catalogue: Mapping = CATALOGUE,
+          **widths: Width) -> Architecture:
     """Build an :class:`Architecture` from a spec string, a :class:`Spec`, an ``nn.Sequential``,
     a validated ``networkx.DiGraph`` or an :class:`Architecture`; ``widths`` substitutes symbols.
 
@@ -187,7 +191,7 @@ def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
         if not _is_chain(spec):
             raise SpecError(f"parse: expected a chain nn.Sequential of Linear and activation modules, got "
                             f"{type(spec).__name__}; trace general models with symalg.from_torch or symalg.trace")
-        arch = from_torch(spec)
+        arch = cast(Architecture, from_torch(spec))  # a chain without example inputs
     elif isinstance(spec, nx.DiGraph):
         arch = Architecture(spec, None if catalogue is CATALOGUE else catalogue)
     else:
@@ -195,7 +199,7 @@ def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
     return arch.subs(widths) if widths else arch
 
 
-def _torch_activation(module: torch.nn.Module):
+def _torch_activation(module: torch.nn.Module) -> tuple[str, dict] | None:
     """``(op, params)`` for an activation module the catalogue knows, else ``None``."""
     from .nn import Activation
 
@@ -224,7 +228,7 @@ def _opaque_name(module: torch.nn.Module) -> str:
     return type(module).__name__
 
 
-def _leaves(module: torch.nn.Module, prefix: str = ""):
+def _leaves(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module]]:
     for name, child in module.named_children():
         path = f"{prefix}{name}"
         if isinstance(child, torch.nn.Sequential):
@@ -247,7 +251,8 @@ def _is_chain(module: torch.nn.Module) -> bool:
     return True
 
 
-def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None, catalogue: Mapping = CATALOGUE):
+def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None,
+               catalogue: Mapping = CATALOGUE) -> Architecture | ModelGraph:
     """Read a torch model: an :class:`Architecture` for a plain chain, else a traced :class:`ModelGraph`.
 
     An ``nn.Sequential`` of ``nn.Linear`` and activation modules (nested Sequentials allowed) without
@@ -282,6 +287,7 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None, cat
         if known is not None and known[0] in catalogue:
             nodes.append((path, dict(kind="activation", op=known[0], params=known[1], module=None)))
             continue
+        assert width is not None  # _check_activation_position refuses an activation before any linear layer
         reference = next(module.parameters(), torch.zeros(()))
         with torch.no_grad():
             try:
@@ -296,10 +302,10 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None, cat
     return _chain_graph(nodes, catalogue)
 
 
-def _number(value) -> str:
+def _number(value: object) -> str:
     """A hyper-parameter as spec text: integers as such, anything else as a Python float."""
-    value = sp.sympify(value)
-    return str(value) if value.is_Integer else repr(float(value))
+    number = sp.sympify(value)
+    return str(number) if number.is_Integer else repr(float(number))
 
 
 def to_spec_string(arch: Architecture) -> str:
@@ -317,7 +323,8 @@ def to_spec_string(arch: Architecture) -> str:
     return " -> ".join(parts)
 
 
-def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generator | None = None) -> torch.nn.Sequential:
+def to_module(arch: Architecture, dtype: torch.dtype = torch.float64,
+              generator: torch.Generator | None = None) -> torch.nn.Sequential:
     """An ``nn.Sequential`` for a concrete-width architecture, named like its parameters.
 
     Parameters get torch's default initialisation, ``U(±1/√in_features)`` for weights and biases
@@ -326,7 +333,7 @@ def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generato
     from .nn import Activation
 
     arch.check_materialisable("to_module")
-    modules = []
+    modules: list[torch.nn.Module] = []
     for name in arch.layer_names:
         node = arch.node(name)
         if node["kind"] == "linear":

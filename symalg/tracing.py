@@ -56,7 +56,7 @@ import io
 import math
 import operator
 from dataclasses import dataclass, field, is_dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping, cast
 
 import networkx as nx
 import torch
@@ -81,7 +81,7 @@ _MODULE_OPS = {
     nn.Softmax: "softmax", nn.LogSoftmax: "log_softmax",
 }
 
-_FUNCTIONS = {
+_FUNCTIONS: dict[object, str] = {
     F.relu: "relu", torch.relu: "relu", F.relu_: "relu", torch.relu_: "relu", torch.tanh: "tanh", F.tanh: "tanh",
     torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", F.silu: "silu", F.linear: "linear", operator.add: "add",
     torch.add: "add", operator.iadd: "add", operator.mul: "mul", torch.mul: "mul", operator.imul: "mul",
@@ -97,7 +97,7 @@ _FUNCTIONS = {
     torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding",
 }
 
-_POOLED_DIMS = {
+_POOLED_DIMS: dict[object, int] = {
     nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.AdaptiveMaxPool1d: 1, nn.AdaptiveMaxPool2d: 2, nn.AvgPool1d: 1,
     nn.AvgPool2d: 2, nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2, F.max_pool1d: 1, F.max_pool2d: 2,
     F.avg_pool1d: 1, F.avg_pool2d: 2, F.adaptive_avg_pool1d: 1, F.adaptive_avg_pool2d: 2,
@@ -204,8 +204,8 @@ def _canonical_params(model: nn.Module) -> tuple[dict[str, str], dict[int, str]]
         canonical = by_id.setdefault(id(tensor), name)
         if canonical != name:
             aliases[name] = canonical
-    for name, tensor in model.named_buffers(remove_duplicate=False):
-        by_id.setdefault(id(tensor), name)
+    for name, buffer in model.named_buffers(remove_duplicate=False):
+        by_id.setdefault(id(buffer), name)
     return aliases, by_id
 
 
@@ -234,11 +234,11 @@ _ATEN = {
 def _function_op(node: torch.fx.Node) -> tuple[str, dict]:
     """Canonical op and settings of a ``call_function``/``call_method`` node."""
     if node.op == "call_method":
-        op = _METHODS.get(node.target, node.target)
-        return op, {"method": node.target}
+        method = cast(str, node.target)  # fx: a call_method target is the method's name
+        return _METHODS.get(method, method), {"method": method}
     target = node.target
     if _is_pack(node):
-        return "pack", {"container": target.__name__}
+        return "pack", {"container": cast(type, target).__name__}
     if target in _POOLED_DIMS:
         return _FUNCTIONS[target], {"pooled_dims": _POOLED_DIMS[target]}
     if target in _FUNCTIONS:
@@ -266,14 +266,14 @@ def _is_pack(node: torch.fx.Node) -> bool:
 
 
 def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[int, str]) -> dict:
-    record = dict(op=node.op, kind="function", module=None, params={}, buffers={}, settings={},
+    record: dict[str, Any] = dict(op=node.op, kind="function", module=None, params={}, buffers={}, settings={},
                   where=_where(node), shape=None)
     if node.op == "placeholder":
         record.update(op="input", kind="input")
     elif node.op == "output":
         record.update(op="output", kind="output")
     elif node.op == "get_attr":
-        tensor = _attribute(gm, node.target)
+        tensor = _attribute(gm, cast(str, node.target))  # fx: get_attr and call_module targets are names
         if isinstance(tensor, nn.Parameter):
             record.update(op="param", kind="param", params={"value": by_id.get(id(tensor), node.target)})
         elif isinstance(tensor, torch.Tensor) and id(tensor) in by_id:
@@ -281,7 +281,7 @@ def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[i
         else:
             record.update(op="constant", kind="constant")
     elif node.op == "call_module":
-        module = gm.get_submodule(node.target)
+        module = gm.get_submodule(cast(str, node.target))
         op, settings = canonical_module_op(module)
         record.update(op=op, kind="module", module=node.target, settings=settings,
                       params={role: by_id.get(id(t), f"{node.target}.{role}")
@@ -299,7 +299,7 @@ def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[i
     return record
 
 
-def _attribute(gm: nn.Module, target: str):
+def _attribute(gm: nn.Module, target: str) -> object:
     obj = gm
     for part in target.split("."):
         obj = getattr(obj, part)
@@ -308,7 +308,7 @@ def _attribute(gm: nn.Module, target: str):
 
 def _constant_args(node: torch.fx.Node) -> dict:
     """The non-tensor arguments of a node by position/keyword (``dim``, ``shape``, ``approximate``...)."""
-    def plain(value):
+    def plain(value: object) -> object:
         if isinstance(value, torch.fx.Node):
             return None
         if isinstance(value, (list, tuple)):
@@ -327,10 +327,10 @@ def _tensor_inputs(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list:
     The output and output containers (``pack``) list every node of their nested structure (tuples,
     lists, dicts, dataclasses): every tensor a model returns is an output."""
     if node.op == "output" or _is_pack(node):
-        nested = []
+        nested: list[torch.fx.Node] = []
         torch.fx.node.map_arg((node.args, node.kwargs), nested.append)
         return nested
-    inputs = []
+    inputs: list[torch.fx.Node | None] = []
     for value, operand in _ordered_arguments(node, gm):
         if isinstance(value, torch.fx.Node):
             inputs.append(value)
@@ -366,10 +366,11 @@ def _ordered_arguments(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[tu
 
 def _signatures(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[inspect.Signature]:
     """The callee's signatures (one per overload; ``x.add(y)`` binds like ``torch.add(x, y)``), or ``[]``."""
+    callee: object
     if node.op == "call_module":
-        callee = gm.get_submodule(node.target).forward
+        callee = gm.get_submodule(cast(str, node.target)).forward
     elif node.op == "call_method":
-        callee = getattr(torch, node.target, None)
+        callee = getattr(torch, cast(str, node.target), None)
     elif node.op == "call_function":
         callee = node.target
     else:
@@ -385,7 +386,7 @@ def _signatures(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[inspect.S
         return []
 
 
-def _shape_of(meta) -> tuple | None:
+def _shape_of(meta: Mapping[str, Any]) -> tuple | None:
     value = meta.get("tensor_meta", meta.get("val"))
     if value is None:
         return None
@@ -425,12 +426,12 @@ def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
             raise SpecError(f"trace: example input {index} has non-finite entries (NaN or inf)")
     running: list[str] = []  # the modules being run, innermost last
 
-    def enter_hook(name):
-        def hook(*_):  # returns None: the hook changes nothing
+    def enter_hook(name: str) -> Callable[..., None]:
+        def hook(*_: object) -> None:  # returns None: the hook changes nothing
             running.append(name)
         return hook
 
-    def leave_hook(*_):
+    def leave_hook(*_: object) -> None:
         running.pop()
 
     enter = [m.register_forward_pre_hook(enter_hook(name)) for name, m in model.named_modules()]
@@ -465,7 +466,7 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
     if not isinstance(model, nn.Module):
         raise SpecError(f"trace: expected a torch.nn.Module, got {type(model).__name__}")
     for name, module in model.named_modules():
-        if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
+        if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():  # type: ignore[misc]
             raise SpecError(f"module {name!r} ({type(module).__name__}): lazy module not initialised yet; run one "
                             "forward pass first")
     if example_inputs is not None and not isinstance(example_inputs, tuple):
@@ -560,14 +561,14 @@ def _transpose_attribute(node: torch.fx.Node, gm: torch.fx.GraphModule) -> dict:
     return swap_last if ndim == 2 else {"op": "permute", "arguments": {"dims": tuple(range(ndim - 1, -1, -1))}}
 
 
-def _rank(value, gm: torch.fx.GraphModule) -> int | None:
+def _rank(value: object, gm: torch.fx.GraphModule) -> int | None:
     """Number of axes of a traced value: from shape propagation, or from the tensor a ``get_attr`` reads."""
     if not isinstance(value, torch.fx.Node):
         return None
     shape = _shape_of(value.meta)
     if shape is not None:
         return len(shape)
-    tensor = _attribute(gm, value.target) if value.op == "get_attr" else None
+    tensor = _attribute(gm, cast(str, value.target)) if value.op == "get_attr" else None
     return tensor.dim() if isinstance(tensor, torch.Tensor) else None
 
 
@@ -592,6 +593,6 @@ _GUARD_OPS = {"_assert_scalar", "_assert_async", "_assert_tensor_metadata", "sym
 _GUARD_FUNCTIONS = {torch._assert, torch._check, torch._check_is_size, torch._assert_scalar}
 
 
-def scale_constant(value) -> bool:
+def scale_constant(value: object) -> bool:
     """True for a Python number (the only non-tensor operand of ``mul``/``div`` we treat as linear)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -27,8 +27,10 @@ Checks, each reported per symmetry with its maximum relative error and the toler
 """
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -36,6 +38,15 @@ from .conserved import AngularMomentum, ConservedQuantity
 from .graph import SpecError
 from .lowering import evaluate_symbolic
 from .numeric import mse_loss, network_function, random_data, random_params
+
+if TYPE_CHECKING:
+    from .derive import Analysis, LogitTranslation, Symmetry
+    from .graph import Architecture
+    from .model_derive import ModelAnalysis
+
+Params = Mapping[str, torch.Tensor]
+Loss = Callable[[Params], torch.Tensor]
+Forward = Callable[[Params, torch.Tensor], torch.Tensor]
 
 __all__ = ["verify", "check_device", "default_widths", "CheckResult", "VerificationReport", "TOLERANCES",
            # building blocks shared with the other verifiers (traced models, loss symmetries, conjugated actions)
@@ -69,7 +80,7 @@ class CheckResult:
         """True when the check ran and its error exceeds the tolerance or is not a number."""
         return not self.skipped and not self.max_error <= self.tolerance
 
-    def __str__(self):
+    def __str__(self) -> str:
         verdict = "skip" if self.skipped else ("pass" if self.passed else "FAIL")
         return f"{verdict:4}  {self.check:22} {self.symmetry:34} err={self.max_error:.2e} tol={self.tolerance:.0e}  {self.detail}"
 
@@ -99,7 +110,7 @@ class VerificationReport:
         return (f"{len(self.checks) - n_fail - n_skip} passed, {n_fail} failed{skipped} "
                 f"({len(self.checks)} checks, {str(self.dtype).replace('torch.', '')}, {self.device}{at})")
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "\n".join([str(c) for c in self.checks] + [self.summary()])
 
 
@@ -109,7 +120,12 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item() / scale
 
 
-def loss_gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _total(terms: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``Σ terms`` for a non-empty iterable of tensors (typed as a tensor: ``sum`` starts from the integer 0)."""
+    return functools.reduce(operator.add, terms)
+
+
+def loss_gradients(loss: Loss, params: Params) -> dict[str, torch.Tensor]:
     """``∇L`` at ``params`` (``{name: tensor}``), taken on detached copies: ``params`` are not touched. A
     parameter the loss does not use has gradient zero."""
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
@@ -118,7 +134,8 @@ def loss_gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.
     return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
 
 
-def _check_invariance(symmetry, forward, loss, params, x, generator, tol):
+def _check_invariance(symmetry: Symmetry | LogitTranslation, forward: Forward, loss: Loss, params: Params,
+                      x: torch.Tensor, generator: torch.Generator, tol: float) -> CheckResult:
     from .certification import sample_elements  # certification builds on this module
 
     reference_out, reference_loss = forward(params, x), loss(params)
@@ -131,33 +148,35 @@ def _check_invariance(symmetry, forward, loss, params, x, generator, tol):
     return CheckResult("invariance", symmetry.label, worst, tol, f"worst: {where}")
 
 
-def _check_gradient_orthogonality(symmetry, params, grads, tol):
+def _check_gradient_orthogonality(symmetry: Symmetry, params: Params, grads: Params, tol: float) -> CheckResult:
     reference = params[symmetry.roles["W_in"]]
     basis = symmetry.group.algebra_basis(reference.dtype, reference.device)
     tangent = symmetry.tangent(params, basis)
-    inner = sum((tangent[n] * grads[n]).flatten(1).sum(1) for n in tangent)
-    norms = torch.sqrt(sum(tangent[n].flatten(1).pow(2).sum(1) for n in tangent))
-    grad_norm = torch.sqrt(sum(grads[n].pow(2).sum() for n in tangent))
+    inner = _total((tangent[n] * grads[n]).flatten(1).sum(1) for n in tangent)
+    norms = torch.sqrt(_total(tangent[n].flatten(1).pow(2).sum(1) for n in tangent))
+    grad_norm = torch.sqrt(_total(grads[n].pow(2).sum() for n in tangent))
     error = (inner.abs() / (norms * grad_norm).clamp_min(torch.finfo(reference.dtype).tiny)).max().item()
     return CheckResult("gradient_orthogonality", symmetry.label, error, tol, f"{basis.shape[0]} generators")
 
 
-def check_gradient_orthogonality(label: str, tangent, basis, grads, tol) -> CheckResult:
+def check_gradient_orthogonality(label: str, tangent: Callable[[torch.Tensor], Params],
+                                 basis: torch.Tensor | Sequence[torch.Tensor], grads: Params, tol: float) -> CheckResult:
     """``max_M |⟨∇L, M·θ⟩| / (‖∇L‖ ‖M·θ‖)`` over the Lie-algebra elements ``basis``; ``tangent(M)`` returns
     ``{name: M·θ}`` (entries that are not parameters, such as moved buffers, count in ``‖M·θ‖`` only). A zero
     tangent is orthogonal to everything."""
-    grad_norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
+    grad_norm = torch.sqrt(_total(g.pow(2).sum() for g in grads.values()))
     worst = 0.0
     for M in basis:
         moved = tangent(M)
-        inner = sum((grads[k] * v).sum() for k, v in moved.items() if k in grads)
-        norm = torch.sqrt(sum(v.pow(2).sum() for v in moved.values()))
-        if norm > 0:
-            worst = max(worst, (abs(inner) / (grad_norm * norm).clamp_min(torch.finfo(norm.dtype).tiny)).item())
+        inner = [(grads[k] * v).sum() for k, v in moved.items() if k in grads]
+        norm = torch.sqrt(_total(v.pow(2).sum() for v in moved.values()))
+        if norm > 0 and inner:
+            worst = max(worst, (abs(_total(inner)) / (grad_norm * norm).clamp_min(torch.finfo(norm.dtype).tiny)).item())
     return CheckResult("gradient_orthogonality", label, worst, tol, f"{len(basis)} generators")
 
 
-def check_gd_drift(quantity: ConservedQuantity, params, grads, tol, learning_rate=0.1):
+def check_gd_drift(quantity: ConservedQuantity, params: Params, grads: Params, tol: float,
+                   learning_rate: float = 0.1) -> CheckResult:
     """``C(θ − η g) − C(θ) = η² C(g)``; the error is relative to the size of ``C(θ)`` and of the drift."""
     value = quantity(params)
     drift = quantity({k: v - learning_rate * grads[k] for k, v in params.items()}) - value
@@ -167,7 +186,7 @@ def check_gd_drift(quantity: ConservedQuantity, params, grads, tol, learning_rat
                        f"ΔC = η² C(∇L), η = {learning_rate}, max|ΔC| = {drift.abs().max().item():.2e}")
 
 
-def rk4(field, state: dict, dt: float, steps: int) -> dict:
+def rk4(field: Callable[[dict], dict], state: dict, dt: float, steps: int) -> dict:
     """Integrate ``d state/dt = field(state)`` (dicts of tensors) with the classical RK4 scheme."""
     for _ in range(steps):
         k1 = field(state)
@@ -178,26 +197,28 @@ def rk4(field, state: dict, dt: float, steps: int) -> dict:
     return state
 
 
-def _flow_step(params, grads, max_dt=2.5e-4, max_move=1e-4) -> float:
+def _flow_step(params: Params, grads: Params, max_dt: float = 2.5e-4, max_move: float = 1e-4) -> float:
     """RK4 step for the dynamical checks: at most ``max_dt``, and small enough that one step moves θ
     by at most ``max_move`` relative, so that integrator error stays far below the tolerance."""
-    theta = torch.sqrt(sum(p.pow(2).sum() for p in params.values())).item()
-    grad = torch.sqrt(sum(g.pow(2).sum() for g in grads.values())).item()
+    theta = torch.sqrt(_total(p.pow(2).sum() for p in params.values())).item()
+    grad = torch.sqrt(_total(g.pow(2).sum() for g in grads.values())).item()
     return min(max_dt, max_move * theta / max(grad, 1e-300))
 
 
-def integrate_gradient_flow(loss, params, grads, steps: int, max_move: float = 1e-4) -> tuple[dict, str]:
+def integrate_gradient_flow(loss: Loss, params: Params, grads: Params, steps: int,
+                            max_move: float = 1e-4) -> tuple[dict, str]:
     """``θ(T)`` along gradient flow ``θ̇ = −∇L`` from ``params`` (RK4, ``steps`` of :func:`_flow_step`),
     and a description of the run for the report."""
     dt = _flow_step(params, grads, max_move=max_move)
     flowed = rk4(lambda p: {k: -g for k, g in loss_gradients(loss, p).items()}, dict(params), dt, steps)
-    moved = torch.sqrt(sum((flowed[k] - p).pow(2).sum() for k, p in params.items()) /
+    moved = torch.sqrt(_total((flowed[k] - p).pow(2).sum() for k, p in params.items()) /
                        sum(p.pow(2).sum() for p in params.values())).item()
     return flowed, f"RK4 dt={dt:.1e}, {steps} steps; θ moved {moved:.1e} (relative)"
 
 
-def check_gradient_flow(analysis, loss, params, grads, tol, steps=40):
-    """Every ``C`` is constant along gradient flow ``θ̇ = −∇L``."""
+def check_gradient_flow(analysis: Any, loss: Loss, params: Params, grads: Params, tol: float,
+                        steps: int = 40) -> list[CheckResult]:
+    """Every ``C`` of ``analysis.conserved_quantities()`` is constant along gradient flow ``θ̇ = −∇L``."""
     quantities = analysis.conserved_quantities()
     if not quantities:
         return []
@@ -206,20 +227,21 @@ def check_gradient_flow(analysis, loss, params, grads, tol, steps=40):
             for q in quantities]
 
 
-def check_angular_momentum(analysis, loss, params, grads, generator, tol, damping=1.0, steps=40):
+def check_angular_momentum(analysis: Any, loss: Loss, params: Params, grads: Params, generator: torch.Generator,
+                           tol: float, damping: float = 1.0, steps: int = 40) -> list[CheckResult]:
     """Heavy-ball dynamics ``θ̈ + γ θ̇ = −∇L`` from a random velocity: every entry of ``J(θ, θ̇)``
     (``⟨θ̇, A·θ⟩`` for antisymmetric ``A``) decays exactly as ``e^{−γt}``, since
     ``d/dt ⟨θ̇, A·θ⟩ = −γ ⟨θ̇, A·θ⟩ − ⟨∇L, A·θ⟩ + ⟨θ̇, A·θ̇⟩`` and the last two terms vanish."""
     momenta = analysis.angular_momenta()
     if not momenta:
         return []
-    grad_norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
+    grad_norm = torch.sqrt(_total(g.pow(2).sum() for g in grads.values()))
     velocity = {k: torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for k, p in params.items()}
-    velocity_norm = torch.sqrt(sum(v.pow(2).sum() for v in velocity.values()))
+    velocity_norm = torch.sqrt(_total(v.pow(2).sum() for v in velocity.values()))
     velocity = {k: v * (grad_norm / velocity_norm) for k, v in velocity.items()}
     dt = _flow_step(params, grads)
 
-    def field(state):
+    def field(state: dict) -> dict:
         theta = {k: state[("θ", k)] for k in params}
         gradient = loss_gradients(loss, theta)
         return {**{("θ", k): state[("v", k)] for k in params},
@@ -238,7 +260,9 @@ def check_angular_momentum(analysis, loss, params, grads, generator, tol, dampin
     return results
 
 
-def _check_translations(translations, observed, loss, params, grads, x, generator, tol, symbolic_limit):
+def _check_translations(translations: Sequence[LogitTranslation], observed: Forward, loss: Loss, params: Params,
+                        grads: Params, x: torch.Tensor, generator: torch.Generator, tol: float,
+                        symbolic_limit: int) -> list[CheckResult]:
     """The logit translations of cross-entropy (:class:`~symalg.derive.LogitTranslation`): invariance of the
     softmax and the loss, ``⟨∇L, M·θ⟩ = 0``, and their linear quantities checked as the traced verifier does."""
     from .model_verification import _drift, _gradient_flow, _lowering
@@ -256,7 +280,7 @@ def _check_translations(translations, observed, loss, params, grads, x, generato
     return checks
 
 
-def _check_orbit_dimension(analysis, params):
+def _check_orbit_dimension(analysis: Analysis, params: Params) -> CheckResult:
     numeric = analysis.orbit_dimension(params)
     try:
         formula = analysis.orbit_dimension()
@@ -267,7 +291,7 @@ def _check_orbit_dimension(analysis, params):
     return CheckResult("orbit_dimension", "*", float(abs(formula - numeric)), 0.0, f"formula {formula}, numeric rank {numeric}")
 
 
-def _check_lowering(analysis, params, generator, tol):
+def _check_lowering(analysis: Analysis, params: Params, generator: torch.Generator, tol: float) -> list[CheckResult]:
     """Lowered torch values against SymPy's exact evaluation at the same numbers."""
     from .certification import sample_elements  # certification builds on this module
 
@@ -279,7 +303,7 @@ def _check_lowering(analysis, params, generator, tol):
         error = compare_to_sympy(symmetry.lowered_action(params, g), symmetry.action,
                          {**values, symmetry.element.name: g.detach().cpu().double().numpy()})
         results.append(CheckResult("lowering", symmetry.label, error, tol, "action vs SymPy"))
-        if symmetry.group.is_continuous:
+        if symmetry.algebra_element is not None:  # a continuous group
             M = symmetry.group.random_algebra_element(1.0, generator, reference.dtype, reference.device)
             results.append(CheckResult("lowering", symmetry.label, compare_to_sympy(
                 symmetry.tangent(params, M), symmetry.infinitesimal,
@@ -304,7 +328,7 @@ def compare_to_sympy(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values
                for n, e in exprs.items())
 
 
-def _data(arch, data) -> tuple[torch.Tensor, torch.Tensor]:
+def _data(arch: Architecture, data: object) -> tuple[torch.Tensor, torch.Tensor]:
     """``data`` checked to be ``(x, y)`` with ``x`` of shape ``(batch, n_in)`` and ``y`` of ``(batch, n_out)``."""
     if not (isinstance(data, (tuple, list)) and len(data) == 2):
         raise ValueError("verify: data must be a pair (x, y) of tensors, x of shape (batch, inputs) and y of "
@@ -318,7 +342,7 @@ def _data(arch, data) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def check_device(device) -> None:
+def check_device(device: str | torch.device) -> None:
     """Raise ``ValueError`` naming ``device`` when torch cannot allocate on it here."""
     try:
         torch.empty(0, device=device)
@@ -326,7 +350,7 @@ def check_device(device) -> None:
         raise ValueError(f"device {device!r} is not available here ({error})") from None
 
 
-def check_params(params, shapes: Mapping[str, tuple], caller: str, optional=()) -> None:
+def check_params(params: object, shapes: Mapping[str, tuple], caller: str, optional: Sequence[str] = ()) -> None:
     """Raise ``SpecError`` naming the parameter unless ``params`` maps names of ``shapes`` to finite tensors:
     no unknown name, none missing but those in ``optional`` (buffers), each concrete shape as given
     (symbolic widths are read off and compared by ``Architecture.widths_from_params``)."""
@@ -348,12 +372,12 @@ def check_params(params, shapes: Mapping[str, tuple], caller: str, optional=()) 
         raise SpecError(f"{caller}: parameter {missing[0]!r} is missing (expected names: {sorted(shapes)})")
 
 
-def default_widths(arch) -> dict[str, int]:
+def default_widths(arch: Architecture) -> dict[str, int]:
     """Widths used when none are given: 3, 4, 5, ... in alphabetical order of the width names."""
     return {name: 3 + i for i, name in enumerate(sorted(str(s) for s in arch.widths))}
 
 
-def verify(analysis, params: Mapping[str, torch.Tensor] | None = None, data: tuple | None = None, device: str = "cpu",
+def verify(analysis: Analysis | ModelAnalysis, params: Mapping[str, torch.Tensor] | None = None, data: tuple | None = None, device: str = "cpu",
            dtype: torch.dtype = torch.float64, widths: Mapping | None = None, seed: int = 0,
            symbolic_limit: int | None = None) -> VerificationReport:
     """Check every symmetry of ``analysis`` numerically and return a :class:`VerificationReport`.
