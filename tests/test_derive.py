@@ -76,6 +76,15 @@ def test_wrong_declaration_is_refuted_symbolically():
     assert "disproved" in symalg.derive(arch, wrong).blocked[0].reason
 
 
+def test_a_disproved_declaration_on_a_site_without_an_activation_node_names_its_producer_layer():
+    wrong = symalg.overlay({"identity": symalg.CatalogueEntry("identity", symalg.CATALOGUE["identity"].function,
+                                                              symalg.catalogue.declare_homogeneous(degree=2))})
+    analysis = symalg.derive(symalg.parse("linear(2, 3) -> linear(3, 1)", catalogue=wrong))
+    (note,) = analysis.blocked
+    assert (note.node, note.site) == ("0", "h1") and "c^2 σ(z), c > 0: FALSE" in note.reason
+    assert [s.label for s in analysis.symmetries] == ["h1:S(3)"]
+
+
 def test_generators_are_an_explicit_basis_at_concrete_widths():
     gl = symalg.derive("linear(2, 3) -> identity -> linear(3, 1)").symmetries[0]
     basis = gl.generators()
