@@ -19,8 +19,9 @@ h
 >>> symalg.verify(analysis.subs({"n": 3, "h": 5, "m": 2})).passed
 True
 """
-from . import (catalogue, conjugated, conservation_laws, ensembles, flat_minima, groups, loss_symmetries, minima_geometry, nn,
-               nonlinear_actions, orbit_rank, report, symmetry_init, teleport, teleport_actions, teleport_optim)
+from . import (catalogue, conjugated, conservation_laws, ensembles, flat_minima, groups, loss_symmetries,
+               minima_geometry, nn, nonlinear_actions, orbit_rank, report, symmetry_init, teleport, teleport_actions,
+               teleport_optim)
 from .catalogue import CATALOGUE, CatalogueEntry, overlay, register
 from .derive import Analysis, Symmetry, derive, parameter_symbols
 from .frontend import Spec, from_torch, parse, to_module, to_spec_string

@@ -102,8 +102,8 @@ def _infinitesimal_check(entry: CatalogueEntry, group: SiteGroup, params: Mappin
         # differentiate inside each sign branch, z = ±p with p > 0, where z σ'(z) = p d/dp σ(±p):
         # a derivative taken at a symbolic z can be 0/0 on the branch where σ vanishes (max(z,0)^½)
         p = sp.Symbol("p", positive=True)
-        verdicts = [_is_zero(p * sp.diff(entry.expression(t, **params), p) - group.alpha * entry.expression(t, **params))
-                    for t in (p, -p)]
+        verdicts = [_is_zero(p * sp.diff(entry.expression(t, **params), p)
+                             - group.alpha * entry.expression(t, **params)) for t in (p, -p)]
         proved = False if False in verdicts else (True if all(verdicts) else None)
         return SymbolicCheck(f"Euler: z σ'(z) = {group.alpha} σ(z) (z ≠ 0)", proved)
     if isinstance(group, GeneralLinear):

@@ -234,7 +234,8 @@ class LogitTranslation:
         parts = [rf"\text{{logits (softmax cross-entropy)}}:\ {self.group.latex()}",
                  rf"{latex(W)} \mapsto {latex(W)} + \mathbf{{1}} v^T"]
         if self.bias:
-            parts.append(rf"{latex(self.symbols[self.bias])} \mapsto {latex(self.symbols[self.bias])} + t_0 \mathbf{{1}}")
+            b = latex(self.symbols[self.bias])
+            parts.append(rf"{b} \mapsto {b} + t_0 \mathbf{{1}}")
         return r" \\ ".join(parts)
 
     def __str__(self) -> str:
@@ -258,11 +259,13 @@ def _dotted(name: str) -> str:
 
 def _symmetry(arch: Architecture, site: Site, group: SiteGroup, symbols: dict, entry: CatalogueEntry) -> Symmetry:
     producer, consumer = arch.node(site.producer), arch.node(site.consumer)
-    roles = {"W_in": producer["weight"], "b_in": producer["bias"], "W_out": consumer["weight"], "b_out": consumer["bias"]}
+    roles = {"W_in": producer["weight"], "b_in": producer["bias"],
+             "W_out": consumer["weight"], "b_out": consumer["bias"]}
     touched = {name: symbols[name] for name in roles.values() if name}
     role_symbol = {role: symbols[name] if name else None for role, name in roles.items()}
     g = group.element_symbol(f"g_{site.index}" if group.element_format == "matrix" else f"d_{site.index}")
-    action = {roles[role]: expr for role, expr in group.site_action(g, **{k.lower(): v for k, v in role_symbol.items()}).items()}
+    action = {roles[role]: expr
+              for role, expr in group.site_action(g, **{k.lower(): v for k, v in role_symbol.items()}).items()}
     infinitesimal, M = {}, None
     if group.is_continuous:
         M = group.element_symbol(f"M_{site.index}" if group.element_format == "matrix" else f"m_{site.index}")
@@ -409,8 +412,9 @@ def derive(arch: Architecture | str | Spec | torch.nn.Module | nx.DiGraph, catal
            strict: bool = True, loss: str = "mse", certify: bool = True) -> Analysis: ...
 
 
-def derive(arch: Architecture | ModelGraph | str | Spec | torch.nn.Module | nx.DiGraph, catalogue: Mapping | None = None,
-           strict: bool = True, loss: str = "mse", certify: bool = True) -> Analysis | ModelAnalysis:
+def derive(arch: Architecture | ModelGraph | str | Spec | torch.nn.Module | nx.DiGraph,
+           catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse",
+           certify: bool = True) -> Analysis | ModelAnalysis:
     """Run inference and the symbolic derivation for an architecture (or anything :func:`parse` takes).
 
     A traced model (:class:`~symalg.tracing.ModelGraph`) goes to :func:`~symalg.model_derive.derive_model`

@@ -172,7 +172,8 @@ def fgsm(model: Model, x: torch.Tensor, y: torch.Tensor, eps: float, bounds: tup
 
 def pgd(model: Model, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int, step_size: float,
         bounds: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
-    """L∞ PGD from ``x``: ``steps`` signed-gradient steps of ``step_size``, projected on ``‖x' − x‖∞ ≤ ε`` and ``bounds``."""
+    """L∞ PGD from ``x``: ``steps`` signed-gradient steps of ``step_size``, projected on ``‖x' − x‖∞ ≤ ε``
+    and ``bounds``."""
     if eps < 0 or steps < 1 or step_size <= 0:
         raise ValueError(f"pgd: need eps ≥ 0, steps ≥ 1, step_size > 0; got eps={eps}, steps={steps}, "
                          f"step_size={step_size}")

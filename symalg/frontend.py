@@ -246,7 +246,8 @@ def _is_chain(module: torch.nn.Module) -> bool:
     for _, child in _leaves(module):
         if isinstance(child, torch.nn.Linear):
             continue
-        if any(True for _ in child.parameters()) or (type(child) in _MODULE_OPS and type(child) is not torch.nn.Identity):
+        if any(True for _ in child.parameters()) or (type(child) in _MODULE_OPS
+                                                     and type(child) is not torch.nn.Identity):
             return False
     return True
 
@@ -263,7 +264,8 @@ def from_torch(module: torch.nn.Module, example_inputs: tuple | None = None,
     """
     if example_inputs is not None or not _is_chain(module):
         if not isinstance(example_inputs, (tuple, torch.Tensor, type(None))):
-            raise SpecError(f"from_torch: example_inputs must be a tuple of tensors, got {type(example_inputs).__name__}")
+            raise SpecError(f"from_torch: example_inputs must be a tuple of tensors, got "
+                            f"{type(example_inputs).__name__}")
         from .tracing import trace
 
         return trace(module, example_inputs)

@@ -246,7 +246,8 @@ class _Builder:
         if kind == "batchnorm":
             if len(shape) == 2:
                 return self.call(self.add("BatchNorm1d", d, affine=rng.random() < 0.8, train=train), x)
-            if rng.random() < 0.5:  # on axis 1, its channel axis (a false claim once found: BatchNorm1d(4) on (B, T=4, d=4))
+            # on axis 1, its channel axis (a false claim once found: BatchNorm1d(4) on (B, T=4, d=4))
+            if rng.random() < 0.5:
                 self.variant.append("axis1")
                 return self.call(self.add("BatchNorm1d", shape[1], affine=rng.random() < 0.8, train=train), x)
             y = self.call(self.add("BatchNorm1d", d, train=train), self.op("transpose", x, a=1, b=-1))
@@ -266,7 +267,8 @@ class _Builder:
         if len(shape) == 2:  # layernorm over a non-last axis needs one
             return self.call(self.add("LayerNorm", d), x)
         t = shape[1]  # LayerNorm over the time axis, after a transpose
-        y = self.call(self.add("LayerNorm", t, elementwise_affine=rng.random() < 0.8), self.op("transpose", x, a=1, b=-1))
+        y = self.call(self.add("LayerNorm", t, elementwise_affine=rng.random() < 0.8),
+                      self.op("transpose", x, a=1, b=-1))
         return self.op("transpose", y, a=1, b=-1)
 
     def mlp(self, x: str, n_in: int, n_out: int, depth: int | None = None) -> str:
@@ -612,7 +614,8 @@ class FuzzReport:
         for name, f in sorted(self.families.items()):
             lines.append(f"{name:<10} {f.models:>6} {f.claims:>6} {f.false_claims:>5} {f.refusals:>7} {f.crashes:>5} "
                          f"{f.hangs:>4} {1000 * f.seconds / max(f.models, 1):>12.1f}")
-        lines += [f"FALSE {c.case}: {c.claim}: {c.error:.2e} on {c.output!r} under {c.element}" for c in self.false_claims]
+        lines += [f"FALSE {c.case}: {c.claim}: {c.error:.2e} on {c.output!r} under {c.element}"
+                  for c in self.false_claims]
         lines += [f"CRASH {c.case}: {c.error} at {c.where}" for c in self.crashes]
         lines += [f"HANG {c.case}: {c.error}" for c in self.hangs]
         return "\n".join(lines)

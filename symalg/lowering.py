@@ -194,8 +194,8 @@ class LoweredFunction:
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{self.name}: parameter {name!r} is a {type(value).__name__}, not a tensor")
             actual = tuple(value.shape[value.dim() - len(expected):]) if value.dim() >= len(expected) else None
-            ok = actual is not None and all(
-                bound.setdefault(e, a) == a if isinstance(e, sp.Symbol) else int(e) == a for e, a in zip(expected, actual))
+            ok = actual is not None and all(bound.setdefault(e, a) == a if isinstance(e, sp.Symbol) else int(e) == a
+                                            for e, a in zip(expected, actual))
             if not ok:
                 raise ValueError(f"{self.name}: parameter {name!r} has shape {tuple(value.shape)}, expected "
                                  f"(..., {', '.join(str(bound.get(e, e)) for e in expected)})")

@@ -562,7 +562,8 @@ def _last_layer_terms(features, weight, bias, y, g, degree):
         if g.shape != (h, h):
             raise ValueError(f"g: a matrix element must be {h} × {h}, got {tuple(g.shape)}")
         if degree != 1:
-            raise ValueError(f"degree: a general matrix g acts only through a linear activation (degree 1), got {degree}")
+            raise ValueError(f"degree: a general matrix g acts only through a linear activation (degree 1), "
+                             f"got {degree}")
         _check_invertible(g, "g")
     elif g.ndim <= 1:
         g = g.expand(h) if g.ndim == 0 else g

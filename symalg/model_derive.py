@@ -20,10 +20,10 @@ action moves every bound region ``U`` (see :mod:`symalg.bindings`), and its cons
 ['GL(4)']
 >>> analysis.certified, [e.holds for e in analysis.certification]
 (True, [True])
->>> symalg.derive(symalg.trace(model))
+>>> symalg.derive(symalg.trace(model))  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-symalg.graph.SpecError: derive: the model was traced without example_inputs, so its claims cannot be certified numerically; trace it with symalg.trace(model, example_inputs) or pass certify=False for uncertified claims
+symalg.graph.SpecError: derive: the model was traced without example_inputs, so its claims cannot be certified ...
 >>> print(analysis.symmetries[0].conserved)
 C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight
 """
@@ -41,8 +41,8 @@ from .bindings import Binding, TranslationFamily
 from .catalogue import CATALOGUE
 from .certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 from .graph import SpecError
-from .groups import (GeneralLinear, Orthogonal, OrthogonalFixingOnes, Permutations, PositiveScaling, SignFlips, SiteGroup,
-                     Translations)
+from .groups import (GeneralLinear, Orthogonal, OrthogonalFixingOnes, Permutations, PositiveScaling, SignFlips,
+                     SiteGroup, Translations)
 from .inference import Blocked
 from .lowering import LoweredFunction, lower
 from .model_inference import ModelSites, infer_model
@@ -58,7 +58,8 @@ def _number(value: Fraction):
 
 
 def _group(kind: str, width: int, alpha) -> SiteGroup:
-    return {"GL": lambda: GeneralLinear(width), "O": lambda: Orthogonal(width), "O1": lambda: OrthogonalFixingOnes(width),
+    return {"GL": lambda: GeneralLinear(width), "O": lambda: Orthogonal(width),
+            "O1": lambda: OrthogonalFixingOnes(width),
             "PS": lambda: PositiveScaling(width, alpha=_number(alpha)),
             "SF": lambda: SignFlips(width), "S": lambda: Permutations(width)}[kind]()
 

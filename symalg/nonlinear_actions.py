@@ -146,8 +146,8 @@ def frame(a: torch.Tensor, name: str = "a") -> torch.Tensor:
     """An invertible ``F(a) ∈ R^{h×h}`` whose first ``k`` columns are ``a ∈ R^{…×h×k}`` (columns are points).
 
     ``k = 1``: the spherical frame ``R_a``. ``k > 1``: ``F = Q blockdiag(R, ρ I_{h−k})`` from the complete QR
-    decomposition ``a = Q [R; 0]``, ``ρ = ‖a‖_F/√k``. Raises ``ValueError`` naming ``name`` when ``k > h`` (a frame needs
-    ``k ≤ h``: the batch-size limit) or when ``a`` has numerical rank ``< k``.
+    decomposition ``a = Q [R; 0]``, ``ρ = ‖a‖_F/√k``. Raises ``ValueError`` naming ``name`` when ``k > h``
+    (a frame needs ``k ≤ h``: the batch-size limit) or when ``a`` has numerical rank ``< k``.
 
     >>> a = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
     >>> torch.allclose(frame(a)[:, :2], a)
@@ -492,7 +492,8 @@ class LipschitzBounds:
 
 
 def lipschitz_bounds(u: torch.Tensor, v: torch.Tensor, g: torch.Tensor, x: torch.Tensor, activation: Callable,
-                     eta: float, samples: torch.Tensor | None = None, cocycle: Callable | None = None) -> LipschitzBounds:
+                     eta: float, samples: torch.Tensor | None = None,
+                     cocycle: Callable | None = None) -> LipschitzBounds:
     """Prop. 2.4.2 (with its ``‖g‖`` kept in the general-cocycle form) for one two-layer network and point.
 
     ``U (m, h)``, ``V (h, n)``, ``g (h, h)``, ``x (n,)``; ``eta`` is σ's Lipschitz constant; ``samples

@@ -187,10 +187,12 @@ class SymmetryAction(Action):
     def __post_init__(self):
         bad = [s for s in self.symmetries if not (hasattr(s, "group") and hasattr(s, "apply"))]
         if bad:
-            raise TypeError(f"SymmetryAction: symmetries must be symalg symmetries (with .group and .apply), got {bad[0]!r}")
+            raise TypeError(f"SymmetryAction: symmetries must be symalg symmetries (with .group and .apply), "
+                            f"got {bad[0]!r}")
         symbolic = [s.label for s in self.symmetries if not sp.sympify(s.group.width).is_Integer]
         if symbolic:
-            raise ValueError(f"SymmetryAction: {symbolic} have symbolic widths; substitute concrete ones (analysis.subs)")
+            raise ValueError(f"SymmetryAction: {symbolic} have symbolic widths; substitute concrete ones "
+                             "(analysis.subs)")
 
     @property
     def continuous(self) -> tuple:
@@ -286,7 +288,8 @@ class ConjugatedCoordinates(Action):
         return {**params, self.key: self.action.act(params[self.key], coords)}
 
     def discrete_generators(self):
-        return tuple(f"{self.action.group.name}: generator {j}" for j in range(len(self.action.group.discrete_generators())))
+        return tuple(f"{self.action.group.name}: generator {j}"
+                     for j in range(len(self.action.group.discrete_generators())))
 
     def apply_discrete(self, params, index, inverse=False):
         x = params[self.key]
@@ -776,8 +779,9 @@ class Teleporter:
         return best[2], list(best[1]), best[0]
 
 
-def teleport(action, params: Params, loss: Callable[[Params], torch.Tensor], objective: Objective | Callable = GradNorm(),
-             *, wrt: Sequence[str] | None = None, **settings) -> TeleportResult:
+def teleport(action, params: Params, loss: Callable[[Params], torch.Tensor],
+             objective: Objective | Callable = GradNorm(), *, wrt: Sequence[str] | None = None,
+             **settings) -> TeleportResult:
     """Teleport ``params`` along ``action`` to optimise ``objective`` at the loss ``loss(params)`` (one batch).
 
     ``wrt``: the entries that are trainable parameters (gradients, directions and curves are taken over them;

@@ -101,7 +101,8 @@ class Schedule:
         return epoch in self.at_epochs
 
 
-def model_loss(model: torch.nn.Module, criterion: Callable) -> Callable[[Mapping[str, torch.Tensor], Any], torch.Tensor]:
+def model_loss(model: torch.nn.Module,
+               criterion: Callable) -> Callable[[Mapping[str, torch.Tensor], Any], torch.Tensor]:
     """``(params, (x, y)) ↦ criterion(model(x; params), y)`` through ``torch.func.functional_call``."""
     def loss(params, batch):
         x, y = batch
@@ -140,8 +141,9 @@ def handle_state(optimizer: torch.optim.Optimizer, named_params: Mapping[str, to
             if not isinstance(value, torch.Tensor) or value.shape != p.shape:
                 continue
             if key not in FIRST_MOMENTS + SECOND_MOMENTS:
-                raise ValueError(f"state='transform': {type(optimizer).__name__} state {key!r} of {name!r} is neither a "
-                                 f"first moment {FIRST_MOMENTS} nor a second moment {SECOND_MOMENTS}; use 'keep' or 'reset'")
+                raise ValueError(f"state='transform': {type(optimizer).__name__} state {key!r} of {name!r} is "
+                                 f"neither a first moment {FIRST_MOMENTS} nor a second moment {SECOND_MOMENTS}; "
+                                 "use 'keep' or 'reset'")
             per_key.setdefault(key, {})[name] = value
     for key, values in per_key.items():
         if key in FIRST_MOMENTS:
@@ -169,7 +171,8 @@ class TeleportingOptimizer:
         if state not in STATE_MODES:
             raise ValueError(f"TeleportingOptimizer: state must be one of {STATE_MODES}, got {state!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"TeleportingOptimizer: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            raise TypeError(f"TeleportingOptimizer: optimizer must be a torch.optim.Optimizer, "
+                            f"got {type(optimizer).__name__}")
         in_groups = {id(p) for g in optimizer.param_groups for p in g["params"]}
         self.named = {n: p for n, p in model.named_parameters() if id(p) in in_groups}
         if not self.named:

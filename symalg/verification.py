@@ -82,7 +82,8 @@ class CheckResult:
 
     def __str__(self) -> str:
         verdict = "skip" if self.skipped else ("pass" if self.passed else "FAIL")
-        return f"{verdict:4}  {self.check:22} {self.symmetry:34} err={self.max_error:.2e} tol={self.tolerance:.0e}  {self.detail}"
+        return (f"{verdict:4}  {self.check:22} {self.symmetry:34} err={self.max_error:.2e} "
+                f"tol={self.tolerance:.0e}  {self.detail}")
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ def _check_gradient_orthogonality(symmetry: Symmetry, params: Params, grads: Par
 
 
 def check_gradient_orthogonality(label: str, tangent: Callable[[torch.Tensor], Params],
-                                 basis: torch.Tensor | Sequence[torch.Tensor], grads: Params, tol: float) -> CheckResult:
+                                 basis: torch.Tensor | Sequence[torch.Tensor], grads: Params,
+                                 tol: float) -> CheckResult:
     """``max_M |⟨∇L, M·θ⟩| / (‖∇L‖ ‖M·θ‖)`` over the Lie-algebra elements ``basis``; ``tangent(M)`` returns
     ``{name: M·θ}`` (entries that are not parameters, such as moved buffers, count in ``‖M·θ‖`` only). A zero
     tangent is orthogonal to everything."""
@@ -288,7 +290,8 @@ def _check_orbit_dimension(analysis: Analysis, params: Params) -> CheckResult:
         return CheckResult("orbit_dimension", "*", float("nan"), 0.0, f"numeric rank {numeric}; no formula: {error}",
                            skipped=True)
     formula = int(formula.subs(analysis.architecture.widths_from_params(params)))
-    return CheckResult("orbit_dimension", "*", float(abs(formula - numeric)), 0.0, f"formula {formula}, numeric rank {numeric}")
+    return CheckResult("orbit_dimension", "*", float(abs(formula - numeric)), 0.0,
+                       f"formula {formula}, numeric rank {numeric}")
 
 
 def _check_lowering(analysis: Analysis, params: Params, generator: torch.Generator, tol: float) -> list[CheckResult]:
@@ -307,17 +310,21 @@ def _check_lowering(analysis: Analysis, params: Params, generator: torch.Generat
             M = symmetry.group.random_algebra_element(1.0, generator, reference.dtype, reference.device)
             results.append(CheckResult("lowering", symmetry.label, compare_to_sympy(
                 symmetry.tangent(params, M), symmetry.infinitesimal,
-                {**values, symmetry.algebra_element.name: M.cpu().double().numpy()}), tol, "infinitesimal action vs SymPy"))
+                {**values, symmetry.algebra_element.name: M.cpu().double().numpy()}), tol,
+                "infinitesimal action vs SymPy"))
         if isinstance(symmetry.conserved, ConservedQuantity):
             q = symmetry.conserved
-            results.append(CheckResult("lowering", symmetry.label, compare_to_sympy({"C": q(params)}, {"C": q.expr}, values), tol,
+            results.append(CheckResult("lowering", symmetry.label,
+                                       compare_to_sympy({"C": q(params)}, {"C": q.expr}, values), tol,
                                        f"{q.name} vs SymPy"))
         elif isinstance(symmetry.conserved, AngularMomentum):
             j = symmetry.conserved
-            velocity = {n: torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for n, p in params.items()}
+            velocity = {n: torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device)
+                        for n, p in params.items()}
             exact_values = {**values, **{s.name: velocity[n].cpu().double().numpy() for n, s in j.velocities.items()}}
-            results.append(CheckResult("lowering", symmetry.label, compare_to_sympy({"J": j(params, velocity)}, {"J": j.expr},
-                                                                            exact_values), tol, f"{j.name} vs SymPy"))
+            results.append(CheckResult("lowering", symmetry.label,
+                                       compare_to_sympy({"J": j(params, velocity)}, {"J": j.expr}, exact_values), tol,
+                                       f"{j.name} vs SymPy"))
     return results
 
 
@@ -377,7 +384,8 @@ def default_widths(arch: Architecture) -> dict[str, int]:
     return {name: 3 + i for i, name in enumerate(sorted(str(s) for s in arch.widths))}
 
 
-def verify(analysis: Analysis | ModelAnalysis, params: Mapping[str, torch.Tensor] | None = None, data: tuple | None = None, device: str = "cpu",
+def verify(analysis: Analysis | ModelAnalysis, params: Mapping[str, torch.Tensor] | None = None,
+           data: tuple | None = None, device: str = "cpu",
            dtype: torch.dtype = torch.float64, widths: Mapping | None = None, seed: int = 0,
            symbolic_limit: int | None = None) -> VerificationReport:
     """Check every symmetry of ``analysis`` numerically and return a :class:`VerificationReport`.

@@ -24,11 +24,11 @@ def _reproduced_patterns(case: Case) -> set[str]:
         found.add("out(w(w(x)))")
     if {"T=d", "batchnorm", "axis1"} <= set(case.variant.split("-")):
         found.add("BatchNorm1d(d) on (B, T=d, d)")
-    if any(l.cls == "GroupNorm" for l in layers.values()) and "conv1d" in case.variant:
+    if any(layer.cls == "GroupNorm" for layer in layers.values()) and "conv1d" in case.variant:
         found.add("GroupNorm on (B, C, L)")
     if "layernorm_axis" in case.variant and len(case.input_shape) == 3:
         found.add("LayerNorm over the time axis after a transpose")
-    if "gn-bn" in case.variant and any(l.cls.startswith("BatchNorm") and not l.train for l in layers.values()):
+    if "gn-bn" in case.variant and any(layer.cls.startswith("BatchNorm") and not layer.train for layer in layers.values()):
         found.add("conv -> GroupNorm(affine=False) -> BatchNorm(eval)")
     if case.family == "concat" and "layernorm" in case.variant.split("-"):
         found.add("LayerNorm after torch.cat")
