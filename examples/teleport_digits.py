@@ -63,7 +63,8 @@ def run(name, teleporting, train, val, epochs, seed=0):
     teleport_data = batches(x, y, 200, generator)
     opt = TeleportingOptimizer(optimizer, model, Teleporter(action, objective, steps=TELEPORT_STEPS, lr=5e-2),
                                model_loss(model, F.cross_entropy), lambda: next(teleport_data),
-                               Schedule(at_epochs=(1,) if teleporting else (), batches=TELEPORT_BATCHES), state="transform")
+                               Schedule(at_epochs=(1,) if teleporting else (), batches=TELEPORT_BATCHES),
+                               state="transform")
     val_losses, epoch_seconds, teleport_seconds = [evaluate(model, xv, yv)[0]], [], 0.0
     for _ in range(epochs):
         start = time.perf_counter()
@@ -85,7 +86,8 @@ def main() -> None:
     names = ("SGD", "AdaGrad") if args.quick else tuple(OPTIMIZERS)
     train, val = digits()
     fig, ax = plt.subplots(figsize=(8, 5))
-    print(f"digits 64-16-10-10 LeakyReLU(0.1), batch 20, {epochs} epochs; one teleport after epoch 1 ({TELEPORT_BATCHES} × 200 "
+    print(f"digits 64-16-10-10 LeakyReLU(0.1), batch 20, {epochs} epochs; one teleport after epoch 1 "
+          f"({TELEPORT_BATCHES} × 200 "
           f"images, {TELEPORT_STEPS} steps, lr 5e-2)")
     print(f"{'optimizer':9} {'teleport':8} {'train loss':>10} {'train acc':>9} {'val loss':>9} {'val acc':>8} "
           f"{'epoch s':>8} {'teleport s':>10} {'overhead':>8} {'accepted':>8} {'obj. gain':>9} {'max |dL|/L':>10}")

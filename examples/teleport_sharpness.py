@@ -61,7 +61,8 @@ def measures(model, train, val, sharpness, curves):
         train_loss = float(loss(params))
         val_loss = float(F.cross_entropy(model(xv), yv))
         sharp = float(sharpness(params, loss, action, wrt))
-    curvature = sum(float(Curvature(curves=1, seed=s)(params, loss, action, wrt).detach()) for s in range(curves)) / curves
+    curvature = sum(float(Curvature(curves=1, seed=s)(params, loss, action, wrt).detach())
+                    for s in range(curves)) / curves
     return train_loss, val_loss, sharp, curvature
 
 
@@ -78,7 +79,8 @@ def main() -> None:
     sharpness = Sharpness(displacements=DISPLACEMENTS, directions=directions, seed=0)
     rows = []
     print(f"{count} models (SGD on digits), sharpness |T| = 20, |D| = 2×{directions}; curvature over {curves} curves")
-    print(f"{'seed':>4} {'lr':>5} {'batch':>5} {'epochs':>6} {'train L':>8} {'val L':>8} {'sharpness':>10} {'curvature':>10}")
+    print(f"{'seed':>4} {'lr':>5} {'batch':>5} {'epochs':>6} {'train L':>8} {'val L':>8} {'sharpness':>10} "
+          f"{'curvature':>10}")
     for seed, lr, batch, epochs in settings:
         row = measures(train_model(seed, lr, batch, epochs, train), train, val, sharpness, curves)
         rows.append(row)

@@ -59,7 +59,8 @@ def test_failing_verification_gives_exit_status_1(capsys, monkeypatch):
 
 
 def test_console_script_is_installed_and_runs():
-    result = subprocess.run([sys.executable, "-m", "symalg.cli", "--no-verify"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "symalg.cli", "--no-verify"], capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0 and "orbit dimension" in result.stdout
 
 

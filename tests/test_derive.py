@@ -159,7 +159,8 @@ def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
     relu = symalg.derive("linear(3, 5) -> relu -> linear(5, 2)")
     params = symalg.random_params(relu.architecture, generator)
     scaling, perms = relu.symmetries
-    with pytest.raises(ValueError, match=r"PositiveScaling\(5, alpha=1\): a group element has shape \(\.\.\., h\) with h = 5"):
+    with pytest.raises(ValueError,
+                       match=r"PositiveScaling\(5, alpha=1\): a group element has shape \(\.\.\., h\) with h = 5"):
         scaling.apply(params, torch.ones(4))
     with pytest.raises(ValueError, match="entries must be positive"):
         scaling.apply(params, torch.eye(5))  # read as a batch of 5 diagonals, which contain zeros

@@ -204,7 +204,8 @@ def test_to_spec_string_round_trips_a_torch_model():
     # node names differ (nested "2.0" vs "2"), the layers do not
     parsed = parse(text)
     torch_arch = from_torch(model)
-    assert [torch_arch.node(v)["op"] for v in torch_arch.layer_names] == [parsed.node(v)["op"] for v in parsed.layer_names]
+    ops = [torch_arch.node(v)["op"] for v in torch_arch.layer_names]
+    assert ops == [parsed.node(v)["op"] for v in parsed.layer_names]
 
 
 # -- from_torch ------------------------------------------------------------------------------------
@@ -220,7 +221,8 @@ SUPPORTED = [
     (nn.Identity(), "identity", "identity", {}),
     (symalg.nn.Activation("radial"), "radial", "radial", {}),
     (symalg.nn.Activation("relu_pow", alpha=3), "relu_pow(alpha=3)", "relu_pow", {"alpha": 3}),
-    (symalg.nn.Activation("leaky_relu", slope=0.2), "leaky_relu(slope=0.2)", "leaky_relu", {"slope": sp.Rational(1, 5)}),
+    (symalg.nn.Activation("leaky_relu", slope=0.2), "leaky_relu(slope=0.2)", "leaky_relu",
+     {"slope": sp.Rational(1, 5)}),
 ]
 SUPPORTED_IDS = [f"{type(s[0]).__name__}-{s[1]}" for s in SUPPORTED]
 
@@ -486,7 +488,8 @@ def test_to_module_names_parameters_like_the_architecture():
     ("tanh", r"layer 0 \(tanh\)"),
     ("linear(n, h) -> relu -> tanh -> linear(h, m)", r"layer 2 \(tanh\): two activations in a row"),
     # unknown / positional hyper-parameters
-    ("linear(n, h) -> leaky_relu(alpha=2) -> linear(h, m)", r"layer 1: .*'leaky_relu' has no hyper-parameter \['alpha'\]"),
+    ("linear(n, h) -> leaky_relu(alpha=2) -> linear(h, m)",
+     r"layer 1: .*'leaky_relu' has no hyper-parameter \['alpha'\]"),
     ("linear(n, h) -> relu(slope=0.1) -> linear(h, m)", r"layer 1: .*'relu' has no hyper-parameter \['slope'\]"),
     ("linear(n, h) -> leaky_relu(0.2) -> linear(h, m)",
      r"layer 1 \(leaky_relu\): positional arguments are for linear\(in, out\) only"),

@@ -28,7 +28,8 @@ def _reproduced_patterns(case: Case) -> set[str]:
         found.add("GroupNorm on (B, C, L)")
     if "layernorm_axis" in case.variant and len(case.input_shape) == 3:
         found.add("LayerNorm over the time axis after a transpose")
-    if "gn-bn" in case.variant and any(layer.cls.startswith("BatchNorm") and not layer.train for layer in layers.values()):
+    if "gn-bn" in case.variant and any(layer.cls.startswith("BatchNorm") and not layer.train
+                                       for layer in layers.values()):
         found.add("conv -> GroupNorm(affine=False) -> BatchNorm(eval)")
     if case.family == "concat" and "layernorm" in case.variant.split("-"):
         found.add("LayerNorm after torch.cat")

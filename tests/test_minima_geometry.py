@@ -468,7 +468,8 @@ def test_closed_form_barrier_is_zero_when_the_loss_first_decreases(generator):
     moved = symmetry.apply(params, d)
     loss = mse_loss(forward, x, y)
     level = loss(params).item()
-    _, measured = mg.maximize_on_interval(lambda a: loss({n: (1 - a) * params[n] + a * moved[n] for n in params}).item())
+    _, measured = mg.maximize_on_interval(
+        lambda a: loss({n: (1 - a) * params[n] + a * moved[n] for n in params}).item())
     barrier, alpha = mg.homogeneous_orbit_barrier(H, params["2.weight"], params["2.bias"], y, d, 1)
     assert barrier.item() == 0.0 and alpha == 0.0
     assert measured - level == pytest.approx(0.0, abs=1e-12)

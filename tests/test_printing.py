@@ -96,8 +96,8 @@ def test_conserved_quantity_str(linear_analysis):
 
 def test_positive_scaling_quantity_prints_ones_and_hadamard_powers(relu_analysis):
     quantity = relu_analysis.conserved_quantities()[0]
-    assert quantity.latex() == (r"Q_{m_{1}} = m_{1}^{T} q_{1},\quad q_{1} = W_{1}^{\circ {2}} \mathbf{1} + b_{1}^{\circ {2}} "
-                                r"- \left(W_{2}^{T}\right)^{\circ {2}} \mathbf{1}")
+    assert quantity.latex() == (r"Q_{m_{1}} = m_{1}^{T} q_{1},\quad q_{1} = W_{1}^{\circ {2}} \mathbf{1} "
+                                r"+ b_{1}^{\circ {2}} - \left(W_{2}^{T}\right)^{\circ {2}} \mathbf{1}")
     assert str(quantity).startswith("q_1 = W_1∘^2*1 + b_1∘^2 - W_2.T∘^2*1")
 
 

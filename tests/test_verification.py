@@ -428,7 +428,8 @@ def test_radial_next_to_linear_site_still_verifies():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_verify_on_cuda(dtype):
-    analysis = symalg.derive("linear(3, 6) -> relu -> linear(6, 4) -> identity -> linear(4, 5) -> radial -> linear(5, 2)")
+    analysis = symalg.derive("linear(3, 6) -> relu -> linear(6, 4) -> identity -> linear(4, 5) -> radial "
+                             "-> linear(5, 2)")
     report = symalg.verify(analysis, device="cuda", dtype=dtype)
     assert report.device == "cuda"
     assert report.passed, str(report)
@@ -473,8 +474,10 @@ def test_large_models_list_the_skipped_lowering_check():
     ({"seed": "0"}, SpecError, r"verify: seed must be a non-negative integer, got '0'"),
     ({"seed": True}, SpecError, r"verify: seed must be a non-negative integer, got True"),
     ({"symbolic_limit": -1}, SpecError, r"verify: symbolic_limit must be a non-negative integer, got -1"),
-    ({"data": ([[0.0] * 3], torch.zeros(1, 2))}, ValueError, r"verify: data x must be a floating-point tensor, got list"),
-    ({"data": (torch.zeros(1, 3), torch.zeros(1, 2, dtype=torch.int64))}, ValueError, r"data y must be a floating-point"),
+    ({"data": ([[0.0] * 3], torch.zeros(1, 2))}, ValueError,
+     r"verify: data x must be a floating-point tensor, got list"),
+    ({"data": (torch.zeros(1, 3), torch.zeros(1, 2, dtype=torch.int64))}, ValueError,
+     r"data y must be a floating-point"),
 ], ids=["seed-str", "seed-bool", "limit-negative", "data-list", "data-int"])
 def test_verify_refuses_arguments_of_the_wrong_type_naming_them(kwargs, error, message):
     with pytest.raises(error, match=message):
