@@ -62,8 +62,17 @@ def test_failing_verification_gives_exit_status_1(capsys, monkeypatch):
 
 
 def test_console_script_is_installed_and_runs():
-    result = subprocess.run([sys.executable, "-m", "symalg.cli", "--no-verify"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "symalg.cli", "--no-verify"], capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0 and "orbit dimension" in result.stdout
+
+
+def test_python_dash_m_symalg_runs_the_command_and_returns_its_status():
+    ok = subprocess.run([sys.executable, "-m", "symalg", "--no-verify"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "orbit dimension" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "symalg", "linear(2, 3) -> nosuchop -> linear(3, 1)"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("symalg: error:") and "nosuchop" in bad.stderr
 
 
 def test_readme_python_example_runs():

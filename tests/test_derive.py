@@ -115,6 +115,15 @@ def test_wrong_declaration_is_refuted_symbolically():
     assert "failed numerical certification" in certified.blocked[0].reason
 
 
+def test_a_disproved_declaration_on_a_site_without_an_activation_node_names_its_producer_layer():
+    wrong = symalg.overlay({"identity": symalg.CatalogueEntry("identity", symalg.CATALOGUE["identity"].function,
+                                                              symalg.catalogue.declare_homogeneous(degree=2))})
+    analysis = symalg.derive(symalg.parse("linear(2, 3) -> linear(3, 1)", catalogue=wrong))
+    (note,) = analysis.blocked
+    assert (note.node, note.site) == ("0", "h1") and "c^2 σ(z), c > 0: FALSE" in note.reason
+    assert [s.label for s in analysis.symmetries] == ["h1:S(3)"]
+
+
 def test_generators_are_an_explicit_basis_at_concrete_widths():
     gl = symalg.derive("linear(2, 3) -> identity -> linear(3, 1)").symmetries[0]
     basis = gl.group.generators()
@@ -208,7 +217,8 @@ def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
     relu = symalg.derive("linear(3, 5) -> relu -> linear(5, 2)")
     params = symalg.random_params(relu.architecture, generator)
     scaling, perms = relu.symmetries
-    with pytest.raises(ValueError, match=r"PositiveScaling\(5, alpha=1\): a group element has shape \(\.\.\., h\) with h = 5"):
+    with pytest.raises(ValueError,
+                       match=r"PositiveScaling\(5, alpha=1\): a group element has shape \(\.\.\., h\) with h = 5"):
         scaling.apply(params, torch.ones(4))
     with pytest.raises(ValueError, match="entries must be positive"):
         scaling.apply(params, torch.eye(5))  # read as a batch of 5 diagonals, which contain zeros

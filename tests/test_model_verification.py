@@ -30,8 +30,8 @@ class LoRANet(nn.Module):
 
 
 def derive(model, *inputs, loss="mse"):
-    return symalg.derive(symalg.trace(model.double(), tuple(x.double() if x.is_floating_point() else x for x in inputs)),
-                         loss=loss)
+    inputs = tuple(x.double() if x.is_floating_point() else x for x in inputs)
+    return symalg.derive(symalg.trace(model.double(), inputs), loss=loss)
 
 
 def lora():
@@ -214,7 +214,8 @@ def test_gradient_orthogonality_fails_for_a_group_the_site_does_not_have():
     report = verify_model(dataclasses.replace(analysis, symmetries=(wrong,)))
     checks = {c.check: c for c in report.checks if c.symmetry == wrong.label}
     assert checks["gradient_orthogonality"].failed and checks["invariance"].failed
-    assert {c.check: c for c in verify_model(analysis).checks if c.symmetry == scaling.label}["gradient_orthogonality"].passed
+    checks = {c.check: c for c in verify_model(analysis).checks if c.symmetry == scaling.label}
+    assert checks["gradient_orthogonality"].passed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,7 +260,8 @@ def test_verify_takes_buffers_from_params_and_keeps_the_models_otherwise():
 @pytest.mark.parametrize("change, message", [
     (lambda p: {**p, "extra.weight": torch.zeros(2)}, r"verify: unknown parameter 'extra.weight'"),
     (lambda p: {k: v for k, v in p.items() if k != "2.bias"}, r"verify: parameter '2.bias' is missing"),
-    (lambda p: {**p, "0.weight": torch.zeros(3, 4)}, r"verify: parameter '0.weight' has shape \(3, 4\), expected \(4, 3\)"),
+    (lambda p: {**p, "0.weight": torch.zeros(3, 4)},
+     r"verify: parameter '0.weight' has shape \(3, 4\), expected \(4, 3\)"),
     (lambda p: {**p, "0.bias": torch.full((4,), float("inf"))}, r"verify: parameter '0.bias' has non-finite entries"),
     (lambda p: {**p, "0.bias": [0.0] * 4}, r"verify: parameter '0.bias' is a list, not a tensor"),
     (lambda p: list(p.values()), r"verify: params must be a mapping"),

@@ -1,4 +1,4 @@
-"""Data-dependent nonlinear GL(h) actions (dissertation Sec. 2.4, App. A.3): frames, actions, cocycles,
+"""Data-dependent nonlinear GL(h) actions ([Zhao2026] Sec. 2.4, App. A.3): frames, actions, cocycles,
 batch-size limits and Lipschitz bounds, each over hundreds of seeded draws (vectorised).
 
 The oracles are properties (R_z e₁ = z, output preserved at x, group axioms), independent constructions
@@ -116,7 +116,7 @@ def test_spherical_frame_of_zero_raises_naming_the_argument():
 
 
 def printed_main_text_frame(z):
-    """The dissertation's main-text formula for R_z (Sec. 2.4), transcribed as printed."""
+    """[Zhao2026]'s main-text formula for R_z (Sec. 2.4), transcribed as printed."""
     h = z.shape[-1]
     r, a = spherical_coordinates(z)
     alpha = torch.cat([torch.zeros(1), a])  # α_0 = 0

@@ -203,9 +203,11 @@ def test_adjacent_radial_and_linear_sites_have_no_closed_form(spec, sites):
 
 
 def test_radial_separated_by_rigid_site_has_closed_form():
-    analysis = symalg.derive("linear(n, h1) -> radial -> linear(h1, h2) -> tanh -> linear(h2, h3) -> radial -> linear(h3, m)")
+    analysis = symalg.derive("linear(n, h1) -> radial -> linear(h1, h2) -> tanh -> linear(h2, h3) -> radial "
+                             "-> linear(h3, m)")
     formula = analysis.orbit_dimension()
-    for seed, widths in enumerate([{"n": 2, "h1": 6, "h2": 1, "h3": 7, "m": 1}, {"n": 3, "h1": 4, "h2": 2, "h3": 3, "m": 2},
+    for seed, widths in enumerate([{"n": 2, "h1": 6, "h2": 1, "h3": 7, "m": 1},
+                                   {"n": 3, "h1": 4, "h2": 2, "h3": 3, "m": 2},
                                    {"n": 1, "h1": 9, "h2": 2, "h3": 8, "m": 2}]):
         concrete = analysis.subs(widths)
         params = symalg.random_params(concrete.architecture, torch.Generator().manual_seed(seed))

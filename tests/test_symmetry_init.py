@@ -243,7 +243,7 @@ def test_power_iteration_and_hutchinson_match_a_dense_hessian(generator):
 
 def test_sharpness_at_a_scalar_minimum_is_sqrt_q2_plus_4y2():
     """``L = ½(y − u v)²``: at a minimum ``uv = y``, ``H = [[v², y], [y, u²]]``, ``λ_max = u² + v² = √(Q² + 4y²)``
-    with the conserved ``Q = u² − v²`` (the dissertation's eq. 2.53 prints ``2√(Q² + 4)``: its trace is
+    with the conserved ``Q = u² − v²`` ([Zhao2026]'s eq. 2.53 prints ``2√(Q² + 4)``: its trace is
     ``√(Q² + 4)`` and its determinant 0)."""
     model, x, analysis = analysed(nn.Linear(1, 1, bias=False), nn.Identity(), nn.Linear(1, 1, bias=False), n_in=1)
     x, y = torch.ones(1, 1), torch.full((1, 1), 2.0)

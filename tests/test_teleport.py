@@ -1,4 +1,4 @@
-"""Symmetry teleportation (issue 6): exactness, the theory of Ch. 4-5 as checks, objectives, and optimizer state.
+"""Symmetry teleportation: exactness, the theory of Ch. 4-5 as checks, objectives, and optimizer state.
 
 Each test derives its expected value from theory in a comment and compares numerically in float64.
 """
@@ -235,7 +235,7 @@ def test_quadratic_teleport_reaches_the_closed_form_gradient_norm(maximize):
 @pytest.mark.parametrize("maximize", [True, False], ids=["max", "min"])
 def test_booth_teleport_reaches_the_closed_form_gradient_norm(maximize):
     # Booth f = ‖B(x − (1, 3))‖², B = [[1, 2], [2, 1]]: a quadratic with A = BᵀB = [[5, 4], [4, 5]], eigenvalues 9, 1,
-    # so max ‖∇f‖² = 36ℓ and min = 4ℓ on the level ℓ. From the dissertation's start (5, −5): ℓ = 144.
+    # so max ‖∇f‖² = 36ℓ and min = 4ℓ on the level ℓ. From [Zhao2026]'s start (5, −5): ℓ = 144.
     fn = booth()
     x0 = torch.tensor([5.0, -5.0])
     level = float(fn.loss(x0))
@@ -328,7 +328,7 @@ def test_sharpness_teleport_flattens_a_linear_network_at_a_global_minimum():
 
 def test_adagrad_metric_is_the_first_order_decrease_of_the_next_adagrad_step():
     # torch's Adagrad: G ← G + g², θ ← θ − lr g/(√G + ε); so ⟨g, θ − θ_next⟩/lr = Σ g²/(√(G + g²) + ε), which is
-    # MetricGradNorm with optimizer_metric (the dissertation's ‖∇L‖_A of eq. 5.7, squared, with torch's ε).
+    # MetricGradNorm with optimizer_metric ([Zhao2026]'s ‖∇L‖_A of eq. 5.7, squared, with torch's ε).
     model, analysis, params, wrt, loss = setup(*MODELS["mlp_gl_and_scaling"]())
     named = dict(model.named_parameters())
     opt = torch.optim.Adagrad(model.parameters(), lr=0.1)

@@ -32,7 +32,7 @@ Booth                  ``(x₁ + 2x₂ − 7, 2x₁ + x₂ − 5)``    ``((2y₂
 (``(x − c)ᵀA(x − c) = ‖Lᵀ(x − c)‖²``; the symmetric root ``A^{1/2} = O Lᵀ`` with ``O`` orthogonal gives the
 same set of maps.) For a diagonal quadratic form, gradient flow also conserves ``λ_j log (x_i − c_i)² −
 λ_i log (x_j − c_j)²`` (``ẋ_i = −2λ_i(x_i − c_i)``); for the ellipse this is ``log(x₁^{2a}/x₂²)``, the
-logarithm of the dissertation's eq. (2.21).
+logarithm of [Zhao2026]'s eq. (2.21).
 
 API (also what teleportation uses)
 ----------------------------------

@@ -425,7 +425,7 @@ class Sharpness(Objective):
     their negatives (fixed by ``seed``), ``T`` = ``displacements``. Minimised by default (flatter).
 
     For a quadratic ``L = ½ θᵀHθ`` it is exactly ``(1/|T||D|) Σ t²/2 · dᵀHd``, whose mean over directions is
-    ``t² tr(H)/(2n)``. The dissertation used ``T = 0.001, 0.011, …, 0.191`` and ``|D| = 200``.
+    ``t² tr(H)/(2n)``. [Zhao2026] used ``T = 0.001, 0.011, …, 0.191`` and ``|D| = 200``.
     """
 
     displacements: tuple[float, ...] = (0.05, 0.1)
@@ -495,7 +495,7 @@ def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str
     """The diagonal preconditioner ``P`` of ``optimizer``'s next step at gradient ``g``, for :class:`MetricGradNorm`.
 
     ``named_params`` maps names to the optimizer's parameter tensors (``dict(model.named_parameters())``).
-    Adagrad: ``P = 1/(√(G + g²) + ε)`` (``G`` = state ``sum``: torch adds ``g²`` before dividing; the dissertation's
+    Adagrad: ``P = 1/(√(G + g²) + ε)`` (``G`` = state ``sum``: torch adds ``g²`` before dividing; [Zhao2026]'s
     ``(εI + diag G_{t+1})^{−1/2}``, eq. 5.7, places ``ε`` inside the root). RMSprop: ``v' = αv + (1 − α)g²``,
     ``P = 1/(√v' + ε)``. Adam/AdamW: ``v' = β₂v + (1 − β₂)g²``, ``P = 1/(√(v'/(1 − β₂^{t+1})) + ε)``. SGD: ``P = 1``.
     Learning rates and momentum are left out (a constant factor, or the old direction). State is read as stored.
@@ -601,7 +601,7 @@ class Teleporter:
 
     * ``lr=None`` (default), scale-free: the normalised step ``s = max_step / ‖∇_c F‖`` (``‖Δ‖ = max_step``) under
       the line search. Multiplying the objective by any constant leaves every iterate unchanged.
-    * ``lr`` a number: ``s = lr`` (with ``‖Δ‖`` clipped to ``max_step``), the dissertation's fixed rate, every step
+    * ``lr`` a number: ``s = lr`` (with ``‖Δ‖`` clipped to ``max_step``), [Zhao2026]'s fixed rate, every step
       taken unless ``backtrack`` asks for the line search.
 
     The line search halves ``Δ``, up to ``backtrack`` times, until the objective improves by at least

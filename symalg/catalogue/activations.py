@@ -323,7 +323,8 @@ class CatalogueEntry:
         resolved = {k: exact(v) for k, v in {**self.defaults, **params}.items()}
         for key, value in resolved.items():
             if not (value.is_number and value.is_finite and value.is_real):
-                raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be a finite real number")
+                raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be a finite real "
+                                 "number")
             if key in self.positive and not value.is_positive:
                 raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be positive")
         return resolved

@@ -118,7 +118,8 @@ def activation_rule(state: Inference, node, data, inputs) -> Label:
         if group.affine:
             center = Fraction(str(group.center))
     if entry.radial and label.dim != -1 and label.segments:
-        state.restrict_label(label, set(), node, f"{state.where(node)}: radial activation on a non-last axis", blocked=True)
+        state.restrict_label(label, set(), node, f"{state.where(node)}: radial activation on a non-last axis",
+                             blocked=True)
         return Label.data(label.dim, label.size)
     for reason, refuted in disproved.items():   # the same checks and wording as the chain pipeline's derive
         state.restrict_label(label, ALL - (refuted - kinds), node, f"{state.where(node)}: {reason}", blocked=True)
@@ -142,7 +143,8 @@ def unknown_rule(state: Inference, node, data, inputs) -> Label:
                                                      "equivariance catalogue", blocked=True)
         elif isinstance(label, tuple):
             for item in label:
-                state.restrict_label(item, set(), node, f"{state.where(node)}: op {data['op']!r} is unknown", blocked=True)
+                state.restrict_label(item, set(), node, f"{state.where(node)}: op {data['op']!r} is unknown",
+                                     blocked=True)
     return Label.data()
 
 
@@ -325,13 +327,15 @@ def conv_rule(state: Inference, node, data, inputs) -> Label:
     out_channels, in_per_group = state.shapes[weight][:2]
     channel_dim = -(len(state.shapes[weight]) - 1)
     if settings.get("padding_mode", "zeros") != "zeros":
-        state.restrict_label(label, set(), node, f"{state.where(node)}: padding mode {settings['padding_mode']!r}", blocked=True)
+        state.restrict_label(label, set(), node, f"{state.where(node)}: padding mode {settings['padding_mode']!r}",
+                             blocked=True)
     if settings["groups"] == 1:
         _read_as_map(state, node, label, weight, channel_dim)
         if _unpadded(settings):
             _absorb_shifts(state, node, label, weight, bias)
         else:
-            _refuse_shifts(state, node, label, "pads with zeros, so the shift of an affine sign flip varies with position")
+            _refuse_shifts(state, node, label,
+                           "pads with zeros, so the shift of an affine sign flip varies with position")
         site = _producer_site(state, node, out_channels, weight, bias)
         return Label(channel_dim, out_channels, (Segment(site, 0, out_channels),))
     if settings["groups"] == settings["in_channels"] == out_channels and in_per_group == 1:
@@ -422,7 +426,8 @@ def add_rule(state: Inference, node, data, inputs) -> Label:
         return a if a.segments else b
     if len(labels) != 2 or not _same_layout(*labels):
         for label in labels:
-            state.restrict_label(label, set(), node, f"{state.where(node)}: summands with different site layouts", blocked=True)
+            state.restrict_label(label, set(), node, f"{state.where(node)}: summands with different site layouts",
+                                 blocked=True)
         return Label.data(labels[0].dim if labels else -1)
     a, b = labels
     segments = []

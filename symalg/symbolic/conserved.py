@@ -20,11 +20,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import sympy as sp
 
 from symalg.lowering.codegen import LoweredFunction, lower, reads
 from symalg.symbolic.printing import latex, sstr
+
+if TYPE_CHECKING:
+    from .derive import Symmetry
 
 __all__ = ["ConservedQuantity", "AngularMomentum"]
 
@@ -40,7 +44,7 @@ class ConservedQuantity:
     :meth:`~symalg.symbolic.derive.Analysis.independent_conserved`). ``symbols`` maps parameter names to symbols.
     """
 
-    symmetry: "object"
+    symmetry: Symmetry
     expr: sp.MatrixExpr
     generator: sp.MatrixSymbol
     symbols: dict
@@ -96,7 +100,7 @@ class AngularMomentum:
     ``velocities`` maps each parameter name to the symbol of its velocity ``θ̇``.
     """
 
-    symmetry: "object"
+    symmetry: Symmetry
     expr: sp.MatrixExpr
     symbols: dict
     velocities: dict

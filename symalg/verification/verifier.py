@@ -249,7 +249,8 @@ def _orbit_dimension(analysis, state) -> CheckResult:
     except NotImplementedError:
         pass
     try:
-        compared["dense"] = model_orbit_dimension(analysis, state, method="dense", max_bytes=DENSE_ORBIT_BYTES).dimension
+        compared["dense"] = model_orbit_dimension(analysis, state, method="dense",
+                                                  max_bytes=DENSE_ORBIT_BYTES).dimension
     except MemoryError:
         pass
     detail = f"structured {structured.dimension} of {structured.algebra_dim}"
