@@ -20,7 +20,8 @@ import time
 import sympy as sp
 import torch
 
-from symalg.applications.conjugated import (ConjugatedAction, booth, check_transitivity, ellipse, lower_components, matrix_exp,
+from symalg.applications.conjugated import (ConjugatedAction, booth, check_transitivity, ellipse, lower_components,
+                                            matrix_exp,
                                quadratic_form, rosenbrock)
 from symalg.catalogue.groups import Orthogonal, OrthogonalFixingOnes
 

@@ -22,12 +22,14 @@ import torch
 
 import symalg
 from symalg.applications.conjugated import matrix_exp
-from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, barlow_twins_loss, gaussian_expectation,
+from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, barlow_twins_loss,
+                                                 gaussian_expectation,
                                     info_nce_loss, moments, paired_monte_carlo, spectral_contrastive_loss, two_view_loss)
 
 
 def _row(label, key, values, formats):
-    print(f"{label:44} " + " ".join(f"{v:>{w}}" if isinstance(v, str) else f"{v:>{w}.2e}" for v, w in zip(values, formats)))
+    print(f"{label:44} " + " ".join(f"{v:>{w}}" if isinstance(v, str) else f"{v:>{w}.2e}" for v, w in zip(values,
+                                                                                                          formats)))
     return key
 
 

@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from symalg.applications.nonlinear_actions import FeedForward
-from symalg.applications.teleport import (FunctionAction, GradNorm, MetricGradNorm, TeleportResult, Teleporter, as_action,
+from symalg.applications.teleport import (FunctionAction, GradNorm, MetricGradNorm, TeleportResult, Teleporter,
+                                          as_action,
                              optimizer_metric)
 from symalg.applications.teleport_actions import ExactTeleport
 from teleport_common import parse_args, tokens

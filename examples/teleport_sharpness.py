@@ -8,7 +8,8 @@ parameters, on the training set:
 * sharpness: ``symalg.applications.teleport.Sharpness`` (eq. 5.1 less the loss) with [Zhao2026]'s displacements
   ``T = 0.001, 0.011, …, 0.191`` and ``|D|`` = 50 antithetic direction pairs (200 in [Zhao2026]; 10 and
   6 models with ``--quick``);
-* curvature: ``symalg.applications.teleport.Curvature`` (eq. 5.2) averaged over 8 random curves ``exp(tM)·θ`` of the exact
+* curvature: ``symalg.applications.teleport.Curvature`` (eq. 5.2) averaged over 8 random curves ``exp(tM)·θ`` of the
+exact
   symmetries symalg derives (positive scalings of the LeakyReLU sites, logit translations); [Zhao2026]
   used ``k = 1`` curve of its data-dependent ``GL`` action.
 
@@ -61,7 +62,8 @@ def measures(model, train, val, sharpness, curves):
         train_loss = float(loss(params))
         val_loss = float(F.cross_entropy(model(xv), yv))
         sharp = float(sharpness(params, loss, action, wrt))
-    curvature = sum(float(Curvature(curves=1, seed=s)(params, loss, action, wrt).detach()) for s in range(curves)) / curves
+    curvature = sum(float(Curvature(curves=1, seed=s)(params, loss, action,
+                                                      wrt).detach()) for s in range(curves)) / curves
     return train_loss, val_loss, sharp, curvature
 
 

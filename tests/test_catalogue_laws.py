@@ -546,7 +546,8 @@ def test_tangent_is_derivative_of_action(op, bias, index):
                 f"{symmetry.label}, generator {i}, {name}"
 
 
-@pytest.mark.parametrize("group", [symalg.catalogue.groups.GeneralLinear(4), Orthogonal(5), symalg.catalogue.groups.OrthogonalFixingOnes(5),
+@pytest.mark.parametrize("group", [symalg.catalogue.groups.GeneralLinear(4), Orthogonal(5),
+                                   symalg.catalogue.groups.OrthogonalFixingOnes(5),
                                    symalg.catalogue.groups.PositiveScaling(3)], ids=lambda g: g.name)
 def test_random_algebra_element_is_the_gaussian_combination_of_the_basis(group):
     # Matrix groups draw it without stacking their dim·h²-entry basis (GL(768) needs 3·10¹¹ entries); the draw

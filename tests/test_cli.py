@@ -123,7 +123,8 @@ def test_a_model_file_gets_the_same_report_as_its_spec(tmp_path, capsys):
     def groups(out):  # the symmetries (site names differ: '0' for the spec's layer, '_0' for the traced one)
         return re.findall(r"^  (\S+) on \S+  \[", out, re.M)
 
-    assert sections(model) == sections(spec) == ["model", "symmetries", "restricted", "restricted", "orbit dimension (generic)",
+    assert sections(model) == sections(spec) == ["model", "symmetries", "restricted", "restricted",
+                                                 "orbit dimension (generic)",
                                                  "conserved quantities", "certification", "LaTeX", "verification"]
     assert groups(model) == groups(spec) == ["SignFlips(4)", "S(4)"]
     assert "orbit dimension (generic): 0" in spec and "orbit dimension (generic): 0" in model

@@ -145,7 +145,8 @@ def test_conserved_quantity_closed_forms():
     degree = scaling.conserved
     params = {"0.weight": torch.randn(4, 2), "0.bias": torch.randn(4), "2.weight": torch.randn(3, 4)}
     expected = (params["0.weight"] ** 2).sum(1) + params["0.bias"] ** 2 - 3 * (params["2.weight"] ** 2).sum(0)
-    torch.testing.assert_close(degree(params)["q__0"].squeeze(-1), expected)  # the imbalance is weighted by the degree α = 3
+    torch.testing.assert_close(degree(params)["q__0"].squeeze(-1),
+                               expected)  # the imbalance is weighted by the degree α = 3
 
 
 def test_conserved_quantity_values_match_a_hand_computation(generator):
@@ -209,7 +210,8 @@ def test_lowered_analysis_exposes_every_callable_with_source(generator):
     assert "def q_0(params):" in lowered["q__0"].source
     params = symalg.random_params(analysis.architecture, generator)
     W1, b1, W2 = params["0.weight"], params["0.bias"], params["2.weight"]
-    torch.testing.assert_close(lowered["q__0"](params)["q__0"].squeeze(-1), (W1 ** 2).sum(1) + b1 ** 2 - (W2 ** 2).sum(0))
+    torch.testing.assert_close(lowered["q__0"](params)["q__0"].squeeze(-1),
+                               (W1 ** 2).sum(1) + b1 ** 2 - (W2 ** 2).sum(0))
     assert [j.symmetry.label for j in analysis.angular_momenta()] == ["O(2) on 2"]
 
 
@@ -240,7 +242,8 @@ def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
                  torch.zeros(4, 4))
     # genuine elements, batched algebra elements, pass
     assert scaling.apply(params, torch.rand(5) + 0.5)["0.weight"].shape == (5, 3)
-    M1, M2 = torch.randn(5, generator=generator, dtype=torch.float64), torch.randn(5, generator=generator, dtype=torch.float64)
+    M1, M2 = torch.randn(5, generator=generator, dtype=torch.float64), torch.randn(5, generator=generator,
+                                                                                   dtype=torch.float64)
     torch.testing.assert_close(scaling.tangent(params, M1 + M2)["0.weight"],                 # linear in M
                                scaling.tangent(params, M1)["0.weight"] + scaling.tangent(params, M2)["0.weight"])
 
@@ -270,7 +273,8 @@ def test_lowered_callables_name_missing_parameters(generator):
 
 
 def test_an_architecture_remembers_the_catalogue_it_was_parsed_with():
-    mine = symalg.overlay({"sin": symalg.CatalogueEntry("sin", lambda z: sp.sin(z), symalg.catalogue.activations.declare_odd())})
+    mine = symalg.overlay({"sin": symalg.CatalogueEntry("sin", lambda z: sp.sin(z),
+                                                        symalg.catalogue.activations.declare_odd())})
     arch = symalg.parse("linear(2, 3) -> sin -> linear(3, 1)", catalogue=mine)
     assert [s.group.name for s in symalg.derive(arch).symmetries] == ["SignFlips(3)", "S(3)"]
     assert symalg.derive(arch.subs({})).blocked == () and arch.subs({}).catalogue is mine

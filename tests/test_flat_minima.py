@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import symalg
-from symalg.applications.flat_minima import (flat_minimum, hessian_null_space, hessian_vector_products, linear_teacher_minimum,
+from symalg.applications.flat_minima import (flat_minimum, hessian_null_space, hessian_vector_products,
+                                             linear_teacher_minimum,
                                 model_loss, orbit_tangents, train_to_minimum)
 
 

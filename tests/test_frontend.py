@@ -211,7 +211,8 @@ def test_to_spec_string_round_trips_a_torch_model():
 def test_from_torch_always_returns_the_one_graph():
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
     x = torch.randn(5, 3, dtype=torch.float64)
-    for graph in (from_torch(model), from_torch(model, (x,)), from_torch(model, x), from_torch(model, example_inputs=(x,))):
+    for graph in (from_torch(model), from_torch(model, (x,)), from_torch(model, x), from_torch(model,
+                                                                                               example_inputs=(x,))):
         assert isinstance(graph, symalg.ModelGraph) and graph.tracer == "fx"
         assert graph.parameter_shapes == {k: tuple(v.shape) for k, v in model.named_parameters()}
     assert from_torch(model).example_inputs is None
@@ -249,7 +250,8 @@ SUPPORTED = [
     (nn.SELU(), "selu", "selu", {}),
     (symalg.catalogue.modules.Activation("radial"), "radial", "radial", {}),
     (symalg.catalogue.modules.Activation("relu_pow", alpha=3), "relu_pow(alpha=3)", "relu_pow", {"alpha": 3}),
-    (symalg.catalogue.modules.Activation("leaky_relu", slope=0.2), "leaky_relu(slope=0.2)", "leaky_relu", {"slope": sp.Rational(1, 5)}),
+    (symalg.catalogue.modules.Activation("leaky_relu", slope=0.2), "leaky_relu(slope=0.2)", "leaky_relu",
+     {"slope": sp.Rational(1, 5)}),
 ]
 SUPPORTED_IDS = [f"{type(s[0]).__name__}-{s[1]}" for s in SUPPORTED]
 
@@ -521,7 +523,8 @@ def test_to_module_names_parameters_like_the_architecture():
     ("tanh", r"layer 0 \(tanh\)"),
     ("linear(n, h) -> relu -> tanh -> linear(h, m)", r"layer 2 \(tanh\): two activations in a row"),
     # unknown / positional hyper-parameters
-    ("linear(n, h) -> leaky_relu(alpha=2) -> linear(h, m)", r"layer 1: .*'leaky_relu' has no hyper-parameter \['alpha'\]"),
+    ("linear(n, h) -> leaky_relu(alpha=2) -> linear(h, m)",
+     r"layer 1: .*'leaky_relu' has no hyper-parameter \['alpha'\]"),
     ("linear(n, h) -> relu(slope=0.1) -> linear(h, m)", r"layer 1: .*'relu' has no hyper-parameter \['slope'\]"),
     ("linear(n, h) -> leaky_relu(0.2) -> linear(h, m)",
      r"layer 1 \(leaky_relu\): positional arguments are for linear\(in, out\) only"),

@@ -120,7 +120,8 @@ def test_action_is_a_homomorphism(group):
                 assert relative_error(stepwise, composed) < TOL, (role, power)
 
 
-@pytest.mark.parametrize("group", [g for g in GROUPS if "in" in g.roles], ids=_ids([g for g in GROUPS if "in" in g.roles]))
+@pytest.mark.parametrize("group", [g for g in GROUPS if "in" in g.roles],
+                         ids=_ids([g for g in GROUPS if "in" in g.roles]))
 def test_action_leaves_the_pairing_of_writers_and_readers_unchanged(group):
     """``(π(g)⁻ᵀ V)ᵀ (g U) = Vᵀ U``: the contraction the next layer computes is invariant (a linear identity;
     an affine one also moves the reader's bias, which is not a region)."""
@@ -234,7 +235,8 @@ def test_the_conserved_term_is_invariant_under_gradient_flow_of_an_invariant_los
     assert relative_error(Q(*state), before) < 1e-9      # Q did not
 
 
-@pytest.mark.parametrize("group", [g for g in GROUPS if g.conserved_kind is None], ids=_ids([g for g in GROUPS if g.conserved_kind is None]))
+@pytest.mark.parametrize("group", [g for g in GROUPS if g.conserved_kind is None],
+                         ids=_ids([g for g in GROUPS if g.conserved_kind is None]))
 def test_a_group_without_conserved_kind_has_no_conserved_term(group):
     assert group.conserved_term(sp.MatrixSymbol("U", WIDTH, 3)) is None
     assert group.n_symmetric == 0

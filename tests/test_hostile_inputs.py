@@ -61,7 +61,8 @@ SPECS = [
     ("linear(3, 4) -> leaky_relu(slope=1" + "0" * 100 + ") -> linear(4, 2)", r"slope: argument '10+' is too large"),
     ("linear(3, 4) -> leaky_relu(slope=" + "1" * 5000 + ") -> linear(4, 2)", r"layer 1: cannot parse"),
     ("linear(3, 4) -> leaky_relu(slope=" + "-" * 100000 + "1) -> linear(4, 2)", r"layer 1: cannot parse"),
-    ("linear(3, 4) -> leaky_relu(slope=" + "+".join(["1"] * 900) + ") -> linear(4, 2)", r"slope: argument is nested too deeply"),
+    ("linear(3, 4) -> leaky_relu(slope=" + "+".join(["1"] * 900) + ") -> linear(4, 2)",
+     r"slope: argument is nested too deeply"),
     ("linear(3, 1000000000000) -> relu -> linear(1000000000000, 2)", r"width 1000000000000 exceeds the limit"),
     ("linear(0, 4) -> relu -> linear(4, 2)", r"layer 0 \(linear\) in_features: width 0 must be positive"),
     ("linear(3, -4) -> relu -> linear(-4, 2)", r"out_features: width -4 must be positive"),
@@ -120,7 +121,8 @@ API = [
     # a width named like a name of the generated code would overwrite it (`params = W.shape[-2]`)
     (lambda m: symalg.derive("linear(n, params) -> relu -> linear(params, m)").conserved_quantities()[0](_params()),
      ValueError, r"width\(s\) \['params'\] have the name of a tensor or function the generated code uses"),
-    (lambda m: symalg.derive("linear(n, torch) -> relu -> linear(torch, m)").conserved_quantities()[0](_params()), ValueError,
+    (lambda m: symalg.derive("linear(n, torch) -> relu -> linear(torch, m)").conserved_quantities()[0](_params()),
+     ValueError,
      r"width\(s\) \['torch'\] have the name of a tensor or function"),
     # text handed to SymPy constructors elsewhere in the API is refused, not parsed
     (lambda m: GeneralLinear(payload(m)).dim, SpecError, r"GeneralLinear: width: .*pathlib.* is text"),
@@ -185,14 +187,17 @@ class _TwoInputs(nn.Module):
 
 
 INPUTS = [
-    (_mlp, lambda: (torch.randn(5, 7),), r"failed in module '0' \(Linear\): RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+    (_mlp, lambda: (torch.randn(5, 7),),
+     r"failed in module '0' \(Linear\): RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
     (_mlp, lambda: (torch.zeros(5, 3, dtype=torch.int64),), r"failed in module '0' \(Linear\): .*same dtype"),
     (_mlp, lambda: (torch.full((5, 3), float("nan")),), r"example input 0 has non-finite entries"),
     (_mlp, lambda: (torch.full((5, 3), float("-inf")),), r"example input 0 has non-finite entries"),
     (_mlp, lambda: (torch.zeros(0, 3),), r"example input 0 is empty \(shape \(0, 3\)\)"),
     (_mlp, lambda: (torch.randn(5, 3), torch.randn(5, 3)), r"failed in Sequential: TypeError: .*positional argument"),
-    (_TwoInputs, lambda: (torch.randn(5, 3), torch.randn(5, 4)), r"failed in module 'b' \(Linear\): RuntimeError: mat1 and mat2"),
-    (_TwoInputs, lambda: (torch.randn(5, 3), torch.full((5, 5), float("nan"))), r"example input 1 has non-finite entries"),
+    (_TwoInputs, lambda: (torch.randn(5, 3), torch.randn(5, 4)),
+     r"failed in module 'b' \(Linear\): RuntimeError: mat1 and mat2"),
+    (_TwoInputs, lambda: (torch.randn(5, 3), torch.full((5, 5), float("nan"))),
+     r"example input 1 has non-finite entries"),
 ]
 
 
@@ -253,16 +258,19 @@ PARAMETERS = [
     (lambda: symalg.verify(symalg.derive(_SPEC), params=_params(**{"0.bias": torch.randn(4, 1)})),
      SpecError, r"parameter '0\.bias' has shape \(4, 1\), expected \(4,\)"),
     (lambda: symalg.verify(symalg.derive("linear(n, h) -> relu -> linear(h, m)"),
-                           params=_params(**{"2.weight": torch.randn(2, 6)})), SpecError, r"parameter '2\.weight': width h"),
+                           params=_params(**{"2.weight": torch.randn(2,
+                                                                     6)})), SpecError, r"parameter '2\.weight': width h"),
     (lambda: symalg.verify(symalg.derive(_SPEC), data=torch.randn(8, 5)),
      SpecError, r"verify: the model does not run on data of shapes \[\(8, 5\)\] \(example inputs of shapes \[\(8, 3\)\]\)"),
-    (lambda: symalg.verify(symalg.derive(_SPEC), dtype=torch.float16), ValueError, r"dtype torch.float16 is not supported"),
+    (lambda: symalg.verify(symalg.derive(_SPEC), dtype=torch.float16), ValueError,
+     r"dtype torch.float16 is not supported"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"0.weight": torch.randn(5, 3)})),
      ValueError, r"q_0: parameter '0\.weight' has shape \(5, 3\), expected \(\.\.\., 4, 3\)"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"0.bias": torch.randn(1)})),
      ValueError, r"q_0: parameter '0\.bias' has shape \(1,\), expected \(\.\.\., 4\)"),
     (lambda: symalg.derive("linear(n, h) -> relu -> linear(h, m)").conserved_quantities()[0](
-        _params(**{"2.weight": torch.randn(2, 6)})), ValueError, r"parameter '2\.weight' has shape \(2, 6\), expected \(\.\.\., 2, 4\)"),
+        _params(**{"2.weight": torch.randn(2,
+                                           6)})), ValueError, r"parameter '2\.weight' has shape \(2, 6\), expected \(\.\.\., 2, 4\)"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"2.weight": None})),
      KeyError, r"parameter\(s\) \['2\.weight'\] missing"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"0.bias": [0.0] * 4})),
@@ -310,7 +318,8 @@ CLI = [
     ([_TANH, "--widths", "n=3,h=4,m=2", "--seed", "abc"], r"argument --seed: invalid int value: 'abc'"),
     (['linear(3, 4) -> leaky_relu(slope="PAYLOAD or 0.2") -> linear(4, 2)'], r"symalg: error: .*quoted string"),
     (["linear(3, PAYLOAD) -> relu -> linear(4, 2)"], r"symalg: error: .*must be a number or a name"),
-    (["linaer(n, h) -> relu -> linear(h, m)"], r"symalg: error: layer 0: unknown layer 'linaer'; did you mean 'linear'"),
+    (["linaer(n, h) -> relu -> linear(h, m)"],
+     r"symalg: error: layer 0: unknown layer 'linaer'; did you mean 'linear'"),
     (["linear(3, 9**9**9) -> relu -> linear(9**9**9, 2)"], r"symalg: error: .*exponentiation"),
 ]
 

@@ -277,9 +277,11 @@ def test_verify_refuses_parameters_it_does_not_know_naming_them(pipeline, change
 
 def test_verify_refuses_widths_and_unusable_data_for_a_traced_model():
     _, analysis = _relu_net()
-    with pytest.raises(symalg.SpecError, match="verify: widths= sets symbolic widths; this analysis has concrete widths"):
+    with pytest.raises(symalg.SpecError,
+                       match="verify: widths= sets symbolic widths; this analysis has concrete widths"):
         symalg.verify(analysis, widths={"h": 4})
-    with pytest.raises(symalg.SpecError, match=r"the model does not run on data of shapes \[\(5, 7\)\] .* mat1 and mat2 shapes"):
+    with pytest.raises(symalg.SpecError,
+                       match=r"the model does not run on data of shapes \[\(5, 7\)\] .* mat1 and mat2 shapes"):
         symalg.verify(analysis, data=torch.randn(5, 7, dtype=torch.float64))
     # data are honoured as the model's inputs, symbolic_limit as the lowering limit
     report = symalg.verify(analysis, data=torch.randn(7, 3, dtype=torch.float64), symbolic_limit=0)

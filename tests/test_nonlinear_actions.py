@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from symalg.applications.nonlinear_actions import (Cocycle, DataDependentAction, FeedForward, FrameCocycle, check_cocycle, frame,
+from symalg.applications.nonlinear_actions import (Cocycle, DataDependentAction, FeedForward, FrameCocycle,
+                                                   check_cocycle, frame,
                                       lipschitz_bounds, random_gl, rotation_matrix, spherical_coordinates,
                                       spherical_frame, two_layer_action)
 

@@ -442,7 +442,8 @@ def test_params_default_to_the_model_and_bad_arguments_are_named():
     assert model_orbit_dimension(spec).dimension == 16 == model_orbit_dimension_formula(spec)
     # ... but symbolic widths have no module: refused, naming them and the way out
     for function in (model_orbit_dimension, model_orbit_dimension_formula):
-        with pytest.raises(symalg.SpecError, match=r"analysis has symbolic widths \(h, m, n\).*orbit_dimension\(params\)"):
+        with pytest.raises(symalg.SpecError,
+                           match=r"analysis has symbolic widths \(h, m, n\).*orbit_dimension\(params\)"):
             function(symalg.derive("linear(n, h) -> identity -> linear(h, m)"))
 
 

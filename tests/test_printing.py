@@ -237,7 +237,8 @@ def test_describe_latex_linear(linear_analysis):
     assert lines[0] == r"\text{orbit dimension} &= " + latex(linear_analysis.orbit_dimension())
     assert lines[0] == (r"\text{orbit dimension} &= h^{2} - \left(h - \min\left(h, m\right)\right) "
                         r"\left(h - \min\left(h, n + 1\right)\right)")
-    assert lines[1:5] == [r"&\text{0: } \mathrm{GL}(h)", r"&\quad W_{0} \mapsto g W_{0}", r"&\quad b_{0} \mapsto g b_{0}",
+    assert lines[1:5] == [r"&\text{0: } \mathrm{GL}(h)", r"&\quad W_{0} \mapsto g W_{0}",
+                          r"&\quad b_{0} \mapsto g b_{0}",
                           r"&\quad W_{2} \mapsto W_{2} g^{-1}"]
     assert lines[-1].startswith(r"Q_{M} &= \operatorname{tr}\left(M C_{0}\right)")
     assert rf"C_{{0}} = {IMBALANCE}" in lines[-1]

@@ -58,7 +58,8 @@ def test_raw_claims_hold_through_torch_export(op):
     assert_claims_hold(symalg.derive(example_graph(op, tracer="export"), certify=False), draws=2)
 
 
-EXPORT_ERASES = {"identity": "torch.export drops x.contiguous()", "pack": "torch.export flattens the returned named tuple"}
+EXPORT_ERASES = {"identity": "torch.export drops x.contiguous()",
+                 "pack": "torch.export flattens the returned named tuple"}
 """Ops that torch.export removes from the graph: the routes must still agree on the claims."""
 
 EXPORT_GAPS = {

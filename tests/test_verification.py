@@ -440,7 +440,8 @@ def test_angular_momentum_relation_holds_and_decays_under_heavy_ball_for_radial_
 
 def test_angular_momentum_check_catches_a_wrong_rotation_symmetry():
     """Control: tanh declared O(h)-equivariant keeps no e^(-γt) decay of ⟨θ̇, A·θ⟩ under heavy ball."""
-    wrong = symalg.overlay({"tanh": CatalogueEntry("tanh", lambda z: sp.tanh(z), symalg.catalogue.activations.declare_radial())})
+    wrong = symalg.overlay({"tanh": CatalogueEntry("tanh", lambda z: sp.tanh(z),
+                                                   symalg.catalogue.activations.declare_radial())})
     analysis = symalg.derive("linear(3, 4) -> tanh -> linear(4, 2)", wrong, strict=False, certify=False)
     report = symalg.verify(analysis)
     (decay,) = [c for c in report.checks if c.check == "angular_momentum"]
@@ -518,7 +519,8 @@ def test_large_models_list_the_skipped_lowering_check():
     ({"seed": "0"}, SpecError, r"verify: seed must be a non-negative integer, got '0'"),
     ({"seed": True}, SpecError, r"verify: seed must be a non-negative integer, got True"),
     ({"symbolic_limit": -1}, SpecError, r"verify: symbolic_limit must be a non-negative integer, got -1"),
-    ({"data": [[0.0] * 3]}, SpecError, r"verify: data must be the model's inputs, a tensor or a tuple of tensors, got list"),
+    ({"data": [[0.0] * 3]}, SpecError,
+     r"verify: data must be the model's inputs, a tensor or a tuple of tensors, got list"),
     ({"data": torch.zeros(1, 3, dtype=torch.int64)}, SpecError,
      r"verify: data\[0\] must be a floating-point tensor like the example input, got torch.int64"),
     ({"data": (torch.zeros(1, 3, dtype=torch.float64), "x")}, SpecError, r"verify: the model does not run on data of "

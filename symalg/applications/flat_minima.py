@@ -647,5 +647,6 @@ def flat_minimum(model, x: torch.Tensor, y: torch.Tensor, params: Mapping[str, t
     residual = float((HT.norm(dim=1)[moving] / (norms[moving] * null.norm)).max()) if moving.any() and null.norm else 0.0
     with torch.no_grad():
         outputs = forward(params, x).numel() if loss == "mse" else None
-    return FlatMinimumReport(label or name, objective.value(), loss, float(objective.gradient().norm()), orbit, null, residual,
+    return FlatMinimumReport(label or name, objective.value(), loss, float(objective.gradient().norm()), orbit, null,
+                             residual,
                              outputs, tuple(analysis.blocked), objective.hvps, time.perf_counter() - start)

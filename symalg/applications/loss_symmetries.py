@@ -72,7 +72,8 @@ from symalg.applications.conjugated import TEST_SCALES, TOLERANCE, check_group_a
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, SiteGroup, matrix_exp
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.numeric.linalg import relative_error
-from symalg.verification.checks import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift, check_gradient_flow,
+from symalg.verification.checks import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift,
+                                        check_gradient_flow,
                            check_gradient_orthogonality, compare_to_sympy, loss_gradients)
 
 __all__ = ["GramLossSymmetry", "MomentStabiliser", "DistributionSymmetry", "spectral_contrastive_loss", "info_nce_loss",

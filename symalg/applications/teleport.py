@@ -6,7 +6,8 @@ API
     an :class:`Action` for a symalg analysis (an ``Analysis`` of any front end, one or several symmetries; for
     symbolic widths give ``params``, whose shapes fix them), a conjugated action (``ConjugatedAction``/``TestFunction``,
     parameters ``{"x": point}``), or a data-dependent action (``DataDependentAction``, ``ExactTeleport``,
-    ``ApproximateTeleport``; give the batch ``x`` and ``params`` for the widths). Your own: subclass :class:`Action` or wrap ``fn(params, coords)`` in
+    ``ApproximateTeleport``; give the batch ``x`` and ``params`` for the widths). Your own: subclass :class:`Action`
+    or wrap ``fn(params, coords)`` in
     :class:`FunctionAction`.
 ``teleport(action, params, loss, objective=GradNorm(), steps=10, ...)`` → :class:`TeleportResult`
     (or ``Teleporter(action, ...)(params, loss)``: the same settings kept for reuse).
@@ -18,7 +19,8 @@ Optimizer integration: :mod:`symalg.teleport_optim`.
 Math
 ----
 An action maps Lie-algebra coordinates ``c ∈ R^d`` to parameters, ``θ ↦ exp(Σ cᵢ Bᵢ)·θ`` (``Bᵢ`` the algebra
-basis, ``exp`` exact: :meth:`SiteGroup.exp <symalg.catalogue.groups.SiteGroup.exp>`). A teleport maximises (or minimises)
+basis, ``exp`` exact: :meth:`SiteGroup.exp <symalg.catalogue.groups.SiteGroup.exp>`). A teleport maximises (or
+minimises)
 an objective ``F`` over the orbit by gradient steps on the coordinates, differentiating through the action:
 
     Δ = ±s ∇_c F(exp(Σ cᵢ Bᵢ)·θ_k)|_{c=0},     θ_{k+1} = exp(Σ Δᵢ Bᵢ)·θ_k        (compose=True)
@@ -302,7 +304,8 @@ class ConjugatedCoordinates(Action):
 @dataclass(frozen=True, eq=False)
 class DataCoordinates(Action):
     """A data-dependent action ``action(params, g, x)`` (:class:`~symalg.applications.nonlinear_actions.DataDependentAction`,
-    :class:`~symalg.applications.teleport_actions.ExactTeleport`, :class:`~symalg.applications.teleport_actions.ApproximateTeleport`) at the
+    :class:`~symalg.applications.teleport_actions.ExactTeleport`,
+    :class:`~symalg.applications.teleport_actions.ApproximateTeleport`) at the
     batch ``x``, with ``g = exp(Cᵢ)`` per site, ``Cᵢ`` the coordinates reshaped to ``widths[i] × widths[i]``.
 
     ``is_group_action`` is ``False`` for ``ApproximateTeleport`` and an uncompleted ``ExactTeleport`` (their
@@ -879,7 +882,8 @@ class Teleporter:
         return best[2], list(best[1]), best[0]
 
 
-def teleport(action, params: Params, loss: Callable[[Params], torch.Tensor], objective: Objective | Callable = GradNorm(),
+def teleport(action, params: Params, loss: Callable[[Params], torch.Tensor],
+             objective: Objective | Callable = GradNorm(),
              *, wrt: Sequence[str] | None = None, **settings) -> TeleportResult:
     """Teleport ``params`` along ``action`` to optimise ``objective`` at the loss ``loss(params)`` (one batch).
 

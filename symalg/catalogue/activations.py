@@ -347,7 +347,8 @@ def register(name: str, groups: GroupDeclaration, *, radial: bool = False, posit
             raise ValueError(f"catalogue entry {name!r} is already registered")
         if not isinstance(spellings, Spellings):
             raise ValueError(f"catalogue entry {name!r}: spellings must be a Spellings, got {type(spellings).__name__}")
-        _REGISTRY[name] = CatalogueEntry(name, function, groups, radial, MappingProxyType(defaults), positive, spellings)
+        _REGISTRY[name] = CatalogueEntry(name, function, groups, radial, MappingProxyType(defaults), positive,
+                                         spellings)
         return function
     return decorate
 

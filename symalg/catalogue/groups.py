@@ -43,7 +43,8 @@ import torch
 from symalg.frontend.grammar import check_entries, refuse_text
 from symalg.numeric.linalg import relative_error
 
-__all__ = ["matrix_exp", "group_classes", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes", "PositiveScaling",
+__all__ = ["matrix_exp", "group_classes", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes",
+           "PositiveScaling",
            "SignFlips", "Permutations", "Translations"]
 
 
@@ -673,7 +674,8 @@ class OrthogonalFixingOnes(Orthogonal):
 
     def _not_in_algebra(self, M, tol):
         ones = torch.ones(M.shape[-1], dtype=M.dtype, device=M.device)
-        return super()._not_in_algebra(M, tol) or ("M 1 ≠ 0" if relative_error(M @ ones, 0 * ones, floor=1) > tol else None)
+        return super()._not_in_algebra(M, tol) or ("M 1 ≠ 0" if relative_error(M @ ones, 0 * ones,
+                                                                               floor=1) > tol else None)
 
 
 @dataclass(frozen=True)

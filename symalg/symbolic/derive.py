@@ -169,7 +169,8 @@ class Analysis:
             orbit = f"no closed form: {error}"
         return {
             "model": self._name(), "loss": self.loss,
-            "symmetries": [{"group": s.group.name, "site": s.site, "members": list(s.members), "dimension": str(s.group.dim),
+            "symmetries": [{"group": s.group.name, "site": s.site, "members": list(s.members),
+                            "dimension": str(s.group.dim),
                             "continuous": bool(s.group.is_continuous), "tensors": list(s.tensors),
                             "conserved": None if s.conserved is None else str(s.conserved)} for s in self.symmetries],
             "blocked": [{"node": b.node, "site": b.site, "reason": b.reason} for b in self.blocked],

@@ -202,7 +202,8 @@ class Symmetry:
     ----------
     site : the site class name (its first member's node); ``members`` all tied sites.
     group : the group (:mod:`symalg.groups`); ``bindings`` the tensor regions it moves.
-    translations : for a translation group, the translation families (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose
+    translations : for a translation group, the translation families
+    (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose
         directions ``B_i`` form its basis, in order.
     shifts : for affine sign flips (``σ(−z) = 2c − σ(z)``), the ``(bias, column binding, c, node)`` of
         each reader: its bias absorbs ``−W' τ(g)`` with ``τ(g) = c(1 − g1)`` and ``W'`` the moved weight.

@@ -15,7 +15,8 @@ from symalg.errors import SpecError
 from symalg.numeric.linalg import relative_error
 from symalg.lowering.codegen import evaluate_symbolic
 
-__all__ = ["CheckResult", "VerificationReport", "TOLERANCES", "check_device", "check_angular_momentum", "check_gd_drift", "check_gradient_flow", "check_gradient_orthogonality",
+__all__ = ["CheckResult", "VerificationReport", "TOLERANCES", "check_device", "check_angular_momentum",
+           "check_gd_drift", "check_gradient_flow", "check_gradient_orthogonality",
            "check_params", "compare_to_sympy", "integrate_gradient_flow", "loss_gradients", "relative_error", "rk4"]
 
 TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}

@@ -68,7 +68,8 @@ from symalg.symbolic.derive import Analysis
 from symalg.verification.certification import output_change, sample_elements
 from symalg.errors import SpecError
 from symalg.frontend.outputs import output_tensors
-from symalg.verification.checks import (TOLERANCES, CheckResult, VerificationReport, check_angular_momentum, check_device,
+from symalg.verification.checks import (TOLERANCES, CheckResult, VerificationReport, check_angular_momentum,
+                                        check_device,
                                              check_gradient_orthogonality,
                            check_params, compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
 
@@ -126,7 +127,8 @@ def _concrete(analysis, params, widths, caller: str):
         check_params(params, analysis.model_graph.parameter_shapes, caller)
         substituted = {str(k): int(v) for k, v in analysis.model_graph.source.widths_from_params(params).items()}
     else:
-        wrong = [(k, v) for k, v in (widths or {}).items() if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+        wrong = [(k, v) for k, v in (widths or {}).items() if isinstance(v, bool) or not isinstance(v,
+                                                                                                    numbers.Integral)]
         if wrong:
             raise SpecError(f"{caller}: widths= values must be integers, got {wrong[0][0]}={wrong[0][1]!r}")
         substituted = {str(k): int(v) for k, v in (widths or default_widths(analysis)).items()}
@@ -165,7 +167,8 @@ def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.fl
                         ("flow_steps", flow_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise SpecError(f"verify: {name} must be a non-negative integer, got {value!r}")
-    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not 0 < learning_rate < math.inf:
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int,
+                                                                         float)) or not 0 < learning_rate < math.inf:
         raise SpecError(f"verify: learning_rate must be a positive finite number, got {learning_rate!r}")
     if widths is not None and not isinstance(widths, Mapping):
         raise SpecError(f"verify: widths must be a mapping {{name: positive int}}, got {type(widths).__name__}")
