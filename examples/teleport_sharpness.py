@@ -9,8 +9,7 @@ parameters, on the training set:
   ``T = 0.001, 0.011, …, 0.191`` and ``|D|`` = 50 antithetic direction pairs (200 in [Zhao2026]; 10 and
   6 models with ``--quick``);
 * curvature: ``symalg.applications.teleport.Curvature`` (eq. 5.2) averaged over 8 random curves ``exp(tM)·θ`` of the
-exact
-  symmetries symalg derives (positive scalings of the LeakyReLU sites, logit translations); [Zhao2026]
+  exact symmetries symalg derives (positive scalings of the LeakyReLU sites, logit translations); [Zhao2026]
   used ``k = 1`` curve of its data-dependent ``GL`` action.
 
 Prints each model, then Pearson and Spearman correlations with the validation loss (and, for reference, the
@@ -80,7 +79,8 @@ def main() -> None:
     sharpness = Sharpness(displacements=DISPLACEMENTS, directions=directions, seed=0)
     rows = []
     print(f"{count} models (SGD on digits), sharpness |T| = 20, |D| = 2×{directions}; curvature over {curves} curves")
-    print(f"{'seed':>4} {'lr':>5} {'batch':>5} {'epochs':>6} {'train L':>8} {'val L':>8} {'sharpness':>10} {'curvature':>10}")
+    print(f"{'seed':>4} {'lr':>5} {'batch':>5} {'epochs':>6} {'train L':>8} {'val L':>8} "
+          f"{'sharpness':>10} {'curvature':>10}")
     for seed, lr, batch, epochs in settings:
         row = measures(train_model(seed, lr, batch, epochs, train), train, val, sharpness, curves)
         rows.append(row)

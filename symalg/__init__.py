@@ -19,8 +19,9 @@ h
 >>> symalg.verify(analysis.subs({"n": 3, "h": 5, "m": 2})).passed
 True
 """
-from symalg.applications import (conjugated, conservation_laws, ensembles, flat_minima, loss_symmetries, minima_geometry,
-                                 nonlinear_actions, symmetry_init, teleport, teleport_actions, teleport_optim)
+from symalg.applications import (conjugated, conservation_laws, ensembles, flat_minima, loss_symmetries,
+                                 minima_geometry, nonlinear_actions, symmetry_init, teleport, teleport_actions,
+                                 teleport_optim)
 from symalg.applications.conservation_laws import (Completeness, ConservationLaws, compare_with_symmetries,
                                                    count_conservation_laws)
 from symalg.catalogue import groups
@@ -47,7 +48,7 @@ __all__ = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry",
            "network_function",
            "nonlinear_actions", "orbit_rank", "OrbitDimension", "overlay", "parse",
            "random_data", "random_params", "register", "report", "Spec", "SpecError", "Symmetry",
-           "symmetry_init", "teleport", "teleport_actions", "teleport_optim", "to_graph", "to_module", "to_spec_string", "trace",
-           "validate", "verify"]
+           "symmetry_init", "teleport", "teleport_actions", "teleport_optim", "to_graph", "to_module", "to_spec_string",
+           "trace", "validate", "verify"]
 __version__ = "0.1.0"
 

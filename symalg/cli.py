@@ -43,7 +43,8 @@ def _widths(text: str, known: set[str]) -> dict[str, int]:
         if name not in known:
             raise SpecError(f"--widths: the spec has no symbolic width {name!r} (it has {sorted(known) or 'none'})")
         if len(value.lstrip("0")) > len(str(MAX_WIDTH)):  # before int(): a 5000-digit value is refused by Python itself
-            raise SpecError(f"--widths: {name}={value[:12]}... exceeds the limit of {MAX_WIDTH} (symalg.frontend.grammar.MAX_WIDTH)")
+            raise SpecError(f"--widths: {name}={value[:12]}... exceeds the limit of {MAX_WIDTH} "
+                            "(symalg.frontend.grammar.MAX_WIDTH)")
         widths[name] = as_width(int(value), f"--widths {name}")
     return widths
 

@@ -110,7 +110,8 @@ def test_a_model_file_gets_the_same_report_as_its_spec(tmp_path, capsys):
     """The same network as a spec and as a ``--model`` file: the same sections, symmetries and verification."""
     path = tmp_path / "mlp.py"
     path.write_text("import torch\ntorch.manual_seed(0)\n"
-                    "model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()\n"
+                    "model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), "
+                    "torch.nn.Linear(4, 2)).double()\n"
                     "example_inputs = (torch.randn(8, 3, dtype=torch.float64),)\n")
     assert main(["linear(3, 4) -> tanh -> linear(4, 2)"]) == 0
     spec = capsys.readouterr().out

@@ -204,7 +204,8 @@ def test_to_spec_string_round_trips_a_torch_model():
     # node names differ (nested "2.0" vs "2"), the layers do not
     parsed = parse(text)
     torch_arch = parse(model)
-    assert [torch_arch.node(v)["op"] for v in torch_arch.layer_names] == [parsed.node(v)["op"] for v in parsed.layer_names]
+    assert ([torch_arch.node(v)["op"] for v in torch_arch.layer_names]
+            == [parsed.node(v)["op"] for v in parsed.layer_names])
 
 
 # -- parse(nn.Sequential) reads a chain as a spec; from_torch traces any model --------------------------

@@ -52,7 +52,8 @@ def _all_subclasses(cls):
 # -- registry ----------------------------------------------------------------------------------------------
 def test_every_group_class_that_sets_a_kind_is_registered_under_it():
     registered = group_classes()
-    own_kind = {c for c in _all_subclasses(SiteGroup) if "kind" in vars(c) and c.__module__ == "symalg.catalogue.groups"}
+    own_kind = {c for c in _all_subclasses(SiteGroup)
+                if "kind" in vars(c) and c.__module__ == "symalg.catalogue.groups"}
     assert own_kind == set(registered.values())
     assert all(registered[c.kind] is c for c in own_kind)
 

@@ -307,5 +307,6 @@ def test_logit_translation_next_to_a_linear_site_has_no_formula_in_the_widths():
     params = dict(module.named_parameters())
     traced = symalg.derive(symalg.trace(module, (torch.randn(5, 3, dtype=torch.float64),)), loss="cross_entropy")
     rank = analysis.orbit_dimension(params)
-    assert analysis.orbit_dimension() == traced.orbit_dimension() == rank.expected == 16 + 5   # GL(4), T(5): no stabiliser
+    # GL(4), T(5): no stabiliser
+    assert analysis.orbit_dimension() == traced.orbit_dimension() == rank.expected == 16 + 5
     assert rank == traced.orbit_dimension(params).dimension == _dense_rank(analysis, params) == 21

@@ -20,7 +20,8 @@ from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimensi
 
 ACTIVATIONS = {
     "identity": nn.Identity, "relu": nn.ReLU, "tanh": nn.Tanh, "leaky_relu": lambda: nn.LeakyReLU(0.2),
-    "radial": lambda: symalg.catalogue.modules.Activation("radial"), "relu_pow": lambda: symalg.catalogue.modules.Activation("relu_pow"),
+    "radial": lambda: symalg.catalogue.modules.Activation("radial"),
+    "relu_pow": lambda: symalg.catalogue.modules.Activation("relu_pow"),
 }
 
 

@@ -141,7 +141,8 @@ def test_positive_scaling_with_alpha_two_uses_the_right_equation():
     theta = params_of(model)
     target = torch.tensor([-1.0, -0.1, 0.0, 0.5, 2.0])
     result = set_conserved(analysis, theta, {"_0": target})
-    q = (result.params["0.weight"] ** 2).sum(1) + result.params["0.bias"] ** 2 - 2 * (result.params["2.weight"] ** 2).sum(0)
+    p = result.params
+    q = (p["0.weight"] ** 2).sum(1) + p["0.bias"] ** 2 - 2 * (p["2.weight"] ** 2).sum(0)
     assert torch.allclose(q, target, atol=1e-12)
     assert function_change(model, result.params, x) < 1e-12
 

@@ -467,7 +467,8 @@ def test_radial_next_to_linear_site_still_verifies():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_verify_on_cuda(dtype):
-    analysis = symalg.derive("linear(3, 6) -> relu -> linear(6, 4) -> identity -> linear(4, 5) -> radial -> linear(5, 2)")
+    analysis = symalg.derive("linear(3, 6) -> relu -> linear(6, 4) -> identity -> linear(4, 5) -> radial "
+                             "-> linear(5, 2)")
     report = symalg.verify(analysis, device="cuda", dtype=dtype)
     assert report.device == "cuda"
     assert report.passed, str(report)
@@ -607,9 +608,11 @@ def test_report_to_dict_is_json_serialisable_and_round_trips():
 
 
 @pytest.mark.parametrize("spec", ["linear(3, 4) -> radial -> linear(4, 2)",
-                                  "linear(2, 4) -> radial -> linear(4, 3) -> tanh -> linear(3, 5) -> radial -> linear(5, 2, bias=False)"])
+                                  "linear(2, 4) -> radial -> linear(4, 3) -> tanh -> linear(3, 5) -> radial "
+                                  "-> linear(5, 2, bias=False)"])
 def test_angular_momentum_pairs_with_every_antisymmetric_generator_as_the_tangent_does(spec):
-    """``⟨θ̇, A·θ⟩ = ½ ⟨A, J(θ, θ̇)⟩`` for every basis element ``A`` of the algebra, ``A·θ`` the symmetry's own tangent."""
+    """``⟨θ̇, A·θ⟩ = ½ ⟨A, J(θ, θ̇)⟩`` for every basis element ``A`` of the algebra, ``A·θ`` the symmetry's own
+    tangent."""
     analysis = symalg.derive(spec)
     generator = torch.Generator().manual_seed(4)
     params = {k: v.detach() for k, v in analysis.model_graph.model.named_parameters()}

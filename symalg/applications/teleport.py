@@ -7,21 +7,21 @@ API
     symbolic widths give ``params``, whose shapes fix them), a conjugated action (``ConjugatedAction``/``TestFunction``,
     parameters ``{"x": point}``), or a data-dependent action (``DataDependentAction``, ``ExactTeleport``,
     ``ApproximateTeleport``; give the batch ``x`` and ``params`` for the widths). Your own: subclass :class:`Action`
-    or wrap ``fn(params, coords)`` in
-    :class:`FunctionAction`.
+    or wrap ``fn(params, coords)`` in :class:`FunctionAction`.
 ``teleport(action, params, loss, objective=GradNorm(), steps=10, ...)`` → :class:`TeleportResult`
     (or ``Teleporter(action, ...)(params, loss)``: the same settings kept for reuse).
 Objectives: :class:`GradNorm`, :class:`MetricGradNorm` (with :func:`optimizer_metric`), :class:`Sharpness`
     (eq. 5.1), :class:`Curvature` (eq. 5.2), or any callable ``params → scalar``.
+
 ``transform_cotangent(action, moves, params_after, vectors)``: ``J⁻ᵀ v`` for the Jacobian ``J`` of the teleport.
 Optimizer integration: :mod:`symalg.teleport_optim`.
 
 Math
 ----
 An action maps Lie-algebra coordinates ``c ∈ R^d`` to parameters, ``θ ↦ exp(Σ cᵢ Bᵢ)·θ`` (``Bᵢ`` the algebra
-basis, ``exp`` exact: :meth:`SiteGroup.exp <symalg.catalogue.groups.SiteGroup.exp>`). A teleport maximises (or
-minimises)
-an objective ``F`` over the orbit by gradient steps on the coordinates, differentiating through the action:
+basis, ``exp`` exact: :meth:`SiteGroup.exp <symalg.catalogue.groups.SiteGroup.exp>`). A teleport maximises
+(or minimises) an objective ``F`` over the orbit by gradient steps on the coordinates, differentiating through the
+action:
 
     Δ = ±s ∇_c F(exp(Σ cᵢ Bᵢ)·θ_k)|_{c=0},     θ_{k+1} = exp(Σ Δᵢ Bᵢ)·θ_k        (compose=True)
 
@@ -194,7 +194,8 @@ class SymmetryAction(Action):
     def __post_init__(self):
         bad = [s for s in self.symmetries if not (hasattr(s, "group") and hasattr(s, "apply"))]
         if bad:
-            raise TypeError(f"SymmetryAction: symmetries must be symalg symmetries (with .group and .apply), got {bad[0]!r}")
+            raise TypeError("SymmetryAction: symmetries must be symalg symmetries (with .group and .apply), "
+                            f"got {bad[0]!r}")
         symbolic = [s.label for s in self.symmetries if not sp.sympify(s.group.width).is_Integer]
         if symbolic:
             raise SpecError(f"SymmetryAction: symmetries {symbolic} have symbolic widths; substitute concrete ones "
@@ -279,7 +280,8 @@ class SymmetryAction(Action):
 
 @dataclass(frozen=True, eq=False)
 class ConjugatedCoordinates(Action):
-    """A :class:`~symalg.applications.conjugated.ConjugatedAction` on the point ``params[key]``: ``x ↦ action.act(x, c)``."""
+    """A :class:`~symalg.applications.conjugated.ConjugatedAction` on the point ``params[key]``:
+    ``x ↦ action.act(x, c)``."""
 
     action: object
     key: str = "x"
@@ -293,7 +295,8 @@ class ConjugatedCoordinates(Action):
         return {**params, self.key: self.action.act(params[self.key], coords)}
 
     def discrete_generators(self):
-        return tuple(f"{self.action.group.name}: generator {j}" for j in range(len(self.action.group.discrete_generators())))
+        count = len(self.action.group.discrete_generators())
+        return tuple(f"{self.action.group.name}: generator {j}" for j in range(count))
 
     def apply_discrete(self, params, index, inverse=False):
         x = params[self.key]
@@ -303,10 +306,11 @@ class ConjugatedCoordinates(Action):
 
 @dataclass(frozen=True, eq=False)
 class DataCoordinates(Action):
-    """A data-dependent action ``action(params, g, x)`` (:class:`~symalg.applications.nonlinear_actions.DataDependentAction`,
+    """A data-dependent action ``action(params, g, x)``
+    (:class:`~symalg.applications.nonlinear_actions.DataDependentAction`,
     :class:`~symalg.applications.teleport_actions.ExactTeleport`,
-    :class:`~symalg.applications.teleport_actions.ApproximateTeleport`) at the
-    batch ``x``, with ``g = exp(Cᵢ)`` per site, ``Cᵢ`` the coordinates reshaped to ``widths[i] × widths[i]``.
+    :class:`~symalg.applications.teleport_actions.ApproximateTeleport`) at the batch ``x``, with ``g = exp(Cᵢ)``
+    per site, ``Cᵢ`` the coordinates reshaped to ``widths[i] × widths[i]``.
 
     ``is_group_action`` is ``False`` for ``ApproximateTeleport`` and an uncompleted ``ExactTeleport`` (their
     unit axiom fails below full rank; see :mod:`symalg.teleport_actions`).

@@ -32,10 +32,10 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
+from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
 from symalg.frontend.grammar import parse_number
 
 nn = torch.nn
-from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
 
 __all__ = ["CATALOGUE", "CatalogueEntry", "Spellings", "register", "overlay", "declare_linear", "declare_homogeneous",
            "declare_leaky", "declare_odd", "declare_pointwise", "declare_radial", "exact"]

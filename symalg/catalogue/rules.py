@@ -151,9 +151,8 @@ def unknown_rule(state: Inference, node, data, inputs) -> Label:
 
 @register_rule("input", "constant", "buffer", examples={
     "input": around(lambda self, h: h),
-    "constant": around(lambda self, h: self.inner(torch.relu(h)) * self.scale, scale=lambda: torch.linspace(0.5, 2.0,
-                                                                                                            4),
-                       inner=lambda: torch.nn.Linear(4, 4)),
+    "constant": around(lambda self, h: self.inner(torch.relu(h)) * self.scale,
+                       scale=lambda: torch.linspace(0.5, 2.0, 4), inner=lambda: torch.nn.Linear(4, 4)),
     "buffer": around(lambda self, h: self.inner(torch.relu(h)) + self.shift, inner=lambda: torch.nn.Linear(4, 4),
                      buffers=lambda: {"shift": torch.linspace(-1.0, 1.0, 4)})})
 def data_rule(state, node, data, inputs) -> Label:
@@ -477,8 +476,8 @@ def _same_shape(state: Inference, data) -> bool:
 
 @register_rule("matmul", examples={
     "matmul": around(lambda self, h: torch.nn.functional.linear(torch.relu(h), self.lora_b @ self.lora_a),
-                     lora_a=lambda: torch.nn.Parameter(torch.randn(2,
-                                                                   4)), lora_b=lambda: torch.nn.Parameter(torch.randn(4, 2)))})
+                     lora_a=lambda: torch.nn.Parameter(torch.randn(2, 4)),
+                     lora_b=lambda: torch.nn.Parameter(torch.randn(4, 2)))})
 def matmul_rule(state: Inference, node, data, inputs):
     """A product of weights ``B @ A`` (a low-rank adapter): ``GL(r)`` on the inner axis (``A ↦ g A``,
     ``B ↦ B g⁻¹``); the product's rows are ``B``'s, its columns ``A``'s. Products of values (attention
@@ -629,8 +628,8 @@ def transpose_rule(state: Inference, node, data, inputs) -> Label:
 
 
 @register_rule("getitem", examples={"getitem": around(
-    lambda self, h: self.attention(h, h, h)[0], shape=(5, 3, 3), attention=lambda: torch.nn.MultiheadAttention(4, 2,
-                                                                                                               batch_first=True))})
+    lambda self, h: self.attention(h, h, h)[0], shape=(5, 3, 3),
+    attention=lambda: torch.nn.MultiheadAttention(4, 2, batch_first=True))})
 def getitem_rule(state: Inference, node, data, inputs):
     """Picking an output of a multi-output op; indexing a tensor is unknown."""
     source = inputs[0]
@@ -681,8 +680,8 @@ def _pools_the_sites(state: Inference, node, data, label: Label) -> bool:
 
 
 @register_rule("max_pool", examples={"max_pool": around(
-    lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6,
-                                                                                     3), pool=lambda: torch.nn.MaxPool1d(2))})
+    lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6, 3),
+    pool=lambda: torch.nn.MaxPool1d(2))})
 def max_pool_rule(state, node, data, inputs) -> Label:
     """``max`` over positions commutes with positive per-channel scaling and channel permutations."""
     label = _first(inputs)
@@ -693,8 +692,8 @@ def max_pool_rule(state, node, data, inputs) -> Label:
 
 
 @register_rule("avg_pool", examples={"avg_pool": around(
-    lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6,
-                                                                                     3), pool=lambda: torch.nn.AvgPool1d(2))})
+    lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6, 3),
+    pool=lambda: torch.nn.AvgPool1d(2))})
 def avg_pool_rule(state, node, data, inputs) -> Label:
     """Averaging over positions is linear per channel: every channel action passes through."""
     label = _first(inputs)

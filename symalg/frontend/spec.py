@@ -326,7 +326,10 @@ def to_graph(spec, catalogue: Mapping | None = None) -> ModelGraph:
     >>> to_graph("linear(3, 4) -> tanh -> linear(4, 2)").model[1].op
     'tanh'
     """
-    arch = spec if isinstance(spec, Architecture) and catalogue is None else parse(spec, catalogue=catalogue or CATALOGUE)
+    if isinstance(spec, Architecture) and catalogue is None:
+        arch = spec
+    else:
+        arch = parse(spec, catalogue=catalogue or CATALOGUE)
     batch = sp.Symbol("B", integer=True, positive=True) if arch.widths else EXAMPLE_BATCH
     graph, shapes, previous = nx.DiGraph(), {}, "input"
     features = arch.graph.nodes["input"]["features"]

@@ -516,7 +516,10 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
         example_inputs = (example_inputs,)
     if example_inputs is not None:
         _check_example_inputs(model, example_inputs)
-    gm, tracer = (_exported(model, example_inputs), "export") if tracer == "export" else _traced(model, example_inputs, tracer)
+    if tracer == "export":
+        gm, tracer = _exported(model, example_inputs), "export"
+    else:
+        gm, tracer = _traced(model, example_inputs, tracer)
     _drop_guards(gm)
     _redirect_in_place(gm)
     if example_inputs is not None and tracer == "fx":

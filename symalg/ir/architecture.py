@@ -79,7 +79,8 @@ def as_width(value, where: str) -> Width:
         if value <= 0:
             raise SpecError(f"{where}: width {value} must be positive")
         if value > MAX_WIDTH:
-            raise SpecError(f"{where}: width {value} exceeds the limit of {MAX_WIDTH} (symalg.frontend.grammar.MAX_WIDTH)")
+            raise SpecError(f"{where}: width {value} exceeds the limit of {MAX_WIDTH} "
+                            "(symalg.frontend.grammar.MAX_WIDTH)")
         return value
     raise SpecError(f"{where}: width {value!r} is not an integer or a symbol")
 

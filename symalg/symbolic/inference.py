@@ -220,7 +220,8 @@ class Inference:
     # -- sites ----------------------------------------------------------------------------------
     def new_site(self, node: str, width: int, bindings=(), name: str | None = None,
                  allowed=ALL) -> int:
-        site = _Site(len(self.sites), name or node, width if isinstance(width, sp.Basic) else int(width), node, set(allowed))
+        site = _Site(len(self.sites), name or node, width if isinstance(width, sp.Basic) else int(width), node,
+                     set(allowed))
         self.sites.append(site)
         self.ties[site.id]
         self.permutation_ties[site.id]

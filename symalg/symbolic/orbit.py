@@ -101,8 +101,9 @@ def _widths_and_biases(analysis):
     """``[n, h_1, …, m]`` and which linear layers have a bias, for an analysis of a spec chain."""
     arch = analysis.model_graph.source
     if analysis.model_graph.tracer != "spec":
-        raise NotImplementedError(f"the closed-form chain formulas need a spec chain, not a {analysis.model_graph.tracer!r}-"
-                                  "traced model; pass params for the numeric rank (e.g. independent_conserved(params))")
+        raise NotImplementedError("the closed-form chain formulas need a spec chain, not a "
+                                  f"{analysis.model_graph.tracer!r}-traced model; pass params for the numeric rank "
+                                  "(e.g. independent_conserved(params))")
     layers = [arch.node(name) for name in arch.linear_layers]
     widths = [sp.sympify(layers[0]["in_features"])] + [sp.sympify(layer["out_features"]) for layer in layers]
     return widths, [layer["bias"] is not None for layer in layers]

@@ -20,10 +20,10 @@ action moves every bound region ``U`` (see :mod:`symalg.bindings`), and its cons
 ['GL(4)']
 >>> analysis.certified, [e.holds for e in analysis.certification]
 (True, [True])
->>> symalg.derive(symalg.trace(model))
+>>> symalg.derive(symalg.trace(model))  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-symalg.errors.SpecError: derive: the model was traced without example_inputs, so its claims cannot be certified numerically; trace it with symalg.trace(model, example_inputs) or pass certify=False for uncertified claims
+symalg.errors.SpecError: derive: the model was traced without example_inputs, so its claims cannot be certified ...
 >>> print(analysis.symmetries[0].conserved)
 C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight
 """
@@ -203,8 +203,7 @@ class Symmetry:
     site : the site class name (its first member's node); ``members`` all tied sites.
     group : the group (:mod:`symalg.groups`); ``bindings`` the tensor regions it moves.
     translations : for a translation group, the translation families
-    (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose
-        directions ``B_i`` form its basis, in order.
+        (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose directions ``B_i`` form its basis, in order.
     shifts : for affine sign flips (``σ(−z) = 2c − σ(z)``), the ``(bias, column binding, c, node)`` of
         each reader: its bias absorbs ``−W' τ(g)`` with ``τ(g) = c(1 − g1)`` and ``W'`` the moved weight.
     acts_on_buffers : the action moves buffers (running statistics) as well as parameters.

@@ -170,7 +170,8 @@ class Case:
 
     @property
     def description(self) -> str:
-        return f"{self.family}/{self.variant} (symalg.verification.fuzz.generate({self.seed}, {self.index}, {self.family!r}))"
+        call = f"symalg.verification.fuzz.generate({self.seed}, {self.index}, {self.family!r})"
+        return f"{self.family}/{self.variant} ({call})"
 
     def build(self) -> tuple[nn.Module, tuple]:
         """``(model, (x,))`` in float64; the global torch seed is left as it was."""
