@@ -44,6 +44,7 @@ API (also what teleportation uses)
 ``TestFunction`` (SymPy definitions; ``.loss`` and ``.action`` are torch callables lowered from them):
     :func:`quadratic_form`, :func:`ellipse`, :func:`rosenbrock`, :func:`booth`; ``.derivation()`` (SymPy
     identities, each 0), ``.verify()``.
+
 :func:`sample_level_set`, :func:`check_transitivity`.
 
 Example

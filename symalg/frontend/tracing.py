@@ -10,22 +10,22 @@ from the catalogue (:mod:`symalg.frontend.canonical`); the tables here hold the 
 Schema of ``ModelGraph.graph`` (a ``networkx.DiGraph``; node names are fx node names, in data-flow
 order):
 
-=========== ==============================================================================
-attribute   meaning
-=========== ==============================================================================
-``op``      canonical op (``linear``, ``conv2d``, ``relu``, ``add``, ``layer_norm``,
-            ``multihead_attention``, ``attention``, ...; the fx target's name when unknown)
-``kind``    ``input``, ``output``, ``param`` (a parameter read in ``forward``), ``module``,
-            ``function``, ``constant``
-``module``  qualified name of the called module (``None`` for functions)
-``params``  ``{role: canonical parameter name}`` (tied parameters get the first name)
-``buffers`` ``{role: buffer name}``
+============ ==============================================================================
+attribute    meaning
+============ ==============================================================================
+``op``       canonical op (``linear``, ``conv2d``, ``relu``, ``add``, ``layer_norm``,
+             ``multihead_attention``, ``attention``, ...; the fx target's name when unknown)
+``kind``     ``input``, ``output``, ``param`` (a parameter read in ``forward``), ``module``,
+             ``function``, ``constant``
+``module``   qualified name of the called module (``None`` for functions)
+``params``   ``{role: canonical parameter name}`` (tied parameters get the first name)
+``buffers``  ``{role: buffer name}``
 ``settings`` hyper-parameters (``eps``, ``groups``, ``dim``, ``heads``, ...)
-``inputs``  tensor inputs in the callee's argument order (keywords included; a value read twice,
-            ``x * x``, is listed twice): node names, or ``None`` where a constant operand stands
-``shape``   the output shape (``None`` without example inputs)
-``where``   ``"node 'relu_1' (F.relu)"``, for error messages
-=========== ==============================================================================
+``inputs``   tensor inputs in the callee's argument order (keywords included; a value read twice,
+             ``x * x``, is listed twice): node names, or ``None`` where a constant operand stands
+``shape``    the output shape (``None`` without example inputs)
+``where``    ``"node 'relu_1' (F.relu)"``, for error messages
+============ ==============================================================================
 
 Edges ``u → v`` carry ``index``: the first position of ``u`` in ``v``'s ``inputs`` (one edge however
 often ``v`` reads ``u``; ``inputs`` has every position). ``x.T`` is a ``permute`` reversing every axis
