@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 from torch.func import functional_call
@@ -36,6 +36,9 @@ from torch.func import functional_call
 from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
 from symalg.numeric.linalg import relative_error
+
+if TYPE_CHECKING:  # for the annotation only
+    from symalg.symbolic.symmetry import Symmetry
 
 __all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "assert_claims_hold", "claim_errors", "fresh_inputs",
            "output_change", "sample_elements"]
@@ -48,7 +51,7 @@ the fuzzer change outputs by 0.1 to 5."""
 class ClaimError:
     """The worst relative output change one claim caused: ``error`` under ``element`` on ``output``."""
 
-    symmetry: object
+    symmetry: Symmetry
     error: float
     element: str = ""
     output: str = ""
