@@ -21,8 +21,7 @@ import sympy as sp
 import torch
 
 from symalg.applications.conjugated import (ConjugatedAction, booth, check_transitivity, ellipse, lower_components,
-                                            matrix_exp,
-                               quadratic_form, rosenbrock)
+                                            matrix_exp, quadratic_form, rosenbrock)
 from symalg.catalogue.groups import Orthogonal, OrthogonalFixingOnes
 
 

@@ -28,8 +28,8 @@ from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossS
 
 
 def _row(label, key, values, formats):
-    print(f"{label:44} " + " ".join(f"{v:>{w}}" if isinstance(v, str) else f"{v:>{w}.2e}" for v, w in zip(values,
-                                                                                                          formats)))
+    print(f"{label:44} " + " ".join(f"{v:>{w}}" if isinstance(v, str) else f"{v:>{w}.2e}"
+                                    for v, w in zip(values, formats)))
     return key
 
 

@@ -43,8 +43,7 @@ from torch import nn
 
 from symalg.applications.nonlinear_actions import FeedForward
 from symalg.applications.teleport import (FunctionAction, GradNorm, MetricGradNorm, TeleportResult, Teleporter,
-                                          as_action,
-                             optimizer_metric)
+                                          as_action, optimizer_metric)
 from symalg.applications.teleport_actions import ExactTeleport
 from teleport_common import parse_args, tokens
 

@@ -61,8 +61,8 @@ def measures(model, train, val, sharpness, curves):
         train_loss = float(loss(params))
         val_loss = float(F.cross_entropy(model(xv), yv))
         sharp = float(sharpness(params, loss, action, wrt))
-    curvature = sum(float(Curvature(curves=1, seed=s)(params, loss, action,
-                                                      wrt).detach()) for s in range(curves)) / curves
+    curvature = sum(float(Curvature(curves=1, seed=s)(params, loss, action, wrt).detach())
+                    for s in range(curves)) / curves
     return train_loss, val_loss, sharp, curvature
 
 

@@ -2,8 +2,8 @@
 
 [Zhao2026] Sec. 4.6.1 (Fig. 4.3/4.4): each test function ``f = ‖h(x)‖²`` has the conjugated ``O(n)`` action
 ``g·x = h⁻¹(g h(x))`` (``symalg.conjugated``), transitive on level sets. Every ``--every`` GD steps the point is
-teleported to maximise ``‖∇f‖²`` on its level set (``symalg.applications.teleport.teleport``, ``GradNorm``, default
-step).
+teleported to maximise ``‖∇f‖²`` on its level set (``symalg.applications.teleport.teleport``, ``GradNorm``,
+default step).
 
 Closed form of the objective on the level set (parametrisation ``f(x) = (x − c)ᵀA(x − c)`` of
 ``symalg.applications.conjugated.quadratic_form``; Booth is ``A = BᵀB``, ``B = [[1, 2], [2, 1]]``, eigenvalues 9 and 1):

@@ -8,8 +8,7 @@ import sympy as sp
 import torch
 
 from symalg.applications.conjugated import (TOLERANCE, ConjugatedAction, booth, check_transitivity, ellipse,
-                                            lower_components,
-                               matrix_exp, quadratic_form, rosenbrock, sample_level_set)
+                                            lower_components, matrix_exp, quadratic_form, rosenbrock, sample_level_set)
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, OrthogonalFixingOnes, PositiveScaling
 
 FUNCTIONS = {"booth": booth, "rosenbrock": rosenbrock, "ellipse": lambda: ellipse(4),

@@ -11,8 +11,7 @@ from torch.func import grad, jvp
 import symalg
 from symalg.catalogue.activations import declare_linear, declare_pointwise
 from symalg.applications.conservation_laws import (_Chain, _draw, _evaluate, compare_with_symmetries,
-                                                   count_conservation_laws,
-                                      random_point)
+                                                   count_conservation_laws, random_point)
 from symalg.errors import SpecError
 from symalg.numeric.orbit_rank import action_matrix, independent_conserved_rank
 

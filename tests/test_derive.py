@@ -145,8 +145,8 @@ def test_conserved_quantity_closed_forms():
     degree = scaling.conserved
     params = {"0.weight": torch.randn(4, 2), "0.bias": torch.randn(4), "2.weight": torch.randn(3, 4)}
     expected = (params["0.weight"] ** 2).sum(1) + params["0.bias"] ** 2 - 3 * (params["2.weight"] ** 2).sum(0)
-    torch.testing.assert_close(degree(params)["q__0"].squeeze(-1),
-                               expected)  # the imbalance is weighted by the degree α = 3
+    # the imbalance is weighted by the degree α = 3
+    torch.testing.assert_close(degree(params)["q__0"].squeeze(-1), expected)
 
 
 def test_conserved_quantity_values_match_a_hand_computation(generator):
@@ -242,8 +242,8 @@ def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
                  torch.zeros(4, 4))
     # genuine elements, batched algebra elements, pass
     assert scaling.apply(params, torch.rand(5) + 0.5)["0.weight"].shape == (5, 3)
-    M1, M2 = torch.randn(5, generator=generator, dtype=torch.float64), torch.randn(5, generator=generator,
-                                                                                   dtype=torch.float64)
+    M1, M2 = (torch.randn(5, generator=generator, dtype=torch.float64),
+              torch.randn(5, generator=generator, dtype=torch.float64))
     torch.testing.assert_close(scaling.tangent(params, M1 + M2)["0.weight"],                 # linear in M
                                scaling.tangent(params, M1)["0.weight"] + scaling.tangent(params, M2)["0.weight"])
 

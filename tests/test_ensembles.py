@@ -7,8 +7,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 from symalg.applications.ensembles import (Ensemble, accuracy, evaluate_robustness, fgsm, parameter_distance,
-                                           per_input_symmetry_ensemble,
-                              perturbation_ensemble, pgd, symmetry_ensemble)
+                                           per_input_symmetry_ensemble, perturbation_ensemble, pgd, symmetry_ensemble)
 
 
 @pytest.fixture(scope="module")

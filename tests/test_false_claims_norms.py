@@ -384,9 +384,9 @@ def test_fuzz_group_norm_groups_of_a_depthwise_convolution_of_data_do_not_permut
 
 
 def test_fuzz_sigmoid_flip_after_a_one_channel_group_norm_shifts_the_bias_once():
-    # symalg.verification.fuzz.generate(0, 7622, "conv"): with one channel, the group's site and the group-permutation
-    # site
-    # bind the same region and are tied; the reader's bias absorbed the flip's shift once per site (twice)
+    # symalg.verification.fuzz.generate(0, 7622, "conv"): with one channel, the group's site and the
+    # group-permutation site bind the same region and are tied; the reader's bias absorbed the flip's shift once
+    # per site (twice)
     class Model(nn.Module):
         def __init__(self):
             super().__init__()

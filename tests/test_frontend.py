@@ -212,8 +212,8 @@ def test_to_spec_string_round_trips_a_torch_model():
 def test_from_torch_always_returns_the_one_graph():
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
     x = torch.randn(5, 3, dtype=torch.float64)
-    for graph in (from_torch(model), from_torch(model, (x,)), from_torch(model, x), from_torch(model,
-                                                                                               example_inputs=(x,))):
+    for graph in (from_torch(model), from_torch(model, (x,)), from_torch(model, x),
+                  from_torch(model, example_inputs=(x,))):
         assert isinstance(graph, symalg.ModelGraph) and graph.tracer == "fx"
         assert graph.parameter_shapes == {k: tuple(v.shape) for k, v in model.named_parameters()}
     assert from_torch(model).example_inputs is None

@@ -9,9 +9,8 @@ import torch
 import symalg
 from symalg.applications.conjugated import TOLERANCE, matrix_exp
 from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, MomentStabiliser,
-                                                 barlow_twins_loss,
-                                    gaussian_expectation, info_nce_loss, moments, paired_monte_carlo,
-                                    spectral_contrastive_loss, two_view_loss)
+                                                 barlow_twins_loss, gaussian_expectation, info_nce_loss, moments,
+                                                 paired_monte_carlo, spectral_contrastive_loss, two_view_loss)
 
 
 # -- loss symmetry ------------------------------------------------------------------------------------------

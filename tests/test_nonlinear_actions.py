@@ -17,9 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from symalg.applications.nonlinear_actions import (Cocycle, DataDependentAction, FeedForward, FrameCocycle,
-                                                   check_cocycle, frame,
-                                      lipschitz_bounds, random_gl, rotation_matrix, spherical_coordinates,
-                                      spherical_frame, two_layer_action)
+                                                   check_cocycle, frame, lipschitz_bounds, random_gl, rotation_matrix,
+                                                   spherical_coordinates, spherical_frame, two_layer_action)
 
 TOL = 1e-10
 EPS = torch.finfo(torch.float64).eps

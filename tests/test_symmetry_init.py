@@ -9,8 +9,7 @@ import symalg
 from symalg.applications.flat_minima import model_loss
 from symalg.catalogue.modules import Activation
 from symalg.applications.symmetry_init import (UnreachableTarget, balance, hessian_trace, imbalance_element,
-                                               scaling_element,
-                                  set_conserved, top_hessian_eigenvalue)
+                                               scaling_element, set_conserved, top_hessian_eigenvalue)
 
 
 def analysed(*layers, n_in):
@@ -161,8 +160,8 @@ def test_dead_and_unread_neurons_limit_the_scaling_targets():
 
 
 def test_mixed_sites_traced_and_spec():
-    layers = [nn.Linear(4, 4), nn.Identity(), nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 4), nn.Identity(), nn.Linear(4,
-                                                                                                                    4)]
+    layers = [nn.Linear(4, 4), nn.Identity(), nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 4), nn.Identity(),
+              nn.Linear(4, 4)]
     model, x, analysis = analysed(*layers, n_in=4)
     targets = {"_0": 0.0, "_2": torch.linspace(-1, 1, 6), "_4": -0.3}
     result = set_conserved(analysis, params_of(model), targets)

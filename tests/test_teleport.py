@@ -15,8 +15,8 @@ from symalg.applications.conjugated import booth, ellipse, quadratic_form, rosen
 from symalg.catalogue.groups import Permutations, PositiveScaling
 from symalg.applications.nonlinear_actions import DataDependentAction, FeedForward
 from symalg.applications.teleport import (Curvature, FunctionAction, GradNorm, MetricGradNorm, Move, Sharpness,
-                                          SymmetryAction, Teleporter,
-                             as_action, gradients, optimizer_metric, teleport, transform_cotangent)
+                                          SymmetryAction, Teleporter, as_action, gradients, optimizer_metric, teleport,
+                                          transform_cotangent)
 from symalg.applications.teleport_actions import ApproximateTeleport
 from symalg.applications.teleport_optim import Schedule, TeleportingOptimizer, handle_state, model_loss
 from test_models import PreNormBlock, SmallCNN   # GPT block (GL(4) heads, LayerNorm scalings); conv + BN
@@ -73,8 +73,10 @@ def unflat(vector, params, names):
 
 def jacobian(action, params, names, move):
     """Dense ``J = ∂(g·θ)/∂θ`` over ``names`` by ``torch.func.jacrev`` of the action."""
-    return torch.func.jacrev(lambda v: flat(action.replay(unflat(v, params, names), [move]), names))(flat(params,
-                                                                                                          names))
+    def replayed(v):
+        return flat(action.replay(unflat(v, params, names), [move]), names)
+
+    return torch.func.jacrev(replayed)(flat(params, names))
 
 
 def relative(a, b):
@@ -128,8 +130,8 @@ def test_elements_reproduce_the_composed_teleport():
     expected, start = dict(params), 0
     for symmetry in action.continuous:
         basis = symmetry.group.algebra_basis()
-        expected = symmetry.apply(expected, symmetry.group.exp(torch.tensordot(coords[start:start + len(basis)],
-                                                                               basis, 1)))
+        step = torch.tensordot(coords[start:start + len(basis)], basis, 1)
+        expected = symmetry.apply(expected, symmetry.group.exp(step))
         start += len(basis)
     for n in wrt:
         torch.testing.assert_close(action(params, coords)[n], expected[n], rtol=1e-13, atol=1e-13)
@@ -487,8 +489,8 @@ def test_adam_second_moments_transform_exactly_under_positive_scaling_and_are_ke
     inverse_t = torch.linalg.inv(J).T
     state = {n: opt.state[p] for n, p in model.named_parameters()}
     assert relative(flat({n: s["exp_avg"] for n, s in state.items()}, names), inverse_t @ flat(m, names)) < 1e-10
-    assert relative(flat({n: s["exp_avg_sq"] for n, s in state.items()}, names), inverse_t ** 2 @ flat(v,
-                                                                                                       names)) < 1e-10
+    second_moments = flat({n: s["exp_avg_sq"] for n, s in state.items()}, names)
+    assert relative(second_moments, inverse_t ** 2 @ flat(v, names)) < 1e-10
     assert relative(flat({n: s["exp_avg_sq"] for n, s in state.items()}, names), flat(v, names)) > 1e-3
 
     model, x, y, opt = _linear_net_optimizer(lambda p: torch.optim.Adam(p, lr=0.01))
@@ -596,8 +598,7 @@ def test_adagrad_with_teleports_in_its_own_metric_on_the_leaky_relu_regression()
     # the loss (the scalings are exact); the Adagrad sums move as squared gradients, (J⁻ᵀ)∘² G (J diagonal).
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(5, 6, bias=False), nn.LeakyReLU(0.1), nn.Linear(6, 7, bias=False),
-                          nn.LeakyReLU(0.1),
-                          nn.Linear(7, 8, bias=False)).double()
+                          nn.LeakyReLU(0.1), nn.Linear(7, 8, bias=False)).double()
     for p in model.parameters():
         nn.init.uniform_(p, 0, 1)
     x, y = torch.rand(4, 5), torch.rand(4, 8)

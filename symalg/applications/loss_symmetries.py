@@ -73,8 +73,8 @@ from symalg.catalogue.groups import GeneralLinear, Orthogonal, SiteGroup, matrix
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.numeric.linalg import relative_error
 from symalg.verification.checks import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift,
-                                        check_gradient_flow,
-                           check_gradient_orthogonality, compare_to_sympy, loss_gradients)
+                                        check_gradient_flow, check_gradient_orthogonality, compare_to_sympy,
+                                        loss_gradients)
 
 __all__ = ["GramLossSymmetry", "MomentStabiliser", "DistributionSymmetry", "spectral_contrastive_loss", "info_nce_loss",
            "barlow_twins_loss", "two_view_loss", "moments", "gaussian_expectation", "paired_monte_carlo"]

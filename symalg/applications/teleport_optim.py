@@ -161,8 +161,7 @@ class TeleportingOptimizer:
     """Any ``torch.optim`` optimizer with scheduled symmetry teleportation (see the module docstring).
 
     ``results`` lists every :class:`~symalg.applications.teleport.TeleportResult` so far. Gradients in ``.grad`` are
-    left as
-    they are (they belong to the pre-teleport point; the next ``zero_grad``/``backward`` replaces them).
+    left as they are (they belong to the pre-teleport point; the next ``zero_grad``/``backward`` replaces them).
     ``state_dict()`` is the inner optimizer's plus ``"teleport": {"steps", "epochs"}``, the schedule's counters.
     """
 

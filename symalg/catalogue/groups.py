@@ -675,8 +675,8 @@ class OrthogonalFixingOnes(Orthogonal):
 
     def _not_in_algebra(self, M, tol):
         ones = torch.ones(M.shape[-1], dtype=M.dtype, device=M.device)
-        return super()._not_in_algebra(M, tol) or ("M 1 ≠ 0" if relative_error(M @ ones, 0 * ones,
-                                                                               floor=1) > tol else None)
+        return (super()._not_in_algebra(M, tol)
+                or ("M 1 ≠ 0" if relative_error(M @ ones, 0 * ones, floor=1) > tol else None))
 
 
 @dataclass(frozen=True)

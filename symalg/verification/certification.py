@@ -64,8 +64,8 @@ class ClaimError:
         return f"{self.symmetry.label}: relative error {self.error:.2e} on output {self.output!r} under {self.element}"
 
 
-def sample_elements(group, generator: torch.Generator, dtype=torch.float64, device="cpu") -> list[tuple[str,
-                                                                                                        torch.Tensor]]:
+def sample_elements(group, generator: torch.Generator, dtype=torch.float64,
+                    device="cpu") -> list[tuple[str, torch.Tensor]]:
     """The test elements of ``group``: :meth:`~symalg.catalogue.groups.SiteGroup.sample` (every discrete generator,
     ``exp(M)`` near and far from the identity, another component; random sign patterns for wide sign flips).
     A group whose elements are dense ``h × h`` matrices is refused above the entry limit of the grammar."""

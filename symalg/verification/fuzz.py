@@ -9,10 +9,9 @@ reproduction).
 
 :func:`run` traces (:func:`symalg.trace`), derives (:func:`derive_claims`, with or without the numerical
 certification inside ``derive``) and checks every claim ``θ ↦ g·θ`` with
-:func:`symalg.verification.certification.claim_errors`: the worst relative change of any output, ``‖F(g·θ, x) − F(θ,
-x)‖ /
-‖F(θ, x)‖``, over group elements near and far from the identity and discrete generators, on fresh inputs,
-buffers included. A claim is false when that change exceeds
+:func:`symalg.verification.certification.claim_errors`: the worst relative change of any output,
+``‖F(g·θ, x) − F(θ, x)‖ / ‖F(θ, x)‖``, over group elements near and far from the identity and discrete
+generators, on fresh inputs, buffers included. A claim is false when that change exceeds
 :data:`~symalg.verification.certification.CERTIFICATION_TOLERANCE`. The outcome of each model is one of: claims checked,
 a documented refusal (:class:`symalg.SpecError` or a subclass), a crash (any other exception) or a hang
 (over ``time_limit`` CPU seconds, stopped by ``SIGPROF``).

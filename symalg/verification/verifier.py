@@ -71,9 +71,8 @@ from symalg.verification.certification import output_change, sample_elements
 from symalg.errors import SpecError
 from symalg.frontend.outputs import output_tensors
 from symalg.verification.checks import (TOLERANCES, CheckResult, VerificationReport, check_angular_momentum,
-                                        check_device,
-                                             check_gradient_orthogonality,
-                           check_params, compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
+                                        check_device, check_gradient_orthogonality, check_params, compare_to_sympy,
+                                        integrate_gradient_flow, loss_gradients, relative_error)
 
 __all__ = ["verify", "default_widths"]
 
