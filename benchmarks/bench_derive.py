@@ -121,7 +121,8 @@ def measure(depth: int, activations: tuple, repeats: int, memory: bool, warm: bo
 
 def print_tables(rows: list[dict]) -> None:
     head = (f"{'depth':>6} {'acts':>20} {'rep':>3} {'sites':>5} {'qs':>4} {'parse':>7} {'derive':>7} "
-            f"{'conserv':>7} {'lower':>7} {'total':>8} {'ms/layer':>8} {'marginal':>8} {'min..max total':>16} {'warm':>7}")
+            f"{'conserv':>7} {'lower':>7} {'total':>8} {'ms/layer':>8} {'marginal':>8} {'min..max total':>16} "
+            f"{'warm':>7}")
     print("\nTime (seconds; median over fresh processes; ms/layer = median total / depth; marginal = "
           "(total - total at the previous depth) / (depth - previous depth), in ms per added layer)")
     print(head)

@@ -183,7 +183,8 @@ def main(argv=None) -> None:
     print(f"\nTwo-layer networks Linear(h, h) → {args.activation} → Linear(h, h) ({act}); 12-layer transformer "
           f"d_model 768, 12 heads. Times in seconds (median of {args.repeat} fresh process(es)); memory = growth of "
           "peak RSS during the call (MiB).\n")
-    print("| model | parameters | dim g | orbit dim | structured s | +RSS MiB | dense s | +RSS MiB | dense / structured |")
+    print("| model | parameters | dim g | orbit dim | structured s | +RSS MiB | dense s | +RSS MiB "
+          "| dense / structured |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         s, d = row["structured"], row["dense"]
@@ -193,22 +194,25 @@ def main(argv=None) -> None:
         dim = f"{s['dimension']:,}" if "dimension" in s else "–"
         if both:
             dim += " ✓" if d["dimension"] == s["dimension"] else " ✗ DIFFER"
-        print(f"| {name} | {s.get('params', 0):,} | {s.get('algebra_dim', 0):,} | {dim} | {cell_time(s)} | {cell_rss(s)} | "
-              f"{cell_time(d)} | {cell_rss(d)} | {ratio} |")
+        print(f"| {name} | {s.get('params', 0):,} | {s.get('algebra_dim', 0):,} | {dim} | {cell_time(s)} "
+              f"| {cell_rss(s)} | {cell_time(d)} | {cell_rss(d)} | {ratio} |")
     at64 = next((r for r in rows if r["kind"] == "two-layer" and r["width"] == 64), None)
     if at64 and at64["dense"]["status"] == at64["structured"]["status"] == "ok":
         ratio = at64["dense"]["time"] / at64["structured"]["time"]
-        print(f"\nwidth 64: structured {ratio:,.0f}× faster than dense (target ≥ 100×: {'met' if ratio >= 100 else 'NOT met'})")
+        print(f"\nwidth 64: structured {ratio:,.0f}× faster than dense "
+              f"(target ≥ 100×: {'met' if ratio >= 100 else 'NOT met'})")
     print("\nstructured: method, generic (formula) value, certificate, trace + derive time")
     for r in rows:
         s = r["structured"]
         name = f"h = {r['width']}" if r["kind"] == "two-layer" else "transformer"
-        print(f"  {name}: {', '.join(s.get('methods', []))}; generic {s.get('expected')}; gap {s.get('gap', math.nan):.3g}, "
-              f"margin {s.get('margin', math.nan):.3g}; trace + derive {s.get('derive', math.nan):.3f} s")
+        print(f"  {name}: {', '.join(s.get('methods', []))}; generic {s.get('expected')}; "
+              f"gap {s.get('gap', math.nan):.3g}, margin {s.get('margin', math.nan):.3g}; "
+              f"trace + derive {s.get('derive', math.nan):.3f} s")
     print(f"\nwall time of the benchmark: {time.perf_counter() - started:.1f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "rows": rows}, f, indent=2)
+            settings = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+            json.dump({"args": settings, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ import time
 import sympy as sp
 import torch
 
-from symalg.applications.conjugated import (ConjugatedAction, booth, check_transitivity, ellipse, lower_components, matrix_exp,
-                               quadratic_form, rosenbrock)
+from symalg.applications.conjugated import (ConjugatedAction, booth, check_transitivity, ellipse, lower_components,
+                                            matrix_exp, quadratic_form, rosenbrock)
 from symalg.catalogue.groups import Orthogonal, OrthogonalFixingOnes
 
 
@@ -68,7 +68,8 @@ def main() -> None:
     print(f"  O(3)_1 on the quadratic form: invariance {sub['invariance'].max_error:.1e}, transitivity miss "
           f"{sub['transitivity'].max_error:.2e} (the group also keeps 1ᵀh(x); its orbits are circles inside the level "
           "spheres)")
-    print(f"  subgroup_invariance={sub['invariance'].max_error:.3e} subgroup_transitivity={sub['transitivity'].max_error:.3e}")
+    print(f"  subgroup_invariance={sub['invariance'].max_error:.3e} "
+          f"subgroup_transitivity={sub['transitivity'].max_error:.3e}")
 
     fn = booth()
     ring = lower_components("ring", ((fn.h.T * fn.h)[0] - 1) ** 2, fn.x)

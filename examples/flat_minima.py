@@ -87,7 +87,8 @@ def radial_trained():
     x = gaussian(generator, 200, 5)
     y = teacher(x).detach() + 0.1 * gaussian(generator, 200, 3)
     run = train_to_minimum(student, x, y, max_iter=300, newton_steps=10)
-    return flat_minimum(analysis, x, y, dict(run.model.named_parameters()), label="radial 5-16-3 (trained)"), run.seconds
+    report = flat_minimum(analysis, x, y, dict(run.model.named_parameters()), label="radial 5-16-3 (trained)")
+    return report, run.seconds
 
 
 def large_relu():
@@ -117,7 +118,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    flat_minimum(*linear_teacher_minimum(2, 3, 2, samples=4))  # warm-up: torch.func's first-call setup stays out of the rows
+    # warm-up: torch.func's first-call setup stays out of the rows
+    flat_minimum(*linear_teacher_minimum(2, 3, 2, samples=4))
     header = (f"{'model':<30} {'minimum':<31} {'P':>6} {'orbit':>6} {'ker H':>6} {'excess':>6} {'gap':>8} "
               f"{'max|Ht|':>8} {'|grad|':>8} {'loss':>8} {'method':<10} {'HVPs':>5} {'train s':>7} {'s':>5}")
     print(header)
@@ -127,7 +129,8 @@ def main(argv=None):
         report, train_seconds = run()
         reports.append(report)
         null = report.null_space
-        print(f"{report.label:<30} {how:<31} {report.n_params:>6} {report.orbit_dimension:>6} {report.null_dimension:>6} "
+        print(f"{report.label:<30} {how:<31} {report.n_params:>6} {report.orbit_dimension:>6} "
+              f"{report.null_dimension:>6} "
               f"{report.excess:>6} {null.gap:>8.1e} {report.tangent_residual:>8.1e} {report.gradient_norm:>8.1e} "
               f"{report.loss:>8.1e} {null.method:<10} {report.hvps:>5} {train_seconds:>7.2f} {report.seconds:>5.2f}")
     print()

@@ -23,12 +23,14 @@ import torch
 import symalg
 import symalg.numeric.sampling
 from symalg.applications.conjugated import matrix_exp
-from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, barlow_twins_loss, gaussian_expectation,
-                                    info_nce_loss, moments, paired_monte_carlo, spectral_contrastive_loss, two_view_loss)
+from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, barlow_twins_loss,
+                                                 gaussian_expectation, info_nce_loss, moments, paired_monte_carlo,
+                                                 spectral_contrastive_loss, two_view_loss)
 
 
 def _row(label, key, values, formats):
-    print(f"{label:44} " + " ".join(f"{v:>{w}}" if isinstance(v, str) else f"{v:>{w}.2e}" for v, w in zip(values, formats)))
+    print(f"{label:44} " + " ".join(f"{v:>{w}}" if isinstance(v, str) else f"{v:>{w}.2e}"
+                                    for v, w in zip(values, formats)))
     return key
 
 
@@ -50,7 +52,8 @@ def loss_symmetry_table(generator) -> None:
               f"{c['gradient_orthogonality'].max_error:9.1e} {c['angular_momentum'].max_error:9.1e} {moved:>8}  "
               f"{'symmetry' if report.passed else 'NOT a symmetry'}")
         key = name.split(" ")[0].lower()
-        print(f"  {key}_invariance={c['invariance'].max_error:.3e} {key}_gradient={c['gradient_orthogonality'].max_error:.3e}"
+        print(f"  {key}_invariance={c['invariance'].max_error:.3e}"
+              f" {key}_gradient={c['gradient_orthogonality'].max_error:.3e}"
               f" {key}_momentum={c['angular_momentum'].max_error:.3e} {key}_passed={int(report.passed)}")
 
 
@@ -98,7 +101,8 @@ def distribution_table(generator, samples: int) -> None:
     expected = lambda p: gaussian_expectation(per_sample(p), mean, covariance, nodes=48)  # noqa: E731
     report = gaussian.verify(expected, net)
     c = {r.check: r for r in report.checks}
-    print(f"{'x ~ N(μ, Σ), GELU net, Gauss–Hermite 48³':44} {int(gaussian.group.dim):5d} {c['invariance'].max_error:10.1e} "
+    print(f"{'x ~ N(μ, Σ), GELU net, Gauss–Hermite 48³':44} {int(gaussian.group.dim):5d} "
+          f"{c['invariance'].max_error:10.1e} "
           f"{c['gradient_orthogonality'].max_error:9.1e} {c['relation'].max_error:9.1e}  "
           f"{'symmetry' if report.passed else 'NOT a symmetry'}")
     print(f"  gaussian_invariance={c['invariance'].max_error:.3e} gaussian_passed={int(report.passed)}")

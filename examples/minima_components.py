@@ -1,4 +1,4 @@
-"""Connected components of the minimum of deep linear networks (dissertation §3.2–3.3, App. B.1–B.2).
+"""Connected components of the minimum of deep linear networks ([Zhao2026] §3.2–3.3, App. B.1–B.2).
 
 Network ``f(x) = W_l ⋯ W_1 x`` with square ``h × h`` weights (torch layout, no biases), loss
 ``L = ½ mean ‖f(x_i) − y_i‖²`` on random data with an invertible least-squares product ``A``. Derivations in
@@ -53,7 +53,8 @@ def data(h: int, generator: torch.Generator, n: int = 12) -> tuple[torch.Tensor,
 def component_counts(cases, generator: torch.Generator) -> None:
     """Part (a): formula against certified union–find, for each ``(depth, width, samples per component)``."""
     print("# (a) components of the minimum: formula 2^(l-1) vs label-free union-find over certified chart paths")
-    print(f"{'depth':>5} {'width':>5} {'samples':>7} {'formula':>7} {'numeric':>7} {'labels':>6} {'pure':>5} {'time_s':>7}")
+    print(f"{'depth':>5} {'width':>5} {'samples':>7} {'formula':>7} {'numeric':>7} {'labels':>6} {'pure':>5} "
+          f"{'time_s':>7}")
     mismatches = 0
     for depth, h, per_component in cases:
         start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Curves on the minimum from the group action, their curvature, and loss barriers (dissertation §3.3.3–3.4).
+"""Curves on the minimum from the group action, their curvature, and loss barriers ([Zhao2026] §3.3.3–3.4).
 
 Deep linear chains ``f(x) = W_l ⋯ W_1 x`` (torch layout, no biases) with the hidden-site action
 ``W_k ↦ g_k W_k g_{k−1}⁻¹`` and homogeneous two- and three-layer networks built by :mod:`symalg`.
@@ -9,12 +9,13 @@ Derivations in ``docs/minima_geometry.md``; every formula is compared with a dir
     ``2√(ab)/(a e^{2ct} + b e^{−2ct})^{3/2}`` of the scaling curve ``M = cI``.
 (b) Barrier bound on random cases: ``B(s) = ‖∂L/∂P‖ D + ½‖Σ‖₂ D²`` (``D`` from the chord deviation
     ``½ s(1−s) Δt² sup‖γ''‖``) against the measured loss on the chord between ``γ(t_a)`` and ``γ(t_b)``;
-    alongside, the dissertation's sagitta ``(1 − √(1 − (κ_max D_chord/2)²))/κ_max`` against the measured
+    alongside, [Zhao2026]'s sagitta ``(1 − √(1 − (κ_max D_chord/2)²))/κ_max`` against the measured
     distance from the chord to the curve.
 (c) Tightness: measured/bound → 1 as ``Δt → 0`` on a width-1 chain at a zero-loss minimum.
-(d) The helix ``(cos t, sin t, ct)``, orbit of a screw motion: the dissertation's Theorem 3.4.2 fails.
+(d) The helix ``(cos t, sin t, ct)``, orbit of a screw motion: [Zhao2026] Theorem 3.4.2 fails.
 (e) Homogeneous last layers: closed-form barrier of ``(1−α)θ + α g·θ`` against the numerical maximum of
-    the network's loss (``symalg.numeric.sampling.network_function``, ``Symmetry.apply``); growth with the scaling ``m``;
+    the network's loss (``symalg.numeric.sampling.network_function``, ``Symmetry.apply``); growth with the
+    scaling ``m``;
     the choice of ``m`` in the proof of Prop. 3.3.3 for degree ``k = ½``.
 
 Usage::
@@ -157,7 +158,7 @@ def tightness(generator: torch.Generator) -> None:
 
 
 def helix() -> None:
-    """Part (d): the dissertation's sagitta bound against the helix."""
+    """Part (d): [Zhao2026]'s sagitta bound against the helix."""
     c = 0.1
     kappa, chord = 1 / (1 + c ** 2), 2 * math.pi * c
     sagitta = (1 - math.sqrt(1 - (kappa * chord / 2) ** 2)) / kappa

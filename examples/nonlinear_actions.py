@@ -1,4 +1,4 @@
-"""Measured errors of the data-dependent GL(h) actions and of the teleportation actions (issue 5, items 1–2).
+"""Measured errors of the data-dependent GL(h) actions and of the teleportation actions.
 
 Prints one table per part; every number is a maximum (or median where said) of a relative error over
 seeded draws, in float64. ``key=value`` tokens at the end of each table summarise it for scripts.

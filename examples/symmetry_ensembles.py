@@ -1,6 +1,6 @@
-"""Symmetry ensembles vs independent and random-perturbation ensembles on sklearn digits (issue 5 item 5).
+"""Symmetry ensembles vs independent and random-perturbation ensembles on sklearn digits.
 
-Trains ``64 → 32 → LeakyReLU(0.1) → 10`` MLPs (float64, CPU, full-batch Adam; the dissertation's
+Trains ``64 → 32 → LeakyReLU(0.1) → 10`` MLPs (float64, CPU, full-batch Adam; [Zhao2026]'s
 Sec. 2.9 head is fc → leaky ReLU → fc with width 32), builds ensembles from the base model and evaluates
 clean / FGSM / PGD accuracy on the held-out split (pixels scaled to [0, 1]; attacks L∞, clipped to [0, 1]).
 

@@ -151,7 +151,8 @@ def summarise(rows):
             values = [r[key] for r in runs if r[key] is not None]
             return statistics.median(values) if len(values) == len(runs) else None
         summary.append(dict(protocol=protocol, model=kind, lam=lam, lam_value=runs[0]["lam"], runs=len(runs),
-                            reached=sum(r["steps"] is not None for r in runs), diverged=sum(r["diverged"] for r in runs),
+                            reached=sum(r["steps"] is not None for r in runs),
+                            diverged=sum(r["diverged"] for r in runs),
                             **{k: median(k) for k in ("lr", "change", "steps", "time_to_threshold", "train", "test",
                                                       "sharp0", "sharp", "trace", "drift", "norm", "init_seconds")}))
     return summary
@@ -166,15 +167,17 @@ def fmt(value, spec):
 def print_table(summary, steps, seeds):
     print(f"median over {seeds} seed(s); full-batch gradient descent, {steps} steps; threshold L* + "
           f"{THRESHOLD_FRACTION}(L0 − L*); fixed: η = {LEARNING_RATE}; scaled: η = {SCALED}/λmax(H at init)")
-    header = (f"{'protocol':8} {'model':6} {'λ':>5} {'max|Δf|':>8} {'‖θ₀‖':>6} {'η':>6} {'steps→thr':>9} {'reached':>7} "
-              f"{'s→thr':>6} {'train':>7} {'test':>7} {'λmax@0':>7} {'λmax@end':>8} {'trH@end':>8} {'drift Q':>8} {'div':>3}")
+    header = (f"{'protocol':8} {'model':6} {'λ':>5} {'max|Δf|':>8} {'‖θ₀‖':>6} {'η':>6} {'steps→thr':>9} "
+              f"{'reached':>7} {'s→thr':>6} {'train':>7} {'test':>7} {'λmax@0':>7} {'λmax@end':>8} {'trH@end':>8} "
+              f"{'drift Q':>8} {'div':>3}")
     print(header)
     print("-" * len(header))
     for s in summary:
         print(f"{s['protocol']:8} {s['model']:6} {s['lam']:>5} {fmt(s['change'], '8.1e')} {fmt(s['norm'], '6.2f')} "
               f"{fmt(s['lr'], '6.3f')} {fmt(s['steps'], '9.0f')} {s['reached']:>3}/{s['runs']:<3} "
               f"{fmt(s['time_to_threshold'], '6.2f')} {fmt(s['train'], '7.4f')} {fmt(s['test'], '7.4f')} "
-              f"{fmt(s['sharp0'], '7.2f')} {fmt(s['sharp'], '8.2f')} {fmt(s['trace'], '8.1f')} {fmt(s['drift'], '8.1e')} "
+              f"{fmt(s['sharp0'], '7.2f')} {fmt(s['sharp'], '8.2f')} {fmt(s['trace'], '8.1f')} "
+              f"{fmt(s['drift'], '8.1e')} "
               f"{s['diverged']:>3}")
 
 
@@ -207,7 +210,8 @@ def plot(rows, summary, path: Path):
         row_axes[0].set(title=f"{kind}: training loss (fixed η, seed {seed})", xlabel="step", ylabel="loss")
         row_axes[0].legend(fontsize=7)
         for protocol, marker in (("fixed", "o-"), ("scaled", "s--")):
-            points = [s for s in summary if s["model"] == kind and s["protocol"] == protocol and s["lam_value"] is not None]
+            points = [s for s in summary
+                      if s["model"] == kind and s["protocol"] == protocol and s["lam_value"] is not None]
             lams = [s["lam_value"] for s in points]
             row_axes[1].plot(lams, [float("nan") if s["steps"] is None else s["steps"] for s in points], marker,
                              label=f"{protocol} η")

@@ -1,5 +1,5 @@
 """Shared plumbing of the teleportation reproductions (``examples/teleport_*.py``): command line, one torch
-thread, ``key=value`` tokens, and the digits data and LeakyReLU classifier of the dissertation's Ch. 5."""
+thread, ``key=value`` tokens, and the digits data and LeakyReLU classifier of [Zhao2026] Ch. 5."""
 from __future__ import annotations
 
 import argparse
@@ -43,7 +43,7 @@ def digits(seed: int = 0, validation: float = 0.2):
 
 
 def classifier(seed: int, widths=(64, 16, 10, 10), slope: float = 0.1) -> nn.Sequential:
-    """The dissertation's three-layer LeakyReLU(0.1) classifier (Sec. 5.2.3 / 5.4.2 sizes h₁ = 16, h₂ = 10)."""
+    """[Zhao2026]'s three-layer LeakyReLU(0.1) classifier (Sec. 5.2.3 / 5.4.2 sizes h₁ = 16, h₂ = 10)."""
     torch.manual_seed(seed)
     layers = []
     for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):

@@ -1,4 +1,4 @@
-"""Teleportation with SGD, momentum, AdaGrad, RMSProp and Adam on scikit-learn's digits (dissertation Sec. 5.4.2).
+"""Teleportation with SGD, momentum, AdaGrad, RMSProp and Adam on scikit-learn's digits ([Zhao2026] Sec. 5.4.2).
 
 Model (Sec. 5.4.2, 8×8 digits instead of MNIST): 64 → 16 → 10 → 10, LeakyReLU(0.1), cross-entropy, mini-batches of
 20, float64; 1437 training / 360 validation images. Teleport once after the first epoch on one mini-batch of 200,
@@ -6,7 +6,7 @@ Model (Sec. 5.4.2, 8×8 digits instead of MNIST): 64 → 16 → 10 → 10, Leaky
 
 Action: the exact symmetries symalg derives for the traced model (``PositiveScaling(16)``, ``PositiveScaling(10)``
 at the LeakyReLU sites, ``Translations`` of the logits): batch 200 > width 16, so the data-dependent ``GL`` action
-would not keep the loss (the dissertation accepted that error; ``TeleportingOptimizer`` rejects such teleports).
+would not keep the loss ([Zhao2026] accepted that error; ``TeleportingOptimizer`` rejects such teleports).
 Objective: ``GradNorm`` for SGD and momentum, ``MetricGradNorm(optimizer_metric(opt))`` (the decay rate of the
 optimizer's next step, eq. 5.7) for AdaGrad, RMSProp and Adam.
 
@@ -47,7 +47,7 @@ def evaluate(model, x, y):
 
 
 TELEPORT_BATCHES, TELEPORT_STEPS = 1, 3
-"""One teleport: 3 ascent steps on one batch of 200 images. The dissertation's 8 batches × 10 steps cost
+"""One teleport: 3 ascent steps on one batch of 200 images. [Zhao2026]'s 8 batches × 10 steps cost
 about 700 training steps, 8–10 digits epochs of 68 steps (its MNIST epochs had 2,500); this fits in one."""
 
 
@@ -63,7 +63,8 @@ def run(name, teleporting, train, val, epochs, seed=0):
     teleport_data = batches(x, y, 200, generator)
     opt = TeleportingOptimizer(optimizer, model, Teleporter(action, objective, steps=TELEPORT_STEPS, lr=5e-2),
                                model_loss(model, F.cross_entropy), lambda: next(teleport_data),
-                               Schedule(at_epochs=(1,) if teleporting else (), batches=TELEPORT_BATCHES), state="transform")
+                               Schedule(at_epochs=(1,) if teleporting else (), batches=TELEPORT_BATCHES),
+                               state="transform")
     val_losses, epoch_seconds, teleport_seconds = [evaluate(model, xv, yv)[0]], [], 0.0
     for _ in range(epochs):
         start = time.perf_counter()
@@ -85,7 +86,8 @@ def main() -> None:
     names = ("SGD", "AdaGrad") if args.quick else tuple(OPTIMIZERS)
     train, val = digits()
     fig, ax = plt.subplots(figsize=(8, 5))
-    print(f"digits 64-16-10-10 LeakyReLU(0.1), batch 20, {epochs} epochs; one teleport after epoch 1 ({TELEPORT_BATCHES} × 200 "
+    print(f"digits 64-16-10-10 LeakyReLU(0.1), batch 20, {epochs} epochs; one teleport after epoch 1 "
+          f"({TELEPORT_BATCHES} × 200 "
           f"images, {TELEPORT_STEPS} steps, lr 5e-2)")
     print(f"{'optimizer':9} {'teleport':8} {'train loss':>10} {'train acc':>9} {'val loss':>9} {'val acc':>8} "
           f"{'epoch s':>8} {'teleport s':>10} {'overhead':>8} {'accepted':>8} {'obj. gain':>9} {'max |dL|/L':>10}")

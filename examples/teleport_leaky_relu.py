@@ -1,4 +1,4 @@
-"""Wall-clock speedup of teleportation on the three-layer LeakyReLU regression of dissertation Sec. 4.6.2/4.6.4.
+"""Wall-clock speedup of teleportation on the three-layer LeakyReLU regression of [Zhao2026] Sec. 4.6.2/4.6.4.
 
 Setup (Sec. 4.6.2): ``min ‖Y − W₃σ(W₂σ(W₁X))‖`` with ``W₁ ∈ R^{6×5}``, ``W₂ ∈ R^{7×6}``, ``W₃ ∈ R^{8×7}``, no biases,
 ``X ∈ R^{5×4}`` (4 samples), ``Y ∈ R^{8×4}``, σ = LeakyReLU(0.1); data and weights uniform on [0, 1], one draw per
@@ -15,16 +15,16 @@ Two stopping rules, both timed on the same run:
 Speedup = t_plain / t_teleport for each rule, per seed (the median over ``--repeats`` interleaved plain/teleport
 pairs; the trajectories are deterministic, only the clock varies), then the median over the seeds that got there.
 
-The action is the dissertation's: LeakyReLU's only exact linear symmetries are positive scalings and
+The action is [Zhao2026]'s: LeakyReLU's only exact linear symmetries are positive scalings and
 permutations, so Ch. 4 uses the data-dependent ``GL(d)`` action of eq. 4.13 for bijective activations on each pair
 of adjacent layers (``symalg.applications.teleport_actions.ExactTeleport`` at both hidden sites, widths 6 and 7, 85
 coordinates). With batch 4 ≤ the layer's input width it keeps the loss on the batch exactly. ``complete=True``
 adds back ``W̃(I − hh⁺)``: without it ``c = 0`` is not the identity (it projects the weights onto the data span);
 completed it is a group action. Other differences: ``g = exp(T)`` (exact, composed) instead of ``I + T``, and each
 ascent step is clipped to ``‖Δ‖ ≤ 1`` (``Teleporter.max_step``). Grid (Sec. 4.6.4): teleport learning rates ×
-numbers of ascent steps 1…32. The dissertation's rates 1e-9…1e-5 are tied to its loss scaling and do nothing
+numbers of ascent steps 1…32. [Zhao2026]'s rates 1e-9…1e-5 are tied to its loss scaling and do nothing
 with the norm loss (‖∇L‖² gain < 1.01 at 1e-5 and 8 steps), so its default grid is shifted to 1e-6…1e-2; the
-dissertation's grid with its loss: ``--loss squared --lrs 1e-9,1e-8,1e-7,1e-6,1e-5``.
+grid of [Zhao2026] with its loss: ``--loss squared --lrs 1e-9,1e-8,1e-7,1e-6,1e-5``.
 
 Prints tables and ``key=value`` tokens; saves ``teleport_leaky_relu.png``.
 Run: ``python examples/teleport_leaky_relu.py [--quick] [--seeds N] [--repeats N] [--loss norm|squared]
@@ -42,8 +42,8 @@ import torch
 from torch import nn
 
 from symalg.applications.nonlinear_actions import FeedForward
-from symalg.applications.teleport import (FunctionAction, GradNorm, MetricGradNorm, TeleportResult, Teleporter, as_action,
-                             optimizer_metric)
+from symalg.applications.teleport import (FunctionAction, GradNorm, MetricGradNorm, TeleportResult, Teleporter,
+                                          as_action, optimizer_metric)
 from symalg.applications.teleport_actions import ExactTeleport
 from teleport_common import parse_args, tokens
 

@@ -5,11 +5,11 @@ Models: the 64 → 16 → 10 → 10 LeakyReLU(0.1) classifier of Sec. 5.2.3, tra
 learning rates (0.01, 0.03, 0.1), batch sizes (8, 32, 128) and epochs (4, 8), float64. Measures at the trained
 parameters, on the training set:
 
-* sharpness: ``symalg.applications.teleport.Sharpness`` (eq. 5.1 less the loss) with the dissertation's displacements
-  ``T = 0.001, 0.011, …, 0.191`` and ``|D|`` = 50 antithetic direction pairs (200 in the dissertation; 10 and
+* sharpness: ``symalg.applications.teleport.Sharpness`` (eq. 5.1 less the loss) with [Zhao2026]'s displacements
+  ``T = 0.001, 0.011, …, 0.191`` and ``|D|`` = 50 antithetic direction pairs (200 in [Zhao2026]; 10 and
   6 models with ``--quick``);
-* curvature: ``symalg.applications.teleport.Curvature`` (eq. 5.2) averaged over 8 random curves ``exp(tM)·θ`` of the exact
-  symmetries symalg derives (positive scalings of the LeakyReLU sites, logit translations); the dissertation
+* curvature: ``symalg.applications.teleport.Curvature`` (eq. 5.2) averaged over 8 random curves ``exp(tM)·θ`` of the
+  exact symmetries symalg derives (positive scalings of the LeakyReLU sites, logit translations); [Zhao2026]
   used ``k = 1`` curve of its data-dependent ``GL`` action.
 
 Prints each model, then Pearson and Spearman correlations with the validation loss (and, for reference, the
@@ -61,7 +61,8 @@ def measures(model, train, val, sharpness, curves):
         train_loss = float(loss(params))
         val_loss = float(F.cross_entropy(model(xv), yv))
         sharp = float(sharpness(params, loss, action, wrt))
-    curvature = sum(float(Curvature(curves=1, seed=s)(params, loss, action, wrt).detach()) for s in range(curves)) / curves
+    curvature = sum(float(Curvature(curves=1, seed=s)(params, loss, action, wrt).detach())
+                    for s in range(curves)) / curves
     return train_loss, val_loss, sharp, curvature
 
 
@@ -78,7 +79,8 @@ def main() -> None:
     sharpness = Sharpness(displacements=DISPLACEMENTS, directions=directions, seed=0)
     rows = []
     print(f"{count} models (SGD on digits), sharpness |T| = 20, |D| = 2×{directions}; curvature over {curves} curves")
-    print(f"{'seed':>4} {'lr':>5} {'batch':>5} {'epochs':>6} {'train L':>8} {'val L':>8} {'sharpness':>10} {'curvature':>10}")
+    print(f"{'seed':>4} {'lr':>5} {'batch':>5} {'epochs':>6} {'train L':>8} {'val L':>8} "
+          f"{'sharpness':>10} {'curvature':>10}")
     for seed, lr, batch, epochs in settings:
         row = measures(train_model(seed, lr, batch, epochs, train), train, val, sharpness, curves)
         rows.append(row)

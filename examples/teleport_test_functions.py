@@ -1,8 +1,9 @@
 """Gradient descent with and without symmetry teleportation on quadratic forms, Booth and Rosenbrock.
 
-Dissertation Sec. 4.6.1 (Fig. 4.3/4.4): each test function ``f = ‖h(x)‖²`` has the conjugated ``O(n)`` action
+[Zhao2026] Sec. 4.6.1 (Fig. 4.3/4.4): each test function ``f = ‖h(x)‖²`` has the conjugated ``O(n)`` action
 ``g·x = h⁻¹(g h(x))`` (``symalg.conjugated``), transitive on level sets. Every ``--every`` GD steps the point is
-teleported to maximise ``‖∇f‖²`` on its level set (``symalg.applications.teleport.teleport``, ``GradNorm``, default step).
+teleported to maximise ``‖∇f‖²`` on its level set (``symalg.applications.teleport.teleport``, ``GradNorm``,
+default step).
 
 Closed form of the objective on the level set (parametrisation ``f(x) = (x − c)ᵀA(x − c)`` of
 ``symalg.applications.conjugated.quadratic_form``; Booth is ``A = BᵀB``, ``B = [[1, 2], [2, 1]]``, eigenvalues 9 and 1):
@@ -101,7 +102,8 @@ def main() -> None:
     fig, axes = plt.subplots(2, 4, figsize=(16, 7))
     print("GD ± teleport (GradNorm). ratio = ‖∇f‖² after a teleport / its maximum on the level set (closed form; "
           "Rosenbrock: orbit scan)")
-    print(f"{'function':11} {'lr':>6} {'steps':>5} {'L0':>9} {'L_gd':>10} {'L_tel':>10} {'steps gd':>8} {'steps tel':>9} "
+    print(f"{'function':11} {'lr':>6} {'steps':>5} {'L0':>9} {'L_gd':>10} {'L_tel':>10} {'steps gd':>8} "
+          f"{'steps tel':>9} "
           f"{'t_gd s':>7} {'t_tel s':>7} {'ratio 1st':>10} {'min ratio':>10} {'max |dL|/L':>10}")
     for col, (name, fn, x0, lr, steps, at, settings, closed_form) in enumerate(problems(args.quick)):
         plain, t_plain, _ = descend(fn, x0, lr, steps, (), settings, closed_form)

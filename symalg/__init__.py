@@ -22,7 +22,7 @@ h
 >>> symalg.verify(analysis.subs({"n": 3, "h": 5, "m": 2})).passed
 True
 """
-from symalg import applications
+from symalg import applications  # noqa: F401  (the subpackage: symalg.applications.teleport, ...)
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry, overlay, register
 from symalg.errors import SpecError
 from symalg.frontend.spec import Spec, from_torch, parse, to_graph, to_module

@@ -18,12 +18,13 @@ import sys
 
 import torch
 
-from symalg.symbolic.derive import derive
+from symalg.symbolic.derive import Analysis, derive
 from symalg.frontend.spec import parse
 from symalg.frontend.grammar import MAX_WIDTH
 from symalg.errors import SpecError
 from symalg.ir.architecture import as_width
 from symalg.symbolic.report import describe, describe_latex
+from symalg.verification.checks import VerificationReport
 from symalg.verification.verifier import check_device, verify
 from symalg.frontend.tracing import trace
 
@@ -43,7 +44,8 @@ def _widths(text: str, known: set[str]) -> dict[str, int]:
         if name not in known:
             raise SpecError(f"--widths: the spec has no symbolic width {name!r} (it has {sorted(known) or 'none'})")
         if len(value.lstrip("0")) > len(str(MAX_WIDTH)):  # before int(): a 5000-digit value is refused by Python itself
-            raise SpecError(f"--widths: {name}={value[:12]}... exceeds the limit of {MAX_WIDTH} (symalg.frontend.grammar.MAX_WIDTH)")
+            raise SpecError(f"--widths: {name}={value[:12]}... exceeds the limit of {MAX_WIDTH} "
+                            "(symalg.frontend.grammar.MAX_WIDTH)")
         widths[name] = as_width(int(value), f"--widths {name}")
     return widths
 
@@ -91,14 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_model_file(args) -> int:
+def _run_model_file(args: argparse.Namespace) -> int:
     """Trace and derive the model a Python file defines, then print the same report as for a spec."""
     namespace = _load_model_file(args.model)
     analysis = derive(trace(namespace["model"], namespace["example_inputs"]), loss=namespace.get("loss", "mse"))
     return _report(analysis, args)
 
 
-def _report(analysis, args, widths: dict | None = None, widths_text: str = "") -> int:
+def _report(analysis: Analysis, args: argparse.Namespace, widths: dict[str, int] | None = None,
+            widths_text: str = "") -> int:
     """The report every input gets: symmetries, orbit dimension, conserved quantities (text, then LaTeX), then the
     verification at concrete widths (``widths`` for a spec with symbolic widths); the exit status."""
     if args.latex:
@@ -108,7 +111,8 @@ def _report(analysis, args, widths: dict | None = None, widths_text: str = "") -
     print("\nLaTeX:")
     print(describe_latex(analysis))
     symbolic = sorted(str(s) for s in analysis.widths)
-    missing = [name for name in symbolic if name not in (widths or {})]
+    widths = widths or {}
+    missing = [name for name in symbolic if name not in widths]
     if missing:
         print(f"\n(no verification: give --widths for {', '.join(missing)})")
         return 0
@@ -122,7 +126,7 @@ def _report(analysis, args, widths: dict | None = None, widths_text: str = "") -
     return _print_verification(report, args.verbose)
 
 
-def _print_verification(report, verbose: bool) -> int:
+def _print_verification(report: VerificationReport, verbose: bool) -> int:
     """Print the checks (all with ``verbose``, else the failures) and the summary; the exit status."""
     print("\nverification:")
     for check in report.checks:

@@ -193,7 +193,8 @@ def test_elements_belong_to_the_group(op, h, index):
         elif name == "Orthogonal":
             assert rel_err(G.T @ G, eye) < 1e-12, label
         elif name == "SignFlips":
-            assert torch.equal(G, torch.diag(torch.diagonal(G))) and set(torch.diagonal(G).tolist()) <= {-1.0, 1.0}, label
+            assert torch.equal(G, torch.diag(torch.diagonal(G))), label
+            assert set(torch.diagonal(G).tolist()) <= {-1.0, 1.0}, label
         elif name == "Permutations":
             assert set(G.flatten().tolist()) <= {0.0, 1.0} and torch.equal(G.sum(0), torch.ones(h, dtype=DTYPE)) \
                 and torch.equal(G.sum(1), torch.ones(h, dtype=DTYPE)), label
@@ -228,7 +229,8 @@ def test_rep_differential_is_alpha_times_M(op, h, index):
     generator = torch.Generator().manual_seed(5)
     M = group.random_algebra_element(1.0, generator, DTYPE)
     t = 1e-5
-    derivative = (as_matrix(group, group.rep(group.exp(t * M))) - as_matrix(group, group.rep(group.exp(-t * M)))) / (2 * t)
+    derivative = (as_matrix(group, group.rep(group.exp(t * M)))
+                  - as_matrix(group, group.rep(group.exp(-t * M)))) / (2 * t)
     assert rel_err(derivative, float(group.alpha) * as_matrix(group, M)) < 1e-8
 
 
@@ -410,7 +412,8 @@ def _symmetry_cases(keep=lambda group: True):
         for bias in (True, False):
             for i, symmetry in enumerate(_two_layer(op, 4, bias)[0].symmetries):
                 if keep(symmetry.group):
-                    cases.append(pytest.param(op, bias, i, id=f"{op}-{'bias' if bias else 'no_bias'}-{symmetry.group.name}"))
+                    case_id = f"{op}-{'bias' if bias else 'no_bias'}-{symmetry.group.name}"
+                    cases.append(pytest.param(op, bias, i, id=case_id))
     return cases
 
 
@@ -488,7 +491,8 @@ def test_action_matches_action_formula(op, bias, index):
         if roles["b_in"]:
             expected[roles["b_in"]] = G @ params[roles["b_in"]]
         if roles["b_out"]:
-            expected[roles["b_out"]] = params[roles["b_out"]] - params[roles["W_out"]] @ inverse @ shift_row(group, g, 4)
+            expected[roles["b_out"]] = (params[roles["b_out"]]
+                                        - params[roles["W_out"]] @ inverse @ shift_row(group, g, 4))
         assert params_err(symmetry.apply(params, g), expected) < 1e-12, label
 
 
@@ -543,7 +547,8 @@ def test_tangent_is_derivative_of_action(op, bias, index):
                 f"{symmetry.label}, generator {i}, {name}"
 
 
-@pytest.mark.parametrize("group", [symalg.catalogue.groups.GeneralLinear(4), Orthogonal(5), symalg.catalogue.groups.OrthogonalFixingOnes(5),
+@pytest.mark.parametrize("group", [symalg.catalogue.groups.GeneralLinear(4), Orthogonal(5),
+                                   symalg.catalogue.groups.OrthogonalFixingOnes(5),
                                    symalg.catalogue.groups.PositiveScaling(3)], ids=lambda g: g.name)
 def test_random_algebra_element_is_the_gaussian_combination_of_the_basis(group):
     # Matrix groups draw it without stacking their dim·h²-entry basis (GL(768) needs 3·10¹¹ entries); the draw

@@ -62,8 +62,17 @@ def test_failing_verification_gives_exit_status_1(capsys, monkeypatch):
 
 
 def test_console_script_is_installed_and_runs():
-    result = subprocess.run([sys.executable, "-m", "symalg.cli", "--no-verify"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "symalg.cli", "--no-verify"], capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0 and "orbit dimension" in result.stdout
+
+
+def test_python_dash_m_symalg_runs_the_command_and_returns_its_status():
+    ok = subprocess.run([sys.executable, "-m", "symalg", "--no-verify"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "orbit dimension" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "symalg", "linear(2, 3) -> nosuchop -> linear(3, 1)"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("symalg: error:") and "nosuchop" in bad.stderr
 
 
 def test_readme_python_example_runs():
@@ -101,7 +110,8 @@ def test_a_model_file_gets_the_same_report_as_its_spec(tmp_path, capsys):
     """The same network as a spec and as a ``--model`` file: the same sections, symmetries and verification."""
     path = tmp_path / "mlp.py"
     path.write_text("import torch\ntorch.manual_seed(0)\n"
-                    "model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()\n"
+                    "model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), "
+                    "torch.nn.Linear(4, 2)).double()\n"
                     "example_inputs = (torch.randn(8, 3, dtype=torch.float64),)\n")
     assert main(["linear(3, 4) -> tanh -> linear(4, 2)"]) == 0
     spec = capsys.readouterr().out
@@ -114,7 +124,8 @@ def test_a_model_file_gets_the_same_report_as_its_spec(tmp_path, capsys):
     def groups(out):  # the symmetries (site names differ: '0' for the spec's layer, '_0' for the traced one)
         return re.findall(r"^  (\S+) on \S+  \[", out, re.M)
 
-    assert sections(model) == sections(spec) == ["model", "symmetries", "restricted", "restricted", "orbit dimension (generic)",
+    assert sections(model) == sections(spec) == ["model", "symmetries", "restricted", "restricted",
+                                                 "orbit dimension (generic)",
                                                  "conserved quantities", "certification", "LaTeX", "verification"]
     assert groups(model) == groups(spec) == ["SignFlips(4)", "S(4)"]
     assert "orbit dimension (generic): 0" in spec and "orbit dimension (generic): 0" in model

@@ -7,8 +7,8 @@ import pytest
 import sympy as sp
 import torch
 
-from symalg.applications.conjugated import (TOLERANCE, ConjugatedAction, booth, check_transitivity, ellipse, lower_components,
-                               matrix_exp, quadratic_form, rosenbrock, sample_level_set)
+from symalg.applications.conjugated import (TOLERANCE, ConjugatedAction, booth, check_transitivity, ellipse,
+                                            lower_components, matrix_exp, quadratic_form, rosenbrock, sample_level_set)
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, OrthogonalFixingOnes, PositiveScaling
 
 FUNCTIONS = {"booth": booth, "rosenbrock": rosenbrock, "ellipse": lambda: ellipse(4),
@@ -58,7 +58,8 @@ def test_gradient_orthogonal_to_vector_field_and_field_matches_finite_difference
     M = function.group.algebra_basis()[0]
     field = function.action.vector_field(x, M)
     step = 1e-5  # central difference of t ↦ exp(tM)·x: error O(step²)
-    difference = (function.action.apply(x, matrix_exp(step * M)) - function.action.apply(x, matrix_exp(-step * M))) / (2 * step)
+    difference = (function.action.apply(x, matrix_exp(step * M))
+                  - function.action.apply(x, matrix_exp(-step * M))) / (2 * step)
     assert torch.allclose(field, difference, rtol=1e-7, atol=1e-7)
     leaf = x.clone().requires_grad_(True)
     grad = torch.autograd.grad(function.loss(leaf).sum(), leaf)[0]
@@ -79,7 +80,7 @@ def test_rosenbrock_in_four_variables_has_o4():
 
 # -- closed forms and paper formulas, checked independently ---------------------------------------------------------
 def test_paper_maps_are_the_ones_derived():
-    """Dissertation eqs. C.2, C.5, C.8, reproduced from the printed formulas (they are correct)."""
+    """[Zhao2026] eqs. C.2, C.5, C.8, reproduced from the printed formulas (they are correct)."""
     a = sp.Symbol("a", positive=True)
     x1, x2, u, v = sp.symbols("x1 x2 u v")
     h_paper = sp.Matrix([10 * (x1 ** 2 - x2), x1 - 1])  # Rosenbrock, eq. C.5
@@ -88,7 +89,8 @@ def test_paper_maps_are_the_ones_derived():
     assert sp.expand((h_paper.T * h_paper)[0] - rosenbrock().loss_expr) == 0
     booth_inverse = sp.Matrix([-u / 3 + 2 * v / 3 + 1, 2 * u / 3 - v / 3 + 3])  # eq. C.8
     fn = booth()
-    assert sp.simplify(booth_inverse.subs({u: fn.h[0], v: fn.h[1]}, simultaneous=True) - sp.Matrix([x1, x2])) == sp.zeros(2, 1)
+    roundtrip = booth_inverse.subs({u: fn.h[0], v: fn.h[1]}, simultaneous=True)
+    assert sp.simplify(roundtrip - sp.Matrix([x1, x2])) == sp.zeros(2, 1)
     t = sp.Symbol("t")
     R = sp.Matrix([[sp.cos(t), -sp.sin(t)], [sp.sin(t), sp.cos(t)]])
     ellipse_action = sp.diag(1, 1 / sp.sqrt(a)) * R * sp.diag(1, sp.sqrt(a)) * sp.Matrix([x1, x2])  # eq. C.2

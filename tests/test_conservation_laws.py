@@ -10,8 +10,8 @@ from torch.func import grad, jvp
 
 import symalg
 from symalg.catalogue.activations import declare_linear, declare_pointwise
-from symalg.applications.conservation_laws import (_Chain, _draw, _evaluate, compare_with_symmetries, count_conservation_laws,
-                                      random_point)
+from symalg.applications.conservation_laws import (_Chain, _draw, _evaluate, compare_with_symmetries,
+                                                   count_conservation_laws, random_point)
 from symalg.errors import SpecError
 from symalg.numeric.orbit_rank import action_matrix, independent_conserved_rank
 
@@ -135,7 +135,8 @@ def test_leaky_relu_with_slope_one_is_linear_and_complete():
 def test_a_symmetry_the_catalogue_does_not_declare_is_reported_incomplete():
     """A catalogue that declares ReLU pointwise only (permutations, no scalings) misses the 4 laws
     ``‖w_in,i‖² − ‖w_out,i‖²``; the comparison says so instead of agreeing."""
-    relu_pointwise = symalg.overlay({"relu": symalg.CatalogueEntry("relu", lambda z: sp.Max(z, 0), declare_pointwise())})
+    relu_pointwise = symalg.overlay({"relu": symalg.CatalogueEntry("relu", lambda z: sp.Max(z, 0),
+                                                                   declare_pointwise())})
     arch = symalg.parse("linear(3, 4) -> relu -> linear(4, 2)", catalogue=relu_pointwise)
     result = compare_with_symmetries(symalg.derive(arch, catalogue=relu_pointwise))
     assert (result.laws.n_laws, result.symmetry_count) == (4, 0)
@@ -251,7 +252,8 @@ def _slow_grid():
     tuples (seed 0): 4,840 tuples, each linear and ReLU, with and without biases."""
     rng = random.Random(0)
     tuples = [w for q in (2, 3) for w in itertools.product(range(2, 10), repeat=q + 1)]
-    tuples += list(itertools.product((2, 9), repeat=5)) + [tuple(rng.randint(2, 9) for _ in range(5)) for _ in range(200)]
+    tuples += list(itertools.product((2, 9), repeat=5))
+    tuples += [tuple(rng.randint(2, 9) for _ in range(5)) for _ in range(200)]
     return [(w, a, b) for w in tuples for a in ("linear", "relu") for b in (False, True)]
 
 

@@ -116,6 +116,15 @@ def test_wrong_declaration_is_refuted_symbolically():
     assert "failed numerical certification" in certified.blocked[0].reason
 
 
+def test_a_disproved_declaration_on_a_site_without_an_activation_node_names_its_producer_layer():
+    wrong = symalg.overlay({"identity": symalg.CatalogueEntry("identity", symalg.CATALOGUE["identity"].function,
+                                                              symalg.catalogue.declare_homogeneous(degree=2))})
+    analysis = symalg.derive(symalg.parse("linear(2, 3) -> linear(3, 1)", catalogue=wrong))
+    (note,) = analysis.blocked
+    assert (note.node, note.site) == ("0", "h1") and "c^2 σ(z), c > 0: FALSE" in note.reason
+    assert [s.label for s in analysis.symmetries] == ["h1:S(3)"]
+
+
 def test_generators_are_an_explicit_basis_at_concrete_widths():
     gl = symalg.derive("linear(2, 3) -> identity -> linear(3, 1)").symmetries[0]
     basis = gl.group.generators()
@@ -137,7 +146,8 @@ def test_conserved_quantity_closed_forms():
     degree = scaling.conserved
     params = {"0.weight": torch.randn(4, 2), "0.bias": torch.randn(4), "2.weight": torch.randn(3, 4)}
     expected = (params["0.weight"] ** 2).sum(1) + params["0.bias"] ** 2 - 3 * (params["2.weight"] ** 2).sum(0)
-    torch.testing.assert_close(degree(params)["q__0"].squeeze(-1), expected)  # the imbalance is weighted by the degree α = 3
+    # the imbalance is weighted by the degree α = 3
+    torch.testing.assert_close(degree(params)["q__0"].squeeze(-1), expected)
 
 
 def test_conserved_quantity_values_match_a_hand_computation(generator):
@@ -201,7 +211,8 @@ def test_lowered_analysis_exposes_every_callable_with_source(generator):
     assert "def q_0(params):" in lowered["q__0"].source
     params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     W1, b1, W2 = params["0.weight"], params["0.bias"], params["2.weight"]
-    torch.testing.assert_close(lowered["q__0"](params)["q__0"].squeeze(-1), (W1 ** 2).sum(1) + b1 ** 2 - (W2 ** 2).sum(0))
+    torch.testing.assert_close(lowered["q__0"](params)["q__0"].squeeze(-1),
+                               (W1 ** 2).sum(1) + b1 ** 2 - (W2 ** 2).sum(0))
     assert [j.symmetry.label for j in analysis.angular_momenta()] == ["O(2) on 2"]
 
 
@@ -209,7 +220,8 @@ def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
     relu = symalg.derive("linear(3, 5) -> relu -> linear(5, 2)")
     params = symalg.numeric.sampling.random_params(relu.architecture, generator)
     scaling, perms = relu.symmetries
-    with pytest.raises(ValueError, match=r"PositiveScaling\(5, alpha=1\): a group element has shape \(\.\.\., h\) with h = 5"):
+    with pytest.raises(ValueError,
+                       match=r"PositiveScaling\(5, alpha=1\): a group element has shape \(\.\.\., h\) with h = 5"):
         scaling.apply(params, torch.ones(4))
     with pytest.raises(ValueError, match="entries must be positive"):
         scaling.apply(params, torch.eye(5))  # read as a batch of 5 diagonals, which contain zeros
@@ -220,18 +232,20 @@ def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
     with pytest.raises(ValueError, match="permutation matrix"):
         perms.apply(params, torch.eye(5) + 0.1)
     radial = symalg.derive("linear(3, 4) -> radial -> linear(4, 2)").symmetries[0]
-    radial_params = symalg.numeric.sampling.random_params(symalg.parse("linear(3, 4) -> radial -> linear(4, 2)"), generator)
+    random_params = symalg.numeric.sampling.random_params
+    radial_params = random_params(symalg.parse("linear(3, 4) -> radial -> linear(4, 2)"), generator)
     with pytest.raises(ValueError, match="gᵀg ≠ I"):
         radial.apply(radial_params, 2 * torch.eye(4))
     with pytest.raises(ValueError, match="not antisymmetric"):
         radial.apply_algebra(radial_params, torch.eye(4))
     gl = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)").symmetries[0]
     with pytest.raises(ValueError, match="singular"):
-        gl.apply(symalg.numeric.sampling.random_params(symalg.parse("linear(3, 4) -> identity -> linear(4, 2)"), generator),
+        gl.apply(random_params(symalg.parse("linear(3, 4) -> identity -> linear(4, 2)"), generator),
                  torch.zeros(4, 4))
     # genuine elements, batched algebra elements, pass
     assert scaling.apply(params, torch.rand(5) + 0.5)["0.weight"].shape == (5, 3)
-    M1, M2 = torch.randn(5, generator=generator, dtype=torch.float64), torch.randn(5, generator=generator, dtype=torch.float64)
+    M1, M2 = (torch.randn(5, generator=generator, dtype=torch.float64),
+              torch.randn(5, generator=generator, dtype=torch.float64))
     torch.testing.assert_close(scaling.tangent(params, M1 + M2)["0.weight"],                 # linear in M
                                scaling.tangent(params, M1)["0.weight"] + scaling.tangent(params, M2)["0.weight"])
 
@@ -239,7 +253,8 @@ def test_actions_reject_inputs_outside_the_group_or_algebra(generator):
 def test_a_width_one_linear_site_is_still_a_gl_matrix_quantity(generator):
     analysis = symalg.derive("linear(3, 1) -> identity -> linear(1, 2)")
     (quantity,) = analysis.conserved_quantities()
-    assert quantity.name == "C__0" and quantity.kind == "matrix" and r"\operatorname{tr}\left(M C_{0}\right)" in quantity.latex()
+    assert quantity.name == "C__0" and quantity.kind == "matrix"
+    assert r"\operatorname{tr}\left(M C_{0}\right)" in quantity.latex()
     params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     assert quantity(params)["C__0"].shape == (1, 1)
     symbolic = symalg.derive("linear(n, h) -> identity -> linear(h, m)").conserved_quantities()[0]
@@ -261,7 +276,8 @@ def test_lowered_callables_name_missing_parameters(generator):
 
 
 def test_an_architecture_remembers_the_catalogue_it_was_parsed_with():
-    mine = symalg.overlay({"sin": symalg.CatalogueEntry("sin", lambda z: sp.sin(z), symalg.catalogue.activations.declare_odd())})
+    mine = symalg.overlay({"sin": symalg.CatalogueEntry("sin", lambda z: sp.sin(z),
+                                                        symalg.catalogue.activations.declare_odd())})
     arch = symalg.parse("linear(2, 3) -> sin -> linear(3, 1)", catalogue=mine)
     assert [s.group.name for s in symalg.derive(arch).symmetries] == ["SignFlips(3)", "S(3)"]
     assert symalg.derive(arch.subs({})).blocked == () and arch.subs({}).catalogue is mine

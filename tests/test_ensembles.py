@@ -6,8 +6,8 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from symalg.applications.ensembles import (Ensemble, accuracy, evaluate_robustness, fgsm, parameter_distance, per_input_symmetry_ensemble,
-                              perturbation_ensemble, pgd, symmetry_ensemble)
+from symalg.applications.ensembles import (Ensemble, accuracy, evaluate_robustness, fgsm, parameter_distance,
+                                           per_input_symmetry_ensemble, perturbation_ensemble, pgd, symmetry_ensemble)
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Regression tests for the false claims of issue 12 (outputs, shared and tied tensors, shared blocks,
+"""Regression tests for false claims inference once made (outputs, shared and tied tensors, shared blocks,
 attention weights): each model once got a symmetry that changes one of its outputs.
 
 Every test traces the model with example inputs, derives, and checks three things: every remaining claim

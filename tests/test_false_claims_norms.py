@@ -1,4 +1,4 @@
-"""Regression tests for false claims around normalisations (issue 12, root causes 4-6).
+"""Regression tests for false claims around normalisations (root causes 4-6 of docs/soundness.md).
 
 Each test traces a minimal reproduction, certifies every remaining claim on the model itself
 (``claim_errors``: every output, fresh inputs, buffers moved), checks which groups are still claimed (the
@@ -260,7 +260,8 @@ class AddParameter(nn.Module):
 
     def __init__(self, shape):
         super().__init__()
-        self.conv, self.p, self.head = nn.Conv1d(2, 4, 3, bias=False), nn.Parameter(torch.randn(shape)), nn.Conv1d(4, 2, 1)
+        self.conv, self.head = nn.Conv1d(2, 4, 3, bias=False), nn.Conv1d(4, 2, 1)
+        self.p = nn.Parameter(torch.randn(shape))
 
     def forward(self, x):
         return self.head(torch.relu(self.conv(x) + self.p))
@@ -346,7 +347,8 @@ def test_fuzz_f5_layer_norm_over_time_between_transposes():
 
     analysis = fuzzed(Model(), torch.randn(3, 2, 1))
     assert claims(analysis) == [("m0", "S(4)")]
-    assert any("layer norm works along axes [-1], but the sites run along axis -2" in r for r in blocked_at(analysis, "m1"))
+    assert any("layer norm works along axes [-1], but the sites run along axis -2" in r
+               for r in blocked_at(analysis, "m1"))
 
 
 def test_fuzz_f6_group_norm_then_eval_batch_norm():
@@ -382,8 +384,9 @@ def test_fuzz_group_norm_groups_of_a_depthwise_convolution_of_data_do_not_permut
 
 
 def test_fuzz_sigmoid_flip_after_a_one_channel_group_norm_shifts_the_bias_once():
-    # symalg.verification.fuzz.generate(0, 7622, "conv"): with one channel, the group's site and the group-permutation site
-    # bind the same region and are tied; the reader's bias absorbed the flip's shift once per site (twice)
+    # symalg.verification.fuzz.generate(0, 7622, "conv"): with one channel, the group's site and the
+    # group-permutation site bind the same region and are tied; the reader's bias absorbed the flip's shift once
+    # per site (twice)
     class Model(nn.Module):
         def __init__(self):
             super().__init__()

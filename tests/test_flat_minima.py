@@ -11,8 +11,8 @@ from torch import nn
 
 import symalg
 import symalg.numeric.sampling
-from symalg.applications.flat_minima import (flat_minimum, hessian_null_space, hessian_vector_products, linear_teacher_minimum,
-                                model_loss, orbit_tangents, train_to_minimum)
+from symalg.applications.flat_minima import (flat_minimum, hessian_null_space, hessian_vector_products,
+                                             linear_teacher_minimum, model_loss, orbit_tangents, train_to_minimum)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -206,14 +206,16 @@ def test_to_spec_string_round_trips_a_torch_model():
     # node names differ (nested "2.0" vs "2"), the layers do not
     parsed = parse(text)
     torch_arch = parse(model)
-    assert [torch_arch.node(v)["op"] for v in torch_arch.layer_names] == [parsed.node(v)["op"] for v in parsed.layer_names]
+    assert ([torch_arch.node(v)["op"] for v in torch_arch.layer_names]
+            == [parsed.node(v)["op"] for v in parsed.layer_names])
 
 
 # -- parse(nn.Sequential) reads a chain as a spec; from_torch traces any model --------------------------
 def test_from_torch_always_returns_the_one_graph():
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
     x = torch.randn(5, 3, dtype=torch.float64)
-    for graph in (from_torch(model), from_torch(model, (x,)), from_torch(model, x), from_torch(model, example_inputs=(x,))):
+    for graph in (from_torch(model), from_torch(model, (x,)), from_torch(model, x),
+                  from_torch(model, example_inputs=(x,))):
         assert isinstance(graph, symalg.ModelGraph) and graph.tracer == "fx"
         assert graph.parameter_shapes == {k: tuple(v.shape) for k, v in model.named_parameters()}
     assert from_torch(model).example_inputs is None
@@ -251,7 +253,8 @@ SUPPORTED = [
     (nn.SELU(), "selu", "selu", {}),
     (symalg.catalogue.modules.Activation("radial"), "radial", "radial", {}),
     (symalg.catalogue.modules.Activation("relu_pow", alpha=3), "relu_pow(alpha=3)", "relu_pow", {"alpha": 3}),
-    (symalg.catalogue.modules.Activation("leaky_relu", slope=0.2), "leaky_relu(slope=0.2)", "leaky_relu", {"slope": sp.Rational(1, 5)}),
+    (symalg.catalogue.modules.Activation("leaky_relu", slope=0.2), "leaky_relu(slope=0.2)", "leaky_relu",
+     {"slope": sp.Rational(1, 5)}),
 ]
 SUPPORTED_IDS = [f"{type(s[0]).__name__}-{s[1]}" for s in SUPPORTED]
 
@@ -523,7 +526,8 @@ def test_to_module_names_parameters_like_the_architecture():
     ("tanh", r"layer 0 \(tanh\)"),
     ("linear(n, h) -> relu -> tanh -> linear(h, m)", r"layer 2 \(tanh\): two activations in a row"),
     # unknown / positional hyper-parameters
-    ("linear(n, h) -> leaky_relu(alpha=2) -> linear(h, m)", r"layer 1: .*'leaky_relu' has no hyper-parameter \['alpha'\]"),
+    ("linear(n, h) -> leaky_relu(alpha=2) -> linear(h, m)",
+     r"layer 1: .*'leaky_relu' has no hyper-parameter \['alpha'\]"),
     ("linear(n, h) -> relu(slope=0.1) -> linear(h, m)", r"layer 1: .*'relu' has no hyper-parameter \['slope'\]"),
     ("linear(n, h) -> leaky_relu(0.2) -> linear(h, m)",
      r"layer 1 \(leaky_relu\): positional arguments are for linear\(in, out\) only"),

@@ -52,7 +52,8 @@ def _all_subclasses(cls):
 # -- registry ----------------------------------------------------------------------------------------------
 def test_every_group_class_that_sets_a_kind_is_registered_under_it():
     registered = group_classes()
-    own_kind = {c for c in _all_subclasses(SiteGroup) if "kind" in vars(c) and c.__module__ == "symalg.catalogue.groups"}
+    own_kind = {c for c in _all_subclasses(SiteGroup)
+                if "kind" in vars(c) and c.__module__ == "symalg.catalogue.groups"}
     assert own_kind == set(registered.values())
     assert all(registered[c.kind] is c for c in own_kind)
 
@@ -120,7 +121,8 @@ def test_action_is_a_homomorphism(group):
                 assert relative_error(stepwise, composed) < TOL, (role, power)
 
 
-@pytest.mark.parametrize("group", [g for g in GROUPS if "in" in g.roles], ids=_ids([g for g in GROUPS if "in" in g.roles]))
+@pytest.mark.parametrize("group", [g for g in GROUPS if "in" in g.roles],
+                         ids=_ids([g for g in GROUPS if "in" in g.roles]))
 def test_action_leaves_the_pairing_of_writers_and_readers_unchanged(group):
     """``(π(g)⁻ᵀ V)ᵀ (g U) = Vᵀ U``: the contraction the next layer computes is invariant (a linear identity;
     an affine one also moves the reader's bias, which is not a region)."""
@@ -234,7 +236,8 @@ def test_the_conserved_term_is_invariant_under_gradient_flow_of_an_invariant_los
     assert relative_error(Q(*state), before) < 1e-9      # Q did not
 
 
-@pytest.mark.parametrize("group", [g for g in GROUPS if g.conserved_kind is None], ids=_ids([g for g in GROUPS if g.conserved_kind is None]))
+@pytest.mark.parametrize("group", [g for g in GROUPS if g.conserved_kind is None],
+                         ids=_ids([g for g in GROUPS if g.conserved_kind is None]))
 def test_a_group_without_conserved_kind_has_no_conserved_term(group):
     assert group.conserved_term(sp.MatrixSymbol("U", WIDTH, 3)) is None
     assert group.n_symmetric == 0

@@ -61,7 +61,8 @@ SPECS = [
     ("linear(3, 4) -> leaky_relu(slope=1" + "0" * 100 + ") -> linear(4, 2)", r"slope: argument '10+' is too large"),
     ("linear(3, 4) -> leaky_relu(slope=" + "1" * 5000 + ") -> linear(4, 2)", r"layer 1: cannot parse"),
     ("linear(3, 4) -> leaky_relu(slope=" + "-" * 100000 + "1) -> linear(4, 2)", r"layer 1: cannot parse"),
-    ("linear(3, 4) -> leaky_relu(slope=" + "+".join(["1"] * 900) + ") -> linear(4, 2)", r"slope: argument is nested too deeply"),
+    ("linear(3, 4) -> leaky_relu(slope=" + "+".join(["1"] * 900) + ") -> linear(4, 2)",
+     r"slope: argument is nested too deeply"),
     ("linear(3, 1000000000000) -> relu -> linear(1000000000000, 2)", r"width 1000000000000 exceeds the limit"),
     ("linear(0, 4) -> relu -> linear(4, 2)", r"layer 0 \(linear\) in_features: width 0 must be positive"),
     ("linear(3, -4) -> relu -> linear(-4, 2)", r"out_features: width -4 must be positive"),
@@ -84,9 +85,9 @@ SPECS = [
     "lambda-width", "attribute-width", "subscript-width", "payload-as-layer", "starred-args", "double-star-kwargs",
     "dunder-name-width", "statement-after-spec", "conditional-expression", "power-tower-width", "power-tower-slope",
     "overflowing-slope", "overflowing-negative-slope", "division-by-zero", "complex-slope", "300-bit-slope",
-    "5000-digit-slope", "deeply-nested-unary", "900-term-sum", "width-10-to-12", "zero-width", "negative-width", "fractional-width",
-    "boolean-width", "misspelt-linear", "misspelt-relu", "quoted-bias", "integer-bias", "unknown-hyper-parameter",
-    "nan-slope-name", "negative-degree", "empty-spec", "dangling-arrow"])
+    "5000-digit-slope", "deeply-nested-unary", "900-term-sum", "width-10-to-12", "zero-width", "negative-width",
+    "fractional-width", "boolean-width", "misspelt-linear", "misspelt-relu", "quoted-bias", "integer-bias",
+    "unknown-hyper-parameter", "nan-slope-name", "negative-degree", "empty-spec", "dangling-arrow"])
 def test_spec_string_is_refused_without_evaluation(spec, message, marker):
     with pytest.raises(SpecError, match=message):
         symalg.parse(spec.replace("PAYLOAD", payload(marker)))
@@ -120,7 +121,8 @@ API = [
     # a width named like a name of the generated code would overwrite it (`params = W.shape[-2]`)
     (lambda m: symalg.derive("linear(n, params) -> relu -> linear(params, m)").conserved_quantities()[0](_params()),
      ValueError, r"width\(s\) \['params'\] have the name of a tensor or function the generated code uses"),
-    (lambda m: symalg.derive("linear(n, torch) -> relu -> linear(torch, m)").conserved_quantities()[0](_params()), ValueError,
+    (lambda m: symalg.derive("linear(n, torch) -> relu -> linear(torch, m)").conserved_quantities()[0](_params()),
+     ValueError,
      r"width\(s\) \['torch'\] have the name of a tensor or function"),
     # text handed to SymPy constructors elsewhere in the API is refused, not parsed
     (lambda m: GeneralLinear(payload(m)).dim, SpecError, r"GeneralLinear: width: .*pathlib.* is text"),
@@ -130,7 +132,8 @@ API = [
 
 
 def test_a_width_named_like_a_chain_bias_is_read_correctly():
-    """Generated code reads tensors as ``_0_bias`` (a width cannot start with ``_``): a width ``b_1`` overwrites nothing."""
+    """Generated code reads tensors as ``_0_bias`` (a width cannot start with ``_``): a width ``b_1`` overwrites
+    nothing."""
     params = _params()
     (q,) = symalg.derive("linear(n, b_1) -> relu -> linear(b_1, m)").conserved_quantities()
     W1, b1, W2 = params["0.weight"], params["0.bias"], params["2.weight"]
@@ -141,8 +144,8 @@ def test_a_width_named_like_a_chain_bias_is_read_correctly():
 @pytest.mark.parametrize("call, error, message", API, ids=[
     "builder-payload-slope", "builder-payload-or-number", "activation-payload-slope", "activation-power-tower",
     "activation-infinite-slope", "activation-object-slope", "builder-width-with-payload", "symbol-with-space",
-    "keyword-width-name", "subs-power-tower", "subs-payload", "subs-10-to-12", "subs-negative", "subs-unknown-name", "width-named-like-the-argument",
-    "width-named-torch", "group-width-text", "ellipse-text", "quadratic-form-text"])
+    "keyword-width-name", "subs-power-tower", "subs-payload", "subs-10-to-12", "subs-negative", "subs-unknown-name",
+    "width-named-like-the-argument", "width-named-torch", "group-width-text", "ellipse-text", "quadratic-form-text"])
 def test_api_argument_is_refused_without_evaluation(call, error, message, marker):
     with pytest.raises(error, match=message):
         call(marker)
@@ -185,14 +188,17 @@ class _TwoInputs(nn.Module):
 
 
 INPUTS = [
-    (_mlp, lambda: (torch.randn(5, 7),), r"failed in module '0' \(Linear\): RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
+    (_mlp, lambda: (torch.randn(5, 7),),
+     r"failed in module '0' \(Linear\): RuntimeError: mat1 and mat2 shapes cannot be multiplied"),
     (_mlp, lambda: (torch.zeros(5, 3, dtype=torch.int64),), r"failed in module '0' \(Linear\): .*same dtype"),
     (_mlp, lambda: (torch.full((5, 3), float("nan")),), r"example input 0 has non-finite entries"),
     (_mlp, lambda: (torch.full((5, 3), float("-inf")),), r"example input 0 has non-finite entries"),
     (_mlp, lambda: (torch.zeros(0, 3),), r"example input 0 is empty \(shape \(0, 3\)\)"),
     (_mlp, lambda: (torch.randn(5, 3), torch.randn(5, 3)), r"failed in Sequential: TypeError: .*positional argument"),
-    (_TwoInputs, lambda: (torch.randn(5, 3), torch.randn(5, 4)), r"failed in module 'b' \(Linear\): RuntimeError: mat1 and mat2"),
-    (_TwoInputs, lambda: (torch.randn(5, 3), torch.full((5, 5), float("nan"))), r"example input 1 has non-finite entries"),
+    (_TwoInputs, lambda: (torch.randn(5, 3), torch.randn(5, 4)),
+     r"failed in module 'b' \(Linear\): RuntimeError: mat1 and mat2"),
+    (_TwoInputs, lambda: (torch.randn(5, 3), torch.full((5, 5), float("nan"))),
+     r"example input 1 has non-finite entries"),
 ]
 
 
@@ -253,16 +259,20 @@ PARAMETERS = [
     (lambda: symalg.verify(symalg.derive(_SPEC), params=_params(**{"0.bias": torch.randn(4, 1)})),
      SpecError, r"parameter '0\.bias' has shape \(4, 1\), expected \(4,\)"),
     (lambda: symalg.verify(symalg.derive("linear(n, h) -> relu -> linear(h, m)"),
-                           params=_params(**{"2.weight": torch.randn(2, 6)})), SpecError, r"parameter '2\.weight': width h"),
+                           params=_params(**{"2.weight": torch.randn(2, 6)})),
+     SpecError, r"parameter '2\.weight': width h"),
     (lambda: symalg.verify(symalg.derive(_SPEC), data=torch.randn(8, 5)),
-     SpecError, r"verify: the model does not run on data of shapes \[\(8, 5\)\] \(example inputs of shapes \[\(8, 3\)\]\)"),
-    (lambda: symalg.verify(symalg.derive(_SPEC), dtype=torch.float16), ValueError, r"dtype torch.float16 is not supported"),
+     SpecError, r"verify: the model does not run on data of shapes \[\(8, 5\)\] "
+                r"\(example inputs of shapes \[\(8, 3\)\]\)"),
+    (lambda: symalg.verify(symalg.derive(_SPEC), dtype=torch.float16), ValueError,
+     r"dtype torch.float16 is not supported"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"0.weight": torch.randn(5, 3)})),
      ValueError, r"q_0: parameter '0\.weight' has shape \(5, 3\), expected \(\.\.\., 4, 3\)"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"0.bias": torch.randn(1)})),
      ValueError, r"q_0: parameter '0\.bias' has shape \(1,\), expected \(\.\.\., 4\)"),
     (lambda: symalg.derive("linear(n, h) -> relu -> linear(h, m)").conserved_quantities()[0](
-        _params(**{"2.weight": torch.randn(2, 6)})), ValueError, r"parameter '2\.weight' has shape \(2, 6\), expected \(\.\.\., 2, 4\)"),
+        _params(**{"2.weight": torch.randn(2, 6)})),
+     ValueError, r"parameter '2\.weight' has shape \(2, 6\), expected \(\.\.\., 2, 4\)"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"2.weight": None})),
      KeyError, r"parameter\(s\) \['2\.weight'\] missing"),
     (lambda: symalg.derive(_SPEC).conserved_quantities()[0](_params(**{"0.bias": [0.0] * 4})),
@@ -310,16 +320,17 @@ CLI = [
     ([_TANH, "--widths", "n=3,h=4,m=2", "--seed", "abc"], r"argument --seed: invalid int value: 'abc'"),
     (['linear(3, 4) -> leaky_relu(slope="PAYLOAD or 0.2") -> linear(4, 2)'], r"symalg: error: .*quoted string"),
     (["linear(3, PAYLOAD) -> relu -> linear(4, 2)"], r"symalg: error: .*must be a number or a name"),
-    (["linaer(n, h) -> relu -> linear(h, m)"], r"symalg: error: layer 0: unknown layer 'linaer'; did you mean 'linear'"),
+    (["linaer(n, h) -> relu -> linear(h, m)"],
+     r"symalg: error: layer 0: unknown layer 'linaer'; did you mean 'linear'"),
     (["linear(3, 9**9**9) -> relu -> linear(9**9**9, 2)"], r"symalg: error: .*exponentiation"),
 ]
 
 
 @pytest.mark.parametrize("argv, message", CLI, ids=[
-    "widths-not-a-number", "widths-negative", "widths-zero", "widths-no-value", "widths-duplicate", "widths-unknown-name",
-    "widths-float-notation", "widths-arabic-digit", "widths-100000", "widths-above-max-width", "widths-5000-digits",
-    "dtype-unknown", "device-bogus", "seed-not-int", "spec-quoted-payload", "spec-call-payload", "spec-misspelt-layer",
-    "spec-power-tower"])
+    "widths-not-a-number", "widths-negative", "widths-zero", "widths-no-value", "widths-duplicate",
+    "widths-unknown-name", "widths-float-notation", "widths-arabic-digit", "widths-100000", "widths-above-max-width",
+    "widths-5000-digits", "dtype-unknown", "device-bogus", "seed-not-int", "spec-quoted-payload", "spec-call-payload",
+    "spec-misspelt-layer", "spec-power-tower"])
 def test_cli_flag_is_refused_with_one_clear_line(argv, message, marker, capsys):
     status, err = _cli([a.replace("PAYLOAD", payload(marker)) for a in argv], capsys)
     assert status == 2

@@ -9,9 +9,9 @@ import torch
 import symalg
 import symalg.numeric.sampling
 from symalg.applications.conjugated import TOLERANCE, matrix_exp
-from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, MomentStabiliser, barlow_twins_loss,
-                                    gaussian_expectation, info_nce_loss, moments, paired_monte_carlo,
-                                    spectral_contrastive_loss, two_view_loss)
+from symalg.applications.loss_symmetries import (DistributionSymmetry, GramLossSymmetry, MomentStabiliser,
+                                                 barlow_twins_loss, gaussian_expectation, info_nce_loss, moments,
+                                                 paired_monte_carlo, spectral_contrastive_loss, two_view_loss)
 
 
 # -- loss symmetry ------------------------------------------------------------------------------------------
@@ -114,7 +114,8 @@ def test_no_symmetric_generator_preserves_a_positive_definite_form(generator):
     n = 4
     S = _spd(n, generator)
     E = torch.eye(n * n, dtype=torch.float64).reshape(-1, n, n)
-    images = torch.cat([(E @ S + S @ E.transpose(-1, -2)).reshape(n * n, -1), (E - E.transpose(-1, -2)).reshape(n * n, -1)], 1)
+    images = torch.cat([(E @ S + S @ E.transpose(-1, -2)).reshape(n * n, -1),
+                        (E - E.transpose(-1, -2)).reshape(n * n, -1)], 1)
     assert torch.linalg.matrix_rank(images) == n * n
 
 
@@ -136,8 +137,8 @@ def regression():
     n, m, batch = 6, 1, 64
     x = torch.randn(batch, n, generator=generator, dtype=torch.float64) + torch.tensor([1.0, 0, 0, 0, 0, 2.0],
                                                                                        dtype=torch.float64)
-    y = x @ torch.randn(m, n, generator=generator, dtype=torch.float64).T + 0.1 * torch.randn(batch, m, generator=generator,
-                                                                                              dtype=torch.float64)
+    y = (x @ torch.randn(m, n, generator=generator, dtype=torch.float64).T
+         + 0.1 * torch.randn(batch, m, generator=generator, dtype=torch.float64))
     params = {"0.weight": torch.randn(m, n, generator=generator, dtype=torch.float64),
               "0.bias": torch.randn(m, generator=generator, dtype=torch.float64)}
     return x, y, params
@@ -166,7 +167,8 @@ def test_mean_fixing_group_does_not_leave_the_expected_squared_error_invariant(r
 
 def test_two_moment_group_is_exact_on_the_batch_and_only_in_expectation_elsewhere(regression):
     x, y, params = regression
-    symmetry = DistributionSymmetry.from_moments("0.weight", 1, moments(x, y), ("mean", "second", "cross"), bias="0.bias")
+    symmetry = DistributionSymmetry.from_moments("0.weight", 1, moments(x, y), ("mean", "second", "cross"),
+                                                 bias="0.bias")
     assert all(v == 0 or v == sp.ZeroMatrix(*v.shape) for v in symmetry.derivation().values())
     assert symmetry.group.dim == 6  # O(6 − 2)
     batch_mse = lambda p: ((x @ p["0.weight"].T + p["0.bias"] - y) ** 2).sum(-1).mean()  # noqa: E731
@@ -217,7 +219,8 @@ def test_gaussian_expected_loss_is_invariant_by_quadrature(gaussian_setup):
 def test_gaussian_symmetry_by_paired_monte_carlo_and_a_non_symmetry(gaussian_setup):
     params, mean, covariance, per_sample, symmetry = gaussian_setup
     generator = torch.Generator().manual_seed(4)
-    samples = mean + torch.randn(50_000, 3, generator=generator, dtype=torch.float64) @ torch.linalg.cholesky(covariance).T
+    noise = torch.randn(50_000, 3, generator=generator, dtype=torch.float64)
+    samples = mean + noise @ torch.linalg.cholesky(covariance).T
     moved = symmetry.apply(params, matrix_exp(symmetry.group.random_algebra_element(2.0, generator)))
     difference, error = paired_monte_carlo(per_sample(moved), per_sample(params), samples)
     assert abs(difference) < 5 * error  # unbiased: the law of A⁻¹x is the law of x

@@ -140,7 +140,8 @@ def test_max_min_with_any_rational_constant(constant, is_max, values):
 def test_max_min_against_sympy_exact_values():
     f = _scalar_fn(sp.Max(x, sp.Rational(1, 2)) - sp.Min(y, -sp.Rational(1, 4)), x, y)
     for a, c in [(-3, 2), (0.25, -1), (7, -0.1), (0.5, -0.25)]:
-        exact = (sp.Max(x, sp.Rational(1, 2)) - sp.Min(y, -sp.Rational(1, 4))).subs({x: sp.nsimplify(a), y: sp.nsimplify(c)})
+        exact = (sp.Max(x, sp.Rational(1, 2)) - sp.Min(y, -sp.Rational(1, 4))).subs({x: sp.nsimplify(a),
+                                                                                    y: sp.nsimplify(c)})
         assert float(f(torch.tensor(float(a)), torch.tensor(float(c)))) == pytest.approx(float(exact), abs=1e-15)
 
 

@@ -1,4 +1,4 @@
-"""Geometry of minima (dissertation Ch. 3): every formula of ``symalg.minima_geometry`` against a direct
+"""Geometry of minima ([Zhao2026] Ch. 3): every formula of ``symalg.minima_geometry`` against a direct
 numerical evaluation that does not use it.
 
 * component count ``2^{l−1}`` against union–find over certified chart paths (no labels used), and the
@@ -468,7 +468,8 @@ def test_closed_form_barrier_is_zero_when_the_loss_first_decreases(generator):
     moved = symmetry.apply(params, d)
     loss = mse_loss(forward, x, y)
     level = loss(params).item()
-    _, measured = mg.maximize_on_interval(lambda a: loss({n: (1 - a) * params[n] + a * moved[n] for n in params}).item())
+    _, measured = mg.maximize_on_interval(
+        lambda a: loss({n: (1 - a) * params[n] + a * moved[n] for n in params}).item())
     barrier, alpha = mg.homogeneous_orbit_barrier(H, params["2.weight"], params["2.bias"], y, d, 1)
     assert barrier.item() == 0.0 and alpha == 0.0
     assert measured - level == pytest.approx(0.0, abs=1e-12)
@@ -477,7 +478,7 @@ def test_closed_form_barrier_is_zero_when_the_loss_first_decreases(generator):
 
 
 def test_barrier_grows_without_bound_and_the_dissertation_choice_of_m_fails_for_k_below_1():
-    """Scalar toy ``H = W = y = 1`` (zero loss): our loss is ``½(c − 1)²``, the dissertation's ``(c − 1)²‖Y‖²``."""
+    """Scalar toy ``H = W = y = 1`` (zero loss): our loss is ``½(c − 1)²``, [Zhao2026]'s ``(c − 1)²‖Y‖²``."""
     one = torch.ones(1, 1)
     for m in (2.0, 10.0, 100.0):
         barrier, _ = mg.homogeneous_orbit_barrier(one, one, None, one, m, 1)

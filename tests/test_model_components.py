@@ -105,7 +105,8 @@ def test_group_norm_without_affine_part():
     swap = torch.eye(6, dtype=torch.float64)[[3, 1, 2, 0, 4, 5]]
     params = dict(model.named_parameters())
     state = {**params, "c1.weight": torch.einsum("ij,j...->i...", swap, params["c1.weight"]),
-             "c1.bias": swap @ params["c1.bias"], "c2.weight": torch.einsum("oj...,ji->oi...", params["c2.weight"], swap.T)}
+             "c1.bias": swap @ params["c1.bias"],
+             "c2.weight": torch.einsum("oj...,ji->oi...", params["c2.weight"], swap.T)}
     assert output_change(model, state, x.double()) > 1e-3
 
 

@@ -1,4 +1,4 @@
-"""Certification before claiming (issue 12): ``derive`` checks every inferred claim of a traced model
+"""Certification before claiming: ``derive`` checks every inferred claim of a traced model
 numerically and blocks the ones that fail, with the measured error; ``verify`` compares every output.
 
 False claims are produced on purpose: a monkeypatched op rule (``sin`` read as the identity claims

@@ -13,7 +13,7 @@ from torch import nn
 import symalg
 import symalg.catalogue.groups
 from symalg.lowering.codegen import lower
-from symalg.symbolic.symmetry import ModelConserved
+from symalg.symbolic.symmetry import ConservedQuantity
 from symalg.verification.verifier import SYMBOLIC_LIMIT, verify as verify_model
 from symalg.verification.checks import TOLERANCES
 from test_models import PreNormBlock, SmallCNN
@@ -31,8 +31,8 @@ class LoRANet(nn.Module):
 
 
 def derive(model, *inputs, loss="mse"):
-    return symalg.derive(symalg.trace(model.double(), tuple(x.double() if x.is_floating_point() else x for x in inputs)),
-                         loss=loss)
+    inputs = tuple(x.double() if x.is_floating_point() else x for x in inputs)
+    return symalg.derive(symalg.trace(model.double(), inputs), loss=loss)
 
 
 def lora():
@@ -178,7 +178,7 @@ def test_gradient_flow_fails_for_a_quantity_that_is_not_conserved(monkeypatch):
     symmetry = _rank_symmetry(analysis)
     A = sp.MatrixSymbol("lora_A.weight", 2, 6)
     B = sp.MatrixSymbol("lora_B.weight", 5, 2)
-    wrong = ModelConserved("C_wrong", "matrix", {"C_wrong": A * A.T + B.T * B},
+    wrong = ConservedQuantity("C_wrong", "matrix", {"C_wrong": A * A.T + B.T * B},
                            {A: "lora_A.weight", B: "lora_B.weight"}, {})
     monkeypatch.setitem(symmetry.__dict__, "conserved", wrong)
     report = verify_model(analysis)
@@ -215,7 +215,8 @@ def test_gradient_orthogonality_fails_for_a_group_the_site_does_not_have():
     report = verify_model(dataclasses.replace(analysis, symmetries=(wrong,)))
     checks = {c.check: c for c in report.checks if c.symmetry == wrong.label}
     assert checks["gradient_orthogonality"].failed and checks["invariance"].failed
-    assert {c.check: c for c in verify_model(analysis).checks if c.symmetry == scaling.label}["gradient_orthogonality"].passed
+    checks = {c.check: c for c in verify_model(analysis).checks if c.symmetry == scaling.label}
+    assert checks["gradient_orthogonality"].passed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +261,8 @@ def test_verify_takes_buffers_from_params_and_keeps_the_models_otherwise():
 @pytest.mark.parametrize("change, message", [
     (lambda p: {**p, "extra.weight": torch.zeros(2)}, r"verify: unknown parameter 'extra.weight'"),
     (lambda p: {k: v for k, v in p.items() if k != "2.bias"}, r"verify: parameter '2.bias' is missing"),
-    (lambda p: {**p, "0.weight": torch.zeros(3, 4)}, r"verify: parameter '0.weight' has shape \(3, 4\), expected \(4, 3\)"),
+    (lambda p: {**p, "0.weight": torch.zeros(3, 4)},
+     r"verify: parameter '0.weight' has shape \(3, 4\), expected \(4, 3\)"),
     (lambda p: {**p, "0.bias": torch.full((4,), float("inf"))}, r"verify: parameter '0.bias' has non-finite entries"),
     (lambda p: {**p, "0.bias": [0.0] * 4}, r"verify: parameter '0.bias' is a list, not a tensor"),
     (lambda p: list(p.values()), r"verify: params must be a mapping"),
@@ -276,9 +278,11 @@ def test_verify_refuses_parameters_it_does_not_know_naming_them(pipeline, change
 
 def test_verify_refuses_widths_and_unusable_data_for_a_traced_model():
     _, analysis = _relu_net()
-    with pytest.raises(symalg.SpecError, match="verify: widths= sets symbolic widths; this analysis has concrete widths"):
+    with pytest.raises(symalg.SpecError,
+                       match="verify: widths= sets symbolic widths; this analysis has concrete widths"):
         symalg.verify(analysis, widths={"h": 4})
-    with pytest.raises(symalg.SpecError, match=r"the model does not run on data of shapes \[\(5, 7\)\] .* mat1 and mat2 shapes"):
+    with pytest.raises(symalg.SpecError,
+                       match=r"the model does not run on data of shapes \[\(5, 7\)\] .* mat1 and mat2 shapes"):
         symalg.verify(analysis, data=torch.randn(5, 7, dtype=torch.float64))
     # data are honoured as the model's inputs, symbolic_limit as the lowering limit
     report = symalg.verify(analysis, data=torch.randn(7, 3, dtype=torch.float64), symbolic_limit=0)

@@ -1,4 +1,4 @@
-"""Traced models of issue 3: each derived table equals the one written here from theory, and every
+"""Traced models: each derived table equals the one written here from theory, and every
 reported symmetry passes the verifier in float64 (invariance, ⟨∇L, M·θ⟩ = 0, exact GD drift of Q)."""
 import math
 
@@ -47,7 +47,8 @@ def test_mlp_mixing_activations():
         ("fc2", "SignFlips(5)", 0), ("fc2", "S(5)", 0),
         ("fc3", "GL(3)", 9),
         ("fc4", "PositiveScaling(4, alpha=1)", 4), ("fc4", "S(4)", 0)])
-    assert checks == {"invariance", "gradient_orthogonality", "gd_drift", "gradient_flow", "lowering", "orbit_dimension"}
+    assert checks == {"invariance", "gradient_orthogonality", "gd_drift", "gradient_flow", "lowering",
+                      "orbit_dimension"}
     assert analysis.blocked == ()
 
 
@@ -125,7 +126,8 @@ def test_batch_norm_in_eval_mode_permutes_running_statistics():
     assert translation.conserved is None     # the running mean is not trained: no conservation law
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     moved = translation.apply(state, torch.arange(4.0, dtype=torch.float64))
-    torch.testing.assert_close(moved["b1.running_mean"] - state["b1.running_mean"], torch.arange(4.0, dtype=torch.float64))
+    torch.testing.assert_close(moved["b1.running_mean"] - state["b1.running_mean"],
+                               torch.arange(4.0, dtype=torch.float64))
     torch.testing.assert_close(moved["c1.bias"] - state["c1.bias"], torch.arange(4.0, dtype=torch.float64))
 
 
@@ -174,7 +176,8 @@ def test_resnet_basic_blocks_with_identity_and_projection_shortcuts():
     assert set(stream.members) == {"bn", "block1_bn2"}
     permutation = next(s for s in analysis.symmetries if s.label == "S(6) on block2_shortcut_0")
     assert set(permutation.members) == {"block2_shortcut_0", "block2_shortcut_1", "block2_conv2"}
-    assert checks == {"invariance", "gradient_orthogonality", "gd_drift", "gradient_flow", "lowering", "orbit_dimension"}
+    assert checks == {"invariance", "gradient_orthogonality", "gd_drift", "gradient_flow", "lowering",
+                      "orbit_dimension"}
 
 
 class PreNormBlock(nn.Module):

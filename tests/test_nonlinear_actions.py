@@ -1,4 +1,4 @@
-"""Data-dependent nonlinear GL(h) actions (dissertation Sec. 2.4, App. A.3): frames, actions, cocycles,
+"""Data-dependent nonlinear GL(h) actions ([Zhao2026] Sec. 2.4, App. A.3): frames, actions, cocycles,
 batch-size limits and Lipschitz bounds, each over hundreds of seeded draws (vectorised).
 
 The oracles are properties (R_z e₁ = z, output preserved at x, group axioms), independent constructions
@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from symalg.applications.nonlinear_actions import (Cocycle, DataDependentAction, FeedForward, FrameCocycle, check_cocycle, frame,
-                                      lipschitz_bounds, random_gl, rotation_matrix, spherical_coordinates,
-                                      spherical_frame, two_layer_action)
+from symalg.applications.nonlinear_actions import (Cocycle, DataDependentAction, FeedForward, FrameCocycle,
+                                                   check_cocycle, frame, lipschitz_bounds, random_gl, rotation_matrix,
+                                                   spherical_coordinates, spherical_frame, two_layer_action)
 
 TOL = 1e-10
 EPS = torch.finfo(torch.float64).eps
@@ -116,7 +116,7 @@ def test_spherical_frame_of_zero_raises_naming_the_argument():
 
 
 def printed_main_text_frame(z):
-    """The dissertation's main-text formula for R_z (Sec. 2.4), transcribed as printed."""
+    """[Zhao2026]'s main-text formula for R_z (Sec. 2.4), transcribed as printed."""
     h = z.shape[-1]
     r, a = spherical_coordinates(z)
     alpha = torch.cat([torch.zeros(1), a])  # α_0 = 0

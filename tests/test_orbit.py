@@ -204,9 +204,11 @@ def test_adjacent_radial_and_linear_sites_have_no_closed_form(spec, sites):
 
 
 def test_radial_separated_by_rigid_site_has_closed_form():
-    analysis = symalg.derive("linear(n, h1) -> radial -> linear(h1, h2) -> tanh -> linear(h2, h3) -> radial -> linear(h3, m)")
+    analysis = symalg.derive("linear(n, h1) -> radial -> linear(h1, h2) -> tanh -> linear(h2, h3) -> radial "
+                             "-> linear(h3, m)")
     formula = analysis.orbit_dimension()
-    for seed, widths in enumerate([{"n": 2, "h1": 6, "h2": 1, "h3": 7, "m": 1}, {"n": 3, "h1": 4, "h2": 2, "h3": 3, "m": 2},
+    for seed, widths in enumerate([{"n": 2, "h1": 6, "h2": 1, "h3": 7, "m": 1},
+                                   {"n": 3, "h1": 4, "h2": 2, "h3": 3, "m": 2},
                                    {"n": 1, "h1": 9, "h2": 2, "h3": 8, "m": 2}]):
         concrete = analysis.subs(widths)
         params = symalg.numeric.sampling.random_params(concrete.architecture, torch.Generator().manual_seed(seed))
@@ -306,5 +308,6 @@ def test_logit_translation_next_to_a_linear_site_has_no_formula_in_the_widths():
     params = dict(module.named_parameters())
     traced = symalg.derive(symalg.trace(module, (torch.randn(5, 3, dtype=torch.float64),)), loss="cross_entropy")
     rank = analysis.orbit_dimension(params)
-    assert analysis.orbit_dimension() == traced.orbit_dimension() == rank.expected == 16 + 5   # GL(4), T(5): no stabiliser
+    # GL(4), T(5): no stabiliser
+    assert analysis.orbit_dimension() == traced.orbit_dimension() == rank.expected == 16 + 5
     assert rank == traced.orbit_dimension(params).dimension == _dense_rank(analysis, params) == 21

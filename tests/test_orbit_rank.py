@@ -20,7 +20,8 @@ from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimensi
 
 ACTIVATIONS = {
     "identity": nn.Identity, "relu": nn.ReLU, "tanh": nn.Tanh, "leaky_relu": lambda: nn.LeakyReLU(0.2),
-    "radial": lambda: symalg.catalogue.modules.Activation("radial"), "relu_pow": lambda: symalg.catalogue.modules.Activation("relu_pow"),
+    "radial": lambda: symalg.catalogue.modules.Activation("radial"),
+    "relu_pow": lambda: symalg.catalogue.modules.Activation("relu_pow"),
 }
 
 
@@ -38,7 +39,8 @@ def mlp(rng):
     for k in range(depth + 1):
         layers.append(nn.Linear(widths[k], widths[k + 1], bias=rng.random() < 0.7))
         if k < depth:     # a gain-free LayerNorm now and then: O(h) fixing the all-ones vector
-            layers.append(activation(rng) if rng.random() < 0.85 else nn.LayerNorm(widths[k + 1], elementwise_affine=False))
+            layers.append(activation(rng) if rng.random() < 0.85
+                          else nn.LayerNorm(widths[k + 1], elementwise_affine=False))
     return nn.Sequential(*layers), (torch.randn(3, widths[0]),), None
 
 
@@ -116,8 +118,9 @@ class Residual(nn.Module):
         if rng.random() < 0.3:      # a stream wider than its input, no biases: sites no private region decouples
             n, d, bias = 1, rng.randint(3, 5), False
         self.inp = nn.Linear(n, d, bias=bias)
-        self.blocks = nn.ModuleList(nn.ModuleList([nn.Linear(d, h, bias=bias), activation(rng), nn.Linear(h, d, bias=bias)])
-                                    for _ in range(rng.randint(1, 2)))
+        self.blocks = nn.ModuleList(
+            nn.ModuleList([nn.Linear(d, h, bias=bias), activation(rng), nn.Linear(h, d, bias=bias)])
+            for _ in range(rng.randint(1, 2)))
         self.out = nn.Linear(d, m)
 
     def forward(self, x):
@@ -365,7 +368,8 @@ def test_softmax_translation_coupled_with_a_linear_site():
 
 def test_eval_mode_batch_norm_translations_move_the_running_mean():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 2)).double()
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(3 * 4 * 4, 2)).double()
     model(torch.randn(4, 2, 6, 6, dtype=torch.float64))
     model.eval()
     analysis = symalg.derive(symalg.trace(model, (torch.randn(4, 2, 6, 6, dtype=torch.float64),)))
@@ -439,7 +443,8 @@ def test_params_default_to_the_model_and_bad_arguments_are_named():
     assert model_orbit_dimension(spec).dimension == 16 == model_orbit_dimension_formula(spec)
     # ... but symbolic widths have no module: refused, naming them and the way out
     for function in (model_orbit_dimension, model_orbit_dimension_formula):
-        with pytest.raises(symalg.SpecError, match=r"analysis has symbolic widths \(h, m, n\).*orbit_dimension\(params\)"):
+        with pytest.raises(symalg.SpecError,
+                           match=r"analysis has symbolic widths \(h, m, n\).*orbit_dimension\(params\)"):
             function(symalg.derive("linear(n, h) -> identity -> linear(h, m)"))
 
 

@@ -147,7 +147,8 @@ def test_symmetry_latex_and_repr(relu_analysis):
     assert r"W_{2} \mapsto W_{2} \operatorname{diag}\left(d^{\circ (-1)}\right)" in text
     assert "DiagMatrix" not in text
     assert scaling._repr_latex_() == f"${text}$"
-    assert permutation.latex() == r"S_{h} \text{ on 0: } W_{0} \mapsto g W_{0},\ b_{0} \mapsto g b_{0},\ W_{2} \mapsto W_{2} g^{T}"
+    assert permutation.latex() == (r"S_{h} \text{ on 0: } W_{0} \mapsto g W_{0},\ b_{0} \mapsto g b_{0},"
+                                   r"\ W_{2} \mapsto W_{2} g^{T}")
     degree = symalg.derive("linear(n, h) -> relu_pow(alpha=3) -> linear(h, m)").symmetries[0]
     assert r"W_{2} \mapsto W_{2} \operatorname{diag}\left(d^{\circ (-3)}\right)" in degree.latex()
 
@@ -174,8 +175,8 @@ def test_symmetry_str(relu_analysis):
 
 def test_analysis_latex_and_repr(linear_analysis):
     text = linear_analysis.latex()
-    assert text.startswith("\\begin{align*}\n& \\mathrm{GL}(h) \\text{ on 0: } W_{0} \\mapsto g W_{0},\\ b_{0} \\mapsto g b_{0},"
-                           "\\ W_{2} \\mapsto W_{2} g^{-1} \\\\\n")
+    assert text.startswith("\\begin{align*}\n& \\mathrm{GL}(h) \\text{ on 0: } W_{0} \\mapsto g W_{0},"
+                           "\\ b_{0} \\mapsto g b_{0},\\ W_{2} \\mapsto W_{2} g^{-1} \\\\\n")
     assert rf"& Q_{{M}} = \operatorname{{tr}}\left(M C_{{0}}\right),\quad C_{{0}} = {IMBALANCE}" in text
     body = text[len("\\begin{align*}\n"):-len("\n\\end{align*}")]
     assert linear_analysis._repr_latex_() == f"$\\begin{{aligned}}\n{body}\n\\end{{aligned}}$"
@@ -209,7 +210,8 @@ def test_str_of_analysis_formulas(linear_analysis, two_site_analysis):
     assert f"  GL(h) on 0  [continuous, dim h**2]\n    moves {MOVES}\n    Lie algebra of dim h**2" in text
     assert "conserved quantities: 1 family; functionally independent at generic θ: " in text
     text = str(two_site_analysis)
-    assert "PositiveScaling(h, alpha=1) on 0  [continuous, dim h]" in text and "SignFlips(k) on 2  [discrete, dim 0]" in text
+    assert "PositiveScaling(h, alpha=1) on 0  [continuous, dim h]" in text
+    assert "SignFlips(k) on 2  [discrete, dim 0]" in text
     assert "moves 2.weight rows[0:k] (out); 2.bias rows[0:k] (out); 4.weight columns[0:k] (in)" in text
     assert "orbit dimension (generic): h\n" in text
     assert "q__0 = 0.bias∘^2 + 0.weight∘^2*1 - 2.weight.T∘^2*1" in text
@@ -218,8 +220,8 @@ def test_str_of_analysis_formulas(linear_analysis, two_site_analysis):
 def test_str_of_analysis_mentions_blocked_and_restricted_symmetries():
     text = str(symalg.derive("linear(2, 3) -> sigmoid -> linear(3, 1, bias=False)"))
     assert "SignFlips" not in text.split("restricted:")[0]
-    assert "restricted: 0 (node 2): SF removed: layer 2 (linear) has no bias to absorb the shift of an affine sign flip" \
-        in text
+    assert ("restricted: 0 (node 2): SF removed: layer 2 (linear) has no bias to absorb the shift of an affine "
+            "sign flip") in text
     opaque = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Softsign(), torch.nn.Linear(4, 2))
     text = str(symalg.derive(symalg.parse(opaque)))
     assert "blocked: 0 (node 1): " in text and "op 'Softsign' is not in the equivariance catalogue" in text
@@ -238,7 +240,8 @@ def test_describe_latex_linear(linear_analysis):
     assert lines[0] == r"\text{orbit dimension} &= " + latex(linear_analysis.orbit_dimension())
     assert lines[0] == (r"\text{orbit dimension} &= h^{2} - \left(h - \min\left(h, m\right)\right) "
                         r"\left(h - \min\left(h, n + 1\right)\right)")
-    assert lines[1:5] == [r"&\text{0: } \mathrm{GL}(h)", r"&\quad W_{0} \mapsto g W_{0}", r"&\quad b_{0} \mapsto g b_{0}",
+    assert lines[1:5] == [r"&\text{0: } \mathrm{GL}(h)", r"&\quad W_{0} \mapsto g W_{0}",
+                          r"&\quad b_{0} \mapsto g b_{0}",
                           r"&\quad W_{2} \mapsto W_{2} g^{-1}"]
     assert lines[-1].startswith(r"Q_{M} &= \operatorname{tr}\left(M C_{0}\right)")
     assert rf"C_{{0}} = {IMBALANCE}" in lines[-1]

@@ -93,7 +93,8 @@ def _same_values(values: list[torch.Tensor], reference: list[torch.Tensor]) -> b
 
 def chain(name: str) -> tuple[str, nn.Module]:
     torch.manual_seed(1)
-    return f"linear(3, 5) -> {name} -> linear(5, 2)", nn.Sequential(nn.Linear(3, 5), native_module(name), nn.Linear(5, 2))
+    return (f"linear(3, 5) -> {name} -> linear(5, 2)",
+            nn.Sequential(nn.Linear(3, 5), native_module(name), nn.Linear(5, 2)))
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(reason=NO_TORCH_MODULE[name], strict=True))

@@ -31,7 +31,8 @@ def ops_of(graph) -> list[str]:
 
 
 def test_every_rule_has_an_example():
-    assert set(RULE_EXAMPLES) == set(OP_RULES), f"rules without an example: {sorted(set(OP_RULES) - set(RULE_EXAMPLES))}"
+    missing = sorted(set(OP_RULES) - set(RULE_EXAMPLES))
+    assert set(RULE_EXAMPLES) == set(OP_RULES), f"rules without an example: {missing}"
 
 
 def test_registering_a_rule_without_its_examples_is_refused():
@@ -58,7 +59,8 @@ def test_raw_claims_hold_through_torch_export(op):
     assert_claims_hold(symalg.derive(example_graph(op, tracer="export"), certify=False), draws=2)
 
 
-EXPORT_ERASES = {"identity": "torch.export drops x.contiguous()", "pack": "torch.export flattens the returned named tuple"}
+EXPORT_ERASES = {"identity": "torch.export drops x.contiguous()",
+                 "pack": "torch.export flattens the returned named tuple"}
 """Ops that torch.export removes from the graph: the routes must still agree on the claims."""
 
 EXPORT_GAPS = {

@@ -23,7 +23,8 @@ F = torch.nn.functional
 SPELLED_MODULES = sorted(name for name, entry in CATALOGUE.items() if entry.spellings.modules)
 FUNCTIONS = [pytest.param(name, f, id=f"{name}-{f.__name__}")
              for name in sorted(CATALOGUE) for f in CATALOGUE[name].spellings.functions]
-METHODS = [pytest.param(name, m, id=f"{name}-{m}") for name in sorted(CATALOGUE) for m in CATALOGUE[name].spellings.methods]
+METHODS = [pytest.param(name, m, id=f"{name}-{m}")
+           for name in sorted(CATALOGUE) for m in CATALOGUE[name].spellings.methods]
 ATEN = [pytest.param(name, a, id=f"{name}-{a}") for name in sorted(CATALOGUE) for a in CATALOGUE[name].spellings.aten]
 
 

@@ -9,8 +9,8 @@ import symalg
 import symalg.numeric.sampling
 from symalg.applications.flat_minima import model_loss
 from symalg.catalogue.modules import Activation
-from symalg.applications.symmetry_init import (UnreachableTarget, balance, hessian_trace, imbalance_element, scaling_element,
-                                  set_conserved, top_hessian_eigenvalue)
+from symalg.applications.symmetry_init import (UnreachableTarget, balance, hessian_trace, imbalance_element,
+                                               scaling_element, set_conserved, top_hessian_eigenvalue)
 
 
 def analysed(*layers, n_in):
@@ -101,10 +101,12 @@ def test_inertia_limits_targets_when_a_part_is_singular():
     # h = 4 > m = 2: R = W2ᵀW2 has rank 2, so C keeps at least 2 positive eigenvalues
     model, x, analysis = analysed(nn.Linear(3, 4), nn.Identity(), nn.Linear(4, 2), n_in=3)
     theta = params_of(model)
-    with pytest.raises(UnreachableTarget, match=r"targets\['_0'\].*at least 2 positive eigenvalues .* the target has 0\."):
+    with pytest.raises(UnreachableTarget,
+                       match=r"targets\['_0'\].*at least 2 positive eigenvalues .* the target has 0\."):
         balance(analysis, theta)
     two_positive = torch.diag(torch.tensor([-1.0, -0.5, 0.2, 2.0]))
-    assert torch.allclose(set_conserved(analysis, theta, {"_0": two_positive}).conserved["_0"], two_positive, atol=1e-10)
+    assert torch.allclose(set_conserved(analysis, theta, {"_0": two_positive}).conserved["_0"], two_positive,
+                          atol=1e-10)
     with pytest.raises(UnreachableTarget, match=r"at least 2 positive eigenvalues .* the target has 1\."):
         set_conserved(analysis, theta, {"_0": torch.diag(torch.tensor([-1.0, -0.5, -0.2, 2.0]))})
     # mirror: no bias, n = 2 < h = 4 < m: P has rank 2, so C keeps at least 2 negative eigenvalues
@@ -139,7 +141,8 @@ def test_positive_scaling_with_alpha_two_uses_the_right_equation():
     theta = params_of(model)
     target = torch.tensor([-1.0, -0.1, 0.0, 0.5, 2.0])
     result = set_conserved(analysis, theta, {"_0": target})
-    q = (result.params["0.weight"] ** 2).sum(1) + result.params["0.bias"] ** 2 - 2 * (result.params["2.weight"] ** 2).sum(0)
+    p = result.params
+    q = (p["0.weight"] ** 2).sum(1) + p["0.bias"] ** 2 - 2 * (p["2.weight"] ** 2).sum(0)
     assert torch.allclose(q, target, atol=1e-12)
     assert function_change(model, result.params, x) < 1e-12
 
@@ -158,7 +161,8 @@ def test_dead_and_unread_neurons_limit_the_scaling_targets():
 
 
 def test_mixed_sites_traced_and_spec():
-    layers = [nn.Linear(4, 4), nn.Identity(), nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 4), nn.Identity(), nn.Linear(4, 4)]
+    layers = [nn.Linear(4, 4), nn.Identity(), nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 4), nn.Identity(),
+              nn.Linear(4, 4)]
     model, x, analysis = analysed(*layers, n_in=4)
     targets = {"_0": 0.0, "_2": torch.linspace(-1, 1, 6), "_4": -0.3}
     result = set_conserved(analysis, params_of(model), targets)
@@ -194,7 +198,8 @@ def test_target_arguments_are_checked():
         set_conserved(analysis, theta, 0.0, max_sweeps=0)
     chain, _, chain_analysis = analysed(nn.Linear(3, 3), nn.Identity(), nn.Linear(3, 3), nn.Identity(), nn.Linear(3, 3),
                                         n_in=3)
-    with pytest.raises(RuntimeError, match="no convergence in max_sweeps=1 sweeps"):   # coupled: one sweep is not enough
+    with pytest.raises(RuntimeError,
+                       match="no convergence in max_sweeps=1 sweeps"):   # coupled: one sweep is not enough
         set_conserved(chain_analysis, params_of(chain), 0.3, max_sweeps=1)
     tanh, _, tanh_analysis = analysed(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 3), n_in=3)
     with pytest.raises(ValueError, match="no GL or positive-scaling site"):
@@ -238,13 +243,14 @@ def test_power_iteration_and_hutchinson_match_a_dense_hessian(generator):
     assert 0.5 < trace.stderr / float(sigma) < 2
     separable = {"a": torch.randn(5, generator=generator), "b": torch.randn(2, 3, generator=generator)}
     exact = hessian_trace(lambda p: p["a"].cosh().sum() + (p["b"] ** 4).sum(), separable, probes=3)
-    assert exact.value == pytest.approx(float(separable["a"].cosh().sum() + 12 * (separable["b"] ** 2).sum()), rel=1e-12)
+    assert exact.value == pytest.approx(float(separable["a"].cosh().sum() + 12 * (separable["b"] ** 2).sum()),
+                                        rel=1e-12)
     assert exact.stderr < 1e-12                               # a diagonal Hessian: zᵀHz = tr H for every z
 
 
 def test_sharpness_at_a_scalar_minimum_is_sqrt_q2_plus_4y2():
     """``L = ½(y − u v)²``: at a minimum ``uv = y``, ``H = [[v², y], [y, u²]]``, ``λ_max = u² + v² = √(Q² + 4y²)``
-    with the conserved ``Q = u² − v²`` (the dissertation's eq. 2.53 prints ``2√(Q² + 4)``: its trace is
+    with the conserved ``Q = u² − v²`` ([Zhao2026]'s eq. 2.53 prints ``2√(Q² + 4)``: its trace is
     ``√(Q² + 4)`` and its determinant 0)."""
     model, x, analysis = analysed(nn.Linear(1, 1, bias=False), nn.Identity(), nn.Linear(1, 1, bias=False), n_in=1)
     x, y = torch.ones(1, 1), torch.full((1, 1), 2.0)

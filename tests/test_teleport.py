@@ -1,4 +1,4 @@
-"""Symmetry teleportation (issue 6): exactness, the theory of Ch. 4-5 as checks, objectives, and optimizer state.
+"""Symmetry teleportation: exactness, the theory of Ch. 4-5 as checks, objectives, and optimizer state.
 
 Each test derives its expected value from theory in a comment and compares numerically in float64.
 """
@@ -15,8 +15,9 @@ import symalg.numeric.sampling
 from symalg.applications.conjugated import booth, ellipse, quadratic_form, rosenbrock
 from symalg.catalogue.groups import Permutations, PositiveScaling
 from symalg.applications.nonlinear_actions import DataDependentAction, FeedForward
-from symalg.applications.teleport import (Curvature, FunctionAction, GradNorm, MetricGradNorm, Move, Sharpness, SymmetryAction, Teleporter,
-                             as_action, gradients, optimizer_metric, teleport, transform_cotangent)
+from symalg.applications.teleport import (Curvature, FunctionAction, GradNorm, MetricGradNorm, Move, Sharpness,
+                                          SymmetryAction, Teleporter, as_action, gradients, optimizer_metric, teleport,
+                                          transform_cotangent)
 from symalg.applications.teleport_actions import ApproximateTeleport
 from symalg.applications.teleport_optim import Schedule, TeleportingOptimizer, handle_state, model_loss
 from test_models import PreNormBlock, SmallCNN   # GPT block (GL(4) heads, LayerNorm scalings); conv + BN
@@ -73,7 +74,10 @@ def unflat(vector, params, names):
 
 def jacobian(action, params, names, move):
     """Dense ``J = ∂(g·θ)/∂θ`` over ``names`` by ``torch.func.jacrev`` of the action."""
-    return torch.func.jacrev(lambda v: flat(action.replay(unflat(v, params, names), [move]), names))(flat(params, names))
+    def replayed(v):
+        return flat(action.replay(unflat(v, params, names), [move]), names)
+
+    return torch.func.jacrev(replayed)(flat(params, names))
 
 
 def relative(a, b):
@@ -127,7 +131,8 @@ def test_elements_reproduce_the_composed_teleport():
     expected, start = dict(params), 0
     for symmetry in action.continuous:
         basis = symmetry.group.algebra_basis()
-        expected = symmetry.apply(expected, symmetry.group.exp(torch.tensordot(coords[start:start + len(basis)], basis, 1)))
+        step = torch.tensordot(coords[start:start + len(basis)], basis, 1)
+        expected = symmetry.apply(expected, symmetry.group.exp(step))
         start += len(basis)
     for n in wrt:
         torch.testing.assert_close(action(params, coords)[n], expected[n], rtol=1e-13, atol=1e-13)
@@ -236,7 +241,7 @@ def test_quadratic_teleport_reaches_the_closed_form_gradient_norm(maximize):
 @pytest.mark.parametrize("maximize", [True, False], ids=["max", "min"])
 def test_booth_teleport_reaches_the_closed_form_gradient_norm(maximize):
     # Booth f = ‖B(x − (1, 3))‖², B = [[1, 2], [2, 1]]: a quadratic with A = BᵀB = [[5, 4], [4, 5]], eigenvalues 9, 1,
-    # so max ‖∇f‖² = 36ℓ and min = 4ℓ on the level ℓ. From the dissertation's start (5, −5): ℓ = 144.
+    # so max ‖∇f‖² = 36ℓ and min = 4ℓ on the level ℓ. From [Zhao2026]'s start (5, −5): ℓ = 144.
     fn = booth()
     x0 = torch.tensor([5.0, -5.0])
     level = float(fn.loss(x0))
@@ -329,7 +334,7 @@ def test_sharpness_teleport_flattens_a_linear_network_at_a_global_minimum():
 
 def test_adagrad_metric_is_the_first_order_decrease_of_the_next_adagrad_step():
     # torch's Adagrad: G ← G + g², θ ← θ − lr g/(√G + ε); so ⟨g, θ − θ_next⟩/lr = Σ g²/(√(G + g²) + ε), which is
-    # MetricGradNorm with optimizer_metric (the dissertation's ‖∇L‖_A of eq. 5.7, squared, with torch's ε).
+    # MetricGradNorm with optimizer_metric ([Zhao2026]'s ‖∇L‖_A of eq. 5.7, squared, with torch's ε).
     model, analysis, params, wrt, loss = setup(*MODELS["mlp_gl_and_scaling"]())
     named = dict(model.named_parameters())
     opt = torch.optim.Adagrad(model.parameters(), lr=0.1)
@@ -485,7 +490,8 @@ def test_adam_second_moments_transform_exactly_under_positive_scaling_and_are_ke
     inverse_t = torch.linalg.inv(J).T
     state = {n: opt.state[p] for n, p in model.named_parameters()}
     assert relative(flat({n: s["exp_avg"] for n, s in state.items()}, names), inverse_t @ flat(m, names)) < 1e-10
-    assert relative(flat({n: s["exp_avg_sq"] for n, s in state.items()}, names), inverse_t ** 2 @ flat(v, names)) < 1e-10
+    second_moments = flat({n: s["exp_avg_sq"] for n, s in state.items()}, names)
+    assert relative(second_moments, inverse_t ** 2 @ flat(v, names)) < 1e-10
     assert relative(flat({n: s["exp_avg_sq"] for n, s in state.items()}, names), flat(v, names)) > 1e-3
 
     model, x, y, opt = _linear_net_optimizer(lambda p: torch.optim.Adam(p, lr=0.01))
@@ -592,8 +598,8 @@ def test_adagrad_with_teleports_in_its_own_metric_on_the_leaky_relu_regression()
     # maximise ∇Lᵀ P ∇L with AdaGrad's actual preconditioner P. Each accepted teleport raises that objective and keeps
     # the loss (the scalings are exact); the Adagrad sums move as squared gradients, (J⁻ᵀ)∘² G (J diagonal).
     torch.manual_seed(2)
-    model = nn.Sequential(nn.Linear(5, 6, bias=False), nn.LeakyReLU(0.1), nn.Linear(6, 7, bias=False), nn.LeakyReLU(0.1),
-                          nn.Linear(7, 8, bias=False)).double()
+    model = nn.Sequential(nn.Linear(5, 6, bias=False), nn.LeakyReLU(0.1), nn.Linear(6, 7, bias=False),
+                          nn.LeakyReLU(0.1), nn.Linear(7, 8, bias=False)).double()
     for p in model.parameters():
         nn.init.uniform_(p, 0, 1)
     x, y = torch.rand(4, 5), torch.rand(4, 8)
@@ -618,7 +624,8 @@ def test_a_spec_analysis_with_symbolic_widths_acts_at_the_widths_of_params():
         as_action(symbolic)
     action = as_action(symbolic, params=params)
     assert action.dim == as_action(concrete).dim == 16
-    moved = action(params, 0.3 * torch.randn(action.dim, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))
+    moved = action(params, 0.3 * torch.randn(action.dim, dtype=torch.float64,
+                                             generator=torch.Generator().manual_seed(0)))
     x = torch.randn(5, 3, dtype=torch.float64)
     forward = symalg.numeric.sampling.network_function(concrete.architecture)
     assert (moved["0.weight"] - params["0.weight"]).abs().max() > 0.1

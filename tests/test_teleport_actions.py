@@ -1,4 +1,4 @@
-"""Teleportation actions for bijective activations (dissertation eqs. 4.13, 4.16) and measure_action.
+"""Teleportation actions for bijective activations ([Zhao2026] eqs. 4.13, 4.16) and measure_action.
 
 Derived conditions (module docstring of symalg.teleport_actions), checked here by measurement:
 eq. 4.16 keeps the loss iff σ(gA) has rank k (batch ≤ width d_s) and has the unit axiom iff σ(A) has
@@ -55,7 +55,7 @@ def test_bijective_activations_invert():
 
 
 def test_extended_tanh_is_close_to_tanh_and_the_printed_formula_is_not():
-    """The dissertation's tanh(x) + e^{x−N} − e^{−x+N} equals tanh(x) − 2 sinh(N − x): −e^N-sized at x = 0."""
+    """[Zhao2026]'s tanh(x) + e^{x−N} − e^{−x+N} equals tanh(x) − 2 sinh(N − x): −e^N-sized at x = 0."""
     n, t = 10.0, torch.linspace(-3, 3, 61)
     assert (extended_tanh(n)(t) - torch.tanh(t)).abs().max() < 2 * math.exp(-n) * math.sinh(3) * 1.0001
     printed = torch.tanh(t) + torch.exp(t - n) - torch.exp(-t + n)

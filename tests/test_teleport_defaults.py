@@ -166,7 +166,8 @@ def test_explicit_step_settings_are_honoured_exactly():
 
 @pytest.mark.parametrize("setting, value, message", [
     ("lr", -0.1, "lr must be None"), ("lr", math.nan, "lr must be None"), ("lr", "0.1", "lr must be None"),
-    ("max_step", 0.0, "max_step must be"), ("max_step", math.inf, "max_step must be"), ("steps", 2.5, "steps must be"), ("backtrack", -1, "backtrack must be"),
+    ("max_step", 0.0, "max_step must be"), ("max_step", math.inf, "max_step must be"), ("steps", 2.5, "steps must be"),
+    ("backtrack", -1, "backtrack must be"),
     ("min_gain", -1e-3, "min_gain must be"), ("min_gain", math.inf, "min_gain must be"),
 ])
 def test_bad_step_settings_name_the_argument(setting, value, message):

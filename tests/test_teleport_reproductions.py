@@ -1,4 +1,4 @@
-"""The teleportation reproductions (``examples/teleport_*.py``, issue 6 deliverable 4) run in quick mode and show
+"""The teleportation reproductions (``examples/teleport_*.py``) run in quick mode and show
 what they claim: closed-form optima reached, loss kept, overhead measured, correlations well defined."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_test_functions_reach_the_closed_form_optimum_and_speed_up_gd(tmp_path):
         assert v[f"{name}_max_rel_loss_change"] < 1e-10, name  # teleports keep the loss
     # Rosenbrock: the converged ascent ends at a local maximum of the orbit, below the global one (reported)
     assert 0.5 < v["rosenbrock_converged_ratio"] <= 1 + 1e-9
-    # the dissertation's 10 fixed steps jump around the orbit; their best iterate is far above the start, and GD at
+    # [Zhao2026]'s 10 fixed steps jump around the orbit; their best iterate is far above the start, and GD at
     # lr 1e-3 diverges from there (curvature ~1e5): maximising ‖∇f‖² needs a step size adapted to the new point
     assert v["rosenbrock_start_ratio"] < 0.02 and v["rosenbrock_first_ratio"] > 0.4
     assert not v["rosenbrock_final_loss_teleport"] < v["rosenbrock_final_loss_gd"]

@@ -440,7 +440,8 @@ def test_angular_momentum_relation_holds_and_decays_under_heavy_ball_for_radial_
 
 def test_angular_momentum_check_catches_a_wrong_rotation_symmetry():
     """Control: tanh declared O(h)-equivariant keeps no e^(-γt) decay of ⟨θ̇, A·θ⟩ under heavy ball."""
-    wrong = symalg.overlay({"tanh": CatalogueEntry("tanh", lambda z: sp.tanh(z), symalg.catalogue.activations.declare_radial())})
+    wrong = symalg.overlay({"tanh": CatalogueEntry("tanh", lambda z: sp.tanh(z),
+                                                   symalg.catalogue.activations.declare_radial())})
     analysis = symalg.derive("linear(3, 4) -> tanh -> linear(4, 2)", wrong, strict=False, certify=False)
     report = symalg.verify(analysis)
     (decay,) = [c for c in report.checks if c.check == "angular_momentum"]
@@ -467,7 +468,8 @@ def test_radial_next_to_linear_site_still_verifies():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_verify_on_cuda(dtype):
-    analysis = symalg.derive("linear(3, 6) -> relu -> linear(6, 4) -> identity -> linear(4, 5) -> radial -> linear(5, 2)")
+    analysis = symalg.derive("linear(3, 6) -> relu -> linear(6, 4) -> identity -> linear(4, 5) -> radial "
+                             "-> linear(5, 2)")
     report = symalg.verify(analysis, device="cuda", dtype=dtype)
     assert report.device == "cuda"
     assert report.passed, str(report)
@@ -519,7 +521,8 @@ def test_large_models_list_the_skipped_lowering_check():
     ({"seed": "0"}, SpecError, r"verify: seed must be a non-negative integer, got '0'"),
     ({"seed": True}, SpecError, r"verify: seed must be a non-negative integer, got True"),
     ({"symbolic_limit": -1}, SpecError, r"verify: symbolic_limit must be a non-negative integer, got -1"),
-    ({"data": [[0.0] * 3]}, SpecError, r"verify: data must be the model's inputs, a tensor or a tuple of tensors, got list"),
+    ({"data": [[0.0] * 3]}, SpecError,
+     r"verify: data must be the model's inputs, a tensor or a tuple of tensors, got list"),
     ({"data": torch.zeros(1, 3, dtype=torch.int64)}, SpecError,
      r"verify: data\[0\] must be a floating-point tensor like the example input, got torch.int64"),
     ({"data": (torch.zeros(1, 3, dtype=torch.float64), "x")}, SpecError, r"verify: the model does not run on data of "
@@ -606,9 +609,11 @@ def test_report_to_dict_is_json_serialisable_and_round_trips():
 
 
 @pytest.mark.parametrize("spec", ["linear(3, 4) -> radial -> linear(4, 2)",
-                                  "linear(2, 4) -> radial -> linear(4, 3) -> tanh -> linear(3, 5) -> radial -> linear(5, 2, bias=False)"])
+                                  "linear(2, 4) -> radial -> linear(4, 3) -> tanh -> linear(3, 5) -> radial "
+                                  "-> linear(5, 2, bias=False)"])
 def test_angular_momentum_pairs_with_every_antisymmetric_generator_as_the_tangent_does(spec):
-    """``⟨θ̇, A·θ⟩ = ½ ⟨A, J(θ, θ̇)⟩`` for every basis element ``A`` of the algebra, ``A·θ`` the symmetry's own tangent."""
+    """``⟨θ̇, A·θ⟩ = ½ ⟨A, J(θ, θ̇)⟩`` for every basis element ``A`` of the algebra, ``A·θ`` the symmetry's own
+    tangent."""
     analysis = symalg.derive(spec)
     generator = torch.Generator().manual_seed(4)
     params = {k: v.detach() for k, v in analysis.model_graph.model.named_parameters()}

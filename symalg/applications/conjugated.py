@@ -32,7 +32,7 @@ Booth                  ``(x₁ + 2x₂ − 7, 2x₁ + x₂ − 5)``    ``((2y₂
 (``(x − c)ᵀA(x − c) = ‖Lᵀ(x − c)‖²``; the symmetric root ``A^{1/2} = O Lᵀ`` with ``O`` orthogonal gives the
 same set of maps.) For a diagonal quadratic form, gradient flow also conserves ``λ_j log (x_i − c_i)² −
 λ_i log (x_j − c_j)²`` (``ẋ_i = −2λ_i(x_i − c_i)``); for the ellipse this is ``log(x₁^{2a}/x₂²)``, the
-logarithm of the dissertation's eq. (2.21).
+logarithm of [Zhao2026]'s eq. (2.21).
 
 API (also what teleportation uses)
 ----------------------------------
@@ -44,6 +44,7 @@ API (also what teleportation uses)
 ``TestFunction`` (SymPy definitions; ``.loss`` and ``.action`` are torch callables lowered from them):
     :func:`quadratic_form`, :func:`ellipse`, :func:`rosenbrock`, :func:`booth`; ``.derivation()`` (SymPy
     identities, each 0), ``.verify()``.
+
 :func:`sample_level_set`, :func:`check_transitivity`.
 
 Example
@@ -209,7 +210,8 @@ class ConjugatedAction:
         return moved
 
     def exp(self, coords: torch.Tensor) -> torch.Tensor:
-        """The group element ``exp(Σ cᵢ Bᵢ)``, ``Bᵢ = group.algebra_basis()`` (batched over leading dims of ``coords``)."""
+        """The group element ``exp(Σ cᵢ Bᵢ)``, ``Bᵢ = group.algebra_basis()`` (batched over leading dims of
+        ``coords``)."""
         basis = self.group.algebra_basis(coords.dtype, coords.device)
         if coords.shape[-1:] != basis.shape[:1]:
             raise ValueError(f"{self.name}: coords must have shape (..., {basis.shape[0]}) (one per generator of "
@@ -246,7 +248,8 @@ class ConjugatedAction:
         return closed_form if closed_form is not None else self._solve(y1, y2, restarts, steps, generator)
 
     def _solve(self, y1, y2, restarts, steps, generator):
-        """Levenberg–Marquardt on the group: ``g ← exp(Σ δᵢ Bᵢ) g`` with the exact Jacobian ``[Bᵢ g y₁]`` at ``δ = 0``."""
+        """Levenberg–Marquardt on the group: ``g ← exp(Σ δᵢ Bᵢ) g`` with the exact Jacobian ``[Bᵢ g y₁]`` at
+        ``δ = 0``."""
         basis = self.group.algebra_basis(y1.dtype, y1.device)
         eye = torch.eye(self.dim, dtype=y1.dtype, device=y1.device)
         if basis.shape[0] == 0:
@@ -254,7 +257,8 @@ class ConjugatedAction:
         done = 1e-15 * max(y2.norm().item(), 1.0)
         best, best_norm = eye, (y1 - y2).norm().item()
         for start in range(restarts):
-            g = eye if start == 0 else matrix_exp(self.group.random_algebra_element(math.pi, generator, y1.dtype, y1.device))
+            g = eye if start == 0 else matrix_exp(
+                self.group.random_algebra_element(math.pi, generator, y1.dtype, y1.device))
             damping = 1e-3
             for _ in range(steps):
                 z = g @ y1
@@ -262,7 +266,8 @@ class ConjugatedAction:
                 if r.norm() <= done:
                     break
                 J = (basis @ z).T  # column i: Bᵢ g y₁
-                delta = torch.linalg.solve(J.T @ J + damping * torch.eye(len(basis), dtype=z.dtype, device=z.device), J.T @ r)
+                eye_d = torch.eye(len(basis), dtype=z.dtype, device=z.device)
+                delta = torch.linalg.solve(J.T @ J + damping * eye_d, J.T @ r)
                 trial = matrix_exp(torch.tensordot(-delta, basis, dims=1)) @ g
                 improvement = r.norm() - (trial @ y1 - y2).norm()
                 if improvement > 0:
@@ -282,8 +287,8 @@ class ConjugatedAction:
         """Check the action at ``points`` (``(batch, n)``) and return a report (never asserting).
 
         ``group_axioms``: ``e·x = x``, ``g₁·(g₂·x) = (g₁g₂)·x``, ``g⁻¹·(g·x) = x``; ``invariance``:
-        ``|f(g·x) − f(x)| / max(|f(x)|, 1)`` for the test elements of the group (:meth:`~symalg.catalogue.groups.SiteGroup.sample`
-        with ``‖M‖`` = :data:`TEST_SCALES`);
+        ``|f(g·x) − f(x)| / max(|f(x)|, 1)`` for the test elements of the group
+        (:meth:`~symalg.catalogue.groups.SiteGroup.sample` with ``‖M‖`` = :data:`TEST_SCALES`);
         ``gradient_orthogonality``: ``⟨∇f, X_M⟩ / (‖∇f‖ ‖X_M‖)`` per algebra basis element;
         ``transitivity`` (when ``center``, a point below every level, is given): :func:`check_transitivity`.
         """
@@ -309,7 +314,8 @@ class ConjugatedAction:
             error = ((self.loss(self._move(x, g)) - reference).abs() / reference.abs().clamp_min(1.0)).max().item()
             if not error < worst:
                 worst, where = error, label
-        return CheckResult("invariance", self.name, worst, tol, f"|Δf| / max(|f|, 1) on {len(x)} points, worst: {where}")
+        return CheckResult("invariance", self.name, worst, tol,
+                           f"|Δf| / max(|f|, 1) on {len(x)} points, worst: {where}")
 
     def _check_gradient_orthogonality(self, x, tol):
         leaf = x.detach().clone().requires_grad_(True)
@@ -333,7 +339,8 @@ def check_group_axioms(name: str, move: Callable, x, g1: torch.Tensor, g2: torch
               "composition": distance(move(move(x, g2), g1), move(x, g1 @ g2)),
               "inverse": distance(move(move(x, g1), torch.linalg.inv(g1)), x)}
     worst = max(errors, key=errors.get)
-    return CheckResult("group_axioms", name, errors[worst], tolerance, ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
+    return CheckResult("group_axioms", name, errors[worst], tolerance,
+                       ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
 
 
 # -- level sets and transitivity ----------------------------------------------------------------------------
@@ -352,7 +359,8 @@ def sample_level_set(loss: Callable, origin: torch.Tensor, level: torch.Tensor, 
     [1.2, 1.6]
     """
     if directions.dim() != 2 or directions.shape[-1] != origin.shape[-1]:
-        raise ValueError(f"sample_level_set: directions must have shape (k, {origin.shape[-1]}), got {tuple(directions.shape)}")
+        raise ValueError(f"sample_level_set: directions must have shape (k, {origin.shape[-1]}), "
+                         f"got {tuple(directions.shape)}")
     level = torch.as_tensor(level, dtype=directions.dtype, device=directions.device).expand(len(directions))
     start = torch.sign(loss(origin) - level)
     if (start == 0).any():
@@ -389,7 +397,8 @@ def check_transitivity(action: ConjugatedAction, center: torch.Tensor, pairs: in
     x1 = center + scale * torch.randn(pairs, action.dim, generator=generator, dtype=dtype).to(device)
     directions = torch.randn(pairs, action.dim, generator=generator, dtype=dtype).to(device)
     x2 = sample_level_set(action.loss, center, action.loss(x1), directions)
-    errors = torch.stack([_relative(action._move(a, action.connect(a, b, generator=generator)), b) for a, b in zip(x1, x2)])
+    errors = torch.stack([_relative(action._move(a, action.connect(a, b, generator=generator)), b)
+                          for a, b in zip(x1, x2)])
     return CheckResult("transitivity", action.name, errors.max().item(), tolerance,
                        f"{pairs} pairs on common level sets (x₂ by bisection along rays), max ‖g·x₁ − x₂‖")
 
@@ -485,8 +494,8 @@ class TestFunction:
         checks = list(report.checks)
         if symbolic:
             nonzero = [k for k, v in self.derivation().items() if not _is_zero(v)]
-            checks.append(CheckResult("symbolic", self.name, float(len(nonzero)), 0.0,
-                                      f"nonzero identities: {nonzero}" if nonzero else "all derivation identities are 0"))
+            detail = f"nonzero identities: {nonzero}" if nonzero else "all derivation identities are 0"
+            checks.append(CheckResult("symbolic", self.name, float(len(nonzero)), 0.0, detail))
         checks.append(self._check_lowering(x[:4], tolerance))
         if self.flow_invariants:
             checks.append(self._check_flow_invariants(x, tolerance))
@@ -506,7 +515,8 @@ class TestFunction:
             lowered = {"h": y, "f": self.loss(point).reshape(1), "h_inverse": self.action.h_inverse(y)}
             if field_ is not None:
                 exact["X_M"] = field_.evalf(subs=values)
-                lowered["X_M"] = self.action.vector_field(point, torch.tensor(M.tolist(), dtype=x.dtype, device=x.device))
+                lowered["X_M"] = self.action.vector_field(point,
+                                                          torch.tensor(M.tolist(), dtype=x.dtype, device=x.device))
             for key, value in exact.items():
                 reference = torch.tensor([float(v) for v in value], dtype=x.dtype)
                 worst = max(worst, _relative(lowered[key].detach().cpu(), reference).item())

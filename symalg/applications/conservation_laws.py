@@ -1,6 +1,6 @@
 """Completeness of conservation laws: how many functionally independent quantities gradient flow conserves.
 
-Following Marcotte, Gribonval and Peyré ("Abide by the law and follow the flow", NeurIPS 2023), for a
+Following Marcotte, Gribonval and Peyré ("Abide by the law and follow the flow", NeurIPS 2023, [Marcotte2023]), for a
 dense chain ``F_θ(x) = W_q σ(⋯ σ(W_1 x + b_1) ⋯) + b_q`` with identity (linear) or ReLU-type sites, on a
 region where the activation pattern of every sample is fixed,
 
@@ -26,9 +26,9 @@ Computation at a point, without ever forming a field symbolically:
   components indexed by subsets of the ``ε_i``): ``[X, Y](θ) = ∂_ε Y(θ + εX(θ)) − ∂_ε X(θ + εY(θ))``,
   one infinitesimal per nesting, with ``∇Φ_c`` as one forward and one backward pass.
 * Ranks are singular values of the samples, scaled to norm at most 1 with rounding at most
-  ``ε / CANCELLATION`` (see :func:`_evaluate`), with tolerance ``rtol``; new samples are judged against all earlier ones weighted
-  by their singular values (see :class:`_Span`); the smallest kept and largest dropped singular values
-  are reported.
+  ``ε / CANCELLATION`` (see :func:`_evaluate`), with tolerance ``rtol``; new samples are judged against all
+  earlier ones weighted by their singular values (see :class:`_Span`); the smallest kept and largest dropped
+  singular values are reported.
 
 Every symmetry-derived quantity ``Q_M`` has ``∇Q_M = 2 M·θ ⊥ Lie(W)(θ)``, so ``D − dim Lie(W)(θ)`` is at
 least symalg's count of independent quantities; :func:`compare_with_symmetries` says whether it is more.
@@ -395,7 +395,8 @@ class Completeness:
         return "complete"
 
     def __str__(self) -> str:
-        return f"{self.laws.architecture}: {self.statement} ({self.laws.n_laws} laws, {self.symmetry_count} from symmetries)"
+        return (f"{self.laws.architecture}: {self.statement} ({self.laws.n_laws} laws, {self.symmetry_count} "
+                "from symmetries)")
 
 
 def random_point(arch: Architecture, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
@@ -541,8 +542,9 @@ def compare_with_symmetries(model, activation: str | None = None, bias: bool | N
     trace reaches ``D −`` it, which proves completeness; if the quantities are incomplete it is never
     reached and the search runs to stagnation). ``options`` go to :func:`count_conservation_laws`.
 
-    >>> str(compare_with_symmetries([2, 5, 2], activation="linear", bias=False))
-    "Architecture('linear(2, 5, bias=False) -> identity -> linear(5, 2, bias=False)'): complete (14 laws, 14 from symmetries)"
+    >>> str(compare_with_symmetries([2, 5, 2], activation="linear", bias=False))  # doctest: +NORMALIZE_WHITESPACE
+    "Architecture('linear(2, 5, bias=False) -> identity -> linear(5, 2, bias=False)'): complete
+    (14 laws, 14 from symmetries)"
     """
     arch = _architecture(model, activation, bias)
     analysis = model if isinstance(model, Analysis) else derive(arch)

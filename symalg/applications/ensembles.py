@@ -1,4 +1,4 @@
-"""Symmetry ensembles and their adversarial robustness (dissertation Sec. 2.9, issue 5 item 5).
+"""Symmetry ensembles and their adversarial robustness ([Zhao2026] Sec. 2.9).
 
 One trained MLP ``θ`` is turned into an ensemble by the data-dependent action of
 :mod:`symalg.nonlinear_actions`: member ``i`` is ``θ_i = g_i·(θ, X_i)`` with a random ``g_i ∈ ∏ GL(n_l)``
@@ -13,7 +13,7 @@ member softmaxes**, ``p(x) = (1/M) Σ_i softmax(F_i(x))``; attacks maximise the 
 at ``x``; inputs clipped to ``[lo, hi]``.
 
 The *per-input* variant (:func:`per_input_symmetry_ensemble`) re-anchors the action at every input it
-evaluates, as the dissertation's "modified activation" does; with the anchor detached from autograd its
+evaluates, as [Zhao2026]'s "modified activation" does; with the anchor detached from autograd its
 outputs equal the base model's exactly while its input gradients differ (gradient masking, not robustness).
 
 >>> import torch
@@ -172,7 +172,8 @@ def fgsm(model: Model, x: torch.Tensor, y: torch.Tensor, eps: float, bounds: tup
 
 def pgd(model: Model, x: torch.Tensor, y: torch.Tensor, eps: float, steps: int, step_size: float,
         bounds: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
-    """L∞ PGD from ``x``: ``steps`` signed-gradient steps of ``step_size``, projected on ``‖x' − x‖∞ ≤ ε`` and ``bounds``."""
+    """L∞ PGD from ``x``: ``steps`` signed-gradient steps of ``step_size``, projected on ``‖x' − x‖∞ ≤ ε``
+    and ``bounds``."""
     if eps < 0 or steps < 1 or step_size <= 0:
         raise ValueError(f"pgd: need eps ≥ 0, steps ≥ 1, step_size > 0; got eps={eps}, steps={steps}, "
                          f"step_size={step_size}")

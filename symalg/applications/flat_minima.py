@@ -329,10 +329,12 @@ def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max
     total = sum(int(s.group.dim) for s in used)
     count = min(max_tangents, flat.size)  # the rank is at most P: P random combinations span the tangent space
     if total <= count:
-        rows = [flat.flatten(s.tangent(params, M), reference) for s in used for M in s.group.algebra_basis(dtype, device)]
+        rows = [flat.flatten(s.tangent(params, M), reference)
+                for s in used for M in s.group.algebra_basis(dtype, device)]
     else:
         generator = torch.Generator().manual_seed(seed)
-        rows = [sum(flat.flatten(s.tangent(params, s.group.gaussian_algebra_element(generator, dtype, device)), reference)
+        rows = [sum(flat.flatten(s.tangent(params, s.group.gaussian_algebra_element(generator, dtype, device)),
+                                 reference)
                     for s in used) for _ in range(count)]
     vectors = torch.stack(rows) if rows else reference.new_zeros(0, flat.size)
     rank = int(torch.linalg.matrix_rank(vectors)) if rows else 0
@@ -460,7 +462,8 @@ def train_to_minimum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: s
 
     >>> import torch
     >>> g = torch.Generator().manual_seed(0)
-    >>> x, y = torch.randn(20, 3, generator=g, dtype=torch.float64), torch.randn(20, 1, generator=g, dtype=torch.float64)
+    >>> x = torch.randn(20, 3, generator=g, dtype=torch.float64)
+    >>> y = torch.randn(20, 1, generator=g, dtype=torch.float64)
     >>> run = train_to_minimum(torch.nn.Linear(3, 1), x, y, gtol=1e-14, newton_steps=2)   # least squares
     >>> run.gradient_norm < 1e-13
     True
@@ -554,7 +557,8 @@ class FlatMinimumReport:
                     f"{self.null_space.rtol:.1e}): not a critical point (‖∇L‖ = {self.gradient_norm:.1e}; H t = "
                     "−𝔐ᵀ∇L), or a claimed symmetry that is not one")
         if self.excess < 0:
-            return "fewer null directions than the orbit dimension: the threshold rtol cuts through the orbit's spectrum"
+            return ("fewer null directions than the orbit dimension: the threshold rtol cuts through the orbit's "
+                    "spectrum")
         if self.excess == 0:
             return "ker H is exactly the orbit's tangent space: no flat direction beyond the symmetries"
         zero_loss = self.loss_kind == "mse" and self.loss <= self.null_space.rtol ** 2
@@ -644,8 +648,9 @@ def flat_minimum(model, x: torch.Tensor, y: torch.Tensor, params: Mapping[str, t
     HT = T @ H if H is not None else objective.hvp(T)
     norms = T.norm(dim=1)
     moving = norms > 0
-    residual = float((HT.norm(dim=1)[moving] / (norms[moving] * null.norm)).max()) if moving.any() and null.norm else 0.0
+    residual = (float((HT.norm(dim=1)[moving] / (norms[moving] * null.norm)).max())
+                if moving.any() and null.norm else 0.0)
     with torch.no_grad():
         outputs = forward(params, x).numel() if loss == "mse" else None
-    return FlatMinimumReport(label or name, objective.value(), loss, float(objective.gradient().norm()), orbit, null, residual,
-                             outputs, tuple(analysis.blocked), objective.hvps, time.perf_counter() - start)
+    return FlatMinimumReport(label or name, objective.value(), loss, float(objective.gradient().norm()), orbit, null,
+                             residual, outputs, tuple(analysis.blocked), objective.hvps, time.perf_counter() - start)

@@ -1,7 +1,7 @@
 """Loss symmetries and distribution symmetries: derived in SymPy, lowered to torch, verified where they hold.
 
-Two relaxations of a parameter-space symmetry (dissertation Sec. 1.3). Torch layout ``y = W x + b``; the
-SymPy side uses the papers' columns (``Y = W H + b 1ᵀ`` has one column per sample).
+Two relaxations of a parameter-space symmetry ([Zhao2026] Sec. 1.3). Torch layout ``y = W x + b``; the
+SymPy side uses [Zhao2026]'s columns (``Y = W H + b 1ᵀ`` has one column per sample).
 
 Loss symmetry: ``O(m)`` on the last layer (Example 1.3.2)
 ---------------------------------------------------------
@@ -19,7 +19,7 @@ Distribution symmetry: ``W ↦ W A⁻¹`` on a linear first layer (Definition 1.
 The first layer ``z = W x + b`` sees ``A⁻¹x`` after ``W ↦ W A⁻¹``. Let ``μ = E x``, ``S = E xxᵀ``,
 ``C = E x yᵀ`` (targets ``y``, ``ν = E y``). What is invariant, exactly:
 
-1. ``A μ = μ`` (the paper's group): ``E z = W A⁻¹μ + b = Wμ + b``, so the expected residual
+1. ``A μ = μ`` ([Zhao2026]'s group): ``E z = W A⁻¹μ + b = Wμ + b``, so the expected residual
    ``E[Wx + b − y]`` (Example 1.3.7) and every function of it, e.g. ``‖E[Wx + b − y]‖²``, are invariant. The
    expected squared error is **not**: it reads ``S`` and ``C`` too.
 2. ``A F = F`` for ``F = [μ, C]`` and ``A S Aᵀ = S``: the expected squared error
@@ -72,8 +72,9 @@ from symalg.applications.conjugated import TEST_SCALES, TOLERANCE, check_group_a
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, SiteGroup, matrix_exp
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.numeric.linalg import relative_error
-from symalg.verification.checks import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift, check_gradient_flow,
-                           check_gradient_orthogonality, compare_to_sympy, loss_gradients)
+from symalg.verification.checks import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift,
+                                        check_gradient_flow, check_gradient_orthogonality, compare_to_sympy,
+                                        loss_gradients)
 
 __all__ = ["GramLossSymmetry", "MomentStabiliser", "DistributionSymmetry", "spectral_contrastive_loss", "info_nce_loss",
            "barlow_twins_loss", "two_view_loss", "moments", "gaussian_expectation", "paired_monte_carlo"]
@@ -102,7 +103,8 @@ def barlow_twins_loss(z1: torch.Tensor, z2: torch.Tensor, off_diagonal: float = 
     s2 = (z2 - z2.mean(-2, keepdim=True)) / z2.std(-2, keepdim=True)
     corr = s1.transpose(-1, -2) @ s2 / z1.shape[-2]
     eye = torch.eye(corr.shape[-1], dtype=corr.dtype, device=corr.device)
-    return ((torch.diagonal(corr, dim1=-2, dim2=-1) - 1) ** 2).sum(-1) + off_diagonal * ((corr * (1 - eye)) ** 2).sum((-1, -2))
+    return (((torch.diagonal(corr, dim1=-2, dim2=-1) - 1) ** 2).sum(-1)
+            + off_diagonal * ((corr * (1 - eye)) ** 2).sum((-1, -2)))
 
 
 def two_view_loss(forward: Callable, loss_fn: Callable, x1: torch.Tensor, x2: torch.Tensor) -> Callable:
@@ -232,11 +234,13 @@ class GramLossSymmetry:
     @cached_property
     def lowered_infinitesimal(self) -> LoweredFunction:
         return lower("tangent_gram_loss", self.infinitesimal, {s: n for n, s in self.symbols.items()},
-                     args=[self.algebra_element], vector_outputs=[self.bias] if self.bias else [], vector_inputs=self._vectors)
+                     args=[self.algebra_element], vector_outputs=[self.bias] if self.bias else [],
+                     vector_inputs=self._vectors)
 
     @cached_property
     def lowered_angular_momentum(self) -> LoweredFunction:
-        reads_ = {**{s: n for n, s in self.symbols.items()}, **{v: f"__velocity__{n}" for n, v in self.velocities.items()}}
+        reads_ = {**{s: n for n, s in self.symbols.items()},
+                  **{v: f"__velocity__{n}" for n, v in self.velocities.items()}}
         vectors = self._vectors + ([self.velocities[self.bias]] if self.bias else [])
         return lower("angular_momentum_gram_loss", {"J": self.angular_momentum_expr}, reads_, vector_inputs=vectors)
 
@@ -250,7 +254,8 @@ class GramLossSymmetry:
         self.group.check_algebra_element(A)
         return self.lowered_infinitesimal(params, A)
 
-    def angular_momentum(self, params: Mapping[str, torch.Tensor], velocity: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def angular_momentum(self, params: Mapping[str, torch.Tensor],
+                         velocity: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``J(θ, θ̇)`` (``m × m``); ``velocity`` maps parameter names to ``θ̇``."""
         merged = {**params, **{f"__velocity__{n}": velocity[n] for n in self.symbols}}
         return self.lowered_angular_momentum(merged)["J"]
@@ -284,7 +289,8 @@ class GramLossSymmetry:
         grads = loss_gradients(loss, params)
         basis = self.group.algebra_basis(dtype, device)
         with torch.no_grad():
-            checks.append(check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads, tolerance))
+            checks.append(check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads,
+                                                       tolerance))
         checks += check_angular_momentum(self, loss, params, grads, generator, tolerance)
         with torch.no_grad():
             checks.append(check_group_axioms(self.label, self.apply, params, elements[-1][1], elements[0][1],
@@ -295,14 +301,15 @@ class GramLossSymmetry:
     def _check_lowering(self, params, g, generator, tol):
         values = {s.name: params[n].detach().cpu().double().numpy() for n, s in self.symbols.items()}
         A = self.group.random_algebra_element(1.0, generator, g.dtype, g.device)
-        velocity = {n: torch.randn(params[n].shape, generator=generator, dtype=g.dtype).to(g.device) for n in self.symbols}
+        velocity = {n: torch.randn(params[n].shape, generator=generator, dtype=g.dtype).to(g.device)
+                    for n in self.symbols}
         velocities = {self.velocities[n].name: velocity[n].cpu().double().numpy() for n in self.symbols}
         return [_check_lowering(self.label, self.lowered_action(params, g), self.action,
                                 {**values, "Q": g.cpu().double().numpy()}, tol, "action vs SymPy"),
                 _check_lowering(self.label, self.lowered_infinitesimal(params, A), self.infinitesimal,
                                 {**values, "A": A.cpu().double().numpy()}, tol, "infinitesimal action vs SymPy"),
-                _check_lowering(self.label, {"J": self.angular_momentum(params, velocity)}, {"J": self.angular_momentum_expr},
-                                {**values, **velocities}, tol, "J vs SymPy")]
+                _check_lowering(self.label, {"J": self.angular_momentum(params, velocity)},
+                                {"J": self.angular_momentum_expr}, {**values, **velocities}, tol, "J vs SymPy")]
 
 
 # -- distribution symmetry ----------------------------------------------------------------------------------
@@ -351,7 +358,8 @@ class MomentStabiliser(SiteGroup):
 
     @property
     def name(self) -> str:
-        return f"Stab({self.width}, fixing {self.fixed.shape[1]} vector(s){', preserving S' if self.form is not None else ''})"
+        preserving = ", preserving S" if self.form is not None else ""
+        return f"Stab({self.width}, fixing {self.fixed.shape[1]} vector(s){preserving})"
 
     def latex(self) -> str:
         form = r",\ A S A^{T} = S" if self.form is not None else ""
@@ -498,7 +506,8 @@ class DistributionSymmetry:
         n, m = self.n, self.out_features
         return {"mean": sp.MatrixSymbol("mu", n, 1), "second": sp.MatrixSymbol("S", n, n),
                 "cross": sp.MatrixSymbol("C", n, m), "target_mean": sp.MatrixSymbol("nu", m, 1),
-                "target_second": sp.MatrixSymbol("s_y", 1, 1), "fixed": sp.MatrixSymbol("F", n, self.group.fixed.shape[1]),
+                "target_second": sp.MatrixSymbol("s_y", 1, 1),
+                "fixed": sp.MatrixSymbol("F", n, self.group.fixed.shape[1]),
                 "root": sp.MatrixSymbol("R", n, n), "root_inverse": sp.MatrixSymbol("R_inv", n, n)}
 
     @property
@@ -614,7 +623,9 @@ class DistributionSymmetry:
 
     @cached_property
     def lowered_conserved(self) -> LoweredFunction | None:
-        return None if self.conserved_expr is None else lower("conserved_distribution", {"C": self.conserved_expr}, self._reads)
+        if self.conserved_expr is None:
+            return None
+        return lower("conserved_distribution", {"C": self.conserved_expr}, self._reads)
 
     @cached_property
     def lowered_relation(self) -> LoweredFunction | None:
@@ -687,14 +698,16 @@ class DistributionSymmetry:
         grads = loss_gradients(expected_loss, params)
         basis = self.group.algebra_basis(dtype, device)
         with torch.no_grad():
-            checks.append(check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads, tolerance))
+            checks.append(check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads,
+                                                       tolerance))
             for q in self.conserved_quantities():
                 checks.append(check_gd_drift(q, params, grads, tolerance))
         checks += check_gradient_flow(self, expected_loss, params, grads, tolerance)
         with torch.no_grad():
             if self.lowered_relation is not None:
                 J = self.relation(params, -grads[self.weight])
-                scale = (reference.norm() * grads[self.weight].norm() * torch.linalg.cond(self.group.form.to(reference))).item()
+                scale = (reference.norm() * grads[self.weight].norm()
+                         * torch.linalg.cond(self.group.form.to(reference))).item()
                 checks.append(CheckResult("relation", self.label, J.abs().max().item() / max(scale, 1e-300), tolerance,
                                           "J(W, −∇L) = 0, relative to ‖W‖ ‖∇L‖ cond(S)"))
             if elements:
@@ -713,15 +726,17 @@ class DistributionSymmetry:
             g = matrix_exp(M)
             checks += [_check_lowering(self.label, self._call(self.lowered_action, params, g), self.action,
                                        {**values, "A": g.cpu().double().numpy()}, tol, "action vs SymPy"),
-                       _check_lowering(self.label, self._call(self.lowered_infinitesimal, params, M), self.infinitesimal,
-                                       {**values, "M": M.cpu().double().numpy()}, tol, "infinitesimal action vs SymPy")]
+                       _check_lowering(self.label, self._call(self.lowered_infinitesimal, params, M),
+                                       self.infinitesimal, {**values, "M": M.cpu().double().numpy()}, tol,
+                                       "infinitesimal action vs SymPy")]
         if self.conserved_expr is not None:
-            checks.append(_check_lowering(self.label, {"C": self.conserved(params)}, {"C": self.conserved_expr}, values, tol,
-                                          "C vs SymPy"))
+            checks.append(_check_lowering(self.label, {"C": self.conserved(params)}, {"C": self.conserved_expr},
+                                          values, tol, "C vs SymPy"))
         if self.relation_expr is not None:
             velocity = torch.randn(W.shape, generator=generator, dtype=W.dtype).to(W.device)
             checks.append(_check_lowering(self.label, {"J": self.relation(params, velocity)}, {"J": self.relation_expr},
-                                          {**values, self.velocity.name: velocity.cpu().double().numpy()}, tol, "J vs SymPy"))
+                                          {**values, self.velocity.name: velocity.cpu().double().numpy()}, tol,
+                                          "J vs SymPy"))
         return checks
 
 

@@ -1,4 +1,4 @@
-"""Geometry of minima (dissertation Ch. 3, App. B): components, orbit curves, curvature, barriers.
+"""Geometry of minima ([Zhao2026] Ch. 3, App. B): components, orbit curves, curvature, barriers.
 
 Three results, each derived in ``docs/minima_geometry.md`` and checked numerically in
 ``tests/test_minima_geometry.py`` and the scripts ``examples/minima_components.py`` and
@@ -330,7 +330,7 @@ def _plane_generator(h: int, p: int, q: int, dtype) -> torch.Tensor:
 def exp_factors(g: torch.Tensor) -> list[torch.Tensor]:
     """Lie-algebra elements ``A_1, …, A_r`` with ``g = exp(A_1) ⋯ exp(A_r)`` for ``g ∈ GL⁺(h)``.
 
-    ``exp(t log g)`` (the dissertation's eq. 3.5) needs a real logarithm, which ``g = diag(−1, −2)`` lacks
+    ``exp(t log g)`` ([Zhao2026] eq. 3.5) needs a real logarithm, which ``g = diag(−1, −2)`` lacks
     although ``det g > 0``; a product of exponentials always exists. Polar decomposition ``g = Q P``:
     ``P = exp(log P)`` (symmetric ``log P``), and ``Q ∈ SO(h)`` is reduced to ``I`` by Givens rotations
     ``exp(θ J_pq)``, ``J_pq = E_pq − E_qp``, each making one diagonal entry non-negative (the last one is
@@ -562,7 +562,8 @@ def _last_layer_terms(features, weight, bias, y, g, degree):
         if g.shape != (h, h):
             raise ValueError(f"g: a matrix element must be {h} × {h}, got {tuple(g.shape)}")
         if degree != 1:
-            raise ValueError(f"degree: a general matrix g acts only through a linear activation (degree 1), got {degree}")
+            raise ValueError(f"degree: a general matrix g acts only through a linear activation (degree 1), "
+                             f"got {degree}")
         _check_invertible(g, "g")
     elif g.ndim <= 1:
         g = g.expand(h) if g.ndim == 0 else g

@@ -1,4 +1,4 @@
-"""Data-dependent nonlinear ``GL(h)`` actions (dissertation Sec. 2.4 and App. A.3).
+"""Data-dependent nonlinear ``GL(h)`` actions ([Zhao2026] Sec. 2.4 and App. A.3).
 
 A linear symmetry needs ``σ(g z) = π(g) σ(z)`` for all ``z``; for sigmoid only ``g = I`` qualifies.
 Letting the correction depend on the data point recovers the full ``GL(h)``:
@@ -25,16 +25,16 @@ Letting the correction depend on the data point recovers the full ``GL(h)``:
   ``k > h`` no ``U'`` satisfies ``U' σ(gVX) = U σ(VX)`` for all ``U`` unless ``σ(gVX)`` and ``σ(VX)`` have
   the same row space (generically false): ``frame`` refuses ``k > h``.
 
-Conventions: weights in torch's ``nn.Linear`` layout ``W ∈ R^{out×in}`` (the papers' ``V ∈ R^{h×n}``,
+Conventions: weights in torch's ``nn.Linear`` layout ``W ∈ R^{out×in}`` ([Zhao2026]'s ``V ∈ R^{h×n}``,
 ``U ∈ R^{m×h}`` are already in it); data in torch's row layout, ``x`` of shape ``(n,)`` (one point) or
-``(…, k, n)`` (``k`` points); frames and cocycles take the papers' column layout ``Z ∈ R^{…×h×k}``.
+``(…, k, n)`` (``k`` points); frames and cocycles take [Zhao2026]'s column layout ``Z ∈ R^{…×h×k}``.
 Everything broadcasts over leading dimensions, so hundreds of draws are one call.
 
 API (for teleportation and symmetry ensembles)
 ----------------------------------------------
 ``FeedForward.from_sequential(model)``   parameter names and activations of Linear/activation stacks
 ``DataDependentAction(net)(params, g, x)``  transformed copy of ``params`` (``g``: one matrix per site)
-``two_layer_action(U, V, g, x, σ)``      the papers' ``(U', V')``
+``two_layer_action(U, V, g, x, σ)``      [Zhao2026]'s ``(U', V')``
 ``spherical_frame``, ``frame``, ``FrameCocycle``, ``Cocycle``, ``check_cocycle``, ``lipschitz_bounds``,
 ``random_gl``
 
@@ -147,8 +147,8 @@ def frame(a: torch.Tensor, name: str = "a") -> torch.Tensor:
     """An invertible ``F(a) ∈ R^{h×h}`` whose first ``k`` columns are ``a ∈ R^{…×h×k}`` (columns are points).
 
     ``k = 1``: the spherical frame ``R_a``. ``k > 1``: ``F = Q blockdiag(R, ρ I_{h−k})`` from the complete QR
-    decomposition ``a = Q [R; 0]``, ``ρ = ‖a‖_F/√k``. Raises ``ValueError`` naming ``name`` when ``k > h`` (a frame needs
-    ``k ≤ h``: the batch-size limit) or when ``a`` has numerical rank ``< k``.
+    decomposition ``a = Q [R; 0]``, ``ρ = ‖a‖_F/√k``. Raises ``ValueError`` naming ``name`` when ``k > h``
+    (a frame needs ``k ≤ h``: the batch-size limit) or when ``a`` has numerical rank ``< k``.
 
     >>> a = torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]], dtype=torch.float64)
     >>> torch.allclose(frame(a)[:, :2], a)
@@ -206,7 +206,7 @@ class Cocycle:
 class FrameCocycle(Cocycle):
     """``c(g, Z) = F(σ(gZ)) F(σ(Z))⁻¹`` for an activation ``σ`` (acting on the last axis) and a frame ``F``.
 
-    For one point this is the papers' ``R_{σ(gz)} R_{σ(z)}⁻¹``; ``inverse`` gives ``R_{σ(z)} R_{σ(gz)}⁻¹``
+    For one point this is [Zhao2026]'s ``R_{σ(gz)} R_{σ(z)}⁻¹``; ``inverse`` gives ``R_{σ(z)} R_{σ(gz)}⁻¹``
     directly. Errors name the data (``σ(Z) = 0``, argument ``x``) or the group element (``σ(gZ) = 0``,
     argument ``g``) that puts the point off the locus where the action is defined.
 
@@ -492,7 +492,8 @@ class LipschitzBounds:
 
 
 def lipschitz_bounds(u: torch.Tensor, v: torch.Tensor, g: torch.Tensor, x: torch.Tensor, activation: Callable,
-                     eta: float, samples: torch.Tensor | None = None, cocycle: Callable | None = None) -> LipschitzBounds:
+                     eta: float, samples: torch.Tensor | None = None,
+                     cocycle: Callable | None = None) -> LipschitzBounds:
     """Prop. 2.4.2 (with its ``‖g‖`` kept in the general-cocycle form) for one two-layer network and point.
 
     ``U (m, h)``, ``V (h, n)``, ``g (h, h)``, ``x (n,)``; ``eta`` is σ's Lipschitz constant; ``samples

@@ -6,20 +6,22 @@ API
     an :class:`Action` for a symalg analysis (an ``Analysis`` of any front end, one or several symmetries; for
     symbolic widths give ``params``, whose shapes fix them), a conjugated action (``ConjugatedAction``/``TestFunction``,
     parameters ``{"x": point}``), or a data-dependent action (``DataDependentAction``, ``ExactTeleport``,
-    ``ApproximateTeleport``; give the batch ``x`` and ``params`` for the widths). Your own: subclass :class:`Action` or wrap ``fn(params, coords)`` in
-    :class:`FunctionAction`.
+    ``ApproximateTeleport``; give the batch ``x`` and ``params`` for the widths). Your own: subclass :class:`Action`
+    or wrap ``fn(params, coords)`` in :class:`FunctionAction`.
 ``teleport(action, params, loss, objective=GradNorm(), steps=10, ...)`` → :class:`TeleportResult`
     (or ``Teleporter(action, ...)(params, loss)``: the same settings kept for reuse).
 Objectives: :class:`GradNorm`, :class:`MetricGradNorm` (with :func:`optimizer_metric`), :class:`Sharpness`
     (eq. 5.1), :class:`Curvature` (eq. 5.2), or any callable ``params → scalar``.
+
 ``transform_cotangent(action, moves, params_after, vectors)``: ``J⁻ᵀ v`` for the Jacobian ``J`` of the teleport.
 Optimizer integration: :mod:`symalg.teleport_optim`.
 
 Math
 ----
 An action maps Lie-algebra coordinates ``c ∈ R^d`` to parameters, ``θ ↦ exp(Σ cᵢ Bᵢ)·θ`` (``Bᵢ`` the algebra
-basis, ``exp`` exact: :meth:`SiteGroup.exp <symalg.catalogue.groups.SiteGroup.exp>`). A teleport maximises (or minimises)
-an objective ``F`` over the orbit by gradient steps on the coordinates, differentiating through the action:
+basis, ``exp`` exact: :meth:`SiteGroup.exp <symalg.catalogue.groups.SiteGroup.exp>`). A teleport maximises
+(or minimises) an objective ``F`` over the orbit by gradient steps on the coordinates, differentiating through the
+action:
 
     Δ = ±s ∇_c F(exp(Σ cᵢ Bᵢ)·θ_k)|_{c=0},     θ_{k+1} = exp(Σ Δᵢ Bᵢ)·θ_k        (compose=True)
 
@@ -192,7 +194,8 @@ class SymmetryAction(Action):
     def __post_init__(self):
         bad = [s for s in self.symmetries if not (hasattr(s, "group") and hasattr(s, "apply"))]
         if bad:
-            raise TypeError(f"SymmetryAction: symmetries must be symalg symmetries (with .group and .apply), got {bad[0]!r}")
+            raise TypeError("SymmetryAction: symmetries must be symalg symmetries (with .group and .apply), "
+                            f"got {bad[0]!r}")
         symbolic = [s.label for s in self.symmetries if not sp.sympify(s.group.width).is_Integer]
         if symbolic:
             raise SpecError(f"SymmetryAction: symmetries {symbolic} have symbolic widths; substitute concrete ones "
@@ -277,7 +280,8 @@ class SymmetryAction(Action):
 
 @dataclass(frozen=True, eq=False)
 class ConjugatedCoordinates(Action):
-    """A :class:`~symalg.applications.conjugated.ConjugatedAction` on the point ``params[key]``: ``x ↦ action.act(x, c)``."""
+    """A :class:`~symalg.applications.conjugated.ConjugatedAction` on the point ``params[key]``:
+    ``x ↦ action.act(x, c)``."""
 
     action: object
     key: str = "x"
@@ -291,7 +295,8 @@ class ConjugatedCoordinates(Action):
         return {**params, self.key: self.action.act(params[self.key], coords)}
 
     def discrete_generators(self):
-        return tuple(f"{self.action.group.name}: generator {j}" for j in range(len(self.action.group.discrete_generators())))
+        count = len(self.action.group.discrete_generators())
+        return tuple(f"{self.action.group.name}: generator {j}" for j in range(count))
 
     def apply_discrete(self, params, index, inverse=False):
         x = params[self.key]
@@ -301,9 +306,11 @@ class ConjugatedCoordinates(Action):
 
 @dataclass(frozen=True, eq=False)
 class DataCoordinates(Action):
-    """A data-dependent action ``action(params, g, x)`` (:class:`~symalg.applications.nonlinear_actions.DataDependentAction`,
-    :class:`~symalg.applications.teleport_actions.ExactTeleport`, :class:`~symalg.applications.teleport_actions.ApproximateTeleport`) at the
-    batch ``x``, with ``g = exp(Cᵢ)`` per site, ``Cᵢ`` the coordinates reshaped to ``widths[i] × widths[i]``.
+    """A data-dependent action ``action(params, g, x)``
+    (:class:`~symalg.applications.nonlinear_actions.DataDependentAction`,
+    :class:`~symalg.applications.teleport_actions.ExactTeleport`,
+    :class:`~symalg.applications.teleport_actions.ApproximateTeleport`) at the batch ``x``, with ``g = exp(Cᵢ)``
+    per site, ``Cᵢ`` the coordinates reshaped to ``widths[i] × widths[i]``.
 
     ``is_group_action`` is ``False`` for ``ApproximateTeleport`` and an uncompleted ``ExactTeleport`` (their
     unit axiom fails below full rank; see :mod:`symalg.teleport_actions`).
@@ -425,7 +432,7 @@ class Sharpness(Objective):
     their negatives (fixed by ``seed``), ``T`` = ``displacements``. Minimised by default (flatter).
 
     For a quadratic ``L = ½ θᵀHθ`` it is exactly ``(1/|T||D|) Σ t²/2 · dᵀHd``, whose mean over directions is
-    ``t² tr(H)/(2n)``. The dissertation used ``T = 0.001, 0.011, …, 0.191`` and ``|D| = 200``.
+    ``t² tr(H)/(2n)``. [Zhao2026] used ``T = 0.001, 0.011, …, 0.191`` and ``|D| = 200``.
     """
 
     displacements: tuple[float, ...] = (0.05, 0.1)
@@ -495,7 +502,7 @@ def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str
     """The diagonal preconditioner ``P`` of ``optimizer``'s next step at gradient ``g``, for :class:`MetricGradNorm`.
 
     ``named_params`` maps names to the optimizer's parameter tensors (``dict(model.named_parameters())``).
-    Adagrad: ``P = 1/(√(G + g²) + ε)`` (``G`` = state ``sum``: torch adds ``g²`` before dividing; the dissertation's
+    Adagrad: ``P = 1/(√(G + g²) + ε)`` (``G`` = state ``sum``: torch adds ``g²`` before dividing; [Zhao2026]'s
     ``(εI + diag G_{t+1})^{−1/2}``, eq. 5.7, places ``ε`` inside the root). RMSprop: ``v' = αv + (1 − α)g²``,
     ``P = 1/(√v' + ε)``. Adam/AdamW: ``v' = β₂v + (1 − β₂)g²``, ``P = 1/(√(v'/(1 − β₂^{t+1})) + ε)``. SGD: ``P = 1``.
     Learning rates and momentum are left out (a constant factor, or the old direction). State is read as stored.
@@ -601,7 +608,7 @@ class Teleporter:
 
     * ``lr=None`` (default), scale-free: the normalised step ``s = max_step / ‖∇_c F‖`` (``‖Δ‖ = max_step``) under
       the line search. Multiplying the objective by any constant leaves every iterate unchanged.
-    * ``lr`` a number: ``s = lr`` (with ``‖Δ‖`` clipped to ``max_step``), the dissertation's fixed rate, every step
+    * ``lr`` a number: ``s = lr`` (with ``‖Δ‖`` clipped to ``max_step``), [Zhao2026]'s fixed rate, every step
       taken unless ``backtrack`` asks for the line search.
 
     The line search halves ``Δ``, up to ``backtrack`` times, until the objective improves by at least
@@ -879,7 +886,8 @@ class Teleporter:
         return best[2], list(best[1]), best[0]
 
 
-def teleport(action, params: Params, loss: Callable[[Params], torch.Tensor], objective: Objective | Callable = GradNorm(),
+def teleport(action, params: Params, loss: Callable[[Params], torch.Tensor],
+             objective: Objective | Callable = GradNorm(),
              *, wrt: Sequence[str] | None = None, **settings) -> TeleportResult:
     """Teleport ``params`` along ``action`` to optimise ``objective`` at the loss ``loss(params)`` (one batch).
 

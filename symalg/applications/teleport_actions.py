@@ -1,7 +1,7 @@
-"""Teleportation actions for bijective activations (dissertation Sec. 4.4.2, eqs. 4.13 and 4.16), and
+"""Teleportation actions for bijective activations ([Zhao2026] Sec. 4.4.2, eqs. 4.13 and 4.16), and
 a function measuring any action's loss change and group-axiom errors.
 
-Both act on one hidden site ``s`` (the output of linear layer ``s``, 0-based; the paper's ``m−1``),
+Both act on one hidden site ``s`` (the output of linear layer ``s``, 0-based; [Zhao2026]'s ``m−1``),
 with ``g ∈ GL(d_s)``. Paper layout inside: ``h = a_{s−1} ∈ R^{d×k}`` is the layer's input with a row of
 ones appended when the layer has a bias (``W̃ = [W b]``), ``A = W̃ h`` the pre-activation, ``⁺`` the
 pseudo-inverse.
@@ -13,7 +13,7 @@ pseudo-inverse.
 With ``T = σ⁻¹(g σ(A))``, ``a_s' = σ(T h⁺h)``, so the network's output on the batch is preserved iff
 ``row(T) ⊆ row(h)``, guaranteed when ``h⁺h = I_k`` (rank ``h = k``: ``k ≤ d``); the multiplication axiom
 follows from it. The unit axiom ``W̃ h h⁺ = W̃`` holds for every ``W̃`` iff ``h h⁺ = I`` (rank ``h = d``:
-``k ≥ d``). A true group action therefore needs ``h`` square and invertible (``k = d``), the paper's
+``k ≥ d``). A true group action therefore needs ``h`` square and invertible (``k = d``), [Zhao2026]'s
 hypothesis; with ``k < d`` the pseudo-inverse version keeps the loss but fails the unit axiom (``e·W̃``
 projects the rows of ``W̃`` onto ``col(h)``, the span of the data). ``complete=True`` adds ``W̃(I − h h⁺)``
 back, which makes it a group action whenever rank ``h = k``.
@@ -102,7 +102,7 @@ def leaky_relu(slope: float = 0.01) -> BijectiveActivation:
 
 def extended_tanh(n: float = 10.0) -> BijectiveActivation:
     """``σ(y) = tanh(y) + 2e^{−N} sinh(y) = tanh(y) + e^{y−N} − e^{−y−N}``, a bijection of ``R`` within
-    ``2e^{−N} sinh|y|`` of ``tanh`` (the dissertation prints ``e^{x−N} − e^{−x+N}``, which is ``−2 sinh(N−x)``:
+    ``2e^{−N} sinh|y|`` of ``tanh`` ([Zhao2026] prints ``e^{x−N} − e^{−x+N}``, which is ``−2 sinh(N−x)``:
     about ``−e^N`` at ``x = 0``, nowhere near ``tanh``).
 
     The inverse brackets the root in ``[asinh((t−1)/2ε), asinh((t+1)/2ε)]`` (``ε = e^{−N}``, since

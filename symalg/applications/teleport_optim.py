@@ -9,7 +9,8 @@ API
     ``batch → Teleporter`` (data-dependent actions need the batch). ``loss_fn(params, batch)`` is the loss at a
     parameter dict (:func:`model_loss` builds one); ``data`` a callable returning a batch or an iterable (cycled).
 ``Schedule(every=k, at_steps=(...), at_epochs=(...), batches=n)``: when, and on how many mini-batches (one
-    teleport per batch, in turn, as in the dissertation's Sec. 5.4.2).
+    teleport per batch, in turn, as in [Zhao2026] Sec. 5.4.2).
+
 ``handle_state(optimizer, named_params, action, moves, params_after, mode)``: the state handling on its own.
 
 State handling at a teleport ``θ' = g·θ`` (``J = ∂θ'/∂θ``)
@@ -28,10 +29,10 @@ State handling at a teleport ``θ' = g·θ`` (``J = ∂θ'/∂θ``)
     a diagonal second moment has no covariant transform and is **kept**. Step counters are kept. Tensor state
     of any other name raises ``ValueError`` (use ``"keep"`` or ``"reset"``).
 ``"keep"``
-    Leave the state as it is (the dissertation's "teleport parameters but not momentum").
+    Leave the state as it is ([Zhao2026]'s "teleport parameters but not momentum").
 ``"reset"``
     Make the state of every moved parameter that of a fresh optimizer (momentum zero, no accumulated squares,
-    step 0; Adagrad's ``sum`` back to ``initial_accumulator_value``): the dissertation's "reset momentum".
+    step 0; Adagrad's ``sum`` back to ``initial_accumulator_value``): [Zhao2026]'s "reset momentum".
 
 Example
 -------
@@ -100,7 +101,8 @@ class Schedule:
         return epoch in self.at_epochs
 
 
-def model_loss(model: torch.nn.Module, criterion: Callable) -> Callable[[Mapping[str, torch.Tensor], Any], torch.Tensor]:
+def model_loss(model: torch.nn.Module,
+               criterion: Callable) -> Callable[[Mapping[str, torch.Tensor], Any], torch.Tensor]:
     """``(params, (x, y)) ↦ criterion(model(x; params), y)`` through ``torch.func.functional_call``."""
     def loss(params, batch):
         x, y = batch
@@ -139,8 +141,9 @@ def handle_state(optimizer: torch.optim.Optimizer, named_params: Mapping[str, to
             if not isinstance(value, torch.Tensor) or value.shape != p.shape:
                 continue
             if key not in FIRST_MOMENTS + SECOND_MOMENTS:
-                raise ValueError(f"state='transform': {type(optimizer).__name__} state {key!r} of {name!r} is neither a "
-                                 f"first moment {FIRST_MOMENTS} nor a second moment {SECOND_MOMENTS}; use 'keep' or 'reset'")
+                raise ValueError(f"state='transform': {type(optimizer).__name__} state {key!r} of {name!r} is "
+                                 f"neither a first moment {FIRST_MOMENTS} nor a second moment {SECOND_MOMENTS}; "
+                                 "use 'keep' or 'reset'")
             per_key.setdefault(key, {})[name] = value
     for key, values in per_key.items():
         if key in FIRST_MOMENTS:
@@ -157,8 +160,8 @@ def handle_state(optimizer: torch.optim.Optimizer, named_params: Mapping[str, to
 class TeleportingOptimizer:
     """Any ``torch.optim`` optimizer with scheduled symmetry teleportation (see the module docstring).
 
-    ``results`` lists every :class:`~symalg.applications.teleport.TeleportResult` so far. Gradients in ``.grad`` are left as
-    they are (they belong to the pre-teleport point; the next ``zero_grad``/``backward`` replaces them).
+    ``results`` lists every :class:`~symalg.applications.teleport.TeleportResult` so far. Gradients in ``.grad`` are
+    left as they are (they belong to the pre-teleport point; the next ``zero_grad``/``backward`` replaces them).
     ``state_dict()`` is the inner optimizer's plus ``"teleport": {"steps", "epochs"}``, the schedule's counters.
     """
 
@@ -168,7 +171,8 @@ class TeleportingOptimizer:
         if state not in STATE_MODES:
             raise ValueError(f"TeleportingOptimizer: state must be one of {STATE_MODES}, got {state!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"TeleportingOptimizer: optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+            raise TypeError(f"TeleportingOptimizer: optimizer must be a torch.optim.Optimizer, "
+                            f"got {type(optimizer).__name__}")
         in_groups = {id(p) for g in optimizer.param_groups for p in g["params"]}
         self.named = {n: p for n, p in model.named_parameters() if id(p) in in_groups}
         if not self.named:

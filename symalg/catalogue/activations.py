@@ -32,10 +32,10 @@ import sympy as sp
 import torch
 import torch.nn.functional as F
 
+from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
 from symalg.frontend.grammar import parse_number
 
 nn = torch.nn
-from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
 
 __all__ = ["CATALOGUE", "CatalogueEntry", "Spellings", "register", "overlay", "declare_linear", "declare_homogeneous",
            "declare_leaky", "declare_odd", "declare_pointwise", "declare_radial", "exact"]
@@ -323,7 +323,8 @@ class CatalogueEntry:
         resolved = {k: exact(v) for k, v in {**self.defaults, **params}.items()}
         for key, value in resolved.items():
             if not (value.is_number and value.is_finite and value.is_real):
-                raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be a finite real number")
+                raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be a finite real "
+                                 "number")
             if key in self.positive and not value.is_positive:
                 raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be positive")
         return resolved
@@ -346,7 +347,8 @@ def register(name: str, groups: GroupDeclaration, *, radial: bool = False, posit
             raise ValueError(f"catalogue entry {name!r} is already registered")
         if not isinstance(spellings, Spellings):
             raise ValueError(f"catalogue entry {name!r}: spellings must be a Spellings, got {type(spellings).__name__}")
-        _REGISTRY[name] = CatalogueEntry(name, function, groups, radial, MappingProxyType(defaults), positive, spellings)
+        _REGISTRY[name] = CatalogueEntry(name, function, groups, radial, MappingProxyType(defaults), positive,
+                                         spellings)
         return function
     return decorate
 

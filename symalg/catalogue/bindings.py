@@ -108,10 +108,10 @@ class TranslationFamily:
 
     ``pattern`` says what ``B_i`` puts into each region (an axis-0 :class:`Binding`):
 
-    ``"entries"``  ``e_i`` in every region (a bias alone; a bias and the running mean it feeds in eval
-                   mode), one direction per entry;
-    ``"rows"``     ``1 e_jᵀ``: the same change to every row of a weight, one direction per row entry;
-    ``"ones"``     a single direction, ``1`` in every region (the biases of one group under group norm).
+    - ``"entries"``: ``e_i`` in every region (a bias alone; a bias and the running mean it feeds in eval
+      mode), one direction per entry;
+    - ``"rows"``: ``1 e_jᵀ``, the same change to every row of a weight, one direction per row entry;
+    - ``"ones"``: a single direction, ``1`` in every region (the biases of one group under group norm).
 
     >>> import torch
     >>> family = TranslationFamily("ones", (Binding("b", 0, 2, 2),))

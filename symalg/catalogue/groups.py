@@ -43,7 +43,8 @@ import torch
 from symalg.frontend.grammar import check_entries, refuse_text
 from symalg.numeric.linalg import relative_error
 
-__all__ = ["matrix_exp", "group_classes", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes", "PositiveScaling",
+__all__ = ["matrix_exp", "group_classes", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes",
+           "PositiveScaling",
            "SignFlips", "Permutations", "Translations"]
 
 
@@ -331,7 +332,8 @@ class SiteGroup:
                                  self.exp(self.random_algebra_element(scale, generator, dtype, device))))
             if discrete:
                 far = self.exp(self.random_algebra_element(scales[-1], generator, dtype, device))
-                elements.append((f"discrete generator 0 times exp(M), |M| = {scales[-1]:g}", self.compose(discrete[0], far)))
+                elements.append((f"discrete generator 0 times exp(M), |M| = {scales[-1]:g}",
+                                 self.compose(discrete[0], far)))
         return elements
 
     def compose(self, g1: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
@@ -673,7 +675,8 @@ class OrthogonalFixingOnes(Orthogonal):
 
     def _not_in_algebra(self, M, tol):
         ones = torch.ones(M.shape[-1], dtype=M.dtype, device=M.device)
-        return super()._not_in_algebra(M, tol) or ("M 1 ≠ 0" if relative_error(M @ ones, 0 * ones, floor=1) > tol else None)
+        return (super()._not_in_algebra(M, tol)
+                or ("M 1 ≠ 0" if relative_error(M @ ones, 0 * ones, floor=1) > tol else None))
 
 
 @dataclass(frozen=True)
@@ -963,7 +966,8 @@ class Translations(SiteGroup):
 
     def _check_translated(self, role, power):
         if role != "out" or power != 1:
-            raise ValueError(f"{self.name}: a translated region has no role or degree, got role={role!r}, power={power}")
+            raise ValueError(f"{self.name}: a translated region has no role or degree, "
+                             f"got role={role!r}, power={power}")
 
     def conserved_term(self, U):
         """``⟨B_i, U⟩ = (U 1)_i``: the linear quantities of the directions :meth:`act` moves along."""

@@ -16,7 +16,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-__all__ = ["Example", "ExampleModel", "ExampleOutput", "RadialBasis", "around", "model_example", "split_heads_attention"]
+__all__ = ["Example", "ExampleModel", "ExampleOutput", "RadialBasis", "around", "model_example",
+           "split_heads_attention"]
 
 nn = torch.nn
 Example = Callable[[], tuple[nn.Module, tuple]]

@@ -26,7 +26,8 @@ from symalg.catalogue.rule_examples import Example, RadialBasis, around, model_e
 from symalg.symbolic.checks import disproof, symbolic_checks
 from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment
 
-__all__ = ["OP_RULES", "OVERLAYABLE", "RULE_EXAMPLES", "WEIGHT_RULES", "WeightExpr", "register_rule", "activation_rule", "unknown_rule"]
+__all__ = ["OP_RULES", "OVERLAYABLE", "RULE_EXAMPLES", "WEIGHT_RULES", "WeightExpr", "register_rule",
+           "activation_rule", "unknown_rule"]
 
 _RULES: dict[str, Callable] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
@@ -118,7 +119,8 @@ def activation_rule(state: Inference, node, data, inputs) -> Label:
         if group.affine:
             center = Fraction(str(group.center))
     if entry.radial and label.dim != -1 and label.segments:
-        state.restrict_label(label, set(), node, f"{state.where(node)}: radial activation on a non-last axis", blocked=True)
+        state.restrict_label(label, set(), node, f"{state.where(node)}: radial activation on a non-last axis",
+                             blocked=True)
         return Label.data(label.dim, label.size)
     for reason, refuted in disproved.items():   # the same checks and wording as the chain pipeline's derive
         state.restrict_label(label, ALL - (refuted - kinds), node, f"{state.where(node)}: {reason}", blocked=True)
@@ -142,14 +144,15 @@ def unknown_rule(state: Inference, node, data, inputs) -> Label:
                                                      "equivariance catalogue", blocked=True)
         elif isinstance(label, tuple):
             for item in label:
-                state.restrict_label(item, set(), node, f"{state.where(node)}: op {data['op']!r} is unknown", blocked=True)
+                state.restrict_label(item, set(), node, f"{state.where(node)}: op {data['op']!r} is unknown",
+                                     blocked=True)
     return Label.data()
 
 
 @register_rule("input", "constant", "buffer", examples={
     "input": around(lambda self, h: h),
-    "constant": around(lambda self, h: self.inner(torch.relu(h)) * self.scale, scale=lambda: torch.linspace(0.5, 2.0, 4),
-                       inner=lambda: torch.nn.Linear(4, 4)),
+    "constant": around(lambda self, h: self.inner(torch.relu(h)) * self.scale,
+                       scale=lambda: torch.linspace(0.5, 2.0, 4), inner=lambda: torch.nn.Linear(4, 4)),
     "buffer": around(lambda self, h: self.inner(torch.relu(h)) + self.shift, inner=lambda: torch.nn.Linear(4, 4),
                      buffers=lambda: {"shift": torch.linspace(-1.0, 1.0, 4)})})
 def data_rule(state, node, data, inputs) -> Label:
@@ -325,13 +328,15 @@ def conv_rule(state: Inference, node, data, inputs) -> Label:
     out_channels, in_per_group = state.shapes[weight][:2]
     channel_dim = -(len(state.shapes[weight]) - 1)
     if settings.get("padding_mode", "zeros") != "zeros":
-        state.restrict_label(label, set(), node, f"{state.where(node)}: padding mode {settings['padding_mode']!r}", blocked=True)
+        state.restrict_label(label, set(), node, f"{state.where(node)}: padding mode {settings['padding_mode']!r}",
+                             blocked=True)
     if settings["groups"] == 1:
         _read_as_map(state, node, label, weight, channel_dim)
         if _unpadded(settings):
             _absorb_shifts(state, node, label, weight, bias)
         else:
-            _refuse_shifts(state, node, label, "pads with zeros, so the shift of an affine sign flip varies with position")
+            _refuse_shifts(state, node, label,
+                           "pads with zeros, so the shift of an affine sign flip varies with position")
         site = _producer_site(state, node, out_channels, weight, bias)
         return Label(channel_dim, out_channels, (Segment(site, 0, out_channels),))
     if settings["groups"] == settings["in_channels"] == out_channels and in_per_group == 1:
@@ -422,7 +427,8 @@ def add_rule(state: Inference, node, data, inputs) -> Label:
         return a if a.segments else b
     if len(labels) != 2 or not _same_layout(*labels):
         for label in labels:
-            state.restrict_label(label, set(), node, f"{state.where(node)}: summands with different site layouts", blocked=True)
+            state.restrict_label(label, set(), node, f"{state.where(node)}: summands with different site layouts",
+                                 blocked=True)
         return Label.data(labels[0].dim if labels else -1)
     a, b = labels
     segments = []
@@ -470,7 +476,8 @@ def _same_shape(state: Inference, data) -> bool:
 
 @register_rule("matmul", examples={
     "matmul": around(lambda self, h: torch.nn.functional.linear(torch.relu(h), self.lora_b @ self.lora_a),
-                     lora_a=lambda: torch.nn.Parameter(torch.randn(2, 4)), lora_b=lambda: torch.nn.Parameter(torch.randn(4, 2)))})
+                     lora_a=lambda: torch.nn.Parameter(torch.randn(2, 4)),
+                     lora_b=lambda: torch.nn.Parameter(torch.randn(4, 2)))})
 def matmul_rule(state: Inference, node, data, inputs):
     """A product of weights ``B @ A`` (a low-rank adapter): ``GL(r)`` on the inner axis (``A ↦ g A``,
     ``B ↦ B g⁻¹``); the product's rows are ``B``'s, its columns ``A``'s. Products of values (attention
@@ -621,7 +628,8 @@ def transpose_rule(state: Inference, node, data, inputs) -> Label:
 
 
 @register_rule("getitem", examples={"getitem": around(
-    lambda self, h: self.attention(h, h, h)[0], shape=(5, 3, 3), attention=lambda: torch.nn.MultiheadAttention(4, 2, batch_first=True))})
+    lambda self, h: self.attention(h, h, h)[0], shape=(5, 3, 3),
+    attention=lambda: torch.nn.MultiheadAttention(4, 2, batch_first=True))})
 def getitem_rule(state: Inference, node, data, inputs):
     """Picking an output of a multi-output op; indexing a tensor is unknown."""
     source = inputs[0]
@@ -672,7 +680,8 @@ def _pools_the_sites(state: Inference, node, data, label: Label) -> bool:
 
 
 @register_rule("max_pool", examples={"max_pool": around(
-    lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6, 3), pool=lambda: torch.nn.MaxPool1d(2))})
+    lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6, 3),
+    pool=lambda: torch.nn.MaxPool1d(2))})
 def max_pool_rule(state, node, data, inputs) -> Label:
     """``max`` over positions commutes with positive per-channel scaling and channel permutations."""
     label = _first(inputs)
@@ -683,7 +692,8 @@ def max_pool_rule(state, node, data, inputs) -> Label:
 
 
 @register_rule("avg_pool", examples={"avg_pool": around(
-    lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6, 3), pool=lambda: torch.nn.AvgPool1d(2))})
+    lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6, 3),
+    pool=lambda: torch.nn.AvgPool1d(2))})
 def avg_pool_rule(state, node, data, inputs) -> Label:
     """Averaging over positions is linear per channel: every channel action passes through."""
     label = _first(inputs)

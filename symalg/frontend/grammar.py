@@ -119,7 +119,8 @@ def _number(node: ast.expr, where: str, text: str) -> Fraction:
 
 def literal(node: ast.expr, where: str):
     """Read one spec argument from its syntax tree: ``bool``, a plain name (``str``), an ``int``, a finite
-    ``float`` literal, or the exact ``sympy.Rational`` of an arithmetic expression; anything else raises :class:`~symalg.errors.SpecError` naming ``where``."""
+    ``float`` literal, or the exact ``sympy.Rational`` of an arithmetic expression; anything else raises
+    :class:`~symalg.errors.SpecError` naming ``where``."""
     if isinstance(node, ast.Constant) and isinstance(node.value, bool):
         return node.value
     if isinstance(node, ast.Name):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ast
 import difflib
-from typing import Mapping
+from typing import Callable, Iterator, Mapping
 
 import networkx as nx
 import sympy as sp
@@ -48,19 +48,20 @@ class Spec:
         self._layers: list[tuple] = []
         self._catalogue = catalogue
 
-    def linear(self, in_features, out_features, bias: bool = True) -> "Spec":
+    def linear(self, in_features: int | str | sp.Symbol, out_features: int | str | sp.Symbol,
+               bias: bool = True) -> "Spec":
         self._layers.append(("linear", in_features, out_features, bias))
         return self
 
-    def activation(self, name: str, **params) -> "Spec":
+    def activation(self, name: str, **params: object) -> "Spec":
         self._layers.append(("activation", name, params))
         return self
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Callable[..., "Spec"]:
         if name.startswith("_"):
             raise AttributeError(name)
 
-        def add_activation(*args, **params):
+        def add_activation(*args: object, **params: object) -> "Spec":
             if args:
                 raise SpecError(f"Spec.{name}(): activations take keyword hyper-parameters only "
                                 f"(got {args}); dense layers are Spec.linear(in, out)")
@@ -174,7 +175,8 @@ def _parse_layer(text: str, index: int, catalogue: Mapping) -> tuple:
     return ("activation", name, kwargs)
 
 
-def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
+def parse(spec: str | Spec | Architecture | torch.nn.Module | nx.DiGraph, catalogue: Mapping = CATALOGUE,
+          **widths: int | str | sp.Symbol) -> Architecture:
     """Build an :class:`Architecture` from a spec string, a :class:`Spec`, a chain ``nn.Sequential``,
     a validated ``networkx.DiGraph`` or an :class:`Architecture`; ``widths`` substitutes symbols.
 
@@ -206,7 +208,7 @@ def parse(spec, catalogue: Mapping = CATALOGUE, **widths) -> Architecture:
     return arch.subs(widths) if widths else arch
 
 
-def _leaves(module: torch.nn.Module, prefix: str = ""):
+def _leaves(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module]]:
     for name, child in module.named_children():
         path = f"{prefix}{name}"
         if isinstance(child, torch.nn.Sequential):
@@ -267,6 +269,7 @@ def _from_sequential(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) ->
         if known is not None and known[0] in catalogue:
             nodes.append((path, dict(kind="activation", op=known[0], params=known[1], module=None)))
             continue
+        assert width is not None  # _check_activation_position: a linear layer came first
         reference = next(module.parameters(), torch.zeros(()))
         with torch.no_grad():
             try:
@@ -281,14 +284,15 @@ def _from_sequential(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) ->
     return _chain_graph(nodes, catalogue)
 
 
-def to_module(arch: Architecture, dtype=torch.float64, generator: torch.Generator | None = None) -> torch.nn.Sequential:
+def to_module(arch: Architecture, dtype: torch.dtype = torch.float64,
+              generator: torch.Generator | None = None) -> torch.nn.Sequential:
     """An ``nn.Sequential`` for a concrete-width architecture, named like its parameters.
 
     Parameters get torch's default initialisation, ``U(±1/√in_features)`` for weights and biases
     (drawn from ``generator`` when given).
     """
     arch.check_materialisable("to_module")
-    modules = []
+    modules: list[torch.nn.Module] = []
     for name in arch.layer_names:
         node = arch.node(name)
         if node["kind"] == "linear":
@@ -313,7 +317,8 @@ EXAMPLE_BATCH = 8
 """Rows of the example input a concrete-width spec graph carries (for certification and verification)."""
 
 
-def to_graph(spec, catalogue: Mapping | None = None) -> ModelGraph:
+def to_graph(spec: str | Spec | Architecture | torch.nn.Module | nx.DiGraph,
+             catalogue: Mapping | None = None) -> ModelGraph:
     """Emit the one graph format (:class:`~symalg.ir.graph.ModelGraph`) for a spec (anything :func:`parse` takes).
 
     Widths stay symbolic: shapes hold SymPy symbols (the batch axis is ``B``). At concrete widths the graph
@@ -326,12 +331,17 @@ def to_graph(spec, catalogue: Mapping | None = None) -> ModelGraph:
     >>> to_graph("linear(3, 4) -> tanh -> linear(4, 2)").model[1].op
     'tanh'
     """
-    arch = spec if isinstance(spec, Architecture) and catalogue is None else parse(spec, catalogue=catalogue or CATALOGUE)
+    if isinstance(spec, Architecture) and catalogue is None:
+        arch = spec
+    else:
+        arch = parse(spec, catalogue=catalogue or CATALOGUE)
     batch = sp.Symbol("B", integer=True, positive=True) if arch.widths else EXAMPLE_BATCH
-    graph, shapes, previous = nx.DiGraph(), {}, "input"
+    graph, previous = nx.DiGraph(), "input"
+    shapes: dict[str, tuple] = {}
     features = arch.graph.nodes["input"]["features"]
 
-    def add(name, op, kind, shape, where, params=None, settings=None, module=None):
+    def add(name: str, op: str, kind: str, shape: tuple, where: str, params: Mapping[str, str] | None = None,
+            settings: Mapping[str, object] | None = None, module: str | None = None) -> None:
         graph.add_node(name, op=op, kind=kind, module=module, params=params or {}, buffers={}, settings=settings or {},
                        where=where, shape=shape, arguments={}, inputs=(previous,) if kind != "input" else ())
         if kind != "input":

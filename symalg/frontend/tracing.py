@@ -38,7 +38,7 @@ import inspect
 import io
 import operator
 from dataclasses import is_dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import networkx as nx
 import torch
@@ -69,7 +69,7 @@ _MODULE_OPS = {
 }
 """Structural modules (activation modules are spelled by their catalogue entries)."""
 
-_FUNCTIONS = {
+_FUNCTIONS: dict[object, str] = {
     F.linear: "linear", operator.add: "add",
     torch.add: "add", operator.iadd: "add", operator.mul: "mul", torch.mul: "mul", operator.imul: "mul",
     operator.truediv: "div", torch.div: "div", operator.neg: "neg", torch.neg: "neg", operator.sub: "sub",
@@ -85,7 +85,7 @@ _FUNCTIONS = {
 }
 """Structural functions (activation functions are spelled by their catalogue entries)."""
 
-_POOLED_DIMS = {
+_POOLED_DIMS: dict[object, int] = {
     nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.AdaptiveMaxPool1d: 1, nn.AdaptiveMaxPool2d: 2, nn.AvgPool1d: 1,
     nn.AvgPool2d: 2, nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2, F.max_pool1d: 1, F.max_pool2d: 2,
     F.avg_pool1d: 1, F.avg_pool2d: 2, F.adaptive_avg_pool1d: 1, F.adaptive_avg_pool2d: 2,
@@ -156,8 +156,8 @@ def _canonical_params(model: nn.Module) -> tuple[dict[str, str], dict[int, str]]
         canonical = by_id.setdefault(id(tensor), name)
         if canonical != name:
             aliases[name] = canonical
-    for name, tensor in model.named_buffers(remove_duplicate=False):
-        by_id.setdefault(id(tensor), name)
+    for name, buffer in model.named_buffers(remove_duplicate=False):
+        by_id.setdefault(id(buffer), name)
     return aliases, by_id
 
 
@@ -230,8 +230,9 @@ def _function_op(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, di
         if known is not None:
             return known
     if node.op == "call_method":
-        return _METHODS.get(target) or (target if target not in CATALOGUE else f"Tensor.{target}"), {"method": target}
-    if _is_pack(node):
+        method = str(target)  # fx names a called method by a string
+        return _METHODS.get(method) or (method if method not in CATALOGUE else f"Tensor.{method}"), {"method": method}
+    if _is_pack(node) and isinstance(target, type):  # a pack's target is always a class
         return "pack", {"container": target.__name__}
     if target in _POOLED_DIMS:
         return _FUNCTIONS[target], {"pooled_dims": _POOLED_DIMS[target]}
@@ -254,14 +255,14 @@ def _is_pack(node: torch.fx.Node) -> bool:
 
 
 def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[int, str]) -> dict:
-    record = dict(op=node.op, kind="function", module=None, params={}, buffers={}, settings={},
-                  where=_where(node), shape=None)
+    record: dict[str, Any] = dict(op=node.op, kind="function", module=None, params={}, buffers={}, settings={},
+                                  where=_where(node), shape=None)
     if node.op == "placeholder":
         record.update(op="input", kind="input")
     elif node.op == "output":
         record.update(op="output", kind="output")
     elif node.op == "get_attr":
-        tensor = _attribute(gm, node.target)
+        tensor = _attribute(gm, str(node.target))
         if isinstance(tensor, nn.Parameter):
             record.update(op="param", kind="param", params={"value": by_id.get(id(tensor), node.target)})
         elif isinstance(tensor, torch.Tensor) and id(tensor) in by_id:
@@ -269,12 +270,13 @@ def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[i
         else:
             record.update(op="constant", kind="constant")
     elif node.op == "call_module":
-        module = gm.get_submodule(node.target)
+        name = str(node.target)  # fx names a called module by a string
+        module = gm.get_submodule(name)
         op, settings = canonical_module_op(module)
-        record.update(op=op, kind="module", module=node.target, settings=settings,
-                      params={role: by_id.get(id(t), f"{node.target}.{role}")
+        record.update(op=op, kind="module", module=name, settings=settings,
+                      params={role: by_id.get(id(t), f"{name}.{role}")
                               for role, t in module.named_parameters(recurse=True)},
-                      buffers={role: by_id.get(id(t), f"{node.target}.{role}")
+                      buffers={role: by_id.get(id(t), f"{name}.{role}")
                                for role, t in module.named_buffers(recurse=True)})
         if getattr(module, "inplace", False):
             record["settings"]["inplace"] = True
@@ -287,8 +289,8 @@ def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[i
     return record
 
 
-def _attribute(gm: nn.Module, target: str):
-    obj = gm
+def _attribute(gm: nn.Module, target: str) -> object:
+    obj: object = gm
     for part in target.split("."):
         obj = getattr(obj, part)
     return obj
@@ -296,7 +298,7 @@ def _attribute(gm: nn.Module, target: str):
 
 def _constant_args(node: torch.fx.Node) -> dict:
     """The non-tensor arguments of a node by position/keyword (``dim``, ``shape``, ``approximate``...)."""
-    def plain(value):
+    def plain(value: object) -> object:
         if isinstance(value, torch.fx.Node):
             return None
         if isinstance(value, (list, tuple)):
@@ -308,17 +310,17 @@ def _constant_args(node: torch.fx.Node) -> dict:
     return arguments
 
 
-def _tensor_inputs(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list:
+def _tensor_inputs(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[torch.fx.Node | None]:
     """Input nodes in the callee's argument order (keywords included), flattening lists
     (``torch.cat([a, b])``); ``None`` for a constant operand (``x * 2``). Numbers passed for
     parameters typed without ``Tensor``/``Number`` (``dim: int``, ``eps: float``) are settings, not inputs.
     The output and output containers (``pack``) list every node of their nested structure (tuples,
     lists, dicts, dataclasses): every tensor a model returns is an output."""
     if node.op == "output" or _is_pack(node):
-        nested = []
+        nested: list[torch.fx.Node | None] = []
         torch.fx.node.map_arg((node.args, node.kwargs), nested.append)
         return nested
-    inputs = []
+    inputs: list[torch.fx.Node | None] = []
     for value, operand in _ordered_arguments(node, gm):
         if isinstance(value, torch.fx.Node):
             inputs.append(value)
@@ -373,10 +375,11 @@ def _ordered_arguments(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[tu
 
 def _signatures(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[inspect.Signature]:
     """The callee's signatures (one per overload; ``x.add(y)`` binds like ``torch.add(x, y)``), or ``[]``."""
+    callee: object
     if node.op == "call_module":
-        callee = gm.get_submodule(node.target).forward
+        callee = gm.get_submodule(str(node.target)).forward
     elif node.op == "call_method":
-        callee = getattr(torch, node.target, None)
+        callee = getattr(torch, str(node.target), None)
     elif node.op == "call_function":
         callee = node.target
     else:
@@ -392,7 +395,7 @@ def _signatures(node: torch.fx.Node, gm: torch.fx.GraphModule) -> list[inspect.S
         return []
 
 
-def _shape_of(meta) -> tuple | None:
+def _shape_of(meta: Mapping[str, Any]) -> tuple | None:
     value = meta.get("tensor_meta", meta.get("val"))
     if value is None:
         return None
@@ -432,12 +435,12 @@ def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
             raise SpecError(f"trace: example input {index} has non-finite entries (NaN or inf)")
     running: list[str] = []  # the modules being run, innermost last
 
-    def enter_hook(name):
-        def hook(*_):  # returns None: the hook changes nothing
+    def enter_hook(name: str) -> Callable[..., None]:
+        def hook(*_: object) -> None:  # returns None: the hook changes nothing
             running.append(name)
         return hook
 
-    def leave_hook(*_):
+    def leave_hook(*_: object) -> None:
         running.pop()
 
     enter = [m.register_forward_pre_hook(enter_hook(name)) for name, m in model.named_modules()]
@@ -463,15 +466,15 @@ TRACERS = ("auto", "fx", "export")
 """``trace(tracer=...)``: fx with ``torch.export`` as the fallback, fx only, or ``torch.export`` only."""
 
 
-def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention: bool = True,
+def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, fold_attention: bool = True,
           tracer: str = "auto") -> ModelGraph:
     """Trace ``model`` into a :class:`ModelGraph` (fx first, ``torch.export`` as the fallback).
 
     Parameters
     ----------
     model : any ``nn.Module``.
-    example_inputs : a tuple of example tensors; enables shape propagation (needed for
-        convolutions followed by ``flatten`` and for hand-written attention) and the export fallback.
+    example_inputs : a tuple of example tensors (a single tensor is one input); enables shape propagation
+        (needed for convolutions followed by ``flatten`` and for hand-written attention) and the export fallback.
     fold_attention : fold hand-written multi-head attention into ``attention`` nodes.
     tracer : ``"auto"`` (fx, then ``torch.export`` when fx fails), ``"fx"`` (no fallback) or
         ``"export"`` (``torch.export`` only, which needs ``example_inputs``): both routes give the same
@@ -490,6 +493,7 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
         raise SpecError(f"trace: tracer must be one of {TRACERS}, got {tracer!r}")
     if tracer == "export" and example_inputs is None:
         raise SpecError("trace: tracer='export' needs example_inputs (torch.export runs the model)")
+    module: nn.Module  # named_modules is unannotated in torch
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
             raise SpecError(f"module {name!r} ({type(module).__name__}): lazy module not initialised yet; run one "
@@ -498,7 +502,10 @@ def trace(model: nn.Module, example_inputs: tuple | None = None, fold_attention:
         example_inputs = (example_inputs,)
     if example_inputs is not None:
         _check_example_inputs(model, example_inputs)
-    gm, tracer = (_exported(model, example_inputs), "export") if tracer == "export" else _traced(model, example_inputs, tracer)
+    if tracer == "export" and example_inputs is not None:  # (export without example inputs is refused above)
+        gm, tracer = _exported(model, example_inputs), "export"
+    else:
+        gm, tracer = _traced(model, example_inputs, tracer)
     _drop_guards(gm)
     _redirect_in_place(gm)
     if example_inputs is not None and tracer == "fx":
@@ -572,14 +579,14 @@ def _transpose_attribute(node: torch.fx.Node, gm: torch.fx.GraphModule) -> dict:
     return swap_last if ndim == 2 else {"op": "permute", "arguments": {"dims": tuple(range(ndim - 1, -1, -1))}}
 
 
-def _rank(value, gm: torch.fx.GraphModule) -> int | None:
+def _rank(value: object, gm: torch.fx.GraphModule) -> int | None:
     """Number of axes of a traced value: from shape propagation, or from the tensor a ``get_attr`` reads."""
     if not isinstance(value, torch.fx.Node):
         return None
     shape = _shape_of(value.meta)
     if shape is not None:
         return len(shape)
-    tensor = _attribute(gm, value.target) if value.op == "get_attr" else None
+    tensor = _attribute(gm, str(value.target)) if value.op == "get_attr" else None
     return tensor.dim() if isinstance(tensor, torch.Tensor) else None
 
 

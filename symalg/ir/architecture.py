@@ -79,7 +79,8 @@ def as_width(value, where: str) -> Width:
         if value <= 0:
             raise SpecError(f"{where}: width {value} must be positive")
         if value > MAX_WIDTH:
-            raise SpecError(f"{where}: width {value} exceeds the limit of {MAX_WIDTH} (symalg.frontend.grammar.MAX_WIDTH)")
+            raise SpecError(f"{where}: width {value} exceeds the limit of {MAX_WIDTH} "
+                            "(symalg.frontend.grammar.MAX_WIDTH)")
         return value
     raise SpecError(f"{where}: width {value!r} is not an integer or a symbol")
 
@@ -135,7 +136,8 @@ def validate(graph: nx.DiGraph) -> None:
     for u, v, data in graph.edges(data=True):
         width = as_width(data.get("features"), f"edge {u}->{v}")
         target = graph.nodes[v]
-        if target["kind"] == "linear" and not _same_width(target["in_features"], width, f"layer {v} (linear) in_features"):
+        if target["kind"] == "linear" and not _same_width(target["in_features"], width,
+                                                          f"layer {v} (linear) in_features"):
             raise SpecError(
                 f"layer {v} (linear): in_features={target['in_features']} but the previous "
                 f"layer {u} produces {width} features")
@@ -215,7 +217,8 @@ class Architecture:
         by_name = {str(k): v for k, v in widths.items()}
         unknown = set(by_name) - {s.name for s in self.widths}
         if unknown:
-            raise SpecError(f"subs: no width named {sorted(unknown)} (widths are {sorted(s.name for s in self.widths)})")
+            raise SpecError(f"subs: no width named {sorted(unknown)} "
+                            f"(widths are {sorted(s.name for s in self.widths)})")
 
         given = {name: as_width(value, f"subs: width {name}") for name, value in by_name.items()}
 
@@ -247,7 +250,8 @@ class Architecture:
                 expected = sp.sympify(expected)
                 if expected.is_Symbol:
                     if found.setdefault(expected, size) != size:
-                        raise SpecError(f"parameter {name!r}: width {expected} is {size} here but {found[expected]} elsewhere")
+                        raise SpecError(f"parameter {name!r}: width {expected} is {size} here but "
+                                        f"{found[expected]} elsewhere")
                 elif int(expected) != size:
                     raise SpecError(f"parameter {name!r}: expected shape {shape}, got {actual}")
         return found

@@ -5,22 +5,22 @@ symbols) and no model; torch models are traced into it with concrete shapes and 
 that claims can be certified and verified by running it. Schema of ``ModelGraph.graph`` (node names
 in data-flow order):
 
-=========== ==============================================================================
-attribute   meaning
-=========== ==============================================================================
-``op``      canonical op (``linear``, ``conv``, ``relu``, ``add``, ``layer_norm``,
-            ``multihead_attention``, ``attention``, ...; the fx target's name when unknown)
-``kind``    ``input``, ``output``, ``param`` (a parameter read in ``forward``), ``module``,
-            ``function``, ``constant``
-``module``  qualified name of the called module (``None`` for functions)
-``params``  ``{role: canonical parameter name}`` (tied parameters get the first name)
-``buffers`` ``{role: buffer name}``
+============ ==============================================================================
+attribute    meaning
+============ ==============================================================================
+``op``       canonical op (``linear``, ``conv``, ``relu``, ``add``, ``layer_norm``,
+             ``multihead_attention``, ``attention``, ...; the fx target's name when unknown)
+``kind``     ``input``, ``output``, ``param`` (a parameter read in ``forward``), ``module``,
+             ``function``, ``constant``
+``module``   qualified name of the called module (``None`` for functions)
+``params``   ``{role: canonical parameter name}`` (tied parameters get the first name)
+``buffers``  ``{role: buffer name}``
 ``settings`` hyper-parameters (``eps``, ``groups``, ``dim``, ``heads``, ...)
-``inputs``  tensor inputs in the callee's argument order (keywords included; a value read twice,
-            ``x * x``, is listed twice): node names, or ``None`` where a constant operand stands
-``shape``   the output shape (``None`` when unknown)
-``where``   ``"node 'relu_1' (F.relu)"``, for error messages
-=========== ==============================================================================
+``inputs``   tensor inputs in the callee's argument order (keywords included; a value read twice,
+             ``x * x``, is listed twice): node names, or ``None`` where a constant operand stands
+``shape``    the output shape (``None`` when unknown)
+``where``    ``"node 'relu_1' (F.relu)"``, for error messages
+============ ==============================================================================
 
 Edges ``u → v`` carry ``index``: the first position of ``u`` in ``v``'s ``inputs``.
 

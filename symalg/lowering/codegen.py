@@ -2,7 +2,7 @@
 
 Built on SymPy's own :class:`sympy.printing.pytorch.TorchPrinter`; :class:`SymalgTorchPrinter`
 overrides only what it gets wrong or slow for our expressions, each override saying why. Matrix
-expressions use the papers' column convention (a bias is an ``h × 1`` column); the compiled
+expressions use the column convention of [Zhao2023] and [Zhao2026] (a bias is an ``h × 1`` column); the compiled
 function adapts torch's layout (bias vectors of shape ``(h,)``) at its boundary, and every matrix
 operation works on the last two axes, so leading batch dimensions broadcast.
 
@@ -215,8 +215,8 @@ class LoweredFunction:
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{self.name}: parameter {name!r} is a {type(value).__name__}, not a tensor")
             actual = tuple(value.shape[value.dim() - len(expected):]) if value.dim() >= len(expected) else None
-            ok = actual is not None and all(
-                bound.setdefault(e, a) == a if isinstance(e, sp.Symbol) else int(e) == a for e, a in zip(expected, actual))
+            ok = actual is not None and all(bound.setdefault(e, a) == a if isinstance(e, sp.Symbol) else int(e) == a
+                                            for e, a in zip(expected, actual))
             if not ok:
                 raise ValueError(f"{self.name}: parameter {name!r} has shape {tuple(value.shape)}, expected "
                                  f"(..., {', '.join(str(bound.get(e, e)) for e in expected)})")

@@ -371,7 +371,8 @@ class _Product:
     inner: int = 0
 
     def times(self, other: "_Product") -> "_Product":
-        return _Product(self.value @ other.value, self.bound * other.bound, self.inner + other.inner + self.value.shape[1])
+        return _Product(self.value @ other.value, self.bound * other.bound,
+                        self.inner + other.inner + self.value.shape[1])
 
 
 def _products_rank(blocks: list[_Product], what: str, dim: int = 1) -> RankDecision:
@@ -414,7 +415,8 @@ def _jacobian(parts, state, tensors, max_bytes: float, what: str, symmetric: boo
     element = [site.width ** 2 if site.symmetry.group.element_format == "matrix" else site.width for site, _ in parts]
     needed = 2 * reference.element_size() * (sum(sizes) * rows + sum(d * e for d, e in zip(sizes, element)))
     if needed > max_bytes:
-        raise MemoryError(f"{what}: the Jacobian needs {needed / _GIB:.3g} GiB > max_bytes = {max_bytes / _GIB:.3g} GiB")
+        raise MemoryError(f"{what}: the Jacobian needs {needed / _GIB:.3g} GiB "
+                          f"> max_bytes = {max_bytes / _GIB:.3g} GiB")
     if not rows or not sum(sizes):
         return torch.zeros(rows, sum(sizes), dtype=reference.dtype, device=reference.device)
     bases = []
@@ -763,7 +765,8 @@ def _state(analysis, sites: list[_Site], params, dtype, device, caller: str) -> 
             if tuple(value.shape) != expected:
                 raise SpecError(f"{caller}: params[{tensor!r}] has shape {tuple(value.shape)}, expected {expected}")
             if not torch.isfinite(value).all():
-                raise SpecError(f"{caller}: parameter {tensor!r} has non-finite entries (NaN or inf): no rank to compute")
+                raise SpecError(f"{caller}: parameter {tensor!r} has non-finite entries (NaN or inf): "
+                                "no rank to compute")
             state[tensor] = value.detach().to(dtype=dtype or value.dtype, device=device or value.device)
     return state
 

@@ -19,22 +19,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+import networkx as nx
 import sympy as sp
 import torch
 
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry
-from symalg.catalogue.groups import Permutations, SignFlips, Translations
+from symalg.catalogue.groups import Permutations, SignFlips, SiteGroup, Translations
 from symalg.symbolic.report import describe
 from symalg.errors import SpecError
-from symalg.frontend.spec import to_graph, to_spec_string
+from symalg.frontend.spec import Spec, to_graph, to_spec_string
 from symalg.ir.architecture import Architecture
 from symalg.ir.graph import ModelGraph
 from symalg.lowering.codegen import LoweredFunction
-from symalg.numeric.orbit_rank import independent_conserved_rank, model_orbit_dimension, model_orbit_dimension_formula
+from symalg.numeric.orbit_rank import (OrbitDimension, independent_conserved_rank, model_orbit_dimension,
+                                       model_orbit_dimension_formula)
 from symalg.symbolic.engine import infer_model
 from symalg.symbolic.inference import Blocked, ModelSites, check_loss
 from symalg.symbolic.orbit import independent_conserved_formula, orbit_dimension_formula
-from symalg.symbolic.symmetry import ModelAngularMomentum, ModelConserved, Symmetry, _group, _number
+from symalg.symbolic.symmetry import AngularMomentum, ConservedQuantity, Symmetry, _group, _number
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 
 __all__ = ["Analysis", "derive"]
@@ -85,16 +87,16 @@ class Analysis:
     def continuous(self) -> list[Symmetry]:
         return [s for s in self.symmetries if s.group.is_continuous]
 
-    def conserved_quantities(self) -> list[ModelConserved]:
+    def conserved_quantities(self) -> list[ConservedQuantity]:
         """The conserved quantities of gradient flow, one family per continuous symmetry that has one."""
         return [s.conserved for s in self.symmetries if s.conserved is not None]
 
-    def angular_momenta(self) -> list[ModelAngularMomentum]:
+    def angular_momenta(self) -> list[AngularMomentum]:
         """The angular-momentum relations ``J(θ, θ̇)``, one per orthogonal symmetry (whose antisymmetric
-        generators have no conserved quantity): :class:`~symalg.symbolic.symmetry.ModelAngularMomentum`."""
+        generators have no conserved quantity): :class:`~symalg.symbolic.symmetry.AngularMomentum`."""
         return [s.angular_momentum for s in self.symmetries if s.angular_momentum is not None]
 
-    def orbit_dimension(self, params: Mapping[str, torch.Tensor] | None = None):
+    def orbit_dimension(self, params: Mapping[str, torch.Tensor] | None = None) -> sp.Expr | OrbitDimension:
         """Dimension of the group orbit through θ.
 
         ``params=None``: the generic value, a formula in the widths (a SymPy expression; an integer at concrete
@@ -115,7 +117,7 @@ class Analysis:
             return model_orbit_dimension_formula(self)
         return model_orbit_dimension(self.at_widths_of(params), params)
 
-    def independent_conserved(self, params: Mapping[str, torch.Tensor] | None = None):
+    def independent_conserved(self, params: Mapping[str, torch.Tensor] | None = None) -> sp.Expr | int:
         """Number of *functionally independent* conserved quantities: a formula at generic θ (``params=None``,
         spec chains) or the numeric rank of ``M ↦ M·θ`` on the symmetric generators at ``params``. Below the
         number of symmetric generators when a linear site is wider than its neighbours together."""
@@ -125,9 +127,9 @@ class Analysis:
 
     def at_widths_of(self, params: Mapping[str, torch.Tensor]) -> "Analysis":
         """This analysis at the widths of ``params`` (itself when its widths are concrete)."""
-        if not self.widths:
+        arch = self.architecture
+        if not self.widths or arch is None:  # only a spec has symbolic widths
             return self
-        arch = self.model_graph.source
         return self.subs({str(k): v for k, v in arch.widths_from_params(params).items()})
 
     def subs(self, widths: Mapping) -> "Analysis":
@@ -153,7 +155,7 @@ class Analysis:
         rows += [q.latex() for q in self.conserved_quantities()] + [j.latex() for j in self.angular_momenta()]
         return " \\\\\n".join(f"& {r}" for r in rows) or r"& \text{no symmetry}"
 
-    def _repr_latex_(self):
+    def _repr_latex_(self) -> str:
         return "$\\begin{aligned}\n" + self._latex_rows() + "\n\\end{aligned}$"
 
     def table(self) -> list[tuple[str, str, object]]:
@@ -169,7 +171,8 @@ class Analysis:
             orbit = f"no closed form: {error}"
         return {
             "model": self._name(), "loss": self.loss,
-            "symmetries": [{"group": s.group.name, "site": s.site, "members": list(s.members), "dimension": str(s.group.dim),
+            "symmetries": [{"group": s.group.name, "site": s.site, "members": list(s.members),
+                            "dimension": str(s.group.dim),
                             "continuous": bool(s.group.is_continuous), "tensors": list(s.tensors),
                             "conserved": None if s.conserved is None else str(s.conserved)} for s in self.symmetries],
             "blocked": [{"node": b.node, "site": b.site, "reason": b.reason} for b in self.blocked],
@@ -187,7 +190,7 @@ class Analysis:
     def __repr__(self) -> str:
         return f"Analysis({self._name()}: {', '.join(s.label for s in self.symmetries) or 'no symmetry'})"
 
-    def __str__(self):
+    def __str__(self) -> str:
         """The plain-text report of :func:`~symalg.symbolic.report.describe`."""
         return describe(self)
 
@@ -204,7 +207,7 @@ class Analysis:
                 + (f"; {failed} failed (blocked)" if failed else ""))
 
 
-def _check_arguments(catalogue, strict, loss, certify) -> None:
+def _check_arguments(catalogue: object, strict: object, loss: object, certify: object) -> None:
     if not isinstance(strict, bool):
         raise SpecError(f"derive: strict must be True or False, got {strict!r}")
     if not isinstance(certify, bool):
@@ -221,8 +224,8 @@ def _check_arguments(catalogue, strict, loss, certify) -> None:
                         "not a CatalogueEntry")
 
 
-def derive(model, catalogue: Mapping | None = None, strict: bool = True, loss: str = "mse",
-           certify: bool = True) -> Analysis:
+def derive(model: ModelGraph | str | Spec | Architecture | nx.DiGraph, catalogue: Mapping | None = None,
+           strict: bool = True, loss: str = "mse", certify: bool = True) -> Analysis:
     """Derive the symmetries of ``model``: a spec (string, :class:`~symalg.frontend.spec.Spec`,
     :class:`~symalg.ir.architecture.Architecture`) or a graph (:func:`symalg.trace`, :func:`symalg.to_graph`).
 
@@ -255,12 +258,14 @@ def derive(model, catalogue: Mapping | None = None, strict: bool = True, loss: s
                         "uncertified claims")
     sites = infer_model(graph, catalogue, loss, strict)
     shapes = graph.shapes
-    origins = {}  # symmetry -> ("class", class name, kind) or ("permutation", class name): what certification removes
+    # symmetry -> ("class", class name, kind) or ("permutation", class name): what certification removes
+    origins: dict[Symmetry, tuple[str, ...]] = {}
     for cls in sites.classes:
         for kind in cls.kinds:
             if kind in ("T", "T1"):
                 families = tuple(t[2] for t in cls.translations if t[0] == kind)
-                group = Translations(sum(f.count(shapes) for f in families), "bias" if kind == "T" else "along 1")
+                group: SiteGroup = Translations(sum(f.count(shapes) for f in families),
+                                                "bias" if kind == "T" else "along 1")
                 origins[Symmetry(cls.name, cls.members, group, (), shapes, families)] = ("class", cls.name, kind)
                 continue
             group = _group(kind, cls.width, cls.alpha)

@@ -220,7 +220,8 @@ class Inference:
     # -- sites ----------------------------------------------------------------------------------
     def new_site(self, node: str, width: int, bindings=(), name: str | None = None,
                  allowed=ALL) -> int:
-        site = _Site(len(self.sites), name or node, width if isinstance(width, sp.Basic) else int(width), node, set(allowed))
+        site = _Site(len(self.sites), name or node, width if isinstance(width, sp.Basic) else int(width), node,
+                     set(allowed))
         self.sites.append(site)
         self.ties[site.id]
         self.permutation_ties[site.id]
@@ -385,7 +386,8 @@ def solve(state: Inference) -> ModelSites:
         shifts = tuple(dict.fromkeys(t for site in members for t in site.shifts))
         if "SF" in allowed and not all(_owned(state, node, (bias, column.tensor)) for bias, column, _, node in shifts):
             allowed.discard("SF")
-            restrictions.append(Blocked(shifts[0][3], name, "SF removed: a bias absorbing a sign flip's shift is shared"))
+            restrictions.append(Blocked(shifts[0][3], name,
+                                        "SF removed: a bias absorbing a sign flip's shift is shared"))
         reader_powers = {b.power for b in bindings if b.role == "in"}
         alpha = reader_powers.pop() if len(reader_powers) == 1 else Fraction(1)
         kinds = _maximal(allowed, {t[0] for t in translations})

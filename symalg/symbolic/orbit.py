@@ -91,8 +91,9 @@ def orbit_dimension_formula(analysis) -> sp.Expr:
         # W ↦ W + 1vᵀ, b ↦ b + t₀1 moves no other parameter; a scaling or discrete last site moves W only by
         # −W diag(m) together with rows upstream, so the two are independent; a GL or O site can cancel them
         if soft(n_sites):
+            site = _site_name(analysis, n_sites)
             raise NotImplementedError(f"no closed-form orbit dimension for the logit translation next to the "
-                                      f"{continuous[n_sites].name} site {_site_name(analysis, n_sites)!r}; use orbit_dimension(params)")
+                                      f"{continuous[n_sites].name} site {site!r}; use orbit_dimension(params)")
         total += translation.group.dim
     return sp.simplify(total) if total.free_symbols else sp.Integer(total)
 
@@ -101,8 +102,9 @@ def _widths_and_biases(analysis):
     """``[n, h_1, …, m]`` and which linear layers have a bias, for an analysis of a spec chain."""
     arch = analysis.model_graph.source
     if analysis.model_graph.tracer != "spec":
-        raise NotImplementedError(f"the closed-form chain formulas need a spec chain, not a {analysis.model_graph.tracer!r}-"
-                                  "traced model; pass params for the numeric rank (e.g. independent_conserved(params))")
+        raise NotImplementedError("the closed-form chain formulas need a spec chain, not a "
+                                  f"{analysis.model_graph.tracer!r}-traced model; pass params for the numeric rank "
+                                  "(e.g. independent_conserved(params))")
     layers = [arch.node(name) for name in arch.linear_layers]
     widths = [sp.sympify(layers[0]["in_features"])] + [sp.sympify(layer["out_features"]) for layer in layers]
     return widths, [layer["bias"] is not None for layer in layers]
@@ -141,8 +143,9 @@ def independent_conserved_formula(analysis) -> sp.Expr:
             continue
         if group.kind == "GL":
             if any(k + d in continuous and continuous[k + d].kind == "GL" for d in (-1, 1)):
-                raise NotImplementedError(f"no closed form for the conserved quantities of adjacent GL sites at {_site_name(analysis, k)!r}; "
-                                          "use independent_conserved(params)")
+                site = _site_name(analysis, k)
+                raise NotImplementedError(f"no closed form for the conserved quantities of adjacent GL sites at "
+                                          f"{site!r}; use independent_conserved(params)")
             h = widths[k]
             free = h - sp.Min(h, widths[k - 1] + int(has_bias[k - 1]) + widths[k + 1])
             total += group.n_symmetric - free * (free + 1) / 2

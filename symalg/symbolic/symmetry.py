@@ -20,10 +20,10 @@ action moves every bound region ``U`` (see :mod:`symalg.bindings`), and its cons
 ['GL(4)']
 >>> analysis.certified, [e.holds for e in analysis.certification]
 (True, [True])
->>> symalg.derive(symalg.trace(model))
+>>> symalg.derive(symalg.trace(model))  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-symalg.errors.SpecError: derive: the model was traced without example_inputs, so its claims cannot be certified numerically; trace it with symalg.trace(model, example_inputs) or pass certify=False for uncertified claims
+symalg.errors.SpecError: derive: the model was traced without example_inputs, so its claims cannot be certified ...
 >>> print(analysis.symmetries[0].conserved)
 C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight
 """
@@ -44,7 +44,7 @@ from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.symbolic.printing import latex, sstr, tensor_latex
 from symalg.lowering.codegen import identifier
 
-__all__ = ["Symmetry", "ModelConserved", "ModelAngularMomentum"]
+__all__ = ["Symmetry", "ConservedQuantity", "AngularMomentum"]
 
 
 def _number(value: Fraction):
@@ -59,7 +59,7 @@ def _group(kind: str, width: int, alpha) -> SiteGroup:
 
 
 @dataclass(frozen=True, eq=False)
-class ModelConserved:
+class ConservedQuantity:
     """A conserved quantity: ``{name: SymPy expression}``, its meaning, and a lowered callable.
 
     ``kind`` is ``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``) or ``"linear"``.
@@ -97,7 +97,7 @@ class ModelConserved:
 
 
 @dataclass(frozen=True, eq=False)
-class ModelAngularMomentum:
+class AngularMomentum:
     """The angular-momentum relation of a group with antisymmetric generators (``O``), built from its bindings.
 
     For ``A`` antisymmetric in the Lie algebra, ``⟨θ̇, A·θ⟩ = ½ ⟨A, J⟩`` with
@@ -202,8 +202,8 @@ class Symmetry:
     ----------
     site : the site class name (its first member's node); ``members`` all tied sites.
     group : the group (:mod:`symalg.groups`); ``bindings`` the tensor regions it moves.
-    translations : for a translation group, the translation families (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose
-        directions ``B_i`` form its basis, in order.
+    translations : for a translation group, the translation families
+        (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose directions ``B_i`` form its basis, in order.
     shifts : for affine sign flips (``σ(−z) = 2c − σ(z)``), the ``(bias, column binding, c, node)`` of
         each reader: its bias absorbs ``−W' τ(g)`` with ``τ(g) = c(1 − g1)`` and ``W'`` the moved weight.
     acts_on_buffers : the action moves buffers (running statistics) as well as parameters.
@@ -308,7 +308,7 @@ class Symmetry:
 
     # -- symbolic -------------------------------------------------------------------------------
     @cached_property
-    def conserved(self) -> ModelConserved | None:
+    def conserved(self) -> ConservedQuantity | None:
         """The conserved quantity of gradient flow (module docstring), or ``None``."""
         if self.acts_on_buffers or self.group.conserved_kind is None:
             return None
@@ -322,7 +322,7 @@ class Symmetry:
                 whole = region.start == 0 and region.width * region.block == self.shapes[region.tensor][0]
                 key = f"ell_{name}_{_python_name(region.tensor)}" + ("" if whole else f"_{region.start}")
                 exprs[key] = U if family.pattern == "entries" else sp.OneMatrix(1, U.shape[0]) * U
-            return ModelConserved(f"ell_{name}", "linear", exprs, symbols.reads, symbols.suffixes,
+            return ConservedQuantity(f"ell_{name}", "linear", exprs, symbols.reads, symbols.suffixes,
                                   tuple(symbols.vectors))
         terms = []
         for b in self.moving_bindings():
@@ -335,7 +335,7 @@ class Symmetry:
             return None
         kind = self.group.conserved_kind
         key = f"{'q' if kind == 'diagonal' else 'C'}_{name}"
-        return ModelConserved(key, kind, {key: sp.MatAdd(*terms)}, symbols.reads, symbols.suffixes,
+        return ConservedQuantity(key, kind, {key: sp.MatAdd(*terms)}, symbols.reads, symbols.suffixes,
                               tuple(symbols.vectors))
 
     @property
@@ -387,12 +387,12 @@ class Symmetry:
         return images
 
     @cached_property
-    def angular_momentum(self) -> ModelAngularMomentum | None:
-        """The angular-momentum relation (:class:`ModelAngularMomentum`) of an orthogonal group, whose
+    def angular_momentum(self) -> AngularMomentum | None:
+        """The angular-momentum relation (:class:`AngularMomentum`) of an orthogonal group, whose
         antisymmetric generators have no conserved ``Q``; ``None`` for other groups and actions moving buffers."""
         if self.acts_on_buffers or not self.group.has_angular_momentum or not self.group.is_continuous:
             return None
-        return ModelAngularMomentum(self)
+        return AngularMomentum(self)
 
     def action_latex(self) -> list[str]:
         """:meth:`action_expressions` as LaTeX, one ``U \\mapsto g U`` per moved region (empty for translations)."""

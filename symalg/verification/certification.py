@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
 from torch.func import functional_call
@@ -37,7 +37,11 @@ from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
 from symalg.numeric.linalg import relative_error
 
-__all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "assert_claims_hold", "claim_errors", "fresh_inputs", "output_change", "sample_elements"]
+if TYPE_CHECKING:  # for the annotation only
+    from symalg.symbolic.symmetry import Symmetry
+
+__all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "assert_claims_hold", "claim_errors", "fresh_inputs",
+           "output_change", "sample_elements"]
 
 CERTIFICATION_TOLERANCE = 1e-8
 """Largest relative change of any output (float64) a certified claim may cause; false claims found by
@@ -47,7 +51,7 @@ the fuzzer change outputs by 0.1 to 5."""
 class ClaimError:
     """The worst relative output change one claim caused: ``error`` under ``element`` on ``output``."""
 
-    symmetry: object
+    symmetry: Symmetry
     error: float
     element: str = ""
     output: str = ""
@@ -60,7 +64,8 @@ class ClaimError:
         return f"{self.symmetry.label}: relative error {self.error:.2e} on output {self.output!r} under {self.element}"
 
 
-def sample_elements(group, generator: torch.Generator, dtype=torch.float64, device="cpu") -> list[tuple[str, torch.Tensor]]:
+def sample_elements(group, generator: torch.Generator, dtype=torch.float64,
+                    device="cpu") -> list[tuple[str, torch.Tensor]]:
     """The test elements of ``group``: :meth:`~symalg.catalogue.groups.SiteGroup.sample` (every discrete generator,
     ``exp(M)`` near and far from the identity, another component; random sign patterns for wide sign flips).
     A group whose elements are dense ``h × h`` matrices is refused above the entry limit of the grammar."""
@@ -162,7 +167,8 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
             if error <= CERTIFICATION_TOLERANCE:  # every claim of the round: at most the composition's error
                 for symmetry, element in chosen:
                     if error > worst[id(symmetry)].error:
-                        worst[id(symmetry)] = ClaimError(symmetry, error, f"{element[0]} with all claims composed", output)
+                        worst[id(symmetry)] = ClaimError(symmetry, error, f"{element[0]} with all claims composed",
+                                                         output)
                 continue
             for symmetry, element in chosen:  # split the failing round claim by claim
                 error, output = change([(symmetry, element)])

@@ -15,7 +15,8 @@ from symalg.errors import SpecError
 from symalg.numeric.linalg import relative_error
 from symalg.lowering.codegen import evaluate_symbolic
 
-__all__ = ["CheckResult", "VerificationReport", "TOLERANCES", "check_device", "check_angular_momentum", "check_gd_drift", "check_gradient_flow", "check_gradient_orthogonality",
+__all__ = ["CheckResult", "VerificationReport", "TOLERANCES", "check_device", "check_angular_momentum",
+           "check_gd_drift", "check_gradient_flow", "check_gradient_orthogonality",
            "check_params", "compare_to_sympy", "integrate_gradient_flow", "loss_gradients", "relative_error", "rk4"]
 
 TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
@@ -45,7 +46,8 @@ class CheckResult:
         return not self.skipped and not self.max_error <= self.tolerance
 
     def to_dict(self) -> dict:
-        """A JSON-serialisable dict: the fields, ``passed``, and a non-finite error as the string ``"nan"``/``"inf"``."""
+        """A JSON-serialisable dict: the fields, ``passed``, and a non-finite error as the string
+        ``"nan"``/``"inf"``."""
         error = self.max_error if self.max_error == self.max_error and abs(self.max_error) != float("inf") \
             else str(self.max_error)
         return {"check": self.check, "symmetry": self.symmetry, "max_error": error, "tolerance": self.tolerance,
@@ -53,7 +55,8 @@ class CheckResult:
 
     def __str__(self):
         verdict = "skip" if self.skipped else ("pass" if self.passed else "FAIL")
-        return f"{verdict:4}  {self.check:22} {self.symmetry:34} err={self.max_error:.2e} tol={self.tolerance:.0e}  {self.detail}"
+        return (f"{verdict:4}  {self.check:22} {self.symmetry:34} err={self.max_error:.2e} tol={self.tolerance:.0e}  "
+                f"{self.detail}")
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ reproduction).
 
 :func:`run` traces (:func:`symalg.trace`), derives (:func:`derive_claims`, with or without the numerical
 certification inside ``derive``) and checks every claim ``θ ↦ g·θ`` with
-:func:`symalg.verification.certification.claim_errors`: the worst relative change of any output, ``‖F(g·θ, x) − F(θ, x)‖ /
-‖F(θ, x)‖``, over group elements near and far from the identity and discrete generators, on fresh inputs,
-buffers included. A claim is false when that change exceeds
+:func:`symalg.verification.certification.claim_errors`: the worst relative change of any output,
+``‖F(g·θ, x) − F(θ, x)‖ / ‖F(θ, x)‖``, over group elements near and far from the identity and discrete
+generators, on fresh inputs, buffers included. A claim is false when that change exceeds
 :data:`~symalg.verification.certification.CERTIFICATION_TOLERANCE`. The outcome of each model is one of: claims checked,
 a documented refusal (:class:`symalg.SpecError` or a subclass), a crash (any other exception) or a hang
 (over ``time_limit`` CPU seconds, stopped by ``SIGPROF``).
@@ -169,7 +169,8 @@ class Case:
 
     @property
     def description(self) -> str:
-        return f"{self.family}/{self.variant} (symalg.verification.fuzz.generate({self.seed}, {self.index}, {self.family!r}))"
+        call = f"symalg.verification.fuzz.generate({self.seed}, {self.index}, {self.family!r})"
+        return f"{self.family}/{self.variant} ({call})"
 
     def build(self) -> tuple[nn.Module, tuple]:
         """``(model, (x,))`` in float64; the global torch seed is left as it was."""
@@ -249,7 +250,8 @@ class _Builder:
         if kind == "batchnorm":
             if len(shape) == 2:
                 return self.call(self.add("BatchNorm1d", d, affine=rng.random() < 0.8, train=train), x)
-            if rng.random() < 0.5:  # on axis 1, its channel axis (the issue's BatchNorm1d(4) on (B, T=4, d=4))
+            # on axis 1, its channel axis (a false claim once found: BatchNorm1d(4) on (B, T=4, d=4))
+            if rng.random() < 0.5:
                 self.variant.append("axis1")
                 return self.call(self.add("BatchNorm1d", shape[1], affine=rng.random() < 0.8, train=train), x)
             y = self.call(self.add("BatchNorm1d", d, train=train), self.op("transpose", x, a=1, b=-1))
@@ -269,7 +271,8 @@ class _Builder:
         if len(shape) == 2:  # layernorm over a non-last axis needs one
             return self.call(self.add("LayerNorm", d), x)
         t = shape[1]  # LayerNorm over the time axis, after a transpose
-        y = self.call(self.add("LayerNorm", t, elementwise_affine=rng.random() < 0.8), self.op("transpose", x, a=1, b=-1))
+        y = self.call(self.add("LayerNorm", t, elementwise_affine=rng.random() < 0.8),
+                      self.op("transpose", x, a=1, b=-1))
         return self.op("transpose", y, a=1, b=-1)
 
     def mlp(self, x: str, n_in: int, n_out: int, depth: int | None = None) -> str:
@@ -322,7 +325,7 @@ def _norm(b: _Builder):
     n, h, m = b.width(), b.width(), b.width()
     if b.rng.random() < 0.3:
         shape = (b.rng.randint(2, 4), n)
-    elif b.rng.random() < 0.3:  # the issue's (B, T=d, d)
+    elif b.rng.random() < 0.3:  # a false claim once found: (B, T=d, d)
         shape = (b.rng.randint(2, 3), h, n)
     else:
         shape = (b.rng.randint(2, 3), b.width(2), n)
@@ -347,7 +350,7 @@ def _conv(b: _Builder):
     kernel = rng.choice([1, 3] if padding == "same" else [1, 2, 3])  # even kernels with "same" pad unevenly
     x = b.call(b.add(f"Conv{dim}", c_in, c, kernel, padding=padding, groups=groups,
                      bias=rng.random() < 0.8), "x")
-    if rng.random() < 0.3:  # the issue's conv → GroupNorm(affine=False) → BatchNorm(eval)
+    if rng.random() < 0.3:  # a false claim once found: conv → GroupNorm(affine=False) → BatchNorm(eval)
         b.variant.append("gn-bn")
         x = b.call(b.add("GroupNorm", rng.choice([g for g in range(1, c + 1) if c % g == 0]), c, affine=False), x)
         x = b.call(b.add(f"BatchNorm{dim}", c, train=rng.random() < 0.3), x)
@@ -419,7 +422,7 @@ def _embedding(b: _Builder):
     x = b.call(emb, "x")
     if rng.random() < 0.6:
         x = b.mlp(x, d, d)
-    if rng.random() < 0.4:  # the issue's F.linear(fc(emb(t)).max(1)[0], emb.weight)
+    if rng.random() < 0.4:  # a false claim once found: F.linear(fc(emb(t)).max(1)[0], emb.weight)
         x = b.op("max", x, dim=1) if rng.random() < 0.6 else b.op("mean", x, dim=1)
         b.variant.append("pooled")
     if rng.random() < 0.6:
@@ -613,7 +616,8 @@ class FuzzReport:
         for name, f in sorted(self.families.items()):
             lines.append(f"{name:<10} {f.models:>6} {f.claims:>6} {f.false_claims:>5} {f.refusals:>7} {f.crashes:>5} "
                          f"{f.hangs:>4} {1000 * f.seconds / max(f.models, 1):>12.1f}")
-        lines += [f"FALSE {c.case}: {c.claim}: {c.error:.2e} on {c.output!r} under {c.element}" for c in self.false_claims]
+        lines += [f"FALSE {c.case}: {c.claim}: {c.error:.2e} on {c.output!r} under {c.element}"
+                  for c in self.false_claims]
         lines += [f"CRASH {c.case}: {c.error} at {c.where}" for c in self.crashes]
         lines += [f"HANG {c.case}: {c.error}" for c in self.hangs]
         return "\n".join(lines)

@@ -24,7 +24,7 @@ assertions):
 ``angular_momentum``
     for each orthogonal group (whose antisymmetric generators have no conserved ``Q``), heavy-ball dynamics
     ``θ̈ + γ θ̇ = −∇L`` from a random velocity: every entry of ``J(θ, θ̇)``
-    (:class:`~symalg.symbolic.symmetry.ModelAngularMomentum`) decays exactly as ``e^{−γt}``
+    (:class:`~symalg.symbolic.symmetry.AngularMomentum`) decays exactly as ``e^{−γt}``
     (:func:`~symalg.verification.checks.check_angular_momentum`).
 ``lowering``
     each lowered conserved quantity equals SymPy's exact evaluation of its expressions at the same
@@ -58,28 +58,35 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch.func import functional_call
 
 from symalg.numeric.orbit_rank import model_orbit_dimension
 from symalg.symbolic.derive import Analysis
+from symalg.symbolic.symmetry import Symmetry
 from symalg.verification.certification import output_change, sample_elements
 from symalg.errors import SpecError
 from symalg.frontend.outputs import output_tensors
-from symalg.verification.checks import (TOLERANCES, CheckResult, VerificationReport, check_angular_momentum, check_device,
-                                             check_gradient_orthogonality,
-                           check_params, compare_to_sympy, integrate_gradient_flow, loss_gradients, relative_error)
+from symalg.verification.checks import (TOLERANCES, CheckResult, VerificationReport, check_angular_momentum,
+                                        check_device, check_gradient_orthogonality, check_params, compare_to_sympy,
+                                        integrate_gradient_flow, loss_gradients, relative_error)
 
 __all__ = ["verify", "default_widths"]
+
+Params = Mapping[str, torch.Tensor]
+"""Tensors by name: parameters, and buffers where a model has them."""
+Outputs = list[tuple[str, torch.Tensor]]
+"""Every output of a model as ``(path, tensor)`` pairs (:func:`~symalg.frontend.outputs.output_tensors`)."""
 
 SYMBOLIC_LIMIT = 2000
 """Largest number of tensor entries a conserved quantity may read for the ``lowering`` check (about
 0.2 s of SymPy for a diagonal quantity at the limit)."""
 
 
-def _inputs(analysis, inputs, dtype, device) -> tuple:
+def _inputs(analysis: Analysis, inputs: object, dtype: torch.dtype, device: str | torch.device) -> tuple:
     """The model inputs, moved: ``data`` (a tensor or a tuple), else the example inputs. A floating example input
     needs a floating tensor in its place; anything else raises ``SpecError`` naming ``data``."""
     examples = analysis.model_graph.example_inputs
@@ -104,16 +111,17 @@ def _inputs(analysis, inputs, dtype, device) -> tuple:
                  else x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
-def _shapes(inputs) -> list:
+def _shapes(inputs: Sequence[object]) -> list:
     return [tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__ for x in inputs]
 
 
-def default_widths(analysis) -> dict[str, int]:
+def default_widths(analysis: Analysis) -> dict[str, int]:
     """Widths used when none are given: 3, 4, 5, ... in alphabetical order of the width names."""
     return {name: 3 + i for i, name in enumerate(sorted(str(s) for s in analysis.widths))}
 
 
-def _concrete(analysis, params, widths, caller: str):
+def _concrete(analysis: Analysis, params: Params | None, widths: Mapping[str, int] | None,
+              caller: str) -> tuple[Analysis, dict[str, int]]:
     """``(analysis at concrete widths, the widths substituted)``: read from ``params``, else ``widths``, else
     :func:`default_widths`; a concrete analysis refuses ``widths``."""
     if not analysis.widths:
@@ -124,9 +132,12 @@ def _concrete(analysis, params, widths, caller: str):
         if widths is not None:
             raise SpecError(f"{caller}: give params or widths, not both (the widths are those of the parameters)")
         check_params(params, analysis.model_graph.parameter_shapes, caller)
-        substituted = {str(k): int(v) for k, v in analysis.model_graph.source.widths_from_params(params).items()}
+        arch = analysis.architecture
+        assert arch is not None  # only a spec has symbolic widths
+        substituted = {str(k): int(v) for k, v in arch.widths_from_params(params).items()}
     else:
-        wrong = [(k, v) for k, v in (widths or {}).items() if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+        wrong = [(k, v) for k, v in (widths or {}).items()
+                 if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
         if wrong:
             raise SpecError(f"{caller}: widths= values must be integers, got {wrong[0][0]}={wrong[0][1]!r}")
         substituted = {str(k): int(v) for k, v in (widths or default_widths(analysis)).items()}
@@ -136,8 +147,9 @@ def _concrete(analysis, params, widths, caller: str):
     return analysis.subs(substituted), substituted
 
 
-def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.float64, widths=None, seed: int = 0,
-           max_generators: int = 64, learning_rate: float = 0.1, flow_steps: int = 10,
+def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor | tuple | None = None,
+           device: str = "cpu", dtype: torch.dtype = torch.float64, widths: Mapping[str, int] | None = None,
+           seed: int = 0, max_generators: int = 64, learning_rate: float = 0.1, flow_steps: int = 10,
            symbolic_limit: int = SYMBOLIC_LIMIT) -> VerificationReport:
     """Check every symmetry of ``analysis`` numerically by running its model (see the module docstring).
 
@@ -165,7 +177,8 @@ def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.fl
                         ("flow_steps", flow_steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise SpecError(f"verify: {name} must be a non-negative integer, got {value!r}")
-    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) or not 0 < learning_rate < math.inf:
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float)) \
+            or not 0 < learning_rate < math.inf:
         raise SpecError(f"verify: learning_rate must be a positive finite number, got {learning_rate!r}")
     if widths is not None and not isinstance(widths, Mapping):
         raise SpecError(f"verify: widths must be a mapping {{name: positive int}}, got {type(widths).__name__}")
@@ -174,7 +187,7 @@ def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.fl
     check_device(device)
     tol = TOLERANCES[dtype]
     generator = torch.Generator().manual_seed(seed)
-    model = copy.deepcopy(analysis.model_graph.model).to(device=device, dtype=dtype)
+    model = copy.deepcopy(analysis.model_graph.require_model("verify")).to(device=device, dtype=dtype)
     state = {**{k: v.detach() for k, v in model.named_parameters()},
              **{k: v.detach() for k, v in model.named_buffers()}}
     parameter_names = [k for k, _ in model.named_parameters()]
@@ -186,7 +199,7 @@ def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.fl
     x = _inputs(analysis, inputs, dtype, device)
     cross_entropy = analysis.loss == "cross_entropy"
 
-    def forward(values) -> list:
+    def forward(values: Params) -> Outputs:
         """Every output at ``values``, as ``(path, tensor)`` pairs; buffers cloned (training-mode running stats)."""
         values = {k: v.clone() if k not in parameter_names else v for k, v in values.items()}
         return output_tensors(functional_call(model, values, x))
@@ -206,14 +219,14 @@ def verify(analysis, params=None, data=None, device: str = "cpu", dtype=torch.fl
     else:
         target = torch.randn(reference.shape, generator=generator, dtype=dtype).to(device)
 
-    def loss_of(outputs):
+    def loss_of(outputs: Outputs) -> torch.Tensor:
         """The loss of the first output (see the module docstring)."""
         output = outputs[0][1]
         if cross_entropy:
             return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), classes.reshape(-1))
         return ((output - target) ** 2).mean()
 
-    def loss(params):
+    def loss(params: Params) -> torch.Tensor:
         """The loss as a function of the parameters alone (buffers as in ``state``)."""
         return loss_of(forward({**state, **params}))
 
@@ -239,7 +252,7 @@ DENSE_ORBIT_BYTES = 64 * 2 ** 20
 """Largest Jacobian the ``orbit_dimension`` check builds for the dense baseline."""
 
 
-def _orbit_dimension(analysis, state) -> CheckResult:
+def _orbit_dimension(analysis: Analysis, state: Params) -> CheckResult:
     """The structured orbit dimension at the verified parameters (:mod:`symalg.orbit_rank`) against its
     generic formula and, where the Jacobian is small, the dense baseline; integers, so exact equality."""
     structured = model_orbit_dimension(analysis, state)
@@ -249,7 +262,8 @@ def _orbit_dimension(analysis, state) -> CheckResult:
     except NotImplementedError:
         pass
     try:
-        compared["dense"] = model_orbit_dimension(analysis, state, method="dense", max_bytes=DENSE_ORBIT_BYTES).dimension
+        compared["dense"] = model_orbit_dimension(analysis, state, method="dense",
+                                                  max_bytes=DENSE_ORBIT_BYTES).dimension
     except MemoryError:
         pass
     detail = f"structured {structured.dimension} of {structured.algebra_dim}"
@@ -261,7 +275,9 @@ def _orbit_dimension(analysis, state) -> CheckResult:
     return CheckResult("orbit_dimension", "*", float(error), 0.0, detail)
 
 
-def _invariance(symmetry, state, forward, loss_of, cross_entropy, generator, dtype, device, tol) -> CheckResult:
+def _invariance(symmetry: Symmetry, state: Params, forward: Callable[[Params], Outputs],
+                loss_of: Callable[[Outputs], torch.Tensor], cross_entropy: bool, generator: torch.Generator,
+                dtype: torch.dtype, device: str | torch.device, tol: float) -> CheckResult:
     """Worst relative change of any output or of the loss under the group's test elements."""
     with torch.no_grad():
         outputs = forward(state)
@@ -279,7 +295,8 @@ def _invariance(symmetry, state, forward, loss_of, cross_entropy, generator, dty
     return CheckResult("invariance", symmetry.label, worst, tol, detail)
 
 
-def _orthogonality(symmetry, state, grads, generator, dtype, device, tol, max_generators) -> CheckResult:
+def _orthogonality(symmetry: Symmetry, state: Params, grads: Params, generator: torch.Generator, dtype: torch.dtype,
+                   device: str | torch.device, tol: float, max_generators: int) -> CheckResult:
     basis = symmetry.group.algebra_basis(dtype, device)
     if basis.shape[0] > max_generators:
         coefficients = torch.randn(max_generators, basis.shape[0], generator=generator, dtype=dtype).to(device)
@@ -287,8 +304,9 @@ def _orthogonality(symmetry, state, grads, generator, dtype, device, tol, max_ge
     return check_gradient_orthogonality(symmetry.label, lambda M: symmetry.tangent(state, M), basis, grads, tol)
 
 
-def _drift(symmetry, state, grads, learning_rate, tol) -> CheckResult:
+def _drift(symmetry: Symmetry, state: Params, grads: Params, learning_rate: float, tol: float) -> CheckResult:
     quantity = symmetry.conserved
+    assert quantity is not None  # called for conserving symmetries only
     stepped = {**state, **{k: state[k] - learning_rate * g for k, g in grads.items()}}
     before, after = quantity(state), quantity(stepped)
     worst, change = 0.0, 0.0
@@ -309,7 +327,8 @@ def _deviation(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return relative_error(actual, expected) if expected.abs().max() > 0 else (actual - expected).abs().max().item()
 
 
-def _gradient_flow(symmetries, loss, state, params, grads, tol, steps) -> list[CheckResult]:
+def _gradient_flow(symmetries: Sequence[Symmetry], loss: Callable[[Params], torch.Tensor], state: Params,
+                   params: Params, grads: Params, tol: float, steps: int) -> list[CheckResult]:
     """Each ``C`` at the end of gradient flow ``θ̇ = −∇L`` from ``params`` equals ``C`` at the start.
 
     Where no step crosses a kink of the loss, RK4 changes a quadratic ``C`` by ``O(δ⁵)`` per step of
@@ -324,15 +343,17 @@ def _gradient_flow(symmetries, loss, state, params, grads, tol, steps) -> list[C
     results = []
     for symmetry in symmetries:
         quantity = symmetry.conserved
+        assert quantity is not None  # called for conserving symmetries only
         before, after = quantity(state), quantity({**state, **flowed})
         error = max(_deviation(after[key], before[key]) for key in before)
         results.append(CheckResult("gradient_flow", symmetry.label, error, tol, f"{quantity.name}: {detail}"))
     return results
 
 
-def _lowering(symmetry, state, tol, symbolic_limit) -> CheckResult:
+def _lowering(symmetry: Symmetry, state: Params, tol: float, symbolic_limit: int) -> CheckResult:
     """The lowered quantity against SymPy's exact value of its expressions at the same numbers."""
     quantity = symmetry.conserved
+    assert quantity is not None  # called for conserving symmetries only
     values = {s.name: _read(state[tensor], quantity.suffixes.get(s, "")) for s, tensor in quantity.reads.items()}
     size = sum(v.size for v in values.values())
     if size > symbolic_limit:
@@ -342,6 +363,6 @@ def _lowering(symmetry, state, tol, symbolic_limit) -> CheckResult:
                        f"{quantity.name} vs SymPy")
 
 
-def _read(tensor: torch.Tensor, suffix: str):
+def _read(tensor: torch.Tensor, suffix: str) -> np.ndarray:
     """The value of a symbol: ``tensor`` unfolded by the source ``suffix`` of the lowered read."""
     return eval(f"tensor{suffix}", {"__builtins__": {}}, {"tensor": tensor.detach().cpu().double()}).numpy()
