@@ -80,7 +80,7 @@ def test_readme_python_example_runs():
     namespace = {}
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["report"].passed, str(namespace["report"])
-    assert namespace["concrete"].orbit_dimension(namespace["params"]).dimension == 5
+    assert namespace["traced"].orbit_dimension(namespace["params"]).dimension == 5
 
 
 def test_widths_must_name_the_spec_widths_once(capsys):

@@ -116,13 +116,17 @@ def test_wrong_declaration_is_refuted_symbolically():
     assert "failed numerical certification" in certified.blocked[0].reason
 
 
-def test_a_disproved_declaration_on_a_site_without_an_activation_node_names_its_producer_layer():
+def test_a_disproved_declaration_names_its_activation_node_and_a_site_without_one_is_linear():
+    """A wrong overlay of ``identity`` is disproved at the node that uses it; two linear layers read back to back
+    (no activation node at all) are a GL site whatever the catalogue says about ``identity``."""
     wrong = symalg.overlay({"identity": symalg.CatalogueEntry("identity", symalg.CATALOGUE["identity"].function,
-                                                              symalg.catalogue.declare_homogeneous(degree=2))})
-    analysis = symalg.derive(symalg.parse("linear(2, 3) -> linear(3, 1)", catalogue=wrong))
+                                                              symalg.catalogue.activations.declare_homogeneous(degree=2))})
+    analysis = symalg.derive(symalg.parse("linear(2, 3) -> identity -> linear(3, 1)", catalogue=wrong))
     (note,) = analysis.blocked
-    assert (note.node, note.site) == ("0", "h1") and "c^2 σ(z), c > 0: FALSE" in note.reason
-    assert [s.label for s in analysis.symmetries] == ["h1:S(3)"]
+    assert (note.node, note.site) == ("1", "0") and "c^2 σ(z), c > 0: FALSE" in note.reason
+    assert [s.label for s in analysis.symmetries] == ["S(3) on 0"]
+    direct = symalg.derive(symalg.parse("linear(2, 3) -> linear(3, 1)", catalogue=wrong))
+    assert [s.label for s in direct.symmetries] == ["GL(3) on 0"] and direct.certified and not direct.blocked
 
 
 def test_generators_are_an_explicit_basis_at_concrete_widths():
