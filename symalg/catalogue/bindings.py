@@ -76,11 +76,15 @@ class Binding:
 
     def fold(self, tensor: torch.Tensor, unfolded: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """``tensor`` with the region replaced by ``unfolded`` (the inverse of :meth:`unfold`); a copy, or
-        ``tensor`` itself written to with ``inplace``."""
+        ``tensor`` itself written to with ``inplace``. ``unfolded`` must be a new tensor, not a view of ``tensor``:
+        where the region is the whole tensor it becomes the result without a copy."""
         region = tensor.narrow(self.axis, self.start, self.width * self.block).movedim(self.axis, 0)
+        folded = unfolded.reshape(region.shape).movedim(0, self.axis)
+        whole = self.start == 0 and self.width * self.block == tensor.shape[self.axis]
+        if whole and not inplace:
+            return folded   # the region is the whole tensor: the moved values (computed afresh) are the new tensor
         result = tensor if inplace else tensor.clone()
-        result.narrow(self.axis, self.start, self.width * self.block).copy_(
-            unfolded.reshape(region.shape).movedim(0, self.axis))
+        result.narrow(self.axis, self.start, self.width * self.block).copy_(folded)
         return result
 
     def read_source(self, shape: tuple) -> str:
