@@ -694,7 +694,9 @@ def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, tim
     report, began = FuzzReport(seed), time.perf_counter()
     jobs = [(seed, i, families, certify, time_limit, draws) for i in range(start, start + n_models)]
     if workers > 1:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        # spawn, not fork: a forked child inherits torch's intra-op thread pool from a parent that already ran
+        # models, and can hang in its first matrix product
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
             for outcome in pool.imap(_check_index, jobs, chunksize=8):
                 report.add(outcome)
     else:
