@@ -1,7 +1,7 @@
 """Laws every catalogue entry must satisfy, parametrised over the whole registered catalogue.
 
 Every entry of ``symalg.CATALOGUE`` (so a newly registered one gets these tests for free) is
-checked against the mathematics stated in ``symalg.groups`` and ``symalg.derive``:
+checked against the mathematics stated in ``symalg.catalogue.groups`` and ``symalg.derive``:
 
 * the declared identity ``σ(g z) = π(g) σ(z) + τ(g)`` numerically, for group elements near and far
   from the identity, in the other component, and for every discrete generator;

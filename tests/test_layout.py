@@ -73,3 +73,24 @@ def test_every_other_top_level_attribute_is_a_subpackage():
     assert all(isinstance(getattr(symalg, name), types.ModuleType) for name in others), others
     assert {"applications", "catalogue", "frontend", "ir", "lowering", "numeric", "symbolic",
             "verification"} <= others
+
+
+GROUP_CLASSES = ("GeneralLinear", "Orthogonal", "OrthogonalFixingOnes", "Permutations", "PositiveScaling", "SignFlips",
+                 "Translations")
+"""The concrete group classes (checking that an argument is a ``SiteGroup`` at all is input validation)."""
+
+
+def test_no_module_but_the_groups_switches_on_a_group_class():
+    """Groups own their behaviour: outside ``catalogue/groups.py`` nothing asks ``isinstance(x, <group class>)``."""
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "groups.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+                    and len(node.args) == 2):
+                names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                names |= {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+                if names & set(GROUP_CLASSES):
+                    offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert offenders == [], offenders

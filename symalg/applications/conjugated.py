@@ -153,7 +153,7 @@ class ConjugatedAction:
     Parameters
     ----------
     h, h_inverse : torch callables ``(..., n) → (..., n)``, row-wise, with ``h_inverse∘h = id``.
-    group : a matrix group from :mod:`symalg.groups` acting by its defining representation
+    group : a matrix group from :mod:`symalg.catalogue.groups` acting by its defining representation
         (``ρ(g) = g``, e.g. :class:`~symalg.catalogue.groups.Orthogonal`).
     loss : the invariant function ``f(x)`` (``(..., n) → (...)``), used by the checks.
     name : shown in errors and reports.
@@ -172,7 +172,8 @@ class ConjugatedAction:
 
     def __post_init__(self):
         if not isinstance(self.group, SiteGroup) or self.group.element_format != "matrix":
-            raise ValueError(f"{self.name}: group must be a matrix group from symalg.groups, got {self.group!r}")
+            raise ValueError(f"{self.name}: group must be a matrix group from symalg.catalogue.groups, "
+                             f"got {self.group!r}")
         if type(self.group).rep is not SiteGroup.rep or self.group.shift(torch.eye(self.dim)) is not None:
             raise ValueError(f"{self.name}: group {self.group.name} does not act by its defining representation "
                              "ρ(g) = g; conjugated actions need a linear ρ")

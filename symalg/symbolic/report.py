@@ -7,7 +7,6 @@ model: 'linear(2, 3) -> tanh -> linear(3, 1)'
 from __future__ import annotations
 
 
-from symalg.catalogue.groups import Translations
 from symalg.symbolic.printing import latex, sstr, tensor_latex
 
 __all__ = ["describe", "describe_latex"]
@@ -73,7 +72,7 @@ def describe_latex(analysis) -> str:
         site = symmetry.site.replace("_", r"\_")
         lines.append(rf"&\text{{{site}: }} {symmetry.group.latex()}")
         lines += [rf"&\quad {row}" for row in symmetry.action_latex()]
-        if isinstance(symmetry.group, Translations):
+        if symmetry.group.kind == "T":
             lines.append(r"&\quad\text{translates } " + ", ".join(tensor_latex(t) for t in symmetry.tensors))
     for quantity in analysis.conserved_quantities():
         lines.append(quantity.latex().replace(" = ", " &= ", 1))

@@ -201,7 +201,7 @@ class Symmetry:
     Attributes
     ----------
     site : the site class name (its first member's node); ``members`` all tied sites.
-    group : the group (:mod:`symalg.groups`); ``bindings`` the tensor regions it moves.
+    group : the group (:mod:`symalg.catalogue.groups`); ``bindings`` the tensor regions it moves.
     translations : for a translation group, the translation families
         (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose directions ``B_i`` form its basis, in order.
     shifts : for affine sign flips (``σ(−z) = 2c − σ(z)``), the ``(bias, column binding, c, node)`` of
