@@ -297,3 +297,19 @@ def test_to_dict_is_json_for_every_front_end(make):
     assert [s["group"] for s in summary["symmetries"]] == [s.group.name for s in analysis.symmetries]
     assert summary["loss"] == "cross_entropy" and summary["orbit_dimension"] == str(analysis.orbit_dimension())
     assert (summary["certification"] is None) == (make == "symbolic")
+
+
+def test_report_lists_the_basis_of_small_concrete_groups():
+    """The first basis matrices of a small algebra are printed, and they are the group's own basis."""
+    text = describe(symalg.derive("linear(2, 2) -> identity -> linear(2, 1)"))
+    gl_basis = symalg.derive("linear(2, 2) -> identity -> linear(2, 1)").symmetries[0].group.algebra_basis()
+    shown = ", ".join(str(b.to(int).tolist()) for b in gl_basis)
+    assert f"basis: {shown} (4 in all)" in text
+    relu = describe(symalg.derive("linear(2, 3) -> relu -> linear(3, 1)"))
+    assert "basis: diag([1, 0, 0]), diag([0, 1, 0]), diag([0, 0, 1]) (3 in all)" in relu
+
+
+def test_report_lists_no_basis_for_large_or_symbolic_groups():
+    """GL(9) has an 81-dimensional algebra (over the listing limit) and GL(h) no concrete basis: no listing."""
+    assert "basis:" not in describe(symalg.derive("linear(2, 9) -> identity -> linear(9, 1)"))
+    assert "basis:" not in describe(symalg.derive("linear(n, h) -> identity -> linear(h, m)"))

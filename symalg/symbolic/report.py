@@ -7,6 +7,8 @@ model: 'linear(2, 3) -> tanh -> linear(3, 1)'
 from __future__ import annotations
 
 
+import sympy as sp
+
 from symalg.symbolic.printing import latex, sstr, tensor_latex
 
 __all__ = ["describe", "describe_latex"]
@@ -33,6 +35,27 @@ def _group_text(group) -> str:
     return "; ".join(parts)
 
 
+def _basis_text(group, limit: int = 4) -> str:
+    """The first ``limit`` Lie-algebra basis matrices of a small concrete group (``""`` otherwise).
+
+    Only groups of at most :data:`SHOWN_BASIS_MAX` algebra dimensions are listed: a report never materialises the
+    basis of a large group. E.g. ``GL(2)``: ``basis: [[1, 0], [0, 0]], [[0, 1], [0, 0]], ... (4 in all)``;
+    a diagonal group's elements are spelled ``diag([1, 0, 0])``.
+    """
+    dim = sp.sympify(group.dim)
+    if not group.is_continuous or not dim.is_Integer or not 0 < int(dim) <= SHOWN_BASIS_MAX:
+        return ""
+    basis = group.algebra_basis()
+    spell = (lambda b: f"diag({b.to(int).tolist()})") if group.element_format == "diagonal" else (
+        lambda b: str(b.to(int).tolist()))
+    shown = ", ".join(spell(b) for b in basis[:limit])
+    return f"basis: {shown}{', ...' if len(basis) > limit else ''} ({len(basis)} in all)"
+
+
+SHOWN_BASIS_MAX = 64
+"""The largest Lie-algebra dimension whose basis matrices a report lists (``GL(8)``)."""
+
+
 def describe(analysis) -> str:
     """Plain-text report of any analysis (its ``str``): symmetries with the tensor regions they move and how,
     blocked notes (a group removed by an op nobody declared, a disproved declaration, a failed certification),
@@ -45,8 +68,7 @@ def describe(analysis) -> str:
         moved = [b.describe() for b in symmetry.bindings] or [f"{r.tensor} ({f.pattern})" for f in symmetry.translations
                                                              for r in f.regions]
         lines.append(f"    moves {'; '.join(dict.fromkeys(moved))}")
-        if _group_text(symmetry.group):
-            lines.append(f"    {_group_text(symmetry.group)}")
+        lines += [f"    {text}" for text in (_group_text(symmetry.group), _basis_text(symmetry.group)) if text]
     if not analysis.symmetries:
         lines.append("  none")
     lines += [f"blocked: {blocked}" for blocked in analysis.blocked]
