@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from symalg.applications.nonlinear_actions import (DataDependentAction, FeedForward, FrameCocycle, check_cocycle,
-                                      lipschitz_bounds, random_gl, spherical_frame, two_layer_action)
+from symalg.applications.nonlinear_actions import (DataDependentAction, FrameCocycle, check_cocycle, lipschitz_bounds,
+                                                   random_gl, spherical_frame, two_layer_action)
 from symalg.applications.teleport_actions import ApproximateTeleport, ExactTeleport, leaky_relu, measure_action
+from symalg.numeric.feedforward import FeedForward
 
 ACTIVATIONS = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "leaky_relu(0.1)": lambda z: F.leaky_relu(z, 0.1),
                "gelu": F.gelu, "softplus": F.softplus}
@@ -95,7 +96,7 @@ def two_layer(draws, gen):
 def multilayer(draws, gen):
     model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 7), nn.Sigmoid(), nn.Linear(7, 6),
                           nn.LeakyReLU(0.2), nn.Linear(6, 3))
-    net, act = FeedForward.from_sequential(model), DataDependentAction(FeedForward.from_sequential(model))
+    net, act = FeedForward.of(model), DataDependentAction(FeedForward.of(model))
     params = {k: torch.randn(draws, *p.shape, generator=gen) for k, p in model.named_parameters()}
     rows, worst = [], 0.0
     for k in (1, 2, 4):
@@ -192,7 +193,7 @@ def teleport(seeds, gen):
             torch.manual_seed(seed)
             act = leaky_relu(0.1)
             model = nn.Sequential(nn.Linear(10, 8), act, nn.Linear(8, 7), act, nn.Linear(7, 2))
-            net, params = FeedForward.from_sequential(model), {n: p.detach() for n, p in model.named_parameters()}
+            net, params = FeedForward.of(model), {n: p.detach() for n, p in model.named_parameters()}
             x, y = torch.randn(k, 10, generator=gen), torch.randn(k, 2, generator=gen)
             g1, g2 = random_gl(7, generator=gen), random_gl(7, generator=gen)
 

@@ -41,7 +41,7 @@ import matplotlib
 import torch
 from torch import nn
 
-from symalg.applications.nonlinear_actions import FeedForward
+from symalg.numeric.feedforward import FeedForward
 from symalg.applications.teleport import (FunctionAction, GradNorm, MetricGradNorm, TeleportResult, Teleporter,
                                           as_action, optimizer_metric)
 from symalg.applications.teleport_actions import ExactTeleport
@@ -71,7 +71,7 @@ def problem(seed: int, loss_kind: str = "norm"):
 
 def pair_action(model, x, params):
     """Eq. 4.13 at both hidden sites, one after the other: coordinates ``(T₁ ∈ gl(6), T₂ ∈ gl(7))``."""
-    net = FeedForward.from_sequential(model)
+    net = FeedForward.of(model)
     sites = [as_action(ExactTeleport(net, s, complete=True), x=x, params=params) for s in range(net.sites)]
     cuts = [0]
     for site in sites:

@@ -560,6 +560,9 @@ def test_spec_builder_errors_name_the_layer(build, message):
         build().build()
 
 
+_SHARED = nn.Linear(3, 3)
+
+
 @pytest.mark.parametrize("model, message", [
     (nn.ModuleList([nn.Linear(3, 4)]), r"expected a chain nn\.Sequential .* got ModuleList; trace general models"),
     (nn.Sequential(), r"empty"),
@@ -567,10 +570,21 @@ def test_spec_builder_errors_name_the_layer(build, message):
     (nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Tanh(), nn.Linear(4, 2)), r"layer 2 \(Tanh\): two activations"),
     (nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(5, 2)), r"layer 2 \(Linear\): in_features=5 .* produces 4"),
     (nn.Sequential(nn.Sequential(nn.Linear(3, 4)), nn.Sequential(nn.Linear(6, 2))), r"layer 1\.0 \(Linear\)"),
+    (nn.Sequential(_SHARED, nn.Tanh(), _SHARED), r"layer 2 \(Linear\): the same module as layer 0; shared weights"),
 ])
 def test_parse_of_a_sequential_errors_name_the_layer(model, message):
     with pytest.raises(SpecError, match=message):
         parse(model)
+
+
+def test_parse_reads_a_module_used_at_two_positions_at_both():
+    """``named_children`` lists a reused module once; dropping its second use would analyse another network (here a
+    linear-linear site, GL(3), where the model has tanh)."""
+    shared = nn.Tanh()
+    arch = parse(nn.Sequential(nn.Linear(2, 3), shared, nn.Linear(3, 3), shared, nn.Linear(3, 1)))
+    assert str(arch) == "Architecture('linear(2, 3) -> tanh -> linear(3, 3) -> tanh -> linear(3, 1)')"
+    assert sorted(s.group.name for s in symalg.derive(arch).symmetries) == ["S(3)", "S(3)", "SignFlips(3)",
+                                                                          "SignFlips(3)"]
 
 
 def test_from_torch_errors_name_the_model():

@@ -12,13 +12,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import sympy as sp
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from symalg.applications.nonlinear_actions import (Cocycle, DataDependentAction, FeedForward, FrameCocycle,
-                                                   check_cocycle, frame, lipschitz_bounds, random_gl, rotation_matrix,
-                                                   spherical_coordinates, spherical_frame, two_layer_action)
+import symalg
+from symalg.applications.nonlinear_actions import (Cocycle, DataDependentAction, FrameCocycle, check_cocycle, frame,
+                                                   lipschitz_bounds, random_gl, rotation_matrix, spherical_coordinates,
+                                                   spherical_frame, two_layer_action)
+from symalg.errors import SpecError
+from symalg.numeric.feedforward import FeedForward
+from symalg.numeric.sampling import network_function
 
 TOL = 1e-10
 EPS = torch.finfo(torch.float64).eps
@@ -246,24 +251,57 @@ def test_undefined_action_raises_naming_the_argument():
 def mlp(generator):
     model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 7), nn.Sigmoid(), nn.Linear(7, 6),
                           nn.LeakyReLU(0.2), nn.Linear(6, 3), nn.Tanh())
-    net = FeedForward.from_sequential(model)
+    net = FeedForward.of(model)
     params = {name: torch.randn(DRAWS, *p.shape, generator=generator) for name, p in model.named_parameters()}
     return model, net, params
 
 
-def test_from_sequential_reads_layers_and_activations():
+def test_the_view_of_a_sequential_reads_layers_and_activations():
     model, net, _ = mlp(None)
     assert net.weights == ("0.weight", "2.weight", "4.weight", "6.weight")
     assert net.biases == ("0.bias", "2.bias", "4.bias", "6.bias")
-    assert net.activations == (model[1], model[3], model[5]) and net.output_activation is model[7]
+    z = torch.randn(6, 7, dtype=torch.float64) * 3
+    for act, module in zip(net.activations + (net.output_activation,), (model[1], model[3], model[5], model[7])):
+        assert torch.equal(act(z), module(z))  # the catalogue's torch function, bit for bit
+    read = [(a.op, a.params) for a in net.activations]
+    assert read == [("tanh", {}), ("sigmoid", {}), ("leaky_relu", {"slope": sp.Rational(1, 5)})]
     x = torch.randn(6, 4)
     params = {k: p.detach() for k, p in model.named_parameters()}
     assert torch.allclose(net.forward(params, x), model(x), atol=1e-14)
     shared = nn.Tanh()  # one module used at two sites
-    assert FeedForward.from_sequential(nn.Sequential(nn.Linear(2, 3), shared, nn.Linear(3, 3), shared,
-                                                     nn.Linear(3, 1))).activations == (shared, shared)
-    with pytest.raises(ValueError, match="module '2' .*must follow a Linear"):
-        FeedForward.from_sequential(nn.Sequential(nn.Linear(2, 2), nn.Tanh(), nn.Tanh(), nn.Linear(2, 2)))
+    assert [a.op for a in FeedForward.of(nn.Sequential(nn.Linear(2, 3), shared, nn.Linear(3, 3), shared,
+                                                       nn.Linear(3, 1))).activations] == ["tanh", "tanh"]
+    with pytest.raises(SpecError, match=r"layer 2 \(Tanh\): two activations in a row"):
+        FeedForward.of(nn.Sequential(nn.Linear(2, 2), nn.Tanh(), nn.Tanh(), nn.Linear(2, 2)))
+
+
+def test_the_view_keeps_modules_the_catalogue_lacks_and_puts_the_identity_between_linear_layers():
+    odd = nn.Softsign()  # not a catalogue activation: the architecture stores the module, the view runs it
+    net = FeedForward.of(nn.Sequential(nn.Linear(2, 3), odd, nn.Linear(3, 3), nn.Linear(3, 1)))
+    assert net.activations[0] is odd and net.activations[1].op == "identity" and net.output_activation is None
+    params = {"0.weight": torch.randn(3, 2), "0.bias": torch.randn(3), "2.weight": torch.randn(3, 3),
+              "2.bias": torch.randn(3), "3.weight": torch.randn(1, 3), "3.bias": torch.randn(1)}
+    x = torch.randn(4, 2)
+    h = odd(x @ params["0.weight"].T + params["0.bias"]) @ params["2.weight"].T + params["2.bias"]
+    assert torch.allclose(net.forward(params, x), h @ params["3.weight"].T + params["3.bias"])
+
+
+def test_the_view_runs_an_overlay_activation():
+    entry = symalg.CatalogueEntry("cube", lambda z: z ** 3, symalg.catalogue.activations.declare_odd())
+    arch = symalg.parse("linear(2, 3) -> cube -> linear(3, 1)", catalogue=symalg.overlay({"cube": entry}))
+    net = FeedForward.of(arch)
+    z = torch.tensor([[-2.0, 0.5, 3.0]])
+    assert net.activations[0].op == "cube" and torch.equal(net.activations[0](z), z ** 3)
+    params, x = {"0.weight": torch.randn(3, 2), "0.bias": torch.randn(3), "2.weight": torch.randn(1, 3),
+                 "2.bias": torch.randn(1)}, torch.randn(4, 2)
+    expected = ((x @ params["0.weight"].T + params["0.bias"]) ** 3) @ params["2.weight"].T + params["2.bias"]
+    assert torch.allclose(network_function(arch)(params, x), expected)
+
+
+def test_a_shared_linear_layer_is_refused_by_name():
+    shared = nn.Linear(3, 3)
+    with pytest.raises(SpecError, match=r"layer 2 \(Linear\): the same module as layer 0"):
+        FeedForward.of(nn.Sequential(shared, nn.Tanh(), shared))
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -465,7 +503,7 @@ def test_float32_uses_its_own_tolerance(generator):
 @pytest.mark.cuda
 def test_action_on_cuda(generator):
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Sigmoid(), nn.Linear(5, 2)).double().cuda()
-    net, params = FeedForward.from_sequential(model), dict(model.named_parameters())
+    net, params = FeedForward.of(model), dict(model.named_parameters())
     x = torch.randn(3, 4, dtype=torch.float64, device="cuda")
     gs = [random_gl(w, generator=generator, device="cuda") for w in (6, 5)]
     moved = DataDependentAction(net)(params, gs, x)

@@ -14,7 +14,8 @@ import symalg
 import symalg.numeric.sampling
 from symalg.applications.conjugated import booth, ellipse, quadratic_form, rosenbrock
 from symalg.catalogue.groups import Permutations, PositiveScaling
-from symalg.applications.nonlinear_actions import DataDependentAction, FeedForward
+from symalg.applications.nonlinear_actions import DataDependentAction
+from symalg.numeric.feedforward import FeedForward
 from symalg.applications.teleport import (Curvature, FunctionAction, GradNorm, MetricGradNorm, Move, Sharpness,
                                           SymmetryAction, Teleporter, as_action, gradients, optimizer_metric, teleport,
                                           transform_cotangent)
@@ -380,7 +381,7 @@ def test_data_dependent_action_teleports_a_sigmoid_network():
     # The data-dependent GL(6) action keeps the output at the batch exactly (batch k = width 6: QR frames of square
     # matrices, which torch can differentiate); the gradient norm grows along the non-compact group.
     model = nn.Sequential(nn.Linear(4, 6), nn.Sigmoid(), nn.Linear(6, 3)).double()
-    net, params = FeedForward.from_sequential(model), dict(model.named_parameters())
+    net, params = FeedForward.of(model), dict(model.named_parameters())
     x, y = torch.randn(6, 4), torch.randn(6, 3)
     action = as_action(DataDependentAction(net), x=x, params=params)
     assert action.dim == 36 and action.is_group_action
@@ -406,7 +407,7 @@ def test_iterates_of_the_approximate_action_that_break_the_loss_are_never_return
     # by more the larger the step. The fixed rate takes every step; the result is the best iterate within the
     # tolerance, and a teleport none of whose iterates kept the loss is rejected.
     model = nn.Sequential(nn.Linear(4, 6), nn.LeakyReLU(0.1), nn.Linear(6, 3)).double()
-    net, params = FeedForward.from_sequential(model), dict(model.named_parameters())
+    net, params = FeedForward.of(model), dict(model.named_parameters())
     x, y = torch.randn(12, 4), torch.randn(12, 3)
     action = as_action(ApproximateTeleport(net, 0), x=x, params=params)
     assert not action.is_group_action

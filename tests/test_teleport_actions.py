@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from symalg.applications.nonlinear_actions import DataDependentAction, FeedForward, random_gl
+from symalg.applications.nonlinear_actions import DataDependentAction, random_gl
+from symalg.numeric.feedforward import FeedForward
 from symalg.applications.teleport_actions import (ApproximateTeleport, BijectiveActivation, ExactTeleport, as_bijective,
                                      extended_tanh, leaky_relu, measure_action)
 
@@ -28,7 +29,7 @@ def network(seed, activation=None, widths=WIDTHS):
     act = activation or leaky_relu(0.1)
     n0, n1, n2, n3 = widths
     model = nn.Sequential(nn.Linear(n0, n1), act, nn.Linear(n1, n2), act, nn.Linear(n2, n3))  # act reused on purpose
-    net = FeedForward.from_sequential(model)
+    net = FeedForward.of(model)
     return net, {k: p.detach() for k, p in model.named_parameters()}
 
 
@@ -64,6 +65,11 @@ def test_extended_tanh_is_close_to_tanh_and_the_printed_formula_is_not():
 
 def test_as_bijective_and_slope_errors():
     assert as_bijective(nn.LeakyReLU(0.2)).name == "leaky_relu(0.2)"
+    view = FeedForward.of("linear(2, 3) -> leaky_relu(slope=0.2) -> linear(3, 3) -> linear(3, 1)")
+    sigma, identity = (as_bijective(a) for a in view.activations)  # read off the catalogue op and its slope
+    y = torch.tensor([-1.0, 0.5])
+    assert sigma.name == "leaky_relu(0.2)" and torch.allclose(sigma.inverse(y), torch.tensor([-5.0, 0.5]))
+    assert identity.name == "identity" and torch.equal(identity.inverse(y), y)
     with pytest.raises(TypeError, match="has no known inverse"):
         as_bijective(nn.Tanh())
     with pytest.raises(ValueError, match="slope 0 must be > 0"):
@@ -212,8 +218,8 @@ def test_teleport_argument_errors():
         ApproximateTeleport(net, 2)
     with pytest.raises(ValueError, match=r"g: shape \(4, 4\), expected \(…, 7, 7\) for site 1"):
         ExactTeleport(net, 1)(params, torch.eye(4), torch.randn(2, 10))
-    tanh_net = FeedForward.from_sequential(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)))
+    tanh_net = FeedForward.of(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)))
     params = {k: p.detach() for k, p in nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).named_parameters()}
-    with pytest.raises(TypeError, match="Tanh.*has no known inverse"):
+    with pytest.raises(TypeError, match=r"Activation\('tanh'\) has no known inverse"):
         ExactTeleport(tanh_net, 0)(params, torch.eye(4), torch.randn(2, 3))
     assert isinstance(as_bijective(leaky_relu()), BijectiveActivation)

@@ -35,7 +35,8 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from symalg.applications.nonlinear_actions import DataDependentAction, FeedForward, random_gl
+from symalg.applications.nonlinear_actions import DataDependentAction, random_gl
+from symalg.numeric.feedforward import FeedForward
 
 __all__ = ["Ensemble", "RobustnessTable", "accuracy", "evaluate_robustness", "fgsm", "independent_ensemble",
            "parameter_distance", "per_input_symmetry_ensemble", "perturbation_ensemble", "pgd", "symmetry_ensemble"]
@@ -71,7 +72,7 @@ def parameter_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tens
 
 
 def _base(model: nn.Sequential) -> tuple[FeedForward, dict[str, torch.Tensor]]:
-    net = FeedForward.from_sequential(model)
+    net = FeedForward.of(model)
     return net, {k: v.detach() for k, v in model.named_parameters()}
 
 

@@ -32,7 +32,7 @@ Everything broadcasts over leading dimensions, so hundreds of draws are one call
 
 API (for teleportation and symmetry ensembles)
 ----------------------------------------------
-``FeedForward.from_sequential(model)``   parameter names and activations of Linear/activation stacks
+``FeedForward.of(model)``                 the executable view of the network (:mod:`symalg.numeric.feedforward`)
 ``DataDependentAction(net)(params, g, x)``  transformed copy of ``params`` (``g``: one matrix per site)
 ``two_layer_action(U, V, g, x, σ)``      [Zhao2026]'s ``(U', V')``
 ``spherical_frame``, ``frame``, ``FrameCocycle``, ``Cocycle``, ``check_cocycle``, ``lipschitz_bounds``,
@@ -42,10 +42,11 @@ Example
 -------
 >>> import torch
 >>> from torch import nn
->>> from symalg.applications.nonlinear_actions import DataDependentAction, FeedForward, random_gl
+>>> from symalg.applications.nonlinear_actions import DataDependentAction, random_gl
+>>> from symalg.numeric.feedforward import FeedForward
 >>> _ = torch.manual_seed(0)
 >>> model = nn.Sequential(nn.Linear(3, 5), nn.Sigmoid(), nn.Linear(5, 2)).double()
->>> net = FeedForward.from_sequential(model)
+>>> net = FeedForward.of(model)
 >>> params = dict(model.named_parameters())
 >>> x = torch.randn(3, dtype=torch.float64)
 >>> new = DataDependentAction(net)(params, [random_gl(5, scale=1.0, dtype=torch.float64)], x)
@@ -58,14 +59,14 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import torch
-from torch import nn
 
 from symalg.catalogue.groups import matrix_exp
+from symalg.numeric.feedforward import FeedForward
 from symalg.numeric.linalg import relative_error
 
-__all__ = ["TOLERANCES", "Cocycle", "CocycleCheck", "DataDependentAction", "FeedForward", "FrameCocycle",
-           "LipschitzBounds", "check_cocycle", "frame", "lipschitz_bounds", "random_gl", "rotation_matrix",
-           "spherical_coordinates", "spherical_frame", "two_layer_action"]
+__all__ = ["TOLERANCES", "Cocycle", "CocycleCheck", "DataDependentAction", "FrameCocycle", "LipschitzBounds",
+           "check_cocycle", "frame", "lipschitz_bounds", "random_gl", "rotation_matrix", "spherical_coordinates",
+           "spherical_frame", "two_layer_action"]
 
 TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-4}
 """Relative tolerances of the checks in this module and :mod:`symalg.teleport_actions`, keyed by dtype."""
@@ -287,107 +288,6 @@ def check_cocycle(c: Callable, g1: torch.Tensor, g2: torch.Tensor, z: torch.Tens
 
 
 # --------------------------------------------------------------------------------------------- networks
-
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """Data as ``(…, k, n)`` rows: a single point ``(n,)`` becomes ``(1, n)``."""
-    return x.unsqueeze(0) if x.dim() == 1 else x
-
-
-@dataclass(frozen=True)
-class FeedForward:
-    """A stack ``Linear → σ₁ → Linear → … → σ_{L−1} → Linear [→ σ_L]`` described by parameter names.
-
-    ``weights[i]``/``biases[i]`` name layer ``i``'s ``W_i ∈ R^{n_i × n_{i−1}}``/``b_i`` in a parameter dict
-    (``None``: no bias); ``activations[i]`` is the activation after layer ``i`` (hidden *site* ``i``, of
-    width ``n_i``), acting on the last axis. Parameters may carry leading batch axes (draws).
-
-    >>> net = FeedForward.from_sequential(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)))
-    >>> net.weights, net.biases, net.sites
-    (('0.weight', '2.weight'), ('0.bias', '2.bias'), 1)
-    """
-
-    weights: tuple[str, ...]
-    biases: tuple[str | None, ...]
-    activations: tuple[Callable, ...]
-    output_activation: Callable | None = None
-
-    def __post_init__(self):
-        if len(self.weights) < 2:
-            raise ValueError(f"FeedForward: needs at least two linear layers, got weights {self.weights}")
-        if len(self.biases) != len(self.weights) or len(self.activations) != len(self.weights) - 1:
-            raise ValueError(f"FeedForward: {len(self.weights)} weights need as many biases and "
-                             f"{len(self.weights) - 1} activations, got {len(self.biases)} and {len(self.activations)}")
-
-    @classmethod
-    def from_sequential(cls, model: nn.Sequential) -> "FeedForward":
-        """Read an ``nn.Sequential`` alternating ``nn.Linear`` and single activation modules."""
-        weights, biases, acts, pending = [], [], [], None
-        for name, module in model._modules.items():  # named_children() would skip a reused activation module
-            if isinstance(module, nn.Linear):
-                if weights and pending is None:
-                    raise ValueError(f"from_sequential: Linear {name!r} follows a Linear with no activation between")
-                if pending is not None:
-                    acts.append(pending)
-                weights.append(f"{name}.weight")
-                biases.append(f"{name}.bias" if module.bias is not None else None)
-                pending = None
-            elif not weights or pending is not None:
-                raise ValueError(f"from_sequential: module {name!r} ({type(module).__name__}) must follow a Linear "
-                                 "layer (expected Linear and single activation modules alternating)")
-            else:
-                pending = module
-        return cls(tuple(weights), tuple(biases), tuple(acts), pending)
-
-    @classmethod
-    def two_layer(cls, activation: Callable) -> "FeedForward":
-        """``F(x) = U σ(V x)`` with ``V = params["0.weight"]``, ``U = params["2.weight"]``, no biases."""
-        return cls(("0.weight", "2.weight"), (None, None), (activation,))
-
-    @property
-    def sites(self) -> int:
-        """The number of hidden sites (``L − 1``)."""
-        return len(self.activations)
-
-    def preactivations(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> list[torch.Tensor]:
-        """``Z_i = a_{i−1} W_iᵀ + b_i`` for every layer, as rows ``(…, k, n_i)``."""
-        a, zs = _rows(x), []
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            z = a @ params[w].transpose(-1, -2)
-            if b is not None:
-                z = z + params[b].unsqueeze(-2)
-            zs.append(z)
-            if i < self.sites:
-                a = self.activations[i](z)
-        return zs
-
-    def forward(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """The output for inputs ``x`` (rows; a single point ``(n,)`` gives ``(m,)``)."""
-        out = self.preactivations(params, x)[-1]
-        if self.output_activation is not None:
-            out = self.output_activation(out)
-        return out[..., 0, :] if x.dim() == 1 else out
-
-    def site_elements(self, g) -> list[torch.Tensor | None]:
-        """Normalise ``g`` to one matrix (or ``None`` = identity) per hidden site.
-
-        ``g`` is a sequence with one entry per site, a mapping ``{site: matrix}``, or (one hidden site
-        only) a single matrix.
-        """
-        if isinstance(g, torch.Tensor):
-            if self.sites != 1:
-                raise ValueError(f"g: a single matrix is ambiguous for {self.sites} hidden sites; pass a sequence "
-                                 "or a mapping {site: matrix}")
-            return [g]
-        if isinstance(g, Mapping):
-            bad = [s for s in g if not 0 <= s < self.sites]
-            if bad:
-                raise ValueError(f"g: sites {bad} out of range (the network has hidden sites 0…{self.sites - 1})")
-            return [g.get(s) for s in range(self.sites)]
-        g = list(g)
-        if len(g) != self.sites:
-            raise ValueError(f"g: {len(g)} elements for {self.sites} hidden sites")
-        return g
-
 
 @dataclass(frozen=True)
 class DataDependentAction:

@@ -38,11 +38,12 @@ Example
 -------
 >>> import torch
 >>> from torch import nn
->>> from symalg.applications.nonlinear_actions import FeedForward, random_gl
+>>> from symalg.applications.nonlinear_actions import random_gl
 >>> from symalg.applications.teleport_actions import ApproximateTeleport, measure_action
+>>> from symalg.numeric.feedforward import FeedForward
 >>> _ = torch.manual_seed(0)
 >>> model = nn.Sequential(nn.Linear(4, 6), nn.LeakyReLU(0.1), nn.Linear(6, 3)).double()
->>> net, params = FeedForward.from_sequential(model), dict(model.named_parameters())
+>>> net, params = FeedForward.of(model), dict(model.named_parameters())
 >>> x, y = torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 3, dtype=torch.float64)
 >>> loss = lambda p: ((net.forward(p, x) - y) ** 2).mean()
 >>> g1, g2 = random_gl(6, dtype=torch.float64), random_gl(6, dtype=torch.float64)
@@ -60,7 +61,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from symalg.applications.nonlinear_actions import FeedForward, _columns, _right_divide, _rows
+from symalg.applications.nonlinear_actions import _columns, _right_divide
+from symalg.frontend.canonical import module_activation
+from symalg.numeric.feedforward import FeedForward, _rows
 
 __all__ = ["ActionConditions", "ActionMeasurement", "ApproximateTeleport", "BijectiveActivation", "ExactTeleport",
            "as_bijective", "extended_tanh", "leaky_relu", "measure_action"]
@@ -133,12 +136,19 @@ def extended_tanh(n: float = 10.0) -> BijectiveActivation:
 
 
 def as_bijective(activation) -> BijectiveActivation:
-    """``activation`` itself, or the bijection for ``nn.LeakyReLU`` / ``nn.Identity``; ``TypeError`` otherwise."""
+    """``activation`` itself, or the bijection for a leaky ReLU (slope ``> 0``) or the identity, read off the
+    catalogue op of the activation module (``nn.LeakyReLU``, ``Activation("leaky_relu", slope=...)``, the views
+    of :class:`~symalg.numeric.feedforward.FeedForward`); ``TypeError`` otherwise.
+
+    >>> as_bijective(torch.nn.LeakyReLU(0.5)).inverse(torch.tensor([-1.0, 2.0]))
+    tensor([-2.,  2.])
+    """
     if isinstance(activation, BijectiveActivation):
         return activation
-    if isinstance(activation, nn.LeakyReLU):
-        return leaky_relu(activation.negative_slope)
-    if isinstance(activation, nn.Identity):
+    op, params = (module_activation(activation) if isinstance(activation, nn.Module) else None) or (None, {})
+    if op == "leaky_relu":
+        return leaky_relu(float(params["slope"]))
+    if op == "identity":
         return BijectiveActivation("identity", lambda z: z, lambda z: z)
     raise TypeError(f"activation {activation!r} has no known inverse: pass a BijectiveActivation "
                     "(leaky_relu, extended_tanh, or your own forward/inverse pair)")

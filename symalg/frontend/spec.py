@@ -209,7 +209,11 @@ def parse(spec: str | Spec | Architecture | torch.nn.Module | nx.DiGraph, catalo
 
 
 def _leaves(module: torch.nn.Module, prefix: str = "") -> Iterator[tuple[str, torch.nn.Module]]:
-    for name, child in module.named_children():
+    """Every position of a nested ``nn.Sequential`` with its dotted path; a module used twice is listed at both
+    positions (``named_children`` would skip the second)."""
+    for name, child in module._modules.items():
+        if child is None:
+            continue
         path = f"{prefix}{name}"
         if isinstance(child, torch.nn.Sequential):
             yield from _leaves(child, path + ".")
@@ -251,11 +255,16 @@ def _from_sequential(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) ->
     opaque nodes that admit no symmetry; they must preserve the feature width."""
     nodes: list[tuple[str, dict]] = []
     width = None
+    linears: dict[int, str] = {}
     for path, child in _leaves(module):
         if isinstance(child, torch.nn.modules.lazy.LazyModuleMixin) and child.has_uninitialized_params():
             raise SpecError(f"layer {path} ({type(child).__name__}): lazy module not initialised yet; run one "
                             "forward pass first")
         if isinstance(child, torch.nn.Linear):
+            first = linears.setdefault(id(child), path)
+            if first != path:
+                raise SpecError(f"layer {path} (Linear): the same module as layer {first}; shared weights are not "
+                                "a chain spec (trace the model with symalg.from_torch)")
             if width is not None and width != child.in_features:
                 raise SpecError(f"layer {path} (Linear): in_features={child.in_features} but the previous "
                                 f"layer produces {width} features")

@@ -1,1 +1,2 @@
-"""Numerics: random parameters and data, the network function, certified orbit ranks."""
+"""Numerics: random parameters and data, the executable view of a feed-forward network and its forward pass,
+certified orbit ranks."""

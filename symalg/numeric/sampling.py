@@ -6,13 +6,12 @@ op the catalogue does not know), so the numbers are those of the function the an
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable
 
 import torch
 
-from symalg.catalogue.activations import CATALOGUE
 from symalg.ir.architecture import Architecture
-from symalg.catalogue.modules import activation_function
+from symalg.numeric.feedforward import FeedForward
 
 __all__ = ["random_params", "random_data", "network_function", "mse_loss"]
 
@@ -40,29 +39,11 @@ def random_data(arch: Architecture, batch: int = 16, generator: torch.Generator 
     return x, y
 
 
-def network_function(arch: Architecture, catalogue: Mapping = CATALOGUE) -> Callable:
-    """``f(params, x)``: the network's output for parameters ``params`` and inputs ``x`` (rows)."""
-    steps = []
-    for name in arch.layer_names:
-        node = arch.node(name)
-        if node["kind"] == "linear":
-            steps.append(("linear", node["weight"], node["bias"]))
-        elif node["module"] is not None:
-            steps.append(("module", node["module"], None))
-        else:
-            steps.append(("activation", activation_function(node["op"], node["params"], catalogue)[0], None))
-
-    def forward(params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        for kind, a, b in steps:
-            if kind == "linear":
-                x = x @ params[a].transpose(-1, -2)
-                if b is not None:
-                    x = x + params[b]
-            else:
-                x = a(x)
-        return x
-
-    return forward
+def network_function(arch: Architecture) -> Callable:
+    """``f(params, x)``: the network's output for parameters ``params`` and inputs ``x`` (rows), the forward pass
+    of :meth:`FeedForward.of(arch) <symalg.numeric.feedforward.FeedForward.of>` (activations from the
+    architecture's catalogue)."""
+    return FeedForward.of(arch).forward
 
 
 def mse_loss(forward: Callable, x: torch.Tensor, y: torch.Tensor) -> Callable:
