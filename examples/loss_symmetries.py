@@ -1,4 +1,4 @@
-"""Loss and distribution symmetries, each checked exactly where it holds (``symalg.loss_symmetries``).
+"""Loss and distribution symmetries, each checked exactly where it holds (``symalg.applications.loss_symmetries``).
 
 Part 1, loss symmetry: ``linear(4, 6) -> tanh -> linear(6, 3)`` trained by a two-view self-supervised loss.
 ``O(3)`` acts on the last layer (``W ↦ QW, b ↦ Qb``); on the given batch the spectral-contrastive and cosine

@@ -2,7 +2,7 @@
 
 Network ``f(x) = W_l ⋯ W_1 x`` with square ``h × h`` weights (torch layout, no biases), loss
 ``L = ½ mean ‖f(x_i) − y_i‖²`` on random data with an invertible least-squares product ``A``. Derivations in
-``docs/minima_geometry.md``; everything below is computed with :mod:`symalg.minima_geometry`.
+``docs/minima_geometry.md``; everything below is computed with :mod:`symalg.applications.minima_geometry`.
 
 (a) Component count. ``2^{l−1}`` (sign patterns of ``det W_k`` whose product is ``sign det A``) against a
     label-free numerical evaluation: sample points of the minimum, join two when the chart path between
