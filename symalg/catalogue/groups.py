@@ -311,14 +311,18 @@ class SiteGroup:
             self.check_element(g)
         if type(self).act is not SiteGroup.act:   # a group acting otherwise than by multiplying (indexing, adding)
             return functools.partial(self.act, g)
-        operators: list = []   # [(role, power, operator)]: a few entries, and a Fraction hashes slowly
+        operators: list = []   # [(role, power, diagonal?, operator)]: a few entries, and a Fraction hashes slowly
 
         def move(U: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
-            for known_role, known_power, operator in operators:
-                if known_role == role and known_power == power:
-                    return _multiply(operator, U)
-            operators.append((role, power, self.operator(g, role, power)))
-            return _multiply(operators[-1][2], U)
+            for known_role, known_power, diagonal, operator in operators:
+                if known_role == role and (known_power is power or known_power == power):
+                    break
+            else:
+                operator = self.operator(g, role, power)
+                diagonal = operator.dim() == 1
+                operator = operator.unsqueeze(1) if diagonal else operator   # a diagonal as a column: _multiply
+                operators.append((role, power, diagonal, operator))
+            return operator * U if diagonal else operator @ U
         return move
 
     def infinitesimal(self, M: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
@@ -851,7 +855,8 @@ class PositiveScaling(SiteGroup):
         return sp.DiagMatrix(sp.HadamardPower(g, -sp.sympify(self.alpha)))
 
     def check_element(self, g):
-        """Finite and positive, in one pass over ``g`` (``NaN`` and ``inf`` fail ``0 < g < inf``).
+        """Finite and positive: one pass over ``g`` and one transfer to the host (its least and greatest entries,
+        ``NaN`` when it has one, which fails ``0 < min ≤ max < inf``).
 
         >>> PositiveScaling(2).check_element(torch.tensor([1.0, 0.0]))
         Traceback (most recent call last):
@@ -859,7 +864,8 @@ class PositiveScaling(SiteGroup):
         ValueError: PositiveScaling(2, alpha=1): not a group element: entries must be positive (the diagonal of g)
         """
         self._check_format(g, "group element", finite=False)
-        if not bool(((g > 0) & (g < math.inf)).all()):
+        low, high = torch.stack(torch.aminmax(g)).tolist() if g.numel() else (1.0, 1.0)
+        if not 0 < low <= high < math.inf:
             self._check_format(g, "group element")   # names non-finite entries first
             raise ValueError(f"{self.name}: not a group element: entries must be positive (the diagonal of g)")
 
