@@ -487,7 +487,7 @@ def _inverse(g: torch.Tensor, tol: float) -> tuple[torch.Tensor, str | None]:
     and the inverse the condition number ``κ₁(g) = ‖g‖₁ ‖g⁻¹‖₁`` (max column sums) in ``O(h²)``; ``g`` is
     numerically singular when ``κ₁ ≥ 1/tol`` (or not finite): its inverse, and any action through it, would carry
     a relative error of ``κ₁`` units in the last place. ``κ₁`` is within a factor ``h`` of the 2-norm condition
-    number ``σ_max/σ_min`` (two SVDs, ~100× the cost at ``h = 1024``).
+    number ``σ_max/σ_min`` (two SVDs, several times the cost of the LU).
 
     >>> _inverse(torch.diag(torch.tensor([1.0, 1e-12], dtype=torch.float64)), 1e-9)[1]
     'it is numerically singular (condition number ‖g‖₁‖g⁻¹‖₁ = 1e+12 ≥ 1e+09)'
