@@ -95,6 +95,39 @@ def test_a_non_member_is_refused():
         SignFlips(3).check_element(torch.diag(torch.tensor([1.0, 2.0, -1.0], dtype=DTYPE)))
 
 
+@pytest.mark.parametrize("g, problem", [
+    (torch.zeros(3, 3, dtype=DTYPE), r"GL\(3\): not a group element: it is singular \(a zero pivot"),
+    (torch.diag(torch.tensor([1.0, 1.0, 1e-12], dtype=DTYPE)),
+     r"GL\(3\): not a group element: it is numerically singular \(condition number ‖g‖₁‖g⁻¹‖₁ = 1e\+12 ≥ 1e\+09\)"),
+    (torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0 + 1e-13, 0.0], [0.0, 0.0, 1.0]], dtype=DTYPE), "numerically singular"),
+    (torch.full((3, 3), float("nan"), dtype=DTYPE), r"GL\(3\): the group element has non-finite entries"),
+], ids=["zero", "tiny-pivot", "nearly-dependent-rows", "nan"])
+def test_general_linear_refuses_singular_and_numerically_singular_elements_in_check_and_action(g, problem):
+    with pytest.raises(ValueError, match=problem):
+        GeneralLinear(3).check_element(g)
+    with pytest.raises(ValueError, match=problem):
+        GeneralLinear(3).mover(g)
+
+
+def test_general_linear_accepts_a_well_conditioned_element_in_float32():
+    f32 = torch.float32
+    g = torch.linalg.matrix_exp(torch.randn(64, 64, generator=torch.Generator().manual_seed(0), dtype=f32) / 8)
+    GeneralLinear(64).check_element(g)
+    with pytest.raises(ValueError, match=r"= 1e\+05 ≥ 1e\+04"):   # κ₁ ≥ 1e4 is singular in float32
+        GeneralLinear(64).check_element(torch.diag(torch.tensor([1.0] * 63 + [1e-5], dtype=f32)))
+
+
+@pytest.mark.parametrize("g, problem", [
+    (torch.tensor([1.0, 0.0, 2.0], dtype=DTYPE), "entries must be positive"),
+    (torch.tensor([1.0, -float("inf"), 2.0], dtype=DTYPE), "non-finite"),
+    (torch.tensor([1.0, float("nan"), 2.0], dtype=DTYPE), "non-finite"),
+    (torch.tensor([1.0, float("inf"), 2.0], dtype=DTYPE), "non-finite"),
+], ids=["zero", "-inf", "nan", "inf"])
+def test_positive_scaling_refuses_what_is_not_finite_and_positive(g, problem):
+    with pytest.raises(ValueError, match=rf"PositiveScaling\(3, alpha=1\): .*{problem}"):
+        PositiveScaling(3).mover(g)
+
+
 def test_wide_sign_flips_sample_random_patterns_not_every_generator():
     group = SignFlips(SIGN_FLIP_GENERATORS + 1)
     labels = [label for label, _ in _elements(group)]
@@ -119,6 +152,18 @@ def test_action_is_a_homomorphism(group):
                 composed = group.act(group.compose(g1, g2), U, role, power)
                 stepwise = group.act(g1, group.act(g2, U, role, power), role, power)
                 assert relative_error(stepwise, composed) < TOL, (role, power)
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
+def test_mover_moves_every_region_as_act_does(group):
+    """``mover(g)`` checks ``g`` once and reuses its operators; each region moves exactly as under ``act``."""
+    for _, g in _elements(group):
+        move = group.mover(g)
+        for role in group.roles:
+            for power in ((1, 2, Fraction(1, 2), 0) if group.kind == "PS" else (1,)):
+                for seed in (6, 7):   # the second region of a (role, power) reuses the operator of the first
+                    U = _region(seed, group)
+                    assert relative_error(move(U, role, power), group.act(g, U, role, power)) < TOL, (role, power)
 
 
 @pytest.mark.parametrize("group", [g for g in GROUPS if "in" in g.roles],

@@ -69,20 +69,30 @@ class Binding:
         """The dual binding (a key map transforms by ``π(g)⁻ᵀ`` where the query map has ``π(g)``)."""
         return replace(self, role="in" if self.role == "out" else "out")
 
+    def is_whole(self, tensor: torch.Tensor) -> bool:
+        """The region is all of ``tensor`` (no slice to take)."""
+        return self.start == 0 and self.width * self.block == tensor.shape[self.axis]
+
     def unfold(self, tensor: torch.Tensor) -> torch.Tensor:
         """The region as a ``width × rest`` matrix (coordinate-major), batched over nothing."""
-        region = tensor.narrow(self.axis, self.start, self.width * self.block).movedim(self.axis, 0)
-        return region.reshape(self.width, -1)
+        region = tensor if self.is_whole(tensor) else tensor.narrow(self.axis, self.start, self.width * self.block)
+        region = region if self.axis == 0 else region.movedim(self.axis, 0)
+        return region if region.dim() == 2 and self.block == 1 else region.reshape(self.width, -1)
 
     def fold(self, tensor: torch.Tensor, unfolded: torch.Tensor, inplace: bool = False) -> torch.Tensor:
         """``tensor`` with the region replaced by ``unfolded`` (the inverse of :meth:`unfold`); a copy, or
         ``tensor`` itself written to with ``inplace``. ``unfolded`` must be a new tensor, not a view of ``tensor``:
         where the region is the whole tensor it becomes the result without a copy."""
-        region = tensor.narrow(self.axis, self.start, self.width * self.block).movedim(self.axis, 0)
-        folded = unfolded.reshape(region.shape).movedim(0, self.axis)
-        whole = self.start == 0 and self.width * self.block == tensor.shape[self.axis]
+        whole = self.is_whole(tensor)
+        if whole and not inplace and self.axis == 0:   # the moved values (computed afresh) are the new tensor
+            return unfolded if unfolded.shape == tensor.shape else unfolded.reshape(tensor.shape)
+        shape = list(tensor.shape)
+        shape.insert(0, shape.pop(self.axis))
+        shape[0] = self.width * self.block
+        folded = unfolded if list(unfolded.shape) == shape else unfolded.reshape(shape)
+        folded = folded if self.axis == 0 else folded.movedim(0, self.axis)
         if whole and not inplace:
-            return folded   # the region is the whole tensor: the moved values (computed afresh) are the new tensor
+            return folded
         result = tensor if inplace else tensor.clone()
         result.narrow(self.axis, self.start, self.width * self.block).copy_(folded)
         return result

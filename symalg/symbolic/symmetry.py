@@ -263,8 +263,7 @@ class Symmetry:
         caller's own copies) instead of into fresh copies: composing many claims on a large model
         (certification) then copies each tensor once, not once per claim.
         """
-        if checked:
-            self.group.check_element(g)
+        move = self.group.mover(g, checked)   # checks g once; operators computed once for all regions (g⁻¹ for GL)
         moved = dict(params)
         if self.translations:
             for index, direction in enumerate(self._basis(params)):
@@ -273,7 +272,7 @@ class Symmetry:
             return moved
         for b in self.moving_bindings():
             U = b.unfold(moved[b.tensor])
-            moved[b.tensor] = b.fold(moved[b.tensor], self.group.act(g, U, b.role, b.power), inplace)
+            moved[b.tensor] = b.fold(moved[b.tensor], move(U, b.role, b.power), inplace)
         for bias, column, center, _ in self.shifts:
             tau = float(center) * (1 - torch.diagonal(g))
             weight = moved[column.tensor]

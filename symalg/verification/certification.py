@@ -93,12 +93,14 @@ def fresh_inputs(example_inputs: Sequence, generator: torch.Generator, dtype=tor
     return tuple(fresh)
 
 
-def _forward(model, state: Mapping[str, torch.Tensor], inputs: tuple, parameters: set, seed: int):
+def _forward(model, state: Mapping[str, torch.Tensor], inputs: tuple, parameters: set, seed: int, device="cpu"):
     """All outputs of ``model`` at ``state`` (buffers copied: training-mode statistics update copies), with the
-    random number generators seeded so that stochastic ops draw the same noise at every call."""
+    random number generators seeded so that stochastic ops draw the same noise at every call: on the CPU its
+    generator alone (``torch.manual_seed`` also seeds every accelerator's, through a lazy call that records a
+    stack trace: 2 ms, more than the forward pass of a small model)."""
     values = {k: v if k in parameters else v.clone() for k, v in state.items()}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
+        (torch.default_generator.manual_seed if torch.device(device).type == "cpu" else torch.manual_seed)(seed)
         return output_tensors(functional_call(model, values, inputs))
 
 
@@ -137,7 +139,10 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
     if inputs is None:
         raise ValueError("claim_errors: the model was traced without example_inputs; pass inputs=(tensor, ...)")
     dtype = torch.float64
-    model = copy.deepcopy(graph.model).to(device=device, dtype=dtype)
+    model = graph.model
+    if any((t.is_floating_point() and t.dtype != dtype) or t.device != torch.device(device)
+           for t in (*model.parameters(), *model.buffers())):
+        model = copy.deepcopy(model).to(device=device, dtype=dtype)   # the caller's model stays as it is
     parameters = {k for k, _ in model.named_parameters()}
     state = {**{k: v.detach() for k, v in model.named_parameters()},
              **{k: v.detach() for k, v in model.named_buffers()}}
@@ -152,14 +157,15 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
         elements = {id(s): by_group[s.group] for s in symmetries}
         rounds = max((len(e) for e in elements.values()), default=0)
         x = fresh_inputs(inputs, generator, dtype, device)
-        reference = _forward(model, state, x, parameters, seed + draw)
+        reference = _forward(model, state, x, parameters, seed + draw, device)
 
         def change(group_elements):
             touched = {t for symmetry, _ in group_elements for t in symmetry.tensors}
             moved = {k: v.clone() if k in touched else v for k, v in state.items()}  # one copy, moved in place
             for symmetry, (_, g) in group_elements:
                 moved = symmetry.apply(moved, g, inplace=True, checked=False)  # g from group.sample
-            return output_change(_forward(model, moved, x, parameters, seed + draw), reference, cross_entropy)
+            return output_change(_forward(model, moved, x, parameters, seed + draw, device), reference,
+                                 cross_entropy)
 
         for r in range(rounds):
             chosen = [(s, elements[id(s)][r]) for s in symmetries if r < len(elements[id(s)])]
