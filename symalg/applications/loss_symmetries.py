@@ -69,7 +69,7 @@ import sympy as sp
 import torch
 
 from symalg.applications.conjugated import TEST_SCALES, TOLERANCE, check_group_axioms
-from symalg.catalogue.groups import GeneralLinear, Orthogonal, SiteGroup, matrix_exp
+from symalg.catalogue.groups import GeneralLinear, Orthogonal, SiteGroup, checked_inverse, matrix_exp
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.numeric.linalg import relative_error
 from symalg.verification.checks import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift,
@@ -405,10 +405,10 @@ class MomentStabiliser(SiteGroup):
         return [R @ (torch.eye(P.shape[0], dtype=dtype, device=device) - 2 * p @ p.T) @ R_inv]
 
     def _not_an_element(self, g, tol):
-        singular = torch.linalg.svdvals(g).min() <= tol * torch.linalg.svdvals(g).max()
-        F = self.fixed.to(g)
+        singular = checked_inverse(g, tol)[1]
         if singular:
-            return "it is singular"
+            return singular
+        F = self.fixed.to(g)
         if relative_error(g @ F, F) > tol:
             return "A F ≠ F"
         if self.form is not None and relative_error(g @ self.form.to(g) @ g.transpose(-1, -2), self.form.to(g)) > tol:

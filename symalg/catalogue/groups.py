@@ -47,7 +47,7 @@ from symalg.numeric.linalg import relative_error
 
 __all__ = ["matrix_exp", "group_classes", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes",
            "PositiveScaling",
-           "SignFlips", "Permutations", "Translations"]
+           "SignFlips", "Permutations", "Translations", "checked_inverse"]
 
 
 def _concrete(width) -> int:
@@ -480,7 +480,7 @@ def _tolerance(x: torch.Tensor) -> float:
     return 1e-9 if x.dtype == torch.float64 else 1e-4
 
 
-def _inverse(g: torch.Tensor, tol: float) -> tuple[torch.Tensor, str | None]:
+def checked_inverse(g: torch.Tensor, tol: float) -> tuple[torch.Tensor, str | None]:
     """``(g⁻¹, None)`` for an invertible ``g`` (batched over leading dims), else ``(…, why not)``.
 
     One LU factorisation (``torch.linalg.inv_ex``, whose ``info`` flags an exactly zero pivot) gives the inverse,
@@ -489,9 +489,9 @@ def _inverse(g: torch.Tensor, tol: float) -> tuple[torch.Tensor, str | None]:
     a relative error of ``κ₁`` units in the last place. ``κ₁`` is within a factor ``h`` of the 2-norm condition
     number ``σ_max/σ_min`` (two SVDs, several times the cost of the LU).
 
-    >>> _inverse(torch.diag(torch.tensor([1.0, 1e-12], dtype=torch.float64)), 1e-9)[1]
+    >>> checked_inverse(torch.diag(torch.tensor([1.0, 1e-12], dtype=torch.float64)), 1e-9)[1]
     'it is numerically singular (condition number ‖g‖₁‖g⁻¹‖₁ = 1e+12 ≥ 1e+09)'
-    >>> _inverse(torch.zeros(2, 2, dtype=torch.float64), 1e-9)[1]
+    >>> checked_inverse(torch.zeros(2, 2, dtype=torch.float64), 1e-9)[1]
     'it is singular (a zero pivot in its LU factorisation)'
     """
     inverse, info = torch.linalg.inv_ex(g)
@@ -564,14 +564,14 @@ class GeneralLinear(SiteGroup):
         return [_reflection(_concrete(self.width), dtype, device)]
 
     def _not_an_element(self, g, tol):
-        return _inverse(g, tol)[1]
+        return checked_inverse(g, tol)[1]
 
     def mover(self, g, checked=True):
-        """:meth:`SiteGroup.mover`: one LU factorisation of ``g`` both checks it (:func:`_inverse`) and gives the
+        """:meth:`SiteGroup.mover`: one LU factorisation of ``g`` both checks it (:func:`checked_inverse`) and gives the
         ``g⁻ᵀ`` that a reading region moves by, so the check costs ``O(h²)`` on top of the action."""
         if checked:
             self._check_format(g, "group element")
-            inverse, problem = _inverse(g, _tolerance(g))
+            inverse, problem = checked_inverse(g, _tolerance(g))
             if problem:
                 raise ValueError(f"{self.name}: not a group element: {problem}")
         else:
