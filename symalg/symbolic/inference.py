@@ -248,6 +248,7 @@ class Inference:
         self.strict = strict
         """Drop an activation's declared group that a symbolic check (:mod:`symalg.checks`) disproves."""
         self.sites: list[_Site] = []
+        self.site_names: set[str] = set()
         self.ties = nx.utils.UnionFind()
         self.permutation_ties = nx.utils.UnionFind()
         self.labels: dict[str, object] = {}
@@ -263,14 +264,14 @@ class Inference:
         """A site made at ``node``, moving ``bindings``; named ``name``, else after the tensors whose rows it
         moves (:func:`site_stem`); a name taken already gets ``#2``, ``#3``, ... (a module called again)."""
         stem = name or site_stem([b.tensor for b in bindings if b.role == "out"], node)
-        taken = {s.name for s in self.sites}
         name, call = stem, 1
-        while name in taken:
+        while name in self.site_names:
             call += 1
             name = f"{stem}#{call}"
         site = _Site(len(self.sites), name, width if isinstance(width, sp.Basic) else int(width), node,
                      set(allowed))
         self.sites.append(site)
+        self.site_names.add(name)
         self.ties[site.id]
         self.permutation_ties[site.id]
         for binding in bindings:

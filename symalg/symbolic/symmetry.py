@@ -204,7 +204,8 @@ class Symmetry:
 
     Attributes
     ----------
-    site : the site class name (its first member's node); ``members`` all tied sites.
+    site : the site class name, its first member's (the module path of the layer producing it, see
+        :mod:`symalg.symbolic.inference`); ``members`` all tied sites, in data-flow order.
     group : the group (:mod:`symalg.catalogue.groups`); ``bindings`` the tensor regions it moves.
     translations : for a translation group, the translation families
         (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose directions ``B_i`` form its basis, in order.
