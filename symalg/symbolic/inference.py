@@ -27,8 +27,8 @@ each removal is recorded as a :class:`~symalg.symbolic.inference.Blocked` note n
 
 A site is named after what users see, the same whatever the front end (:func:`site_stem`): the module path of
 the layer whose parameters it moves (``0``, ``enc.0``, ``blocks.3.attn.head1.qk``), a bare parameter's name
-(``w`` for ``F.linear(x, self.w)``), else the node; a name taken already (a module called twice) gets ``#2``,
-``#3``, ... in data-flow order.
+(``w`` for ``F.linear(x, self.w)``), else the node; a name taken already (a module called twice, a norm's gain
+reading several sites) gets ``#2``, ``#3``, ... in data-flow order.
 
 >>> import torch, symalg
 >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
