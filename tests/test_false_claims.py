@@ -299,7 +299,7 @@ class _Attention(nn.Module):
 
 
 PER_HEAD = {"GL(2) on attention.head0.qk", "GL(2) on attention.head0.vo", "GL(2) on attention.head1.qk",
-            "GL(2) on attention.head1.vo", "GL(4) on attention"}
+            "GL(2) on attention.head1.vo", "GL(4) on attention.out_proj"}
 
 
 @pytest.mark.parametrize("use, node", [("returned", "output"), ("consumed", "getitem_2")])

@@ -224,7 +224,7 @@ def test_from_torch_always_returns_the_one_graph():
     uncertified = symalg.derive(from_torch(model), certify=False)
     certified = symalg.derive(from_torch(model, (x,)))
     assert [s.label for s in uncertified.symmetries] == [s.label for s in certified.symmetries] == \
-        ["PositiveScaling(4, alpha=1) on _0", "S(4) on _0"]
+        ["PositiveScaling(4, alpha=1) on 0", "S(4) on 0"]
     assert uncertified.certification is None and certified.certified
     with pytest.raises(SpecError, match="from_torch: example_inputs must be a tensor or a tuple of tensors, got list"):
         from_torch(model, [x])

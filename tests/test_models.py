@@ -167,15 +167,15 @@ def test_resnet_basic_blocks_with_identity_and_projection_shortcuts():
     # Permutations move a conv's rows, its batch norm and every reader together, across the skip.
     assert table(analysis) == sorted([
         ("bn", "PositiveScaling(4, alpha=1)", 4),               # stream 1: stem bn + block1.bn2
-        ("block1_bn1", "PositiveScaling(4, alpha=1)", 4),
-        ("block2_bn1", "PositiveScaling(6, alpha=1)", 6),
-        ("block2_shortcut_1", "PositiveScaling(6, alpha=1)", 6),  # stream 2: shortcut bn + block2.bn2
-        ("stem", "S(4)", 0), ("block1_conv1", "S(4)", 0), ("block2_conv1", "S(6)", 0),
-        ("block2_shortcut_0", "S(6)", 0)])
+        ("block1.bn1", "PositiveScaling(4, alpha=1)", 4),
+        ("block2.bn1", "PositiveScaling(6, alpha=1)", 6),
+        ("block2.shortcut.1", "PositiveScaling(6, alpha=1)", 6),  # stream 2: shortcut bn + block2.bn2
+        ("stem", "S(4)", 0), ("block1.conv1", "S(4)", 0), ("block2.conv1", "S(6)", 0),
+        ("block2.shortcut.0", "S(6)", 0)])
     stream = next(s for s in analysis.symmetries if s.label.startswith("PositiveScaling(4") and s.site == "bn")
-    assert set(stream.members) == {"bn", "block1_bn2"}
-    permutation = next(s for s in analysis.symmetries if s.label == "S(6) on block2_shortcut_0")
-    assert set(permutation.members) == {"block2_shortcut_0", "block2_shortcut_1", "block2_conv2"}
+    assert set(stream.members) == {"bn", "block1.bn2"}
+    permutation = next(s for s in analysis.symmetries if s.label == "S(6) on block2.shortcut.0")
+    assert set(permutation.members) == {"block2.shortcut.0", "block2.shortcut.1", "block2.conv2"}
     assert checks == {"invariance", "gradient_orthogonality", "gd_drift", "gradient_flow", "lowering",
                       "orbit_dimension"}
 
@@ -260,9 +260,9 @@ def test_hand_written_attention_with_gain_free_rms_norm_has_an_orthogonal_stream
     # o/down rows). Heads as for nn.MultiheadAttention; the ReLU MLP: positive scaling and S(16).
     assert table(analysis) == sorted([
         ("embed", "O(8)", 28),
-        ("attention_0.head0.qk", "GL(4)", 16), ("attention_0.head1.qk", "GL(4)", 16),
-        ("attention_0.head0.vo", "GL(4)", 16), ("attention_0.head1.vo", "GL(4)", 16),
-        ("attention_0.heads", "S(2)", 0),
+        ("attn.head0.qk", "GL(4)", 16), ("attn.head1.qk", "GL(4)", 16),
+        ("attn.head0.vo", "GL(4)", 16), ("attn.head1.vo", "GL(4)", 16),
+        ("attn.heads", "S(2)", 0),
         ("up", "PositiveScaling(16, alpha=1)", 16), ("up", "S(16)", 0)])
     stream = next(s for s in analysis.symmetries if s.site == "embed")
     assert {"embed.weight", "attn.q.weight", "attn.o.weight", "down.weight", "head.weight"} <= set(stream.tensors)
@@ -289,10 +289,10 @@ def test_lora_adapter_rank_has_gl_r():
 
     analysis, report, checks = analyse(Net(), torch.randn(9, 6))
     assert table(analysis) == sorted([
-        ("adapted_lora_a", "GL(2)", 4),
-        ("adapted_base", "PositiveScaling(5, alpha=1)", 5), ("adapted_base", "S(5)", 0)])
-    rank = next(s for s in analysis.symmetries if s.site == "adapted_lora_a")
-    assert str(rank.conserved) == ("C_adapted_lora_a = adapted.lora_A.weight*adapted.lora_A.weight.T - "
+        ("adapted.lora_A", "GL(2)", 4),
+        ("adapted.base", "PositiveScaling(5, alpha=1)", 5), ("adapted.base", "S(5)", 0)])
+    rank = next(s for s in analysis.symmetries if s.site == "adapted.lora_A")
+    assert str(rank.conserved) == ("C_adapted_lora_A = adapted.lora_A.weight*adapted.lora_A.weight.T - "
                                    "adapted.lora_B.weight.T*adapted.lora_B.weight")
 
 
@@ -307,7 +307,7 @@ def test_rbf_network_permutes_centres():
             return self.out(torch.exp(-0.5 * torch.cdist(x, self.centres) ** 2))
 
     analysis, report, _ = analyse(RBF(), torch.randn(8, 3))
-    assert table(analysis) == [("cdist", "S(6)", 0)]
+    assert table(analysis) == [("centres", "S(6)", 0)]  # named after the parameter it permutes
     (symmetry,) = analysis.symmetries
     assert set(symmetry.tensors) == {"centres", "out.weight"}
 
@@ -332,7 +332,7 @@ def test_tied_embedding_and_unembedding_keep_only_orthogonal_stream_actions():
 def test_softmax_cross_entropy_translation_and_its_linear_quantities():
     model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
     analysis, report, checks = analyse(model, torch.randn(10, 4), loss="cross_entropy")
-    assert ("_2", "Translations(6, along 1)", 6) in analysis.table()
+    assert ("2", "Translations(6, along 1)", 6) in analysis.table()
     translation = next(s for s in analysis.symmetries if s.group.name.startswith("Translations"))
     # the column sums 1ᵀW and 1ᵀb of the logits layer (SymPy prints the row of ones as 1)
     assert str(translation.conserved) == "ell__2__2_weight = 1*2.weight; ell__2__2_bias = 1*2.bias"
@@ -372,7 +372,7 @@ def test_fx_failure_falls_back_to_export_and_reports_both_failures():
     graph = symalg.trace(Branchy().double(), (torch.randn(5, 3, dtype=torch.float64),))
     assert graph.tracer == "export"
     analysis = symalg.derive(graph)
-    assert sorted(analysis.table()) == sorted([("linear", "PositiveScaling(4, alpha=1)", 4), ("linear", "S(4)", 0)])
+    assert sorted(analysis.table()) == sorted([("fc1", "PositiveScaling(4, alpha=1)", 4), ("fc1", "S(4)", 0)])
     with pytest.raises(symalg.SpecError, match="torch.fx cannot trace Branchy.*pass example_inputs"):
         symalg.trace(Branchy())
 
@@ -398,9 +398,10 @@ def test_reused_module_ties_its_sites():
             return self.out(F.relu(self.shared(h)))
 
     analysis, report, _ = analyse(Twice(), torch.randn(5, 3))
-    # Both uses of `shared` move its rows and columns: every ReLU site is tied into one class.
+    # Both uses of `shared` move its rows and columns: every ReLU site is tied into one class. The second call's
+    # site is the module's path with its call index.
     scaling = [s for s in analysis.symmetries if s.group.name.startswith("PositiveScaling")]
-    assert len(scaling) == 1 and set(scaling[0].members) == {"inp", "shared", "shared_1"}
+    assert len(scaling) == 1 and scaling[0].members == ("inp", "shared", "shared#2")
 
 
 def _traced_symmetry(middle, name, loss="mse"):

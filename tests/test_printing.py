@@ -122,7 +122,7 @@ def test_homogeneous_degree_appears_in_the_quantity():
 def test_angular_momentum_latex(radial_analysis):
     (momentum,) = radial_analysis.angular_momenta()
     text = momentum.latex()
-    assert text.startswith(r"J_{\mathrm{0}} = G - G^{T}") and r"0 \text{ along gradient flow)}" in text
+    assert text.startswith(r"J_{0} = G - G^{T}") and r"0 \text{ along gradient flow)}" in text
     assert momentum._repr_latex_() == f"${text}$"
 
 
@@ -160,11 +160,32 @@ def test_affine_sign_flip_latex_shifts_the_next_bias():
                                         r"\left(\frac{1}{2}\right) \mathbf{1}\right)"]
 
 
+class _TwiceEncoded(torch.nn.Module):
+    """``head(enc_1(x)) + head(enc_1(x))``: the encoder's layer is called twice (sites ``enc_1.0``, ``enc_1.0#2``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc_1 = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh())
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.enc_1(x)) + self.head(self.enc_1(x))
+
+
 def test_traced_sites_print_as_valid_latex():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).double()
     analysis = symalg.derive(symalg.from_torch(model, (torch.randn(5, 3, dtype=torch.float64),)))
-    assert analysis.symmetries[0].latex().startswith(r"(\mathbb{Z}_2)^{4} \text{ on \_0: } W_{0} \mapsto g W_{0}")
-    assert r"&\text{\_0: } S_{4}" in describe_latex(analysis)
+    assert analysis.symmetries[0].latex().startswith(r"(\mathbb{Z}_2)^{4} \text{ on 0: } W_{0} \mapsto g W_{0}")
+    assert r"&\text{0: } S_{4}" in describe_latex(analysis)
+    # a module path keeps its dots and escapes its underscores, in text and in subscripts
+    nested = symalg.derive(symalg.from_torch(_TwiceEncoded().double(), (torch.randn(5, 3, dtype=torch.float64),)))
+    flips = nested.symmetries[0]
+    assert (flips.site, flips.members) == ("enc_1.0", ("enc_1.0", "enc_1.0#2"))
+    assert flips.latex().startswith(r"(\mathbb{Z}_2)^{4} \text{ on enc\_1.0: } W_{\mathrm{enc\_1.0}} \mapsto g W_{")
+    assert r"&\text{enc\_1.0: } S_{4}" in describe_latex(nested)
+    linear = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)", loss="cross_entropy")
+    assert [q.latex().split(" = ")[0] for q in linear.conserved_quantities()] == [
+        r"Q_{M}", r"\ell_{2,\,\mathrm{2\_weight}}"]
 
 
 def test_symmetry_str(relu_analysis):
@@ -263,7 +284,7 @@ def test_describe_latex_positive_scaling(relu_analysis):
 def test_describe_latex_angular_momentum(radial_analysis):
     lines = _lines(describe_latex(radial_analysis))
     assert r"&\text{0: } \mathrm{O}(h)" in lines
-    assert lines[-1].startswith(r"J_{\mathrm{0}} &= ")
+    assert lines[-1].startswith(r"J_{0} &= ")
     assert lines[-1].endswith(r"\text{ along gradient flow)}")
 
 
@@ -271,7 +292,7 @@ def test_describe_latex_without_closed_form_orbit():
     analysis = symalg.derive("linear(n, h) -> radial -> linear(h, k) -> identity -> linear(k, m)")
     lines = _lines(describe_latex(analysis))
     assert lines[0] == r"\text{orbit dimension: numeric only}"
-    assert any(line.startswith(r"J_{\mathrm{0}} &= ") for line in lines)
+    assert any(line.startswith(r"J_{0} &= ") for line in lines)
     assert any(line.startswith(r"Q_{M} &= ") and r"C_{2} = " in line for line in lines)
 
 

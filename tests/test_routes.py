@@ -7,6 +7,7 @@ plain chain, and the traced model through ``torch.fx`` and through ``torch.expor
 * the groups (kind and width, through ``symmetry.group``),
 * the orbit dimension (a number at the parameters),
 * the values of the conserved quantities (tensors at the parameters),
+* the site names, hence the labels (``PositiveScaling(5, alpha=1) on 0`` on every route),
 
 and verification must pass on each route. Where the routes disagree today the case is an expected
 failure (strict) with the reason, so that a fix shows up as an unexpected pass.
@@ -44,7 +45,8 @@ ROUTES = ("spec", "from_torch", "fx", "export")
 
 
 def analyse(route: str, spec: str, model: nn.Module, x: torch.Tensor):
-    """``(analysis, groups, orbit dimension, conserved values, verification passed)`` on ``route``."""
+    """``(analysis, groups, orbit dimension, conserved values, verification passed)`` on ``route``; ``groups`` are
+    ``(group class, width, label)``."""
     params = {k: v.detach() for k, v in model.named_parameters()}
     if route == "spec":
         analysis = symalg.derive(spec)
@@ -58,7 +60,7 @@ def analyse(route: str, spec: str, model: nn.Module, x: torch.Tensor):
     orbit = analysis.orbit_dimension(params).dimension
     conserved = [value.reshape(-1) for q in analysis.conserved_quantities() for value in q(params).values()]
     passed = symalg.verify(analysis, params=params).passed
-    groups = sorted((type(s.group).__name__, int(s.group.width)) for s in analysis.symmetries)
+    groups = sorted((type(s.group).__name__, int(s.group.width), s.label) for s in analysis.symmetries)
     return analysis, groups, int(orbit), conserved, passed
 
 
@@ -69,10 +71,10 @@ def assert_routes_agree(spec: str, model: nn.Module, expected_groups=None):
     results = {route: analyse(route, spec, model, x) for route in ROUTES}
     _, groups, orbit, conserved, _ = results["spec"]
     if expected_groups is not None:
-        assert groups == sorted(expected_groups)
+        assert [group[:2] for group in groups] == sorted(expected_groups)
     for route, (analysis, route_groups, route_orbit, route_conserved, passed) in results.items():
         assert passed, f"{route}: verification failed"
-        assert route_groups == groups, f"{route}: groups {route_groups} != spec's {groups}"
+        assert route_groups == groups, f"{route}: groups and labels {route_groups} != spec's {groups}"
         assert route_orbit == orbit, f"{route}: orbit dimension {route_orbit} != spec's {orbit}"
         assert _same_values(route_conserved, conserved), f"{route}: conserved quantities differ from the spec's"
 
@@ -143,3 +145,67 @@ ACCEPTANCE = [
 def test_acceptance_models_agree_on_every_route(spec, build):
     torch.manual_seed(2)
     assert_routes_agree(spec, build())
+
+
+class Nested(nn.Module):
+    """``head(blocks[1](blocks[0](enc(x))))``: layers three modules deep."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(3, 4), nn.ReLU())
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.Tanh()) for _ in range(2))
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.enc(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class SharedEncoder(nn.Module):
+    """``head(enc(x) + enc(2x))``: the encoder is called twice; ``F.linear`` with a bare parameter ``w``."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(3, 4), nn.Tanh())
+        self.w = nn.Parameter(torch.randn(5, 4))
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, x):
+        return self.head(torch.relu(nn.functional.linear(self.enc(x) + self.enc(2 * x), self.w)))
+
+
+def _sites(analysis) -> list:
+    """``(label, tied members)`` of every symmetry, the ``to_dict`` sites and the conserved quantities' names."""
+    summary = analysis.to_dict()["symmetries"]
+    return [(s.label, s.members) for s in analysis.symmetries], [(d["site"], d["members"]) for d in summary], \
+        [q.name for q in analysis.conserved_quantities()]
+
+
+def test_sites_are_named_by_module_path_on_every_route():
+    torch.manual_seed(0)
+    x = torch.randn(6, 3)
+    chain = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    names = {route: _sites(analyse(route, "linear(3, 4) -> relu -> linear(4, 2)", chain, x)[0]) for route in ROUTES}
+    assert names["spec"][0] == [("PositiveScaling(4, alpha=1) on 0", ("0",)), ("S(4) on 0", ("0",))]
+    assert all(route_names == names["spec"] for route_names in names.values()), names
+    nested = {route: _sites(symalg.derive(symalg.trace(Nested(), (x,), tracer=route))) for route in ("fx", "export")}
+    assert nested["fx"] == nested["export"]
+    assert [label for label, _ in nested["fx"][0]] == [
+        "PositiveScaling(4, alpha=1) on enc.0", "SignFlips(4) on blocks.0.0", "SignFlips(4) on blocks.1.0",
+        "S(4) on enc.0", "S(4) on blocks.0.0", "S(4) on blocks.1.0"]
+    assert nested["fx"][2] == ["q_enc_0"]
+
+
+def test_a_module_called_twice_names_each_call():
+    torch.manual_seed(0)
+    x = torch.randn(6, 3)
+    shared = {route: symalg.derive(symalg.trace(SharedEncoder(), (x,), tracer=route)) for route in ("fx", "export")}
+    assert _sites(shared["fx"]) == _sites(shared["export"])
+    analysis = shared["export"]
+    # both calls move enc.0's rows: one class, its members the two calls in data-flow order; w names its own site
+    assert [(s.label, s.members) for s in analysis.symmetries] == [
+        ("SignFlips(4) on enc.0", ("enc.0", "enc.0#2")), ("PositiveScaling(5, alpha=1) on w", ("w",)),
+        ("S(4) on enc.0", ("enc.0",)), ("S(5) on w", ("w",))]
+    assert symalg.verify(analysis).passed

@@ -34,7 +34,7 @@ def test_balance_two_layer_linear_is_the_geometric_mean_and_keeps_the_function()
     theta = params_of(model)
     result = balance(analysis, theta)
     assert function_change(model, result.params, x) < 1e-10
-    C = result.conserved["_0"]
+    C = result.conserved["0"]
     assert float(C.abs().max()) < 1e-10
     # independently: S = gᵀg solves S P S = R, S = P^{-1/2} (P^{1/2} R P^{1/2})^{1/2} P^{-1/2}
     P = theta["0.weight"] @ theta["0.weight"].T + torch.outer(theta["0.bias"], theta["0.bias"])
@@ -45,7 +45,7 @@ def test_balance_two_layer_linear_is_the_geometric_mean_and_keeps_the_function()
         return (V * w ** power) @ V.T
 
     S = sqrtm(P, -0.5) @ sqrtm(sqrtm(P) @ R @ sqrtm(P)) @ sqrtm(P, -0.5)
-    g = result.elements["_0"]
+    g = result.elements["0"]
     assert torch.allclose(g.T @ g, S, atol=1e-10)
     assert torch.allclose(g, g.T, atol=1e-12) and bool(torch.linalg.eigvalsh(g).min() > 0)   # the SPD choice
     assert torch.allclose(S @ P @ S, R, atol=1e-10)
@@ -77,8 +77,8 @@ def test_any_symmetric_target_is_reachable_when_both_parts_are_definite():
     model, x, analysis = analysed(nn.Linear(5, 3), nn.Identity(), nn.Linear(3, 4), n_in=5)
     A = torch.randn(3, 3)
     target = torch.diag(torch.tensor([-2.0, 0.0, 3.0])) + 0.3 * (A + A.T)
-    result = set_conserved(analysis, params_of(model), {"_0": target})
-    assert torch.allclose(result.conserved["_0"], target, atol=1e-10)
+    result = set_conserved(analysis, params_of(model), {"0": target})
+    assert torch.allclose(result.conserved["0"], target, atol=1e-10)
     assert function_change(model, result.params, x) < 1e-10
 
 
@@ -102,19 +102,19 @@ def test_inertia_limits_targets_when_a_part_is_singular():
     model, x, analysis = analysed(nn.Linear(3, 4), nn.Identity(), nn.Linear(4, 2), n_in=3)
     theta = params_of(model)
     with pytest.raises(UnreachableTarget,
-                       match=r"targets\['_0'\].*at least 2 positive eigenvalues .* the target has 0\."):
+                       match=r"targets\['0'\].*at least 2 positive eigenvalues .* the target has 0\."):
         balance(analysis, theta)
     two_positive = torch.diag(torch.tensor([-1.0, -0.5, 0.2, 2.0]))
-    assert torch.allclose(set_conserved(analysis, theta, {"_0": two_positive}).conserved["_0"], two_positive,
+    assert torch.allclose(set_conserved(analysis, theta, {"0": two_positive}).conserved["0"], two_positive,
                           atol=1e-10)
     with pytest.raises(UnreachableTarget, match=r"at least 2 positive eigenvalues .* the target has 1\."):
-        set_conserved(analysis, theta, {"_0": torch.diag(torch.tensor([-1.0, -0.5, -0.2, 2.0]))})
+        set_conserved(analysis, theta, {"0": torch.diag(torch.tensor([-1.0, -0.5, -0.2, 2.0]))})
     # mirror: no bias, n = 2 < h = 4 < m: P has rank 2, so C keeps at least 2 negative eigenvalues
     model, x, analysis = analysed(nn.Linear(2, 4, bias=False), nn.Identity(), nn.Linear(4, 6), n_in=2)
     with pytest.raises(UnreachableTarget, match="at least 2 negative eigenvalues"):
         set_conserved(analysis, params_of(model), 0.5)
     result = set_conserved(analysis, params_of(model), -0.5)
-    assert torch.allclose(result.conserved["_0"], -0.5 * torch.eye(4), atol=1e-10)
+    assert torch.allclose(result.conserved["0"], -0.5 * torch.eye(4), atol=1e-10)
     assert function_change(model, result.params, x) < 1e-10
     # both parts singular (n, m < h): refused, with the necessary condition
     model, x, analysis = analysed(nn.Linear(2, 5, bias=False), nn.Identity(), nn.Linear(5, 2), n_in=2)
@@ -126,12 +126,12 @@ def test_positive_scaling_hits_per_neuron_targets_by_the_closed_form():
     model, x, analysis = analysed(nn.Linear(3, 6), nn.ReLU(), nn.Linear(6, 2), n_in=3)
     theta = params_of(model)
     target = torch.tensor([-2.0, -0.1, 0.0, 0.0, 0.5, 3.0])
-    result = set_conserved(analysis, theta, {"_0": target})
-    assert torch.allclose(result.conserved["_0"], target, atol=1e-12)
+    result = set_conserved(analysis, theta, {"0": target})
+    assert torch.allclose(result.conserved["0"], target, atol=1e-12)
     assert function_change(model, result.params, x) < 1e-12
     a = (theta["0.weight"] ** 2).sum(1) + theta["0.bias"] ** 2
     b = (theta["2.weight"] ** 2).sum(0)
-    d = result.elements["_0"]
+    d = result.elements["0"]
     assert torch.allclose(a * d ** 2 - b / d ** 2, target, atol=1e-12)                  # a d² − b d⁻² = t
     assert torch.allclose(scaling_element(a, b, target), d, rtol=1e-12)
 
@@ -140,7 +140,7 @@ def test_positive_scaling_with_alpha_two_uses_the_right_equation():
     model, x, analysis = analysed(nn.Linear(3, 5), Activation("relu_pow", alpha=2), nn.Linear(5, 2), n_in=3)
     theta = params_of(model)
     target = torch.tensor([-1.0, -0.1, 0.0, 0.5, 2.0])
-    result = set_conserved(analysis, theta, {"_0": target})
+    result = set_conserved(analysis, theta, {"0": target})
     p = result.params
     q = (p["0.weight"] ** 2).sum(1) + p["0.bias"] ** 2 - 2 * (p["2.weight"] ** 2).sum(0)
     assert torch.allclose(q, target, atol=1e-12)
@@ -154,21 +154,21 @@ def test_dead_and_unread_neurons_limit_the_scaling_targets():
         model[0].bias[1] = 0        # neuron 1 has no input: q_1 = −‖out‖² d⁻² < 0
         model[2].weight[:, 3] = 0   # neuron 3 is read by nobody: q_3 = ‖in‖² d² > 0
     theta = params_of(model)
-    with pytest.raises(UnreachableTarget, match=r"targets\['_0'\].*neuron 1.*ranges over \(−∞, 0\).*2 neuron"):
+    with pytest.raises(UnreachableTarget, match=r"targets\['0'\].*neuron 1.*ranges over \(−∞, 0\).*2 neuron"):
         balance(analysis, theta)
-    result = set_conserved(analysis, theta, {"_0": torch.tensor([0.0, -1.0, 0.0, 1.0])})
-    assert torch.allclose(result.conserved["_0"], torch.tensor([0.0, -1.0, 0.0, 1.0]), atol=1e-12)
+    result = set_conserved(analysis, theta, {"0": torch.tensor([0.0, -1.0, 0.0, 1.0])})
+    assert torch.allclose(result.conserved["0"], torch.tensor([0.0, -1.0, 0.0, 1.0]), atol=1e-12)
 
 
 def test_mixed_sites_traced_and_spec():
     layers = [nn.Linear(4, 4), nn.Identity(), nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 4), nn.Identity(),
               nn.Linear(4, 4)]
     model, x, analysis = analysed(*layers, n_in=4)
-    targets = {"_0": 0.0, "_2": torch.linspace(-1, 1, 6), "_4": -0.3}
+    targets = {"0": 0.0, "2": torch.linspace(-1, 1, 6), "4": -0.3}
     result = set_conserved(analysis, params_of(model), targets)
     assert function_change(model, result.params, x) < 1e-10
-    assert torch.allclose(result.conserved["_2"], targets["_2"], atol=1e-9)
-    assert torch.allclose(result.conserved["_4"], -0.3 * torch.eye(4), atol=1e-9)
+    assert torch.allclose(result.conserved["2"], targets["2"], atol=1e-9)
+    assert torch.allclose(result.conserved["4"], -0.3 * torch.eye(4), atol=1e-9)
     # A spec analysis: sites are named by the linear layer producing them; symbolic widths are read off params.
     spec = symalg.derive(symalg.parse("linear(n, h) -> identity -> linear(h, m) -> relu -> linear(m, k)"))
     concrete = spec.subs({"n": 5, "h": 4, "m": 6, "k": 3})
@@ -188,12 +188,12 @@ def test_mixed_sites_traced_and_spec():
 def test_target_arguments_are_checked():
     model, x, analysis = analysed(nn.Linear(3, 3), nn.Identity(), nn.Linear(3, 3), n_in=3)
     theta = params_of(model)
-    with pytest.raises(ValueError, match=r"sites \['h9'\] have no GL or positive-scaling conserved quantity.*\['_0'\]"):
+    with pytest.raises(ValueError, match=r"sites \['h9'\] have no GL or positive-scaling conserved quantity.*\['0'\]"):
         set_conserved(analysis, theta, {"h9": 0.0})
-    with pytest.raises(ValueError, match=r"targets\['_0'\]: expected a number or a finite tensor of shape \(3, 3\)"):
-        set_conserved(analysis, theta, {"_0": torch.zeros(3)})
+    with pytest.raises(ValueError, match=r"targets\['0'\]: expected a number or a finite tensor of shape \(3, 3\)"):
+        set_conserved(analysis, theta, {"0": torch.zeros(3)})
     with pytest.raises(ValueError, match="target must be symmetric"):
-        set_conserved(analysis, theta, {"_0": torch.triu(torch.ones(3, 3))})
+        set_conserved(analysis, theta, {"0": torch.triu(torch.ones(3, 3))})
     with pytest.raises(ValueError, match="max_sweeps must be a positive integer, got 0"):
         set_conserved(analysis, theta, 0.0, max_sweeps=0)
     chain, _, chain_analysis = analysed(nn.Linear(3, 3), nn.Identity(), nn.Linear(3, 3), nn.Identity(), nn.Linear(3, 3),

@@ -53,7 +53,7 @@ Example
 >>> x = torch.randn(5, 3, dtype=torch.float64)
 >>> analysis = symalg.derive(symalg.trace(model, (x,)))
 >>> result = balance(analysis, dict(model.named_parameters()))
->>> float(result.conserved["_0"].abs().max()) < 1e-12
+>>> float(result.conserved["0"].abs().max()) < 1e-12
 True
 >>> moved = torch.func.functional_call(model, result.params, (x,))
 >>> float((moved - model(x)).abs().max()) < 1e-12
@@ -279,7 +279,7 @@ def set_conserved(analysis, params: Mapping[str, torch.Tensor], targets=0.0, *, 
     >>> model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2)).double()
     >>> analysis = symalg.derive(symalg.trace(model, (torch.randn(3, 4, dtype=torch.float64),)))
     >>> result = set_conserved(analysis, dict(model.named_parameters()), targets=-0.5)
-    >>> torch.allclose(result.conserved["_0"], torch.full((6,), -0.5, dtype=torch.float64))
+    >>> torch.allclose(result.conserved["0"], torch.full((6,), -0.5, dtype=torch.float64))
     True
     """
     if not isinstance(max_sweeps, int) or max_sweeps < 1:

@@ -24,7 +24,7 @@ from symalg.catalogue.groups import GeneralLinear
 from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.rule_examples import Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
-from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment
+from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment, site_stem
 
 __all__ = ["OP_RULES", "OVERLAYABLE", "RULE_EXAMPLES", "WEIGHT_RULES", "WeightExpr", "register_rule",
            "activation_rule", "unknown_rule"]
@@ -231,13 +231,13 @@ def _weight(state: Inference, label) -> WeightExpr | None:
 
 # -- parameterised maps ------------------------------------------------------------------------
 
-def _producer_site(state, node, width, weight, bias, name=None) -> int:
+def _producer_site(state, node, width, weight, bias) -> int:
     """A site on the rows of ``weight`` (a parameter name or a :class:`WeightExpr`) and of ``bias``, with
     the translations a consumer may allow: along ``1`` (whole weight parameters, bias) and of the bias."""
     expr = weight if isinstance(weight, WeightExpr) else WeightExpr(((weight, 0),), (), (weight,))
     rows = [Binding(t, axis, 0, width, node=node) for t, axis in expr.rows]
     bias_rows = Binding(bias, 0, 0, width, node=node) if bias else None
-    site = state.new_site(node, width, rows + ([bias_rows] if bias else []), name=name)
+    site = state.new_site(node, width, rows + ([bias_rows] if bias else []))
     translations = state.site(site).translations
     translations += [("T1", node, TranslationFamily("rows", (b,))) for b in rows if b.tensor in expr.plain]
     if bias:
@@ -939,7 +939,7 @@ def _split_into_groups(state: Inference, node, site_id: int, groups: int, n: int
                                             if t[0] == "T" and t[2].regions[0].start == g * n)
         state.restrict(sub, {"O1", "S", "T"}, node, where)
         segments.append(Segment(sub, g * n, n, 1, Fraction(0), frozenset({"T"})))
-    whole = state.new_site(node, groups, [b.coarsen(n) for b in original.bindings], name=f"{node}.groups",
+    whole = state.new_site(node, groups, [b.coarsen(n) for b in original.bindings], name=f"{original.name}.groups",
                            allowed={"S"} & original.allowed)  # e.g. a depthwise conv of data cannot permute
     return tuple(segments) + (Segment(whole, 0, groups, n),)
 
@@ -952,17 +952,18 @@ def attention_sites(state: Inference, node, heads: int, q: list[Binding], k: lis
     heads moving all per-head blocks together. ``q, k, v`` are the producers' out-bindings."""
     d_k = q[0].width // heads
     d_v = v[0].width // heads
+    stem = site_stem([b.tensor for b in q + k + v], node)  # the attention module's path (``attn``)
     segments = []
     for h in range(heads):
         state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for b in q] +
-                       [b.restrict(h * d_k, d_k).flipped() for b in k], name=f"{node}.head{h}.qk",
+                       [b.restrict(h * d_k, d_k).flipped() for b in k], name=f"{stem}.head{h}.qk",
                        allowed=ALL - TRANSLATIONS)
-        site = state.new_site(node, d_v, [b.restrict(h * d_v, d_v) for b in v], name=f"{node}.head{h}.vo",
+        site = state.new_site(node, d_v, [b.restrict(h * d_v, d_v) for b in v], name=f"{stem}.head{h}.vo",
                               allowed=ALL - TRANSLATIONS)
         segments.append(Segment(site, h * d_v, d_v))
     if heads > 1:
         head_site = state.new_site(node, heads, [b.coarsen(d_k) for b in q + k] + [b.coarsen(d_v) for b in v],
-                                   name=f"{node}.heads", allowed={"S"})
+                                   name=f"{stem}.heads", allowed={"S"})
         segments.append(Segment(head_site, 0, heads, d_v))
     return Label(-1, d_v * heads, tuple(segments))
 

@@ -62,7 +62,7 @@ by ``torch.func.jacfwd`` and its SVD (refused beyond ``max_bytes``, with the siz
 >>> analysis = symalg.derive(symalg.trace(model, (torch.randn(5, 2, dtype=torch.float64),)))
 >>> result = model_orbit_dimension(analysis)
 >>> result.dimension, result.components[0].detail      # 16 − (4 − rank[W₁ b₁])(4 − rank W₂ᵀ)
-(14, 'GL(4) on _0: (4 − 3)(4 − 2) = 2')
+(14, 'GL(4) on 0: (4 − 3)(4 − 2) = 2')
 >>> model_orbit_dimension(analysis, method="dense").dimension, model_orbit_dimension_formula(analysis)
 (14, 14)
 """

@@ -25,14 +25,19 @@ A site's group is the largest kind allowed by every op touching it; an op the ru
 restricts every site it touches to the kinds under which its input is invariant (usually none), and
 each removal is recorded as a :class:`~symalg.symbolic.inference.Blocked` note naming the node.
 
+A site is named after what users see, the same whatever the front end (:func:`site_stem`): the module path of
+the layer whose parameters it moves (``0``, ``enc.0``, ``blocks.3.attn.head1.qk``), a bare parameter's name
+(``w`` for ``F.linear(x, self.w)``), else the node; a name taken already (a module called twice, a norm's gain
+reading several sites) gets ``#2``, ``#3``, ... in data-flow order.
+
 >>> import torch, symalg
 >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 >>> from symalg.symbolic.engine import infer_model
 >>> sites = infer_model(symalg.trace(model))
 >>> [(s.name, s.width, s.kinds) for s in sites.classes]
-[('_0', 4, ('PS',))]
+[('0', 4, ('PS',))]
 >>> [(p.name, p.width) for p in sites.permutations]
-[('_0', 4)]
+[('0', 4)]
 """
 from __future__ import annotations
 
@@ -49,7 +54,8 @@ from symalg.errors import SpecError
 from symalg.ir.architecture import at_least
 from symalg.ir.graph import ModelGraph
 
-__all__ = ["Blocked", "Segment", "Label", "SiteClass", "PermutationClass", "ModelSites", "Inference", "solve", "KINDS"]
+__all__ = ["Blocked", "Segment", "Label", "SiteClass", "PermutationClass", "ModelSites", "Inference", "solve", "KINDS",
+           "owner", "site_stem"]
 
 KINDS = ("GL", "O", "O1", "PS", "SF", "S", "T", "T1")
 CENTER_AWARE = frozenset({"linear", "conv", "flatten", "reshape", "transpose", "permute", "identity", "cat"})
@@ -59,6 +65,40 @@ ALL = frozenset(KINDS)
 DIAGONAL_MOVES = frozenset({"PS", "SF"})
 """Kinds that rescale the diagonal of a diagonal map reading the site (a norm's gain absorbs them)."""
 TRANSLATIONS = frozenset({"T", "T1"})
+LAYER_PARAMETERS = frozenset({"weight", "bias", "in_proj_weight", "in_proj_bias"})
+"""A layer's own parameters (``nn.Linear``, ``nn.Conv2d``, norms, ``nn.MultiheadAttention``...): a site they
+produce is named after the layer."""
+
+
+def owner(tensor: str) -> str:
+    """The name users see for what owns the parameter ``tensor``: a layer's module path for its own parameters
+    (:data:`LAYER_PARAMETERS`), else the parameter's own name.
+
+    >>> owner("enc.0.weight"), owner("attn.in_proj_bias"), owner("w"), owner("lora.A")
+    ('enc.0', 'attn', 'w', 'lora.A')
+    """
+    path, _, leaf = tensor.rpartition(".")
+    return path if path and leaf in LAYER_PARAMETERS else tensor
+
+
+def site_stem(tensors, node: str) -> str:
+    """The name of a site moving the rows of ``tensors`` (the parameters producing it), made at ``node``: the
+    longest module path their owners (:func:`owner`) share, else the first owner, else the node name.
+
+    >>> site_stem(["enc.0.weight", "enc.0.bias"], "linear_3"), site_stem(["w", "b"], "linear")
+    ('enc.0', 'w')
+    >>> site_stem(["attn.q.weight", "attn.k.weight"], "attention_0"), site_stem([], "layer_norm")
+    ('attn', 'layer_norm')
+    """
+    owners = [owner(t).split(".") for t in dict.fromkeys(tensors)]
+    if not owners:
+        return node
+    common = []
+    for parts in zip(*owners):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return ".".join(common) or ".".join(owners[0])
 
 
 @dataclass(frozen=True)
@@ -208,6 +248,7 @@ class Inference:
         self.strict = strict
         """Drop an activation's declared group that a symbolic check (:mod:`symalg.checks`) disproves."""
         self.sites: list[_Site] = []
+        self.site_names: set[str] = set()
         self.ties = nx.utils.UnionFind()
         self.permutation_ties = nx.utils.UnionFind()
         self.labels: dict[str, object] = {}
@@ -220,9 +261,17 @@ class Inference:
     # -- sites ----------------------------------------------------------------------------------
     def new_site(self, node: str, width: int, bindings=(), name: str | None = None,
                  allowed=ALL) -> int:
-        site = _Site(len(self.sites), name or node, width if isinstance(width, sp.Basic) else int(width), node,
+        """A site made at ``node``, moving ``bindings``; named ``name``, else after the tensors whose rows it
+        moves (:func:`site_stem`); a name taken already gets ``#2``, ``#3``, ... (a module called again)."""
+        stem = name or site_stem([b.tensor for b in bindings if b.role == "out"], node)
+        name, call = stem, 1
+        while name in self.site_names:
+            call += 1
+            name = f"{stem}#{call}"
+        site = _Site(len(self.sites), name, width if isinstance(width, sp.Basic) else int(width), node,
                      set(allowed))
         self.sites.append(site)
+        self.site_names.add(name)
         self.ties[site.id]
         self.permutation_ties[site.id]
         for binding in bindings:

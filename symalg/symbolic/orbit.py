@@ -36,6 +36,7 @@ from __future__ import annotations
 import sympy as sp
 
 from symalg.frontend.grammar import refuse_text
+from symalg.symbolic.inference import owner
 
 __all__ = ["orbit_dimension_formula", "gl_chain_kernel_dimension", "independent_conserved_formula"]
 
@@ -111,13 +112,14 @@ def _widths_and_biases(analysis):
 
 
 def _site_name(analysis, k: int) -> str:
-    """The name of hidden site ``k`` (1-based): the node of the linear layer producing it."""
-    return analysis.model_graph.source.linear_layers[k - 1]
+    """The name of hidden site ``k`` (1-based): the module path of the linear layer producing it (``"0"``)."""
+    arch = analysis.model_graph.source
+    return owner(arch.node(arch.linear_layers[k - 1])["weight"])
 
 
 def _continuous_by_site(analysis) -> dict:
     """``{k: group}``: the continuous group on hidden site ``k`` (1-based; produced by the ``k``-th linear layer)."""
-    index = {name: k for k, name in enumerate(analysis.model_graph.source.linear_layers, start=1)}
+    index = {_site_name(analysis, k): k for k in range(1, len(analysis.model_graph.source.linear_layers) + 1)}
     return {index[s.site]: s.group for s in analysis.continuous if s.group.kind != "T"}
 
 

@@ -21,7 +21,7 @@ from sympy.printing.latex import LatexPrinter
 from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
 
-__all__ = ["latex", "sstr", "tensor_latex"]
+__all__ = ["latex", "sstr", "tensor_latex", "name_latex", "escape_latex"]
 
 _ROLES = {"weight": "W", "bias": "b"}
 
@@ -31,12 +31,22 @@ def tensor_latex(name: str) -> str:
     ``b_{\\mathrm{encoder.fc}}``, any other dotted name (a region ``0.weight[0:4]_(1)``) in ``\\mathrm``."""
     prefix, _, role = name.rpartition(".")
     if prefix and role in _ROLES:
-        sub = prefix if prefix.isalnum() and len(prefix) <= 3 else rf"\mathrm{{{_escape(prefix)}}}"
-        return f"{_ROLES[role]}_{{{sub}}}"
-    return rf"\mathrm{{{_escape(name)}}}"
+        return f"{_ROLES[role]}_{{{name_latex(prefix)}}}"
+    return rf"\mathrm{{{escape_latex(name)}}}"
 
 
-def _escape(text: str) -> str:
+def name_latex(name: str) -> str:
+    """A name (a site, a module path) for a LaTeX subscript: a short alphanumeric one as it is, any other upright
+    and escaped.
+
+    >>> name_latex("0"), name_latex("enc.0#2"), name_latex("blocks_1")
+    ('0', '\\\\mathrm{enc.0\\\\#2}', '\\\\mathrm{blocks\\\\_1}')
+    """
+    return name if name.isalnum() and len(name) <= 3 else rf"\mathrm{{{escape_latex(name)}}}"
+
+
+def escape_latex(text: str) -> str:
+    """``text`` with LaTeX special characters escaped (``enc_0#2`` → ``enc\\_0\\#2``), for ``\\text``, ``\\mathrm``."""
     return re.sub(r"([_&%$#{}])", r"\\\1", text)
 
 

@@ -41,7 +41,7 @@ import torch
 from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.groups import SiteGroup, group_classes
 from symalg.lowering.codegen import LoweredFunction, lower
-from symalg.symbolic.printing import latex, sstr, tensor_latex
+from symalg.symbolic.printing import escape_latex, latex, name_latex, sstr, tensor_latex
 from symalg.lowering.codegen import identifier
 
 __all__ = ["Symmetry", "ConservedQuantity", "AngularMomentum"]
@@ -62,7 +62,9 @@ def _group(kind: str, width: int, alpha) -> SiteGroup:
 class ConservedQuantity:
     """A conserved quantity: ``{name: SymPy expression}``, its meaning, and a lowered callable.
 
-    ``kind`` is ``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``) or ``"linear"``.
+    ``kind`` is ``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``) or ``"linear"``; ``site`` the
+    site it belongs to, whose Python identifier is in ``name`` (``C_enc_0``) and whose name is in the LaTeX
+    (``C_{\\mathrm{enc.0}}``).
     """
 
     name: str
@@ -71,6 +73,7 @@ class ConservedQuantity:
     reads: Mapping[sp.MatrixSymbol, str] = field(repr=False)
     suffixes: Mapping[sp.MatrixSymbol, str] = field(repr=False)
     vectors: tuple = field(default=(), repr=False)
+    site: str = ""
 
     @cached_property
     def lowered(self) -> LoweredFunction:
@@ -83,11 +86,22 @@ class ConservedQuantity:
 
     def latex(self) -> str:
         """``Q_M = tr(M C), C = ...`` (matrix), ``Q_m = mᵀ q, q = ...`` (diagonal) or the linear quantities."""
-        body = r",\quad ".join(f"{_latex_name(key)} = {latex(expr)}" for key, expr in self.exprs.items())
-        name = _latex_name(self.name)
+        body = r",\quad ".join(f"{self._latex_name(key)} = {latex(expr)}" for key, expr in self.exprs.items())
+        name = self._latex_name(self.name)
         head = {"matrix": rf"Q_{{M}} = \operatorname{{tr}}\left(M {name}\right),\quad ",
                 "diagonal": rf"Q_{{m}} = m^{{T}} {name},\quad "}.get(self.kind, "")
         return head + body
+
+    def _latex_name(self, key: str) -> str:
+        r"""``C__0`` → ``C_{0}``, ``q_enc_0`` → ``q_{\mathrm{enc.0}}`` (the site as named), ``ell__2__2_weight`` →
+        ``\ell_{2,\,\mathrm{2\_weight}}`` (the site, then the rest of the key)."""
+        head, _, rest = key.partition("_")
+        head = r"\ell" if head == "ell" else head
+        site = _python_name(self.site) if self.site else None
+        parts = [name_latex(self.site)] if site and rest.startswith(site) else []
+        rest = re.sub("_+", "_", rest[len(site):] if parts else rest).strip("_")
+        parts += [name_latex(rest)] if rest else []
+        return head + "_{" + r",\,".join(parts) + "}" if parts else head
 
     def __str__(self):
         return "; ".join(f"{key} = {sstr(expr)}" for key, expr in self.exprs.items())
@@ -134,7 +148,7 @@ class AngularMomentum:
         return J
 
     def latex(self) -> str:
-        return (rf"J_{{\mathrm{{{self.symmetry.site}}}}} = G - G^{{T}},\ G = \sum_{{\mathrm{{out}}}} \dot U U^{{T}} "
+        return (rf"J_{{{name_latex(self.symmetry.site)}}} = G - G^{{T}},\ G = \sum_{{\mathrm{{out}}}} \dot U U^{{T}} "
                 rf"- \sum_{{\mathrm{{in}}}} U \dot U^{{T}} \ \text{{(decays as }} e^{{-\gamma t}} "
                 r"\text{ under heavy ball; } 0 \text{ along gradient flow)}")
 
@@ -148,16 +162,6 @@ class AngularMomentum:
 
 def _python_name(name: str) -> str:
     return identifier(name)
-
-
-def _latex_name(key: str) -> str:
-    """``C__0`` → ``C_{0}``, ``ell__2__2_weight`` → ``\\ell_{\\mathrm{2\\_2\\_weight}}``."""
-    head, _, rest = key.partition("_")
-    head = r"\ell" if head == "ell" else head
-    rest = re.sub("_+", "_", rest).strip("_")
-    if not rest:
-        return head
-    return f"{head}_{{{rest}}}" if rest.isalnum() else f"{head}_{{\\mathrm{{{rest.replace('_', chr(92) + '_')}}}}}"
 
 
 class _Symbols:
@@ -200,7 +204,8 @@ class Symmetry:
 
     Attributes
     ----------
-    site : the site class name (its first member's node); ``members`` all tied sites.
+    site : the site class name, its first member's (the module path of the layer producing it, see
+        :mod:`symalg.symbolic.inference`); ``members`` all tied sites, in data-flow order.
     group : the group (:mod:`symalg.catalogue.groups`); ``bindings`` the tensor regions it moves.
     translations : for a translation group, the translation families
         (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose directions ``B_i`` form its basis, in order.
@@ -322,7 +327,7 @@ class Symmetry:
                 key = f"ell_{name}_{_python_name(region.tensor)}" + ("" if whole else f"_{region.start}")
                 exprs[key] = U if family.pattern == "entries" else sp.OneMatrix(1, U.shape[0]) * U
             return ConservedQuantity(f"ell_{name}", "linear", exprs, symbols.reads, symbols.suffixes,
-                                  tuple(symbols.vectors))
+                                     tuple(symbols.vectors), self.site)
         terms = []
         for b in self.moving_bindings():
             if b.power == 0:
@@ -335,7 +340,7 @@ class Symmetry:
         kind = self.group.conserved_kind
         key = f"{'q' if kind == 'diagonal' else 'C'}_{name}"
         return ConservedQuantity(key, kind, {key: sp.MatAdd(*terms)}, symbols.reads, symbols.suffixes,
-                              tuple(symbols.vectors))
+                                 tuple(symbols.vectors), self.site)
 
     @property
     def element_symbol(self) -> sp.MatrixSymbol:
@@ -401,8 +406,7 @@ class Symmetry:
 
     def latex(self) -> str:
         action = self.action_latex() or [", ".join(tensor_latex(t) for t in self.tensors) + r" \text{ translated}"]
-        site = self.site.replace("_", r"\_")
-        return rf"{self.group.latex()} \text{{ on {site}: }} " + r",\ ".join(action)
+        return rf"{self.group.latex()} \text{{ on {escape_latex(self.site)}: }} " + r",\ ".join(action)
 
     def __str__(self):
         moved = [b.describe() for b in self.bindings] or [f"{r.tensor} ({f.pattern})" for f in self.translations
