@@ -64,12 +64,12 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import sympy as sp
 import torch
 
-from symalg.applications.flat_minima import hessian_vector_products
+from symalg.applications.flat_minima import ParamLoss, hessian_vector_products
 
 if TYPE_CHECKING:   # the derivation imports this module's callers; its types are read, not imported at run time
     from symalg.symbolic.derive import Analysis
@@ -364,7 +364,7 @@ def _flat_size(params: Mapping[str, torch.Tensor]) -> tuple[int, torch.Tensor]:
     return sum(p.numel() for p in params.values()), reference
 
 
-def top_hessian_eigenvalue(loss: Callable[[dict[str, torch.Tensor]], torch.Tensor], params: Mapping[str, torch.Tensor],
+def top_hessian_eigenvalue(loss: ParamLoss, params: Mapping[str, torch.Tensor],
                            max_iter: int = 300, rtol: float = 1e-4, change_tol: float = 0.0,
                            generator: torch.Generator | None = None) -> HessianEigenvalue:
     """Power iteration on Hessian-vector products (:func:`~symalg.applications.flat_minima.hessian_vector_products`):
@@ -406,7 +406,7 @@ class TraceEstimate:
     probes: int
 
 
-def hessian_trace(loss: Callable[[dict[str, torch.Tensor]], torch.Tensor], params: Mapping[str, torch.Tensor],
+def hessian_trace(loss: ParamLoss, params: Mapping[str, torch.Tensor],
                   probes: int = 64, generator: torch.Generator | None = None) -> TraceEstimate:
     """Hutchinson's estimator ``tr H ≈ mean_i z_iᵀ H z_i`` with Rademacher ``z_i`` (variance
     ``2(‖H‖_F² − Σ H_jj²)/probes``), the products batched.
