@@ -75,7 +75,7 @@ METHODS = ("auto", "dense", "randomized")
 DENSE_LIMIT = 3000
 """Parameters up to which ``method="auto"`` forms the dense Hessian."""
 
-ParamLoss = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+ParamLoss = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
 """A loss as a function of the parameters ``{name: tensor}`` (a scalar tensor)."""
 
 Forward = Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor]
