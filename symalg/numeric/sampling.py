@@ -10,15 +10,15 @@ from typing import Callable, Mapping
 
 import torch
 
-from symalg.catalogue.activations import CATALOGUE
+from symalg.catalogue.activations import CATALOGUE, CatalogueEntry
 from symalg.ir.architecture import Architecture
 from symalg.catalogue.modules import activation_function
 
 __all__ = ["random_params", "random_data", "network_function", "mse_loss"]
 
 
-def random_params(arch: Architecture, generator: torch.Generator | None = None, dtype=torch.float64,
-                  device="cpu", scale: float = 1.0) -> dict[str, torch.Tensor]:
+def random_params(arch: Architecture, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                  device: torch.device | str = "cpu", scale: float = 1.0) -> dict[str, torch.Tensor]:
     """Gaussian parameters for a concrete-width architecture: weights ``N(0, scale² / in_features)``,
     biases ``N(0, scale²)``."""
     arch.check_materialisable("random_params")
@@ -30,8 +30,9 @@ def random_params(arch: Architecture, generator: torch.Generator | None = None, 
     return params
 
 
-def random_data(arch: Architecture, batch: int = 16, generator: torch.Generator | None = None, dtype=torch.float64,
-                device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def random_data(arch: Architecture, batch: int = 16, generator: torch.Generator | None = None,
+                dtype: torch.dtype = torch.float64,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Random inputs and regression targets ``(x, y)`` of the architecture's widths."""
     n_in = int(arch.node("input")["features"])
     n_out = int(arch.node("output")["features"])
@@ -40,7 +41,8 @@ def random_data(arch: Architecture, batch: int = 16, generator: torch.Generator 
     return x, y
 
 
-def network_function(arch: Architecture, catalogue: Mapping = CATALOGUE) -> Callable:
+def network_function(arch: Architecture, catalogue: Mapping[str, CatalogueEntry] = CATALOGUE
+                     ) -> Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor]:
     """``f(params, x)``: the network's output for parameters ``params`` and inputs ``x`` (rows)."""
     steps = []
     for name in arch.layer_names:
@@ -65,6 +67,7 @@ def network_function(arch: Architecture, catalogue: Mapping = CATALOGUE) -> Call
     return forward
 
 
-def mse_loss(forward: Callable, x: torch.Tensor, y: torch.Tensor) -> Callable:
+def mse_loss(forward: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor], x: torch.Tensor,
+             y: torch.Tensor) -> Callable[[Mapping[str, torch.Tensor]], torch.Tensor]:
     """``L(params) = ½ mean ‖f(params, x) − y‖²``."""
     return lambda params: 0.5 * ((forward(params, x) - y) ** 2).sum(-1).mean()
