@@ -72,7 +72,7 @@ import math
 import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 import sympy as sp
 import torch
@@ -82,8 +82,8 @@ from symalg.catalogue.bindings import Binding
 from symalg.catalogue.groups import group_classes
 from symalg.symbolic.orbit import gl_chain_kernel_dimension
 
-if TYPE_CHECKING:   # the derivation sits above this module: its types are read, never imported at run time
-    from symalg.symbolic.derive import Analysis
+if TYPE_CHECKING:   # read for their types only
+    from symalg.ir.graph import ModelGraph
     from symalg.symbolic.symmetry import Symmetry
 
 __all__ = ["RankDecision", "ComponentRank", "Stratum", "OrbitDimension", "model_orbit_dimension",
@@ -91,6 +91,16 @@ __all__ = ["RankDecision", "ComponentRank", "Stratum", "OrbitDimension", "model_
 
 _Region = tuple[str, int | None, int, int]
 """A region of a tensor: ``(tensor, axis, lo, hi)``; ``axis`` ``None`` for the whole tensor."""
+
+class AnalysisLike(Protocol):
+    """What this module reads of a :class:`~symalg.symbolic.derive.Analysis` (the derivation sits above it)."""
+
+    @property
+    def model_graph(self) -> ModelGraph: ...
+
+    @property
+    def symmetries(self) -> tuple[Symmetry, ...]: ...
+
 
 _KINDS = frozenset({"GL", "O", "O1", "PS", "T"})
 """Group kinds handled structurally, matched by exact class (a subclass that does not register a kind of its own
@@ -781,7 +791,7 @@ def _couple_again(sites: list[_Site]) -> list[list[_Site]]:
 # ---------------------------------------------------------------------------------------------
 # public functions
 # ---------------------------------------------------------------------------------------------
-def _check_analysis(analysis: Analysis, caller: str) -> None:
+def _check_analysis(analysis: AnalysisLike, caller: str) -> None:
     """The derivation's result is read by duck type: this module sits below :mod:`symalg.symbolic.derive`. Its
     widths must be concrete (``Analysis.orbit_dimension(params)`` substitutes them from ``params`` first)."""
     if not (hasattr(analysis, "model_graph") and hasattr(analysis, "sites")):
@@ -792,7 +802,7 @@ def _check_analysis(analysis: Analysis, caller: str) -> None:
                         "(analysis.subs({...}), or analysis.orbit_dimension(params), which reads them from params)")
 
 
-def _state(analysis: Analysis, sites: list[_Site], params: Mapping[str, torch.Tensor] | None,
+def _state(analysis: AnalysisLike, sites: list[_Site], params: Mapping[str, torch.Tensor] | None,
            dtype: torch.dtype | None, device: torch.device | str | None, caller: str) -> dict[str, torch.Tensor]:
     """The tensors the actions move: from ``params`` (default: the model's own), buffers from the model."""
     model = analysis.model_graph.require_model(caller) if params is None else analysis.model_graph.model
@@ -821,7 +831,7 @@ def _state(analysis: Analysis, sites: list[_Site], params: Mapping[str, torch.Te
     return state
 
 
-def _prepare(analysis: Analysis, params: Mapping[str, torch.Tensor] | None, dtype: torch.dtype | None,
+def _prepare(analysis: AnalysisLike, params: Mapping[str, torch.Tensor] | None, dtype: torch.dtype | None,
              device: torch.device | str | None, caller: str
              ) -> tuple[list[_Site], list[list[_Site]], dict[str, torch.Tensor], dict[str, tuple[int, ...]]]:
     _check_analysis(analysis, caller)
@@ -834,7 +844,7 @@ def _prepare(analysis: Analysis, params: Mapping[str, torch.Tensor] | None, dtyp
     return sites, components, state, shapes
 
 
-def model_orbit_dimension(analysis: Analysis, params: Mapping[str, torch.Tensor] | None = None,
+def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Tensor] | None = None,
                           method: str = "structured", dtype: torch.dtype = torch.float64,
                           device: torch.device | str | None = None,
                           max_bytes: float = 4 * _GIB) -> OrbitDimension:
@@ -903,7 +913,7 @@ def model_orbit_dimension(analysis: Analysis, params: Mapping[str, torch.Tensor]
                           tuple(results), tuple(decisions), expected, tuple(strata), tuple(notes))
 
 
-def model_orbit_dimension_formula(analysis: Analysis) -> sp.Integer:
+def model_orbit_dimension_formula(analysis: AnalysisLike) -> sp.Integer:
     """Orbit dimension of a traced model at generic parameters, from the structure of the action.
 
     Every rank of the structured computation (module docstring) is replaced by its generic value:
@@ -933,7 +943,7 @@ def model_orbit_dimension_formula(analysis: Analysis) -> sp.Integer:
     return sp.Integer(total)
 
 
-def action_matrix(analysis: Analysis, params: Mapping[str, torch.Tensor], symmetric: bool = False,
+def action_matrix(analysis: AnalysisLike, params: Mapping[str, torch.Tensor], symmetric: bool = False,
                   max_bytes: float = 4 * _GIB) -> torch.Tensor:
     """The matrix of ``M ↦ M·θ`` over the Lie-algebra bases of all continuous symmetries, at ``params``.
 
@@ -944,7 +954,7 @@ def action_matrix(analysis: Analysis, params: Mapping[str, torch.Tensor], symmet
     symmetry, not one per generator); refused with a ``MemoryError`` above ``max_bytes``. The widths must be
     concrete and ``params`` must match them.
 
-    >>> import symalg
+    >>> import symalg.numeric.sampling
     >>> analysis = symalg.derive("linear(2, 3) -> identity -> linear(3, 2)")
     >>> params = symalg.numeric.sampling.random_params(analysis.architecture)
     >>> action_matrix(analysis, params).shape, action_matrix(analysis, params, symmetric=True).shape
@@ -960,7 +970,7 @@ def action_matrix(analysis: Analysis, params: Mapping[str, torch.Tensor], symmet
     return _jacobian([(s, None) for s in sites], state, names, max_bytes, caller, symmetric).T
 
 
-def independent_conserved_rank(analysis: Analysis, params: Mapping[str, torch.Tensor]) -> int:
+def independent_conserved_rank(analysis: AnalysisLike, params: Mapping[str, torch.Tensor]) -> int:
     """Number of functionally independent conserved quantities at ``params``: ``dQ_M(θ)[δ] = 2⟨δ, M·θ⟩``, so the
     rank of :func:`action_matrix` on the symmetric generators (the rule of :func:`_decide`)."""
     matrix = action_matrix(analysis, params, symmetric=True)
