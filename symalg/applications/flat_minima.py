@@ -315,7 +315,7 @@ def orbit_tangents(symmetries: Sequence[Symmetry], params: Mapping[str, torch.Te
     dimension, in particular when ``k = P``. Actions that move buffers are skipped (the loss is invariant
     only when the buffers move too).
 
-    >>> import symalg, torch
+    >>> import symalg.numeric.sampling, torch
     >>> analysis = symalg.derive("linear(3, 4, bias=False) -> identity -> linear(4, 2, bias=False)")
     >>> params = symalg.numeric.sampling.random_params(analysis.architecture, torch.Generator().manual_seed(0))
     >>> orbit_tangents(analysis.symmetries, params).dimension      # 4² − (4 − 3)(4 − 2)

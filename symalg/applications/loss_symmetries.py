@@ -47,7 +47,7 @@ API
 
 Example
 -------
->>> import torch, symalg
+>>> import torch, symalg.numeric.sampling
 >>> arch = symalg.parse("linear(4, 6) -> tanh -> linear(6, 3)")
 >>> sym = GramLossSymmetry("2.weight", "2.bias", 3, 6)
 >>> forward = symalg.numeric.sampling.network_function(arch)
