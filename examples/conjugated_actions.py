@@ -1,7 +1,8 @@
 """Conjugated actions g·x = h⁻¹(ρ(g) h(x)) on test functions: invariance, axioms, transitivity on level sets.
 
-For each test function f = ‖h(x)‖² (``symalg.applications.conjugated``) with ρ = O(n), the script prints the worst relative
-error of: the group axioms (identity, composition, inverse), invariance ``|f(g·x) − f(x)| / max(|f|, 1)`` for
+For each test function f = ‖h(x)‖² (``symalg.applications.conjugated``) with ρ = O(n), the script prints the
+worst relative error of: the group axioms (identity, composition, inverse), invariance
+``|f(g·x) − f(x)| / max(|f|, 1)`` for
 elements near and far from the identity and in the other component, ``⟨∇f, X_M⟩`` per generator,
 transitivity (random pairs on common level sets, found by bisection along rays without using h, joined by
 the rotation ``connect`` constructs), torch vs SymPy values, and the number of SymPy identities that failed

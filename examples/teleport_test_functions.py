@@ -1,8 +1,8 @@
 """Gradient descent with and without symmetry teleportation on quadratic forms, Booth and Rosenbrock.
 
 [Zhao2026] Sec. 4.6.1 (Fig. 4.3/4.4): each test function ``f = ‖h(x)‖²`` has the conjugated ``O(n)`` action
-``g·x = h⁻¹(g h(x))`` (``symalg.applications.conjugated``), transitive on level sets. Every ``--every`` GD steps the point is
-teleported to maximise ``‖∇f‖²`` on its level set (``symalg.applications.teleport.teleport``, ``GradNorm``,
+``g·x = h⁻¹(g h(x))`` (``symalg.applications.conjugated``), transitive on level sets. Every ``--every`` GD steps
+the point is teleported to maximise ``‖∇f‖²`` on its level set (``symalg.applications.teleport.teleport``, ``GradNorm``,
 default step).
 
 Closed form of the objective on the level set (parametrisation ``f(x) = (x − c)ᵀA(x − c)`` of

@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import sympy as sp
 import torch
@@ -95,7 +95,7 @@ class ComponentFunction:
 
     name: str
     source: str
-    fn: Callable = field(repr=False)
+    fn: Callable[[torch.Tensor], torch.Tensor] = field(repr=False)
     n_inputs: int = 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -164,13 +164,13 @@ class ConjugatedAction:
     [0.0, 1.0]
     """
 
-    h: Callable
-    h_inverse: Callable
+    h: Callable[[torch.Tensor], torch.Tensor]
+    h_inverse: Callable[[torch.Tensor], torch.Tensor]
     group: SiteGroup
-    loss: Callable | None = None
+    loss: Callable[[torch.Tensor], torch.Tensor] | None = None
     name: str = "conjugated action"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.group, SiteGroup) or self.group.element_format != "matrix":
             raise ValueError(f"{self.name}: group must be a matrix group from symalg.catalogue.groups, "
                              f"got {self.group!r}")
@@ -180,7 +180,7 @@ class ConjugatedAction:
 
     @property
     def dim(self) -> int:
-        return int(self.group.width)
+        return int(sp.sympify(self.group.width))
 
     def _check_points(self, x: torch.Tensor, what: str = "x") -> None:
         if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.dim:
@@ -248,7 +248,8 @@ class ConjugatedAction:
         closed_form = self.group.element_between(y1, y2)
         return closed_form if closed_form is not None else self._solve(y1, y2, restarts, steps, generator)
 
-    def _solve(self, y1, y2, restarts, steps, generator):
+    def _solve(self, y1: torch.Tensor, y2: torch.Tensor, restarts: int, steps: int,
+               generator: torch.Generator | None) -> torch.Tensor:
         """Levenberg–Marquardt on the group: ``g ← exp(Σ δᵢ Bᵢ) g`` with the exact Jacobian ``[Bᵢ g y₁]`` at
         ``δ = 0``."""
         basis = self.group.algebra_basis(y1.dtype, y1.device)
@@ -301,26 +302,28 @@ class ConjugatedAction:
         checks = [check_group_axioms(self.name, self._move, points, elements[-1][1], elements[0][1],
                                      lambda a, b: _relative(a, b).max().item(), tolerance)]
         if self.loss is not None:
-            checks.append(self._check_invariance(points, elements, tolerance))
+            checks.append(self._check_invariance(self.loss, points, elements, tolerance))
             if self.group.is_continuous:
-                checks.append(self._check_gradient_orthogonality(points, tolerance))
+                checks.append(self._check_gradient_orthogonality(self.loss, points, tolerance))
             if center is not None:
                 checks.append(check_transitivity(self, center, pairs=pairs, generator=generator, tolerance=tolerance))
         return VerificationReport(tuple(checks), dtype, str(device))
 
-    def _check_invariance(self, x, elements, tol):
-        reference = self.loss(x)
+    def _check_invariance(self, loss: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                          elements: Sequence[tuple[str, torch.Tensor]], tol: float) -> CheckResult:
+        reference = loss(x)
         worst, where = 0.0, ""
         for label, g in elements:
-            error = ((self.loss(self._move(x, g)) - reference).abs() / reference.abs().clamp_min(1.0)).max().item()
+            error = ((loss(self._move(x, g)) - reference).abs() / reference.abs().clamp_min(1.0)).max().item()
             if not error < worst:
                 worst, where = error, label
         return CheckResult("invariance", self.name, worst, tol,
                            f"|Δf| / max(|f|, 1) on {len(x)} points, worst: {where}")
 
-    def _check_gradient_orthogonality(self, x, tol):
+    def _check_gradient_orthogonality(self, loss: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                                      tol: float) -> CheckResult:
         leaf = x.detach().clone().requires_grad_(True)
-        grad = torch.autograd.grad(self.loss(leaf).sum(), leaf)[0]
+        grad = torch.autograd.grad(loss(leaf).sum(), leaf)[0]
         basis = self.group.algebra_basis(x.dtype, x.device)
         worst = 0.0
         for M in basis:
@@ -331,7 +334,8 @@ class ConjugatedAction:
                            f"|⟨∇f, X_M⟩| / (‖∇f‖ ‖X_M‖), {len(basis)} generators, {len(x)} points")
 
 
-def check_group_axioms(name: str, move: Callable, x, g1: torch.Tensor, g2: torch.Tensor, distance: Callable,
+def check_group_axioms(name: str, move: Callable[[Any, torch.Tensor], Any], x: Any, g1: torch.Tensor,
+                       g2: torch.Tensor, distance: Callable[[Any, Any], float],
                        tolerance: float = TOLERANCE) -> CheckResult:
     """``e·x = x``, ``g₁·(g₂·x) = (g₁g₂)·x`` and ``g₁⁻¹·(g₁·x) = x`` for an action ``move(x, g)``, each measured by
     ``distance(a, b)`` (a float, relative to ``b``); the result is the worst of the three."""
@@ -339,14 +343,14 @@ def check_group_axioms(name: str, move: Callable, x, g1: torch.Tensor, g2: torch
     errors = {"identity": distance(move(x, eye), x),
               "composition": distance(move(move(x, g2), g1), move(x, g1 @ g2)),
               "inverse": distance(move(move(x, g1), torch.linalg.inv(g1)), x)}
-    worst = max(errors, key=errors.get)
+    worst = max(errors, key=errors.__getitem__)
     return CheckResult("group_axioms", name, errors[worst], tolerance,
                        ", ".join(f"{k} {v:.1e}" for k, v in errors.items()))
 
 
 # -- level sets and transitivity ----------------------------------------------------------------------------
-def sample_level_set(loss: Callable, origin: torch.Tensor, level: torch.Tensor, directions: torch.Tensor,
-                     iterations: int = 200) -> torch.Tensor:
+def sample_level_set(loss: Callable[[torch.Tensor], torch.Tensor], origin: torch.Tensor, level: torch.Tensor,
+                     directions: torch.Tensor, iterations: int = 200) -> torch.Tensor:
     """Points ``origin + t·d`` with ``loss = level``, one per row of ``directions``, by bisection in ``t > 0``.
 
     Independent of any coordinate map: ``t`` is bracketed by doubling until ``loss − level`` changes sign
@@ -445,7 +449,7 @@ class TestFunction:
                                 lower_components(f"{self.name}_h_inverse", list(self.h_inverse), self.y),
                                 self.group, self.loss, self.name)
 
-    def center_tensor(self, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    def center_tensor(self, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
         return torch.tensor([float(c) for c in self.center], dtype=dtype, device=device)
 
     def vector_field_expr(self, M: sp.Matrix) -> sp.Matrix:
@@ -483,7 +487,8 @@ class TestFunction:
             results[f"<grad q{i}, grad f>"] = sp.simplify(sum(sp.diff(q, v) * g for v, g in zip(self.x, gradient)))
         return results
 
-    def verify(self, points: int = 64, scale: float = 1.0, seed: int = 0, dtype=torch.float64, device="cpu",
+    def verify(self, points: int = 64, scale: float = 1.0, seed: int = 0, dtype: torch.dtype = torch.float64,
+               device: torch.device | str = "cpu",
                symbolic: bool = True, tolerance: float = TOLERANCE) -> VerificationReport:
         """:meth:`ConjugatedAction.verify` at ``center + scale·N(0, I)`` points, plus ``symbolic`` (every
         :meth:`derivation` identity is 0), ``lowering`` (lowered ``h``, ``h⁻¹``, ``f`` and ``X_M`` against
@@ -502,7 +507,7 @@ class TestFunction:
             checks.append(self._check_flow_invariants(x, tolerance))
         return VerificationReport(tuple(checks), dtype, str(device))
 
-    def _check_lowering(self, x, tol):
+    def _check_lowering(self, x: torch.Tensor, tol: float) -> CheckResult:
         M = sp.zeros(self.n, self.n)
         if self.n >= 2:
             M[0, 1], M[1, 0] = -1, 1
@@ -523,10 +528,10 @@ class TestFunction:
                 worst = max(worst, _relative(lowered[key].detach().cpu(), reference).item())
         return CheckResult("lowering", self.name, worst, tol, "h, h⁻¹, f, X_M (torch) vs SymPy at 4 points")
 
-    def _check_flow_invariants(self, x, tol, steps=400, dt=2.5e-4):
+    def _check_flow_invariants(self, x: torch.Tensor, tol: float, steps: int = 400, dt: float = 2.5e-4) -> CheckResult:
         invariants = lower_components(f"{self.name}_invariants", list(self.flow_invariants), self.x)
 
-        def field_(state):
+        def field_(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             leaf = state["x"].detach().clone().requires_grad_(True)
             return {"x": -torch.autograd.grad(self.loss(leaf).sum(), leaf)[0]}
 
@@ -539,19 +544,19 @@ class TestFunction:
                            f"x moved up to {moved:.1e}")
 
 
-def _is_zero(expr) -> bool:
+def _is_zero(expr: sp.Basic) -> bool:
     if isinstance(expr, sp.MatrixBase):
         return all(sp.simplify(e) == 0 for e in expr)
     return sp.simplify(expr) == 0
 
 
-def _rational_matrix(values) -> sp.Matrix:
+def _rational_matrix(values: Any) -> sp.Matrix:
     refuse_text(values, "matrix entries")
     matrix = sp.Matrix(values)
     return matrix.applyfunc(lambda v: sp.nsimplify(v, rational=True) if v.is_Float else v)
 
 
-def quadratic_form(A, center=None, name: str = "quadratic_form") -> TestFunction:
+def quadratic_form(A: Any, center: Sequence[Any] | None = None, name: str = "quadratic_form") -> TestFunction:
     """``f(x) = (x − c)ᵀ A (x − c)`` for symmetric positive-definite ``A``: ``h(x) = Lᵀ(x − c)`` with the
     Cholesky factor ``A = L Lᵀ`` (exact SymPy arithmetic; floats are made rational).
 
@@ -582,7 +587,7 @@ def quadratic_form(A, center=None, name: str = "quadratic_form") -> TestFunction
                         sp.expand((shifted.T * A * shifted)[0, 0]), tuple(c), invariants)
 
 
-def ellipse(a=4) -> TestFunction:
+def ellipse(a: float | sp.Expr = 4) -> TestFunction:
     """The ellipse ``f(x) = x₁² + a x₂²``, ``a > 0``: ``h(x) = (x₁, √a x₂)`` (dissertation eq. C.2) and the flow
     invariant ``a log x₁² − log x₂² = log(x₁^{2a}/x₂²)`` (eq. 2.21). ``a = 0`` (two lines) has no such ``h``.
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, Union
 
 import torch
 
@@ -63,6 +63,10 @@ CANCELLATION = 1e-2   # brackets are scaled up by at most 1 / CANCELLATION: roun
 _ACTIVATIONS = {"linear": "identity", "identity": "identity", "relu": "relu"}
 
 
+ChainModel = Union[Sequence[int], Architecture, Analysis, str]
+"""What names a dense chain: its widths ``(n_0, …, n_q)``, an architecture, an analysis or a spec string."""
+
+
 @dataclass(frozen=True)
 class _Chain:
     """A dense chain as the computation sees it: ``widths = (n_0, …, n_q)``, ``bias[k]`` for layer
@@ -79,7 +83,10 @@ class _Chain:
         if arch.widths:
             raise SpecError(f"count_conservation_laws: widths {sorted(map(str, arch.widths))} are symbolic; "
                             "use arch.subs(...)")
-        widths, bias, path, names = [], [], [], []
+        widths: list[int] = []
+        bias: list[bool] = []
+        path: list[bool] = []
+        names: list[str] = []
         for name in arch.layer_names:
             node = arch.node(name)
             if node["kind"] == "linear":
@@ -140,7 +147,8 @@ def _subset_pairs(m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return s_idx, t_idx, s_idx ^ t_idx
 
 
-def _product(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _product(op: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], a: torch.Tensor,
+             b: torch.Tensor) -> torch.Tensor:
     """``op(a, b)`` for a bilinear ``op`` on hyper-dual tensors: ``(ab)_S = Σ_{T ⊆ S} op(a_T, b_{S∖T})``."""
     if a.shape[0] == 1 or b.shape[0] == 1:
         return op(a, b)
@@ -149,15 +157,15 @@ def _product(op, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return terms.new_zeros((a.shape[0],) + terms.shape[1:]).index_add_(0, s_idx, terms)
 
 
-def _matvec(w, z):
+def _matvec(w: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return (w @ z.unsqueeze(-1)).squeeze(-1)
 
 
-def _rmatvec(d, w):
+def _rmatvec(d: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (d.unsqueeze(-2) @ w).squeeze(-2)
 
 
-def _outer(d, z):
+def _outer(d: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return d.unsqueeze(-1) * z.unsqueeze(-2)
 
 
@@ -168,7 +176,7 @@ def _promote(x: torch.Tensor, components: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros((components - 1,) + x.shape[1:])])
 
 
-def _field(chain: _Chain, coefficients, theta: torch.Tensor) -> torch.Tensor:
+def _field(chain: _Chain, coefficients: _Coefficients, theta: torch.Tensor) -> torch.Tensor:
     """``∇_θ Φ_c(θ)`` at hyper-dual ``theta`` (``components × N × D``), for ``N`` coefficient sets at once.
 
     ``coefficients = (c, s)``: ``c[k]`` of shape ``(1, N, n_k)``, ``None`` at identity sites; ``s`` of
@@ -176,30 +184,40 @@ def _field(chain: _Chain, coefficients, theta: torch.Tensor) -> torch.Tensor:
     backward ``δ_{k-1} = c_{k-1} ⊙ W_kᵀ δ_k``; ``∂Φ/∂W_k = δ_k z_{k-1}ᵀ``, ``∂Φ/∂b_k = s δ_k``.
     """
     c, s = coefficients
+    first, last = c[0], c[-1]
+    if first is None or last is None or (s is None and any(chain.bias)):
+        raise ValueError("_field: the coefficients of the input and output sites (and s, with biases) must be drawn")
     layers = [(theta[..., w].unflatten(-1, shape), None if b is None else theta[..., b])
               for w, shape, b in chain.slices]
-    z = [c[0]]
+    z = [first]
     for k, (weight, bias) in enumerate(layers[:-1]):
-        y = _product(_matvec, weight, z[-1]) + (0 if bias is None else s * bias)
-        z.append(y if c[k + 1] is None else c[k + 1] * y)
-    delta, grads = c[-1], []
+        y = _product(_matvec, weight, z[-1]) + (0 if bias is None or s is None else s * bias)
+        site = c[k + 1]
+        z.append(y if site is None else site * y)
+    delta = last
+    grads: list[list[torch.Tensor]] = []
     for k in reversed(range(chain.depth)):
         weight, bias = layers[k]
-        grads.append([_product(_outer, delta, z[k]).flatten(-2)] + ([] if bias is None else [s * delta]))
+        grads.append([_product(_outer, delta, z[k]).flatten(-2)] + ([] if bias is None or s is None else [s * delta]))
         if k:
             delta = _product(_rmatvec, delta, weight)
-            delta = delta if c[k] is None else c[k] * delta
+            site = c[k]
+            delta = delta if site is None else site * delta
     return torch.cat([_promote(g, theta.shape[0]) for layer in reversed(grads) for g in layer], -1)
 
 
-def _sample(chain: _Chain, n: int, generator: torch.Generator, dtype) -> tuple:
+def _sample(chain: _Chain, n: int, generator: torch.Generator, dtype: torch.dtype) -> _Coefficients:
     """``n`` random coefficient sets ``(c, s)`` of gradient fields ``∇Φ_c``: Gaussian at the ends and at
     ReLU sites, ``None`` (ones) at identity sites; ``s`` Gaussian when any layer has a bias."""
-    def gaussian(width):
+    def gaussian(width: int) -> torch.Tensor:
         return torch.randn(1, n, width, generator=generator, dtype=dtype)
 
     c = [gaussian(w) if k in (0, chain.depth) or chain.path[k - 1] else None for k, w in enumerate(chain.widths)]
     return c, gaussian(1) if any(chain.bias) else None
+
+
+_Coefficients = tuple[list[torch.Tensor | None], torch.Tensor | None]
+"""A coefficient set ``(c, s)`` of gradient fields (:func:`_sample`)."""
 
 
 @dataclass(frozen=True)
@@ -207,11 +225,16 @@ class _Bracket:
     """``n`` random fields ``weight ⊙ R' + [R', R'']`` (``weight = None``: the bracket alone), with
     ``R'`` and ``R''`` drawn together as one batch of ``2n`` (``inner``: a coefficient set or a ``_Bracket``)."""
 
-    inner: object
+    inner: _Fields
     weight: torch.Tensor | None
 
 
-def _draw(chain: _Chain, level: int, n: int, generator: torch.Generator, dtype, bracket_only: bool = False):
+_Fields = Union[_Coefficients, _Bracket]
+"""Random fields: a coefficient set (generators) or a :class:`_Bracket` of fields."""
+
+
+def _draw(chain: _Chain, level: int, n: int, generator: torch.Generator, dtype: torch.dtype,
+          bracket_only: bool = False) -> _Fields:
     """``n`` random fields spanning ``F_level`` (``F_1 = W``, ``F_{j+1} = F_j + [F_j, F_j]``), or only
     ``[F_{level-1}, F_{level-1}]`` when ``bracket_only``."""
     if level == 1:
@@ -227,7 +250,7 @@ def _unit(fields: torch.Tensor, floor: torch.Tensor | float = 0.0) -> torch.Tens
     return fields / norm.clamp_min(torch.finfo(fields.dtype).tiny)
 
 
-def _evaluate(chain: _Chain, fields, theta: torch.Tensor) -> torch.Tensor:
+def _evaluate(chain: _Chain, fields: _Fields, theta: torch.Tensor) -> torch.Tensor:
     """Values of ``fields`` (from :func:`_draw`) at hyper-dual ``theta`` (``components × n × D``).
 
     ``[X, Y](θ) = ∂_ε Y(θ + εX(θ)) − ∂_ε X(θ + εY(θ))`` with a fresh infinitesimal ``ε``; ``R'`` and ``R''``
@@ -260,7 +283,7 @@ class _Span:
     only ``ε``. :meth:`extend` recomputes ``σ`` and ``q`` from ``[B; V]``, so the two stay consistent.
     """
 
-    def __init__(self, d: int, rtol: float, dtype):
+    def __init__(self, d: int, rtol: float, dtype: torch.dtype):
         self.rtol = rtol
         self.q = torch.zeros(0, d, dtype=dtype)
         self.sigma = torch.zeros(0, dtype=dtype)
@@ -305,7 +328,7 @@ class ConservationLaws:
     """
 
     architecture: Architecture
-    params: dict
+    params: dict[str, torch.Tensor]
     ranks: tuple[int, ...]
     stopped: str
     basis: torch.Tensor
@@ -422,7 +445,7 @@ def random_point(arch: Architecture, generator: torch.Generator | None = None) -
     return params
 
 
-def _architecture(model, activation: str | None, bias: bool | None) -> Architecture:
+def _architecture(model: ChainModel, activation: str | None, bias: bool | None) -> Architecture:
     """The dense chain of ``model``: widths, a spec, or an :class:`~symalg.Analysis` of either front end (a traced
     model must be an ``nn.Sequential`` of linear layers and activations; anything else is refused by name)."""
     if isinstance(model, (Analysis, Architecture, str)):
@@ -453,7 +476,7 @@ def _architecture(model, activation: str | None, bias: bool | None) -> Architect
     return parse(f" -> {_ACTIVATIONS[activation]} -> ".join(layers))
 
 
-def count_conservation_laws(model, activation: str | None = None, bias: bool | None = None, *,
+def count_conservation_laws(model: ChainModel, activation: str | None = None, bias: bool | None = None, *,
                             params: Mapping[str, torch.Tensor] | None = None, known_laws: int | None = None,
                             seed: int = 0, max_level: int = 7, rtol: float = 1e-11) -> ConservationLaws:
     """Number of independent conservation laws of gradient flow near ``params``: ``D − dim Lie(W)(θ)``.
@@ -491,7 +514,8 @@ def count_conservation_laws(model, activation: str | None = None, bias: bool | N
     if known_laws is not None and not 0 <= known_laws <= d:
         raise ValueError(f"count_conservation_laws: known_laws must be between 0 and D = {d}, got {known_laws}")
     target = d if known_laws is None else d - known_laws
-    span, ranks, dropped, samples, stopped = _Span(d, rtol, theta.dtype), [], 0.0, 0, "max_level"
+    span, dropped, samples, stopped = _Span(d, rtol, theta.dtype), 0.0, 0, "max_level"
+    ranks: list[int] = []
 
     def samples_at(level: int, n: int) -> torch.Tensor:
         fields = _draw(chain, level, n, generator, theta.dtype, bracket_only=True)
@@ -533,9 +557,9 @@ def count_conservation_laws(model, activation: str | None = None, bias: bool | N
     return ConservationLaws(arch, params, tuple(ranks), stopped, span.q, kept, dropped, samples)
 
 
-def compare_with_symmetries(model, activation: str | None = None, bias: bool | None = None, *,
+def compare_with_symmetries(model: ChainModel, activation: str | None = None, bias: bool | None = None, *,
                             params: Mapping[str, torch.Tensor] | None = None, seed: int = 0, certify: bool = True,
-                            **options) -> Completeness:
+                            **options: Any) -> Completeness:
     """:func:`count_conservation_laws` against symalg's count of functionally independent conserved
     quantities (``Analysis.independent_conserved(params)``, the rank of ``M ↦ M·θ`` on symmetric ``M``)
     at the same point. With ``certify`` that count is passed as ``known_laws`` (the search stops once the

@@ -52,7 +52,7 @@ class Ensemble:
     members: tuple[Model, ...]
     distances: tuple[float, ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.members:
             raise ValueError(f"Ensemble {self.name!r}: members is empty")
 
@@ -76,7 +76,8 @@ def _base(model: nn.Sequential) -> tuple[FeedForward, dict[str, torch.Tensor]]:
     return net, {k: v.detach() for k, v in model.named_parameters()}
 
 
-def _draw_g(net: FeedForward, params, scale: float, generator) -> list[torch.Tensor]:
+def _draw_g(net: FeedForward, params: Mapping[str, torch.Tensor], scale: float,
+            generator: torch.Generator | None) -> list[torch.Tensor]:
     w = params[net.weights[0]]
     return [random_gl(params[name].shape[-2], scale, generator=generator, dtype=w.dtype)
             for name in net.weights[: net.sites]]
@@ -118,7 +119,7 @@ def per_input_symmetry_ensemble(model: nn.Sequential, size: int, scale: float,
     net, params = _base(model)
     action = DataDependentAction(net)
 
-    def member(g, x):
+    def member(g: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         rows = x.unsqueeze(-2)  # (N, 1, n): one anchor per input, broadcast over N
         return net.forward(action(params, g, rows.detach()), rows)[..., 0, :]
 
@@ -164,7 +165,8 @@ def _gradient_sign(model: Model, x: torch.Tensor, y: torch.Tensor) -> torch.Tens
     return grad.sign()
 
 
-def fgsm(model: Model, x: torch.Tensor, y: torch.Tensor, eps: float, bounds: tuple[float, float] = (0.0, 1.0)):
+def fgsm(model: Model, x: torch.Tensor, y: torch.Tensor, eps: float,
+         bounds: tuple[float, float] = (0.0, 1.0)) -> torch.Tensor:
     """``clip(x + ε sign ∇ₓ CE(model(x), y), *bounds)``; ``model`` returns logits or log-probabilities."""
     if eps < 0:
         raise ValueError(f"fgsm: eps must be ≥ 0, got {eps}")
@@ -203,7 +205,7 @@ class RobustnessTable:
 
     def tokens(self) -> str:
         """``key=value`` tokens, key ``<row>_<column>`` with non-word characters replaced by ``_``."""
-        def key(s):
+        def key(s: str) -> str:
             return "".join(ch if ch.isalnum() else "_" for ch in s)
         return " ".join(f"{key(name)}_{key(c)}={row[c]:.4f}" for name, row in self.rows.items() for c in self.columns)
 

@@ -54,7 +54,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -64,6 +64,7 @@ from symalg.errors import SpecError
 from symalg.frontend.spec import to_spec_string
 from symalg.frontend.tracing import trace
 from symalg.symbolic.derive import Analysis, derive
+from symalg.symbolic.symmetry import Symmetry
 
 __all__ = ["NullSpace", "OrbitTangents", "FlatMinimumReport", "TrainingRun", "hessian_null_space",
            "hessian_vector_products", "orbit_tangents", "flat_minimum", "model_loss", "linear_teacher_minimum",
@@ -74,12 +75,18 @@ METHODS = ("auto", "dense", "randomized")
 DENSE_LIMIT = 3000
 """Parameters up to which ``method="auto"`` forms the dense Hessian."""
 
+ParamLoss = Callable[[Mapping[str, torch.Tensor]], torch.Tensor]
+"""A loss as a function of the parameters ``{name: tensor}`` (a scalar tensor)."""
+
+Forward = Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor]
+"""A model run on given parameters: ``f(params, x)``."""
+
 
 # -- parameters as one vector ---------------------------------------------------------------------
 class _Flat:
     """``{name: tensor}`` as one vector, in the order of ``params``."""
 
-    def __init__(self, params: Mapping[str, torch.Tensor]):
+    def __init__(self, params: Mapping[str, torch.Tensor]) -> None:
         self.names = list(params)
         self.shapes = [params[n].shape for n in self.names]
         self.sizes = [params[n].numel() for n in self.names]
@@ -100,7 +107,7 @@ class _Flat:
 class _Objective:
     """``L`` as a function of the flat parameter vector: gradient, Hessian-vector products, dense Hessian."""
 
-    def __init__(self, loss: Callable, params: Mapping[str, torch.Tensor], chunk_size: int = 64):
+    def __init__(self, loss: ParamLoss, params: Mapping[str, torch.Tensor], chunk_size: int = 64) -> None:
         if not params:
             raise ValueError("params: no parameters given")
         self.flat = _Flat(params)
@@ -129,7 +136,7 @@ class _Objective:
         return (H + H.T) / 2
 
 
-def _rtol(rtol: float | None, dtype) -> float:
+def _rtol(rtol: float | None, dtype: torch.dtype) -> float:
     if rtol is None:
         return torch.finfo(dtype).eps ** 0.5
     if not 0 < rtol < 1:
@@ -137,7 +144,7 @@ def _rtol(rtol: float | None, dtype) -> float:
     return float(rtol)
 
 
-def hessian_vector_products(loss: Callable, params: Mapping[str, torch.Tensor], vectors: torch.Tensor,
+def hessian_vector_products(loss: ParamLoss, params: Mapping[str, torch.Tensor], vectors: torch.Tensor,
                             chunk_size: int = 64) -> torch.Tensor:
     """``H v`` for every row ``v`` of ``vectors`` (``k × P``, parameters flattened in the order of
     ``params``) by forward-over-reverse differentiation, ``jvp(∇L, θ; v)``; no Hessian is formed.
@@ -189,14 +196,15 @@ class NullSpace:
         """Every eigenvalue is on its side of the threshold (randomized: with the posterior error)."""
         return self.smallest_kept > self.rtol >= self.largest_dropped
 
-    def __str__(self):
+    def __str__(self) -> str:
         return (f"dim ker H = {self.dimension} of P = {self.n_params} ({self.method}, rank {self.rank}, "
                 f"‖H‖ = {self.norm:.3g}); |λ|/‖H‖: kept ≥ {self.smallest_kept:.2e}, dropped ≤ "
                 f"{self.largest_dropped:.2e}, threshold {self.rtol:.1e}, gap {self.gap:.2e}; λ_min/‖H‖ = "
                 f"{self.most_negative:.1e}")
 
 
-def _spectrum(method, n_params, eigenvalues, rtol, error, hvps) -> NullSpace:
+def _spectrum(method: str, n_params: int, eigenvalues: torch.Tensor, rtol: float, error: float,
+              hvps: int) -> NullSpace:
     """The :class:`NullSpace` of eigenvalues (Ritz values) known up to ``±error`` (absolute)."""
     norm = float(eigenvalues.abs().max()) if eigenvalues.numel() else 0.0
     if norm == 0.0:
@@ -220,7 +228,7 @@ def _randomized(objective: _Objective, rtol: float, block: int, max_rank: int, p
                 generator: torch.Generator) -> NullSpace:
     P, theta = objective.flat.size, objective.theta
 
-    def gaussian(k):
+    def gaussian(k: int) -> torch.Tensor:
         return torch.randn(k, P, generator=generator, dtype=theta.dtype).to(theta.device)
 
     Y = objective.hvp(gaussian(min(block, P)))  # rows: H ω
@@ -243,7 +251,7 @@ def _randomized(objective: _Objective, rtol: float, block: int, max_rank: int, p
         Y = torch.cat([Y, fresh, objective.hvp(gaussian(extra))])
 
 
-def _check_options(method, block, max_rank, probes) -> None:
+def _check_options(method: str, block: int, max_rank: int, probes: int) -> None:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     for name, value in (("block", block), ("max_rank", max_rank), ("probes", probes)):
@@ -251,7 +259,8 @@ def _check_options(method, block, max_rank, probes) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _null_space(objective, method, rtol, block, max_rank, probes, generator) -> tuple[NullSpace, torch.Tensor | None]:
+def _null_space(objective: _Objective, method: str, rtol: float, block: int, max_rank: int, probes: int,
+                generator: torch.Generator) -> tuple[NullSpace, torch.Tensor | None]:
     """The null space, and the dense ``H`` when it was formed."""
     if method == "dense" or (method == "auto" and objective.flat.size <= DENSE_LIMIT):
         return _dense(objective, rtol)
@@ -295,7 +304,7 @@ class OrbitTangents:
     skipped: tuple[str, ...]
 
 
-def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max_tangents: int = 4096,
+def orbit_tangents(symmetries: Sequence[Symmetry], params: Mapping[str, torch.Tensor], max_tangents: int = 4096,
                    seed: int = 0) -> OrbitTangents:
     """Tangents ``M·θ`` of every continuous symmetry at ``params`` and the orbit dimension (their rank).
 
@@ -306,7 +315,7 @@ def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max
     dimension, in particular when ``k = P``. Actions that move buffers are skipped (the loss is invariant
     only when the buffers move too).
 
-    >>> import symalg, torch
+    >>> import symalg.numeric.sampling, torch
     >>> analysis = symalg.derive("linear(3, 4, bias=False) -> identity -> linear(4, 2, bias=False)")
     >>> params = symalg.numeric.sampling.random_params(analysis.architecture, torch.Generator().manual_seed(0))
     >>> orbit_tangents(analysis.symmetries, params).dimension      # 4² − (4 − 3)(4 − 2)
@@ -318,7 +327,8 @@ def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max
     reference = next(iter(params.values()))
     dtype, device = reference.dtype, reference.device
     params = {k: v.detach() for k, v in params.items()}
-    used, skipped = [], []
+    used: list[Symmetry] = []
+    skipped: list[str] = []
     for symmetry in symmetries:
         if not symmetry.group.is_continuous:
             continue
@@ -333,9 +343,9 @@ def orbit_tangents(symmetries: Sequence, params: Mapping[str, torch.Tensor], max
                 for s in used for M in s.group.algebra_basis(dtype, device)]
     else:
         generator = torch.Generator().manual_seed(seed)
-        rows = [sum(flat.flatten(s.tangent(params, s.group.gaussian_algebra_element(generator, dtype, device)),
-                                 reference)
-                    for s in used) for _ in range(count)]
+        rows = [sum((flat.flatten(s.tangent(params, s.group.gaussian_algebra_element(generator, dtype, device)),
+                                  reference)
+                     for s in used), reference.new_zeros(flat.size)) for _ in range(count)]
     vectors = torch.stack(rows) if rows else reference.new_zeros(0, flat.size)
     rank = int(torch.linalg.matrix_rank(vectors)) if rows else 0
     exact = total <= count or rank < count or count == flat.size
@@ -354,20 +364,21 @@ def _check_loss(loss: str) -> None:
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
 
 
-def _first_tensor(output):
+def _first_tensor(output: Any) -> torch.Tensor:
     while isinstance(output, (tuple, list)):
         output = output[0]
     return output
 
 
-def _module_forward(module: nn.Module, dtype=None, device=None) -> Callable:
+def _module_forward(module: nn.Module, dtype: torch.dtype | None = None,
+                    device: torch.device | str | None = None) -> Forward:
     """``f(params, x)``: ``module`` run on ``params`` by ``functional_call``, its buffers cast to ``dtype``."""
     buffers = {k: v.to(device=device, dtype=dtype) if torch.is_floating_point(v) and dtype is not None else v
                for k, v in module.named_buffers()}
     return lambda params, x: _first_tensor(functional_call(module, {**buffers, **params}, (x,)))
 
 
-def model_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "mse") -> Callable:
+def model_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "mse") -> ParamLoss:
     """``L(params)`` of ``model`` on the data ``(x, y)`` (buffers as in the model).
 
     ``mse``: ``½ mean_i ‖f(x_i) − y_i‖²`` (as :func:`symalg.numeric.sampling.mse_loss`); ``cross_entropy``: the mean
@@ -385,7 +396,7 @@ def model_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "
 
 
 def linear_teacher_minimum(n: int, h: int, m: int, samples: int, seed: int = 0,
-                           dtype=torch.float64) -> tuple[nn.Sequential, torch.Tensor, torch.Tensor]:
+                           dtype: torch.dtype = torch.float64) -> tuple[nn.Sequential, torch.Tensor, torch.Tensor]:
     """A zero-loss minimum of the two-layer linear network ``f(x) = U V x`` for a teacher ``A``.
 
     The model is ``nn.Sequential(Linear(n, h), Identity(), Linear(h, m))`` without biases, ``V`` =
@@ -404,7 +415,7 @@ def linear_teacher_minimum(n: int, h: int, m: int, samples: int, seed: int = 0,
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     generator = torch.Generator().manual_seed(seed)
 
-    def gaussian(*shape):
+    def gaussian(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator, dtype=dtype)
 
     r = min(n, h, m)
@@ -412,10 +423,11 @@ def linear_teacher_minimum(n: int, h: int, m: int, samples: int, seed: int = 0,
     A = gaussian(m, r) @ C / math.sqrt(r)
     V = gaussian(h, h) @ torch.cat([C, gaussian(h - r, n)]) / math.sqrt(h * n)
     U = A @ torch.linalg.pinv(V)
-    model = nn.Sequential(nn.Linear(n, h, bias=False), nn.Identity(), nn.Linear(h, m, bias=False)).to(dtype)
+    first, last = nn.Linear(n, h, bias=False), nn.Linear(h, m, bias=False)
+    model = nn.Sequential(first, nn.Identity(), last).to(dtype)
     with torch.no_grad():
-        model[0].weight.copy_(V)
-        model[2].weight.copy_(U)
+        first.weight.copy_(V)
+        last.weight.copy_(U)
     x = gaussian(samples, n)
     return model, x, x @ A.T
 
@@ -437,7 +449,7 @@ NEWTON_CUTOFF = 1e-10
 """Newton steps skip eigen-directions of ``H`` with ``|λ| ≤ NEWTON_CUTOFF·‖H‖`` (the flat ones)."""
 
 
-def _newton_step(objective: _Objective, loss: Callable) -> _Objective | None:
+def _newton_step(objective: _Objective, loss: ParamLoss) -> _Objective | None:
     """``θ − t H⁺∇L`` (pseudo-inverse over ``|λ| > NEWTON_CUTOFF·‖H‖``), ``t`` halved until ``‖∇L‖``
     decreases; ``None`` when no ``t ≥ 2⁻²⁰`` does."""
     gradient = objective.gradient()
@@ -452,7 +464,7 @@ def _newton_step(objective: _Objective, loss: Callable) -> _Objective | None:
 
 
 def train_to_minimum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: str = "mse", max_iter: int = 2000,
-                     gtol: float = 1e-11, newton_steps: int = 0, dtype=torch.float64) -> TrainingRun:
+                     gtol: float = 1e-11, newton_steps: int = 0, dtype: torch.dtype = torch.float64) -> TrainingRun:
     """Full-batch L-BFGS (strong Wolfe line search) on a ``dtype`` copy of ``model`` until
     ``max |∂L/∂θ| ≤ gtol`` or ``max_iter`` iterations, then up to ``newton_steps`` pseudo-inverse
     Newton steps (dense Hessian, :data:`NEWTON_CUTOFF`) while ``‖∇L‖ > gtol``; the input model is left
@@ -479,7 +491,7 @@ def train_to_minimum(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: s
                                   tolerance_change=0, history_size=100, line_search_fn="strong_wolfe")
     objective_of = model_loss(trained, x, y, loss)
 
-    def closure():
+    def closure() -> torch.Tensor:
         optimizer.zero_grad()
         value = objective_of(dict(trained.named_parameters()))
         value.backward()
@@ -519,7 +531,7 @@ class FlatMinimumReport:
     null_space: NullSpace
     tangent_residual: float
     outputs: int | None
-    blocked: tuple
+    blocked: tuple[object, ...]
     hvps: int
     seconds: float
 
@@ -562,7 +574,7 @@ class FlatMinimumReport:
         if self.excess == 0:
             return "ker H is exactly the orbit's tangent space: no flat direction beyond the symmetries"
         zero_loss = self.loss_kind == "mse" and self.loss <= self.null_space.rtol ** 2
-        if zero_loss and self.n_params - self.outputs > self.orbit_dimension:
+        if zero_loss and self.outputs is not None and self.n_params - self.outputs > self.orbit_dimension:
             return (f"excess {self.excess} forced by the data: at zero loss H = JᵀJ/N with rank ≤ N·d_out = "
                     f"{self.outputs}, so dim ker H ≥ {self.n_params - self.outputs} > orbit dimension")
         blocked = f"; blocked: {', '.join(str(b) for b in self.blocked)}" if self.blocked else ""
@@ -570,7 +582,7 @@ class FlatMinimumReport:
                 f"translations through an identity site, dead or duplicated neurons, rank-deficient weights, or an "
                 f"unclaimed symmetry{blocked})")
 
-    def __str__(self):
+    def __str__(self) -> str:
         orbit = f"{self.orbit_dimension}" + ("" if self.orbit.exact else " (lower bound)")
         lines = [f"{self.label}: P = {self.n_params}, orbit dimension {orbit}, dim ker H = {self.null_dimension} "
                  f"(excess {self.excess})",
@@ -585,7 +597,9 @@ class FlatMinimumReport:
         return "\n".join(lines)
 
 
-def _resolve(model, x, loss, params, dtype, device):
+def _resolve(model: nn.Module | Analysis, x: torch.Tensor, loss: str | None, params: Mapping[str, torch.Tensor] | None,
+             dtype: torch.dtype, device: torch.device | str
+             ) -> tuple[Analysis, Forward, str, Mapping[str, torch.Tensor], str]:
     """The analysis, a forward ``f(params, x)``, the loss kind, the parameters and a label for ``model``.
 
     One path for every front end: an ``nn.Module`` is traced and derived; an :class:`Analysis` runs its graph's
@@ -611,11 +625,12 @@ def _resolve(model, x, loss, params, dtype, device):
     return model, _module_forward(module, dtype, device), loss or model.loss, params, label
 
 
-def flat_minimum(model, x: torch.Tensor, y: torch.Tensor, params: Mapping[str, torch.Tensor] | None = None, *,
-                 loss: str | None = None, symmetries: Sequence | None = None, method: str = "auto",
+def flat_minimum(model: nn.Module | Analysis, x: torch.Tensor, y: torch.Tensor,
+                 params: Mapping[str, torch.Tensor] | None = None, *,
+                 loss: str | None = None, symmetries: Sequence[Symmetry] | None = None, method: str = "auto",
                  rtol: float | None = None, max_tangents: int = 4096, block: int = 64, max_rank: int = 2048,
-                 probes: int = 10, dtype=torch.float64, device="cpu", seed: int = 0,
-                 label: str | None = None) -> FlatMinimumReport:
+                 probes: int = 10, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu",
+                 seed: int = 0, label: str | None = None) -> FlatMinimumReport:
     """Compare ``dim ker H`` with the orbit dimension at ``params`` and check ``H t = 0`` for the tangents.
 
     Parameters

@@ -47,7 +47,7 @@ API
 
 Example
 -------
->>> import torch, symalg
+>>> import torch, symalg.numeric.sampling
 >>> arch = symalg.parse("linear(4, 6) -> tanh -> linear(6, 3)")
 >>> sym = GramLossSymmetry("2.weight", "2.bias", 3, 6)
 >>> forward = symalg.numeric.sampling.network_function(arch)
@@ -62,13 +62,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 import sympy as sp
 import torch
 
 from symalg.applications.conjugated import TEST_SCALES, TOLERANCE, check_group_axioms
+from symalg.applications.flat_minima import Forward, ParamLoss
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, SiteGroup, checked_inverse, matrix_exp
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.numeric.linalg import relative_error
@@ -107,7 +108,8 @@ def barlow_twins_loss(z1: torch.Tensor, z2: torch.Tensor, off_diagonal: float = 
             + off_diagonal * ((corr * (1 - eye)) ** 2).sum((-1, -2)))
 
 
-def two_view_loss(forward: Callable, loss_fn: Callable, x1: torch.Tensor, x2: torch.Tensor) -> Callable:
+def two_view_loss(forward: Forward, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], x1: torch.Tensor,
+                  x2: torch.Tensor) -> ParamLoss:
     """``params ↦ loss_fn(forward(params, x1), forward(params, x2))`` for two views of a batch."""
     return lambda params: loss_fn(forward(params, x1), forward(params, x2))
 
@@ -127,7 +129,9 @@ def _check_lowering(name: str, lowered: Mapping[str, torch.Tensor], exprs: Mappi
     return CheckResult("lowering", name, error, tol, detail)
 
 
-def _worst_change(loss: Callable, apply: Callable, params, elements) -> tuple[float, str]:
+def _worst_change(loss: ParamLoss, apply: Callable[[Mapping[str, torch.Tensor], torch.Tensor], dict[str, torch.Tensor]],
+                  params: Mapping[str, torch.Tensor], elements: Sequence[tuple[str, torch.Tensor]]
+                  ) -> tuple[float, str]:
     """The largest relative change of ``loss`` under ``apply(params, g)`` over ``(label, g)`` elements, and where."""
     base, worst, where = loss(params), 0.0, ""
     for label, g in elements:
@@ -142,9 +146,9 @@ class _Relation:
     """A conserved quantity or angular momentum in the form verification's dynamic checks take."""
 
     symmetry: object
-    fn: Callable
+    fn: Callable[..., torch.Tensor]
 
-    def __call__(self, *args):
+    def __call__(self, *args: Any) -> torch.Tensor:
         return self.fn(*args)
 
 
@@ -260,14 +264,14 @@ class GramLossSymmetry:
         merged = {**params, **{f"__velocity__{n}": velocity[n] for n in self.symbols}}
         return self.lowered_angular_momentum(merged)["J"]
 
-    def conserved_quantities(self) -> list:
+    def conserved_quantities(self) -> list[_Relation]:
         return []
 
-    def angular_momenta(self) -> list:
+    def angular_momenta(self) -> list[_Relation]:
         return [_Relation(self, self.angular_momentum)]
 
-    def verify(self, loss: Callable, params: Mapping[str, torch.Tensor], outputs: Callable | None = None, seed: int = 0,
-               tolerance: float = TOLERANCE) -> VerificationReport:
+    def verify(self, loss: ParamLoss, params: Mapping[str, torch.Tensor], outputs: ParamLoss | None = None,
+               seed: int = 0, tolerance: float = TOLERANCE) -> VerificationReport:
         """Checks on the given batch (the one ``loss`` closes over), returning a report (never asserting).
 
         ``invariance`` of ``loss(params)`` under elements near and far from the identity and the other
@@ -298,7 +302,8 @@ class GramLossSymmetry:
             checks += self._check_lowering(params, elements[-1][1], generator, tolerance)
         return VerificationReport(tuple(checks), dtype, str(device))
 
-    def _check_lowering(self, params, g, generator, tol):
+    def _check_lowering(self, params: Mapping[str, torch.Tensor], g: torch.Tensor, generator: torch.Generator,
+                        tol: float) -> list[CheckResult]:
         values = {s.name: params[n].detach().cpu().double().numpy() for n, s in self.symbols.items()}
         A = self.group.random_algebra_element(1.0, generator, g.dtype, g.device)
         velocity = {n: torch.randn(params[n].shape, generator=generator, dtype=g.dtype).to(g.device)
@@ -342,12 +347,12 @@ class MomentStabiliser(SiteGroup):
     (6, 1)
     """
 
-    fixed: torch.Tensor = None
+    fixed: torch.Tensor = None  # type: ignore[assignment]  # required; a field after width needs a default
     form: torch.Tensor | None = None
     symbol: ClassVar[str] = "Stab"
 
-    def __post_init__(self):
-        n = int(self.width)
+    def __post_init__(self) -> None:
+        n = self._size
         if not isinstance(self.fixed, torch.Tensor) or self.fixed.dim() != 2 or self.fixed.shape[0] != n:
             raise ValueError(f"MomentStabiliser: fixed must be an n × k tensor with n = {n}, got "
                              f"{getattr(self.fixed, 'shape', type(self.fixed).__name__)}")
@@ -355,6 +360,10 @@ class MomentStabiliser(SiteGroup):
             symmetric = self.form.shape == (n, n) and relative_error(self.form, self.form.T) <= 1e-12
             if not symmetric or torch.linalg.eigvalsh(self.form).min() <= 0:
                 raise ValueError(f"MomentStabiliser: form must be a symmetric positive-definite {n} × {n} matrix")
+
+    @property
+    def _size(self) -> int:
+        return int(sp.sympify(self.width))
 
     @property
     def name(self) -> str:
@@ -369,42 +378,43 @@ class MomentStabiliser(SiteGroup):
     def _frame(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(R, R⁻¹, P)``: ``R = S^{1/2}`` (identity without ``S``) and ``P``, an orthonormal basis of ``(R⁻¹F)^⊥``."""
         if self.form is None:
-            eye = torch.eye(int(self.width), dtype=self.fixed.dtype, device=self.fixed.device)
+            eye = torch.eye(self._size, dtype=self.fixed.dtype, device=self.fixed.device)
             return eye, eye, _complement(self.fixed)
         root, inverse = _sqrt_and_inverse(self.form)
         return root, inverse, _complement(inverse @ self.fixed)
 
     @property
-    def dim(self):
+    def dim(self) -> sp.Expr:
         free = self._frame[2].shape[1]
-        return sp.Integer(free * (free - 1) // 2 if self.form is not None else int(self.width) * free)
+        return sp.Integer(free * (free - 1) // 2 if self.form is not None else self._size * free)
 
     @property
-    def n_symmetric(self):
+    def n_symmetric(self) -> sp.Expr:
         free = self._frame[2].shape[1]
         return sp.Integer(0 if self.form is not None else free * (free + 1) // 2)
 
-    def algebra_basis(self, dtype=torch.float64, device="cpu"):
+    def algebra_basis(self, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
         R, R_inv, P = (t.to(dtype=dtype, device=device) for t in self._frame)
         n = P.shape[0]
         if self.form is None:  # e_i p_jᵀ: entry [r, c] = δ_ir P[c, j]
             return torch.einsum("ir,cj->ijrc", torch.eye(n, dtype=dtype, device=device), P).reshape(-1, n, n)
         return R @ P @ Orthogonal(P.shape[1]).algebra_basis(dtype, device) @ P.T @ R_inv
 
-    def symmetric_basis(self, dtype=torch.float64, device="cpu"):
+    def symmetric_basis(self, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
         if self.form is not None:
             return self.algebra_basis(dtype, device)[:0]
         P = self._frame[2].to(dtype=dtype, device=device)
         return P @ GeneralLinear(P.shape[1]).symmetric_basis(dtype, device) @ P.T
 
-    def discrete_generators(self, dtype=torch.float64, device="cpu"):
+    def discrete_generators(self, dtype: torch.dtype = torch.float64,
+                            device: torch.device | str = "cpu") -> list[torch.Tensor]:
         R, R_inv, P = (t.to(dtype=dtype, device=device) for t in self._frame)
         if P.shape[1] == 0:
             return []
         p = P[:, :1]
         return [R @ (torch.eye(P.shape[0], dtype=dtype, device=device) - 2 * p @ p.T) @ R_inv]
 
-    def _not_an_element(self, g, tol):
+    def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         singular = checked_inverse(g, tol)[1]
         if singular:
             return singular
@@ -415,7 +425,7 @@ class MomentStabiliser(SiteGroup):
             return "A S Aᵀ ≠ S"
         return None
 
-    def _not_in_algebra(self, M, tol):
+    def _not_in_algebra(self, M: torch.Tensor, tol: float) -> str | None:
         scale = max(M.abs().max().item(), 1.0)
         F = self.fixed.to(M)
         if (M @ F).abs().max().item() > tol * scale * max(F.abs().max().item(), 1.0):
@@ -486,7 +496,7 @@ class DistributionSymmetry:
 
     @property
     def n(self) -> int:
-        return int(self.group.width)
+        return self.group._size
 
     @property
     def label(self) -> str:
@@ -559,7 +569,7 @@ class DistributionSymmetry:
         if "second" in self.preserve:
             rules[A.I * m["second"] * A.I.T] = m["second"]
 
-        def change(expr):
+        def change(expr: sp.MatrixExpr) -> sp.Basic:
             moved = expr.xreplace({W: W * A.I}).doit().expand().subs(rules).doit()
             return sp.simplify((moved - expr.doit().expand()).doit())
 
@@ -579,13 +589,13 @@ class DistributionSymmetry:
         return {"__fixed": self.group.fixed, "__root": R, "__root_inverse": R_inv,
                 **{f"__{k}": v for k, v in self.data.items() if k in _MOMENT_KEYS}}
 
-    def _call(self, lowered: LoweredFunction, params, *args):
+    def _call(self, lowered: LoweredFunction, params: Mapping[str, torch.Tensor], *args: torch.Tensor) -> Any:
         reference = params[self.weight]
         constants = {k: v.to(dtype=reference.dtype, device=reference.device) for k, v in self._constants.items()}
         return lowered({**params, **constants}, *args)
 
     @cached_property
-    def _vectors(self) -> list:
+    def _vectors(self) -> list[sp.MatrixSymbol]:
         return [self.symbols[self.bias]] if self.bias else []
 
     @cached_property
@@ -651,7 +661,7 @@ class DistributionSymmetry:
     def lowered_mean_residual(self) -> LoweredFunction:
         return lower("mean_residual", {"value": self.mean_residual_expr}, self._reads, vector_inputs=self._vectors)
 
-    def _loss(self, lowered: LoweredFunction, expr: sp.Expr, params) -> torch.Tensor:
+    def _loss(self, lowered: LoweredFunction, expr: sp.Expr, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
         missing = [k for k in _MOMENT_KEYS if self.moment_symbols[k] in expr.free_symbols and k not in self.data]
         if missing:
             raise ValueError(f"{self.label}: {lowered.name} needs the moments {missing} (see moments(x, y))")
@@ -678,10 +688,10 @@ class DistributionSymmetry:
             raise ValueError(f"{self.label}: no relation J without a second-moment constraint; use conserved()")
         return self._call(self.lowered_relation, {**params, "__velocity": velocity})["J"]
 
-    def conserved_quantities(self) -> list:
+    def conserved_quantities(self) -> list[_Relation]:
         return [] if self.lowered_conserved is None else [_Relation(self, self.conserved)]
 
-    def verify(self, expected_loss: Callable, params: Mapping[str, torch.Tensor], seed: int = 0,
+    def verify(self, expected_loss: ParamLoss, params: Mapping[str, torch.Tensor], seed: int = 0,
                tolerance: float = TOLERANCE) -> VerificationReport:
         """Checks of the *expected* loss ``expected_loss(params)`` (exact: from moments, or a quadrature).
 
@@ -704,10 +714,10 @@ class DistributionSymmetry:
                 checks.append(check_gd_drift(q, params, grads, tolerance))
         checks += check_gradient_flow(self, expected_loss, params, grads, tolerance)
         with torch.no_grad():
-            if self.lowered_relation is not None:
+            form = self.group.form
+            if self.lowered_relation is not None and form is not None:   # a relation J needs the second moment S
                 J = self.relation(params, -grads[self.weight])
-                scale = (reference.norm() * grads[self.weight].norm()
-                         * torch.linalg.cond(self.group.form.to(reference))).item()
+                scale = (reference.norm() * grads[self.weight].norm() * torch.linalg.cond(form.to(reference))).item()
                 checks.append(CheckResult("relation", self.label, J.abs().max().item() / max(scale, 1e-300), tolerance,
                                           "J(W, −∇L) = 0, relative to ‖W‖ ‖∇L‖ cond(S)"))
             if elements:
@@ -716,7 +726,8 @@ class DistributionSymmetry:
             checks += self._check_lowering(params, generator, tolerance)
         return VerificationReport(tuple(checks), dtype, str(device))
 
-    def _check_lowering(self, params, generator, tol):
+    def _check_lowering(self, params: Mapping[str, torch.Tensor], generator: torch.Generator,
+                        tol: float) -> list[CheckResult]:
         W = params[self.weight]
         values = {self.symbols[self.weight].name: W.detach().cpu().double().numpy()}
         values.update({self.moment_symbols[k[2:]].name: v.cpu().double().numpy() for k, v in self._constants.items()})
@@ -741,8 +752,8 @@ class DistributionSymmetry:
 
 
 # -- expectations -------------------------------------------------------------------------------------------
-def gaussian_expectation(fn: Callable, mean: torch.Tensor, covariance: torch.Tensor, nodes: int = 32,
-                         max_points: int = 2_000_000) -> torch.Tensor:
+def gaussian_expectation(fn: Callable[[torch.Tensor], torch.Tensor], mean: torch.Tensor, covariance: torch.Tensor,
+                         nodes: int = 32, max_points: int = 2_000_000) -> torch.Tensor:
     """``E_{x ~ N(mean, covariance)} fn(x)`` by tensor-product Gauss–Hermite quadrature (``nodes`` per axis).
 
     ``fn`` maps ``(k, n)`` points to ``(k,)`` values. Exact for polynomials of degree ``< 2·nodes`` in each
@@ -758,16 +769,17 @@ def gaussian_expectation(fn: Callable, mean: torch.Tensor, covariance: torch.Ten
     if nodes ** n > max_points:
         raise ValueError(f"gaussian_expectation: {nodes}^{n} quadrature points exceed max_points={max_points}; "
                          "use fewer nodes or paired_monte_carlo")
-    z, w = np.polynomial.hermite_e.hermegauss(nodes)
-    z = torch.tensor(z, dtype=mean.dtype, device=mean.device)
-    w = torch.tensor(w / w.sum(), dtype=mean.dtype, device=mean.device)
+    points, masses = np.polynomial.hermite_e.hermegauss(nodes)
+    z = torch.tensor(points, dtype=mean.dtype, device=mean.device)
+    w = torch.tensor(masses / masses.sum(), dtype=mean.dtype, device=mean.device)
     grid = torch.cartesian_prod(*[z] * n).reshape(-1, n)
     weights = torch.cartesian_prod(*[w] * n).reshape(-1, n).prod(-1)
     x = mean.reshape(1, n) + grid @ torch.linalg.cholesky(covariance).T
     return (weights * fn(x)).sum()
 
 
-def paired_monte_carlo(fn_a: Callable, fn_b: Callable, samples: torch.Tensor) -> tuple[float, float]:
+def paired_monte_carlo(fn_a: Callable[[torch.Tensor], torch.Tensor], fn_b: Callable[[torch.Tensor], torch.Tensor],
+                       samples: torch.Tensor) -> tuple[float, float]:
     """Mean and standard error of ``fn_a(x) − fn_b(x)`` over ``samples`` (common random numbers).
 
     For a distribution symmetry, ``E[fn_a − fn_b] = 0``; the estimate should be within a few standard errors.

@@ -43,6 +43,8 @@ __all__ = [
 ]
 
 Weights = Sequence[torch.Tensor]
+Element = torch.Tensor | float | Sequence[float]
+"""A last-site group element: a positive scalar, ``h`` positive scalings, or an invertible ``h × h`` matrix."""
 
 
 # -- deep linear networks: loss and the minimum ---------------------------------------------------
@@ -249,7 +251,8 @@ def count_components(adjacency: torch.Tensor) -> list[int]:
     return [root(i) for i in range(len(parent))]
 
 
-def _whitened_target(x: torch.Tensor, y: torch.Tensor):
+def _whitened_target(x: torch.Tensor, y: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """``A``, ``L*``, ``Σ^{1/2}``, ``Σ^{−1/2}`` and the SVD of ``B = A Σ^{1/2}``."""
     A, best = least_squares(x, y)
     _check_square_chain([A], "least-squares product of (x, y)")
@@ -303,7 +306,7 @@ def crossing_waypoints(weights: Weights, i: int, j: int, x: torch.Tensor,
     u, z, s_h = U[:, -1:], inv_root @ Vh[-1:, :].mT, S[-1]
     eye = torch.eye(h, dtype=A.dtype)
 
-    def rank_one(ws, sign):
+    def rank_one(ws: list[torch.Tensor], sign: float) -> list[torch.Tensor]:
         left, right = end_to_end(ws[i + 1:]) if i + 1 < depth else eye, end_to_end(ws[:i]) if i else eye
         step = torch.linalg.solve(left, u) @ torch.linalg.solve(right.mT, z).mT
         return ws[:i] + [ws[i] + sign * s_h * step] + ws[i + 1:]
@@ -321,7 +324,7 @@ def crossing_waypoints(weights: Weights, i: int, j: int, x: torch.Tensor,
 
 # -- paths in GL⁺ from the group action -------------------------------------------------------------
 
-def _plane_generator(h: int, p: int, q: int, dtype) -> torch.Tensor:
+def _plane_generator(h: int, p: int, q: int, dtype: torch.dtype) -> torch.Tensor:
     J = torch.zeros(h, h, dtype=dtype)
     J[p, q], J[q, p] = 1.0, -1.0
     return J
@@ -433,7 +436,7 @@ def chain_tangent(weights: Weights, M: Sequence[torch.Tensor]) -> list[torch.Ten
     return out
 
 
-def orbit_curve(weights: Weights, M: Sequence[torch.Tensor], t) -> list[torch.Tensor]:
+def orbit_curve(weights: Weights, M: Sequence[torch.Tensor], t: float | torch.Tensor) -> list[torch.Tensor]:
     """``γ(t) = exp(tM)·θ``: ``W_k ↦ exp(tM_k) W_k exp(−tM_{k−1})``; a 1-D tensor ``t`` gives a leading batch
     dimension.
 
@@ -551,7 +554,8 @@ def maximize_on_interval(f: Callable[[float], float], a: float = 0.0, b: float =
 
 # -- homogeneous last layers: closed-form barrier along an orbit ----------------------------------------
 
-def _last_layer_terms(features, weight, bias, y, g, degree):
+def _last_layer_terms(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor,
+                      g: Element, degree: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Residual ``R = H Wᵀ + b − y`` and the ingredients of the interpolated output."""
     residual = features @ weight.mT - y
     if bias is not None:
@@ -577,7 +581,7 @@ def _last_layer_terms(features, weight, bias, y, g, degree):
 
 
 def homogeneous_segment_loss(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                             y: torch.Tensor, g, degree: float, alpha: float) -> torch.Tensor:
+                             y: torch.Tensor, g: Element, degree: float, alpha: float) -> torch.Tensor:
     """Loss at ``(1−α) θ + α g·θ`` in closed form, from the last layer's input ``H = σ(W_{l−1} u + b_{l−1})``.
 
     ``g`` acts on the last hidden site: ``W_{l−1} ↦ g W_{l−1}``, ``b_{l−1} ↦ g b_{l−1}``, ``W_l ↦ W_l g^{−k}``,
@@ -598,7 +602,7 @@ def homogeneous_segment_loss(features: torch.Tensor, weight: torch.Tensor, bias:
 
 
 def homogeneous_orbit_barrier(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                              y: torch.Tensor, g, degree: float) -> tuple[torch.Tensor, float]:
+                              y: torch.Tensor, g: Element, degree: float) -> tuple[torch.Tensor, float]:
     """``(max_α L((1−α)θ + α g·θ) − L(θ), argmax α)`` in closed form (same arguments as
     :func:`homogeneous_segment_loss`, without ``α``).
 

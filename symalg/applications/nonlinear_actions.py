@@ -43,7 +43,7 @@ Example
 >>> import torch
 >>> from torch import nn
 >>> from symalg.applications.nonlinear_actions import DataDependentAction, random_gl
->>> from symalg.numeric.feedforward import FeedForward
+>>> from symalg.numeric.feedforward import FeedForward, SiteElements
 >>> _ = torch.manual_seed(0)
 >>> model = nn.Sequential(nn.Linear(3, 5), nn.Sigmoid(), nn.Linear(5, 2)).double()
 >>> net = FeedForward.of(model)
@@ -61,7 +61,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from symalg.catalogue.groups import matrix_exp
-from symalg.numeric.feedforward import FeedForward
+from symalg.numeric.feedforward import FeedForward, SiteElements
 from symalg.numeric.linalg import relative_error
 
 __all__ = ["TOLERANCES", "Cocycle", "CocycleCheck", "DataDependentAction", "FrameCocycle", "LipschitzBounds",
@@ -220,11 +220,11 @@ class FrameCocycle(Cocycle):
     def __init__(self, activation: Callable, frame: Callable = frame):
         self.activation, self.frame = activation, frame
 
-    def __call__(self, g, z):
+    def __call__(self, g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         return _right_divide(self.frame(_columns(self.activation, g @ z), "σ(g Z)"),
                              self.frame(_columns(self.activation, z), "σ(Z)"))
 
-    def inverse(self, g, z, where=""):
+    def inverse(self, g: torch.Tensor, z: torch.Tensor, where: str = "") -> torch.Tensor:
         return _right_divide(self.frame(_columns(self.activation, z), f"{where}σ(Z) (argument x)"),
                              self.frame(_columns(self.activation, g @ z), f"{where}σ(g Z) (argument g)"))
 
@@ -254,7 +254,7 @@ class CocycleCheck:
     def passed(self) -> bool:
         return self.is_cocycle and (self.equivariance_error is None or self.equivariance_error <= self.tol)
 
-    def __str__(self):
+    def __str__(self) -> str:
         eq = "" if self.equivariance_error is None else f", equivariance {self.equivariance_error:.1e}"
         verdict = "PASS" if self.passed else "FAIL"
         return (f"cocycle check over {self.draws} draws: {verdict} (tol {self.tol:.0e}): unit axiom "
@@ -312,7 +312,7 @@ class DataDependentAction:
             return FrameCocycle(self.net.activations[site])
         return c if isinstance(c, Cocycle) else Cocycle(c)
 
-    def __call__(self, params: Mapping[str, torch.Tensor], g, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def __call__(self, params: Mapping[str, torch.Tensor], g: SiteElements, x: torch.Tensor) -> dict[str, torch.Tensor]:
         gs = self.net.site_elements(g)
         zs = self.net.preactivations(params, x)
         out = dict(params)
@@ -351,7 +351,7 @@ def two_layer_action(u: torch.Tensor, v: torch.Tensor, g: torch.Tensor, x: torch
 
 
 def random_gl(n: int, scale: float = 0.5, batch: Sequence[int] = (), generator: torch.Generator | None = None,
-              dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+              dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> torch.Tensor:
     """Random invertible matrices ``exp(scale · N/√n)`` (``N`` standard Gaussian), shape ``(*batch, n, n)``.
 
     ``scale`` sets the distance from the identity (``‖log g‖_F ≈ scale·√n``); drawn on the CPU (so a seeded
@@ -385,7 +385,7 @@ class LipschitzBounds:
         ok = self.sharp <= self.bound * slack
         return ok and (self.empirical is None or self.empirical <= self.sharp * slack)
 
-    def __str__(self):
+    def __str__(self) -> str:
         emp = "" if self.empirical is None else f", empirical ≥ {self.empirical:.4g}"
         return (f"Lipschitz: original ≤ {self.original:.4g}; after the action ≤ {self.bound:.4g} (Prop. 2.4.2, "
                 f"factor {self.ratio:.3g}), sharp ≤ {self.sharp:.4g}{emp}: {'holds' if self.holds else 'VIOLATED'}")
@@ -408,13 +408,13 @@ def lipschitz_bounds(u: torch.Tensor, v: torch.Tensor, g: torch.Tensor, x: torch
     c_inv = c.inverse(g, (v @ x).unsqueeze(-1))
     u2, v2 = u @ c_inv, g @ v
 
-    def norm(a):
+    def norm(a: torch.Tensor) -> float:
         return torch.linalg.matrix_norm(a, ord=2).item()
 
     ratio = norm(c_inv) * norm(g)
     empirical = None
     if samples is not None:
-        def f(t):
+        def f(t: torch.Tensor) -> torch.Tensor:
             return u2 @ activation(v2 @ t)
         empirical = torch.linalg.matrix_norm(torch.func.vmap(torch.func.jacrev(f))(samples), ord=2).max().item()
     return LipschitzBounds(eta * norm(u) * norm(v), eta * norm(u) * norm(v) * ratio, eta * norm(u2) * norm(v2),

@@ -64,14 +64,23 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
+import sympy as sp
 import torch
 
-from symalg.applications.flat_minima import hessian_vector_products
+from symalg.applications.flat_minima import ParamLoss, hessian_vector_products
+
+if TYPE_CHECKING:   # the derivation imports this module's callers; its types are read, not imported at run time
+    from symalg.symbolic.derive import Analysis
+    from symalg.symbolic.symmetry import Symmetry
 
 __all__ = ["UnreachableTarget", "InitResult", "imbalance_element", "scaling_element", "set_conserved", "balance",
            "HessianEigenvalue", "TraceEstimate", "top_hessian_eigenvalue", "hessian_trace"]
+
+
+Targets = float | Mapping[str, "float | torch.Tensor"]
+"""Conserved-quantity targets: one number for every site, or ``{site: number | tensor}``."""
 
 
 class UnreachableTarget(ValueError):
@@ -100,7 +109,8 @@ def _condition(matrix: torch.Tensor) -> float:
     return float(values[-1] / values[0]) if values[0] > _rank_tol(matrix) else math.inf
 
 
-def _element_for_definite(P: torch.Tensor, R: torch.Tensor, target: torch.Tensor, where: str, sign: int):
+def _element_for_definite(P: torch.Tensor, R: torch.Tensor, target: torch.Tensor, where: str,
+                          sign: int) -> torch.Tensor:
     """``g`` with ``g P gᵀ − g⁻ᵀ R g⁻¹ = target`` for ``P ≻ 0`` (module docstring). ``sign`` is −1 when
     called for the mirror image (``P``, ``R``, ``target`` standing for ``R``, ``P``, ``−C``), for the message."""
     p, W = torch.linalg.eigh(P)
@@ -199,20 +209,28 @@ def scaling_element(a: torch.Tensor, b: torch.Tensor, target: torch.Tensor, alph
 
 
 # -- whole analyses ---------------------------------------------------------------------------------
-def _quantity(symmetry, params) -> torch.Tensor:
+def _quantity(symmetry: Symmetry, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """``C`` (``h × h``) or ``q`` (``h``) of the symmetry's conserved family at ``params``."""
-    (value,) = symmetry.conserved(params).values()
+    conserved = symmetry.conserved
+    if conserved is None:
+        raise ValueError(f"{symmetry.label} has no conserved quantity")
+    (value,) = conserved(params).values()
     return value.reshape(-1) if symmetry.group.element_format == "diagonal" else value
 
 
-def _scalar_element(symmetry, c: float, like: torch.Tensor) -> torch.Tensor:
+def _degree(symmetry: Symmetry) -> float:
+    """The degree ``α`` of the activation at a positive-scaling site (1 for ``GL``)."""
+    return float(sp.sympify(symmetry.group.alpha))
+
+
+def _scalar_element(symmetry: Symmetry, c: float, like: torch.Tensor) -> torch.Tensor:
     return c * symmetry.group.identity(like.dtype, like.device)
 
 
-def _split(symmetry, params) -> tuple[torch.Tensor, torch.Tensor]:
+def _split(symmetry: Symmetry, params: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """``(P, R)`` (or ``(a, b)``) with ``C = P − R``, from ``C(c·θ) = c² P − c^{−2α} R`` at ``c = 1, 2`` (a power
     of two scales exactly, so a neuron without input or without readers gets an exact zero part)."""
-    alpha = float(symmetry.group.alpha)
+    alpha = _degree(symmetry)
     now = _quantity(symmetry, params)
     scaled = _quantity(symmetry, symmetry.apply(params, _scalar_element(symmetry, 2.0, now)))
     out = (scaled - 2.0 ** (-2 * alpha) * now) / (4 - 2.0 ** (-2 * alpha))
@@ -236,7 +254,8 @@ class InitResult:
     sweeps: int
 
 
-def _targets(symmetries: dict, targets, params) -> dict[str, torch.Tensor]:
+def _targets(symmetries: dict[str, Symmetry], targets: Targets, params: Mapping[str, torch.Tensor]
+             ) -> dict[str, torch.Tensor]:
     """``{site: target tensor}`` from a number (every site) or a mapping ``{site: number | tensor}``."""
     if not isinstance(targets, Mapping):
         targets = dict.fromkeys(symmetries, targets)
@@ -261,7 +280,7 @@ def _targets(symmetries: dict, targets, params) -> dict[str, torch.Tensor]:
     return out
 
 
-def set_conserved(analysis, params: Mapping[str, torch.Tensor], targets=0.0, *, tol: float = 1e-11,
+def set_conserved(analysis: Analysis, params: Mapping[str, torch.Tensor], targets: Targets = 0.0, *, tol: float = 1e-11,
                   max_sweeps: int = 500) -> InitResult:
     """Apply group elements so that every targeted conserved quantity equals its target.
 
@@ -291,32 +310,32 @@ def set_conserved(analysis, params: Mapping[str, torch.Tensor], targets=0.0, *, 
                   if s.group.conserved_kind in ("matrix", "diagonal") and s.conserved is not None}
     if not symmetries:
         raise ValueError("analysis: no GL or positive-scaling site with a conserved quantity to set")
-    params = {k: v.detach() for k, v in params.items()}
-    wanted = _targets(symmetries, targets, params)
+    state = {k: v.detach() for k, v in params.items()}
+    wanted = _targets(symmetries, targets, state)
     elements: dict[str, torch.Tensor] = {}
     scales: dict[str, float] = {}
     for sweep in range(1, max_sweeps + 1):
         for site, target in wanted.items():
             symmetry = symmetries[site]
-            P, R = _split(symmetry, params)
+            P, R = _split(symmetry, state)
             scales[site] = float(torch.linalg.norm(P) + torch.linalg.norm(R)) or 1.0
             where = f"targets[{site!r}] ({symmetry.group.name} on {site})"
             if symmetry.group.element_format == "diagonal":
-                g = scaling_element(P.clamp_min(0), R.clamp_min(0), target, float(symmetry.group.alpha), where)
+                g = scaling_element(P.clamp_min(0), R.clamp_min(0), target, _degree(symmetry), where)
             else:
                 g = imbalance_element((P + P.T) / 2, (R + R.T) / 2, target, where)
-            params = symmetry.apply(params, g)
+            state = symmetry.apply(state, g)
             previous = elements.get(site)
             elements[site] = g if previous is None else (g * previous if g.dim() == 1 else g @ previous)
-        conserved = {site: _quantity(symmetries[site], params) for site in wanted}
+        conserved = {site: _quantity(symmetries[site], state) for site in wanted}
         error = max(float((conserved[site] - wanted[site]).abs().max()) / scales[site] for site in wanted)
         if error <= tol:
-            return InitResult(params, elements, conserved, error, sweep)
+            return InitResult(state, elements, conserved, error, sweep)
     raise RuntimeError(f"set_conserved: no convergence in max_sweeps={max_sweeps} sweeps (relative residual "
                        f"{error:.3g} > tol={tol:g}); the joint targets may be unreachable although each site's is")
 
 
-def balance(analysis, params: Mapping[str, torch.Tensor], **options) -> InitResult:
+def balance(analysis: Analysis, params: Mapping[str, torch.Tensor], **options: Any) -> InitResult:
     """:func:`set_conserved` with every target 0: ``C = 0`` on GL sites, ``q = 0`` on scaling sites (the
     minimum-norm point of the orbit).
 
@@ -340,13 +359,13 @@ class HessianEigenvalue:
     iterations: int
 
 
-def _flat_size(params) -> tuple[int, torch.Tensor]:
+def _flat_size(params: Mapping[str, torch.Tensor]) -> tuple[int, torch.Tensor]:
     reference = next(iter(params.values()))
     return sum(p.numel() for p in params.values()), reference
 
 
-def top_hessian_eigenvalue(loss: Callable, params: Mapping[str, torch.Tensor], max_iter: int = 300,
-                           rtol: float = 1e-4, change_tol: float = 0.0,
+def top_hessian_eigenvalue(loss: ParamLoss, params: Mapping[str, torch.Tensor],
+                           max_iter: int = 300, rtol: float = 1e-4, change_tol: float = 0.0,
                            generator: torch.Generator | None = None) -> HessianEigenvalue:
     """Power iteration on Hessian-vector products (:func:`~symalg.applications.flat_minima.hessian_vector_products`):
     the eigenvalue of largest ``|λ|`` of ``∇²L`` at ``params`` (``λ_max`` at a minimum, where ``H ⪰ 0``).
@@ -387,8 +406,8 @@ class TraceEstimate:
     probes: int
 
 
-def hessian_trace(loss: Callable, params: Mapping[str, torch.Tensor], probes: int = 64,
-                  generator: torch.Generator | None = None) -> TraceEstimate:
+def hessian_trace(loss: ParamLoss, params: Mapping[str, torch.Tensor],
+                  probes: int = 64, generator: torch.Generator | None = None) -> TraceEstimate:
     """Hutchinson's estimator ``tr H ≈ mean_i z_iᵀ H z_i`` with Rademacher ``z_i`` (variance
     ``2(‖H‖_F² − Σ H_jj²)/probes``), the products batched.
 

@@ -69,7 +69,7 @@ import math
 import numbers
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, cast
 
 import sympy as sp
 import torch
@@ -77,8 +77,12 @@ import torch
 from symalg.errors import SpecError
 from symalg.catalogue.groups import matrix_exp
 from symalg.applications.conjugated import ConjugatedAction, TestFunction
+from symalg.applications.flat_minima import ParamLoss
 from symalg.applications.nonlinear_actions import DataDependentAction
 from symalg.applications.teleport_actions import ApproximateTeleport, ExactTeleport
+
+if TYPE_CHECKING:   # read for their types only: symmetries come from a derivation, never built here
+    from symalg.symbolic.symmetry import Symmetry
 
 __all__ = ["ARMIJO", "Action", "BACKTRACK", "ConjugatedCoordinates", "Curvature", "DataCoordinates", "FunctionAction",
            "GradNorm", "MetricGradNorm", "Move", "Objective", "Sharpness", "SymmetryAction", "TOLERANCES",
@@ -110,6 +114,10 @@ class Move:
     generator: int | None = None
     inverse: bool = False
 
+    def __post_init__(self) -> None:
+        if self.coords is None and self.generator is None:
+            raise ValueError("Move: give coords or a generator index")
+
 
 class Action:
     """An action of a group on parameter dicts through Lie-algebra coordinates (subclass and implement).
@@ -122,9 +130,19 @@ class Action:
     translations; diagonal second moments then transform exactly).
     """
 
-    dim: int = 0
-    is_group_action: bool = True
-    monomial_jacobian: bool = False
+    if TYPE_CHECKING:   # read-only to callers: a subclass gives them as dataclass fields or as properties
+        @property
+        def dim(self) -> int: ...
+
+        @property
+        def is_group_action(self) -> bool: ...
+
+        @property
+        def monomial_jacobian(self) -> bool: ...
+    else:
+        dim = 0
+        is_group_action = True
+        monomial_jacobian = False
 
     def __call__(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -144,16 +162,20 @@ class Action:
         """Apply the moves in order (the teleport's group element)."""
         out = dict(params)
         for move in moves:
-            out = self(out, move.coords) if move.coords is not None else \
-                self.apply_discrete(out, move.generator, move.inverse)
+            if move.coords is not None:
+                out = self(out, move.coords)
+            elif move.generator is not None:
+                out = self.apply_discrete(out, move.generator, move.inverse)
         return out
 
     def undo(self, params: Params, moves: Sequence[Move]) -> dict[str, torch.Tensor]:
         """Apply the inverse of the moves' group element (exact for group actions)."""
         out = dict(params)
         for move in reversed(moves):
-            out = self.inverse_step(out, move.coords) if move.coords is not None else \
-                self.apply_discrete(out, move.generator, not move.inverse)
+            if move.coords is not None:
+                out = self.inverse_step(out, move.coords)
+            elif move.generator is not None:
+                out = self.apply_discrete(out, move.generator, not move.inverse)
         return out
 
     def _check_coords(self, coords: torch.Tensor) -> None:
@@ -171,12 +193,12 @@ class FunctionAction(Action):
     [0.0, 1.0]
     """
 
-    fn: Callable[[Params, torch.Tensor], dict]
+    fn: Callable[[Params, torch.Tensor], Mapping[str, torch.Tensor]]
     dim: int
     is_group_action: bool = True
     monomial_jacobian: bool = False
 
-    def __call__(self, params, coords):
+    def __call__(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
         self._check_coords(coords)
         return dict(self.fn(params, coords))
 
@@ -188,10 +210,11 @@ class SymmetryAction(Action):
     the discrete generators of every group (``group.discrete_generators()``) are offered for search.
     """
 
-    symmetries: tuple
-    _bases: dict = field(default_factory=dict, repr=False, compare=False)
+    symmetries: tuple[Symmetry, ...]
+    _bases: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = field(default_factory=dict, repr=False,
+                                                                             compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         bad = [s for s in self.symmetries if not (hasattr(s, "group") and hasattr(s, "apply"))]
         if bad:
             raise TypeError("SymmetryAction: symmetries must be symalg symmetries (with .group and .apply), "
@@ -202,7 +225,7 @@ class SymmetryAction(Action):
                             "(analysis.subs, or as_action(analysis, params=params))")
 
     @property
-    def continuous(self) -> tuple:
+    def continuous(self) -> tuple[Symmetry, ...]:
         return tuple(s for s in self.symmetries if s.group.is_continuous)
 
     @property
@@ -213,17 +236,17 @@ class SymmetryAction(Action):
     def monomial_jacobian(self) -> bool:
         return all(s.group.acts_monomially for s in self.symmetries)
 
-    def _algebra_element(self, symmetry, coords: torch.Tensor) -> torch.Tensor:
+    def _algebra_element(self, symmetry: Symmetry, coords: torch.Tensor) -> torch.Tensor:
         group = symmetry.group
         if group.standard_basis:  # M is the coordinates, reshaped
-            h = int(group.width)
+            h = int(sp.sympify(group.width))
             return coords.reshape((h, h) if group.element_format == "matrix" else (h,))
         key = (id(symmetry), coords.dtype, coords.device)
         if key not in self._bases:
             self._bases[key] = group.algebra_basis(coords.dtype, coords.device)
         return torch.tensordot(coords, self._bases[key], dims=1)
 
-    def _chunks(self, coords: torch.Tensor):
+    def _chunks(self, coords: torch.Tensor) -> Iterator[tuple[Symmetry, torch.Tensor]]:
         self._check_coords(coords)
         start = 0
         for s in self.continuous:
@@ -231,36 +254,36 @@ class SymmetryAction(Action):
             yield s, coords[start:start + size]
             start += size
 
-    def __call__(self, params, coords):
+    def __call__(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
         out = dict(params)
         for s, c in self._chunks(coords):
             out = s.apply(out, s.group.exp(self._algebra_element(s, c)))
         return out
 
-    def inverse_step(self, params, coords):
+    def inverse_step(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
         out = dict(params)
         for s, c in reversed(list(self._chunks(coords))):
             out = s.apply(out, s.group.exp(-self._algebra_element(s, c)))
         return out
 
-    def _generators(self) -> list[tuple]:
+    def _generators(self) -> list[tuple[Symmetry, int, torch.Tensor]]:
         return [(s, j, g) for s in self.symmetries for j, g in enumerate(s.group.discrete_generators())]
 
-    def discrete_generators(self):
+    def discrete_generators(self) -> tuple[str, ...]:
         return tuple(f"{s.label}: generator {j}" for s, j, _ in self._generators())
 
-    def apply_discrete(self, params, index, inverse=False):
+    def apply_discrete(self, params: Params, index: int, inverse: bool = False) -> dict[str, torch.Tensor]:
         s, _, g = self._generators()[index]
         g = g.to(dtype=_float_like(params).dtype)
         return s.apply(params, g.transpose(-1, -2) if inverse else g)  # all discrete generators are orthogonal
 
-    def elements(self, moves: Sequence[Move], dtype=torch.float64) -> dict[str, torch.Tensor]:
+    def elements(self, moves: Sequence[Move], dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
         """The composed group element of every symmetry, ``{label: g}`` (matrix, diagonal or translation vector),
         such that applying each ``s.apply(θ, g)`` reproduces :meth:`replay`."""
-        current = {}
+        current: dict[str, torch.Tensor] = {}
         for s in self.symmetries:
             fmt = s.group.element_format
-            h = int(s.group.width)
+            h = int(sp.sympify(s.group.width))
             current[s.label] = torch.zeros(h, dtype=dtype) if fmt == "vector" else \
                 torch.ones(h, dtype=dtype) if fmt == "diagonal" else torch.eye(h, dtype=dtype)
         generators = self._generators()
@@ -271,7 +294,7 @@ class SymmetryAction(Action):
                     fmt = s.group.element_format
                     current[s.label] = e + current[s.label] if fmt == "vector" else \
                         e * current[s.label] if fmt == "diagonal" else e @ current[s.label]
-            else:
+            elif move.generator is not None:
                 s, _, g = generators[move.generator]
                 g = g.to(dtype)
                 current[s.label] = (g.T if move.inverse else g) @ current[s.label]
@@ -283,22 +306,22 @@ class ConjugatedCoordinates(Action):
     """A :class:`~symalg.applications.conjugated.ConjugatedAction` on the point ``params[key]``:
     ``x ↦ action.act(x, c)``."""
 
-    action: object
+    action: ConjugatedAction
     key: str = "x"
 
     @property
     def dim(self) -> int:
         return int(self.action.group.dim)
 
-    def __call__(self, params, coords):
+    def __call__(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
         self._check_coords(coords)
         return {**params, self.key: self.action.act(params[self.key], coords)}
 
-    def discrete_generators(self):
+    def discrete_generators(self) -> tuple[str, ...]:
         count = len(self.action.group.discrete_generators())
         return tuple(f"{self.action.group.name}: generator {j}" for j in range(count))
 
-    def apply_discrete(self, params, index, inverse=False):
+    def apply_discrete(self, params: Params, index: int, inverse: bool = False) -> dict[str, torch.Tensor]:
         x = params[self.key]
         g = self.action.group.discrete_generators(x.dtype, x.device)[index]
         return {**params, self.key: self.action.apply(x, g.transpose(-1, -2) if inverse else g)}
@@ -316,7 +339,7 @@ class DataCoordinates(Action):
     unit axiom fails below full rank; see :mod:`symalg.teleport_actions`).
     """
 
-    action: object
+    action: DataDependentAction | ExactTeleport | ApproximateTeleport
     x: torch.Tensor
     widths: tuple[int, ...]
 
@@ -328,16 +351,19 @@ class DataCoordinates(Action):
     def is_group_action(self) -> bool:
         return isinstance(self.action, DataDependentAction) or bool(getattr(self.action, "complete", False))
 
-    def __call__(self, params, coords):
+    def __call__(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
         self._check_coords(coords)
-        gs, start = [], 0
+        gs: list[torch.Tensor] = []
+        start = 0
         for w in self.widths:
             gs.append(matrix_exp(coords[start:start + w * w].reshape(w, w)))
             start += w * w
-        return self.action(params, gs if isinstance(self.action, DataDependentAction) else gs[0], self.x)
+        if isinstance(self.action, DataDependentAction):
+            return self.action(params, gs, self.x)
+        return self.action(params, gs[0], self.x)
 
 
-def as_action(obj, x: torch.Tensor | None = None, params: Params | None = None, key: str = "x") -> Action:
+def as_action(obj: Any, x: torch.Tensor | None = None, params: Params | None = None, key: str = "x") -> Action:
     """An :class:`Action` for ``obj`` (see the module docstring); ``x`` only for data-dependent actions, ``params``
     for them and for an analysis with symbolic widths (read off the shapes of ``params``).
 
@@ -387,7 +413,7 @@ class Objective:
 
     maximize: bool = True
 
-    def __call__(self, params: Params, loss: Callable, action: Action, wrt: Sequence[str]) -> torch.Tensor:
+    def __call__(self, params: Params, loss: ParamLoss, action: Action, wrt: Sequence[str]) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -397,9 +423,9 @@ class GradNorm(Objective):
 
     maximize: bool = True
 
-    def __call__(self, params, loss, action, wrt):
+    def __call__(self, params: Params, loss: ParamLoss, action: Action, wrt: Sequence[str]) -> torch.Tensor:
         _, grads = gradients(loss, params, wrt)
-        return sum((g * g).sum() for g in grads.values())
+        return cast(torch.Tensor, sum((g * g).sum() for g in grads.values()))   # wrt is never empty
 
 
 @dataclass(frozen=True)
@@ -407,16 +433,17 @@ class MetricGradNorm(Objective):
     """``∇Lᵀ diag(P) ∇L``: ``metric`` is ``{name: P}`` (broadcast to each parameter) or a callable
     ``grads → {name: P}`` (e.g. :func:`optimizer_metric`); names missing from it count with ``P = 1``."""
 
-    metric: Mapping[str, torch.Tensor] | Callable
+    metric: Mapping[str, torch.Tensor] | Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
     maximize: bool = True
 
-    def __call__(self, params, loss, action, wrt):
+    def __call__(self, params: Params, loss: ParamLoss, action: Action, wrt: Sequence[str]) -> torch.Tensor:
         _, grads = gradients(loss, params, wrt)
         metric = self.metric(grads) if callable(self.metric) else self.metric
-        return sum((metric.get(n, 1.0) * g * g).sum() for n, g in grads.items())
+        return cast(torch.Tensor, sum((metric.get(n, 1.0) * g * g).sum() for n, g in grads.items()))
 
 
-def _unit_directions(shapes: Mapping[str, torch.Size], count: int, seed: int, like: torch.Tensor) -> list[dict]:
+def _unit_directions(shapes: Mapping[str, torch.Size], count: int, seed: int,
+                     like: torch.Tensor) -> list[dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(count):
@@ -440,10 +467,10 @@ class Sharpness(Objective):
     seed: int = 0
     maximize: bool = False
 
-    def __call__(self, params, loss, action, wrt):
+    def __call__(self, params: Params, loss: ParamLoss, action: Action, wrt: Sequence[str]) -> torch.Tensor:
         base = loss(params)
         shapes = {n: params[n].shape for n in wrt}
-        total, count = 0.0, 0
+        total, count = base.new_zeros(()), 0
         for d in _unit_directions(shapes, self.directions, self.seed, base):
             for t in self.displacements:
                 for sign in (1.0, -1.0):
@@ -477,12 +504,12 @@ class Curvature(Objective):
     seed: int = 0
     maximize: bool = True
 
-    def __call__(self, params, loss, action, wrt):
+    def __call__(self, params: Params, loss: ParamLoss | None, action: Action, wrt: Sequence[str]) -> torch.Tensor:
         if action.dim == 0:
             raise ValueError("Curvature: the action has no continuous part (dim 0)")
         like = _float_like(params)
         generator = torch.Generator().manual_seed(self.seed)
-        total = 0.0
+        total = like.new_zeros(())
         for _ in range(self.curves):
             m = torch.randn(action.dim, generator=generator, dtype=like.dtype).to(like.device)
             t = torch.zeros((), dtype=like.dtype, device=like.device, requires_grad=True)
@@ -498,7 +525,8 @@ class Curvature(Objective):
         return total / self.curves
 
 
-def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str, torch.Tensor]) -> Callable:
+def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str, torch.Tensor]
+                     ) -> Callable[[Mapping[str, torch.Tensor]], dict[str, torch.Tensor]]:
     """The diagonal preconditioner ``P`` of ``optimizer``'s next step at gradient ``g``, for :class:`MetricGradNorm`.
 
     ``named_params`` maps names to the optimizer's parameter tensors (``dict(model.named_parameters())``).
@@ -520,7 +548,7 @@ def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str
         return v.clamp_min(torch.finfo(v.dtype).tiny).sqrt()
 
     def metric(grads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = {}
+        out: dict[str, torch.Tensor] = {}
         for name, g in grads.items():
             if name not in named_params:
                 continue
@@ -570,7 +598,7 @@ class TeleportResult:
     ``params`` in them; ``steps``: the gradient steps taken; ``seconds``: the wall-clock time.
     """
 
-    params: dict
+    params: dict[str, torch.Tensor]
     accepted: bool
     reason: str
     moves: tuple[Move, ...]
@@ -592,7 +620,7 @@ class TeleportResult:
     def coordinates(self) -> tuple[torch.Tensor, ...]:
         return tuple(m.coords for m in self.moves if m.coords is not None)
 
-    def __str__(self):
+    def __str__(self) -> str:
         verdict = "accepted" if self.accepted else f"rejected ({self.reason})"
         return (f"teleport {verdict}: objective {self.objective_before:.6g} → {self.objective_after:.6g}, loss "
                 f"{self.loss_before:.6g} → {self.loss_after:.6g} (relative change {self.relative_loss_change:.1e}), "
@@ -651,7 +679,7 @@ class Teleporter:
     """
 
     action: Action
-    objective: Objective | Callable = GradNorm()
+    objective: Objective | Callable[[Params], torch.Tensor] = GradNorm()
     steps: int = 10
     lr: float | None = None
     maximize: bool | None = None
@@ -665,7 +693,7 @@ class Teleporter:
     samples: int = 16
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "action", as_action(self.action))
         if self.discrete not in (None, "greedy", "random"):
             raise ValueError(f"Teleporter: discrete must be None, 'greedy' or 'random', got {self.discrete!r}")
@@ -700,7 +728,7 @@ class Teleporter:
             return self.backtrack
         return BACKTRACK if self.lr is None else 0
 
-    def evaluate(self, params: Params, loss: Callable, wrt: Sequence[str]) -> torch.Tensor:
+    def evaluate(self, params: Params, loss: ParamLoss, wrt: Sequence[str]) -> torch.Tensor:
         """The objective at ``params``."""
         if isinstance(self.objective, Objective):
             return self.objective(params, loss, self.action, wrt)
@@ -722,11 +750,11 @@ class Teleporter:
         with torch.no_grad():
             loss0 = float(loss(theta0))
 
-        def value(p):
+        def value(p: Params) -> float:
             with torch.enable_grad():
                 return float(self.evaluate(p, loss, wrt).detach())
 
-        def loss_at(p) -> float:
+        def loss_at(p: Params) -> float:
             """The loss at ``p`` (NaN where a parameter is not finite)."""
             if not all(bool(torch.isfinite(p[n]).all()) for n in wrt):
                 return math.nan
@@ -741,21 +769,26 @@ class Teleporter:
         def kept(lp: float) -> bool:
             return change(lp) <= tolerance
 
-        theta, moves, steps = theta0, [], 0
+        theta, steps = theta0, 0
+        moves: list[Move] = []
         base, total = theta0, torch.zeros(self.action.dim, dtype=like.dtype, device=like.device)
-        history, losses = [value(theta0) if self.discrete else None], [loss0]   # None: filled by the next evaluation
+        history: list[float | None] = [None]   # None: filled by the next evaluation
+        losses = [loss0]
         if self.discrete:
-            theta, found, current = self._search(theta, value, lambda p: kept(loss_at(p)), history[0])
+            history[0] = start_value = value(theta0)
+            theta, found, searched = self._search(theta, value, lambda p: kept(loss_at(p)), start_value)
             if found:
-                moves, history, losses = found, history + [current], losses + [loss_at(theta)]
+                moves, history, losses = found, history + [searched], losses + [loss_at(theta)]
             base = theta
         best = (0, theta0, 0, total, 0)     # index, params, number of moves, coordinates (compose=False), steps
 
-        def consider():
+        def consider() -> None:
             """Make the current iterate the best when it kept the loss and has a better, finite objective."""
             nonlocal best
             k = len(history) - 1
-            if k and kept(losses[k]) and math.isfinite(history[k]) and self.sign * (history[k] - history[best[0]]) > 0:
+            here, record = history[k], history[best[0]]
+            if k and here is not None and record is not None and kept(losses[k]) and math.isfinite(here) \
+                    and self.sign * (here - record) > 0:
                 best = (k, theta, len(moves), total, steps)
 
         consider()
@@ -777,13 +810,14 @@ class Teleporter:
             slope = float(grad.norm())
             if slope == 0:
                 break
-            delta = self.sign * (self.lr if self.lr is not None else self.max_step / slope) * scale * grad
+            delta = self.sign * self._rate(slope) * scale * grad
             length = float(delta.norm())
             if self.max_step is not None and length > self.max_step:
                 delta, length = delta * (self.max_step / length), self.max_step
             if length == 0:
                 break
-            (candidate, failure), current, lp = self._advance(base, theta, total, delta), None, math.nan
+            current: float | None = None
+            (candidate, failure), lp = self._advance(base, theta, total, delta), math.nan
             if self.halvings:
                 for _ in range(self.halvings):
                     if candidate is not None:
@@ -816,15 +850,24 @@ class Teleporter:
             consider()
         index, theta, count, total, taken = best
         moves = moves[:count] + ([Move(coords=total)] if not self.compose and taken else [])
-        accepted, reason = self._verdict(history, index, max(map(change, losses[1:]), default=0.0), tolerance, note)
+        scores = [math.nan if h is None else h for h in history]   # every entry is evaluated by now
+        accepted, reason = self._verdict(scores, index, max(map(change, losses[1:]), default=0.0), tolerance, note)
         if not accepted:
             index, theta, moves = 0, theta0, []
         moved = {n: params[n] if theta[n] is theta0[n] else theta[n] for n in params}
-        return TeleportResult(moved if accepted else dict(params), accepted, reason, tuple(moves), history[0],
-                              history[index], loss0, losses[index], steps, time.perf_counter() - start,
-                              tuple(history), tuple(losses), index)
+        return TeleportResult(moved if accepted else dict(params), accepted, reason, tuple(moves), scores[0],
+                              scores[index], loss0, losses[index], steps, time.perf_counter() - start,
+                              tuple(scores), tuple(losses), index)
 
-    def _verdict(self, history, index, worst, tolerance, note) -> tuple[bool, str]:
+    def _rate(self, slope: float) -> float:
+        """``s``: the fixed rate ``lr``, or the normalised ``max_step / ‖∇_c F‖``."""
+        if self.lr is not None:
+            return self.lr
+        assert self.max_step is not None, "__post_init__ refuses lr=None without max_step"
+        return self.max_step / slope
+
+    def _verdict(self, history: Sequence[float], index: int, worst: float, tolerance: float,
+                 note: str) -> tuple[bool, str]:
         """``(accepted, reason)`` for the best iterate ``history[index]``: accepted when it improved the objective by at
         least ``min_gain`` relative to the start; ``worst`` is the largest relative loss change of any iterate."""
         gain = self.sign * (history[index] - history[0])
@@ -838,7 +881,8 @@ class Teleporter:
                            f"{worst:.2e} > tolerance {tolerance:.1e}")
         return False, "the objective did not improve" + (f" ({note})" if note else "")
 
-    def _advance(self, base, theta, total, delta):
+    def _advance(self, base: Params, theta: Params, total: torch.Tensor, delta: torch.Tensor
+                 ) -> tuple[dict[str, torch.Tensor] | None, str]:
         """``(next iterate, "")``, or ``(None, why)`` where the action is undefined (singular frames, points off the
         image of a conjugating map)."""
         try:
@@ -847,18 +891,20 @@ class Teleporter:
         except (ValueError, torch.linalg.LinAlgError) as error:
             return None, str(error).splitlines()[0]
 
-    def _search(self, theta, value, admissible, current):
+    def _search(self, theta: dict[str, torch.Tensor], value: Callable[[Params], float],
+                admissible: Callable[[Params], bool], current: float
+                ) -> tuple[dict[str, torch.Tensor], list[Move], float]:
         """Discrete search over the generators (and inverses); returns ``(θ, moves, objective)``."""
         count = len(self.action.discrete_generators())
         options = [Move(generator=i, inverse=inv) for i in range(count) for inv in (False, True)]
 
-        def score(v):
+        def score(v: float) -> float:
             return self.sign * v
 
-        moves = []
+        moves: list[Move] = []
         if self.discrete == "greedy":
             for _ in range(self.discrete_steps):
-                best = None
+                best: tuple[float, Move, dict[str, torch.Tensor]] | None = None
                 for move in options:
                     with torch.no_grad():
                         candidate = self.action.replay(theta, [move])
@@ -873,7 +919,7 @@ class Teleporter:
                 moves.append(move)
             return theta, moves, current
         generator = torch.Generator().manual_seed(self.seed)
-        best = (current, [], theta)
+        found: tuple[float, list[Move], dict[str, torch.Tensor]] = (current, [], theta)
         for _ in range(self.samples):
             length = int(torch.randint(1, self.discrete_steps + 1, (1,), generator=generator))
             word = [options[int(i)] for i in torch.randint(len(options), (length,), generator=generator)]
@@ -881,14 +927,14 @@ class Teleporter:
                 candidate = self.action.replay(theta, word)
             if admissible(candidate):
                 v = value(candidate)
-                if score(v) > score(best[0]):
-                    best = (v, word, candidate)
-        return best[2], list(best[1]), best[0]
+                if score(v) > score(found[0]):
+                    found = (v, word, candidate)
+        return found[2], list(found[1]), found[0]
 
 
-def teleport(action, params: Params, loss: Callable[[Params], torch.Tensor],
-             objective: Objective | Callable = GradNorm(),
-             *, wrt: Sequence[str] | None = None, **settings) -> TeleportResult:
+def teleport(action: Any, params: Params, loss: ParamLoss,
+             objective: Objective | Callable[[Params], torch.Tensor] = GradNorm(), *, wrt: Sequence[str] | None = None,
+             **settings: Any) -> TeleportResult:
     """Teleport ``params`` along ``action`` to optimise ``objective`` at the loss ``loss(params)`` (one batch).
 
     ``wrt``: the entries that are trainable parameters (gradients, directions and curves are taken over them;

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import torch
 from torch import nn
@@ -63,7 +63,7 @@ from torch.nn import functional as F
 
 from symalg.applications.nonlinear_actions import _columns, _right_divide
 from symalg.frontend.canonical import module_activation
-from symalg.numeric.feedforward import FeedForward, _rows
+from symalg.numeric.feedforward import FeedForward, SiteElements, _rows
 
 __all__ = ["ActionConditions", "ActionMeasurement", "ApproximateTeleport", "BijectiveActivation", "ExactTeleport",
            "as_bijective", "extended_tanh", "leaky_relu", "measure_action"]
@@ -118,10 +118,10 @@ def extended_tanh(n: float = 10.0) -> BijectiveActivation:
     """
     eps2 = 2 * math.exp(-n)
 
-    def forward(y):
+    def forward(y: torch.Tensor) -> torch.Tensor:
         return torch.tanh(y) + eps2 * torch.sinh(y)
 
-    def inverse(t):
+    def inverse(t: torch.Tensor) -> torch.Tensor:
         lo, hi = torch.asinh((t - 1) / eps2), torch.asinh((t + 1) / eps2)
         for _ in range(64):
             mid = (lo + hi) / 2
@@ -135,7 +135,7 @@ def extended_tanh(n: float = 10.0) -> BijectiveActivation:
     return BijectiveActivation(f"extended_tanh(N={n})", forward, inverse)
 
 
-def as_bijective(activation) -> BijectiveActivation:
+def as_bijective(activation: Callable[[torch.Tensor], torch.Tensor]) -> BijectiveActivation:
     """``activation`` itself, or the bijection for a leaky ReLU (slope ``> 0``) or the identity, read off the
     catalogue op of the activation module (``nn.LeakyReLU``, ``Activation("leaky_relu", slope=...)``, the views
     of :class:`~symalg.numeric.feedforward.FeedForward`); ``TypeError`` otherwise.
@@ -182,8 +182,8 @@ class ActionConditions:
         special data it can hold without)."""
         return self.loss_preserving
 
-    def __str__(self):
-        def yes(b):
+    def __str__(self) -> str:
+        def yes(b: bool) -> str:
             return "yes" if b else "no"
         return (f"{self.label}: batch k = {self.batch}, width {self.width}, rank {self.rank}: loss preserved "
                 f"{yes(self.loss_preserving)}, unit axiom {yes(self.identity_axiom)}, multiplication axiom "
@@ -197,7 +197,7 @@ def _min_rank(a: torch.Tensor) -> int:
 
 def _rows_within(a: torch.Tensor, b: torch.Tensor) -> bool:
     """``row(a) ⊆ row(b)`` for every draw (ranks of the blocks scaled to unit norm)."""
-    def unit(m):
+    def unit(m: torch.Tensor) -> torch.Tensor:
         return m / torch.linalg.matrix_norm(m)[..., None, None].clamp_min(torch.finfo(m.dtype).tiny)
     stacked = torch.linalg.matrix_rank(torch.cat([unit(b), unit(a)], -2))
     return bool((stacked == torch.linalg.matrix_rank(unit(b))).all())
@@ -210,11 +210,12 @@ class _SiteAction:
     net: FeedForward
     site: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not 0 <= self.site < self.net.sites:
             raise ValueError(f"site {self.site} out of range: the network has hidden sites 0…{self.net.sites - 1}")
 
-    def _parts(self, params, x):
+    def _parts(self, params: Mapping[str, torch.Tensor], x: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(W̃ = [W b], h = [a; 1], A = W̃ h)`` for layer ``site``, all ``(…, rows, cols)``."""
         s, net = self.site, self.net
         zs = net.preactivations(params, x)
@@ -225,18 +226,20 @@ class _SiteAction:
             w = torch.cat([w, params[b].unsqueeze(-1)], -1)
         return w, a.transpose(-1, -2), zs[s].transpose(-1, -2)
 
-    def _check(self, g, params):
+    def _check(self, g: torch.Tensor, params: Mapping[str, torch.Tensor]) -> None:
         width = params[self.net.weights[self.site]].shape[-2]
         if g.shape[-2:] != (width, width):
             raise ValueError(f"g: shape {tuple(g.shape)}, expected (…, {width}, {width}) for site {self.site}")
 
-    def _store(self, params, w_tilde, w_next):
+    def _store(self, params: Mapping[str, torch.Tensor], w_tilde: torch.Tensor,
+               w_next: torch.Tensor) -> dict[str, torch.Tensor]:
         s, net = self.site, self.net
         out = dict(params)
-        if net.biases[s] is None:
+        bias = net.biases[s]
+        if bias is None:
             out[net.weights[s]] = w_tilde
         else:
-            out[net.weights[s]], out[net.biases[s]] = w_tilde[..., :-1], w_tilde[..., -1]
+            out[net.weights[s]], out[bias] = w_tilde[..., :-1], w_tilde[..., -1]
         out[net.weights[s + 1]] = w_next
         return out
 
@@ -327,7 +330,8 @@ class ApproximateTeleport(_SiteAction):
 
 # ------------------------------------------------------------------------------------------ measurement
 
-def _compose(g1, g2):
+def _compose(g1: Any, g2: Any) -> Any:
+    """``g₁g₂`` site by site, for each form of :data:`~symalg.numeric.feedforward.SiteElements`."""
     if isinstance(g1, torch.Tensor):
         return g1 @ g2
     if isinstance(g1, Mapping):
@@ -335,8 +339,8 @@ def _compose(g1, g2):
     return [None if a is None else a @ b for a, b in zip(g1, g2)]
 
 
-def _identity(g):
-    def eye(a):
+def _identity(g: SiteElements) -> Any:
+    def eye(a: torch.Tensor | None) -> torch.Tensor | None:
         return None if a is None else torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand_as(a)
     if isinstance(g, torch.Tensor):
         return eye(g)
@@ -347,8 +351,8 @@ def _identity(g):
 
 def _distance(p: Mapping[str, torch.Tensor], q: Mapping[str, torch.Tensor]) -> float:
     """``‖p − q‖ / ‖q‖`` over all tensors (Frobenius)."""
-    num = sum(((p[k] - q[k]) ** 2).sum() for k in q)
-    den = sum((q[k] ** 2).sum() for k in q)
+    num = cast(torch.Tensor, sum(((p[k] - q[k]) ** 2).sum() for k in q))   # q is never empty
+    den = cast(torch.Tensor, sum((q[k] ** 2).sum() for k in q))
     return (num / den.clamp_min(torch.finfo(den.dtype).tiny)).sqrt().item()
 
 
@@ -375,16 +379,18 @@ class ActionMeasurement:
     def relative_loss_change(self) -> float:
         return self.loss_change / max(abs(self.loss_before), torch.finfo(torch.float64).tiny)
 
-    def __str__(self):
+    def __str__(self) -> str:
         out = "" if self.output_change is None else f", output change {self.output_change:.1e}"
         comp = "" if self.composition_error is None else f", composition error {self.composition_error:.1e}"
         return (f"{self.label}: loss {self.loss_before:.6g} → {self.loss_after:.6g} (relative change "
                 f"{self.relative_loss_change:.1e}){out}, identity error {self.identity_error:.1e}{comp}")
 
 
-def measure_action(action: Callable, params: Mapping[str, torch.Tensor], x: torch.Tensor, g1, g2=None, *,
-                   loss: Callable[[Mapping[str, torch.Tensor]], torch.Tensor],
-                   forward: Callable | None = None, label: str | None = None) -> ActionMeasurement:
+def measure_action(action: Callable[[Mapping[str, torch.Tensor], Any, torch.Tensor], dict[str, torch.Tensor]],
+                   params: Mapping[str, torch.Tensor], x: torch.Tensor, g1: SiteElements,
+                   g2: SiteElements | None = None, *, loss: Callable[[Mapping[str, torch.Tensor]], torch.Tensor],
+                   forward: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor] | None = None,
+                   label: str | None = None) -> ActionMeasurement:
     """Apply ``action(params, g, x)`` and measure the loss change and the unit/multiplication axiom errors.
 
     Works for any action of that signature (:class:`ExactTeleport`, :class:`ApproximateTeleport`,
@@ -396,7 +402,11 @@ def measure_action(action: Callable, params: Mapping[str, torch.Tensor], x: torc
         return _measure(action, params, x, g1, g2, loss, forward, label)
 
 
-def _measure(action, params, x, g1, g2, loss, forward, label) -> ActionMeasurement:
+def _measure(action: Callable[[Mapping[str, torch.Tensor], Any, torch.Tensor], dict[str, torch.Tensor]],
+             params: Mapping[str, torch.Tensor], x: torch.Tensor, g1: SiteElements, g2: SiteElements | None,
+             loss: Callable[[Mapping[str, torch.Tensor]], torch.Tensor],
+             forward: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor] | None,
+             label: str | None) -> ActionMeasurement:
     moved = action(params, g1, x)
     output = None
     if forward is not None:
@@ -408,5 +418,5 @@ def _measure(action, params, x, g1, g2, loss, forward, label) -> ActionMeasureme
     if g2 is not None:
         both = action(params, _compose(g1, g2), x)
         composition = _distance(action(action(params, g2, x), g1, x), both)
-    name = label or getattr(action, "label", type(action).__name__)
+    name = label or str(getattr(action, "label", type(action).__name__))
     return ActionMeasurement(name, loss(params).item(), loss(moved).item(), output, identity, composition)

@@ -54,7 +54,7 @@ Example
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -85,7 +85,7 @@ class Schedule:
     at_epochs: tuple[int, ...] = ()
     batches: int = 1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.every is not None and self.every < 1:
             raise ValueError(f"Schedule: every must be a positive step count, got {self.every}")
         if any(s < 1 for s in (*self.at_steps, *self.at_epochs)):
@@ -101,10 +101,13 @@ class Schedule:
         return epoch in self.at_epochs
 
 
-def model_loss(model: torch.nn.Module,
-               criterion: Callable) -> Callable[[Mapping[str, torch.Tensor], Any], torch.Tensor]:
+BatchLoss = Callable[[Mapping[str, torch.Tensor], Any], torch.Tensor]
+"""A loss of the parameters on one mini-batch: ``loss(params, batch)``."""
+
+
+def model_loss(model: torch.nn.Module, criterion: Callable[[Any, Any], torch.Tensor]) -> BatchLoss:
     """``(params, (x, y)) ↦ criterion(model(x; params), y)`` through ``torch.func.functional_call``."""
-    def loss(params, batch):
+    def loss(params: Mapping[str, torch.Tensor], batch: Any) -> torch.Tensor:
         x, y = batch
         return criterion(torch.func.functional_call(model, dict(params), (x,)), y)
     return loss
@@ -166,8 +169,9 @@ class TeleportingOptimizer:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
-                 teleporter: Teleporter | Callable[[Any], Teleporter], loss_fn: Callable, data: Callable | Iterable,
-                 schedule: Schedule = Schedule(every=100), state: str = "transform"):
+                 teleporter: Teleporter | Callable[[Any], Teleporter], loss_fn: BatchLoss,
+                 data: Callable[[], Any] | Iterable[Any], schedule: Schedule = Schedule(every=100),
+                 state: str = "transform") -> None:
         if state not in STATE_MODES:
             raise ValueError(f"TeleportingOptimizer: state must be one of {STATE_MODES}, got {state!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -179,27 +183,28 @@ class TeleportingOptimizer:
             raise ValueError("TeleportingOptimizer: none of model's parameters are in the optimizer")
         self.optimizer, self.model, self.teleporter, self.loss_fn = optimizer, model, teleporter, loss_fn
         self.schedule, self.state_mode = schedule, state
-        self._data, self._iterator = data, None
+        self._data = data
+        self._iterator: Iterator[Any] | None = None
         self.steps, self.epochs = 0, 0
         self.results: list[TeleportResult] = []
 
     # -- torch.optim.Optimizer surface --------------------------------------------------------------------------
     @property
-    def param_groups(self):
+    def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
     @property
-    def state(self):
+    def state(self) -> Any:
         return self.optimizer.state
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """The inner optimizer's state dict and the schedule's counters (under ``"teleport"``)."""
         return {**self.optimizer.state_dict(), "teleport": {"steps": self.steps, "epochs": self.epochs}}
 
-    def load_state_dict(self, state_dict) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore the inner optimizer and, when saved, the schedule's counters (a plain optimizer state dict
         leaves them as they are)."""
         state_dict = dict(state_dict)
@@ -208,7 +213,7 @@ class TeleportingOptimizer:
         if counters is not None:
             self.steps, self.epochs = int(counters["steps"]), int(counters["epochs"])
 
-    def step(self, closure: Callable | None = None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """The optimizer's step, then a teleport if ``schedule.due_step`` (returns the closure's loss)."""
         loss = self.optimizer.step(closure)
         self.steps += 1
@@ -222,7 +227,7 @@ class TeleportingOptimizer:
         return self.teleport() if self.schedule.due_epoch(self.epochs) else []
 
     # -- teleportation ------------------------------------------------------------------------------------------
-    def _batch(self):
+    def _batch(self) -> Any:
         if callable(self._data):
             return self._data()
         if self._iterator is None:
@@ -245,7 +250,10 @@ class TeleportingOptimizer:
             batch = self._batch()
             teleporter = self.teleporter if isinstance(self.teleporter, Teleporter) else self.teleporter(batch)
             current = self._params()
-            result = teleporter(current, lambda p, batch=batch: self.loss_fn(p, batch), wrt=tuple(self.named))
+            def loss(p: Mapping[str, torch.Tensor], batch: Any = batch) -> torch.Tensor:
+                return self.loss_fn(p, batch)
+
+            result = teleporter(current, loss, wrt=tuple(self.named))
             results.append(result)
             if not (result.accepted and result.moves):
                 continue

@@ -20,7 +20,7 @@ torch.Size([3, 3])
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import re
 
@@ -42,20 +42,20 @@ def identifier(name: str) -> str:
 class SymalgTorchPrinter(TorchPrinter):
     """SymPy's torch printer with fixes for batching, devices and a few wrong translations."""
 
-    def _print_MatrixSymbol(self, expr):
+    def _print_MatrixSymbol(self, expr: sp.MatrixSymbol) -> str:
         # Symbol names may be LaTeX (velocities are \dot{W}_{1}); print them as Python identifiers.
         return identifier(expr.name)
 
-    def _print_Max(self, expr):
+    def _print_Max(self, expr: sp.Max) -> str:
         # SymPy maps Max to torch.max, which for (tensor, 0) reduces over dim 0 and returns
         # (values, indices); clamp against constants and use the elementwise torch.maximum otherwise.
         return self._print_extremum(expr, "min", "torch.maximum")
 
-    def _print_Min(self, expr):
+    def _print_Min(self, expr: sp.Min) -> str:
         # Same problem as Max: torch.min(x, 0) is a reduction, not an elementwise minimum.
         return self._print_extremum(expr, "max", "torch.minimum")
 
-    def _print_extremum(self, expr, bound, elementwise):
+    def _print_extremum(self, expr: sp.Basic, bound: str, elementwise: str) -> str:
         constants = [a for a in expr.args if a.is_number]
         others = [self._print(a) for a in expr.args if not a.is_number]
         result = others[0]
@@ -65,17 +65,17 @@ class SymalgTorchPrinter(TorchPrinter):
             result = f"{self._module_format('torch.clamp')}({result}, {bound}={self._print(c)})"
         return result
 
-    def _print_Transpose(self, expr):
+    def _print_Transpose(self, expr: sp.Transpose) -> str:
         # SymPy prints torch.transpose(X).t() (an invalid call) for square matrices and a reversed
         # permute string otherwise; neither works on batches. Swap the last two axes.
         arg = self._print(expr.arg)
         return f"{arg if isinstance(expr.arg, sp.MatrixSymbol) else f'({arg})'}.transpose(-1, -2)"
 
-    def _print_Trace(self, expr):
+    def _print_Trace(self, expr: sp.Trace) -> str:
         # torch.trace accepts 2-D tensors only; sum the diagonal of the last two axes instead.
         return f"{self._module_format('torch.diagonal')}({self._print(expr.arg)}, dim1=-2, dim2=-1).sum(-1)"
 
-    def _print_MatMul(self, expr):
+    def _print_MatMul(self, expr: sp.MatMul) -> str:
         # (1) diag(d) X is printed as the broadcast product d * X (and X diag(d) as X * dᵀ) rather than
         #     a dense h×h matrix product; (2) X 1 (a column of ones) as a row sum, not a matmul;
         # (3) X A⁻¹ as a linear solve; (4) scalar factors stay one Python product in front.
@@ -104,7 +104,7 @@ class SymalgTorchPrinter(TorchPrinter):
             result = f"{self.parenthesize(coefficient, 40)}*{result}"
         return result
 
-    def _print_MatAdd(self, expr):
+    def _print_MatAdd(self, expr: sp.MatAdd) -> str:
         # SymPy folds torch.add(torch.add(A, B), (-1)*C): nested calls plus a multiply per negative
         # term. Print one flat sum with subtraction instead.
         text = ""
@@ -116,32 +116,32 @@ class SymalgTorchPrinter(TorchPrinter):
                 f"{text} {'-' if negative else '+'} {printed}"
         return f"({text})"
 
-    def _print_DiagMatrix(self, expr):
+    def _print_DiagMatrix(self, expr: sp.DiagMatrix) -> str:
         # A stand-alone diag(d): d is an h×1 column; torch.diag_embed builds (..., h, h).
         return f"{self._module_format('torch.diag_embed')}({self._print(expr.args[0])}.squeeze(-1))"
 
-    def _print_HadamardPower(self, expr):
+    def _print_HadamardPower(self, expr: sp.HadamardPower) -> str:
         # Squares of a plain symbol (or its transpose) as X * X, which is faster than torch.pow(X, 2).
         if expr.exp == 2 and isinstance(expr.base, (sp.MatrixSymbol, sp.Transpose)):
             base = self._print(expr.base)
             return f"({base} * {base})"
         return f"{self._module_format('torch.pow')}({self._print(expr.base)}, {self._print(expr.exp)})"
 
-    def _print_MatPow(self, expr):
+    def _print_MatPow(self, expr: sp.MatPow) -> str:
         # SymPy chains torch.mm, which fails for negative or large exponents and for batches.
         return f"{self._module_format('torch.linalg.matrix_power')}({self._print(expr.base)}, {self._print(expr.exp)})"
 
-    def _print_OneMatrix(self, expr):
+    def _print_OneMatrix(self, expr: sp.OneMatrix) -> str:
         # SymPy's torch.ones(shape) ignores dtype and device; match the reference tensor.
         return f"torch.ones({self._print(expr.shape[0])}, {self._print(expr.shape[1])}, **_like)"
 
-    def _print_ZeroMatrix(self, expr):
+    def _print_ZeroMatrix(self, expr: sp.ZeroMatrix) -> str:
         return f"torch.zeros({self._print(expr.shape[0])}, {self._print(expr.shape[1])}, **_like)"
 
-    def _print_Identity(self, expr):
+    def _print_Identity(self, expr: sp.Identity) -> str:
         return f"torch.eye({self._print(expr.shape[0])}, **_like)"
 
-    def _print(self, expr, **kwargs):
+    def _print(self, expr: Any, **kwargs: Any) -> str:
         # Any non-integer real constant (1/5, sqrt(2)/2, pi) as a Python float: SymPy would print
         # torch.sqrt(2), which fails on a Python int.
         if isinstance(expr, sp.Expr) and not isinstance(expr, sp.MatrixExpr) and expr.is_number \
@@ -158,7 +158,7 @@ def torch_source(expr: sp.Basic) -> str:
     return _PRINTER.doprint(expr)
 
 
-def compile_function(name: str, source: str, origin: str = "lowered") -> Callable:
+def compile_function(name: str, source: str, origin: str = "lowered") -> Callable[..., Any]:
     """The function ``name`` defined by generated ``source``: the one place symalg turns code into a callable.
 
     ``source`` is code symalg printed itself (:func:`torch_source` of SymPy expressions, identifiers from
@@ -171,7 +171,7 @@ def compile_function(name: str, source: str, origin: str = "lowered") -> Callabl
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"compile_function: name must be a Python identifier, got {name!r}")
-    namespace = {"torch": torch}
+    namespace: dict[str, Any] = {"torch": torch}
     exec(compile(source, f"<symalg.{origin}.{name}>", "exec"), namespace)
     if not callable(namespace.get(name)):
         raise ValueError(f"compile_function: the source does not define a function {name!r}")
@@ -190,12 +190,12 @@ class LoweredFunction:
     name: str
     source: str
     arg_names: tuple[str, ...]
-    fn: Callable = field(repr=False)
+    fn: Callable[..., Any] = field(repr=False)
     param_names: tuple[str, ...] = ()
-    param_shapes: Mapping[str, tuple] = field(default_factory=dict, repr=False)
+    param_shapes: Mapping[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
     """Trailing shape each parameter must have (ints, or symbols that must agree across parameters)."""
 
-    def __call__(self, params: Mapping[str, torch.Tensor], *args):
+    def __call__(self, params: Mapping[str, torch.Tensor], *args: torch.Tensor) -> Any:
         missing = [name for name in self.param_names if name not in params]
         if missing:
             raise KeyError(f"{self.name}: parameter(s) {missing} missing from params "
@@ -209,7 +209,7 @@ class LoweredFunction:
     def _check_shapes(self, params: Mapping[str, torch.Tensor]) -> None:
         """Raise ``ValueError`` naming the parameter whose trailing shape is not :attr:`param_shapes`
         (leading batch dimensions are free); torch would otherwise broadcast or fail without the name."""
-        bound: dict = {}
+        bound: dict[sp.Symbol, int] = {}
         for name, expected in self.param_shapes.items():
             value = params[name]
             if not isinstance(value, torch.Tensor):
@@ -246,7 +246,7 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
         ``.narrow(0, 0, 4).reshape(4, -1)`` of a slice of a conv kernel).
     """
     outputs = dict(expr) if isinstance(expr, Mapping) else None
-    exprs = list(outputs.values()) if outputs is not None else [expr]
+    exprs: list[sp.MatrixExpr] = list(outputs.values()) if outputs is not None else [expr]
     if outputs is None:
         body = [f"    return {torch_source(expr)}"]
     else:
@@ -269,12 +269,12 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
             inputs.append(symbol)
             missing -= set(symbol.shape)
     lines = [f"def {name}(params{''.join(', ' + identifier(a.name) for a in args)}):"]
-    vector_inputs = set(vector_inputs)
+    columns = set(vector_inputs)
     for symbol in to_read:
-        suffix = (read_suffixes or {}).get(symbol, ".unsqueeze(-1)" if symbol in vector_inputs else "")
+        suffix = (read_suffixes or {}).get(symbol, ".unsqueeze(-1)" if symbol in columns else "")
         lines.append(f"    {identifier(symbol.name)} = params[{params[symbol]!r}]{suffix}")
-    lines += [f"    {identifier(s.name)} = {identifier(s.name)}.unsqueeze(-1)" for s in args if s in vector_inputs]
-    bound = set()
+    lines += [f"    {identifier(s.name)} = {identifier(s.name)}.unsqueeze(-1)" for s in args if s in columns]
+    bound: set[sp.Symbol] = set()
     taken = {identifier(s.name) for s in inputs} | {"torch", "params", "_like", name}
     clash = sorted({str(w) for s in inputs for w in s.shape if sp.sympify(w).is_Symbol and str(w) in taken})
     if clash:  # `b_1 = W_1.shape[-2]` would overwrite the bias b_1: a wrong value, silently
@@ -296,7 +296,7 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
         lines.append(f"    _like = dict(dtype={reference}.dtype, device={reference}.device)")
     source = "\n".join(lines + body)
     function = compile_function(name, source)
-    shapes = {params[s]: tuple(s.shape[:1] if s in vector_inputs else s.shape)
+    shapes = {params[s]: tuple(s.shape[:1] if s in columns else s.shape)
               for s in to_read if s not in (read_suffixes or {})}
     return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), function,
                            tuple(params[s] for s in to_read), shapes)
@@ -307,7 +307,7 @@ def _explicit_entrywise(expr: sp.Basic) -> sp.Basic:
     otherwise evaluates them one entry at a time through the whole product (quadratic in the size)."""
     expr = expr.replace(lambda e: isinstance(e, sp.OneMatrix), lambda e: sp.ImmutableMatrix.ones(*e.shape))
 
-    def power(e):
+    def power(e: sp.HadamardPower) -> sp.Basic:
         base = e.base.doit()
         return base.applyfunc(lambda v: v ** e.exp) if isinstance(base, sp.MatrixBase) else e
 
@@ -319,8 +319,8 @@ def evaluate_symbolic(expr: sp.Basic, values: Mapping[str, np.ndarray]) -> np.nd
 
     Vectors stand for columns; symbolic widths are read from the values' shapes.
     """
-    arrays = {}
-    widths = {}
+    arrays: dict[str, np.ndarray] = {}
+    widths: dict[sp.Symbol, int] = {}
     for symbol in sp.sympify(expr).atoms(sp.MatrixSymbol):
         value = np.asarray(values[symbol.name], dtype=float)
         value = value[:, None] if value.ndim == 1 else value

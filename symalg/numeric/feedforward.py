@@ -24,7 +24,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -40,6 +40,11 @@ __all__ = ["FeedForward"]
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """Data as ``(…, k, n)`` rows: a single point ``(n,)`` becomes ``(1, n)``."""
     return x.unsqueeze(0) if x.dim() == 1 else x
+
+
+SiteElements = torch.Tensor | Sequence[torch.Tensor | None] | Mapping[int, torch.Tensor]
+"""Group elements per hidden site: one matrix (a single site), a sequence (one per site, ``None`` = identity) or
+``{site: matrix}``."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class FeedForward:
     activations: tuple[Callable, ...]
     output_activation: Callable | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not self.weights:
             raise ValueError("FeedForward: needs at least one linear layer, got no weights")
         if len(self.biases) != len(self.weights) or len(self.activations) != len(self.weights) - 1:
@@ -130,7 +135,7 @@ class FeedForward:
             out = self.output_activation(out)
         return out[..., 0, :] if x.dim() == 1 else out
 
-    def site_elements(self, g) -> list[torch.Tensor | None]:
+    def site_elements(self, g: SiteElements) -> list[torch.Tensor | None]:
         """Normalise ``g`` to one matrix (or ``None`` = identity) per hidden site.
 
         ``g`` is a sequence with one entry per site, a mapping ``{site: matrix}``, or (one hidden site

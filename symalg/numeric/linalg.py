@@ -6,12 +6,24 @@
 """
 from __future__ import annotations
 
+from typing import overload
+
 import torch
 
 __all__ = ["relative_error"]
 
 
-def relative_error(a: torch.Tensor, b: torch.Tensor, dim=None, floor: float = 0.0):
+@overload
+def relative_error(a: torch.Tensor, b: torch.Tensor, dim: None = None, floor: float = 0.0) -> float: ...
+
+
+@overload
+def relative_error(a: torch.Tensor, b: torch.Tensor, dim: int | tuple[int, ...],
+                   floor: float = 0.0) -> torch.Tensor: ...
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor, dim: int | tuple[int, ...] | None = None,
+                   floor: float = 0.0) -> float | torch.Tensor:
     """The relative difference of ``a`` and ``b``: ``‖a − b‖ / max(‖a‖, ‖b‖, floor)``.
 
     With ``dim=None`` the norm is the largest absolute entry over the whole tensors and the result is a
@@ -40,5 +52,9 @@ def relative_error(a: torch.Tensor, b: torch.Tensor, dim=None, floor: float = 0.
     if dim is None:
         scale = max(a.abs().max().item() if a.numel() else 0.0, b.abs().max().item() if b.numel() else 0.0, floor)
         return (a - b).abs().max().item() / scale if b.numel() else 0.0
-    norm = lambda x: torch.linalg.vector_norm(x, dim=dim)  # noqa: E731
+    axes = dim
+
+    def norm(x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.vector_norm(x, dim=axes)
+
     return norm(a - b) / torch.maximum(norm(a), norm(b)).clamp_min(floor)

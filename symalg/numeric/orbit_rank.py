@@ -70,18 +70,37 @@ from __future__ import annotations
 
 import math
 import numbers
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields, replace
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 import sympy as sp
 import torch
 
 from symalg.errors import SpecError
+from symalg.catalogue.bindings import Binding
 from symalg.catalogue.groups import group_classes
 from symalg.symbolic.orbit import gl_chain_kernel_dimension
 
+if TYPE_CHECKING:   # read for their types only
+    from symalg.ir.graph import ModelGraph
+    from symalg.symbolic.symmetry import Symmetry
+
 __all__ = ["RankDecision", "ComponentRank", "Stratum", "OrbitDimension", "model_orbit_dimension",
            "model_orbit_dimension_formula", "action_matrix", "independent_conserved_rank"]
+
+_Region = tuple[str, int | None, int, int]
+"""A region of a tensor: ``(tensor, axis, lo, hi)``; ``axis`` ``None`` for the whole tensor."""
+
+class AnalysisLike(Protocol):
+    """What this module reads of a :class:`~symalg.symbolic.derive.Analysis` (the derivation sits above it)."""
+
+    @property
+    def model_graph(self) -> ModelGraph: ...
+
+    @property
+    def symmetries(self) -> tuple[Symmetry, ...]: ...
+
 
 _KINDS = frozenset({"GL", "O", "O1", "PS", "T"})
 """Group kinds handled structurally, matched by exact class (a subclass that does not register a kind of its own
@@ -106,7 +125,7 @@ class RankDecision:
 
     what: str
     rank: int
-    shape: tuple
+    shape: tuple[int, ...]
     threshold: float
     kept: float | None = None
     dropped: float | None = None
@@ -132,7 +151,7 @@ class RankDecision:
         """True when the rank is below its generic value (the parameters lie on a stratum)."""
         return self.generic is not None and self.rank < self.generic
 
-    def __str__(self):
+    def __str__(self) -> str:
         generic = f", generically {self.generic}" if self.generic is not None else ""
         return f"{self.what}: rank {self.rank} of {self.shape[0]}×{self.shape[1]}{generic} (gap {self.gap:.3g})"
 
@@ -169,7 +188,7 @@ class Stratum:
     measured: int
     reasons: tuple[str, ...]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return (f"{', '.join(self.symmetries)}: orbit dimension {self.measured} < generic {self.expected} ("
                 + "; ".join(self.reasons) + ")")
 
@@ -209,7 +228,7 @@ class OrbitDimension:
     def __index__(self) -> int:
         return self.dimension
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, OrbitDimension):
             return all(getattr(self, f.name) == getattr(other, f.name) for f in fields(self))
         if isinstance(other, numbers.Integral):
@@ -235,7 +254,7 @@ class OrbitDimension:
         """The least clear rank decision (smallest gap, then smallest margin)."""
         return min(self.decisions, key=lambda d: (d.gap, d.margin), default=None)
 
-    def __str__(self):
+    def __str__(self) -> str:
         lines = [f"orbit dimension {self.dimension} of {self.algebra_dim} ({self.method}; gap {self.gap:.3g}, "
                  f"margin {self.margin:.3g}"
                  + (f"; generic {self.expected}" if self.expected is not None else "") + ")"]
@@ -253,17 +272,17 @@ class OrbitDimension:
 class _Site:
     """One continuous symmetry as this module sees it."""
 
-    symmetry: object
+    symmetry: Symmetry
     kind: str | None
     width: int
     dim: int
-    moving: tuple
-    regions: tuple
+    moving: tuple[Binding, ...]
+    regions: tuple[_Region, ...]
     """``(tensor, axis, lo, hi)`` per moving binding, then ``(tensor, None, 0, 0)`` for whole tensors."""
     tensors: tuple[str, ...]
-    self_overlap: frozenset = frozenset()
+    self_overlap: frozenset[int] = frozenset()
     """Indices of moving bindings whose region overlaps another of the same symmetry."""
-    coupled: dict = field(default_factory=dict)
+    coupled: dict[int, set[_Site]] = field(default_factory=dict)
     """Region index → the other sites touching that region."""
 
     @property
@@ -271,11 +290,11 @@ class _Site:
         return self.symmetry.label
 
 
-def _site(symmetry) -> _Site:
+def _site(symmetry: Symmetry) -> _Site:
     group = symmetry.group
     kind = group.kind if group.kind in _KINDS and group_classes()[group.kind] is type(group) else None
     moving = tuple(symmetry.moving_bindings())
-    regions = [(b.tensor, b.axis, b.start, b.start + b.width * b.block) for b in moving]
+    regions: list[_Region] = [(b.tensor, b.axis, b.start, b.start + b.width * b.block) for b in moving]
     if kind in ("T", None):   # translations, unknown kinds: whole tensors, conservatively
         covered = {b.tensor for b in moving}
         regions += [(t, None, 0, 0) for t in symmetry.tensors if t not in covered]
@@ -284,7 +303,7 @@ def _site(symmetry) -> _Site:
     return _Site(symmetry, kind, width, int(group.dim), moving, tuple(regions), tensors)
 
 
-def _overlap(r, q) -> bool:
+def _overlap(r: _Region, q: _Region) -> bool:
     if r[0] != q[0]:
         return False
     if r[1] is None or q[1] is None or r[1] != q[1]:
@@ -294,13 +313,13 @@ def _overlap(r, q) -> bool:
 
 def _couple(sites: list[_Site]) -> list[list[_Site]]:
     """Fill each site's ``coupled`` and ``self_overlap``; return the coupled components."""
-    by_tensor: dict[str, list] = {}
+    by_tensor: dict[str, list[tuple[_Site, int, _Region]]] = {}
     for site in sites:
         for index, region in enumerate(site.regions):
             by_tensor.setdefault(region[0], []).append((site, index, region))
     parent = {id(s): s for s in sites}
 
-    def root(s):
+    def root(s: _Site) -> _Site:
         while parent[id(s)] is not s:
             parent[id(s)] = parent[id(parent[id(s)])]
             s = parent[id(s)]
@@ -323,12 +342,12 @@ def _couple(sites: list[_Site]) -> list[list[_Site]]:
     return list(components.values())
 
 
-def _private(site: _Site, index: int, remaining) -> bool:
+def _private(site: _Site, index: int, remaining: set[_Site]) -> bool:
     """Region ``index`` of ``site`` is touched by no other remaining site, nor by the site itself twice."""
     return index not in site.self_overlap and not (site.coupled.get(index, set()) & remaining)
 
 
-def _columns(binding, shapes) -> int:
+def _columns(binding: Binding, shapes: Mapping[str, tuple[int, ...]]) -> int:
     """Columns of the unfolded region (``width × columns``), from the tensor's shape."""
     shape = shapes[binding.tensor]
     return math.prod(shape) // shape[binding.axis] * binding.block
@@ -337,7 +356,7 @@ def _columns(binding, shapes) -> int:
 # ---------------------------------------------------------------------------------------------
 # numeric ranks with a certificate
 # ---------------------------------------------------------------------------------------------
-def _decide(values: torch.Tensor, shape: tuple, what: str, generic: int | None = None,
+def _decide(values: torch.Tensor, shape: Sequence[int], what: str, generic: int | None = None,
             rounding: float = 0.0) -> RankDecision:
     """The rank from singular values ``values`` (descending) of a ``shape`` matrix: those above
     ``max(σ_max · max(shape) · eps, rounding)``, ``rounding`` a bound on the error of a computed matrix."""
@@ -390,7 +409,7 @@ def _products_rank(blocks: list[_Product], what: str, dim: int = 1) -> RankDecis
     return _decide(_svdvals(matrix), matrix.shape, what, rounding=rounding)
 
 
-def _describe(bindings) -> str:
+def _describe(bindings: Sequence[Binding]) -> str:
     return "[" + ", ".join(b.describe() for b in bindings) + "]"
 
 
@@ -400,7 +419,8 @@ def _describe(bindings) -> str:
 _GIB = 2 ** 30
 
 
-def _jacobian(parts, state, tensors, max_bytes: float, what: str, symmetric: bool = False) -> torch.Tensor:
+def _jacobian(parts: Sequence[tuple[_Site, Sequence[int] | None]], state: Mapping[str, torch.Tensor],
+              tensors: Sequence[str], max_bytes: float, what: str, symmetric: bool = False) -> torch.Tensor:
     """``∂/∂x [Σ_s tangent_s(θ, Σ_i x_i B_{s,i})]`` restricted to ``tensors``: a ``rows × Σ dim`` matrix.
 
     ``parts`` are ``(site, coordinates)``: the basis ``B_{s,i}`` is the group's own
@@ -425,8 +445,9 @@ def _jacobian(parts, state, tensors, max_bytes: float, what: str, symmetric: boo
         basis = (group.symmetric_basis if symmetric else group.algebra_basis)(reference.dtype, reference.device)
         bases.append(basis if coordinates is None else basis[list(coordinates)])
 
-    def action(x):
-        changes, start = {}, 0
+    def action(x: torch.Tensor) -> torch.Tensor:
+        changes: dict[str, torch.Tensor] = {}
+        start = 0
         for (site, _), basis, size in zip(parts, bases, sizes):
             if not size:   # no generator (the symmetric part of so(h)): no column
                 continue
@@ -444,16 +465,34 @@ def _jacobian(parts, state, tensors, max_bytes: float, what: str, symmetric: boo
 # ---------------------------------------------------------------------------------------------
 # ranks: numeric (certified) and generic, behind one interface
 # ---------------------------------------------------------------------------------------------
-class _Ranks:
+class _Ranks(ABC):
     """What the kernel computation asks of the parameters; :class:`_Numeric` and :class:`_Generic`
     answer at the given and at generic parameters."""
 
-    def __init__(self, state, shapes, max_bytes, directions):
+    def __init__(self, state: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]], max_bytes: float,
+                 directions: dict[tuple[int, tuple[str, ...]], RankDecision]):
         self.state, self.shapes, self.max_bytes = state, shapes, max_bytes
         self.decisions: list[RankDecision] = []
         self._directions = directions       # shared cache: translation directions are constant
 
-    def directions_rank(self, site: _Site, tensors) -> int:
+    @abstractmethod
+    def stack_rank(self, site: _Site, bindings: Sequence[Binding], what: str, ones: bool = False) -> int:
+        """Rank of the unfolded regions side by side (and the all-ones column, with ``ones``)."""
+
+    @abstractmethod
+    def nonzero_rows(self, site: _Site, bindings: Sequence[Binding], active: set[int]) -> set[int]:
+        """The rows among ``active`` that are nonzero in some region of ``bindings``."""
+
+    @abstractmethod
+    def chain(self, vertices: list[_Site], arrows: list[str | None], sources: list[list[Binding]],
+              sinks: list[list[Binding]]) -> int | None:
+        """``dim ker`` of an equioriented chain of ``GL`` sites (``None``: no answer)."""
+
+    @abstractmethod
+    def joint(self, sites: list[_Site], active: Mapping[int, set[int]]) -> int | None:
+        """``dim ker`` of the action of ``sites`` together (``None``: no answer)."""
+
+    def directions_rank(self, site: _Site, tensors: Sequence[str]) -> int:
         """``rank[B_1 … B_k]`` of a translation's constant directions, restricted to ``tensors``."""
         if not tensors:
             return 0
@@ -468,8 +507,7 @@ class _Ranks:
 
 
 class _Numeric(_Ranks):
-    def stack_rank(self, site: _Site, bindings, what: str, ones: bool = False) -> int:
-        """Rank of the unfolded regions side by side (and the all-ones column, with ``ones``)."""
+    def stack_rank(self, site: _Site, bindings: Sequence[Binding], what: str, ones: bool = False) -> int:
         if not bindings and not ones:
             return 0
         blocks = [b.unfold(self.state[b.tensor]) for b in bindings]
@@ -482,10 +520,10 @@ class _Numeric(_Ranks):
         self.decisions.append(decision)
         return decision.rank
 
-    def nonzero_rows(self, site: _Site, bindings, active) -> set:
+    def nonzero_rows(self, site: _Site, bindings: Sequence[Binding], active: set[int]) -> set[int]:
         if not bindings or not active:
             return set()
-        squares = sum((b.unfold(self.state[b.tensor]) ** 2).sum(1) for b in bindings)
+        squares = torch.stack([(b.unfold(self.state[b.tensor]) ** 2).sum(1) for b in bindings]).sum(0)
         columns = sum(_columns(b, self.shapes) for b in bindings)
         index = torch.tensor(sorted(active), device=squares.device)
         norms = squares.sqrt()[index]
@@ -499,35 +537,39 @@ class _Numeric(_Ranks):
         self.decisions.append(decision)
         return nonzero
 
-    def chain(self, vertices, arrows, sources, sinks) -> int:
+    def chain(self, vertices: list[_Site], arrows: list[str | None], sources: list[list[Binding]],
+              sinks: list[list[Binding]]) -> int:
         """``dim Hom(V/S, K)`` from ranks of products (module docstring): with ``P(a,d) = W_d ⋯ W_{a+1}``,
         ``F_k``/``G_k`` the private out/in-regions of vertex ``k``, ``S_d = Σ_k col P(k,d) F_k`` and
         ``K_a = ker [G_kᵀ P(a,k)]_k``: ``r_X(a,d) = rank[P(a,d) | S_d] − rank S_d`` and
         ``r_K(a,d) = rank[K_a-constraints; P(a,d)] − rank[K_a-constraints]``."""
         n = len(vertices)
-        W = [None] + [_Product(self.state[name], self.state[name].norm().item()) for name in arrows[1:]]
-        P = {}
+        W = {d: _Product(self.state[name], self.state[name].norm().item())
+             for d, name in enumerate(arrows) if name is not None}
+        P: dict[tuple[int, int], _Product] = {}
         for a in range(n):
             for d in range(a + 1, n):
                 P[a, d] = W[d].times(P[a, d - 1]) if d > a + 1 else W[d]
 
-        def region(bindings, transpose=False):
+        def region(bindings: list[Binding], transpose: bool = False) -> _Product | None:
             U = torch.cat([b.unfold(self.state[b.tensor]) for b in bindings], 1) if bindings else None
             return None if U is None else _Product(U.T if transpose else U, U.norm().item())
 
         F = [region(sources[k]) for k in range(n)]
         G = [region(sinks[k], transpose=True) for k in range(n)]
-        spans = [[P[k, d].times(F[k]) if k < d else F[k] for k in range(d + 1) if F[k] is not None] for d in range(n)]
-        rows = [[G[k].times(P[a, k]) if k > a else G[k] for k in range(a, n) if G[k] is not None] for a in range(n)]
+        spans = [[P[k, d].times(f) if k < d else f for k, f in enumerate(F[:d + 1]) if f is not None] for d in range(n)]
+        rows = [[g.times(P[a, k]) if k > a else g for k, g in enumerate(G) if k >= a and g is not None]
+                for a in range(n)]
 
-        def rank(blocks, what, dim):
+        def rank(blocks: list[_Product], what: str, dim: int) -> int:
             decision = _products_rank(blocks, what, dim)
             self.decisions.append(decision)
             return decision.rank
 
         s = [rank(spans[d], f"S at {vertices[d].label}", 1) for d in range(n)]
         c = [rank(rows[a], f"K-constraints at {vertices[a].label}", 0) for a in range(n)]
-        r_x, r_k = {}, {}
+        r_x: dict[tuple[int, int], int] = {}
+        r_k: dict[tuple[int, int], int] = {}
         for a in range(n):
             r_x[a, a], r_k[a, a] = vertices[a].width - s[a], vertices[a].width - c[a]
             for d in range(a + 1, n):
@@ -537,7 +579,7 @@ class _Numeric(_Ranks):
         return sum((r_x[a, d] - r_x.get((a - 1, d), 0)) * (r_k[a, d] - r_k.get((a, d + 1), 0))
                    for a in range(n) for d in range(a, n))
 
-    def joint(self, sites, active) -> int:
+    def joint(self, sites: list[_Site], active: Mapping[int, set[int]]) -> int:
         parts = [(s, sorted(active[id(s)]) if s.kind == "PS" else None) for s in sites]
         tensors = list(dict.fromkeys(t for s in sites for t in s.tensors))
         what = "joint rank of " + ", ".join(s.label for s in sites)
@@ -548,13 +590,14 @@ class _Numeric(_Ranks):
 
 
 class _Generic(_Ranks):
-    def stack_rank(self, site: _Site, bindings, what: str, ones: bool = False) -> int:
+    def stack_rank(self, site: _Site, bindings: Sequence[Binding], what: str, ones: bool = False) -> int:
         return min(site.width, sum(_columns(b, self.shapes) for b in bindings) + ones)
 
-    def nonzero_rows(self, site: _Site, bindings, active) -> set:
+    def nonzero_rows(self, site: _Site, bindings: Sequence[Binding], active: set[int]) -> set[int]:
         return set(active) if bindings else set()
 
-    def chain(self, vertices, arrows, sources, sinks) -> int | None:
+    def chain(self, vertices: list[_Site], arrows: list[str | None], sources: list[list[Binding]],
+              sinks: list[list[Binding]]) -> int | None:
         """:func:`~symalg.symbolic.orbit.gl_chain_kernel_dimension` with the private out-regions as sources
         (the first vertex's as the input width) and the private in-regions of the last vertex as the
         output width; ``None`` when a middle vertex has private in-regions (no closed form)."""
@@ -564,23 +607,27 @@ class _Generic(_Ranks):
         widths = [count[0]] + [v.width for v in vertices] + [sum(_columns(b, self.shapes) for b in sinks[-1])]
         return int(gl_chain_kernel_dimension(widths, [0] + count[1:]))
 
-    def joint(self, sites, active) -> None:
+    def joint(self, sites: list[_Site], active: Mapping[int, set[int]]) -> None:
         return None
 
 
 # ---------------------------------------------------------------------------------------------
 # the kernel of one coupled component
 # ---------------------------------------------------------------------------------------------
-def _forced_zero(site: _Site, remaining: list[_Site], ranks: _Ranks, active, tried: dict) -> bool:
+def _forced_zero(site: _Site, remaining: list[_Site], ranks: _Ranks, active: dict[int, set[int]],
+                 tried: dict[int, list[Any]]) -> bool:
     """Do the site's private regions alone force its Lie-algebra element to 0? (Removes the scaling
     coordinates with a nonzero private row from ``active``.) ``tried`` skips private sets seen before."""
     h = site.width
     if site.kind == "T":
         touched = {r[0] for other in remaining if other is not site for r in other.regions}
-        private = [t for t in site.tensors if t not in touched]
-    else:
-        alive = set(remaining)
-        private = [b for i, b in enumerate(site.moving) if _private(site, i, alive)]
+        tensors = [t for t in site.tensors if t not in touched]
+        if tried.get(id(site)) == tensors:
+            return False
+        tried[id(site)] = tensors
+        return ranks.directions_rank(site, tensors) == site.dim
+    alive = set(remaining)
+    private = [b for i, b in enumerate(site.moving) if _private(site, i, alive)]
     if tried.get(id(site)) == private:
         return False
     tried[id(site)] = private
@@ -592,12 +639,10 @@ def _forced_zero(site: _Site, remaining: list[_Site], ranks: _Ranks, active, tri
     if site.kind == "PS":
         active[id(site)] -= ranks.nonzero_rows(site, private, active[id(site)])
         return not active[id(site)]
-    if site.kind == "T":
-        return ranks.directions_rank(site, private) == site.dim
     return False
 
 
-def _closed_form(site: _Site, ranks: _Ranks, active) -> tuple[int, str]:
+def _closed_form(site: _Site, ranks: _Ranks, active: dict[int, set[int]]) -> tuple[int, str]:
     """Kernel of a site whose regions are all private (module docstring) and a line saying how."""
     h = site.width
     if site.kind == "GL":
@@ -618,7 +663,8 @@ def _closed_form(site: _Site, ranks: _Ranks, active) -> tuple[int, str]:
     return site.dim - rank, f"{site.label}: {site.dim} − rank {rank} of the directions = {site.dim - rank}"
 
 
-def _as_chain(sites: list[_Site]):
+def _as_chain(sites: list[_Site]) -> tuple[list[_Site], list[str | None], list[list[Binding]],
+                                           list[list[Binding]]] | None:
     """``(vertices, arrows, sources, sinks)`` when ``sites`` are ``GL`` sites coupled only through whole
     2-D weights (rows out-bound by one site, columns in-bound by another) into one equioriented path;
     else ``None``. ``arrows[k]`` names the weight from vertex ``k − 1`` to vertex ``k``; ``sources`` and
@@ -626,11 +672,12 @@ def _as_chain(sites: list[_Site]):
     if len(sites) < 2 or any(s.kind != "GL" or s.self_overlap for s in sites):
         return None
     members = set(sites)
-    uses: dict[str, list] = {}
+    uses: dict[str, list[tuple[_Site, int, Binding]]] = {}
     for site in sites:
         for index, binding in enumerate(site.moving):
             uses.setdefault(binding.tensor, []).append((site, index, binding))
-    succ, arrow = {}, {}
+    succ: dict[_Site, _Site] = {}
+    arrow: dict[_Site, str] = {}
     for tensor, on in uses.items():
         if not any(site.coupled.get(index, set()) & members for site, index, _ in on):
             continue
@@ -655,12 +702,14 @@ def _as_chain(sites: list[_Site]):
     shared = set(arrow.values())
     sources = [[b for b in v.moving if b.role == "out" and b.tensor not in shared] for v in vertices]
     sinks = [[b for b in v.moving if b.role != "out" and b.tensor not in shared] for v in vertices]
-    return vertices, [None] + [arrow[v] for v in vertices[1:]], sources, sinks
+    arrows: list[str | None] = [None, *(arrow[v] for v in vertices[1:])]
+    return vertices, arrows, sources, sinks
 
 
-def _region_ranks(component: list[_Site], state) -> list[RankDecision]:
+def _region_ranks(component: list[_Site], state: Mapping[str, torch.Tensor]) -> list[RankDecision]:
     """The rank of every ``GL``/``O`` region of a component on its own (to say why a stratum drops)."""
-    seen, decisions = set(), []
+    seen: set[tuple[Any, ...]] = set()
+    decisions: list[RankDecision] = []
     for site in component:
         for b in site.moving if site.kind in ("GL", "O", "O1") else ():
             if b.region not in seen:
@@ -674,7 +723,9 @@ def _kernel(component: list[_Site], ranks: _Ranks) -> tuple[int | None, str, tup
     """``(dim ker, method, steps)`` of the action on one coupled component (module docstring)."""
     remaining = list(component)
     active = {id(s): set(range(s.width)) for s in component if s.kind == "PS"}
-    steps, tried, free = [], {}, 0
+    steps: list[str] = []
+    tried: dict[int, list[Any]] = {}
+    free = 0
     for site in component if len(component) > 1 else ():
         if site.kind == "PS":    # a coordinate zero in every region moves nothing: a kernel direction of its own
             zero = active[id(site)] - ranks.nonzero_rows(site, site.moving, active[id(site)])
@@ -692,9 +743,11 @@ def _kernel(component: list[_Site], ranks: _Ranks) -> tuple[int | None, str, tup
                 remaining.remove(site)
                 steps.append(f"{site.label}: 0 (forced by its private regions)")
                 changed = True
-    kernel, method = free, _COST[0]
+    kernel: int | None = free
+    method = _COST[0]
     for part in _couple_again(remaining):
         chain = _as_chain(part)
+        value: int | None
         if len(part) == 1 and part[0].kind is not None and not part[0].self_overlap:
             value, line = _closed_form(part[0], ranks, active)
             used = _COST[0]
@@ -720,7 +773,8 @@ def _couple_again(sites: list[_Site]) -> list[list[_Site]]:
     for site in sites:
         if site in seen:
             continue
-        part, stack = [], [site]
+        part: list[_Site] = []
+        stack = [site]
         seen.add(site)
         while stack:
             current = stack.pop()
@@ -737,7 +791,7 @@ def _couple_again(sites: list[_Site]) -> list[list[_Site]]:
 # ---------------------------------------------------------------------------------------------
 # public functions
 # ---------------------------------------------------------------------------------------------
-def _check_analysis(analysis, caller: str) -> None:
+def _check_analysis(analysis: AnalysisLike, caller: str) -> None:
     """The derivation's result is read by duck type: this module sits below :mod:`symalg.symbolic.derive`. Its
     widths must be concrete (``Analysis.orbit_dimension(params)`` substitutes them from ``params`` first)."""
     if not (hasattr(analysis, "model_graph") and hasattr(analysis, "sites")):
@@ -748,11 +802,17 @@ def _check_analysis(analysis, caller: str) -> None:
                         "(analysis.subs({...}), or analysis.orbit_dimension(params), which reads them from params)")
 
 
-def _state(analysis, sites: list[_Site], params, dtype, device, caller: str) -> dict[str, torch.Tensor]:
+def _state(analysis: AnalysisLike, sites: list[_Site], params: Mapping[str, torch.Tensor] | None,
+           dtype: torch.dtype | None, device: torch.device | str | None, caller: str) -> dict[str, torch.Tensor]:
     """The tensors the actions move: from ``params`` (default: the model's own), buffers from the model."""
     model = analysis.model_graph.require_model(caller) if params is None else analysis.model_graph.model
     buffers = {} if model is None else dict(model.named_buffers())
-    source = {**dict(model.named_parameters()), **buffers} if params is None else params
+    source: Mapping[str, torch.Tensor]
+    if params is None:
+        assert model is not None, "require_model returns a model or raises"
+        source = {**dict(model.named_parameters()), **buffers}
+    else:
+        source = params
     state = {}
     for site in sites:
         for tensor in site.tensors:
@@ -771,7 +831,9 @@ def _state(analysis, sites: list[_Site], params, dtype, device, caller: str) -> 
     return state
 
 
-def _prepare(analysis, params, dtype, device, caller):
+def _prepare(analysis: AnalysisLike, params: Mapping[str, torch.Tensor] | None, dtype: torch.dtype | None,
+             device: torch.device | str | None, caller: str
+             ) -> tuple[list[_Site], list[list[_Site]], dict[str, torch.Tensor], dict[str, tuple[int, ...]]]:
     _check_analysis(analysis, caller)
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"{caller}: dtype must be a floating-point dtype, got {dtype}")
@@ -782,8 +844,9 @@ def _prepare(analysis, params, dtype, device, caller):
     return sites, components, state, shapes
 
 
-def model_orbit_dimension(analysis, params: Mapping[str, torch.Tensor] | None = None, method: str = "structured",
-                          dtype: torch.dtype = torch.float64, device=None,
+def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Tensor] | None = None,
+                          method: str = "structured", dtype: torch.dtype = torch.float64,
+                          device: torch.device | str | None = None,
                           max_bytes: float = 4 * _GIB) -> OrbitDimension:
     """Orbit dimension of a traced model at ``params``: the rank of ``M ↦ M·θ`` (module docstring).
 
@@ -822,11 +885,15 @@ def model_orbit_dimension(analysis, params: Mapping[str, torch.Tensor] | None = 
         J = _jacobian([(s, None) for s in sites], state, tensors, max_bytes, f"{caller}(method='dense')")
         decision = _rank(J, "dense Jacobian of the action")
         return OrbitDimension(decision.rank, algebra_dim, "dense", decisions=(decision,))
-    directions: dict = {}
-    results, strata, notes, decisions = [], [], [], []
+    directions: dict[tuple[int, tuple[str, ...]], RankDecision] = {}
+    results: list[ComponentRank] = []
+    strata: list[Stratum] = []
+    notes: list[str] = []
+    decisions: list[RankDecision] = []
     for component in components:
         numeric = _Numeric(state, shapes, max_bytes, directions)
         kernel, used, steps = _kernel(component, numeric)
+        assert kernel is not None, "numeric ranks answer every component"
         generic, _, _ = _kernel(component, _Generic(state, shapes, max_bytes, directions))
         labels = tuple(s.label for s in component)
         dim = sum(s.dim for s in component)
@@ -841,12 +908,12 @@ def model_orbit_dimension(analysis, params: Mapping[str, torch.Tensor] | None = 
         elif generic is not None and kernel < generic:
             notes.append(f"{', '.join(labels)}: kernel {kernel} below its generic value {generic} (rounding?)")
     generic_kernels = [c.generic_kernel_dim for c in results]
-    expected = None if None in generic_kernels else algebra_dim - sum(generic_kernels)
+    expected = None if None in generic_kernels else algebra_dim - sum(k for k in generic_kernels if k is not None)
     return OrbitDimension(algebra_dim - sum(c.kernel_dim for c in results), algebra_dim, "structured",
                           tuple(results), tuple(decisions), expected, tuple(strata), tuple(notes))
 
 
-def model_orbit_dimension_formula(analysis) -> sp.Integer:
+def model_orbit_dimension_formula(analysis: AnalysisLike) -> sp.Integer:
     """Orbit dimension of a traced model at generic parameters, from the structure of the action.
 
     Every rank of the structured computation (module docstring) is replaced by its generic value:
@@ -876,7 +943,7 @@ def model_orbit_dimension_formula(analysis) -> sp.Integer:
     return sp.Integer(total)
 
 
-def action_matrix(analysis, params: Mapping[str, torch.Tensor], symmetric: bool = False,
+def action_matrix(analysis: AnalysisLike, params: Mapping[str, torch.Tensor], symmetric: bool = False,
                   max_bytes: float = 4 * _GIB) -> torch.Tensor:
     """The matrix of ``M ↦ M·θ`` over the Lie-algebra bases of all continuous symmetries, at ``params``.
 
@@ -887,7 +954,7 @@ def action_matrix(analysis, params: Mapping[str, torch.Tensor], symmetric: bool 
     symmetry, not one per generator); refused with a ``MemoryError`` above ``max_bytes``. The widths must be
     concrete and ``params`` must match them.
 
-    >>> import symalg
+    >>> import symalg.numeric.sampling
     >>> analysis = symalg.derive("linear(2, 3) -> identity -> linear(3, 2)")
     >>> params = symalg.numeric.sampling.random_params(analysis.architecture)
     >>> action_matrix(analysis, params).shape, action_matrix(analysis, params, symmetric=True).shape
@@ -903,7 +970,7 @@ def action_matrix(analysis, params: Mapping[str, torch.Tensor], symmetric: bool 
     return _jacobian([(s, None) for s in sites], state, names, max_bytes, caller, symmetric).T
 
 
-def independent_conserved_rank(analysis, params: Mapping[str, torch.Tensor]) -> int:
+def independent_conserved_rank(analysis: AnalysisLike, params: Mapping[str, torch.Tensor]) -> int:
     """Number of functionally independent conserved quantities at ``params``: ``dQ_M(θ)[δ] = 2⟨δ, M·θ⟩``, so the
     rank of :func:`action_matrix` on the symmetric generators (the rule of :func:`_decide`)."""
     matrix = action_matrix(analysis, params, symmetric=True)

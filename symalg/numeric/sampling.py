@@ -6,7 +6,7 @@ op the catalogue does not know), so the numbers are those of the function the an
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
@@ -16,8 +16,8 @@ from symalg.numeric.feedforward import FeedForward
 __all__ = ["random_params", "random_data", "network_function", "mse_loss"]
 
 
-def random_params(arch: Architecture, generator: torch.Generator | None = None, dtype=torch.float64,
-                  device="cpu", scale: float = 1.0) -> dict[str, torch.Tensor]:
+def random_params(arch: Architecture, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                  device: torch.device | str = "cpu", scale: float = 1.0) -> dict[str, torch.Tensor]:
     """Gaussian parameters for a concrete-width architecture: weights ``N(0, scale² / in_features)``,
     biases ``N(0, scale²)``."""
     arch.check_materialisable("random_params")
@@ -29,8 +29,9 @@ def random_params(arch: Architecture, generator: torch.Generator | None = None, 
     return params
 
 
-def random_data(arch: Architecture, batch: int = 16, generator: torch.Generator | None = None, dtype=torch.float64,
-                device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def random_data(arch: Architecture, batch: int = 16, generator: torch.Generator | None = None,
+                dtype: torch.dtype = torch.float64,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Random inputs and regression targets ``(x, y)`` of the architecture's widths."""
     n_in = int(arch.node("input")["features"])
     n_out = int(arch.node("output")["features"])
@@ -39,13 +40,14 @@ def random_data(arch: Architecture, batch: int = 16, generator: torch.Generator 
     return x, y
 
 
-def network_function(arch: Architecture) -> Callable:
+def network_function(arch: Architecture) -> Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor]:
     """``f(params, x)``: the network's output for parameters ``params`` and inputs ``x`` (rows), the forward pass
     of :meth:`FeedForward.of(arch) <symalg.numeric.feedforward.FeedForward.of>` (activations from the
     architecture's catalogue)."""
     return FeedForward.of(arch).forward
 
 
-def mse_loss(forward: Callable, x: torch.Tensor, y: torch.Tensor) -> Callable:
+def mse_loss(forward: Callable[[Mapping[str, torch.Tensor], torch.Tensor], torch.Tensor], x: torch.Tensor,
+             y: torch.Tensor) -> Callable[[Mapping[str, torch.Tensor]], torch.Tensor]:
     """``L(params) = ½ mean ‖f(params, x) − y‖²``."""
     return lambda params: 0.5 * ((forward(params, x) - y) ** 2).sum(-1).mean()

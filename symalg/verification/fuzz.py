@@ -37,15 +37,18 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from types import FrameType
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
+from symalg.catalogue.activations import CatalogueEntry
 from symalg.errors import SpecError
-from symalg.symbolic.derive import derive
+from symalg.ir.graph import ModelGraph
+from symalg.symbolic.derive import Analysis, derive
 from symalg.frontend.tracing import trace
 
 __all__ = ["Case", "FAMILIES", "FuzzReport", "check_case", "derive_claims", "generate",
@@ -61,10 +64,10 @@ class Op:
     ``fn(module, *tensors, **constants)`` runs it."""
 
     template: str
-    fn: Callable
+    fn: Callable[..., Any]
 
 
-OPS = {
+OPS: dict[str, Op] = {
     "layer": Op("self.{layer}({0})", lambda m, x, layer: getattr(m, layer)(x)),
     "act": Op("F.{name}({0})", lambda m, x, name: getattr(F, name)(x)),
     "add": Op("{0} + {1}", lambda m, a, b: a + b),
@@ -93,8 +96,8 @@ class Layer:
     """``nn.<cls>(*args, **kwargs)``, in eval mode when ``train`` is false."""
 
     cls: str
-    args: tuple
-    kwargs: tuple = ()
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...] = ()
     train: bool = True
 
     def source(self) -> str:
@@ -105,27 +108,34 @@ class Layer:
 class Step:
     """``out = OPS[op](*inputs, **constants)``; ``out`` is a name, or a tuple of names for a tuple result."""
 
-    out: str | tuple
+    out: str | tuple[str, ...]
     op: str
-    inputs: tuple
-    constants: tuple = ()
+    inputs: tuple[str, ...]
+    constants: tuple[tuple[str, Any], ...] = ()
 
     def source(self) -> str:
         target = ", ".join(self.out) if isinstance(self.out, tuple) else self.out
         return f"{target} = {OPS[self.op].template.format(*self.inputs, **dict(self.constants))}"
 
 
+_Output = tuple[str, tuple[str, ...]]
+"""A program's output: ``(kind, names)``, kind ``"tensor"`` (the first name), ``"tuple"`` or ``"dict"``."""
+
+_Drawn = tuple[tuple[int, ...], int, str | tuple[str, ...]]
+"""What a family returns: the input shape, the vocabulary (0: a float input) and the output name(s)."""
+
+
 class FuzzModel(nn.Module):
     """Runs a :class:`Case`'s program: ``forward(x)`` executes the steps, then returns ``output``."""
 
-    def __init__(self, layers: Sequence[tuple[str, Layer]], steps: Sequence[Step], output: tuple):
+    def __init__(self, layers: Sequence[tuple[str, Layer]], steps: Sequence[Step], output: _Output):
         super().__init__()
         for name, layer in layers:
             self.add_module(name, getattr(nn, layer.cls)(*layer.args, **dict(layer.kwargs)))
         self.steps, self.output = tuple(steps), output
 
-    def forward(self, x):
-        env = {"x": x}
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]:
+        env: dict[str, Any] = {"x": x}
         for step in self.steps:
             value = OPS[step.op].fn(self, *(env[i] for i in step.inputs), **dict(step.constants))
             # index a tuple result rather than iterate it: fx proxies cannot be iterated
@@ -160,10 +170,10 @@ class Case:
     index: int
     family: str
     variant: str
-    layers: tuple
-    steps: tuple
-    output: tuple
-    input_shape: tuple
+    layers: tuple[tuple[str, Layer], ...]
+    steps: tuple[Step, ...]
+    output: _Output
+    input_shape: tuple[int, ...]
     vocab: int = 0
     torch_seed: int = 0
 
@@ -172,7 +182,7 @@ class Case:
         call = f"symalg.verification.fuzz.generate({self.seed}, {self.index}, {self.family!r})"
         return f"{self.family}/{self.variant} ({call})"
 
-    def build(self) -> tuple[nn.Module, tuple]:
+    def build(self) -> tuple[nn.Module, tuple[torch.Tensor]]:
         """``(model, (x,))`` in float64; the global torch seed is left as it was."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.torch_seed)
@@ -210,22 +220,32 @@ class _Builder:
     """Collects layers and steps while a family draws a model."""
 
     def __init__(self, rng: random.Random):
-        self.rng, self.layers, self.steps, self.count = rng, [], [], 0
+        self.rng, self.count = rng, 0
+        self.layers: list[tuple[str, Layer]] = []
+        self.steps: list[Step] = []
         self.variant: list[str] = []
 
     def width(self, low: int = 1) -> int:
         return self.rng.randint(low, 6)
 
-    def add(self, cls: str, *args, train: bool = True, **kwargs) -> str:
+    def add(self, cls: str, *args: Any, train: bool = True, **kwargs: Any) -> str:
         name = f"m{len(self.layers)}"
         self.layers.append((name, Layer(cls, args, tuple(kwargs.items()), train)))
         return name
 
-    def op(self, op: str, *inputs, outs: int = 1, **constants):
+    def op(self, op: str, *inputs: str, **constants: Any) -> str:
+        """A step with one result; its name."""
+        return self._step(op, inputs, constants, 1)[0]
+
+    def ops(self, op: str, *inputs: str, outs: int, **constants: Any) -> tuple[str, ...]:
+        """A step with a tuple of ``outs`` results; their names."""
+        return self._step(op, inputs, constants, outs)
+
+    def _step(self, op: str, inputs: tuple[str, ...], constants: dict[str, Any], outs: int) -> tuple[str, ...]:
         self.count += outs
         names = tuple(f"h{self.count - outs + i}" for i in range(outs))
         self.steps.append(Step(names if outs > 1 else names[0], op, inputs, tuple(constants.items())))
-        return names if outs > 1 else names[0]
+        return names
 
     def call(self, layer: str, x: str) -> str:
         return self.op("layer", x, layer=layer)
@@ -240,7 +260,7 @@ class _Builder:
         name = self.rng.choice(names)
         return x if name == "identity" else self.op("act", x, name=name)
 
-    def norm(self, x: str, shape: tuple) -> str:
+    def norm(self, x: str, shape: tuple[int, ...]) -> str:
         """A random norm applied to ``x`` of ``shape`` ``(B, ..., d)`` along some axis (transposing when the
         norm's channel axis is not where ``x`` has it)."""
         rng, d = self.rng, shape[-1]
@@ -288,7 +308,7 @@ class _Builder:
 # ---------------------------------------------------------------------------------------------------
 # Families: each draws layers and steps into a builder and returns (input shape, vocab, outputs).
 
-def _mlp(b: _Builder):
+def _mlp(b: _Builder) -> _Drawn:
     """lin → act → [dropout] → 1-2 more layers, on (B, n) or (B, T, n)."""
     n, m = b.width(), b.width()
     shape = (b.rng.randint(2, 5), n) if b.rng.random() < 0.7 else (b.rng.randint(2, 3), b.width(), n)
@@ -300,7 +320,7 @@ def _mlp(b: _Builder):
     return shape, 0, b.mlp(x, h, m, b.rng.randint(1, 2))
 
 
-def _gated(b: _Builder):
+def _gated(b: _Builder) -> _Drawn:
     """SwiGLU / GeGLU / bilinear GLU: ``down(act(gate(x)) * up(x))``."""
     n, h, m = b.width(), b.width(), b.width()
     gate, up = b.linear("x", n, h), b.linear("x", n, h)
@@ -309,7 +329,7 @@ def _gated(b: _Builder):
     return (b.rng.randint(2, 5), n), 0, b.linear(b.op("mul", b.act(gate, [act]), up), h, m)
 
 
-def _residual(b: _Builder):
+def _residual(b: _Builder) -> _Drawn:
     """lin, then 1-2 blocks ``x ← x + mlp(norm(x))`` (norm or none), then act → lin."""
     n, d, m = b.width(), b.width(), b.width()
     shape = (b.rng.randint(2, 5), n) if b.rng.random() < 0.5 else (2, b.width(), n)
@@ -320,9 +340,10 @@ def _residual(b: _Builder):
     return shape, 0, b.linear(b.act(x), d, m)
 
 
-def _norm(b: _Builder):
+def _norm(b: _Builder) -> _Drawn:
     """lin → act → norm (any axis, train or eval) → act → lin, on (B, d) or (B, T, d)."""
     n, h, m = b.width(), b.width(), b.width()
+    shape: tuple[int, ...]
     if b.rng.random() < 0.3:
         shape = (b.rng.randint(2, 4), n)
     elif b.rng.random() < 0.3:  # a false claim once found: (B, T=d, d)
@@ -336,7 +357,7 @@ def _norm(b: _Builder):
     return shape, 0, b.linear(b.act(x), h, m)
 
 
-def _conv(b: _Builder):
+def _conv(b: _Builder) -> _Drawn:
     """conv (padding, groups, depthwise) → [GroupNorm(affine=False) → BatchNorm(eval)] → act → conv → head."""
     rng, two_d = b.rng, b.rng.random() < 0.4
     dim, c_in, c = ("2d" if two_d else "1d"), b.width(), b.width()
@@ -361,7 +382,7 @@ def _conv(b: _Builder):
     return shape, 0, x
 
 
-def _pooling(b: _Builder):
+def _pooling(b: _Builder) -> _Drawn:
     rng = b.rng
     c_in, c = b.width(), b.width()
     two_d = rng.random() < 0.4
@@ -378,7 +399,7 @@ def _pooling(b: _Builder):
     return shape, 0, b.linear(x, c * positions, b.width())  # a head reads the channels: scalings may pass
 
 
-def _mha(b: _Builder):
+def _mha(b: _Builder) -> _Drawn:
     """``nn.MultiheadAttention``: weights returned or used, averaged or per head."""
     rng = b.rng
     heads = rng.randint(1, 3)
@@ -388,12 +409,12 @@ def _mha(b: _Builder):
     n, t = b.width(), b.width(2)
     x = b.linear("x", n, d)
     attn = b.add("MultiheadAttention", d, heads, batch_first=True, bias=rng.random() < 0.8)
-    out, weights = b.op("mha", x, layer=attn, need=need, average=average, outs=2)
+    out, weights = b.ops("mha", x, layer=attn, need=need, average=average, outs=2)
     y = b.linear(b.act(out), d, b.width())
     return (2, t, n), 0, y if not need else (y, weights)
 
 
-def _attention(b: _Builder):
+def _attention(b: _Builder) -> _Drawn:
     """Hand-written single/multi-head attention, or ``F.scaled_dot_product_attention``."""
     rng = b.rng
     heads, dk = rng.randint(1, 3), rng.randint(1, 3)
@@ -414,7 +435,7 @@ def _attention(b: _Builder):
     return (batch, t, n), 0, b.linear(o, dk, b.width())
 
 
-def _embedding(b: _Builder):
+def _embedding(b: _Builder) -> _Drawn:
     """Token embeddings; heads tied through ``F.linear(·, emb.weight)``, pooled by max or mean."""
     rng = b.rng
     vocab, d = b.width(2), b.width()
@@ -431,7 +452,7 @@ def _embedding(b: _Builder):
     return (2, b.width()), vocab, b.linear(x, d, b.width())
 
 
-def _concat(b: _Builder):
+def _concat(b: _Builder) -> _Drawn:
     """Two branches concatenated, then (often) a norm over the concatenation, then a head."""
     rng = b.rng
     n, h1, h2 = b.width(), b.width(), b.width()
@@ -444,7 +465,7 @@ def _concat(b: _Builder):
     return shape, 0, b.linear(b.act(x), h1 + h2, b.width())
 
 
-def _shared(b: _Builder):
+def _shared(b: _Builder) -> _Drawn:
     """One module called twice: ``out(w(w(x)))``, or ``w`` on the raw input and on a hidden value."""
     rng = b.rng
     d = b.width()
@@ -459,7 +480,7 @@ def _shared(b: _Builder):
     return (rng.randint(2, 4), d), 0, b.linear(x, d, b.width())
 
 
-def _albert(b: _Builder):
+def _albert(b: _Builder) -> _Drawn:
     """ALBERT-style weight-shared blocks: ``x ← norm(x + mlp(x))`` with the same modules k times."""
     rng = b.rng
     n, d, h = b.width(), b.width(), b.width()
@@ -475,7 +496,7 @@ def _albert(b: _Builder):
     return shape, 0, b.linear(x, d, b.width())
 
 
-FAMILIES: dict[str, Callable] = {
+FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "embedding": _embedding, "concat": _concat, "shared": _shared,
     "albert": _albert,
@@ -510,10 +531,11 @@ def generate(seed: int, index: int, family: str | None = None) -> Case:
 # ---------------------------------------------------------------------------------------------------
 # Running and checking.
 
-def derive_claims(graph, certify: bool, catalogue: Mapping | None = None):
+def derive_claims(graph: ModelGraph, certify: bool,
+                  catalogue: Mapping[str, CatalogueEntry] | None = None) -> Analysis:
     """``symalg.derive(graph, certify=certify)``: raw inferred claims with ``certify=False`` (the inference
     rules' own error rate), the claims derive reports with ``certify=True``."""
-    return derive(graph, certify=certify, **({} if catalogue is None else {"catalogue": catalogue}))
+    return derive(graph, catalogue, certify=certify)
 
 
 class _Hang(BaseException):
@@ -522,11 +544,11 @@ class _Hang(BaseException):
 
 
 @contextmanager
-def _time_limit(seconds: float):
+def _time_limit(seconds: float) -> Iterator[None]:
     """Raise :class:`_Hang` after ``seconds`` of this process's CPU time (``SIGPROF``, main thread only):
     CPU time, not wall time, so that a loaded machine does not turn slow models into hangs. The timer
     repeats every ``seconds``: a library that catches every exception may swallow one signal, not all."""
-    def alarm(signum, frame):
+    def alarm(signum: int, frame: FrameType | None) -> NoReturn:
         raise _Hang(f"over {seconds} CPU seconds")
 
     previous = signal.signal(signal.SIGPROF, alarm)
@@ -629,13 +651,13 @@ class _Outcome:
     claims: int = 0
     certified: bool = False
     refused: bool = False
-    false_claims: list = field(default_factory=list)
+    false_claims: list[FalseClaim] = field(default_factory=list)
     crash: Failure | None = None
     hang: Failure | None = None
     seconds: float = 0.0
 
 
-def _claim_errors(analysis, draws: int, seed: int) -> list[tuple[str, float, str, str]]:
+def _claim_errors(analysis: Analysis, draws: int, seed: int) -> list[tuple[str, float, str, str]]:
     """``(label, error, element, output)`` per claim; a claim whose action cannot even be applied (its
     ``apply`` raises) is false with an infinite error, the exception as its element."""
     try:
@@ -651,7 +673,7 @@ def _claim_errors(analysis, draws: int, seed: int) -> list[tuple[str, float, str
 
 
 def check_case(case: Case, certify: bool = True, time_limit: float = 20.0, draws: int = 2,
-               catalogue: Mapping | None = None) -> _Outcome:
+               catalogue: Mapping[str, CatalogueEntry] | None = None) -> _Outcome:
     """Trace, derive (with ``catalogue`` when given) and check one case; never raises (refusals, crashes
     and hangs are outcomes)."""
     outcome, start = _Outcome(case.family), time.process_time()
@@ -676,7 +698,7 @@ def check_case(case: Case, certify: bool = True, time_limit: float = 20.0, draws
     return outcome
 
 
-def _check_index(arguments) -> _Outcome:
+def _check_index(arguments: tuple[int, int, list[str] | None, bool, float, int]) -> _Outcome:
     seed, index, families, certify, time_limit, draws = arguments
     family = families[index % len(families)] if families else None
     return check_case(generate(seed, index, family), certify, time_limit, draws)
