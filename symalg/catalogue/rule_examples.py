@@ -21,7 +21,8 @@ __all__ = ["Example", "ExampleModel", "ExampleOutput", "RadialBasis", "around", 
 
 nn = torch.nn
 Example: TypeAlias = Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
-Body: TypeAlias = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+Body: TypeAlias = Callable[[Any, torch.Tensor], torch.Tensor]
+"""``body(model, h)``; the model is an :class:`ExampleModel` whose members are set at run time."""
 
 
 class ExampleOutput(NamedTuple):
