@@ -1,4 +1,6 @@
 """The symbolic derivation: groups per site, actions, generators, conserved quantities, API names."""
+import dataclasses
+
 import pytest
 import sympy as sp
 import torch
@@ -179,6 +181,15 @@ def test_radial_networks_get_an_angular_momentum_relation_not_a_vacuous_q(genera
     A = A - A.T
     moved = concrete.symmetries[0].tangent(params, A)
     torch.testing.assert_close(sum((velocity[k] * moved[k]).sum() for k in moved), 0.5 * (A * J).sum())
+
+
+def test_an_angular_momentum_of_a_symmetry_moving_nothing_is_refused_by_name(generator):
+    analysis = symalg.derive("linear(3, 4) -> radial -> linear(4, 2)")
+    (momentum,) = analysis.angular_momenta()
+    params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
+    empty = type(momentum)(dataclasses.replace(momentum.symmetry, bindings=()))
+    with pytest.raises(ValueError, match="J__0: the symmetry moves no parameter"):
+        empty(params, params)
 
 
 def test_counts_of_conserved_quantities():

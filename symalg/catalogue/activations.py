@@ -26,13 +26,15 @@ import math
 from collections import ChainMap
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping, TypeAlias
 
 import sympy as sp
 import torch
 import torch.nn.functional as F
+from sympy.printing.printer import Printer
 
-from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup
+from symalg.catalogue.groups import (GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup,
+                                     SiteOption, SiteWidth)
 from symalg.frontend.grammar import parse_number
 
 nn = torch.nn
@@ -41,7 +43,7 @@ __all__ = ["CATALOGUE", "CatalogueEntry", "Spellings", "register", "overlay", "d
            "declare_leaky", "declare_odd", "declare_pointwise", "declare_radial", "exact"]
 
 
-def exact(value) -> sp.Expr:
+def exact(value: object) -> sp.Expr:
     """A hyper-parameter as an exact SymPy number: floats by their decimal repr (``0.2`` → ``1/5``),
     never guessed into irrationals (``0.7071067811865476`` stays that decimal, not ``√2/2``).
 
@@ -63,7 +65,8 @@ def exact(value) -> sp.Expr:
     except sp.SympifyError:
         raise ValueError(f"hyper-parameter {value!r} ({type(value).__name__}) is not a number") from None
 
-GroupDeclaration = Callable[..., tuple[SiteGroup, ...]]
+GroupDeclaration: TypeAlias = Callable[..., tuple[SiteGroup, ...]]
+ActivationFunction: TypeAlias = Callable[..., sp.Expr]
 
 
 # -- SymPy activation functions that print themselves to torch ----------------------------------
@@ -78,16 +81,16 @@ class _TorchActivation(sp.Function):
     torch_keywords: str = ""
     nargs = 1
 
-    def _torchcode(self, printer):
+    def _torchcode(self, printer: Printer) -> str:
         arguments = [printer._print(a) for a in self.args] + ([self.torch_keywords] if self.torch_keywords else [])
         return f"{printer._module_format('torch.nn.functional.' + self.torch_name)}({', '.join(arguments)})"
 
-    def _latex(self, printer):
+    def _latex(self, printer: Printer) -> str:
         arguments = ", ".join(printer._print(a) for a in self.args)
         name = type(self).__name__.replace("_", r"\_")
         return rf"\operatorname{{{name}}}\left({arguments}\right)"
 
-    def _eval_is_real(self):
+    def _eval_is_real(self) -> bool | None:
         return self.args[0].is_real
 
 
@@ -96,13 +99,13 @@ class sigmoid(_TorchActivation):
 
     torch_name = "sigmoid"
 
-    def _torchcode(self, printer):
+    def _torchcode(self, printer: Printer) -> str:
         return f"{printer._module_format('torch.sigmoid')}({printer._print(self.args[0])})"
 
-    def fdiff(self, argindex=1):
+    def fdiff(self, argindex: int = 1) -> sp.Expr:
         return sigmoid(self.args[0]) * (1 - sigmoid(self.args[0]))
 
-    def _eval_rewrite_as_exp(self, z, **kwargs):
+    def _eval_rewrite_as_exp(self, z: sp.Expr, **kwargs: Any) -> sp.Expr:
         return 1 / (1 + sp.exp(-z))
 
 
@@ -111,11 +114,11 @@ class gelu(_TorchActivation):
 
     torch_name = "gelu"
 
-    def fdiff(self, argindex=1):
+    def fdiff(self, argindex: int = 1) -> sp.Expr:
         z = sp.Dummy("z")
         return self._eval_rewrite_as_erf(z).diff(z).subs(z, self.args[0])
 
-    def _eval_rewrite_as_erf(self, z, **kwargs):
+    def _eval_rewrite_as_erf(self, z: sp.Expr, **kwargs: Any) -> sp.Expr:
         return z * (1 + sp.erf(z / sp.sqrt(2))) / 2
 
 
@@ -124,11 +127,11 @@ class silu(_TorchActivation):
 
     torch_name = "silu"
 
-    def fdiff(self, argindex=1):
+    def fdiff(self, argindex: int = 1) -> sp.Expr:
         z = self.args[0]
         return sigmoid(z) + z * sigmoid(z) * (1 - sigmoid(z))
 
-    def _eval_rewrite_as_exp(self, z, **kwargs):
+    def _eval_rewrite_as_exp(self, z: sp.Expr, **kwargs: Any) -> sp.Expr:
         return z / (1 + sp.exp(-z))
 
 
@@ -137,10 +140,10 @@ class softplus(_TorchActivation):
 
     torch_name = "softplus"
 
-    def fdiff(self, argindex=1):
+    def fdiff(self, argindex: int = 1) -> sp.Expr:
         return sigmoid(self.args[0])
 
-    def _eval_rewrite_as_exp(self, z, **kwargs):
+    def _eval_rewrite_as_exp(self, z: sp.Expr, **kwargs: Any) -> sp.Expr:
         return sp.log(1 + sp.exp(z))
 
 
@@ -189,7 +192,7 @@ class hardtanh(_TorchActivation):
     torch_name = "hardtanh"
 
     @classmethod
-    def eval(cls, z):
+    def eval(cls, z: sp.Expr) -> sp.Expr | None:
         if z.is_zero:
             return sp.S.Zero
         if z.could_extract_minus_sign():
@@ -205,7 +208,7 @@ class hardsigmoid(_TorchActivation):
     torch_name = "hardsigmoid"
 
     @classmethod
-    def eval(cls, z):
+    def eval(cls, z: sp.Expr) -> sp.Expr | None:
         if z.is_zero:
             return sp.Rational(1, 2)
         if z.could_extract_minus_sign():
@@ -219,12 +222,12 @@ def declare_linear() -> GroupDeclaration:
     return lambda width, **_: (GeneralLinear(width),)
 
 
-def declare_homogeneous(degree_param: str | None = None, degree=1) -> GroupDeclaration:
+def declare_homogeneous(degree_param: str | None = None, degree: SiteOption = 1) -> GroupDeclaration:
     """Positively homogeneous pointwise activation of degree α: ``σ(c z) = c^α σ(z)``, ``c > 0``.
 
     The degree is ``degree``, or the hyper-parameter named ``degree_param`` when given.
     """
-    def groups(width, **params):
+    def groups(width: SiteWidth, **params: object) -> tuple[SiteGroup, ...]:
         alpha = exact(params[degree_param]) if degree_param else sp.sympify(degree)
         return PositiveScaling(width, alpha), Permutations(width)
     return groups
@@ -237,7 +240,7 @@ def declare_leaky() -> GroupDeclaration:
     return lambda width, slope: linear(width) if slope == 1 else homogeneous(width)
 
 
-def declare_odd(center=0) -> GroupDeclaration:
+def declare_odd(center: SiteOption = 0) -> GroupDeclaration:
     """Pointwise activation symmetric about ``(0, c)``: ``σ(−z) = 2c − σ(z)`` (odd for ``c = 0``)."""
     return lambda width, **_: (SignFlips(width, sp.sympify(center)), Permutations(width))
 
@@ -252,7 +255,7 @@ def declare_radial() -> GroupDeclaration:
     return lambda width, **_: (Orthogonal(width),)
 
 
-def _no_hyper_parameters(arguments: Mapping) -> dict:
+def _no_hyper_parameters(arguments: Mapping[str, object]) -> dict[str, object]:
     return {}
 
 
@@ -279,11 +282,11 @@ class Spellings:
     """
 
     modules: tuple[type, ...] = ()
-    functions: tuple[Callable, ...] = ()
+    functions: tuple[Callable[..., Any], ...] = ()
     methods: tuple[str, ...] = ()
     aten: tuple[str, ...] = ()
     arguments: tuple[str, ...] = ()
-    read: Callable[[Mapping], Mapping | None] = _no_hyper_parameters
+    read: Callable[[Mapping[str, Any]], Mapping[str, object] | None] = _no_hyper_parameters
 
 
 @dataclass(frozen=True, eq=False)
@@ -306,15 +309,15 @@ class CatalogueEntry:
     function: Callable[..., sp.Expr]
     groups: GroupDeclaration
     radial: bool = False
-    defaults: Mapping = field(default_factory=dict)
+    defaults: Mapping[str, object] = field(default_factory=dict)
     positive: tuple[str, ...] = ()
     spellings: Spellings = Spellings()
 
-    def expression(self, z: sp.Symbol, **params) -> sp.Expr:
+    def expression(self, z: sp.Symbol, **params: object) -> sp.Expr:
         """``σ(z)`` (pointwise) or ``f(z)`` (radial) with defaults filled in."""
         return self.function(z, **self.resolve(params))
 
-    def resolve(self, params: Mapping) -> dict:
+    def resolve(self, params: Mapping[str, object]) -> dict[str, sp.Expr]:
         """Defaults merged with ``params`` as exact numbers; unknown hyper-parameters raise, naming the entry."""
         unknown = set(params) - set(self.defaults)
         if unknown:
@@ -329,7 +332,7 @@ class CatalogueEntry:
                 raise ValueError(f"activation {self.name!r}: hyper-parameter {key}={value} must be positive")
         return resolved
 
-    def site_groups(self, width, **params) -> tuple[SiteGroup, ...]:
+    def site_groups(self, width: SiteWidth, **params: object) -> tuple[SiteGroup, ...]:
         return self.groups(width, **self.resolve(params))
 
 
@@ -339,10 +342,11 @@ CATALOGUE: Mapping[str, CatalogueEntry] = MappingProxyType(_REGISTRY)
 
 
 def register(name: str, groups: GroupDeclaration, *, radial: bool = False, positive: tuple[str, ...] = (),
-             spellings: Spellings = Spellings(), **defaults):
+             spellings: Spellings = Spellings(),
+             **defaults: object) -> Callable[[ActivationFunction], ActivationFunction]:
     """Decorator registering ``function`` as the built-in entry ``name`` (``defaults``: hyper-parameters;
     ``spellings``: how torch writes it, which is all the front ends need to recognise it)."""
-    def decorate(function):
+    def decorate(function: ActivationFunction) -> ActivationFunction:
         if name in _REGISTRY:
             raise ValueError(f"catalogue entry {name!r} is already registered")
         if not isinstance(spellings, Spellings):
@@ -353,16 +357,18 @@ def register(name: str, groups: GroupDeclaration, *, radial: bool = False, posit
     return decorate
 
 
-def overlay(entries: Mapping[str, CatalogueEntry], base: Mapping[str, CatalogueEntry] = CATALOGUE) -> Mapping:
+def overlay(entries: Mapping[str, CatalogueEntry],
+            base: Mapping[str, CatalogueEntry] = CATALOGUE) -> Mapping[str, CatalogueEntry]:
     """A catalogue in which ``entries`` add to or replace those of ``base`` (which is untouched)."""
     for key, entry in entries.items():
         if not isinstance(entry, CatalogueEntry) or entry.name != key:
             raise ValueError(f"overlay: entry {key!r} must be a CatalogueEntry named {key!r}")
-    return ChainMap(dict(entries), base)
+    # ChainMap writes to its first map only; typeshed asks every map to be mutable, base is read-only
+    return ChainMap(dict(entries), base)  # type: ignore[arg-type]
 
 
 @register("identity", declare_linear(), spellings=Spellings(modules=(nn.Identity,)))
-def _identity(z):
+def _identity(z: sp.Expr) -> sp.Expr:
     return z
 
 
@@ -371,7 +377,7 @@ def _identity(z):
     functions=(F.relu, torch.relu, F.relu_, torch.relu_),
     methods=("relu", "relu_"),
     aten=("aten.relu.default", "aten.relu_.default")))
-def _relu(z):
+def _relu(z: sp.Expr) -> sp.Expr:
     return sp.Max(z, 0)
 
 
@@ -381,14 +387,14 @@ def _relu(z):
     aten=("aten.leaky_relu.default", "aten.leaky_relu_.default"),
     arguments=("negative_slope",),
     read=lambda torch_args: {"slope": torch_args.get("negative_slope", 0.01)}))
-def _leaky_relu(z, slope):
+def _leaky_relu(z: sp.Expr, slope: sp.Expr) -> sp.Expr:
     if exact(slope) == 1:
         return z    # max(z, 0) + min(z, 0), which SymPy does not reduce to z by itself
     return sp.Max(z, 0) + exact(slope) * sp.Min(z, 0)
 
 
 @register("relu_pow", declare_homogeneous("alpha"), positive=("alpha",), alpha=2)
-def _relu_pow(z, alpha):
+def _relu_pow(z: sp.Expr, alpha: sp.Expr) -> sp.Expr:
     return sp.Max(z, 0) ** exact(alpha)
 
 
@@ -397,7 +403,7 @@ def _relu_pow(z, alpha):
     functions=(torch.tanh, F.tanh, torch.tanh_),
     methods=("tanh", "tanh_"),
     aten=("aten.tanh.default", "aten.tanh_.default")))
-def _tanh(z):
+def _tanh(z: sp.Expr) -> sp.Expr:
     return sp.tanh(z)
 
 
@@ -406,11 +412,11 @@ def _tanh(z):
     functions=(torch.sigmoid, F.sigmoid, torch.sigmoid_),
     methods=("sigmoid", "sigmoid_"),
     aten=("aten.sigmoid.default", "aten.sigmoid_.default")))
-def _sigmoid(z):
+def _sigmoid(z: sp.Expr) -> sp.Expr:
     return sigmoid(z)
 
 
-def _only_at(**settings) -> Callable[[Mapping], dict | None]:
+def _only_at(**settings: object) -> Callable[[Mapping[str, object]], dict[str, object] | None]:
     """``read`` of an entry without hyper-parameters that covers torch's op only at ``settings``
     (a setting the module or call lacks counts as matching: ``F.relu6`` has no ``min_val``)."""
     return lambda torch_args: {} if all(torch_args.get(k, v) == v for k, v in settings.items()) else None
@@ -422,7 +428,7 @@ def _only_at(**settings) -> Callable[[Mapping], dict | None]:
     aten=("aten.gelu.default", "aten.gelu_.default"),
     arguments=("approximate",),
     read=_only_at(approximate="none")))
-def _gelu(z):
+def _gelu(z: sp.Expr) -> sp.Expr:
     return gelu(z)
 
 
@@ -430,7 +436,7 @@ def _gelu(z):
     modules=(nn.SiLU,),
     functions=(F.silu,),
     aten=("aten.silu.default", "aten.silu_.default")))
-def _silu(z):
+def _silu(z: sp.Expr) -> sp.Expr:
     return silu(z)
 
 
@@ -440,7 +446,7 @@ def _silu(z):
     aten=("aten.softplus.default",),
     arguments=("beta", "threshold"),
     read=_only_at(beta=1, threshold=20)))
-def _softplus(z):
+def _softplus(z: sp.Expr) -> sp.Expr:
     return softplus(z)
 
 
@@ -450,7 +456,7 @@ def _softplus(z):
     aten=("aten.gelu.default", "aten.gelu_.default"),
     arguments=("approximate",),
     read=_only_at(approximate="tanh")))
-def _gelu_tanh(z):
+def _gelu_tanh(z: sp.Expr) -> sp.Expr:
     return gelu_tanh(z)
 
 
@@ -460,7 +466,7 @@ def _gelu_tanh(z):
     aten=("aten.hardtanh.default", "aten.hardtanh_.default"),
     arguments=("min_val", "max_val"),
     read=_only_at(min_val=-1, max_val=1)))
-def _hardtanh(z):
+def _hardtanh(z: sp.Expr) -> sp.Expr:
     return hardtanh(z)
 
 
@@ -470,7 +476,7 @@ def _hardtanh(z):
     aten=("aten.relu6.default", "aten.hardtanh.default", "aten.hardtanh_.default"),
     arguments=("min_val", "max_val"),
     read=_only_at(min_val=0, max_val=6)))
-def _relu6(z):
+def _relu6(z: sp.Expr) -> sp.Expr:
     return relu6(z)
 
 
@@ -478,7 +484,7 @@ def _relu6(z):
     modules=(nn.Hardswish,),
     functions=(F.hardswish,),
     aten=("aten.hardswish.default", "aten.hardswish_.default")))
-def _hardswish(z):
+def _hardswish(z: sp.Expr) -> sp.Expr:
     return hardswish(z)
 
 
@@ -486,7 +492,7 @@ def _hardswish(z):
     modules=(nn.Hardsigmoid,),
     functions=(F.hardsigmoid,),
     aten=("aten.hardsigmoid.default", "aten.hardsigmoid_.default")))
-def _hardsigmoid(z):
+def _hardsigmoid(z: sp.Expr) -> sp.Expr:
     return hardsigmoid(z)
 
 
@@ -497,7 +503,7 @@ def _hardsigmoid(z):
     arguments=("alpha", "scale", "input_scale"),
     read=lambda torch_args: {"alpha": torch_args.get("alpha", 1)}
     if (torch_args.get("scale", 1), torch_args.get("input_scale", 1)) == (1, 1) else None))
-def _elu(z, alpha):
+def _elu(z: sp.Expr, alpha: sp.Expr) -> sp.Expr:
     return elu(z, exact(alpha))
 
 
@@ -505,7 +511,7 @@ def _elu(z, alpha):
     modules=(nn.Mish,),
     functions=(F.mish,),
     aten=("aten.mish.default",)))
-def _mish(z):
+def _mish(z: sp.Expr) -> sp.Expr:
     return mish(z)
 
 
@@ -513,28 +519,28 @@ def _mish(z):
     modules=(nn.SELU,),
     functions=(F.selu, torch.selu),
     aten=("aten.selu.default", "aten.selu_.default")))
-def _selu(z):
+def _selu(z: sp.Expr) -> sp.Expr:
     return selu(z)
 
 
 class inverse_hypot(_TorchActivation):
     """``1 / √(1 + r²)``, printed as ``1 / hypot(1, r)`` so that large ``r`` cannot overflow."""
 
-    def _torchcode(self, printer):
+    def _torchcode(self, printer: Printer) -> str:
         r = printer._print(self.args[0])
         return f"torch.reciprocal(torch.hypot(torch.ones_like({r}), {r}))"
 
-    def _latex(self, printer):
+    def _latex(self, printer: Printer) -> str:
         return rf"\left(1 + {printer._print(self.args[0])}^{{2}}\right)^{{-1/2}}"
 
-    def _eval_rewrite_as_sqrt(self, r, **kwargs):
+    def _eval_rewrite_as_sqrt(self, r: sp.Expr, **kwargs: Any) -> sp.Expr:
         return 1 / sp.sqrt(1 + r ** 2)
 
-    def fdiff(self, argindex=1):
+    def fdiff(self, argindex: int = 1) -> sp.Expr:
         return -self.args[0] * inverse_hypot(self.args[0]) ** 3
 
 
 @register("radial", declare_radial(), radial=True)
-def _radial(r):
+def _radial(r: sp.Expr) -> sp.Expr:
     """``σ(z) = z / √(1 + ‖z‖²)``: a smooth, bounded radial rescaling."""
     return inverse_hypot(r)

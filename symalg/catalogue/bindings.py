@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Mapping, Sequence
 
 import torch
 
@@ -144,7 +145,7 @@ class TranslationFamily:
     def parameters(self) -> tuple[str, ...]:
         return tuple(r.tensor for r in self.regions if not r.buffer)
 
-    def count(self, shapes) -> int:
+    def count(self, shapes: Mapping[str, Sequence[int]]) -> int:
         """The number of directions, from the tensors' shapes."""
         first = self.regions[0]
         rest = 1
@@ -152,7 +153,7 @@ class TranslationFamily:
             rest *= size
         return {"entries": first.width * first.block * rest, "rows": rest, "ones": 1}[self.pattern]
 
-    def directions(self, params) -> list[dict[str, torch.Tensor]]:
+    def directions(self, params: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         """``B_i`` as ``{tensor: full-size change}`` at the dtype and device of ``params``."""
         out = []
         for i in range(self.count({r.tensor: params[r.tensor].shape for r in self.regions})):

@@ -37,7 +37,8 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from fractions import Fraction
+from typing import Any, Callable, ClassVar, Sequence, TypeAlias
 
 import sympy as sp
 import torch
@@ -50,7 +51,19 @@ __all__ = ["matrix_exp", "group_classes", "SiteGroup", "GeneralLinear", "Orthogo
            "SignFlips", "Permutations", "Translations", "checked_inverse"]
 
 
-def _concrete(width) -> int:
+SiteWidth: TypeAlias = int | sp.Expr
+"""A site's width: a positive ``int`` or a SymPy expression in symbolic widths."""
+SiteOption: TypeAlias = int | sp.Expr
+"""A group's site option, the degree ``alpha`` or the center ``c``: an ``int`` or an exact SymPy number."""
+Power: TypeAlias = int | float | Fraction
+"""A region's degree of homogeneity in the site's values (:meth:`SiteGroup.operator`)."""
+Device: TypeAlias = torch.device | str
+"""Where tensors are made (``"cpu"``, ``"cuda:0"``, a ``torch.device``)."""
+Pointwise: TypeAlias = Callable[[sp.Expr], sp.Expr]
+"""A pointwise activation as a function of one SymPy scalar."""
+
+
+def _concrete(width: SiteWidth) -> int:
     width = sp.sympify(width)
     if not width.is_Integer:
         raise ValueError(f"width {width} is symbolic: give concrete widths (e.g. arch.subs({{'{width}': 4}}))")
@@ -79,10 +92,10 @@ def matrix_exp(M: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_exp(flat)[:count].reshape(M.shape)
 
 
-_CLASSES: dict[str, type] = {}
+_CLASSES: dict[str, type[SiteGroup]] = {}
 
 
-def group_classes() -> dict[str, type]:
+def group_classes() -> dict[str, type[SiteGroup]]:
     """``{kind: class}`` of every registered group class (each subclass of :class:`SiteGroup` setting ``kind``).
 
     >>> sorted(group_classes())
@@ -104,7 +117,7 @@ a subgroup, so a false claim (a proper subgroup) passes one uniform pattern with
 1/2, and 16 patterns with at most ``2⁻¹⁶``."""
 
 
-def _at_most_one(width) -> bool:
+def _at_most_one(width: SiteWidth) -> bool:
     """The width is a known integer ``≤ 1`` (a group permuting that many neurons has one element)."""
     width = sp.sympify(width)
     return bool(width.is_Integer and width <= 1)
@@ -119,11 +132,11 @@ def _multiply(A: torch.Tensor, U: torch.Tensor) -> torch.Tensor:
 class SiteGroup:
     """Base class: a group acting on a site of ``width`` neurons (see the module docstring)."""
 
-    width: object
+    width: SiteWidth
     element_format: ClassVar[str] = "matrix"
     symbol: ClassVar[str] = "G"
-    alpha: ClassVar[object] = 1
-    center: ClassVar[object] = 0
+    alpha: ClassVar[SiteOption] = 1
+    center: ClassVar[SiteOption] = 0
     """``c`` of an affine identity ``σ(g z) = π(g) σ(z) + c(1 − g1)`` (0: the identity is linear)."""
     discrete_description: ClassVar[str] = ""
     """The discrete generators in words, ``{h}`` standing for the width (shown when it is symbolic)."""
@@ -151,16 +164,17 @@ class SiteGroup:
     infinitesimal_statement: ClassVar[str] = "dσ(z)[M z] = dπ(M) σ(z)"
     infinitesimal_detail: ClassVar[str] = ""
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "kind" in cls.__dict__:
-            _CLASSES[cls.kind] = cls
+        kind = cls.__dict__.get("kind")
+        if kind is not None:
+            _CLASSES[kind] = cls
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         refuse_text(self.width, f"{type(self).__name__}: width")
 
     @classmethod
-    def for_site(cls, width, alpha=1, center=0) -> "SiteGroup":
+    def for_site(cls, width: SiteWidth, alpha: SiteOption = 1, center: SiteOption = 0) -> "SiteGroup":
         """The group on a site of ``width`` whose activation has degree ``alpha`` and center ``c``. A class takes
         the options named in ``site_options`` and refuses any other option but its neutral value
         (``alpha = 1``, ``c = 0``).
@@ -180,7 +194,7 @@ class SiteGroup:
         return sp.sympify(self.width) == 0
 
     @property
-    def homogeneity(self):
+    def homogeneity(self) -> int | sp.Expr | None:
         """The degree ``α`` of ``σ(c z) = c^α σ(z)`` that the group declares, or None (it declares none)."""
         return None
 
@@ -229,7 +243,7 @@ class SiteGroup:
         check_entries(int(self.dim) * per_element, f"the Lie-algebra basis of {self.name}")
         return h
 
-    def algebra_basis(self, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    def algebra_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         """Basis of the Lie algebra, stacked as ``(dim, h, h)`` (or ``(dim, h)`` for diagonal)."""
         h = self._check_basis_size()
         shape = (0, h) if self.element_format == "diagonal" else (0, h, h)
@@ -239,7 +253,7 @@ class SiteGroup:
         """The Lie-algebra basis as SymPy matrices (concrete, small widths), for display."""
         return [self._to_matrix(sp.ImmutableMatrix(b.to(torch.int64).tolist())) for b in self.algebra_basis()]
 
-    def symmetric_basis(self, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    def symmetric_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         """Basis of the symmetric elements of the Lie algebra (those with a conserved ``Q_M``)."""
         return self.algebra_basis(dtype, device)[:0]
 
@@ -248,14 +262,14 @@ class SiteGroup:
         return matrix_exp(M)
 
     def random_algebra_element(self, scale: float, generator: torch.Generator | None = None,
-                               dtype=torch.float64, device="cpu") -> torch.Tensor:
+                               dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         """A random Lie-algebra element with operator norm about ``scale``."""
         element = self.gaussian_algebra_element(generator, dtype, device)
         norm = torch.linalg.matrix_norm(element, ord=2) if element.dim() == 2 else element.abs().max()
         return element * (scale / norm)
 
-    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype=torch.float64,
-                                 device="cpu") -> torch.Tensor:
+    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                                 device: Device = "cpu") -> torch.Tensor:
         """``Σ_k c_k B_k`` over the algebra basis with ``c_k ~ N(0, 1)``; matrix groups override it to draw the
         same element without stacking their ``dim·h²``-entry basis."""
         basis = self.algebra_basis(dtype, device)
@@ -275,12 +289,12 @@ class SiteGroup:
         """``τ(g)`` of an affine identity (``None`` when the identity is linear)."""
         return None
 
-    def discrete_generators(self, dtype=torch.float64, device="cpu") -> list[torch.Tensor]:
+    def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         """Generators of the group's discrete part (of the component group for Lie groups)."""
         return []
 
     # -- action on a tensor region --------------------------------------------------------------
-    def operator(self, g: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
+    def operator(self, g: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         """The matrix (or diagonal, as a vector) by which ``g`` multiplies a region unfolded to ``h`` rows.
 
         A region the site's values are written by (``role="out"``: rows of ``W_in``, ``b_in``) moves by ``g``; a
@@ -294,11 +308,11 @@ class SiteGroup:
         self._check_role(role)
         return g if role == "out" else self.rep_inverse(g).transpose(-1, -2)
 
-    def act(self, g: torch.Tensor, U: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
+    def act(self, g: torch.Tensor, U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         """The region ``U`` (``h × r``, unfolded) moved by ``g``: :meth:`operator` times ``U``."""
         return _multiply(self.operator(g, role, power), U)
 
-    def mover(self, g: torch.Tensor, checked: bool = True):
+    def mover(self, g: torch.Tensor, checked: bool = True) -> Callable[..., torch.Tensor]:
         """:meth:`act` with ``g`` fixed, for moving many regions by one element: ``mover(g)(U, role, power)`` equals
         ``act(g, U, role, power)``. ``g`` is checked once (:meth:`check_element`, unless ``checked=False``) and each
         :meth:`operator` is computed once per ``(role, power)``; ``GL`` reuses its membership check's inverse.
@@ -313,7 +327,7 @@ class SiteGroup:
             return functools.partial(self.act, g)
         operators: list = []   # [(role, power, diagonal?, operator)]: a few entries, and a Fraction hashes slowly
 
-        def move(U: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
+        def move(U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
             for known_role, known_power, diagonal, operator in operators:
                 if known_role == role and (known_power is power or known_power == power):
                     break
@@ -325,27 +339,28 @@ class SiteGroup:
             return operator * U if diagonal else operator @ U
         return move
 
-    def infinitesimal(self, M: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
+    def infinitesimal(self, M: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         """``d/dt operator(exp(tM), role, power)`` at ``t = 0``: ``M`` on a written region, ``−Mᵀ`` on a read one."""
         self._check_role(role)
         return M if role == "out" else -M.transpose(-1, -2)
 
-    def act_infinitesimally(self, M: torch.Tensor, U: torch.Tensor, role: str = "out", power=1) -> torch.Tensor:
+    def act_infinitesimally(self, M: torch.Tensor, U: torch.Tensor, role: str = "out",
+                            power: Power = 1) -> torch.Tensor:
         """The tangent ``M·U = infinitesimal(M) U`` of the region ``U``; linear in ``M``."""
         return _multiply(self.infinitesimal(M, role, power), U)
 
-    def moves_region(self, power) -> bool:
+    def moves_region(self, power: Power) -> bool:
         """Whether the action can change a region of degree ``power`` (scalings leave degree 0 alone)."""
         return True
 
     @staticmethod
-    def _check_role(role):
+    def _check_role(role: str) -> None:
         if role not in ("out", "in"):
             raise ValueError(f"role must be 'out' (a region writing the site) or 'in' (one reading it), got {role!r}")
 
     # -- test elements --------------------------------------------------------------------------
-    def sample(self, generator: torch.Generator | None = None, dtype=torch.float64, device="cpu",
-               scales=SAMPLE_SCALES) -> list[tuple[str, torch.Tensor]]:
+    def sample(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+               device: Device = "cpu", scales: Sequence[float] = SAMPLE_SCALES) -> list[tuple[str, torch.Tensor]]:
         """``[(description, g), ...]`` to test a claim with: every discrete generator, ``exp(M)`` for random ``M``
         with ``‖M‖`` = each of ``scales`` (near and far from the identity), and, when there are discrete
         generators, the first times ``exp(M)`` with ``‖M‖ = scales[-1]`` (another component). Every element is
@@ -375,7 +390,7 @@ class SiteGroup:
         (callers then search for one numerically)."""
         return None
 
-    def identity(self, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    def identity(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         """The identity element in the element format."""
         return torch.eye(_concrete(self.width), dtype=dtype, device=device)
 
@@ -434,7 +449,8 @@ class SiteGroup:
     def shift_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr | None:
         return None
 
-    def site_action(self, g, w_in=None, b_in=None, w_out=None, b_out=None) -> dict[str, sp.MatrixExpr]:
+    def site_action(self, g: sp.MatrixExpr, w_in: sp.MatrixExpr | None = None, b_in: sp.MatrixExpr | None = None,
+                    w_out: sp.MatrixExpr | None = None, b_out: sp.MatrixExpr | None = None) -> dict[str, sp.MatrixExpr]:
         """The action by role: ``W_in ↦ g W_in``, ``b_in ↦ g b_in``, ``W_out ↦ W_out π(g)⁻¹`` and, for an
         affine identity, ``b_out ↦ b_out − W_out π(g)⁻¹ τ(g)``; roles given as None are left out."""
         G, inverse, shift = self.as_operator(g), self.rep_inverse_expr(g), self.shift_expr(g)
@@ -453,14 +469,14 @@ class SiteGroup:
         (see ``conserved_kind``). ``U Uᵀ`` for ``GL``, the row norms ``(U∘U)1`` for scalings."""
         return None
 
-    def pointwise_identity(self, sigma) -> tuple[str, list] | None:
+    def pointwise_identity(self, sigma: Pointwise) -> tuple[str, list[sp.Expr]] | None:
         """``(statement, residuals)``: a pointwise activation ``sigma`` (a function of one SymPy scalar) satisfies
         the group's declared identity iff every residual vanishes; residuals are taken at ``z`` of each sign
         (activations are piecewise at 0). An empty list: every pointwise ``σ`` satisfies it. None: the group has
         no symbolic rule for pointwise activations."""
         return None
 
-    def infinitesimal_identity(self, sigma) -> tuple[str, list] | None:
+    def infinitesimal_identity(self, sigma: Pointwise) -> tuple[str, list[sp.Expr]] | None:
         """``(statement, residuals)`` of ``dσ(z)[M z] = dπ(M) σ(z)`` for a pointwise ``sigma`` when it is a statement of
         its own (Euler's identity for scalings); None when it follows from the declared identity (statement
         :attr:`infinitesimal_statement`)."""
@@ -504,7 +520,7 @@ def checked_inverse(g: torch.Tensor, tol: float) -> tuple[torch.Tensor, str | No
                      f"≥ {1 / tol:.0e})")
 
 
-def _reflection(h: int, dtype, device) -> torch.Tensor:
+def _reflection(h: int, dtype: torch.dtype, device: Device) -> torch.Tensor:
     g = torch.eye(h, dtype=dtype, device=device)
     g[0, 0] = -1
     return g
@@ -526,47 +542,48 @@ class GeneralLinear(SiteGroup):
     conserved_kind: ClassVar[str] = "matrix"
     infinitesimal_statement: ClassVar[str] = "dσ(z)[M z] = M σ(z) (σ linear)"
 
-    def conserved_term(self, U):
+    def conserved_term(self, U: sp.MatrixExpr) -> sp.MatrixExpr | None:
         return U * U.T
 
-    def pointwise_identity(self, sigma):
+    def pointwise_identity(self, sigma: Pointwise) -> tuple[str, list[sp.Expr]] | None:
         a, b, z, w = sp.symbols("a b z w", real=True)
         return "σ linear: σ(a z + b w) = a σ(z) + b σ(w)", [sigma(a * z + b * w) - a * sigma(z) - b * sigma(w)]
 
-    def width_two_element(self):
+    def width_two_element(self) -> sp.ImmutableMatrix | None:
         return sp.ImmutableMatrix(2, 2, sp.symbols("a:4", real=True))
 
     @property
-    def dim(self):
+    def dim(self) -> sp.Expr:
         return sp.sympify(self.width) ** 2
 
     @property
-    def n_symmetric(self):
+    def n_symmetric(self) -> sp.Expr:
         h = sp.sympify(self.width)
         return h * (h + 1) / 2
 
-    def algebra_basis(self, dtype=torch.float64, device="cpu"):
+    def algebra_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         h = self._check_basis_size()
         return torch.eye(h * h, dtype=dtype, device=device).reshape(h * h, h, h)
 
-    def symmetric_basis(self, dtype=torch.float64, device="cpu"):
+    def symmetric_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         h = self._check_basis_size()
         rows, cols = torch.triu_indices(h, h)
         basis = torch.zeros(len(rows), h, h, dtype=dtype, device=device)
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis + basis.transpose(1, 2) - torch.diag_embed(torch.diagonal(basis, dim1=1, dim2=2))
 
-    def gaussian_algebra_element(self, generator, dtype, device):
+    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                                 device: Device = "cpu") -> torch.Tensor:
         h = _concrete(self.width)  # basis E_ij in row-major order: the coefficients are the entries
         return torch.randn(h * h, generator=generator, dtype=dtype).to(device).reshape(h, h)
 
-    def discrete_generators(self, dtype=torch.float64, device="cpu"):
+    def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         return [_reflection(_concrete(self.width), dtype, device)]
 
-    def _not_an_element(self, g, tol):
+    def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         return checked_inverse(g, tol)[1]
 
-    def mover(self, g, checked=True):
+    def mover(self, g: torch.Tensor, checked: bool = True) -> Callable[..., torch.Tensor]:
         """:meth:`SiteGroup.mover`: one LU factorisation of ``g`` both checks it (:func:`checked_inverse`) and gives the
         ``g⁻ᵀ`` that a reading region moves by, so the check costs ``O(h²)`` on top of the action."""
         if checked:
@@ -578,7 +595,7 @@ class GeneralLinear(SiteGroup):
             inverse = torch.linalg.inv(g)
         inverse_transpose = inverse.transpose(-1, -2)
 
-        def move(U, role="out", power=1):
+        def move(U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
             self._check_role(role)
             return (g if role == "out" else inverse_transpose) @ U
         return move
@@ -602,11 +619,11 @@ class Orthogonal(SiteGroup):
     infinitesimal_statement: ClassVar[str] = "dσ(z)[A z] = A σ(z), A antisymmetric"
     infinitesimal_detail: ClassVar[str] = "d‖z‖[A z] = zᵀA z / ‖z‖ = 0"
 
-    def width_two_element(self):
+    def width_two_element(self) -> sp.ImmutableMatrix | None:
         t = sp.Symbol("t", real=True)
         return sp.ImmutableMatrix([[sp.cos(t), -sp.sin(t)], [sp.sin(t), sp.cos(t)]])
 
-    def element_between(self, y1, y2):
+    def element_between(self, y1: torch.Tensor, y2: torch.Tensor) -> torch.Tensor | None:
         """The rotation in the plane of ``y1`` and ``y2`` taking the direction of one to the other
         (:func:`_rotation_between`).
 
@@ -617,38 +634,39 @@ class Orthogonal(SiteGroup):
         return _rotation_between(y1, y2)
 
     @property
-    def dim(self):
+    def dim(self) -> sp.Expr:
         h = sp.sympify(self.width)
         return h * (h - 1) / 2
 
-    def algebra_basis(self, dtype=torch.float64, device="cpu"):
+    def algebra_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         h = self._check_basis_size()
         rows, cols = torch.triu_indices(h, h, offset=1)
         basis = torch.zeros(len(rows), h, h, dtype=dtype, device=device)
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis - basis.transpose(1, 2)
 
-    def gaussian_algebra_element(self, generator, dtype, device):
+    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                                 device: Device = "cpu") -> torch.Tensor:
         h = _concrete(self.width)  # basis E_ij − E_ji, i < j, in row-major order
         rows, cols = torch.triu_indices(h, h, offset=1)
         upper = torch.zeros(h, h, dtype=dtype)
         upper[rows, cols] = torch.randn(len(rows), generator=generator, dtype=dtype)
         return (upper - upper.T).to(device)
 
-    def rep_inverse(self, g):
+    def rep_inverse(self, g: torch.Tensor) -> torch.Tensor:
         return g.transpose(-1, -2)
 
-    def rep_inverse_expr(self, g):
+    def rep_inverse_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr:
         return g.T
 
-    def discrete_generators(self, dtype=torch.float64, device="cpu"):
+    def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         return [_reflection(_concrete(self.width), dtype, device)]
 
-    def _not_an_element(self, g, tol):
+    def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
         return "gᵀg ≠ I" if relative_error(g.transpose(-1, -2) @ g, eye, floor=1) > tol else None
 
-    def _not_in_algebra(self, M, tol):
+    def _not_in_algebra(self, M: torch.Tensor, tol: float) -> str | None:
         return "M is not antisymmetric" if relative_error(M, -M.transpose(-1, -2), floor=1) > tol else None
 
 
@@ -676,7 +694,7 @@ def _rotation_between(y1: torch.Tensor, y2: torch.Tensor) -> torch.Tensor:
     return matrix_exp(angle * (torch.outer(v, u) - torch.outer(u, v)))
 
 
-def _ones_complement(h: int, dtype, device) -> torch.Tensor:
+def _ones_complement(h: int, dtype: torch.dtype, device: Device) -> torch.Tensor:
     """An orthonormal basis of ``1^⊥`` as the columns of an ``h × (h−1)`` matrix (Helmert's)."""
     basis = torch.zeros(h, h - 1, dtype=dtype, device=device)
     for j in range(1, h):
@@ -705,46 +723,47 @@ class OrthogonalFixingOnes(Orthogonal):
     kinds_it_preserves: ClassVar[frozenset] = frozenset({"O1", "S"})
 
     @property
-    def is_trivial(self):
+    def is_trivial(self) -> bool:
         return _at_most_one(self.width)
 
-    def width_two_element(self):
+    def width_two_element(self) -> sp.ImmutableMatrix | None:
         return sp.ImmutableMatrix([[0, 1], [1, 0]])   # O(2)_1 = {I, (0 1)}
 
-    def element_between(self, y1, y2):
+    def element_between(self, y1: torch.Tensor, y2: torch.Tensor) -> torch.Tensor | None:
         return None   # the rotation of O(h) need not fix 1
 
     @property
-    def name(self):
+    def name(self) -> str:
         return f"O({self.width})_1"
 
-    def latex(self):
+    def latex(self) -> str:
         return rf"\mathrm{{O}}({sp.latex(sp.sympify(self.width))})_{{\mathbf{{1}}}}"
 
     @property
-    def dim(self):
+    def dim(self) -> sp.Expr:
         h = sp.sympify(self.width)
         return (h - 1) * (h - 2) / 2
 
-    def algebra_basis(self, dtype=torch.float64, device="cpu"):
+    def algebra_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         h = _concrete(self.width)
         P = _ones_complement(h, dtype, device)
         return P @ Orthogonal(h - 1).algebra_basis(dtype, device) @ P.T
 
-    def gaussian_algebra_element(self, generator, dtype, device):
+    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                                 device: Device = "cpu") -> torch.Tensor:
         h = _concrete(self.width)
         P = _ones_complement(h, dtype, device)
         return P @ Orthogonal(h - 1).gaussian_algebra_element(generator, dtype, device) @ P.T
 
-    def discrete_generators(self, dtype=torch.float64, device="cpu"):
+    def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         h = _concrete(self.width)
         return Permutations(h).discrete_generators(dtype, device)[:1]
 
-    def _not_an_element(self, g, tol):
+    def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         ones = torch.ones(g.shape[-1], dtype=g.dtype, device=g.device)
         return super()._not_an_element(g, tol) or ("g 1 ≠ 1" if relative_error(g @ ones, ones, floor=1) > tol else None)
 
-    def _not_in_algebra(self, M, tol):
+    def _not_in_algebra(self, M: torch.Tensor, tol: float) -> str | None:
         ones = torch.ones(M.shape[-1], dtype=M.dtype, device=M.device)
         return (super()._not_in_algebra(M, tol)
                 or ("M 1 ≠ 0" if relative_error(M @ ones, 0 * ones, floor=1) > tol else None))
@@ -759,7 +778,7 @@ class PositiveScaling(SiteGroup):
     algebra is all diagonal matrices (all symmetric, ``h`` conserved quantities).
     """
 
-    alpha: object = 1
+    alpha: SiteOption = 1  # type: ignore[misc]  # a field of this group, the neutral class constant of the others
     element_format: ClassVar[str] = "diagonal"
     symbol: ClassVar[str] = "PositiveScaling"
     kind: ClassVar[str] = "PS"
@@ -769,92 +788,93 @@ class PositiveScaling(SiteGroup):
     conserved_kind: ClassVar[str] = "diagonal"
 
     @property
-    def homogeneity(self):
+    def homogeneity(self) -> int | sp.Expr | None:
         return self.alpha
 
     @property
-    def acts_monomially(self):
+    def acts_monomially(self) -> bool:
         return True
 
-    def operator(self, g, role="out", power=1):
+    def operator(self, g: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         self._check_role(role)
         exponent = float(power) if role == "out" else -float(power)
         return g if exponent == 1 else g.reciprocal() if exponent == -1 else g ** exponent
 
-    def infinitesimal(self, M, role="out", power=1):
+    def infinitesimal(self, M: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         self._check_role(role)
         return float(power) * (M if role == "out" else -M)
 
-    def moves_region(self, power):
+    def moves_region(self, power: Power) -> bool:
         return power != 0
 
-    def compose(self, g1, g2):
+    def compose(self, g1: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
         return g1 * g2
 
-    def identity(self, dtype=torch.float64, device="cpu"):
+    def identity(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         return torch.ones(_concrete(self.width), dtype=dtype, device=device)
 
-    def conserved_term(self, U):
+    def conserved_term(self, U: sp.MatrixExpr) -> sp.MatrixExpr | None:
         term = sp.HadamardPower(U, 2)
         return term * sp.OneMatrix(U.shape[1], 1) if U.shape[1] != 1 else term
 
-    def pointwise_identity(self, sigma):
+    def pointwise_identity(self, sigma: Pointwise) -> tuple[str, list[sp.Expr]] | None:
         c, p = sp.Symbol("c", positive=True), sp.Symbol("p", positive=True)
         return (f"σ(c z) = c^{self.alpha} σ(z), c > 0",
                 [sigma(c * z) - c ** self.alpha * sigma(z) for z in (p, -p, sp.Integer(0))])
 
-    def infinitesimal_identity(self, sigma):
+    def infinitesimal_identity(self, sigma: Pointwise) -> tuple[str, list[sp.Expr]] | None:
         # differentiate inside each sign branch, z = ±p with p > 0, where z σ'(z) = p d/dp σ(±p):
         # a derivative taken at a symbolic z can be 0/0 on the branch where σ vanishes (max(z,0)^½)
         p = sp.Symbol("p", positive=True)
         return (f"Euler: z σ'(z) = {self.alpha} σ(z) (z ≠ 0)",
                 [p * sp.diff(sigma(t), p) - self.alpha * sigma(t) for t in (p, -p)])
 
-    def width_two_element(self):
+    def width_two_element(self) -> sp.ImmutableMatrix | None:
         return sp.ImmutableMatrix(sp.symbols("d:2", positive=True))
 
     @property
-    def name(self):
+    def name(self) -> str:
         return f"PositiveScaling({self.width}, alpha={self.alpha})"
 
-    def latex(self):
+    def latex(self) -> str:
         width, alpha = sp.latex(sp.sympify(self.width)), sp.latex(sp.sympify(self.alpha))
         return rf"(\mathbb{{R}}_{{>0}})^{{{width}}},\ \pi(g) = g^{{{alpha}}}"
 
     @property
-    def dim(self):
+    def dim(self) -> sp.Expr:
         return sp.sympify(self.width)
 
     @property
-    def n_symmetric(self):
+    def n_symmetric(self) -> sp.Expr:
         return sp.sympify(self.width)
 
-    def algebra_basis(self, dtype=torch.float64, device="cpu"):
+    def algebra_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         return torch.eye(self._check_basis_size(), dtype=dtype, device=device)
 
-    def symmetric_basis(self, dtype=torch.float64, device="cpu"):
+    def symmetric_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         return self.algebra_basis(dtype, device)
 
-    def exp(self, M):
+    def exp(self, M: torch.Tensor) -> torch.Tensor:
         return torch.exp(M)
 
-    def random_algebra_element(self, scale, generator=None, dtype=torch.float64, device="cpu"):
+    def random_algebra_element(self, scale: float, generator: torch.Generator | None = None,
+                               dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         element = torch.randn(_concrete(self.width), generator=generator, dtype=dtype).to(device)
         return element * (scale / element.abs().max())
 
-    def rep(self, g):
+    def rep(self, g: torch.Tensor) -> torch.Tensor:
         return g ** float(self.alpha)
 
-    def rep_inverse(self, g):
+    def rep_inverse(self, g: torch.Tensor) -> torch.Tensor:
         return g ** (-float(self.alpha))
 
-    def rep_expr(self, g):
+    def rep_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr:
         return sp.DiagMatrix(g) if self.alpha == 1 else sp.DiagMatrix(sp.HadamardPower(g, self.alpha))
 
-    def rep_inverse_expr(self, g):
+    def rep_inverse_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr:
         return sp.DiagMatrix(sp.HadamardPower(g, -sp.sympify(self.alpha)))
 
-    def check_element(self, g):
+    def check_element(self, g: torch.Tensor) -> None:
         """Finite and positive: one pass over ``g`` and one transfer to the host (its least and greatest entries,
         ``NaN`` when it has one, which fails ``0 < min ≤ max < inf``).
 
@@ -880,7 +900,7 @@ class SignFlips(SiteGroup):
     Generators: the ``h`` single-neuron flips.
     """
 
-    center: object = 0
+    center: SiteOption = 0  # type: ignore[misc]  # a field of this group, the neutral class constant of the others
     symbol: ClassVar[str] = "SignFlips"
     discrete_description: ClassVar[str] = "the {h} single-neuron sign flips"
     kind: ClassVar[str] = "SF"
@@ -889,14 +909,15 @@ class SignFlips(SiteGroup):
     orthogonal: ClassVar[bool] = True
 
     @property
-    def acts_monomially(self):
+    def acts_monomially(self) -> bool:
         return not self.affine
 
-    def operator(self, g, role="out", power=1):
+    def operator(self, g: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         self._check_role(role)   # diag(±1) is its own inverse transpose: multiply by its diagonal
         return torch.diagonal(g, dim1=-2, dim2=-1)
 
-    def sample(self, generator=None, dtype=torch.float64, device="cpu", scales=SAMPLE_SCALES):
+    def sample(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+               device: Device = "cpu", scales: Sequence[float] = SAMPLE_SCALES) -> list[tuple[str, torch.Tensor]]:
         """The ``h`` single-neuron flips; wider than :data:`SIGN_FLIP_GENERATORS`, :data:`SIGN_FLIP_SAMPLES`
         uniformly random sign patterns ``diag(±1)`` instead (``h`` forward passes and ``h`` dense matrices)."""
         if _concrete(self.width) <= SIGN_FLIP_GENERATORS:
@@ -904,46 +925,46 @@ class SignFlips(SiteGroup):
         signs = torch.randint(0, 2, (SIGN_FLIP_SAMPLES, int(self.width)), generator=generator).to(dtype) * 2 - 1
         return [(f"random sign pattern {i}", torch.diag(s).to(device)) for i, s in enumerate(signs)]
 
-    def pointwise_identity(self, sigma):
+    def pointwise_identity(self, sigma: Pointwise) -> tuple[str, list[sp.Expr]] | None:
         p = sp.Symbol("p", positive=True)
         statement = "σ(−z) = −σ(z)" if self.center == 0 else f"σ(−z) = {2 * self.center} − σ(z)"
         return statement, [sigma(-z) + sigma(z) - 2 * self.center for z in (p, -p, sp.Integer(0))]
 
-    def width_two_element(self):
+    def width_two_element(self) -> sp.ImmutableMatrix | None:
         return sp.ImmutableMatrix([[-1, 0], [0, 1]])
 
     @property
-    def name(self):
+    def name(self) -> str:
         return f"SignFlips({self.width})" if self.center == 0 else f"SignFlips({self.width}, center={self.center})"
 
-    def latex(self):
+    def latex(self) -> str:
         return rf"(\mathbb{{Z}}_2)^{{{sp.latex(sp.sympify(self.width))}}}"
 
-    def rep_inverse(self, g):
+    def rep_inverse(self, g: torch.Tensor) -> torch.Tensor:
         return g
 
-    def rep_inverse_expr(self, g):
+    def rep_inverse_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr:
         return g
 
-    def shift(self, g):
+    def shift(self, g: torch.Tensor) -> torch.Tensor | None:
         if self.center == 0:
             return None
         ones = torch.ones(g.shape[-1], 1, dtype=g.dtype, device=g.device)
         return float(self.center) * (ones - g @ ones)
 
-    def shift_expr(self, g):
+    def shift_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr | None:
         if self.center == 0:
             return None
         ones = sp.OneMatrix(sp.sympify(self.width), 1)
         return sp.sympify(self.center) * (ones - g * ones)
 
-    def _not_an_element(self, g, tol):
+    def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         diagonal = torch.diagonal(g, dim1=-2, dim2=-1)
         signs = torch.diag_embed(torch.sign(diagonal))
         unit = ((diagonal.abs() - 1).abs() <= tol).all()
         return None if unit and relative_error(g, signs, floor=1) <= tol else "g must be diagonal with entries ±1"
 
-    def discrete_generators(self, dtype=torch.float64, device="cpu"):
+    def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         h = _concrete(self.width)
         flips = []
         for i in range(h):
@@ -968,39 +989,39 @@ class Permutations(SiteGroup):
     permutes_entries: ClassVar[bool] = True
 
     @property
-    def acts_monomially(self):
+    def acts_monomially(self) -> bool:
         return True
 
-    def act(self, g, U, role="out", power=1):
+    def act(self, g: torch.Tensor, U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         self._check_role(role)   # g U for a permutation matrix g (= its own inverse transpose), by indexing
         return U[g.argmax(-1)]
 
     @property
-    def is_trivial(self):
+    def is_trivial(self) -> bool:
         return _at_most_one(self.width)
 
-    def pointwise_identity(self, sigma):
+    def pointwise_identity(self, sigma: Pointwise) -> tuple[str, list[sp.Expr]] | None:
         return "σ(P z) = P σ(z)", []
 
-    def width_two_element(self):
+    def width_two_element(self) -> sp.ImmutableMatrix | None:
         return sp.ImmutableMatrix([[0, 1], [1, 0]])
 
-    def latex(self):
+    def latex(self) -> str:
         return rf"S_{{{sp.latex(sp.sympify(self.width))}}}"
 
-    def rep_inverse(self, g):
+    def rep_inverse(self, g: torch.Tensor) -> torch.Tensor:
         return g.transpose(-1, -2)
 
-    def rep_inverse_expr(self, g):
+    def rep_inverse_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr:
         return g.T
 
-    def _not_an_element(self, g, tol):
+    def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         binary = relative_error(g, g.round().clamp(0, 1), floor=1) <= tol
         stochastic = relative_error(g.sum(-1), torch.ones_like(g.sum(-1)), floor=1) <= tol and \
             relative_error(g.sum(-2), torch.ones_like(g.sum(-2)), floor=1) <= tol
         return None if binary and stochastic else "g must be a permutation matrix"
 
-    def discrete_generators(self, dtype=torch.float64, device="cpu"):
+    def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         h = _concrete(self.width)
         if h < 2:
             return []
@@ -1030,63 +1051,65 @@ class Translations(SiteGroup):
     conserved_kind: ClassVar[str] = "linear"
 
     @property
-    def acts_monomially(self):
+    def acts_monomially(self) -> bool:
         return True
 
-    def operator(self, g, role="out", power=1):
+    def operator(self, g: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         raise TypeError(f"{self.name} acts by adding t to a region (act), not by multiplying it")
 
-    def infinitesimal(self, M, role="out", power=1):
+    def infinitesimal(self, M: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         raise TypeError(f"{self.name} acts by adding M to a region (act_infinitesimally), not by multiplying it")
 
-    def act(self, g, U, role="out", power=1):
+    def act(self, g: torch.Tensor, U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         """``U + t 1ᵀ``: row ``i`` of the region (direction ``B_i = e_i 1ᵀ``) moves by ``t_i``."""
         self._check_translated(role, power)
         return U + g[:, None]
 
-    def act_infinitesimally(self, M, U, role="out", power=1):
+    def act_infinitesimally(self, M: torch.Tensor, U: torch.Tensor, role: str = "out",
+                            power: Power = 1) -> torch.Tensor:
         self._check_translated(role, power)
         return M[:, None].expand_as(U)
 
-    def _check_translated(self, role, power):
+    def _check_translated(self, role: str, power: Power) -> None:
         if role != "out" or power != 1:
             raise ValueError(f"{self.name}: a translated region has no role or degree, "
                              f"got role={role!r}, power={power}")
 
-    def conserved_term(self, U):
+    def conserved_term(self, U: sp.MatrixExpr) -> sp.MatrixExpr | None:
         """``⟨B_i, U⟩ = (U 1)_i``: the linear quantities of the directions :meth:`act` moves along."""
         return U * sp.OneMatrix(U.shape[1], 1)
 
-    def compose(self, g1, g2):
+    def compose(self, g1: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
         return g1 + g2
 
-    def identity(self, dtype=torch.float64, device="cpu"):
+    def identity(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         return torch.zeros(_concrete(self.width), dtype=dtype, device=device)
 
     @property
-    def name(self):
+    def name(self) -> str:
         return f"Translations({self.width}{', ' + self.description if self.description else ''})"
 
-    def latex(self):
+    def latex(self) -> str:
         return rf"\mathbb{{R}}^{{{sp.latex(sp.sympify(self.width))}}}"
 
     @property
-    def dim(self):
+    def dim(self) -> sp.Expr:
         return sp.sympify(self.width)
 
-    def algebra_basis(self, dtype=torch.float64, device="cpu"):
+    def algebra_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         return torch.eye(self._check_basis_size(), dtype=dtype, device=device)
 
-    def exp(self, M):
+    def exp(self, M: torch.Tensor) -> torch.Tensor:
         return M
 
-    def random_algebra_element(self, scale, generator=None, dtype=torch.float64, device="cpu"):
+    def random_algebra_element(self, scale: float, generator: torch.Generator | None = None,
+                               dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         element = torch.randn(_concrete(self.width), generator=generator, dtype=dtype).to(device)
         return element * (scale / element.abs().max())
 
-    def _check_format(self, x, what):
+    def _check_format(self, x: torch.Tensor, what: str, finite: bool = True) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.shape[0] != _concrete(self.width):
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{self.name}: a {what} is a vector of length {self.width}, got {got}")
-        if not torch.isfinite(x).all():
+        if finite and not torch.isfinite(x).all():
             raise ValueError(f"{self.name}: the {what} has non-finite entries")

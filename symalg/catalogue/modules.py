@@ -11,19 +11,20 @@ tensor([[0.5883, 0.7845]])
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Mapping
+from typing import Callable, Mapping
 
 import sympy as sp
 import torch
 
-from symalg.catalogue.activations import CATALOGUE
+from symalg.catalogue.activations import CATALOGUE, CatalogueEntry
 from symalg.lowering.codegen import compile_function, identifier, torch_source
 
 __all__ = ["Activation", "activation_function"]
 
 
 @lru_cache(maxsize=None)
-def _compiled(entry, params: tuple):
+def _compiled(entry: CatalogueEntry,
+              params: tuple[tuple[str, sp.Expr], ...]) -> tuple[Callable[..., torch.Tensor], str]:
     if entry.radial:
         r = sp.Symbol("_norm", positive=True)
         body = f"z * ({torch_source(entry.expression(r, **dict(params)))})"
@@ -38,7 +39,8 @@ def _compiled(entry, params: tuple):
     return compile_function(name, source, "activation"), source
 
 
-def activation_function(op: str, params: Mapping | None = None, catalogue: Mapping = CATALOGUE):
+def activation_function(op: str, params: Mapping[str, object] | None = None,
+                        catalogue: Mapping[str, CatalogueEntry] = CATALOGUE) -> tuple[Callable[..., torch.Tensor], str]:
     """The torch function of catalogue entry ``op`` (acting on the last axis), and its source."""
     if op not in catalogue:
         raise KeyError(f"activation {op!r} is not in the catalogue ({sorted(catalogue)})")
@@ -50,7 +52,7 @@ def activation_function(op: str, params: Mapping | None = None, catalogue: Mappi
 class Activation(torch.nn.Module):
     """An activation from the catalogue as a module: ``Activation("leaky_relu", slope=0.2)``."""
 
-    def __init__(self, op: str, catalogue: Mapping = CATALOGUE, **params):
+    def __init__(self, op: str, catalogue: Mapping[str, CatalogueEntry] = CATALOGUE, **params: object) -> None:
         super().__init__()
         if op not in catalogue:
             raise KeyError(f"activation {op!r} is not in the catalogue ({sorted(catalogue)})")
@@ -58,8 +60,8 @@ class Activation(torch.nn.Module):
         self.params = catalogue[op].resolve(params)
         self._fn, self.source = activation_function(op, self.params, catalogue)
 
-    def forward(self, z):
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self._fn(z)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         return ", ".join([repr(self.op)] + [f"{k}={v}" for k, v in self.params.items()])

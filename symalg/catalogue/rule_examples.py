@@ -12,7 +12,7 @@ torch.Size([5, 2])
 from __future__ import annotations
 
 import inspect
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, TypeAlias
 
 import torch
 
@@ -20,8 +20,9 @@ __all__ = ["Example", "ExampleModel", "ExampleOutput", "RadialBasis", "around", 
            "split_heads_attention"]
 
 nn = torch.nn
-Example = Callable[[], tuple[nn.Module, tuple]]
-Body = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+Example: TypeAlias = Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
+Body: TypeAlias = Callable[[Any, torch.Tensor], torch.Tensor]
+"""``body(model, h)``; the model is an :class:`ExampleModel` whose members are set at run time."""
 
 
 class ExampleOutput(NamedTuple):
@@ -44,7 +45,7 @@ class ExampleModel(nn.Module):
     """
 
     def __init__(self, body: Body, n: int = 3, h: int = 4, k: int | None = None, m: int = 2,
-                 packed: bool = False, buffers: dict | None = None, **members):
+                 packed: bool = False, buffers: dict[str, torch.Tensor] | None = None, **members: Any) -> None:
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(n, h), nn.Linear(h if k is None else k, m)
         self.body, self.packed = body, packed
@@ -53,16 +54,16 @@ class ExampleModel(nn.Module):
         for name, member in members.items():
             setattr(self, name, member)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor | ExampleOutput:
         y = self.fc2(self.body(self, self.fc1(x)))
         return ExampleOutput(y) if self.packed else y
 
 
-def around(body: Body, shape: tuple = (5, 3), **options) -> Example:
+def around(body: Body, shape: tuple[int, ...] = (5, 3), **options: Any) -> Example:
     """The example ``ExampleModel(body, **options)`` on a standard normal input of ``shape``. An option
     given as a function (``inner=lambda: nn.Linear(4, 4)``) is called by each call of the example, so
     that every model gets fresh members."""
-    def example():
+    def example() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         built = {key: value() if inspect.isfunction(value) else value for key, value in options.items()}
         return ExampleModel(body, n=shape[-1], **built), (torch.randn(*shape),)
     return example
@@ -77,11 +78,11 @@ def model_example(model: Callable[[], nn.Module], inputs: Callable[[], torch.Ten
 class RadialBasis(nn.Module):
     """``exp(−‖x − c_i‖²)`` for ``count`` learned centres ``c_i`` (rows of ``centres``)."""
 
-    def __init__(self, count: int, features: int):
+    def __init__(self, count: int, features: int) -> None:
         super().__init__()
         self.centres = nn.Parameter(torch.randn(count, features))
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.exp(-torch.cdist(x, self.centres) ** 2)
 
 
@@ -90,9 +91,9 @@ def split_heads_attention(model: nn.Module, h: torch.Tensor, heads: int = 2) -> 
     split into heads, ``F.scaled_dot_product_attention``, merge (folded into one ``attention`` node)."""
     b, t, d = h.shape
 
-    def split(u):
+    def split(u: torch.Tensor) -> torch.Tensor:
         return u.reshape(b, t, heads, d // heads).transpose(1, 2)
 
-    out = torch.nn.functional.scaled_dot_product_attention(split(model.query(h)), split(model.key(h)),
-                                                         split(model.value(h)))
+    query, key, value = (model.get_submodule(name) for name in ("query", "key", "value"))
+    out = torch.nn.functional.scaled_dot_product_attention(split(query(h)), split(key(h)), split(value(h)))
     return out.transpose(1, 2).reshape(b, t, d)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeAlias, TypeGuard
 
 import torch
 
@@ -24,12 +24,22 @@ from symalg.catalogue.groups import GeneralLinear
 from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.rule_examples import Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
-from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment, site_stem
+from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
 
 __all__ = ["OP_RULES", "OVERLAYABLE", "RULE_EXAMPLES", "WEIGHT_RULES", "WeightExpr", "register_rule",
            "activation_rule", "unknown_rule"]
 
-_RULES: dict[str, Callable] = {}
+NodeData: TypeAlias = Mapping[str, Any]
+"""A node's attributes in the model graph (:mod:`symalg.ir.graph`): ``op``, ``kind``, ``inputs``, ``settings``..."""
+Value: TypeAlias = "Label | WeightExpr | tuple[Any, ...] | None"
+"""What inference carries along an edge: a :class:`~symalg.symbolic.inference.Label`, a :class:`WeightExpr`, a
+parameter read ``("param", name)``, a tuple of values (``pack``, multi-output ops), or ``None`` (a number)."""
+Inputs: TypeAlias = Sequence[Any]
+"""A node's input values (each a :data:`Value`; rules tell them apart with ``isinstance``)."""
+Rule: TypeAlias = Callable[[Inference, str, NodeData, Inputs], Value]
+"""``rule(state, node, data, inputs)``: the value of the node's output."""
+
+_RULES: dict[str, Rule] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
                           "permute", "embedding", "cdist", "getitem"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
@@ -50,7 +60,7 @@ RULE_EXAMPLES = MappingProxyType(_EXAMPLES)
 which the rule law tests trace, derive and check claim by claim."""
 
 
-def register_rule(*ops: str, examples: Mapping[str, Example]):
+def register_rule(*ops: str, examples: Mapping[str, Example]) -> Callable[[Rule], Rule]:
     """Decorator registering ``rule`` for the canonical ``ops``, each with an example model in
     ``examples`` (``{op: factory returning (model, example_inputs)}``), so that the law tests run it.
 
@@ -62,7 +72,7 @@ def register_rule(*ops: str, examples: Mapping[str, Example]):
     if set(examples) != set(ops):
         raise ValueError(f"register_rule{ops}: examples must be given for exactly these ops, got {sorted(examples)}")
 
-    def decorate(rule):
+    def decorate(rule: Rule) -> Rule:
         for op in ops:
             _RULES[op] = rule
             _EXAMPLES[op] = examples[op]
@@ -70,14 +80,14 @@ def register_rule(*ops: str, examples: Mapping[str, Example]):
     return decorate
 
 
-def _argument(data, position: int, name: str, default=None):
+def _argument(data: NodeData, position: int, name: str, default: Any = None) -> Any:
     arguments = data.get("arguments", {})
     if name in arguments:
         return arguments[name]
     return arguments.get(f"arg{position}", default)
 
 
-def _dim(data, position: int, default=-1):
+def _dim(data: NodeData, position: int, default: int | None = -1) -> Any:
     dim = _argument(data, position, "dim", default)
     return data["settings"].get("dim", dim) if data["kind"] == "module" else dim
 
@@ -91,13 +101,13 @@ def _normalise(dim: int, ndim: int | None) -> int:
     return dim - ndim
 
 
-def _first(inputs) -> Label:
+def _first(inputs: Inputs) -> Label:
     return inputs[0] if inputs and inputs[0] is not None else Label.data()
 
 
 # -- activations and unknown ops ---------------------------------------------------------------
 
-def activation_rule(state: Inference, node, data, inputs) -> Label:
+def activation_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """A catalogue activation on the feature axis: ``σ(g z) = π(g) σ(z) + τ(g)`` for the entry's groups
     (``τ ≠ 0`` for affine sign flips, ``σ(−z) = 1 − σ(z)``: the output's segments carry the center). The
     symbolic checks of every group it claims are recorded on the sites along its input (``Symmetry.checks``)."""
@@ -132,7 +142,7 @@ def activation_rule(state: Inference, node, data, inputs) -> Label:
                                                       s.invariant, center) for s in label.segments))
 
 
-def unknown_rule(state: Inference, node, data, inputs) -> Label:
+def unknown_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """An op nobody declared: every site it reads keeps only the kinds its input is invariant under, and
     every parameter it reads becomes opaque (no action may move it)."""
     for label in inputs:
@@ -155,20 +165,20 @@ def unknown_rule(state: Inference, node, data, inputs) -> Label:
                        scale=lambda: torch.linspace(0.5, 2.0, 4), inner=lambda: torch.nn.Linear(4, 4)),
     "buffer": around(lambda self, h: self.inner(torch.relu(h)) + self.shift, inner=lambda: torch.nn.Linear(4, 4),
                      buffers=lambda: {"shift": torch.linspace(-1.0, 1.0, 4)})})
-def data_rule(state, node, data, inputs) -> Label:
+def data_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     return Label.data()
 
 
 @register_rule("param", examples={
     "param": around(lambda self, h: torch.nn.functional.linear(torch.relu(h), self.w, self.b),
                     w=lambda: torch.nn.Parameter(torch.randn(4, 4)), b=lambda: torch.nn.Parameter(torch.randn(4)))})
-def param_rule(state, node, data, inputs):
+def param_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """A parameter read in ``forward``: its own label, resolved by the op that uses it."""
     return ("param", data["params"]["value"])
 
 
 @register_rule("output", examples={"output": around(lambda self, h: torch.relu(h))})
-def output_rule(state: Inference, node, data, inputs) -> None:
+def output_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> None:
     """Every returned tensor (nested in tuples, lists, dicts, dataclasses) must not change (``mse``); with
     ``cross_entropy`` the first is the logits, which may shift along ``1``. A returned parameter is
     pinned (no action may move it)."""
@@ -185,15 +195,15 @@ def output_rule(state: Inference, node, data, inputs) -> None:
 
 
 @register_rule("pack", examples={"pack": around(lambda self, h: torch.tanh(h), packed=True)})
-def pack_rule(state, node, data, inputs) -> tuple:
+def pack_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> tuple:
     """A dataclass or named tuple built in ``forward`` (``Output(logits=…, hidden=…)``): the tuple of its
     fields' labels."""
     return tuple(inputs)
 
 
-def _flat_outputs(items) -> list:
+def _flat_outputs(items: Iterable[Any]) -> list[Any]:
     """Labels and parameters in nested output tuples (multi-output ops, ``pack``), depth first."""
-    flat = []
+    flat: list[Any] = []
     for item in items:
         if isinstance(item, tuple) and not _is_param(item):
             flat += _flat_outputs(item)
@@ -202,7 +212,7 @@ def _flat_outputs(items) -> list:
     return flat
 
 
-def _is_param(label) -> bool:
+def _is_param(label: object) -> TypeGuard[tuple[str, str]]:
     return isinstance(label, tuple) and len(label) == 2 and label[0] == "param"
 
 
@@ -220,7 +230,7 @@ class WeightExpr:
         return tuple(dict.fromkeys(t for t, _ in self.rows + self.cols))
 
 
-def _weight(state: Inference, label) -> WeightExpr | None:
+def _weight(state: Inference, label: Value) -> WeightExpr | None:
     """``label`` as a matrix-valued weight expression, or ``None`` (a value, a tensor of another rank)."""
     if isinstance(label, WeightExpr):
         return label
@@ -229,24 +239,30 @@ def _weight(state: Inference, label) -> WeightExpr | None:
     return None
 
 
+def _weights(state: Inference, inputs: Inputs) -> list[WeightExpr] | None:
+    """Every input as a weight expression (:func:`_weight`), or ``None`` when one is not a weight."""
+    weights = [_weight(state, i) for i in inputs]
+    return None if None in weights else [w for w in weights if w is not None]
+
+
 # -- parameterised maps ------------------------------------------------------------------------
 
-def _producer_site(state, node, width, weight, bias) -> int:
+def _producer_site(state: Inference, node: str, width: int, weight: str | WeightExpr, bias: str | None) -> int:
     """A site on the rows of ``weight`` (a parameter name or a :class:`WeightExpr`) and of ``bias``, with
     the translations a consumer may allow: along ``1`` (whole weight parameters, bias) and of the bias."""
     expr = weight if isinstance(weight, WeightExpr) else WeightExpr(((weight, 0),), (), (weight,))
     rows = [Binding(t, axis, 0, width, node=node) for t, axis in expr.rows]
     bias_rows = Binding(bias, 0, 0, width, node=node) if bias else None
-    site = state.new_site(node, width, rows + ([bias_rows] if bias else []))
+    site = state.new_site(node, width, rows + ([bias_rows] if bias_rows is not None else []))
     translations = state.site(site).translations
     translations += [("T1", node, TranslationFamily("rows", (b,))) for b in rows if b.tensor in expr.plain]
-    if bias:
+    if bias_rows is not None:
         translations.append(("T1", node, TranslationFamily("ones", (bias_rows,))))
         translations.append(("T", node, TranslationFamily("entries", (bias_rows,))))
     return site
 
 
-def _read_as_map(state, node, label: Label, weight, feature_dim: int) -> None:
+def _read_as_map(state: Inference, node: str, label: Label, weight: str | WeightExpr, feature_dim: int) -> None:
     """A map reads ``label`` on its input axis: bind columns (of every column tensor of a
     :class:`WeightExpr`); translations of the input cannot pass."""
     columns = weight.cols if isinstance(weight, WeightExpr) else ((weight, 1),)
@@ -259,14 +275,14 @@ def _read_as_map(state, node, label: Label, weight, feature_dim: int) -> None:
         state.bind_reader(label, tensor, axis, node)
 
 
-def _absorb_shifts(state, node, label: Label, weight, bias) -> None:
+def _absorb_shifts(state: Inference, node: str, label: Label, weight: str | WeightExpr, bias: str | None) -> None:
     """A linear map or unpadded convolution reading a value shifted by affine sign flips, ``v ↦ g v + τ``: its
     bias absorbs ``−W' τ`` (``W'`` the moved weight, summed over the kernel's positions). Without a bias, or
     with a weight computed in ``forward`` (a transpose, ``B @ A``), the flips go."""
     tensor = weight.plain[0] if isinstance(weight, WeightExpr) and len(weight.plain) == 1 else weight
     plain = isinstance(tensor, str) and (not isinstance(weight, WeightExpr) or
                                          (weight.rows, weight.cols) == (((tensor, 0),), ((tensor, 1),)))
-    if bias is None or not plain:
+    if bias is None or not plain or not isinstance(tensor, str):
         why = "has no bias" if bias is None else "computes its weight"
         _refuse_shifts(state, node, label, f"{why} to absorb the shift of an affine sign flip")
         return
@@ -277,14 +293,14 @@ def _absorb_shifts(state, node, label: Label, weight, bias) -> None:
         state.site(seg.site).shifts.append((bias, column, seg.center, node))
 
 
-def _unpadded(settings) -> bool:
+def _unpadded(settings: Mapping[str, Any]) -> bool:
     """No zero padding (``padding=0`` or ``'valid'``): every output position reads a full window, so a constant
     input shift adds the same ``Σ_k W[:, :, k] τ`` everywhere, which the bias can absorb."""
     padding = settings.get("padding", 0)
     return padding == "valid" or all(p == 0 for p in (padding if isinstance(padding, tuple) else (padding,)))
 
 
-def _refuse_shifts(state, node, label: Label, why: str) -> None:
+def _refuse_shifts(state: Inference, node: str, label: Label, why: str) -> None:
     """Remove the affine sign flips of every shifted segment ``label`` carries into ``node``."""
     for seg in label.segments:
         if seg.center:
@@ -293,7 +309,7 @@ def _refuse_shifts(state, node, label: Label, why: str) -> None:
 
 @register_rule("linear", examples={"linear": around(lambda self, h: self.inner(torch.relu(h)),
                                                    inner=lambda: torch.nn.Linear(4, 4))})
-def linear_rule(state: Inference, node, data, inputs) -> Label:
+def linear_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """``y = W x + b``: a new site on the rows of ``W`` and ``b``; the input's sites on its columns.
     ``W`` may be computed from parameters (``F.linear(x, W + B @ A)``: see :func:`matmul_rule`)."""
     label = _first(inputs)
@@ -316,7 +332,7 @@ def linear_rule(state: Inference, node, data, inputs) -> Label:
 @register_rule("conv", examples={"conv": model_example(
     lambda: torch.nn.Sequential(torch.nn.Conv1d(2, 3, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv1d(3, 2, 3)),
     lambda: torch.randn(5, 2, 8))})
-def conv_rule(state: Inference, node, data, inputs) -> Label:
+def conv_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Convolution: output channels are a site (kernel axis 0, bias); input channels its columns.
 
     ``groups = 1`` reads every input channel; a depthwise conv (``groups = in = out``) is a diagonal
@@ -352,13 +368,20 @@ def conv_rule(state: Inference, node, data, inputs) -> Label:
     return Label.data(channel_dim, out_channels)
 
 
-def _diagonal_map(state, node, label: Label, scale: str | None, shift: str | None, dim: int, axis: int = 0) -> Label:
+def _diagonal_map(state: Inference, node: str, label: Label, scale: str | None, shift: str | None, dim: int,
+                  axis: int = 0) -> Label:
     """``y = s ⊙ x + t`` per feature: each input site's scalings/sign flips are absorbed by ``s``; the
     output gets a new site acting on ``s, t`` (positive scaling, sign flips), tied to the input's
     permutations. A data input (no sites) still gives the output its site. The feature axis is ``dim`` of
     the value and ``axis`` of ``s, t`` (a LayerNorm gain over several axes has more)."""
     state.restrict_label(label, DIAGONAL, node, f"{state.where(node)} is a per-feature (diagonal) map")
-    pieces = label.segments or (Segment(-1, 0, state.shapes[scale or shift][axis]),)
+    if label.segments:
+        pieces = label.segments
+    else:
+        parameter = scale or shift
+        if parameter is None:
+            raise ValueError(f"{state.where(node)}: a per-feature map needs a scale or a shift parameter")
+        pieces = (Segment(-1, 0, state.shapes[parameter][axis]),)
     segments = []
     for seg in pieces:
         bindings = [Binding(t, axis, seg.offset, seg.width, seg.block, diagonal=True, node=node)
@@ -379,7 +402,7 @@ def _diagonal_map(state, node, label: Label, scale: str | None, shift: str | Non
 @register_rule("embedding", examples={"embedding": model_example(
     lambda: torch.nn.Sequential(torch.nn.Embedding(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)),
     lambda: torch.arange(6))})
-def embedding_rule(state: Inference, node, data, inputs) -> Label:
+def embedding_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """``x = E[i]``: a site on the columns of the table ``E`` (``E ↦ E gᵀ``)."""
     weight = data["params"].get("weight") if data["kind"] == "module" else (
         inputs[1][1] if len(inputs) > 1 and _is_param(inputs[1]) else None)
@@ -401,16 +424,16 @@ def _same_layout(a: Label, b: Label) -> bool:
 @register_rule("add", "sub", examples={
     "add": around(lambda self, h: h + self.inner(torch.relu(h)), inner=lambda: torch.nn.Linear(4, 4)),
     "sub": around(lambda self, h: h - self.inner(torch.relu(h)), inner=lambda: torch.nn.Linear(4, 4))})
-def add_rule(state: Inference, node, data, inputs) -> Label:
+def add_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """``a ± b``: both summands' sites are tied (a skip connection); a fixed summand pins the other. A sum
     of weights (parameters, products of parameters) is a weight whose rows and columns are both's."""
     labels = [i for i in inputs if isinstance(i, Label)]
     constants = [i for i in inputs if i is None]
     params = [i for i in inputs if _is_param(i)]
-    weights = [_weight(state, i) for i in inputs]
-    if len(inputs) == 2 and None not in weights and _same_shape(state, data):
-        a, b = weights
-        return WeightExpr(a.rows + b.rows, a.cols + b.cols, a.plain + b.plain)
+    weights = _weights(state, inputs)
+    if len(inputs) == 2 and weights is not None and _same_shape(state, data):
+        first, second = weights
+        return WeightExpr(first.rows + second.rows, first.cols + second.cols, first.plain + second.plain)
     if len(labels) == 1 and not params:
         (label,) = labels
         state.restrict_label(label, {"S"} if constants else set(), node,
@@ -442,7 +465,7 @@ def add_rule(state: Inference, node, data, inputs) -> Label:
     return Label(a.dim, a.size, tuple(segments))
 
 
-def _add_parameter(state: Inference, node, label: Label, tensor: str) -> None:
+def _add_parameter(state: Inference, node: str, label: Label, tensor: str) -> None:
     """``x ± p``, ``p`` broadcast against ``x`` (trailing axes aligned). Where ``p`` runs along the sites' axis
     (its axis ``p.ndim + dim``, of the same length) it moves with them, ``p ↦ π(g) p``; where it is constant
     along that axis (absent or of length 1) it cannot, and only permutations pass."""
@@ -458,7 +481,7 @@ def _add_parameter(state: Inference, node, label: Label, tensor: str) -> None:
 
 @register_rule("mul", "div", examples={"mul": around(lambda self, h: 2.5 * torch.relu(h)),
                                       "div": around(lambda self, h: torch.relu(h) / 2.5)})
-def scale_rule(state: Inference, node, data, inputs) -> Label:
+def scale_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """Multiplication by a number commutes with every linear action; by a tensor it is unknown."""
     scaled = [i for i in inputs if isinstance(i, (Label, WeightExpr)) or _is_param(i)]
     numbers = all(i is None for i in inputs if not (isinstance(i, (Label, WeightExpr)) or _is_param(i)))
@@ -469,7 +492,7 @@ def scale_rule(state: Inference, node, data, inputs) -> Label:
     return unknown_rule(state, node, data, inputs)
 
 
-def _same_shape(state: Inference, data) -> bool:
+def _same_shape(state: Inference, data: NodeData) -> bool:
     shapes = [state.shape(i) for i in data["inputs"]]
     return None not in shapes and len(set(shapes)) == 1
 
@@ -478,12 +501,12 @@ def _same_shape(state: Inference, data) -> bool:
     "matmul": around(lambda self, h: torch.nn.functional.linear(torch.relu(h), self.lora_b @ self.lora_a),
                      lora_a=lambda: torch.nn.Parameter(torch.randn(2, 4)),
                      lora_b=lambda: torch.nn.Parameter(torch.randn(4, 2)))})
-def matmul_rule(state: Inference, node, data, inputs):
+def matmul_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """A product of weights ``B @ A`` (a low-rank adapter): ``GL(r)`` on the inner axis (``A ↦ g A``,
     ``B ↦ B g⁻¹``); the product's rows are ``B``'s, its columns ``A``'s. Products of values (attention
     scores) are folded before inference; any other product is unknown."""
-    weights = [_weight(state, i) for i in inputs]
-    if len(weights) != 2 or None in weights:
+    weights = _weights(state, inputs)
+    if weights is None or len(weights) != 2:
         return unknown_rule(state, node, data, inputs)
     left, right = weights
     tensor, axis = left.cols[0]
@@ -493,7 +516,7 @@ def matmul_rule(state: Inference, node, data, inputs):
     return WeightExpr(left.rows, right.cols)
 
 
-def _tensor_constant(state, node) -> bool:
+def _tensor_constant(state: Inference, node: str) -> bool:
     """True if a non-number constant (a tensor buffer or a data tensor) is an operand."""
     for source in filter(None, state.graph.nodes[node]["inputs"]):
         if state.graph.nodes[source]["kind"] in ("constant", "input", "param") and \
@@ -506,7 +529,7 @@ def _tensor_constant(state, node) -> bool:
 
 @register_rule("neg", "identity", examples={"neg": around(lambda self, h: -torch.relu(h)),
                                            "identity": around(lambda self, h: torch.relu(h).contiguous())})
-def identity_rule(state, node, data, inputs) -> Label:
+def identity_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """``±z`` commutes with every action, translations included, so nothing is restricted. An identity layer
     (``nn.Identity``, the spec's ``identity``; not ``clone``/``contiguous``) is also the catalogue's linear
     activation: its symbolic checks (``σ`` linear, hence ``GL``-equivariant) are recorded on the sites it reads,
@@ -521,7 +544,7 @@ def identity_rule(state, node, data, inputs) -> Label:
 
 @register_rule("dropout", examples={
     "dropout": around(lambda self, h: self.drop(torch.relu(h)), drop=lambda: torch.nn.Dropout(0.25))})
-def dropout_rule(state, node, data, inputs) -> Label:
+def dropout_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Dropout is the identity in eval mode (``p = 0`` likewise); in training its random mask
     commutes only with diagonal actions."""
     label = _first(inputs)
@@ -534,7 +557,7 @@ def dropout_rule(state, node, data, inputs) -> Label:
 
 @register_rule("cat", examples={"cat": around(lambda self, h: torch.cat([torch.relu(h), self.inner(h)], -1), k=7,
                                        inner=lambda: torch.nn.Linear(4, 3))})
-def cat_rule(state: Inference, node, data, inputs) -> Label:
+def cat_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Concatenation along the feature axis stacks the inputs' segments; along another axis it ties them."""
     labels = [i for i in inputs if isinstance(i, Label)]
     if len(labels) != len(inputs):
@@ -548,7 +571,8 @@ def cat_rule(state: Inference, node, data, inputs) -> Label:
     if all(label.dim == dim for label in labels):
         segments, offset = [], 0
         for label, source in zip(labels, data["inputs"]):
-            size = state.shape(source)[dim] if state.shape(source) else label.size
+            source_shape = state.shape(source)
+            size = source_shape[dim] if source_shape else label.size
             if size is None:
                 return unknown_rule(state, node, data, inputs)
             segments += [replace(s, offset=s.offset + offset) for s in label.segments]
@@ -563,7 +587,7 @@ def cat_rule(state: Inference, node, data, inputs) -> Label:
 @register_rule("flatten", "reshape", examples={
     "flatten": around(lambda self, h: torch.relu(h).flatten(0, 1), shape=(5, 2, 3)),
     "reshape": around(lambda self, h: torch.relu(h).reshape(-1, 4), shape=(5, 2, 3))})
-def reshape_rule(state: Inference, node, data, inputs) -> Label:
+def reshape_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Reshapes that keep the feature axis last, or flatten it with trailing axes (conv → dense:
     each channel becomes a block of entries). Anything else splits the axis: unknown."""
     label = _first(inputs)
@@ -591,7 +615,7 @@ def reshape_rule(state: Inference, node, data, inputs) -> Label:
     return Label.data()
 
 
-def _prod(values) -> int:
+def _prod(values: Iterable[int]) -> int:
     result = 1
     for v in values:
         result *= v
@@ -601,7 +625,7 @@ def _prod(values) -> int:
 @register_rule("transpose", "permute", examples={
     "transpose": around(lambda self, h: torch.relu(h).transpose(0, 1), shape=(5, 2, 3)),
     "permute": around(lambda self, h: torch.relu(h).permute(1, 0, 2), shape=(5, 2, 3))})
-def transpose_rule(state: Inference, node, data, inputs) -> Label:
+def transpose_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """Moving axes moves the feature axis with them; transposing a weight swaps its rows and columns."""
     weight = _weight(state, inputs[0]) if inputs else None
     if weight is not None:
@@ -630,7 +654,7 @@ def transpose_rule(state: Inference, node, data, inputs) -> Label:
 @register_rule("getitem", examples={"getitem": around(
     lambda self, h: self.attention(h, h, h)[0], shape=(5, 3, 3),
     attention=lambda: torch.nn.MultiheadAttention(4, 2, batch_first=True))})
-def getitem_rule(state: Inference, node, data, inputs):
+def getitem_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """Picking an output of a multi-output op; indexing a tensor is unknown."""
     source = inputs[0]
     index = _argument(data, 1, "index")
@@ -645,7 +669,7 @@ def getitem_rule(state: Inference, node, data, inputs):
     "cos": around(lambda self, h: torch.cos(h)), "abs": around(lambda self, h: torch.abs(h)),
     "sqrt": around(lambda self, h: torch.sqrt(h * h + 1)), "rsqrt": around(lambda self, h: torch.rsqrt(h * h + 1)),
     "square": around(lambda self, h: h.square())})
-def elementwise_rule(state, node, data, inputs) -> Label:
+def elementwise_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """A pointwise function the catalogue does not list: it commutes with permutations only."""
     label = _first(inputs)
     if any(isinstance(i, Label) and i.segments for i in inputs[1:]) or any(_is_param(i) for i in inputs):
@@ -656,7 +680,7 @@ def elementwise_rule(state, node, data, inputs) -> Label:
 
 @register_rule("cdist", examples={"cdist": model_example(
     lambda: torch.nn.Sequential(RadialBasis(6, 3), torch.nn.Linear(6, 2)), lambda: torch.randn(8, 3))})
-def cdist_rule(state: Inference, node, data, inputs) -> Label:
+def cdist_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Distances ``‖x − c_i‖`` to centres ``C`` (rows): a site whose permutations move the centres."""
     label = _first(inputs)
     if len(inputs) < 2 or not _is_param(inputs[1]) or label.segments:
@@ -667,7 +691,7 @@ def cdist_rule(state: Inference, node, data, inputs) -> Label:
     return Label(-1, count, (Segment(site, 0, count),))
 
 
-def _pools_the_sites(state: Inference, node, data, label: Label) -> bool:
+def _pools_the_sites(state: Inference, node: str, data: NodeData, label: Label) -> bool:
     """``True`` (after removing every kind, with a blocked note) when a pooling op pools over the axis its
     input's sites run along (a ``MaxPool1d`` on ``(B, T, d)`` pools features): windows mix the sites'
     coordinates. The pooled axes are the last ``pooled_dims``; a pooling op without that setting counts too."""
@@ -682,7 +706,7 @@ def _pools_the_sites(state: Inference, node, data, label: Label) -> bool:
 @register_rule("max_pool", examples={"max_pool": around(
     lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6, 3),
     pool=lambda: torch.nn.MaxPool1d(2))})
-def max_pool_rule(state, node, data, inputs) -> Label:
+def max_pool_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """``max`` over positions commutes with positive per-channel scaling and channel permutations."""
     label = _first(inputs)
     if _pools_the_sites(state, node, data, label):
@@ -694,7 +718,7 @@ def max_pool_rule(state, node, data, inputs) -> Label:
 @register_rule("avg_pool", examples={"avg_pool": around(
     lambda self, h: self.pool(torch.relu(h).transpose(1, 2)).transpose(1, 2), shape=(5, 6, 3),
     pool=lambda: torch.nn.AvgPool1d(2))})
-def avg_pool_rule(state, node, data, inputs) -> Label:
+def avg_pool_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Averaging over positions is linear per channel: every channel action passes through."""
     label = _first(inputs)
     if _pools_the_sites(state, node, data, label):
@@ -705,10 +729,11 @@ def avg_pool_rule(state, node, data, inputs) -> Label:
 
 @register_rule("softmax", "log_softmax", examples={"softmax": around(lambda self, h: torch.softmax(h, -1)),
                                                   "log_softmax": around(lambda self, h: torch.log_softmax(h, -1))})
-def softmax_rule(state: Inference, node, data, inputs) -> Label:
+def softmax_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Softmax over the feature axis: equivariant under permutations, invariant under shifts along 1."""
     label = _first(inputs)
-    ndim = len(state.shape(node)) if state.shape(node) else None
+    shape = state.shape(node)
+    ndim = len(shape) if shape else None
     dim = _dim(data, 1)
     if dim is None and ndim is not None:  # torch's implicit dim (deprecated): 0 for 0-, 1- and 3-d inputs
         dim = 0 if ndim in (0, 1, 3) else 1
@@ -725,13 +750,13 @@ def softmax_rule(state: Inference, node, data, inputs) -> Label:
 
 # -- normalisation -----------------------------------------------------------------------------
 
-def _channel_axis(state: Inference, data) -> int | None:
+def _channel_axis(state: Inference, data: NodeData) -> int | None:
     """Axis 1 of a norm's input (batch and group norm's channels) as a negative index; ``None`` without a shape."""
     shape = state.shape(data["inputs"][0])
     return 1 - len(shape) if shape is not None and len(shape) >= 2 else None
 
 
-def _across_sites(state: Inference, node, label: Label, axes: tuple, kinds: set, what: str) -> bool:
+def _across_sites(state: Inference, node: str, label: Label, axes: tuple[int, ...], kinds: set[str], what: str) -> bool:
     """``True`` when ``label``'s sites run along none of ``axes``, the axes a norm computes its statistics
     and affine parameters along. The norm then treats every slice along the sites' axis alike, so only
     ``kinds`` pass (a blocked note names the node); no affine site is created on the sites' axis."""
@@ -745,7 +770,7 @@ def _across_sites(state: Inference, node, label: Label, axes: tuple, kinds: set,
 
 @register_rule("batch_norm", examples={
     "batch_norm": around(lambda self, h: torch.relu(self.norm(h)), norm=lambda: torch.nn.BatchNorm1d(4))})
-def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
+def batch_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Batch norm per channel (axis 1 of its input). With batch statistics (training) it is invariant under
     translations of its input's bias and, for ``eps = 0``, under positive scalings; in eval mode the running
     statistics transform with them (mean ``↦ d·mean + t``, var ``↦ d²·var``: a bias translation moves bias and
@@ -798,7 +823,7 @@ def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
 
 @register_rule("layer_norm", examples={
     "layer_norm": around(lambda self, h: torch.relu(self.norm(h)), norm=lambda: torch.nn.LayerNorm(4))})
-def layer_norm_rule(state: Inference, node, data, inputs) -> Label:
+def layer_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Layer norm over the last ``k = len(normalized_shape)`` axes. A site along one of them: equivariant under
     orthogonal maps fixing ``1`` (they keep the mean and the norm of the centred vector; permutations among
     them), invariant under shifts along ``1`` of the *whole* normalised vector (:func:`_whole_vector_shifts`);
@@ -822,7 +847,7 @@ def layer_norm_rule(state: Inference, node, data, inputs) -> Label:
     return _diagonal_map(state, node, Label(dim, label.size, normalised.segments), weight, bias, dim, k + dim)
 
 
-def _whole_vector_shifts(state: Inference, node, label: Label, what: str, axes: int = 1) -> None:
+def _whole_vector_shifts(state: Inference, node: str, label: Label, what: str, axes: int = 1) -> None:
     """Keep translations along ``1`` of ``label``'s sites only where they add one number to the whole vector
     that ``what`` (a layer norm over ``axes`` axes, a softmax) ignores shifts of: one site must span the axis (not
     one slice of a concatenation, whose shift changes the mean), and a shift of a weight's rows (``+ t·x_j``,
@@ -841,7 +866,7 @@ def _whole_vector_shifts(state: Inference, node, label: Label, what: str, axes: 
 
 @register_rule("rms_norm", examples={
     "rms_norm": around(lambda self, h: torch.relu(self.norm(h)), norm=lambda: torch.nn.RMSNorm(4))})
-def rms_norm_rule(state: Inference, node, data, inputs) -> Label:
+def rms_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """RMS norm ``x/‖x‖·√d`` over the last ``k`` axes: a site along one of them gets all of ``O(d)``; a gain is
     a diagonal map after it. A site along another axis keeps permutations and sign flips (the norm is odd)."""
     label = _first(inputs)
@@ -861,7 +886,7 @@ def rms_norm_rule(state: Inference, node, data, inputs) -> Label:
 
 @register_rule("group_norm", examples={
     "group_norm": around(lambda self, h: torch.relu(self.norm(h)), norm=lambda: torch.nn.GroupNorm(2, 4))})
-def group_norm_rule(state: Inference, node, data, inputs) -> Label:
+def group_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Group norm: ``G`` groups of ``n = C/G`` channels (axis 1), each normalised over its channels and positions.
 
     Per group it is invariant under a shift of the group's biases along ``1`` (``T``, one direction per
@@ -877,7 +902,7 @@ def group_norm_rule(state: Inference, node, data, inputs) -> Label:
     settings, params = data["settings"], data["params"]
     shape = state.shape(data["inputs"][0])
     channel = _channel_axis(state, data)
-    if data["kind"] != "module" or channel is None:
+    if data["kind"] != "module" or channel is None or shape is None:  # no channel axis without a shape
         return unknown_rule(state, node, data, inputs)
     if _across_sites(state, node, label, (channel,), {"S"}, "group norm"):
         return label
@@ -900,7 +925,7 @@ def group_norm_rule(state: Inference, node, data, inputs) -> Label:
     return _diagonal_map(state, node, normalised, params["weight"], params.get("bias"), channel)
 
 
-def _group_translations(site, n: int) -> None:
+def _group_translations(site: _Site, n: int) -> None:
     """Keep the site's bias translations that are constant on every group of ``n`` channels: per-entry
     shifts become one shift along ``1`` per group."""
     kept = []
@@ -914,7 +939,7 @@ def _group_translations(site, n: int) -> None:
     site.translations[:] = kept
 
 
-def _splittable(state: Inference, node, data, label: Label, channels: int) -> bool:
+def _splittable(state: Inference, node: str, data: NodeData, label: Label, channels: int) -> bool:
     """True when the input is one fresh site: made by the map just before ``node``, read only by it."""
     if len(label.segments) != 1 or label.segments[0].width != channels:
         return False
@@ -926,7 +951,8 @@ def _splittable(state: Inference, node, data, label: Label, channels: int) -> bo
         all(b.role == "out" for b in site.bindings)
 
 
-def _split_into_groups(state: Inference, node, site_id: int, groups: int, n: int, where: str) -> tuple:
+def _split_into_groups(state: Inference, node: str, site_id: int, groups: int, n: int,
+                       where: str) -> tuple[Segment, ...]:
     """Replace the input site by one site per group (``O1``, ``S``, that group's translation) and a
     site permuting whole groups; returns the output's segments."""
     original = state.site(site_id)
@@ -946,7 +972,8 @@ def _split_into_groups(state: Inference, node, site_id: int, groups: int, n: int
 
 # -- attention ---------------------------------------------------------------------------------
 
-def attention_sites(state: Inference, node, heads: int, q: list[Binding], k: list[Binding], v: list[Binding]):
+def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
+                    v: list[Binding]) -> Label:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
     heads moving all per-head blocks together. ``q, k, v`` are the producers' out-bindings."""
@@ -971,7 +998,7 @@ def attention_sites(state: Inference, node, heads: int, q: list[Binding], k: lis
 @register_rule("multihead_attention", examples={"multihead_attention": around(
     lambda self, h: self.attention(h, h, h, need_weights=False)[0], shape=(5, 3, 3),
     attention=lambda: torch.nn.MultiheadAttention(4, 2, batch_first=True))})
-def multihead_attention_rule(state: Inference, node, data, inputs):
+def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """``nn.MultiheadAttention`` with a packed in-projection (``q, k, v`` rows of ``in_proj_weight``).
 
     Its second output, the attention weights ``softmax(Q_h K_hᵀ/√d)``, is invariant under every per-head
@@ -994,7 +1021,7 @@ def multihead_attention_rule(state: Inference, node, data, inputs):
                 state.restrict_label(label, set(), node, f"{state.where(node)}: distinct query/key/value inputs "
                                                          "to a packed in-projection are not modelled", blocked=True)
         state.pin(Binding(weight, 1, 0, d, node=node), node)
-    def rows(offset):
+    def rows(offset: int) -> list[Binding]:
         out = [Binding(weight, 0, offset, d, node=node)]
         if bias:
             out.append(Binding(bias, 0, offset, d, node=node))
@@ -1013,7 +1040,7 @@ def multihead_attention_rule(state: Inference, node, data, inputs):
 @register_rule("attention", examples={"attention": around(
     split_heads_attention, shape=(5, 3, 3), query=lambda: torch.nn.Linear(4, 4), key=lambda: torch.nn.Linear(4, 4),
     value=lambda: torch.nn.Linear(4, 4))})
-def attention_rule(state: Inference, node, data, inputs) -> Label:
+def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Hand-written attention folded by :mod:`symalg.attention_folding`: inputs are the outputs of the
     ``q``, ``k``, ``v`` maps (each read by nothing else); their sites are split into heads."""
     heads = data["settings"]["heads"]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import networkx as nx
 import torch
@@ -70,7 +71,7 @@ class _Match:
     final: str
 
 
-def scale_constant(value) -> bool:
+def scale_constant(value: object) -> bool:
     """True for a Python number (the only non-tensor operand of ``mul``/``div`` we treat as linear)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -126,8 +127,10 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
         body.add(user)
         probabilities = user
         user = _only_user(graph, probabilities)
-    first, second = graph.nodes[scores], graph.nodes[user] if user is not None else None
-    if (first["op"] != "matmul" or second is None or second["op"] != "matmul"
+    if user is None:
+        return None
+    first, second = graph.nodes[scores], graph.nodes[user]
+    if (first["op"] != "matmul" or second["op"] != "matmul"
             or len(first["inputs"]) != 2 or None in first["inputs"]
             or len(second["inputs"]) != 2 or second["inputs"][0] != probabilities or second["inputs"][1] is None):
         return None
@@ -204,9 +207,10 @@ def _merge(graph: nx.DiGraph, out: str, lead: tuple, heads: int, length: int, wi
     path, best = [], None
     node = out
     while (user := _only_user(graph, node)) is not None and _is_layout(graph.nodes[user]):
-        index = _replay(graph, index, (user,))
-        if index is None:
+        replayed = _replay(graph, index, (user,))
+        if replayed is None:
             break
+        index = replayed
         path.append(user)
         if index.shape == expected.shape and torch.equal(index, expected):
             best = len(path)
@@ -240,11 +244,11 @@ def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> 
     return tensor
 
 
-def _transpose_dims(arguments: dict) -> tuple[int, int]:
-    dims = (arguments.get("dim0", arguments.get("arg1")), arguments.get("dim1", arguments.get("arg2")))
-    if not all(_is_int(d) for d in dims):
-        raise ValueError(f"transpose dims {dims} not recorded")
-    return dims
+def _transpose_dims(arguments: dict[str, object]) -> tuple[int, int]:
+    dim0, dim1 = arguments.get("dim0", arguments.get("arg1")), arguments.get("dim1", arguments.get("arg2"))
+    if _is_int(dim0) and _is_int(dim1):
+        return dim0, dim1
+    raise ValueError(f"transpose dims {(dim0, dim1)} not recorded")
 
 
 def _permute_dims(arguments: dict) -> tuple[int, ...]:
@@ -259,7 +263,7 @@ def _permute_dims(arguments: dict) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -108,7 +108,7 @@ def _with_settings(name: str, settings: Mapping) -> str:
     return f"{name}({', '.join(f'{k}={v!r}' for k, v in settings.items())})"
 
 
-def call_activation(spelling: str, target, torch_args: Mapping) -> tuple[str, dict] | None:
+def call_activation(spelling: str, target: object, torch_args: Mapping[str, object]) -> tuple[str, dict] | None:
     """``(op, hyper-parameters)`` of a call the catalogue spells, ``(name with settings, {})`` when it
     spells the callee but covers none of its settings, ``None`` when it does not spell the callee.
 
@@ -126,7 +126,9 @@ def call_activation(spelling: str, target, torch_args: Mapping) -> tuple[str, di
     """
     if spelling not in ("function", "method", "aten"):
         raise ValueError(f"call_activation: spelling must be 'function', 'method' or 'aten', got {spelling!r}")
-    table = {"function": ACTIVATIONS.functions, "method": ACTIVATIONS.methods, "aten": ACTIVATIONS.aten}[spelling]
+    tables: dict[str, Mapping[Any, Entries]] = {"function": ACTIVATIONS.functions, "method": ACTIVATIONS.methods,
+                                                "aten": ACTIVATIONS.aten}
+    table = tables[spelling]
     key = str(target) if spelling == "aten" else target
     entries = table.get(key, ())
     if not entries:
@@ -136,5 +138,5 @@ def call_activation(spelling: str, target, torch_args: Mapping) -> tuple[str, di
         return known
     # a qualified name, never a catalogue name, so that the uncovered call stays opaque
     name = {"function": f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', target)}",
-            "method": f"Tensor.{target}", "aten": key}[spelling]
+            "method": f"Tensor.{target}", "aten": str(target)}[spelling]
     return _with_settings(name, {k: torch_args[k] for k in _arguments(entries) if k in torch_args}), {}

@@ -55,16 +55,16 @@ MAX_BITS = 256
 """The most bits in the numerator or denominator of a number written in a spec."""
 
 
-def _spec_error(message: str):
+def _spec_error(message: str) -> SpecError:
     return SpecError(message)
 
 
-def is_plain_name(text) -> bool:
+def is_plain_name(text: object) -> bool:
     """True for a plain identifier (``h``, ``d_model``): no keyword, no leading underscore."""
     return isinstance(text, str) and text.isidentifier() and not keyword.iskeyword(text) and not text.startswith("_")
 
 
-def refuse_text(value, where: str) -> None:
+def refuse_text(value: object, where: str) -> None:
     """Raise :class:`~symalg.errors.SpecError` when ``value`` is text or a list/tuple holding text anywhere:
     SymPy would parse and evaluate it (``sympify``, ``Matrix``); numbers and SymPy objects pass."""
     if isinstance(value, str):
@@ -74,7 +74,7 @@ def refuse_text(value, where: str) -> None:
             refuse_text(item, where)
 
 
-def check_entries(count, what: str) -> None:
+def check_entries(count: int | float, what: str) -> None:
     """Raise :class:`~symalg.errors.SpecError` when materialising ``count`` entries for ``what`` would
     exceed :data:`MAX_ENTRIES`."""
     if count > MAX_ENTRIES:
@@ -82,7 +82,7 @@ def check_entries(count, what: str) -> None:
                           "(symalg.frontend.grammar.MAX_ENTRIES); use smaller widths")
 
 
-def _exact(value: Fraction, where: str, text: str):
+def _exact(value: Fraction, where: str, text: str) -> Fraction:
     if max(value.numerator.bit_length(), value.denominator.bit_length()) > MAX_BITS:
         raise _spec_error(f"{where}: argument {text!r} is too large (more than {MAX_BITS} bits)")
     return value
@@ -94,7 +94,7 @@ _ARITHMETIC = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__, ast.Mult: F
 
 def _number(node: ast.expr, where: str, text: str) -> Fraction:
     """The exact value of ``node``, an arithmetic expression of number literals in the argument ``text``."""
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
         if isinstance(node.value, float) and not math.isfinite(node.value):
             raise _spec_error(f"{where}: argument {text!r} is not a finite number")
         # a float by its decimal repr: 0.2 is 1/5, not the binary double nearest to it
@@ -117,7 +117,7 @@ def _number(node: ast.expr, where: str, text: str) -> Fraction:
                       "numbers, plain identifiers, True/False)")
 
 
-def literal(node: ast.expr, where: str):
+def literal(node: ast.expr, where: str) -> bool | str | int | float | sp.Rational:
     """Read one spec argument from its syntax tree: ``bool``, a plain name (``str``), an ``int``, a finite
     ``float`` literal, or the exact ``sympy.Rational`` of an arithmetic expression; anything else raises
     :class:`~symalg.errors.SpecError` naming ``where``."""
@@ -138,7 +138,7 @@ def literal(node: ast.expr, where: str):
     return int(value) if value.denominator == 1 else sp.Rational(value.numerator, value.denominator)
 
 
-def parse_number(text: str, where: str):
+def parse_number(text: str, where: str) -> str | int | float | sp.Rational:
     """A number or a plain name given as text (``"0.2"``, ``"1/5"``, ``"h"``), read by :func:`literal`.
 
     >>> parse_number("1/5", "slope"), parse_number("h", "width")

@@ -18,14 +18,14 @@ import torch
 __all__ = ["output_tensors"]
 
 
-def output_tensors(output, path: str = "") -> list[tuple[str, torch.Tensor]]:
+def output_tensors(output: object, path: str = "") -> list[tuple[str, torch.Tensor]]:
     """``[(path, tensor), ...]`` for every tensor in ``output``, in the order the model returns them.
 
     Mappings (``dict``, Hugging Face's ``ModelOutput``) give their keys, sequences their positions,
     dataclasses their fields. Leaves that are not tensors (``None``, numbers, strings) carry nothing to
     compare and are skipped.
     """
-    def child(key) -> str:
+    def child(key: object) -> str:
         return f"{path}.{key}" if path else str(key)
 
     if isinstance(output, torch.Tensor):

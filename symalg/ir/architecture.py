@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping, TypeAlias
 
 import networkx as nx
 import sympy as sp
@@ -43,7 +43,7 @@ from symalg.frontend.grammar import MAX_WIDTH, check_entries, is_plain_name
 
 __all__ = ["Architecture", "Width", "as_width", "at_least", "to_spec_string", "validate"]
 
-Width = int | sp.Symbol
+Width: TypeAlias = int | sp.Symbol
 
 
 def at_least(width: Width, n: int) -> bool:
@@ -57,7 +57,7 @@ def at_least(width: Width, n: int) -> bool:
     return bool(relation) if relation in (sp.true, sp.false) else True
 
 
-def as_width(value, where: str) -> Width:
+def as_width(value: object, where: str) -> Width:
     """Return ``value`` as a width (positive int up to :data:`~symalg.frontend.grammar.MAX_WIDTH`, or a
     positive-integer symbol with a plain-identifier name), or raise naming ``where``.
 
@@ -166,10 +166,10 @@ class Architecture:
     """
 
     graph: nx.DiGraph
-    catalogue: Mapping | None = None
+    catalogue: Mapping[str, Any] | None = None
     """The catalogue the architecture was parsed with (None: the built-in one); ``derive`` uses it."""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         validate(self.graph)
 
     @property
@@ -177,7 +177,7 @@ class Architecture:
         """Layer nodes in data-flow order (boundary nodes excluded)."""
         return [v for v in nx.topological_sort(self.graph) if v not in ("input", "output")]
 
-    def node(self, name: str) -> Mapping:
+    def node(self, name: str) -> Mapping[str, Any]:
         return self.graph.nodes[name]
 
     @property
@@ -187,16 +187,16 @@ class Architecture:
     @property
     def widths(self) -> set[sp.Symbol]:
         """The symbolic widths (empty when every width is concrete)."""
-        symbols = set()
+        symbols: set[sp.Symbol] = set()
         for v in self.linear_layers:
             node = self.graph.nodes[v]
             symbols |= sp.sympify(node["in_features"]).free_symbols | sp.sympify(node["out_features"]).free_symbols
         return symbols
 
     @property
-    def parameter_shapes(self) -> dict[str, tuple]:
+    def parameter_shapes(self) -> dict[str, tuple[Width, ...]]:
         """``{parameter name: shape}`` in torch layout (weights ``(out, in)``, biases ``(out,)``)."""
-        shapes = {}
+        shapes: dict[str, tuple[Width, ...]] = {}
         for v in self.linear_layers:
             node = self.graph.nodes[v]
             shapes[node["weight"]] = (node["out_features"], node["in_features"])
@@ -212,7 +212,7 @@ class Architecture:
         check_entries(sum(math.prod(int(s) for s in shape) for shape in self.parameter_shapes.values()),
                       f"{what}: the parameters")
 
-    def subs(self, widths: Mapping) -> "Architecture":
+    def subs(self, widths: Mapping[str | sp.Symbol, object]) -> "Architecture":
         """A copy with symbolic widths replaced, e.g. ``arch.subs({"h": 8})``; names may be str."""
         by_name = {str(k): v for k, v in widths.items()}
         unknown = set(by_name) - {s.name for s in self.widths}
@@ -222,7 +222,7 @@ class Architecture:
 
         given = {name: as_width(value, f"subs: width {name}") for name, value in by_name.items()}
 
-        def concrete(w):
+        def concrete(w: Width) -> Width:
             return given.get(w.name, w) if isinstance(w, sp.Symbol) else w
 
         graph = self.graph.copy()
@@ -234,7 +234,7 @@ class Architecture:
             data["features"] = concrete(data["features"])
         return Architecture(graph, self.catalogue)
 
-    def widths_from_params(self, params: Mapping) -> dict[sp.Symbol, int]:
+    def widths_from_params(self, params: Mapping[str, Any]) -> dict[sp.Symbol, int]:
         """Read the symbolic widths off concrete parameter tensors; raise on missing, mismatched or
         non-finite ones, naming the parameter."""
         found: dict[sp.Symbol, int] = {}
@@ -260,10 +260,10 @@ class Architecture:
         return f"Architecture({to_spec_string(self)!r})"
 
 
-def _number(value) -> str:
+def _number(value: object) -> str:
     """A hyper-parameter as spec text: integers as such, anything else as a Python float."""
-    value = sp.sympify(value)
-    return str(value) if value.is_Integer else repr(float(value))
+    number = sp.sympify(value)
+    return str(number) if number.is_Integer else repr(float(number))
 
 
 def to_spec_string(arch: Architecture) -> str:

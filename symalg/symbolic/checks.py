@@ -21,7 +21,7 @@ import dataclasses
 import random
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import sympy as sp
 
@@ -39,7 +39,7 @@ class SymbolicCheck:
     proved: bool | None
     detail: str = ""
 
-    def __str__(self):
+    def __str__(self) -> str:
         verdict = {True: "proved", False: "FALSE", None: "undecided"}[self.proved]
         return f"{self.statement}: {verdict}" + (f" ({self.detail})" if self.detail else "")
 
@@ -58,7 +58,7 @@ def _is_zero(expr: sp.Expr) -> bool | None:
     return None
 
 
-def _identity_check(entry: CatalogueEntry, group: SiteGroup, params: Mapping) -> SymbolicCheck:
+def _identity_check(entry: CatalogueEntry, group: SiteGroup, params: Mapping[str, object]) -> SymbolicCheck:
     """Decide the activation's declared identity ``σ(g z) = π(g) σ(z) + τ(g)`` for ``group``.
 
     Pointwise identities are piecewise at 0, so they are decided separately for ``z > 0``,
@@ -77,13 +77,13 @@ def _identity_check(entry: CatalogueEntry, group: SiteGroup, params: Mapping) ->
     return SymbolicCheck(statement, _all_zero(residuals))
 
 
-def _all_zero(residuals) -> bool | None:
+def _all_zero(residuals: Iterable[sp.Expr]) -> bool | None:
     """False if any residual has a counterexample, True if SymPy proves all zero, else None."""
     verdicts = [_is_zero(r) for r in residuals]
     return False if False in verdicts else (True if all(verdicts) else None)
 
 
-def _infinitesimal_check(entry: CatalogueEntry, group: SiteGroup, params: Mapping) -> SymbolicCheck:
+def _infinitesimal_check(entry: CatalogueEntry, group: SiteGroup, params: Mapping[str, object]) -> SymbolicCheck:
     """Decide ``dσ(z)[M z] = dπ(M) σ(z)``, which makes ``⟨∇L, M·θ⟩ = 0`` (δF = 0 at every input).
 
     For positive scaling it is Euler's identity ``z σ'(z) = α σ(z)``; for ``GL`` linearity of σ;
@@ -99,7 +99,8 @@ def _infinitesimal_check(entry: CatalogueEntry, group: SiteGroup, params: Mappin
                          group.infinitesimal_detail)
 
 
-def symbolic_checks(entry: CatalogueEntry, group: SiteGroup, params: tuple) -> tuple[SymbolicCheck, ...]:
+def symbolic_checks(entry: CatalogueEntry, group: SiteGroup,
+                    params: tuple[tuple[str, object], ...]) -> tuple[SymbolicCheck, ...]:
     """The three checks of one (activation, group, hyper-parameters) triple. They do not depend on the
     width, so they run once at a symbolic width and are cached."""
     return _checks_at_generic_width(entry, dataclasses.replace(group, width=_GENERIC_WIDTH), params)
@@ -116,10 +117,11 @@ def disproof(op: str, group: SiteGroup, checks: tuple[SymbolicCheck, ...]) -> st
 
 
 @lru_cache(maxsize=None)
-def _checks_at_generic_width(entry, group, params: tuple) -> tuple[SymbolicCheck, ...]:
-    params = dict(params)
-    return (_identity_check(entry, group, params), _invariance_check(group),
-            _infinitesimal_check(entry, group, params))
+def _checks_at_generic_width(entry: CatalogueEntry, group: SiteGroup,
+                             params: tuple[tuple[str, object], ...]) -> tuple[SymbolicCheck, ...]:
+    settings = dict(params)
+    return (_identity_check(entry, group, settings), _invariance_check(group),
+            _infinitesimal_check(entry, group, settings))
 
 
 def _invariance_check(group: SiteGroup) -> SymbolicCheck:
@@ -142,7 +144,7 @@ def _invariance_check(group: SiteGroup) -> SymbolicCheck:
     return SymbolicCheck(statement, explicit, "at width 2, symbolic entries" if explicit else "")
 
 
-def _explicit_residual(residual, group, g) -> bool | None:
+def _explicit_residual(residual: sp.MatrixExpr, group: SiteGroup, g: sp.MatrixSymbol) -> bool | None:
     """Decide a residual with every matrix replaced by a width-2 matrix of symbols."""
     concrete = residual.subs({w: 2 for w in residual.atoms(sp.Symbol)})
     element = group.width_two_element()

@@ -16,7 +16,8 @@ from typing import Mapping
 import networkx as nx
 
 from symalg.catalogue.activations import CATALOGUE
-from symalg.catalogue.rules import OP_RULES, OVERLAYABLE, WEIGHT_RULES, WeightExpr, activation_rule, unknown_rule
+from symalg.catalogue.rules import (OP_RULES, OVERLAYABLE, WEIGHT_RULES, Inputs, Rule, WeightExpr, activation_rule,
+                                   unknown_rule)
 from symalg.errors import SpecError
 from symalg.ir.graph import ModelGraph
 from symalg.symbolic.inference import ALL, CENTER_AWARE, Inference, Label, ModelSites, check_loss, solve
@@ -24,7 +25,7 @@ from symalg.symbolic.inference import ALL, CENTER_AWARE, Inference, Label, Model
 __all__ = ["infer_model", "rule_for", "check_overlays"]
 
 
-def rule_for(op: str, inputs: list, catalogue: Mapping):
+def rule_for(op: str, inputs: Inputs, catalogue: Mapping) -> Rule:
     """The op's rule; an op reading a parameter (or a weight computed from parameters) as a value gets
     the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis).
     An overlay entry (one that is not the built-in catalogue's) named like a pointwise op rule

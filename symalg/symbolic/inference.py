@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Mapping
+from typing import Any, Iterable, Mapping
 
 import networkx as nx
 import sympy as sp
@@ -81,7 +81,7 @@ def owner(tensor: str) -> str:
     return path if path and leaf in LAYER_PARAMETERS else tensor
 
 
-def site_stem(tensors, node: str) -> str:
+def site_stem(tensors: Iterable[str], node: str) -> str:
     """The name of a site moving the rows of ``tensors`` (the parameters producing it), made at ``node``: the
     longest module path their owners (:func:`owner`) share, else the first owner, else the node name.
 
@@ -109,7 +109,7 @@ class Blocked:
     site: str
     reason: str
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.site} (node {self.node}): {self.reason}"
 
 
@@ -147,7 +147,7 @@ class Label:
         """A value nothing acts on (model inputs, outputs of unknown ops)."""
         return Label(dim, size, ())
 
-    def map_segments(self, **changes) -> "Label":
+    def map_segments(self, **changes: Any) -> "Label":
         return Label(self.dim, self.size, tuple(replace(s, **changes) for s in self.segments))
 
 
@@ -173,7 +173,7 @@ declares and that was claimed, the kinds the group allows and its three :class:`
 results."""
 
 
-def checks_for(records, kind: str) -> tuple:
+def checks_for(records: Iterable[CheckRecord], kind: str) -> tuple:
     """The symbolic checks behind a claim of ``kind`` on a site: for every activation acting on it (``records``,
     :data:`CheckRecord`), the checks of the most specific declared group that allows ``kind`` (``S`` of a pointwise
     activation rather than its ``GL``). Empty when no activation acts on the site (a linear bottleneck, a
@@ -259,8 +259,8 @@ class Inference:
         self.shapes = model_graph.shapes
 
     # -- sites ----------------------------------------------------------------------------------
-    def new_site(self, node: str, width: int, bindings=(), name: str | None = None,
-                 allowed=ALL) -> int:
+    def new_site(self, node: str, width: int, bindings: Iterable[Binding] = (), name: str | None = None,
+                 allowed: Iterable[str] = ALL) -> int:
         """A site made at ``node``, moving ``bindings``; named ``name``, else after the tensors whose rows it
         moves (:func:`site_stem`); a name taken already gets ``#2``, ``#3``, ... (a module called again)."""
         stem = name or site_stem([b.tensor for b in bindings if b.role == "out"], node)
@@ -312,7 +312,7 @@ class Inference:
         """The same permutation acts on ``a`` and ``b`` (input and output of a diagonal map)."""
         self.permutation_ties.union(a, b)
 
-    def restrict(self, site_id: int, kinds, node: str, reason: str, blocked: bool = False) -> None:
+    def restrict(self, site_id: int, kinds: Iterable[str], node: str, reason: str, blocked: bool = False) -> None:
         """Only ``kinds`` may act on the site. ``blocked`` marks a restriction that is a limitation
         (an unknown op, an unsupported layout, a shared tensor) rather than the op's nature; those
         are reported in ``analysis.blocked``, naming ``node``."""
@@ -322,7 +322,8 @@ class Inference:
             site.allowed &= set(kinds)
             site.removed.append((frozenset(removed), node, reason, blocked))
 
-    def restrict_label(self, label: Label, kinds, node: str, reason: str, blocked: bool = False) -> None:
+    def restrict_label(self, label: Label, kinds: Iterable[str], node: str, reason: str,
+                       blocked: bool = False) -> None:
         """Restrict every site along ``label`` to ``kinds`` plus those that act trivially on it."""
         for seg in label.segments:
             self.restrict(seg.site, set(kinds) | seg.acts_trivially(), node, reason, blocked)
@@ -341,7 +342,7 @@ LOSSES = ("mse", "cross_entropy")
 """The losses symmetries are derived for: ``mse`` (outputs fixed) and ``cross_entropy`` (logits move along ``1``)."""
 
 
-def check_loss(loss, caller: str) -> None:
+def check_loss(loss: object, caller: str) -> None:
     """Raise ``SpecError`` naming ``caller`` unless ``loss`` is one of :data:`LOSSES`."""
     if not (isinstance(loss, str) and loss in LOSSES):
         raise SpecError(f"{caller}: loss must be 'mse' or 'cross_entropy', got {loss!r}")
@@ -413,7 +414,11 @@ def solve(state: Inference) -> ModelSites:
     groups: dict[int, list[_Site]] = {}
     for site in live:
         groups.setdefault(state.ties[site.id], []).append(site)
-    classes, blocked, restrictions, class_of, allowed_by_root = [], [], [], {}, {}
+    classes: list[SiteClass] = []
+    blocked: list[Blocked] = []
+    restrictions: list[Blocked] = []
+    class_of: dict[int, SiteClass] = {}
+    allowed_by_root: dict[int, set[str]] = {}
     for members in groups.values():
         allowed = set(ALL)
         for site in members:
@@ -454,26 +459,27 @@ def solve(state: Inference) -> ModelSites:
         perm_groups.setdefault(state.permutation_ties[site.id], []).append(site)
     for members in perm_groups.values():
         member_classes = list({id(class_of[s.id]): class_of[s.id] for s in members}.values())
-        allowed = all("S" in allowed_by_root[state.ties[s.id]] for s in members)
-        if not allowed or not at_least(members[0].width, 2):
+        permutable = all("S" in allowed_by_root[state.ties[s.id]] for s in members)
+        if not permutable or not at_least(members[0].width, 2):
             continue
         contained = len(member_classes) == 1 and any(k in ("GL", "O", "O1") for k in member_classes[0].kinds)
         if contained:
             continue
-        bindings, seen = [], set()
+        moved: list[Binding] = []
+        seen = set()
         for cls in member_classes:
             for binding in cls.bindings:
                 if binding.region not in seen:
                     seen.add(binding.region)
-                    bindings.append(binding)
+                    moved.append(binding)
         checks = tuple(dict.fromkeys(record for site in members for record in site.checks))
         permutations.append(PermutationClass(member_classes[0].name, members[0].width,
-                                             tuple(c.name for c in member_classes), tuple(bindings), checks))
+                                             tuple(c.name for c in member_classes), tuple(moved), checks))
     return ModelSites(tuple(c for c in classes if c.kinds), tuple(permutations), tuple(blocked),
                       tuple(restrictions), state.labels)
 
 
-def _owned(state: Inference, node: str, tensors) -> bool:
+def _owned(state: Inference, node: str, tensors: Iterable[str | None]) -> bool:
     """True when no node but ``node`` uses ``tensors`` (a translation of a shared weight is no symmetry)."""
     wanted = {t for t in tensors if t}
     for other, data in state.graph.nodes(data=True):

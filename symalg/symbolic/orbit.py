@@ -33,15 +33,33 @@ h**2 - (h - Min(h, m))*(h - Min(h, n + 1))
 """
 from __future__ import annotations
 
+from typing import Protocol, Sequence
+
 import sympy as sp
 
+from symalg.catalogue.groups import SiteGroup
 from symalg.frontend.grammar import refuse_text
+from symalg.ir.architecture import Architecture, Width
+from symalg.ir.graph import ModelGraph
+from symalg.symbolic.symmetry import Symmetry
 from symalg.symbolic.inference import owner
 
 __all__ = ["orbit_dimension_formula", "gl_chain_kernel_dimension", "independent_conserved_formula"]
 
 
-def gl_chain_kernel_dimension(widths: list, biases: list) -> sp.Expr:
+class ChainAnalysis(Protocol):
+    """What the chain formulas read of an analysis (a :class:`~symalg.symbolic.derive.Analysis`; that module
+    imports this one, so the formulas name the surface they use)."""
+
+    @property
+    def model_graph(self) -> ModelGraph: ...
+    @property
+    def symmetries(self) -> Sequence[Symmetry]: ...
+    @property
+    def continuous(self) -> Sequence[Symmetry]: ...
+
+
+def gl_chain_kernel_dimension(widths: Sequence[Width], biases: Sequence[bool | int]) -> sp.Expr:
     """``dim ker`` for a run of ``n`` GL sites: ``widths = [h_0, h_1, …, h_n, h_{n+1}]`` (rigid ends
     included), ``biases[k-1] = 1`` when the layer producing site ``k`` has a bias."""
     n = len(widths) - 2
@@ -49,20 +67,20 @@ def gl_chain_kernel_dimension(widths: list, biases: list) -> sp.Expr:
     w = [sp.sympify(x) for x in widths]
     beta = [0] + [int(b) for b in biases]
 
-    def R(i, j):
+    def R(i: int, j: int) -> sp.Expr:
         return sp.Min(*[w[t] + sum(beta[t + 1: j + 1]) for t in range(i, j + 1)])
 
-    def r_x(a, d):
+    def r_x(a: int, d: int) -> sp.Expr:
         return R(a, d) - R(0, d) if 1 <= a <= d <= n else 0
 
-    def r_k(a, d):
+    def r_k(a: int, d: int) -> sp.Expr:
         return sp.Min(*w[a: d + 1]) - sp.Min(*w[a: n + 2]) if 1 <= a <= d <= n else 0
 
     return sp.Add(*[(r_x(a, d) - r_x(a - 1, d)) * (r_k(a, d) - r_k(a, d + 1))
                     for a in range(1, n + 1) for d in range(a, n + 1)])
 
 
-def orbit_dimension_formula(analysis) -> sp.Expr:
+def orbit_dimension_formula(analysis: ChainAnalysis) -> sp.Expr:
     """Generic orbit dimension of ``analysis`` as a SymPy expression in the widths."""
     widths, has_bias = _widths_and_biases(analysis)
     continuous = _continuous_by_site(analysis)
@@ -99,35 +117,41 @@ def orbit_dimension_formula(analysis) -> sp.Expr:
     return sp.simplify(total) if total.free_symbols else sp.Integer(total)
 
 
-def _widths_and_biases(analysis):
-    """``[n, h_1, …, m]`` and which linear layers have a bias, for an analysis of a spec chain."""
+def _chain(analysis: ChainAnalysis) -> Architecture:
+    """The spec chain ``analysis`` was derived from; raise for a traced model."""
     arch = analysis.model_graph.source
-    if analysis.model_graph.tracer != "spec":
+    if analysis.model_graph.tracer != "spec" or not isinstance(arch, Architecture):
         raise NotImplementedError("the closed-form chain formulas need a spec chain, not a "
                                   f"{analysis.model_graph.tracer!r}-traced model; pass params for the numeric rank "
                                   "(e.g. independent_conserved(params))")
+    return arch
+
+
+def _widths_and_biases(analysis: ChainAnalysis) -> tuple[list[sp.Expr], list[bool]]:
+    """``[n, h_1, …, m]`` and which linear layers have a bias, for an analysis of a spec chain."""
+    arch = _chain(analysis)
     layers = [arch.node(name) for name in arch.linear_layers]
     widths = [sp.sympify(layers[0]["in_features"])] + [sp.sympify(layer["out_features"]) for layer in layers]
     return widths, [layer["bias"] is not None for layer in layers]
 
 
-def _site_name(analysis, k: int) -> str:
+def _site_name(analysis: ChainAnalysis, k: int) -> str:
     """The name of hidden site ``k`` (1-based): the module path of the linear layer producing it (``"0"``)."""
-    arch = analysis.model_graph.source
+    arch = _chain(analysis)
     return owner(arch.node(arch.linear_layers[k - 1])["weight"])
 
 
-def _continuous_by_site(analysis) -> dict:
+def _continuous_by_site(analysis: ChainAnalysis) -> dict[int, SiteGroup]:
     """``{k: group}``: the continuous group on hidden site ``k`` (1-based; produced by the ``k``-th linear layer)."""
-    index = {_site_name(analysis, k): k for k in range(1, len(analysis.model_graph.source.linear_layers) + 1)}
+    index = {_site_name(analysis, k): k for k in range(1, len(_chain(analysis).linear_layers) + 1)}
     return {index[s.site]: s.group for s in analysis.continuous if s.group.kind != "T"}
 
 
-def _translations(analysis) -> list:
+def _translations(analysis: ChainAnalysis) -> list[Symmetry]:
     return [s for s in analysis.symmetries if s.group.kind == "T"]
 
 
-def independent_conserved_formula(analysis) -> sp.Expr:
+def independent_conserved_formula(analysis: ChainAnalysis) -> sp.Expr:
     """Number of functionally independent conserved quantities at generic θ, as a formula.
 
     ``dQ_M(θ)[δ] = 2⟨δ, M·θ⟩``, so the count is the rank of ``M ↦ M·θ`` on the symmetric

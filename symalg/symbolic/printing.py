@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 
+from sympy import Basic
 from sympy.printing.latex import LatexPrinter
 from sympy.printing.precedence import PRECEDENCE
 from sympy.printing.str import StrPrinter
@@ -51,19 +52,19 @@ def escape_latex(text: str) -> str:
 
 
 class SymalgLatexPrinter(LatexPrinter):
-    def _print_DiagMatrix(self, expr):
+    def _print_DiagMatrix(self, expr: Basic) -> str:
         return rf"\operatorname{{diag}}\left({self._print(expr.args[0])}\right)"
 
-    def _print_OneMatrix(self, expr):
+    def _print_OneMatrix(self, expr: Basic) -> str:
         return r"\mathbf{1}"
 
-    def _print_HadamardPower(self, expr):
+    def _print_HadamardPower(self, expr: Basic) -> str:
         # SymPy writes d^{\circ \left({-1}\right)} for a negative power; print d^{\circ (-1)}.
         if expr.exp.is_negative:
             return rf"{self.parenthesize(expr.base, PRECEDENCE['Pow'])}^{{\circ ({self._print(expr.exp)})}}"
         return super()._print_HadamardPower(expr)
 
-    def _print_MatrixSymbol(self, expr):
+    def _print_MatrixSymbol(self, expr: Basic) -> str:
         # SymPy reads "0.weight" as a plain name and prints it unchanged (invalid-looking LaTeX).
         if "." in expr.name and not expr.name.startswith("\\"):
             return tensor_latex(expr.name)
@@ -71,27 +72,27 @@ class SymalgLatexPrinter(LatexPrinter):
 
 
 class SymalgStrPrinter(StrPrinter):
-    def _print_DiagMatrix(self, expr):
+    def _print_DiagMatrix(self, expr: Basic) -> str:
         return f"diag({self._print(expr.args[0])})"
 
-    def _print_HadamardPower(self, expr):
+    def _print_HadamardPower(self, expr: Basic) -> str:
         return f"{self.parenthesize(expr.base, 100)}∘^{self._print(expr.exp)}"
 
-    def _print_HadamardProduct(self, expr):
+    def _print_HadamardProduct(self, expr: Basic) -> str:
         return "∘".join(self.parenthesize(a, 100) for a in expr.args)
 
-    def _print_OneMatrix(self, expr):
+    def _print_OneMatrix(self, expr: Basic) -> str:
         return "1"
 
-    def _print_MatrixSymbol(self, expr):
+    def _print_MatrixSymbol(self, expr: Basic) -> str:
         # Velocity symbols are named in LaTeX (\dot{W}_{1}); print them as Ẇ_1 in plain text.
         match = re.fullmatch(r"\\dot\{(\w+)\}_\{(\w+)\}", expr.name)
         return f"{match[1]}\u0307_{match[2]}" if match else expr.name
 
 
-def latex(expr) -> str:
+def latex(expr: Basic) -> str:
     return SymalgLatexPrinter().doprint(expr)
 
 
-def sstr(expr) -> str:
+def sstr(expr: Basic) -> str:
     return SymalgStrPrinter().doprint(expr)

@@ -6,15 +6,37 @@ model: 'linear(2, 3) -> tanh -> linear(3, 1)'
 """
 from __future__ import annotations
 
+from typing import Callable, Protocol, Sequence
 
 import sympy as sp
 
+from symalg.catalogue.groups import SiteGroup
+from symalg.symbolic.inference import Blocked, ModelSites
 from symalg.symbolic.printing import escape_latex, latex, sstr, tensor_latex
+from symalg.symbolic.symmetry import AngularMomentum, ConservedQuantity, Symmetry
 
 __all__ = ["describe", "describe_latex"]
 
 
-def _formula(method):
+class Analysed(Protocol):
+    """What a report reads of an analysis (a :class:`~symalg.symbolic.derive.Analysis`; that module imports this
+    one, so the report names the surface it uses)."""
+
+    @property
+    def symmetries(self) -> Sequence[Symmetry]: ...
+    @property
+    def blocked(self) -> Sequence[Blocked]: ...
+    @property
+    def sites(self) -> ModelSites: ...
+    def _name(self) -> str: ...
+    def orbit_dimension(self) -> object: ...
+    def independent_conserved(self) -> object: ...
+    def conserved_quantities(self) -> Sequence[ConservedQuantity]: ...
+    def angular_momenta(self) -> Sequence[AngularMomentum]: ...
+    def certification_summary(self) -> str: ...
+
+
+def _formula(method: Callable[[], object]) -> tuple[object, str | None]:
     """``(method(), None)``, or ``(None, reason)`` where no closed form exists."""
     try:
         return method(), None
@@ -22,12 +44,12 @@ def _formula(method):
         return None, str(error)
 
 
-def _formula_text(method) -> str:
+def _formula_text(method: Callable[[], object]) -> str:
     value, reason = _formula(method)
     return sstr(value) if reason is None else f"no closed form ({reason})"
 
 
-def _group_text(group) -> str:
+def _group_text(group: SiteGroup) -> str:
     """The Lie-algebra dimension and the discrete generators of ``group``, in words."""
     parts = [f"Lie algebra of dim {sstr(group.dim)}"] if group.is_continuous else []
     if group.discrete_description:
@@ -35,7 +57,7 @@ def _group_text(group) -> str:
     return "; ".join(parts)
 
 
-def _basis_text(group, limit: int = 4) -> str:
+def _basis_text(group: SiteGroup, limit: int = 4) -> str:
     """The first ``limit`` Lie-algebra basis matrices of a small concrete group (``""`` otherwise).
 
     Only groups of at most :data:`SHOWN_BASIS_MAX` algebra dimensions are listed: a report never materialises the
@@ -56,7 +78,7 @@ SHOWN_BASIS_MAX = 64
 """The largest Lie-algebra dimension whose basis matrices a report lists (``GL(8)``)."""
 
 
-def describe(analysis) -> str:
+def describe(analysis: Analysed) -> str:
     """Plain-text report of any analysis (its ``str``): symmetries with the tensor regions they move and how,
     blocked notes (a group removed by an op nobody declared, a disproved declaration, a failed certification),
     restrictions (why a site's group is no larger: the activation's equivariance, a missing bias, the fixed
@@ -84,7 +106,7 @@ def describe(analysis) -> str:
     return "\n".join(lines)
 
 
-def describe_latex(analysis) -> str:
+def describe_latex(analysis: Analysed) -> str:
     """LaTeX report: one ``align*``-ready line per symmetry, per moved tensor (its action), conserved quantity and
     angular-momentum relation."""
     orbit, reason = _formula(analysis.orbit_dimension)

@@ -47,12 +47,12 @@ from symalg.lowering.codegen import identifier
 __all__ = ["Symmetry", "ConservedQuantity", "AngularMomentum"]
 
 
-def _number(value: Fraction):
+def _number(value: Fraction) -> int | sp.Rational:
     """A fraction as the group constructors print it (``1``, ``1/2``)."""
     return int(value) if value.denominator == 1 else sp.Rational(value.numerator, value.denominator)
 
 
-def _group(kind: str, width: int, alpha) -> SiteGroup:
+def _group(kind: str, width: int, alpha: Fraction) -> SiteGroup:
     """The group of ``kind`` on a site of ``width`` whose activations have degree ``alpha``."""
     cls = group_classes()[kind]
     return cls.for_site(width, alpha=_number(alpha)) if "alpha" in cls.site_options else cls.for_site(width)
@@ -99,14 +99,14 @@ class ConservedQuantity:
         head = r"\ell" if head == "ell" else head
         site = _python_name(self.site) if self.site else None
         parts = [name_latex(self.site)] if site and rest.startswith(site) else []
-        rest = re.sub("_+", "_", rest[len(site):] if parts else rest).strip("_")
+        rest = re.sub("_+", "_", rest[len(site):] if site and parts else rest).strip("_")
         parts += [name_latex(rest)] if rest else []
         return head + "_{" + r",\,".join(parts) + "}" if parts else head
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "; ".join(f"{key} = {sstr(expr)}" for key, expr in self.exprs.items())
 
-    def _repr_latex_(self):
+    def _repr_latex_(self) -> str:
         return f"${self.latex()}$"
 
 
@@ -132,12 +132,15 @@ class AngularMomentum:
 
     def __call__(self, params: Mapping[str, torch.Tensor], velocity: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``J`` (``h × h``, antisymmetric) at ``params`` with velocity ``velocity`` (both ``{name: tensor}``)."""
-        G = 0
+        terms = []
         for b in self.symmetry.moving_bindings():
             if b.tensor not in params or b.tensor not in velocity:
                 raise KeyError(f"{self.name}: parameter {b.tensor!r} missing from params or velocity")
             U, V = b.unfold(params[b.tensor]), b.unfold(velocity[b.tensor])
-            G = G + (V @ U.T if b.role == "out" else -U @ V.T)
+            terms.append(V @ U.T if b.role == "out" else -U @ V.T)
+        if not terms:
+            raise ValueError(f"{self.name}: the symmetry moves no parameter")
+        G = sum(terms[1:], terms[0])
         J = G - G.T
         group = self.symmetry.group
         h = int(group.width)
@@ -152,11 +155,11 @@ class AngularMomentum:
                 rf"- \sum_{{\mathrm{{in}}}} U \dot U^{{T}} \ \text{{(decays as }} e^{{-\gamma t}} "
                 r"\text{ under heavy ball; } 0 \text{ along gradient flow)}")
 
-    def __str__(self):
+    def __str__(self) -> str:
         moved = ", ".join(dict.fromkeys(b.tensor for b in self.symmetry.moving_bindings()))
         return f"{self.name} = G - G.T, G = sum_out U' U.T - sum_in U U'.T over {moved} (angular momentum)"
 
-    def _repr_latex_(self):
+    def _repr_latex_(self) -> str:
         return f"${self.latex()}$"
 
 
@@ -285,7 +288,7 @@ class Symmetry:
             moved[bias] = moved[bias] - (weight * spread).sum(tuple(range(1, weight.dim())))
         return moved
 
-    def apply_algebra(self, params, M: torch.Tensor) -> dict[str, torch.Tensor]:
+    def apply_algebra(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[str, torch.Tensor]:
         """``exp(M)·θ`` for ``M`` in the Lie algebra (checked)."""
         self.group.check_algebra_element(M)
         return self.apply(params, self.group.exp(M))
@@ -306,7 +309,7 @@ class Symmetry:
             out[b.tensor] = base + b.fold(torch.zeros_like(params[b.tensor]), dU)
         return out
 
-    def _basis(self, params) -> list[dict[str, torch.Tensor]]:
+    def _basis(self, params: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         """Translation directions ``B_i`` (``{tensor: change}``) at the dtype/device of ``params``."""
         return [direction for family in self.translations for direction in family.directions(params)]
 
@@ -408,7 +411,7 @@ class Symmetry:
         action = self.action_latex() or [", ".join(tensor_latex(t) for t in self.tensors) + r" \text{ translated}"]
         return rf"{self.group.latex()} \text{{ on {escape_latex(self.site)}: }} " + r",\ ".join(action)
 
-    def __str__(self):
+    def __str__(self) -> str:
         moved = [b.describe() for b in self.bindings] or [f"{r.tensor} ({f.pattern})" for f in self.translations
                                                            for r in f.regions]
         lines = [f"{self.label}: moves " + "; ".join(dict.fromkeys(moved))]
@@ -416,5 +419,5 @@ class Symmetry:
             lines.append(f"  conserved: {self.conserved}")
         return "\n".join(lines)
 
-    def _repr_latex_(self):
+    def _repr_latex_(self) -> str:
         return f"${self.latex()}$"

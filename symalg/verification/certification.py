@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 import torch
 from torch.func import functional_call
 
+from symalg.catalogue.groups import Device, SiteGroup
 from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
+from symalg.ir.graph import ModelGraph
 from symalg.numeric.linalg import relative_error
 
 if TYPE_CHECKING:  # for the annotation only
@@ -46,6 +48,18 @@ __all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "assert_claims_hold", "claim
 CERTIFICATION_TOLERANCE = 1e-8
 """Largest relative change of any output (float64) a certified claim may cause; false claims found by
 the fuzzer change outputs by 0.1 to 5."""
+
+class Certifiable(Protocol):
+    """What :func:`claim_errors` reads of an analysis (a :class:`~symalg.symbolic.derive.Analysis`; that module
+    imports this one, so certification names the surface it uses)."""
+
+    @property
+    def symmetries(self) -> Sequence[Symmetry]: ...
+    @property
+    def model_graph(self) -> ModelGraph: ...
+    @property
+    def loss(self) -> str: ...
+
 
 @dataclass(frozen=True)
 class ClaimError:
@@ -60,12 +74,12 @@ class ClaimError:
     def holds(self) -> bool:
         return self.error <= CERTIFICATION_TOLERANCE
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.symmetry.label}: relative error {self.error:.2e} on output {self.output!r} under {self.element}"
 
 
-def sample_elements(group, generator: torch.Generator, dtype=torch.float64,
-                    device="cpu") -> list[tuple[str, torch.Tensor]]:
+def sample_elements(group: SiteGroup, generator: torch.Generator, dtype: torch.dtype = torch.float64,
+                    device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
     """The test elements of ``group``: :meth:`~symalg.catalogue.groups.SiteGroup.sample` (every discrete generator,
     ``exp(M)`` near and far from the identity, another component; random sign patterns for wide sign flips).
     A group whose elements are dense ``h × h`` matrices is refused above the entry limit of the grammar."""
@@ -75,7 +89,8 @@ def sample_elements(group, generator: torch.Generator, dtype=torch.float64,
     return group.sample(generator, dtype, device)
 
 
-def fresh_inputs(example_inputs: Sequence, generator: torch.Generator, dtype=torch.float64, device="cpu") -> tuple:
+def fresh_inputs(example_inputs: Sequence[Any], generator: torch.Generator, dtype: torch.dtype = torch.float64,
+                 device: Device = "cpu") -> tuple[Any, ...]:
     """Inputs shaped like ``example_inputs``, drawn anew: floating tensors from ``N(0, s²)`` with ``s`` the
     example's standard deviation (1 when it has none); integer tensors (token ids) uniformly between the
     example's minimum and maximum; booleans (masks) and non-tensors kept as given."""
@@ -93,7 +108,8 @@ def fresh_inputs(example_inputs: Sequence, generator: torch.Generator, dtype=tor
     return tuple(fresh)
 
 
-def _forward(model, state: Mapping[str, torch.Tensor], inputs: tuple, parameters: set, seed: int, device="cpu"):
+def _forward(model: torch.nn.Module, state: Mapping[str, torch.Tensor], inputs: tuple[Any, ...], parameters: set[str],
+             seed: int, device: str | torch.device = "cpu") -> list[tuple[str, torch.Tensor]]:
     """All outputs of ``model`` at ``state`` (buffers copied: training-mode statistics update copies), with the
     random number generators seeded so that stochastic ops draw the same noise at every call: on the CPU its
     generator alone (``torch.manual_seed`` also seeds every accelerator's, through a lazy call that records a
@@ -104,7 +120,8 @@ def _forward(model, state: Mapping[str, torch.Tensor], inputs: tuple, parameters
         return output_tensors(functional_call(model, values, inputs))
 
 
-def output_change(moved, reference, cross_entropy: bool) -> tuple[float, str]:
+def output_change(moved: Sequence[tuple[str, torch.Tensor]], reference: Sequence[tuple[str, torch.Tensor]],
+                  cross_entropy: bool) -> tuple[float, str]:
     """``(worst relative change, output path)`` between two :func:`~symalg.frontend.outputs.output_tensors` lists:
     every output compared (the first one as ``softmax`` for cross-entropy); non-float outputs must be
     equal, a different structure or a NaN counts as ``inf``."""
@@ -125,19 +142,21 @@ def output_change(moved, reference, cross_entropy: bool) -> tuple[float, str]:
     return worst, where
 
 
-def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: int = 0, device="cpu",
-                 symmetries: Sequence | None = None) -> list[ClaimError]:
+def claim_errors(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, draws: int = 2, seed: int = 0,
+                 device: Device = "cpu", symmetries: Sequence[Symmetry] | None = None) -> list[ClaimError]:
     """Worst relative output change of every claim of a traced ``analysis`` (see the module docstring).
 
     ``inputs`` default to the example inputs the model was traced with (fresh inputs are drawn like
     them, ``draws`` times); ``symmetries`` default to all the analysis claims. Parameters and buffers
     are the model's own, in float64 on ``device``.
     """
-    symmetries = list(analysis.symmetries if symmetries is None else symmetries)
+    claims = list(analysis.symmetries if symmetries is None else symmetries)
     graph = analysis.model_graph
     inputs = graph.example_inputs if inputs is None else inputs
     if inputs is None:
         raise ValueError("claim_errors: the model was traced without example_inputs; pass inputs=(tensor, ...)")
+    if graph.model is None:
+        raise ValueError("claim_errors: the model graph carries no model to run")
     dtype = torch.float64
     model = graph.model
     if any((t.is_floating_point() and t.dtype != dtype) or t.device != torch.device(device)
@@ -148,18 +167,19 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
              **{k: v.detach() for k, v in model.named_buffers()}}
     generator = torch.Generator().manual_seed(seed)
     cross_entropy = analysis.loss == "cross_entropy"
-    worst = {id(s): ClaimError(s, 0.0) for s in symmetries}
+    worst = {id(s): ClaimError(s, 0.0) for s in claims}
     for draw in range(draws):
-        by_group = {}  # fresh elements per draw; equal groups share them (S(3072) of every layer: one pair)
-        for s in symmetries:
+        # fresh elements per draw; equal groups share them (S(3072) of every layer: one pair)
+        by_group: dict[SiteGroup, list[tuple[str, torch.Tensor]]] = {}
+        for s in claims:
             if s.group not in by_group:
                 by_group[s.group] = s.group.sample(generator, dtype, device)
-        elements = {id(s): by_group[s.group] for s in symmetries}
+        elements = {id(s): by_group[s.group] for s in claims}
         rounds = max((len(e) for e in elements.values()), default=0)
         x = fresh_inputs(inputs, generator, dtype, device)
         reference = _forward(model, state, x, parameters, seed + draw, device)
 
-        def change(group_elements):
+        def change(group_elements: list[tuple[Symmetry, tuple[str, torch.Tensor]]]) -> tuple[float, str]:
             touched = {t for symmetry, _ in group_elements for t in symmetry.tensors}
             moved = {k: v.clone() if k in touched else v for k, v in state.items()}  # one copy, moved in place
             for symmetry, (_, g) in group_elements:
@@ -168,7 +188,7 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
                                  cross_entropy)
 
         for r in range(rounds):
-            chosen = [(s, elements[id(s)][r]) for s in symmetries if r < len(elements[id(s)])]
+            chosen = [(s, elements[id(s)][r]) for s in claims if r < len(elements[id(s)])]
             error, output = change(chosen)
             if error <= CERTIFICATION_TOLERANCE:  # every claim of the round: at most the composition's error
                 for symmetry, element in chosen:
@@ -180,10 +200,10 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
                 error, output = change([(symmetry, element)])
                 if error > worst[id(symmetry)].error:
                     worst[id(symmetry)] = ClaimError(symmetry, error, element[0], output)
-    return [worst[id(s)] for s in symmetries]
+    return [worst[id(s)] for s in claims]
 
 
-def assert_claims_hold(analysis, **options) -> None:
+def assert_claims_hold(analysis: Certifiable, **options: Any) -> None:
     """Raise ``AssertionError`` listing every claim of ``analysis`` that changes an output
     (:func:`claim_errors` with ``options``); for tests of inference rules, on ``derive(..., certify=False)``."""
     failures = [str(e) for e in claim_errors(analysis, **options) if not e.holds]

@@ -7,7 +7,7 @@ A check returns a :class:`CheckResult` (never asserts); a verifier collects them
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Callable, Hashable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
 import torch
 
@@ -21,6 +21,25 @@ __all__ = ["CheckResult", "VerificationReport", "TOLERANCES", "check_device", "c
 
 TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
 """Relative tolerance of every check, keyed by dtype."""
+
+Params = Mapping[str, torch.Tensor]
+Loss = Callable[[Params], torch.Tensor]
+"""``loss(params)``: a scalar tensor, differentiable in the parameters."""
+Key = TypeVar("Key", bound=Hashable)
+
+
+class Conserving(Protocol):
+    """What :func:`check_gradient_flow` reads: an analysis, or a loss symmetry, with conserved quantities (each
+    called at parameters, its ``symmetry.label`` naming it in the report)."""
+
+    def conserved_quantities(self) -> Sequence[Any]: ...
+
+
+class Rotating(Protocol):
+    """What :func:`check_angular_momentum` reads: angular momenta ``J(params, velocity)`` (each naming its
+    ``symmetry.label``)."""
+
+    def angular_momenta(self) -> Sequence[Any]: ...
 
 
 
@@ -53,7 +72,7 @@ class CheckResult:
         return {"check": self.check, "symmetry": self.symmetry, "max_error": error, "tolerance": self.tolerance,
                 "detail": self.detail, "skipped": self.skipped, "passed": self.passed}
 
-    def __str__(self):
+    def __str__(self) -> str:
         verdict = "skip" if self.skipped else ("pass" if self.passed else "FAIL")
         return (f"{verdict:4}  {self.check:22} {self.symmetry:34} err={self.max_error:.2e} tol={self.tolerance:.0e}  "
                 f"{self.detail}")
@@ -97,11 +116,11 @@ class VerificationReport:
         return (f"{len(self.checks) - n_fail - n_skip} passed, {n_fail} failed{skipped} "
                 f"({len(self.checks)} checks, {str(self.dtype).replace('torch.', '')}, {self.device}{at})")
 
-    def __str__(self):
+    def __str__(self) -> str:
         return "\n".join([str(c) for c in self.checks] + [self.summary()])
 
 
-def loss_gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def loss_gradients(loss: Loss, params: Params) -> dict[str, torch.Tensor]:
     """``∇L`` at ``params`` (``{name: tensor}``), taken on detached copies: ``params`` are not touched. A
     parameter the loss does not use has gradient zero."""
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
@@ -110,22 +129,26 @@ def loss_gradients(loss, params: Mapping[str, torch.Tensor]) -> dict[str, torch.
     return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
 
 
-def check_gradient_orthogonality(label: str, tangent, basis, grads, tol) -> CheckResult:
+def check_gradient_orthogonality(label: str, tangent: Callable[[torch.Tensor], Params],
+                                 basis: torch.Tensor | Sequence[torch.Tensor], grads: Params,
+                                 tol: float) -> CheckResult:
     """``max_M |⟨∇L, M·θ⟩| / (‖∇L‖ ‖M·θ‖)`` over the Lie-algebra elements ``basis``; ``tangent(M)`` returns
     ``{name: M·θ}`` (entries that are not parameters, such as moved buffers, count in ``‖M·θ‖`` only). A zero
     tangent is orthogonal to everything."""
-    grad_norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
+    grad_norm = _norm(grads.values())
     worst = 0.0
     for M in basis:
         moved = tangent(M)
-        inner = sum((grads[k] * v).sum() for k, v in moved.items() if k in grads)
-        norm = torch.sqrt(sum(v.pow(2).sum() for v in moved.values()))
-        if norm > 0:
-            worst = max(worst, (abs(inner) / (grad_norm * norm).clamp_min(torch.finfo(norm.dtype).tiny)).item())
+        products = [(grads[k] * v).sum() for k, v in moved.items() if k in grads]
+        norm = _norm(moved.values())
+        if products and norm > 0:  # no product: the inner product is 0
+            inner = sum(products[1:], products[0])
+            worst = max(worst, (inner.abs() / (grad_norm * norm).clamp_min(torch.finfo(norm.dtype).tiny)).item())
     return CheckResult("gradient_orthogonality", label, worst, tol, f"{len(basis)} generators")
 
 
-def check_gd_drift(quantity, params, grads, tol, learning_rate=0.1):
+def check_gd_drift(quantity: Any, params: Params, grads: Params, tol: float,
+                   learning_rate: float = 0.1) -> CheckResult:
     """``C(θ − η g) − C(θ) = η² C(g)``; the error is relative to the size of ``C(θ)`` and of the drift."""
     value = quantity(params)
     drift = quantity({k: v - learning_rate * grads[k] for k, v in params.items()}) - value
@@ -135,7 +158,19 @@ def check_gd_drift(quantity, params, grads, tol, learning_rate=0.1):
                        f"ΔC = η² C(∇L), η = {learning_rate}, max|ΔC| = {drift.abs().max().item():.2e}")
 
 
-def rk4(field, state: dict, dt: float, steps: int) -> dict:
+def _squared_norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``Σ ‖t‖²`` over ``tensors`` (at least one): the squared Frobenius norm of a parameter dict."""
+    squares = [t.pow(2).sum() for t in tensors]
+    return sum(squares[1:], squares[0])
+
+
+def _norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """``√(Σ ‖t‖²)`` over ``tensors`` (at least one)."""
+    return torch.sqrt(_squared_norm(tensors))
+
+
+def rk4(field: Callable[[dict[Key, torch.Tensor]], Mapping[Key, torch.Tensor]], state: dict[Key, torch.Tensor],
+        dt: float, steps: int) -> dict[Key, torch.Tensor]:
     """Integrate ``d state/dt = field(state)`` (dicts of tensors) with the classical RK4 scheme."""
     for _ in range(steps):
         k1 = field(state)
@@ -146,25 +181,26 @@ def rk4(field, state: dict, dt: float, steps: int) -> dict:
     return state
 
 
-def _flow_step(params, grads, max_dt=2.5e-4, max_move=1e-4) -> float:
+def _flow_step(params: Params, grads: Params, max_dt: float = 2.5e-4, max_move: float = 1e-4) -> float:
     """RK4 step for the dynamical checks: at most ``max_dt``, and small enough that one step moves θ
     by at most ``max_move`` relative, so that integrator error stays far below the tolerance."""
-    theta = torch.sqrt(sum(p.pow(2).sum() for p in params.values())).item()
-    grad = torch.sqrt(sum(g.pow(2).sum() for g in grads.values())).item()
+    theta = _norm(params.values()).item()
+    grad = _norm(grads.values()).item()
     return min(max_dt, max_move * theta / max(grad, 1e-300))
 
 
-def integrate_gradient_flow(loss, params, grads, steps: int, max_move: float = 1e-4) -> tuple[dict, str]:
+def integrate_gradient_flow(loss: Loss, params: Params, grads: Params, steps: int,
+                            max_move: float = 1e-4) -> tuple[dict[str, torch.Tensor], str]:
     """``θ(T)`` along gradient flow ``θ̇ = −∇L`` from ``params`` (RK4, ``steps`` of :func:`_flow_step`),
     and a description of the run for the report."""
     dt = _flow_step(params, grads, max_move=max_move)
     flowed = rk4(lambda p: {k: -g for k, g in loss_gradients(loss, p).items()}, dict(params), dt, steps)
-    moved = torch.sqrt(sum((flowed[k] - p).pow(2).sum() for k, p in params.items()) /
-                       sum(p.pow(2).sum() for p in params.values())).item()
+    moved = torch.sqrt(_squared_norm(flowed[k] - p for k, p in params.items()) / _squared_norm(params.values())).item()
     return flowed, f"RK4 dt={dt:.1e}, {steps} steps; θ moved {moved:.1e} (relative)"
 
 
-def check_gradient_flow(analysis, loss, params, grads, tol, steps=40):
+def check_gradient_flow(analysis: Conserving, loss: Loss, params: Params, grads: Params, tol: float,
+                        steps: int = 40) -> list[CheckResult]:
     """Every ``C`` is constant along gradient flow ``θ̇ = −∇L``."""
     quantities = analysis.conserved_quantities()
     if not quantities:
@@ -174,20 +210,21 @@ def check_gradient_flow(analysis, loss, params, grads, tol, steps=40):
             for q in quantities]
 
 
-def check_angular_momentum(analysis, loss, params, grads, generator, tol, damping=1.0, steps=40):
+def check_angular_momentum(analysis: Rotating, loss: Loss, params: Params, grads: Params, generator: torch.Generator,
+                           tol: float, damping: float = 1.0, steps: int = 40) -> list[CheckResult]:
     """Heavy-ball dynamics ``θ̈ + γ θ̇ = −∇L`` from a random velocity: every entry of ``J(θ, θ̇)``
     (``⟨θ̇, A·θ⟩`` for antisymmetric ``A``) decays exactly as ``e^{−γt}``, since
     ``d/dt ⟨θ̇, A·θ⟩ = −γ ⟨θ̇, A·θ⟩ − ⟨∇L, A·θ⟩ + ⟨θ̇, A·θ̇⟩`` and the last two terms vanish."""
     momenta = analysis.angular_momenta()
     if not momenta:
         return []
-    grad_norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
+    grad_norm = _norm(grads.values())
     velocity = {k: torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for k, p in params.items()}
-    velocity_norm = torch.sqrt(sum(v.pow(2).sum() for v in velocity.values()))
+    velocity_norm = _norm(velocity.values())
     velocity = {k: v * (grad_norm / velocity_norm) for k, v in velocity.items()}
     dt = _flow_step(params, grads)
 
-    def field(state):
+    def field(state: dict[tuple[str, str], torch.Tensor]) -> dict[tuple[str, str], torch.Tensor]:
         theta = {k: state[("θ", k)] for k in params}
         gradient = loss_gradients(loss, theta)
         return {**{("θ", k): state[("v", k)] for k in params},
@@ -213,7 +250,7 @@ def compare_to_sympy(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values
                for n, e in exprs.items())
 
 
-def check_device(device) -> None:
+def check_device(device: torch.device | str | int) -> None:
     """Raise :class:`~symalg.errors.SpecError` (a ``ValueError``) naming ``device`` when torch cannot allocate on
     it here, or when it is no device at all."""
     try:
@@ -222,7 +259,7 @@ def check_device(device) -> None:
         raise SpecError(f"device {device!r} is not available here ({error})") from None
 
 
-def check_params(params, shapes: Mapping[str, tuple], caller: str, optional=()) -> None:
+def check_params(params: object, shapes: Mapping[str, tuple], caller: str, optional: Iterable[str] = ()) -> None:
     """Raise ``SpecError`` naming the parameter unless ``params`` maps names of ``shapes`` to finite tensors:
     no unknown name, none missing but those in ``optional`` (buffers), each concrete shape as given
     (symbolic widths are read off and compared by ``Architecture.widths_from_params``)."""
