@@ -7,7 +7,7 @@ model: 'linear(2, 3) -> tanh -> linear(3, 1)'
 from __future__ import annotations
 
 
-from symalg.symbolic.printing import latex, sstr, tensor_latex
+from symalg.symbolic.printing import escape_latex, latex, sstr, tensor_latex
 
 __all__ = ["describe", "describe_latex"]
 
@@ -69,8 +69,7 @@ def describe_latex(analysis) -> str:
     lines = [rf"\text{{orbit dimension}} &= {latex(orbit)}" if reason is None
              else r"\text{orbit dimension: numeric only}"]
     for symmetry in analysis.symmetries:
-        site = symmetry.site.replace("_", r"\_")
-        lines.append(rf"&\text{{{site}: }} {symmetry.group.latex()}")
+        lines.append(rf"&\text{{{escape_latex(symmetry.site)}: }} {symmetry.group.latex()}")
         lines += [rf"&\quad {row}" for row in symmetry.action_latex()]
         if symmetry.group.kind == "T":
             lines.append(r"&\quad\text{translates } " + ", ".join(tensor_latex(t) for t in symmetry.tensors))

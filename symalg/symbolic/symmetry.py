@@ -41,7 +41,7 @@ import torch
 from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.groups import SiteGroup, group_classes
 from symalg.lowering.codegen import LoweredFunction, lower
-from symalg.symbolic.printing import latex, sstr, tensor_latex
+from symalg.symbolic.printing import escape_latex, latex, sstr, tensor_latex
 from symalg.lowering.codegen import identifier
 
 __all__ = ["Symmetry", "ConservedQuantity", "AngularMomentum"]
@@ -134,8 +134,9 @@ class AngularMomentum:
         return J
 
     def latex(self) -> str:
-        return (rf"J_{{\mathrm{{{self.symmetry.site}}}}} = G - G^{{T}},\ G = \sum_{{\mathrm{{out}}}} \dot U U^{{T}} "
-                rf"- \sum_{{\mathrm{{in}}}} U \dot U^{{T}} \ \text{{(decays as }} e^{{-\gamma t}} "
+        return (rf"J_{{\mathrm{{{escape_latex(self.symmetry.site)}}}}} = G - G^{{T}},\ "
+                rf"G = \sum_{{\mathrm{{out}}}} \dot U U^{{T}} - \sum_{{\mathrm{{in}}}} U \dot U^{{T}} \ "
+                rf"\text{{(decays as }} e^{{-\gamma t}} "
                 r"\text{ under heavy ball; } 0 \text{ along gradient flow)}")
 
     def __str__(self):
@@ -157,7 +158,8 @@ def _latex_name(key: str) -> str:
     rest = re.sub("_+", "_", rest).strip("_")
     if not rest:
         return head
-    return f"{head}_{{{rest}}}" if rest.isalnum() else f"{head}_{{\\mathrm{{{rest.replace('_', chr(92) + '_')}}}}}"
+    plain = rest.isalnum() and rest.isascii()
+    return f"{head}_{{{rest}}}" if plain else f"{head}_{{\\mathrm{{{escape_latex(rest)}}}}}"
 
 
 class _Symbols:
@@ -402,8 +404,7 @@ class Symmetry:
 
     def latex(self) -> str:
         action = self.action_latex() or [", ".join(tensor_latex(t) for t in self.tensors) + r" \text{ translated}"]
-        site = self.site.replace("_", r"\_")
-        return rf"{self.group.latex()} \text{{ on {site}: }} " + r",\ ".join(action)
+        return rf"{self.group.latex()} \text{{ on {escape_latex(self.site)}: }} " + r",\ ".join(action)
 
     def __str__(self):
         moved = [b.describe() for b in self.bindings] or [f"{r.tensor} ({f.pattern})" for f in self.translations
