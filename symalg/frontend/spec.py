@@ -256,6 +256,8 @@ def _from_sequential(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) ->
             raise SpecError(f"layer {path} ({type(child).__name__}): lazy module not initialised yet; run one "
                             "forward pass first")
         if isinstance(child, torch.nn.Linear):
+            for side in ("in_features", "out_features"):
+                as_width(getattr(child, side), f"layer {path} (Linear) {side}")
             if width is not None and width != child.in_features:
                 raise SpecError(f"layer {path} (Linear): in_features={child.in_features} but the previous "
                                 f"layer produces {width} features")
