@@ -235,6 +235,24 @@ def test_hessian_vector_products_match_torch_func_hessian():
     assert torch.allclose(hessian_vector_products(loss, params, vectors), vectors @ H, atol=1e-12)
 
 
+def test_hessian_vector_products_through_scaled_dot_product_attention_match_the_explicit_softmax():
+    # forward-over-reverse through F.scaled_dot_product_attention needs the math kernel (torch's CPU flash kernel
+    # has no forward-mode rule); the same weights with softmax(QKᵀ/√d) V written out give the same H v.
+    from test_models import HandAttention
+
+    x, y = torch.randn(2, 4, 8, dtype=torch.float64), torch.randn(2, 4, 8, dtype=torch.float64)
+    products = []
+    for explicit in (False, True):
+        torch.manual_seed(1)
+        model = HandAttention(8, 2, explicit).double()
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        vectors = torch.randn(3, sum(v.numel() for v in params.values()), dtype=torch.float64,
+                              generator=torch.Generator().manual_seed(2))
+        products.append(hessian_vector_products(model_loss(model, x, y), params, vectors))
+    assert products[0].norm() > 0
+    torch.testing.assert_close(products[0], products[1], rtol=1e-10, atol=1e-12)
+
+
 def test_randomized_method_refuses_an_unresolved_rank():
     model = relu_net(4, 8, 3)
     x, y = teacher_data(model, 64, torch.Generator().manual_seed(0))               # rank 59

@@ -571,6 +571,7 @@ _SHARED = nn.Linear(3, 3)
     (nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(5, 2)), r"layer 2 \(Linear\): in_features=5 .* produces 4"),
     (nn.Sequential(nn.Sequential(nn.Linear(3, 4)), nn.Sequential(nn.Linear(6, 2))), r"layer 1\.0 \(Linear\)"),
     (nn.Sequential(_SHARED, nn.Tanh(), _SHARED), r"layer 2 \(Linear\): the same module as layer 0; shared weights"),
+    (nn.Sequential(nn.Linear(3, 0), nn.ReLU(), nn.Linear(0, 2)), r"layer 0 \(Linear\) out_features: width 0 must be"),
 ])
 def test_parse_of_a_sequential_errors_name_the_layer(model, message):
     with pytest.raises(SpecError, match=message):
@@ -585,6 +586,42 @@ def test_parse_reads_a_module_used_at_two_positions_at_both():
     assert str(arch) == "Architecture('linear(2, 3) -> tanh -> linear(3, 3) -> tanh -> linear(3, 1)')"
     assert sorted(s.group.name for s in symalg.derive(arch).symmetries) == ["S(3)", "S(3)", "SignFlips(3)",
                                                                           "SignFlips(3)"]
+class _RootScale(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.scale = nn.Linear(3, 2), nn.Parameter(torch.ones(0))
+
+    def forward(self, x):
+        return self.fc(x) * self.scale.sum()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: nn.Sequential(nn.Linear(3, 0), nn.ReLU(), nn.Linear(0, 2)),
+     r"parameter '0\.weight' of module '0' \(Linear\) has shape \(0, 3\): a layer of width 0"),
+    (lambda: nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(0, bias=False))),
+     r"parameter '1\.1\.weight' of module '1\.1' \(LayerNorm\) has shape \(0,\)"),
+    (lambda: nn.Sequential(nn.Conv1d(3, 0, 1), nn.ReLU()), r"parameter '0\.weight' of module '0' \(Conv1d\)"),
+    (_RootScale, r"parameter 'scale' of the model \(_RootScale\) has shape \(0,\)"),
+])
+@pytest.mark.parametrize("tracer", ["auto", "export"])
+def test_from_torch_refuses_a_layer_of_width_0_naming_the_parameter(make, message, tracer):
+    # A width-0 layer has no neuron for a group to act on (it once gave PositiveScaling(0) and a crashing verify).
+    x = torch.randn(2, 3, 5) if "Conv1d" in message else torch.randn(2, 3)
+    with pytest.raises(SpecError, match=message):
+        symalg.trace(make(), (x,), tracer=tracer)
+    if tracer == "auto":
+        with pytest.raises(SpecError, match=message):
+            from_torch(make())                               # without example inputs too
+
+
+@pytest.mark.parametrize("route", [
+    lambda: symalg.derive("linear(3, 0) -> relu -> linear(0, 2)"),
+    lambda: symalg.to_graph(Spec().linear(3, 0).relu().linear(0, 2).build()),
+    lambda: symalg.derive(parse(nn.Sequential(nn.Linear(3, 0), nn.ReLU(), nn.Linear(0, 2)))),
+], ids=["spec-string", "builder", "parsed-sequential"])
+def test_spec_routes_refuse_a_layer_of_width_0_naming_it(route):
+    with pytest.raises(SpecError, match=r"layer 0 \((linear|Linear)\) out_features: width 0 must be positive"):
+        route()
 
 
 def test_from_torch_errors_name_the_model():

@@ -1,5 +1,7 @@
 """LaTeX and plain-text output of derived objects and of symalg's matrix-expression printers."""
 
+import shutil
+
 import pytest
 import sympy as sp
 import torch
@@ -334,3 +336,77 @@ def test_report_lists_no_basis_for_large_or_symbolic_groups():
     """GL(9) has an 81-dimensional algebra (over the listing limit) and GL(h) no concrete basis: no listing."""
     assert "basis:" not in describe(symalg.derive("linear(2, 9) -> identity -> linear(9, 1)"))
     assert "basis:" not in describe(symalg.derive("linear(n, h) -> identity -> linear(h, m)"))
+
+
+# -- the LaTeX compiles with a real engine -----------------------------------------------------------
+class _Named(torch.nn.Module):
+    """Parameter and site names with dots and underscores (``enc_0.0.weight``, ``blocks.0.2.bias``), module keys
+    holding LaTeX's special characters, a norm without gains (an orthogonal group and its angular momentum) and
+    a bias-free layer after it (translations)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.enc_0 = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 4))
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(4, 5), nn.LayerNorm(5, elementwise_affine=False),
+                                                   nn.Linear(5, 4))])
+        self.heads = nn.ModuleDict({"a&b_1": nn.Linear(4, 4), "x^2~%$#{}é": nn.Linear(4, 2)})
+
+    def forward(self, x):
+        x = self.blocks[0](torch.relu(self.enc_0(x)))
+        return self.heads["x^2~%$#{}é"](torch.relu(self.heads["a&b_1"](x)))
+
+
+def _gpt_block():
+    import runpy
+    from pathlib import Path
+
+    example = runpy.run_path(str(Path(__file__).parents[1] / "examples" / "gpt_block.py"))
+    return symalg.derive(symalg.trace(example["model"], example["example_inputs"]))
+
+
+LATEX_ANALYSES = {
+    "spec-symbolic": lambda: symalg.derive("linear(n, h) -> relu -> linear(h, k) -> radial -> linear(k, m)"),
+    "spec-concrete": lambda: symalg.derive("linear(3, 4) -> sigmoid -> linear(4, 5)", loss="cross_entropy"),
+    "traced-named": lambda: symalg.derive(symalg.from_torch(_Named(), (torch.randn(6, 3),))),
+    "gpt-block": _gpt_block,
+}
+
+
+needs_pdflatex = pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex not installed (Debian: "
+                                    "apt-get install texlive-latex-base texlive-latex-recommended)")
+
+
+def _pdflatex(body: str, directory) -> str:
+    """Compile ``body`` in a minimal amsmath document with ``pdflatex``; ``""`` on success, else its errors."""
+    import subprocess
+
+    source = directory / "report.tex"
+    source.write_text("\\documentclass{article}\n\\usepackage{amsmath,amssymb}\n\\begin{document}\n"
+                      f"{body}\n\\end{{document}}\n", encoding="utf-8")
+    run = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "-no-shell-escape",
+                          source.name], cwd=directory, capture_output=True, text=True, timeout=120)
+    if run.returncode == 0 and (directory / "report.pdf").exists():
+        return ""
+    log = (directory / "report.log").read_text(encoding="utf-8", errors="replace").splitlines()
+    return "\n".join(line for i, line in enumerate(log) if line.startswith("!") or i and log[i - 1].startswith("!"))
+
+
+@pytest.mark.latex
+@needs_pdflatex
+@pytest.mark.parametrize("name", LATEX_ANALYSES)
+def test_every_latex_output_compiles_with_pdflatex(name, tmp_path):
+    analysis = LATEX_ANALYSES[name]()
+    quantities, momenta = analysis.conserved_quantities(), analysis.angular_momenta()
+    pieces = [analysis.latex(), describe_latex(analysis), analysis._repr_latex_()]
+    pieces += [item._repr_latex_() for item in (*analysis.symmetries, *quantities, *momenta)]
+    assert _pdflatex("\n\n".join(pieces), tmp_path) == ""
+    if name == "traced-named":  # the names this test is about reached the output
+        assert r"W_{\mathrm{enc\_0.0}}" in analysis.latex() and momenta
+        assert r"\mathrm{heads.x\text{\textasciicircum}2\text{\textasciitilde}\%\$\#\{\}\text{é}}" in analysis.latex()
+
+
+@pytest.mark.latex
+@needs_pdflatex
+def test_pdflatex_reports_what_fails_to_compile(tmp_path):
+    assert "Double subscript" in _pdflatex(r"$J_{\mathrm{blocks_0_0}}$", tmp_path)

@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import symalg
 import symalg.numeric.sampling
@@ -21,7 +20,7 @@ from symalg.applications.teleport import (Curvature, FunctionAction, GradNorm, M
                                           transform_cotangent)
 from symalg.applications.teleport_actions import ApproximateTeleport
 from symalg.applications.teleport_optim import Schedule, TeleportingOptimizer, handle_state, model_loss
-from test_models import PreNormBlock, SmallCNN   # GPT block (GL(4) heads, LayerNorm scalings); conv + BN
+from test_models import HandAttention, PreNormBlock, SmallCNN  # GPT block (GL(4) heads, LayerNorm scalings)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -102,18 +101,34 @@ def test_exact_symmetries_keep_the_loss_for_teleports_of_any_size(name):
     action = as_action(analysis)
     with torch.no_grad():
         base, size = float(loss(params)), flat(params, wrt).norm()
-    with sdpa_kernel(SDPBackend.MATH):    # double backward of the gradient-norm objective needs the math kernel
-        for scale in (0.1, 1.0, 3.0):
-            coords = torch.randn(action.dim)
-            with torch.no_grad():
-                moved = action(params, coords * (scale / coords.norm()))
-                assert abs(float(loss(moved)) - base) <= 1e-9 * base
-        result = teleport(action, params, loss, wrt=wrt, steps=10, lr=1.0, max_step=0.5, tolerance=1e-9)
+    for scale in (0.1, 1.0, 3.0):
+        coords = torch.randn(action.dim)
+        with torch.no_grad():
+            moved = action(params, coords * (scale / coords.norm()))
+            assert abs(float(loss(moved)) - base) <= 1e-9 * base
+    result = teleport(action, params, loss, wrt=wrt, steps=10, lr=1.0, max_step=0.5, tolerance=1e-9)
     assert result.accepted and result.steps > 0
     assert result.relative_loss_change <= 1e-9
     assert result.objective_after > result.objective_before
     distance = (flat(result.params, wrt) - flat(params, wrt)).norm() / size
     assert distance > 0.1, f"the teleport barely moved ({distance:.1e}): the exactness check would be vacuous"
+
+
+def test_teleport_through_scaled_dot_product_attention_matches_the_explicit_softmax():
+    # torch's CPU flash kernel for F.scaled_dot_product_attention has no double backward, which the gradient of
+    # the default objective ‖∇L‖² needs: teleport runs the model with the math kernel. The same weights with
+    # softmax(QKᵀ/√d) V written out give the same teleport to rounding; the user's kernel choice comes back.
+    x, y = torch.randn(3, 5, 8), torch.randn(3, 5, 8)
+    results = []
+    for explicit in (False, True):
+        torch.manual_seed(1)
+        model, analysis, params, wrt, loss = setup(HandAttention(8, 2, explicit), x, y)
+        results.append(teleport(as_action(analysis), params, loss, wrt=wrt, steps=5))
+    fused, explicit = results
+    assert fused.accepted and fused.relative_loss_change <= 1e-9
+    assert fused.objective_after > 2 * fused.objective_before
+    assert fused.objective_after == pytest.approx(explicit.objective_after, rel=1e-9)
+    assert torch.backends.cuda.flash_sdp_enabled()
 
 
 def test_elements_reproduce_the_composed_teleport():

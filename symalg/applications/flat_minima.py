@@ -63,6 +63,7 @@ from torch.func import functional_call, grad, jvp, vmap
 from symalg.errors import SpecError
 from symalg.frontend.spec import to_spec_string
 from symalg.frontend.tracing import trace
+from symalg.numeric.autodiff import differentiable_kernels
 from symalg.symbolic.derive import Analysis, derive
 from symalg.symbolic.symmetry import Symmetry
 
@@ -127,7 +128,8 @@ class _Objective:
     def hvp(self, vectors: torch.Tensor) -> torch.Tensor:
         """``H v`` for every row ``v`` of ``vectors``."""
         self.hvps += vectors.shape[0]
-        return self._hvp(vectors) if vectors.shape[0] else vectors.clone()
+        with differentiable_kernels():  # forward over reverse through the model
+            return self._hvp(vectors) if vectors.shape[0] else vectors.clone()
 
     def dense(self) -> torch.Tensor:
         """``H`` from ``P`` Hessian-vector products against the identity (chunked; measured 10–35× faster

@@ -76,6 +76,7 @@ import torch
 
 from symalg.errors import SpecError
 from symalg.catalogue.groups import matrix_exp
+from symalg.numeric.autodiff import differentiable_kernels
 from symalg.applications.conjugated import ConjugatedAction, TestFunction
 from symalg.applications.flat_minima import ParamLoss
 from symalg.applications.nonlinear_actions import DataDependentAction
@@ -734,6 +735,7 @@ class Teleporter:
             return self.objective(params, loss, self.action, wrt)
         return self.objective(params)
 
+    @differentiable_kernels()  # the objective's gradient differentiates the model twice
     def __call__(self, params: Params, loss: Callable[[Params], torch.Tensor],
                  wrt: Sequence[str] | None = None) -> TeleportResult:
         start = time.perf_counter()

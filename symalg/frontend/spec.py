@@ -261,6 +261,8 @@ def _from_sequential(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) ->
             raise SpecError(f"layer {path} ({type(child).__name__}): lazy module not initialised yet; run one "
                             "forward pass first")
         if isinstance(child, torch.nn.Linear):
+            for side in ("in_features", "out_features"):
+                as_width(getattr(child, side), f"layer {path} (Linear) {side}")
             first = linears.setdefault(id(child), path)
             if first != path:
                 raise SpecError(f"layer {path} (Linear): the same module as layer {first}; shared weights are not "

@@ -423,6 +423,21 @@ def _redirect_in_place(gm: torch.fx.GraphModule) -> None:
                 user.replace_input_with(source, node)
 
 
+def _check_modules(model: nn.Module) -> None:
+    """Refuse lazy modules not initialised yet and parameters with no entries (a layer of width 0 has no neuron
+    for a group to move: ``nn.Linear(3, 0)`` would give a site of width 0), naming the module."""
+    module: nn.Module  # named_modules is unannotated in torch
+    for name, module in model.named_modules():
+        where = f"module {name!r} ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
+        if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
+            raise SpecError(f"{where}: lazy module not initialised yet; run one forward pass first")
+        for role, parameter in module.named_parameters(recurse=False):
+            if parameter.numel() == 0:
+                raise SpecError(f"trace: parameter {'.'.join(filter(None, (name, role)))!r} of {where} has shape "
+                                f"{tuple(parameter.shape)}: a layer of width 0 has no symmetry to derive; remove "
+                                "it or give it a positive width")
+
+
 def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
     """Refuse empty or non-finite example tensors, then run ``model`` on them once (restoring its buffers
     and the RNG afterwards); when it fails, raise :class:`SpecError` with torch's own message and the
@@ -493,11 +508,7 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
         raise SpecError(f"trace: tracer must be one of {TRACERS}, got {tracer!r}")
     if tracer == "export" and example_inputs is None:
         raise SpecError("trace: tracer='export' needs example_inputs (torch.export runs the model)")
-    module: nn.Module  # named_modules is unannotated in torch
-    for name, module in model.named_modules():
-        if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
-            raise SpecError(f"module {name!r} ({type(module).__name__}): lazy module not initialised yet; run one "
-                            "forward pass first")
+    _check_modules(model)
     if example_inputs is not None and not isinstance(example_inputs, tuple):
         example_inputs = (example_inputs,)
     if example_inputs is not None:

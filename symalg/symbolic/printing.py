@@ -3,7 +3,8 @@
 SymPy's own printers write ``\\operatorname{DiagMatrix}(d)``, ``1`` for a column of ones and
 ``HadamardPower(W, 2)``; these subclasses print ``\\operatorname{diag}(d)``, ``\\mathbf{1}`` and
 ``W∘W``-style powers instead. In LaTeX, torch parameter names (symbols named ``0.weight``, ``fc.bias``)
-print as ``W_{0}``, ``b_{\\mathrm{fc}}`` (:func:`tensor_latex`); plain text keeps the parameter name.
+print as ``W_{0}``, ``b_{\\mathrm{fc}}`` (:func:`tensor_latex`); plain text keeps the parameter name. Every
+name symalg writes into LaTeX (parameters, sites, quantities) goes through :func:`escape_latex`.
 
 >>> import sympy as sp
 >>> d = sp.MatrixSymbol("d_1", 3, 1)
@@ -29,7 +30,7 @@ _ROLES = {"weight": "W", "bias": "b"}
 
 def tensor_latex(name: str) -> str:
     """LaTeX for a parameter or buffer name: ``0.weight`` → ``W_{0}``, ``encoder.fc.bias`` →
-    ``b_{\\mathrm{encoder.fc}}``, any other dotted name (a region ``0.weight[0:4]_(1)``) in ``\\mathrm``."""
+    ``b_{\\mathrm{encoder.fc}}``, any other name (a region ``0.weight[0:4]_(1)``) in ``\\mathrm``."""
     prefix, _, role = name.rpartition(".")
     if prefix and role in _ROLES:
         return f"{_ROLES[role]}_{{{name_latex(prefix)}}}"
@@ -37,18 +38,29 @@ def tensor_latex(name: str) -> str:
 
 
 def name_latex(name: str) -> str:
-    """A name (a site, a module path) for a LaTeX subscript: a short alphanumeric one as it is, any other upright
-    and escaped.
+    """A name (a site, a module path) for a LaTeX subscript: a short ASCII alphanumeric one as it is, any other
+    upright and escaped (:func:`escape_latex`).
 
     >>> name_latex("0"), name_latex("enc.0#2"), name_latex("blocks_1")
     ('0', '\\\\mathrm{enc.0\\\\#2}', '\\\\mathrm{blocks\\\\_1}')
     """
-    return name if name.isalnum() and len(name) <= 3 else rf"\mathrm{{{escape_latex(name)}}}"
+    return name if name.isalnum() and name.isascii() and len(name) <= 3 else rf"\mathrm{{{escape_latex(name)}}}"
+
+
+_ESCAPES = {"_": r"\_", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "{": r"\{", "}": r"\}",
+            "\\": r"\text{\textbackslash}", "^": r"\text{\textasciicircum}", "~": r"\text{\textasciitilde}"}
+"""Characters that LaTeX reads as commands, with their escapes valid in ``\\text{}`` and ``\\mathrm{}`` alike."""
 
 
 def escape_latex(text: str) -> str:
-    """``text`` with LaTeX special characters escaped (``enc_0#2`` → ``enc\\_0\\#2``), for ``\\text``, ``\\mathrm``."""
-    return re.sub(r"([_&%$#{}])", r"\\\1", text)
+    """``text`` (a parameter, module or site name) made safe inside ``\\text{...}`` or ``\\mathrm{...}``
+    (amsmath): LaTeX's special characters are escaped, characters beyond ASCII are set as text (math fonts
+    have none); dots and digits stay as they are.
+
+    >>> print(escape_latex("blocks.0.attn_x^2"))
+    blocks.0.attn\\_x\\text{\\textasciicircum}2
+    """
+    return "".join(_ESCAPES.get(c, c if c.isascii() else rf"\text{{{c}}}") for c in text)
 
 
 class SymalgLatexPrinter(LatexPrinter):
@@ -65,8 +77,10 @@ class SymalgLatexPrinter(LatexPrinter):
         return super()._print_HadamardPower(expr)
 
     def _print_MatrixSymbol(self, expr: Basic) -> str:
-        # SymPy reads "0.weight" as a plain name and prints it unchanged (invalid-looking LaTeX).
-        if "." in expr.name and not expr.name.startswith("\\"):
+        # SymPy prints a name it cannot split into symbol and subscripts unchanged ("0.weight", "w_in[0:4]_(1)",
+        # "a&b.weight": invalid LaTeX); torch names print through tensor_latex. Names starting with a backslash
+        # are LaTeX already (velocities, \dot{W}_{1}); plain names ("W_1", "w_in") are SymPy's.
+        if not expr.name.startswith("\\") and not re.fullmatch(r"[A-Za-z0-9_]+", expr.name):
             return tensor_latex(expr.name)
         return super()._print_MatrixSymbol(expr)
 
