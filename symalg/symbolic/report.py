@@ -7,6 +7,7 @@ model: 'linear(2, 3) -> tanh -> linear(3, 1)'
 from __future__ import annotations
 
 
+from symalg.frontend.outputs import output_hint
 from symalg.symbolic.printing import latex, sstr, tensor_latex
 
 __all__ = ["describe", "describe_latex"]
@@ -34,11 +35,19 @@ def _group_text(group) -> str:
 
 
 def describe(analysis) -> str:
-    """Plain-text report of any analysis (its ``str``): symmetries with the tensor regions they move and how,
+    """Plain-text report of any analysis (its ``str``): the tracer of a traced model (and why, for the fallback),
+    symmetries with the tensor regions they move and how,
     blocked notes (a group removed by an op nobody declared, a disproved declaration, a failed certification),
     restrictions (why a site's group is no larger: the activation's equivariance, a missing bias, the fixed
     output), orbit dimension, conserved quantities, certification."""
-    lines = [f"model: {analysis._name()}", "", "symmetries:"]
+    graph = analysis.model_graph
+    traced = [] if graph.tracer == "spec" else [f"tracer: {graph.tracer}" + (f" ({graph.tracer_note})"
+                                                                              if graph.tracer_note else "")]
+    if len(graph.output_paths) > 1:  # every output is fixed: say which they are
+        traced.append(f"outputs: {', '.join(graph.output_paths)}")
+    traced += sorted({f"note: {path.split('.')[0]} is an output{output_hint(path)}"
+                      for path in graph.output_paths if output_hint(path)})
+    lines = [f"model: {analysis._name()}", *traced, "", "symmetries:"]
     for symmetry in analysis.symmetries:
         kind = "continuous" if symmetry.group.is_continuous else "discrete"
         lines.append(f"  {symmetry.label}  [{kind}, dim {sstr(symmetry.group.dim)}]")

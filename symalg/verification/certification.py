@@ -75,31 +75,40 @@ def sample_elements(group, generator: torch.Generator, dtype=torch.float64,
     return group.sample(generator, dtype, device)
 
 
-def fresh_inputs(example_inputs: Sequence, generator: torch.Generator, dtype=torch.float64, device="cpu") -> tuple:
-    """Inputs shaped like ``example_inputs``, drawn anew: floating tensors from ``N(0, s²)`` with ``s`` the
-    example's standard deviation (1 when it has none); integer tensors (token ids) uniformly between the
-    example's minimum and maximum; booleans (masks) and non-tensors kept as given."""
-    fresh = []
-    for x in example_inputs:
-        if not isinstance(x, torch.Tensor) or x.dtype == torch.bool or x.numel() == 0:
-            fresh.append(x.to(device) if isinstance(x, torch.Tensor) else x)
-        elif torch.is_floating_point(x):
-            scale = x.double().std().item() if x.numel() > 1 else 1.0
-            scale = scale if scale > 0 and scale == scale else 1.0
-            fresh.append((scale * torch.randn(x.shape, generator=generator, dtype=torch.float64)).to(device, dtype))
-        else:
-            low, high = int(x.min()), int(x.max())
-            fresh.append(torch.randint(low, high + 1, x.shape, generator=generator, dtype=x.dtype).to(device))
-    return tuple(fresh)
+def fresh_inputs(example_inputs: Sequence | Mapping, generator: torch.Generator, dtype=torch.float64,
+                 device="cpu") -> tuple | dict:
+    """Inputs shaped like ``example_inputs`` (a sequence of positional inputs, or a mapping of keyword inputs:
+    the same kind comes back), drawn anew: floating tensors from ``N(0, s²)`` with ``s`` the example's standard
+    deviation (1 when it has none); integer tensors (token ids) uniformly between the example's minimum and
+    maximum; booleans (masks) and non-tensors (``use_cache=False``) kept as given.
+
+    >>> fresh_inputs({"ids": torch.tensor([3, 5]), "use_cache": False}, torch.Generator().manual_seed(0))["use_cache"]
+    False
+    """
+    if isinstance(example_inputs, Mapping):
+        return {k: _fresh(x, generator, dtype, device) for k, x in example_inputs.items()}
+    return tuple(_fresh(x, generator, dtype, device) for x in example_inputs)
 
 
-def _forward(model, state: Mapping[str, torch.Tensor], inputs: tuple, parameters: set, seed: int):
+def _fresh(x: object, generator: torch.Generator, dtype, device) -> object:
+    """One input drawn anew like ``x`` (see :func:`fresh_inputs`)."""
+    if not isinstance(x, torch.Tensor) or x.dtype == torch.bool or x.numel() == 0:
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+    if torch.is_floating_point(x):
+        scale = x.double().std().item() if x.numel() > 1 else 1.0
+        scale = scale if scale > 0 and scale == scale else 1.0
+        return (scale * torch.randn(x.shape, generator=generator, dtype=torch.float64)).to(device, dtype)
+    low, high = int(x.min()), int(x.max())
+    return torch.randint(low, high + 1, x.shape, generator=generator, dtype=x.dtype).to(device)
+
+
+def _forward(model, state: Mapping[str, torch.Tensor], inputs: tuple, kwargs: Mapping, parameters: set, seed: int):
     """All outputs of ``model`` at ``state`` (buffers copied: training-mode statistics update copies), with the
     random number generators seeded so that stochastic ops draw the same noise at every call."""
     values = {k: v if k in parameters else v.clone() for k, v in state.items()}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
-        return output_tensors(functional_call(model, values, inputs))
+        return output_tensors(functional_call(model, values, inputs, dict(kwargs)))
 
 
 def output_change(moved, reference, cross_entropy: bool) -> tuple[float, str]:
@@ -128,8 +137,9 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
     """Worst relative output change of every claim of a traced ``analysis`` (see the module docstring).
 
     ``inputs`` default to the example inputs the model was traced with (fresh inputs are drawn like
-    them, ``draws`` times); ``symmetries`` default to all the analysis claims. Parameters and buffers
-    are the model's own, in float64 on ``device``.
+    them, ``draws`` times; the keyword example inputs are drawn afresh the same way and always passed);
+    ``symmetries`` default to all the analysis claims. Parameters and buffers are the model's own, in float64
+    on ``device``.
     """
     symmetries = list(analysis.symmetries if symmetries is None else symmetries)
     graph = analysis.model_graph
@@ -152,14 +162,16 @@ def claim_errors(analysis, inputs: tuple | None = None, draws: int = 2, seed: in
         elements = {id(s): by_group[s.group] for s in symmetries}
         rounds = max((len(e) for e in elements.values()), default=0)
         x = fresh_inputs(inputs, generator, dtype, device)
-        reference = _forward(model, state, x, parameters, seed + draw)
+        keywords = fresh_inputs(graph.example_kwargs, generator, dtype, device)
+        reference = _forward(model, state, x, keywords, parameters, seed + draw)
 
         def change(group_elements):
             touched = {t for symmetry, _ in group_elements for t in symmetry.tensors}
             moved = {k: v.clone() if k in touched else v for k, v in state.items()}  # one copy, moved in place
             for symmetry, (_, g) in group_elements:
                 moved = symmetry.apply(moved, g, inplace=True, checked=False)  # g from group.sample
-            return output_change(_forward(model, moved, x, parameters, seed + draw), reference, cross_entropy)
+            return output_change(_forward(model, moved, x, keywords, parameters, seed + draw), reference,
+                                 cross_entropy)
 
         for r in range(rounds):
             chosen = [(s, elements[id(s)][r]) for s in symmetries if r < len(elements[id(s)])]
