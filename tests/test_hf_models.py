@@ -121,3 +121,11 @@ def test_the_report_says_which_tracer_ran_and_why_the_other_failed():
     assert summary["tracer"] == "export"
     assert summary["tracer_note"] == "torch.fx failed (TypeError: 'Proxy' object does not support item assignment)"
     assert summary["outputs"] == list(CACHE)
+
+
+def test_export_is_deterministic():
+    """Two traces of the same model give the same nodes, ops and edges (site names are node names)."""
+    build = MODELS["llama"][0]
+    first, second = (_traced(build, "llama", "keywords") for _ in range(2))
+    assert [(v, first.node(v)["op"]) for v in first.nodes] == [(v, second.node(v)["op"]) for v in second.nodes]
+    assert list(first.graph.edges) == list(second.graph.edges)

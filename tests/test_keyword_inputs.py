@@ -151,7 +151,8 @@ def test_the_analysis_says_which_tracer_ran_and_why():
     (dict(context=torch.ones(0, 2)), r"example input 'context' is empty \(shape \(0, 2\)\)"),
     (dict(context=[1.0, 2.0]), "keyword example input 'context' must be a tensor or a constant .* got list"),
     (dict(contexts=torch.ones(5, 2)), "failed in Gated: TypeError: missing a required argument: 'context'"),
-    (dict(context=torch.ones(5, 3, dtype=torch.float64)), "failed in module 'proj' \\(Linear\\): RuntimeError: mat1 and mat2 shapes"),
+    (dict(context=torch.ones(5, 3, dtype=torch.float64)),
+     "failed in module 'proj' \\(Linear\\): RuntimeError: mat1 and mat2 shapes"),
 ])
 def test_bad_keyword_inputs_are_refused_by_name(kwargs, message):
     with pytest.raises(SpecError, match=message):

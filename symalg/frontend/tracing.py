@@ -2,7 +2,9 @@
 
 :func:`trace` runs ``torch.fx`` symbolic tracing, keeping torch's own layers (``nn.Linear``,
 ``nn.MultiheadAttention``, norm layers, ...) as single nodes, and falls back to ``torch.export`` when
-fx cannot trace the model; if both fail the error says why and where. Every spelling of an op
+fx cannot trace the model (the graph keeps fx's reason); if both fail the error says why and where. Example
+inputs are positional and keyword (``trace(model, input_ids=ids, use_cache=False)``), and every tensor the
+model returns is an output (:mod:`symalg.frontend.outputs`). Every spelling of an op
 (``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu()``, ``x.relu_()``) becomes one canonical name, and
 with ``example_inputs`` a shape-propagation pass records every value's shape. Activation spellings come
 from the catalogue (:mod:`symalg.frontend.canonical`); the tables here hold the structural ops.
@@ -574,7 +576,8 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
     **example_kwargs : keyword example inputs, as the model takes them (``input_ids=ids,
         attention_mask=mask``): tensors are inputs like the positional ones; ``None``, booleans, numbers and
         strings (``use_cache=False``) are constants the trace is specialised on. They are passed again whenever
-        the model is run (certification, :func:`symalg.verify`).
+        the model is run (certification, :func:`symalg.verify`). An input named ``fold_attention`` or
+        ``tracer`` goes in ``example_inputs``.
 
     Every tensor the model returns is an output (tuples, dicts, dataclasses, Hugging Face ``ModelOutput``s and
     the key/value caches in them: :func:`~symalg.frontend.outputs.output_tensors`); the exported graph's outputs

@@ -164,8 +164,9 @@ class Analysis:
 
     def to_dict(self) -> dict:
         """A JSON-serialisable summary: model, loss, tracer (``"fx"``, ``"export"``, ``"spec"``) and why it ran
-        (``tracer_note``: fx's failure when ``torch.export`` was the fallback), the paths of the outputs, symmetries (group, site, dimension,
-        tensors moved, conserved quantity), blocked notes, orbit dimension and certification."""
+        (``tracer_note``: fx's failure when ``torch.export`` was the fallback), the paths of the outputs,
+        symmetries (group, site, dimension, tensors moved, conserved quantity), blocked notes, orbit dimension
+        and certification."""
         try:
             orbit = str(self.orbit_dimension())
         except NotImplementedError as error:

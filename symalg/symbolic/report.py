@@ -36,8 +36,8 @@ def _group_text(group) -> str:
 
 def describe(analysis) -> str:
     """Plain-text report of any analysis (its ``str``): the tracer of a traced model (and why, for the fallback),
-    symmetries with the tensor regions they move and how,
-    blocked notes (a group removed by an op nobody declared, a disproved declaration, a failed certification),
+    its outputs and a note on each key/value cache among them, symmetries with the tensor regions they move and
+    how, blocked notes (a group removed by an op nobody declared, a disproved declaration, a failed certification),
     restrictions (why a site's group is no larger: the activation's equivariance, a missing bias, the fixed
     output), orbit dimension, conserved quantities, certification."""
     graph = analysis.model_graph

@@ -169,8 +169,9 @@ def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor 
     data : the model's positional inputs, a tensor or a tuple of tensors (not an ``(x, y)`` pair: the loss target
         is drawn from ``seed``, see the module docstring); by default the example inputs it was traced with (a
         spec's are a seeded ``(8, n)`` batch). The keyword example inputs (``attention_mask=...``,
-        ``use_cache=False``) are always passed as traced. Anything else, a non-floating tensor where the model takes a floating one, a
-        non-finite entry, or inputs the model cannot run on raise ``SpecError`` naming ``data``.
+        ``use_cache=False``) are always passed as traced. Anything else, a non-floating tensor where the model
+        takes a floating one, a non-finite entry, or inputs the model cannot run on raise ``SpecError`` naming
+        ``data``.
     device, dtype : where and in which precision to run (float64 by default; tolerances by dtype).
     seed : seed of the targets and group elements. ``max_generators``: most Lie-algebra generators checked one by
         one for ``gradient_orthogonality``; ``learning_rate``: the ``gd_drift`` step; ``flow_steps``: RK4 steps of
