@@ -1,5 +1,5 @@
-"""Every tensor a model returns: tensors, tuples, lists, dicts, dataclasses, Hugging Face ``ModelOutput``s
-and any other object holding tensors in its attributes (a key/value cache such as ``DynamicCache``),
+"""Every tensor a model returns: tensors, tuples, lists, dicts, dataclasses, Hugging Face ``ModelOutput``
+objects and any other object holding tensors in its attributes (a key/value cache such as ``DynamicCache``),
 flattened to ``(path, tensor)`` pairs in a fixed order.
 
 A symmetry holds only if it keeps *every* output; checks compare all of them, never the first alone. A

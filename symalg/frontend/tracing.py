@@ -573,15 +573,15 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
         ``"export"`` (``torch.export`` only, which needs example inputs): both routes give the same
         canonical ops, so forcing one checks that they agree. The graph records which one ran and, for the
         fallback, fx's failure (``ModelGraph.tracer_note``).
-    **example_kwargs : keyword example inputs, as the model takes them (``input_ids=ids,
-        attention_mask=mask``): tensors are inputs like the positional ones; ``None``, booleans, numbers and
-        strings (``use_cache=False``) are constants the trace is specialised on. They are passed again whenever
-        the model is run (certification, :func:`symalg.verify`). An input named ``fold_attention`` or
-        ``tracer`` goes in ``example_inputs``.
+    **example_kwargs : keyword example inputs, as the model takes them
+        (``input_ids=ids, attention_mask=mask``): tensors are inputs like the positional ones; ``None``,
+        booleans, numbers and strings (``use_cache=False``) are constants the trace is specialised on. They are
+        passed again whenever the model is run (certification, :func:`symalg.verify`). An input named
+        ``fold_attention`` or ``tracer`` goes in ``example_inputs``.
 
-    Every tensor the model returns is an output (tuples, dicts, dataclasses, Hugging Face ``ModelOutput``s and
-    the key/value caches in them: :func:`~symalg.frontend.outputs.output_tensors`); the exported graph's outputs
-    carry their paths (``settings["outputs"]`` of the ``output`` node), so that a blocked note names the output.
+    Every tensor the model returns is an output (tuples, dicts, dataclasses, Hugging Face ``ModelOutput``
+    objects and the key/value caches in them: :func:`~symalg.frontend.outputs.output_tensors`); the exported
+    graph's outputs carry their paths (``settings["outputs"]`` of the ``output`` node), so that a blocked note names the output.
 
     Example
     -------
