@@ -181,11 +181,16 @@ def param_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> V
 def output_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> None:
     """Every returned tensor (nested in tuples, lists, dicts, dataclasses) must not change (``mse``); with
     ``cross_entropy`` the first is the logits, which may shift along ``1``. A returned parameter is
-    pinned (no action may move it)."""
-    for position, item in enumerate(_flat_outputs(inputs)):
+    pinned (no action may move it). Where the front end named the outputs (``settings["outputs"]``, one per
+    flat output: ``'past_key_values.layers.0.keys'``), the note names the one that fixed the site."""
+    flat = _flat_outputs(inputs)
+    names = data["settings"].get("outputs", ())
+    names = names if len(names) == len(flat) else ("",) * len(flat)
+    for position, (item, name) in enumerate(zip(flat, names)):
         kinds = {"T1"} if state.loss == "cross_entropy" and position == 0 else set()
         if isinstance(item, Label):
-            state.restrict_label(item, kinds, node, f"{state.where(node)}: the model output is fixed by the loss")
+            what = f"the model output {name}" if name else "the model output"
+            state.restrict_label(item, kinds, node, f"{state.where(node)}: {what} is fixed by the loss")
             if kinds:
                 _whole_vector_shifts(state, node, item, "the cross-entropy")
         elif isinstance(item, WeightExpr) or _is_param(item):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ast
 import difflib
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import networkx as nx
 import sympy as sp
@@ -233,21 +233,23 @@ def _is_chain(module: torch.nn.Module) -> bool:
     return True
 
 
-def from_torch(module: torch.nn.Module, example_inputs: tuple | torch.Tensor | None = None) -> ModelGraph:
+def from_torch(module: torch.nn.Module, example_inputs: tuple | torch.Tensor | None = None,
+               **example_kwargs: Any) -> ModelGraph:
     """The one graph (:class:`~symalg.ir.graph.ModelGraph`) of any torch model: :func:`symalg.trace` by its
     friendly name (torch.fx, ``torch.export`` as the fallback), whatever the model.
 
-    ``example_inputs`` (a tensor or a tuple, positional or by keyword) give the graph its shapes and let
-    :func:`~symalg.symbolic.derive.derive` certify every claim by running the model; without them the model is
-    traced without shapes and ``derive`` needs ``certify=False``. To read a chain ``nn.Sequential`` of
-    ``nn.Linear`` and activation modules as a spec (symbolic widths, ``subs``, a spec string), use
-    :func:`parse` instead. A traced graph holds no catalogue: give a custom one to ``derive(graph,
-    catalogue=...)``.
+    ``example_inputs`` (a tensor or a tuple of positional inputs) and ``example_kwargs`` (keyword inputs as the
+    model takes them: ``from_torch(model, input_ids=ids, attention_mask=mask)``; non-tensor values such as
+    ``use_cache=False`` are constants) give the graph its shapes and let :func:`~symalg.symbolic.derive.derive`
+    certify every claim by running the model; without them the model is traced without shapes and ``derive``
+    needs ``certify=False``. To read a chain ``nn.Sequential`` of ``nn.Linear`` and activation modules as a spec
+    (symbolic widths, ``subs``, a spec string), use :func:`parse` instead. A traced graph holds no catalogue:
+    give a custom one to ``derive(graph, catalogue=...)``.
     """
     if not isinstance(example_inputs, (tuple, torch.Tensor, type(None))):
         raise SpecError(f"from_torch: example_inputs must be a tensor or a tuple of tensors, got "
                         f"{type(example_inputs).__name__}")
-    return trace(module, example_inputs)
+    return trace(module, example_inputs, **example_kwargs)
 
 
 def _from_sequential(module: torch.nn.Module, catalogue: Mapping = CATALOGUE) -> Architecture:

@@ -2,7 +2,9 @@
 
 :func:`trace` runs ``torch.fx`` symbolic tracing, keeping torch's own layers (``nn.Linear``,
 ``nn.MultiheadAttention``, norm layers, ...) as single nodes, and falls back to ``torch.export`` when
-fx cannot trace the model; if both fail the error says why and where. Every spelling of an op
+fx cannot trace the model (the graph keeps fx's reason); if both fail the error says why and where. Example
+inputs are positional and keyword (``trace(model, input_ids=ids, use_cache=False)``), and every tensor the
+model returns is an output (:mod:`symalg.frontend.outputs`). Every spelling of an op
 (``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu()``, ``x.relu_()``) becomes one canonical name, and
 with ``example_inputs`` a shape-propagation pass records every value's shape. Activation spellings come
 from the catalogue (:mod:`symalg.frontend.canonical`); the tables here hold the structural ops.
@@ -34,6 +36,8 @@ Example
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import inspect
 import io
 import operator
@@ -49,6 +53,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 from symalg.catalogue.activations import CATALOGUE
 from symalg.errors import SpecError
 from symalg.frontend.attention_folding import fold_attention as fold_attention_pass
+from symalg.frontend.outputs import output_hint, output_tensors
 from symalg.ir.graph import ModelGraph
 from symalg.frontend.canonical import IN_PLACE_FUNCTIONS, IN_PLACE_METHODS, call_activation, module_activation, \
     opaque_module_name
@@ -161,43 +166,91 @@ def _canonical_params(model: nn.Module) -> tuple[dict[str, str], dict[int, str]]
     return aliases, by_id
 
 
-def _fx_graph(model: nn.Module) -> torch.fx.GraphModule:
+def _signature(model: nn.Module) -> inspect.Signature | None:
+    """``model.forward``'s signature, or ``None`` where it has none (a builtin)."""
+    try:
+        return inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return None
+
+
+def _bound(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> inspect.BoundArguments | None:
+    """The example inputs bound to ``model.forward``'s parameters, defaults applied; ``None`` where forward has
+    no signature or takes ``*args``/``**kwargs`` (then nothing is specialised)."""
+    signature = _signature(model)
+    if signature is None or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in signature.parameters.values()):
+        return None
+    bound = signature.bind(*args, **kwargs)  # (checked by _check_example_inputs)
+    bound.apply_defaults()
+    return bound
+
+
+def _constants(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object]) -> dict[str, object]:
+    """The plain non-tensor inputs of the example run (:data:`_CONSTANTS`), defaults included (``use_cache=True``,
+    ``mask=None``): fx traces them as the constants they are, so ``if use_cache:`` takes the branch the example
+    run took."""
+    bound = _bound(model, args, kwargs) if args is not None else None
+    values = kwargs if bound is None else bound.arguments
+    return {k: v for k, v in values.items() if isinstance(v, _CONSTANTS)}
+
+
+def _fx_graph(model: nn.Module, constants: Mapping[str, object]) -> torch.fx.GraphModule:
+    """fx's graph of ``model``, specialised on the constant keyword inputs (``use_cache=False``)."""
     tracer = _Tracer()
-    graph = tracer.trace(model)
+    graph = tracer.trace(model, concrete_args=dict(constants) or None)
     return torch.fx.GraphModule(tracer.root, graph)
 
 
-def _export_graph(model: nn.Module, example_inputs: tuple) -> torch.fx.GraphModule:
-    exported = torch.export.export(model, tuple(example_inputs))
+def _flat_outputs(model: nn.Module) -> nn.Module:
+    """A shallow copy of ``model`` (same submodules, parameters and signature) whose ``forward`` returns the
+    tuple of :func:`~symalg.frontend.outputs.output_tensors`: ``torch.export`` then accepts any output
+    structure (a ``ModelOutput`` holding a ``DynamicCache``), its graph's outputs follow the paths of
+    ``output_tensors``, and parameter and module names are the model's own."""
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def flat_forward(*args: object, **kwargs: object) -> tuple:
+        return tuple(tensor for _, tensor in output_tensors(forward(*args, **kwargs)))
+
+    flat = copy.copy(model)
+    object.__setattr__(flat, "forward", flat_forward)  # an instance attribute: the model itself is untouched
+    return flat
+
+
+def _export_graph(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> torch.fx.GraphModule:
+    """``torch.export``'s graph (non-strict: the model's Python runs as written, on fake tensors)."""
+    exported = torch.export.export(_flat_outputs(model), tuple(args), dict(kwargs), strict=False)
     return exported.module()
 
 
-def _export_failure(error: Exception) -> str:
+def _failure(error: Exception) -> str:
+    """``"Type: first line of the message"``."""
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def _exported(model: nn.Module, example_inputs: tuple) -> torch.fx.GraphModule:
+def _exported(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> torch.fx.GraphModule:
     """``torch.export``'s graph of ``model``, or a :class:`SpecError` with export's reason."""
     try:
-        return _export_graph(model, example_inputs)
+        return _export_graph(model, args, kwargs)
     except Exception as error:  # export's own failure, reported with its first line
-        raise SpecError(f"trace: torch.export failed on {type(model).__name__} ({_export_failure(error)})") from None
+        raise SpecError(f"trace: torch.export failed on {type(model).__name__} ({_failure(error)})") from None
 
 
-def _traced(model: nn.Module, example_inputs: tuple | None, tracer: str) -> tuple[torch.fx.GraphModule, str]:
-    """``(graph, tracer used)``: fx's graph, else (``tracer="auto"`` with example inputs) export's; the
-    error names both failures."""
+def _traced(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object],
+            tracer: str) -> tuple[torch.fx.GraphModule, str, str]:
+    """``(graph, tracer used, why)``: fx's graph, else (``tracer="auto"`` with example inputs) export's, with
+    fx's failure as the reason; the error names both failures."""
     try:
-        return _fx_graph(model), "fx"
+        return _fx_graph(model, _constants(model, args, kwargs)), "fx", ""
     except Exception as fx_error:  # fx's own failure, reported with the export one below
-        if tracer == "fx" or example_inputs is None:
+        if tracer == "fx" or args is None:
             hint = "" if tracer == "fx" else "; pass example_inputs to try torch.export instead"
             raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__}: {fx_error}{hint}") from None
         try:
-            return _export_graph(model, example_inputs), "export"
+            return _export_graph(model, args, kwargs), "export", f"torch.fx failed ({_failure(fx_error)})"
         except Exception as export_error:
-            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__} ({type(fx_error).__name__}: "
-                            f"{fx_error}) and torch.export failed too ({_export_failure(export_error)})") from None
+            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__} ({_failure(fx_error)}) "
+                            f"and torch.export failed too ({_failure(export_error)})") from None
 
 
 _ATEN = {
@@ -438,16 +491,40 @@ def _check_modules(model: nn.Module) -> None:
                                 "it or give it a positive width")
 
 
-def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
-    """Refuse empty or non-finite example tensors, then run ``model`` on them once (restoring its buffers
-    and the RNG afterwards); when it fails, raise :class:`SpecError` with torch's own message and the
-    innermost module that was running."""
-    for index, value in enumerate(example_inputs):
+_CONSTANTS = (type(None), bool, int, float, str)
+"""Non-tensor keyword inputs passed through as constants (``use_cache=False``): the trace is specialised on them."""
+
+
+def _check_example_inputs(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> None:
+    """Refuse example inputs that ``model.forward`` does not take, empty or non-finite example tensors and
+    keyword inputs that are neither tensors nor plain constants, naming the input (``example input 0``,
+    ``example input 'attention_mask'``)."""
+    signature = _signature(model)
+    if signature is not None:  # (a forward without a signature: running it decides)
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as error:
+            name = type(model).__name__
+            raise SpecError(f"trace: running {name} on the example inputs failed in {name}: TypeError: {error} "
+                            f"(its forward{signature})") from None
+    named = [(f"example input {i}", v) for i, v in enumerate(args)]
+    named += [(f"example input {k!r}", v) for k, v in kwargs.items()]
+    for name, value in named:
         if isinstance(value, torch.Tensor) and value.numel() == 0:
-            raise SpecError(f"trace: example input {index} is empty (shape {tuple(value.shape)})")
+            raise SpecError(f"trace: {name} is empty (shape {tuple(value.shape)})")
         if isinstance(value, torch.Tensor) and value.is_floating_point() and not value.is_meta \
                 and not value.isfinite().all():  # meta tensors have shapes only
-            raise SpecError(f"trace: example input {index} has non-finite entries (NaN or inf)")
+            raise SpecError(f"trace: {name} has non-finite entries (NaN or inf)")
+    for key, value in kwargs.items():
+        if not isinstance(value, (torch.Tensor, *_CONSTANTS)):
+            raise SpecError(f"trace: keyword example input {key!r} must be a tensor or a constant (None, bool, int, "
+                            f"float, str), got {type(value).__name__}")
+
+
+def _run_example(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> tuple[str, ...]:
+    """Run ``model`` once on the example inputs (restoring its buffers and the RNG afterwards) and return the
+    paths of its outputs (:func:`~symalg.frontend.outputs.output_tensors`); when it fails, raise
+    :class:`SpecError` with torch's own message and the innermost module that was running."""
     running: list[str] = []  # the modules being run, innermost last
 
     def enter_hook(name: str) -> Callable[..., None]:
@@ -463,7 +540,7 @@ def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
     saved = [(buffer, buffer.clone()) for buffer in model.buffers()]
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):  # no trace of the run: RNG and buffers restored
-            model(*example_inputs)
+            return tuple(path for path, _ in output_tensors(model(*args, **kwargs)))
     except Exception as error:  # torch's own message, naming the module it came from
         where = running[-1] if running else ""
         module = f"module {where!r} ({type(model.get_submodule(where)).__name__})" if where else type(model).__name__
@@ -477,23 +554,50 @@ def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
                 buffer.copy_(value)
 
 
+def _propagate_shapes(model: nn.Module, gm: torch.fx.GraphModule, args: tuple, kwargs: Mapping[str, object]) -> None:
+    """Record every value's shape in fx's graph (``ShapeProp``), keyword inputs bound to their placeholders."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    bound = _bound(model, args, kwargs)
+    values = args if bound is None else tuple(bound.arguments.values())  # fx's placeholders, in forward's order
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # ShapeProp prints a traceback of its own
+            ShapeProp(gm).propagate(*values)
+    except Exception as error:  # the model ran eagerly, but its fx graph does not: torch's message, not fx's
+        cause = error.__cause__ or error
+        raise SpecError(f"trace: running the fx graph of {type(model).__name__} on the example inputs failed: "
+                        f"{type(cause).__name__}: {cause}") from None
+
+
 TRACERS = ("auto", "fx", "export")
 """``trace(tracer=...)``: fx with ``torch.export`` as the fallback, fx only, or ``torch.export`` only."""
 
 
 def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, fold_attention: bool = True,
-          tracer: str = "auto") -> ModelGraph:
+          tracer: str = "auto", **example_kwargs: object) -> ModelGraph:
     """Trace ``model`` into a :class:`ModelGraph` (fx first, ``torch.export`` as the fallback).
 
     Parameters
     ----------
     model : any ``nn.Module``.
-    example_inputs : a tuple of example tensors (a single tensor is one input); enables shape propagation
-        (needed for convolutions followed by ``flatten`` and for hand-written attention) and the export fallback.
+    example_inputs : a tuple of positional example inputs (a single tensor is one input); enables shape
+        propagation (needed for convolutions followed by ``flatten`` and for hand-written attention), the export
+        fallback, and the numerical certification of :func:`symalg.derive`.
     fold_attention : fold hand-written multi-head attention into ``attention`` nodes.
     tracer : ``"auto"`` (fx, then ``torch.export`` when fx fails), ``"fx"`` (no fallback) or
-        ``"export"`` (``torch.export`` only, which needs ``example_inputs``): both routes give the same
-        canonical ops, so forcing one checks that they agree.
+        ``"export"`` (``torch.export`` only, which needs example inputs): both routes give the same
+        canonical ops, so forcing one checks that they agree. The graph records which one ran and, for the
+        fallback, fx's failure (``ModelGraph.tracer_note``).
+    **example_kwargs : keyword example inputs, as the model takes them
+        (``input_ids=ids, attention_mask=mask``): tensors are inputs like the positional ones; ``None``,
+        booleans, numbers and strings (``use_cache=False``) are constants the trace is specialised on. They are
+        passed again whenever the model is run (certification, :func:`symalg.verify`). An input named
+        ``fold_attention`` or ``tracer`` goes in ``example_inputs``.
+
+    Every tensor the model returns is an output (tuples, dicts, dataclasses, Hugging Face ``ModelOutput``
+    objects and the key/value caches in them: :func:`~symalg.frontend.outputs.output_tensors`); the exported
+    graph's outputs carry their paths (``settings["outputs"]`` of the ``output`` node), so that a blocked note
+    names the output.
 
     Example
     -------
@@ -506,29 +610,25 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
         raise SpecError(f"trace: expected a torch.nn.Module, got {type(model).__name__}")
     if not (isinstance(tracer, str) and tracer in TRACERS):
         raise SpecError(f"trace: tracer must be one of {TRACERS}, got {tracer!r}")
+    if example_inputs is not None and not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    if example_inputs is None and example_kwargs:
+        example_inputs = ()
     if tracer == "export" and example_inputs is None:
         raise SpecError("trace: tracer='export' needs example_inputs (torch.export runs the model)")
     _check_modules(model)
-    if example_inputs is not None and not isinstance(example_inputs, tuple):
-        example_inputs = (example_inputs,)
+    paths: tuple[str, ...] = ()
     if example_inputs is not None:
-        _check_example_inputs(model, example_inputs)
+        _check_example_inputs(model, example_inputs, example_kwargs)
+        paths = _run_example(model, example_inputs, example_kwargs)
     if tracer == "export" and example_inputs is not None:  # (export without example inputs is refused above)
-        gm, tracer = _exported(model, example_inputs), "export"
+        gm, tracer, note = _exported(model, example_inputs, example_kwargs), "export", ""
     else:
-        gm, tracer = _traced(model, example_inputs, tracer)
+        gm, tracer, note = _traced(model, example_inputs, example_kwargs, tracer)
     _drop_guards(gm)
     _redirect_in_place(gm)
     if example_inputs is not None and tracer == "fx":
-        from torch.fx.passes.shape_prop import ShapeProp
-
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):  # ShapeProp prints a traceback of its own
-                ShapeProp(gm).propagate(*example_inputs)
-        except Exception as error:  # the model ran eagerly, but its fx graph does not: torch's message, not fx's
-            cause = error.__cause__ or error
-            raise SpecError(f"trace: running the fx graph of {type(model).__name__} on the example inputs failed: "
-                            f"{type(cause).__name__}: {cause}") from None
+        _propagate_shapes(model, gm, example_inputs, example_kwargs)
     aliases, by_id = _canonical_params(model)
     graph = nx.DiGraph()
     for node in gm.graph.nodes:
@@ -538,6 +638,8 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
         record.update(_transpose_attribute(node, gm))
         inputs = _tensor_inputs(node, gm)
         record["inputs"] = tuple(i.name if i is not None else None for i in inputs)
+        if node.op == "output" and tracer == "export" and len(inputs) == len(paths):  # export's outputs are flat
+            record["settings"] = {"outputs": tuple(f"{p!r}{output_hint(p)}" for p in paths)}
         graph.add_node(node.name, **record)
     for name, data in list(graph.nodes(data=True)):
         kept = tuple(i if i in graph else None for i in data["inputs"])
@@ -550,7 +652,8 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
     buffer_shapes = {name: tuple(b.shape) for name, b in model.named_buffers()}
     if fold_attention:
         graph = fold_attention_pass(graph)
-    return ModelGraph(graph, shapes, buffer_shapes, model, example_inputs, tracer, aliases)
+    return ModelGraph(graph, shapes, buffer_shapes, model, example_inputs, tracer, aliases,
+                      example_kwargs=dict(example_kwargs), tracer_note=note, output_paths=paths)
 
 
 def _drop_shape_queries(graph: nx.DiGraph) -> None:
@@ -602,12 +705,16 @@ def _rank(value: object, gm: torch.fx.GraphModule) -> int | None:
 
 
 def _drop_guards(gm: torch.fx.GraphModule) -> None:
-    """Erase unused guard and assertion calls (``torch.export``'s ``_guards_fn``, ``torch._assert``):
-    they check the inputs and compute nothing."""
-    for node in list(gm.graph.nodes):
+    """Erase unused guard and assertion calls (``torch.export``'s ``_guards_fn``, ``torch._assert``, and fx's
+    checks that a constant input has its traced value, ``use_cache_1 == False``): they check the inputs and
+    compute nothing."""
+    for node in reversed(list(gm.graph.nodes)):  # users first: a check's comparison is unused once it is gone
         if node.users:
             continue
-        if node.op == "call_module":
+        if node.op == "call_function" and node.target is operator.eq:
+            guard = len(node.args) == 2 and isinstance(node.args[0], torch.fx.Node) \
+                and node.args[0].op == "placeholder" and not isinstance(node.args[1], torch.fx.Node)
+        elif node.op == "call_module":
             guard = type(gm.get_submodule(node.target)).__name__ == "GuardsFn"
         elif isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
             guard = node.target.__name__.split(".")[0] in _GUARD_OPS
@@ -619,5 +726,6 @@ def _drop_guards(gm: torch.fx.GraphModule) -> None:
 
 _GUARD_OPS = {"_assert_scalar", "_assert_async", "_assert_tensor_metadata", "sym_constrain_range",
               "sym_constrain_range_for_size"}
-_GUARD_FUNCTIONS = {torch._assert, torch._check, torch._check_is_size, torch._assert_scalar}
+_GUARD_FUNCTIONS: set[object] = {torch._assert, torch._check, torch._check_is_size, torch._assert_scalar,
+                    torch.fx._symbolic_trace._assert_is_none}
 

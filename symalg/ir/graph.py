@@ -55,6 +55,11 @@ class ModelGraph:
     ``tracer``: ``"fx"``, ``"export"`` (the fallback) or ``"spec"``; ``aliases``: ``{alias: canonical
     parameter name}`` for tied parameters; ``source``: the front end's own description the graph was
     emitted from (the parsed spec), which :meth:`symalg.Analysis.subs` re-emits at new widths.
+    ``example_kwargs``: the keyword example inputs (``input_ids=...``, constants such as ``use_cache=False``),
+    passed with ``example_inputs`` whenever the model is run; ``tracer_note``: why that tracer ran (the
+    fx failure when ``torch.export`` was the fallback, ``""`` when fx traced or the spec emitted the graph);
+    ``output_paths``: the path of every tensor the model returned on its example inputs
+    (:func:`~symalg.frontend.outputs.output_tensors`: ``last_hidden_state``, ``past_key_values.layers.0.keys``).
     """
 
     graph: nx.DiGraph
@@ -65,6 +70,9 @@ class ModelGraph:
     tracer: str = "fx"
     aliases: Mapping[str, str] = field(default_factory=dict)
     source: object = field(default=None, repr=False)
+    example_kwargs: Mapping[str, object] = field(default_factory=dict, repr=False)
+    tracer_note: str = ""
+    output_paths: tuple[str, ...] = ()
 
     @property
     def nodes(self) -> list[str]:

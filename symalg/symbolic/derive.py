@@ -163,14 +163,17 @@ class Analysis:
         return [(s.site, s.group.name, s.group.dim) for s in self.symmetries]
 
     def to_dict(self) -> dict:
-        """A JSON-serialisable summary: model, symmetries (group, site, dimension, tensors moved, conserved
-        quantity), blocked notes, orbit dimension and certification."""
+        """A JSON-serialisable summary: model, loss, tracer (``"fx"``, ``"export"``, ``"spec"``) and why it ran
+        (``tracer_note``: fx's failure when ``torch.export`` was the fallback), the paths of the outputs,
+        symmetries (group, site, dimension, tensors moved, conserved quantity), blocked notes, orbit dimension
+        and certification."""
         try:
             orbit = str(self.orbit_dimension())
         except NotImplementedError as error:
             orbit = f"no closed form: {error}"
         return {
-            "model": self._name(), "loss": self.loss,
+            "model": self._name(), "loss": self.loss, "tracer": self.model_graph.tracer,
+            "tracer_note": self.model_graph.tracer_note, "outputs": list(self.model_graph.output_paths),
             "symmetries": [{"group": s.group.name, "site": s.site, "members": list(s.members),
                             "dimension": str(s.group.dim),
                             "continuous": bool(s.group.is_continuous), "tensors": list(s.tensors),

@@ -11,6 +11,8 @@ from typing import Callable, Protocol, Sequence
 import sympy as sp
 
 from symalg.catalogue.groups import SiteGroup
+from symalg.frontend.outputs import output_hint
+from symalg.ir.graph import ModelGraph
 from symalg.symbolic.inference import Blocked, ModelSites
 from symalg.symbolic.printing import escape_latex, latex, sstr, tensor_latex
 from symalg.symbolic.symmetry import AngularMomentum, ConservedQuantity, Symmetry
@@ -22,6 +24,8 @@ class Analysed(Protocol):
     """What a report reads of an analysis (a :class:`~symalg.symbolic.derive.Analysis`; that module imports this
     one, so the report names the surface it uses)."""
 
+    @property
+    def model_graph(self) -> ModelGraph: ...
     @property
     def symmetries(self) -> Sequence[Symmetry]: ...
     @property
@@ -79,11 +83,19 @@ SHOWN_BASIS_MAX = 64
 
 
 def describe(analysis: Analysed) -> str:
-    """Plain-text report of any analysis (its ``str``): symmetries with the tensor regions they move and how,
-    blocked notes (a group removed by an op nobody declared, a disproved declaration, a failed certification),
+    """Plain-text report of any analysis (its ``str``): the tracer of a traced model (and why, for the fallback),
+    its outputs and a note on each key/value cache among them, symmetries with the tensor regions they move and
+    how, blocked notes (a group removed by an op nobody declared, a disproved declaration, a failed certification),
     restrictions (why a site's group is no larger: the activation's equivariance, a missing bias, the fixed
     output), orbit dimension, conserved quantities, certification."""
-    lines = [f"model: {analysis._name()}", "", "symmetries:"]
+    graph = analysis.model_graph
+    traced = [] if graph.tracer == "spec" else [f"tracer: {graph.tracer}" + (f" ({graph.tracer_note})"
+                                                                              if graph.tracer_note else "")]
+    if len(graph.output_paths) > 1:  # every output is fixed: say which they are
+        traced.append(f"outputs: {', '.join(graph.output_paths)}")
+    traced += sorted({f"note: {path.split('.')[0]} is an output{output_hint(path)}"
+                      for path in graph.output_paths if output_hint(path)})
+    lines = [f"model: {analysis._name()}", *traced, "", "symmetries:"]
     for symmetry in analysis.symmetries:
         kind = "continuous" if symmetry.group.is_continuous else "discrete"
         lines.append(f"  {symmetry.label}  [{kind}, dim {sstr(symmetry.group.dim)}]")

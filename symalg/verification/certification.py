@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence, overload
 
 import torch
 from torch.func import functional_call
@@ -89,27 +89,42 @@ def sample_elements(group: SiteGroup, generator: torch.Generator, dtype: torch.d
     return group.sample(generator, dtype, device)
 
 
-def fresh_inputs(example_inputs: Sequence[Any], generator: torch.Generator, dtype: torch.dtype = torch.float64,
-                 device: Device = "cpu") -> tuple[Any, ...]:
-    """Inputs shaped like ``example_inputs``, drawn anew: floating tensors from ``N(0, s²)`` with ``s`` the
-    example's standard deviation (1 when it has none); integer tensors (token ids) uniformly between the
-    example's minimum and maximum; booleans (masks) and non-tensors kept as given."""
-    fresh = []
-    for x in example_inputs:
-        if not isinstance(x, torch.Tensor) or x.dtype == torch.bool or x.numel() == 0:
-            fresh.append(x.to(device) if isinstance(x, torch.Tensor) else x)
-        elif torch.is_floating_point(x):
-            scale = x.double().std().item() if x.numel() > 1 else 1.0
-            scale = scale if scale > 0 and scale == scale else 1.0
-            fresh.append((scale * torch.randn(x.shape, generator=generator, dtype=torch.float64)).to(device, dtype))
-        else:
-            low, high = int(x.min()), int(x.max())
-            fresh.append(torch.randint(low, high + 1, x.shape, generator=generator, dtype=x.dtype).to(device))
-    return tuple(fresh)
+@overload
+def fresh_inputs(example_inputs: Mapping[str, Any], generator: torch.Generator, dtype: torch.dtype = ...,
+                 device: Device = ...) -> dict[str, Any]: ...
+@overload
+def fresh_inputs(example_inputs: Sequence[Any], generator: torch.Generator, dtype: torch.dtype = ...,
+                 device: Device = ...) -> tuple[Any, ...]: ...
+def fresh_inputs(example_inputs: Sequence[Any] | Mapping[str, Any], generator: torch.Generator,
+                 dtype: torch.dtype = torch.float64, device: Device = "cpu") -> tuple[Any, ...] | dict[str, Any]:
+    """Inputs shaped like ``example_inputs`` (a sequence of positional inputs, or a mapping of keyword inputs:
+    the same kind comes back), drawn anew: floating tensors from ``N(0, s²)`` with ``s`` the example's standard
+    deviation (1 when it has none); integer tensors (token ids) uniformly between the example's minimum and
+    maximum; booleans (masks) and non-tensors (``use_cache=False``) kept as given.
+
+    >>> fresh_inputs({"ids": torch.tensor([3, 5]), "use_cache": False}, torch.Generator().manual_seed(0))["use_cache"]
+    False
+    """
+    if isinstance(example_inputs, Mapping):
+        return {k: _fresh(x, generator, dtype, device) for k, x in example_inputs.items()}
+    return tuple(_fresh(x, generator, dtype, device) for x in example_inputs)
 
 
-def _forward(model: torch.nn.Module, state: Mapping[str, torch.Tensor], inputs: tuple[Any, ...], parameters: set[str],
-             seed: int, device: str | torch.device = "cpu") -> list[tuple[str, torch.Tensor]]:
+def _fresh(x: object, generator: torch.Generator, dtype: torch.dtype, device: Device) -> object:
+    """One input drawn anew like ``x`` (see :func:`fresh_inputs`)."""
+    if not isinstance(x, torch.Tensor) or x.dtype == torch.bool or x.numel() == 0:
+        return x.to(device) if isinstance(x, torch.Tensor) else x
+    if torch.is_floating_point(x):
+        scale = x.double().std().item() if x.numel() > 1 else 1.0
+        scale = scale if scale > 0 and scale == scale else 1.0
+        return (scale * torch.randn(x.shape, generator=generator, dtype=torch.float64)).to(device, dtype)
+    low, high = int(x.min()), int(x.max())
+    return torch.randint(low, high + 1, x.shape, generator=generator, dtype=x.dtype).to(device)
+
+
+def _forward(model: torch.nn.Module, state: Mapping[str, torch.Tensor], inputs: tuple[Any, ...],
+             kwargs: Mapping[str, Any], parameters: set[str], seed: int,
+             device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
     """All outputs of ``model`` at ``state`` (buffers copied: training-mode statistics update copies), with the
     random number generators seeded so that stochastic ops draw the same noise at every call: on the CPU its
     generator alone (``torch.manual_seed`` also seeds every accelerator's, through a lazy call that records a
@@ -117,7 +132,7 @@ def _forward(model: torch.nn.Module, state: Mapping[str, torch.Tensor], inputs: 
     values = {k: v if k in parameters else v.clone() for k, v in state.items()}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         (torch.default_generator.manual_seed if torch.device(device).type == "cpu" else torch.manual_seed)(seed)
-        return output_tensors(functional_call(model, values, inputs))
+        return output_tensors(functional_call(model, values, inputs, dict(kwargs)))
 
 
 def output_change(moved: Sequence[tuple[str, torch.Tensor]], reference: Sequence[tuple[str, torch.Tensor]],
@@ -147,8 +162,9 @@ def claim_errors(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, d
     """Worst relative output change of every claim of a traced ``analysis`` (see the module docstring).
 
     ``inputs`` default to the example inputs the model was traced with (fresh inputs are drawn like
-    them, ``draws`` times); ``symmetries`` default to all the analysis claims. Parameters and buffers
-    are the model's own, in float64 on ``device``.
+    them, ``draws`` times; the keyword example inputs are drawn afresh the same way and always passed);
+    ``symmetries`` default to all the analysis claims. Parameters and buffers are the model's own, in float64
+    on ``device``.
     """
     claims = list(analysis.symmetries if symmetries is None else symmetries)
     graph = analysis.model_graph
@@ -177,14 +193,15 @@ def claim_errors(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, d
         elements = {id(s): by_group[s.group] for s in claims}
         rounds = max((len(e) for e in elements.values()), default=0)
         x = fresh_inputs(inputs, generator, dtype, device)
-        reference = _forward(model, state, x, parameters, seed + draw, device)
+        keywords = fresh_inputs(graph.example_kwargs, generator, dtype, device)
+        reference = _forward(model, state, x, keywords, parameters, seed + draw, device)
 
         def change(group_elements: list[tuple[Symmetry, tuple[str, torch.Tensor]]]) -> tuple[float, str]:
             touched = {t for symmetry, _ in group_elements for t in symmetry.tensors}
             moved = {k: v.clone() if k in touched else v for k, v in state.items()}  # one copy, moved in place
             for symmetry, (_, g) in group_elements:
                 moved = symmetry.apply(moved, g, inplace=True, checked=False)  # g from group.sample
-            return output_change(_forward(model, moved, x, parameters, seed + draw, device), reference,
+            return output_change(_forward(model, moved, x, keywords, parameters, seed + draw, device), reference,
                                  cross_entropy)
 
         for r in range(rounds):

@@ -107,8 +107,14 @@ def _inputs(analysis: Analysis, inputs: object, dtype: torch.dtype, device: str 
             raise SpecError(f"verify: data[{index}] must be a floating-point tensor like the example input, got {got}")
         if isinstance(x, torch.Tensor) and x.is_floating_point() and not torch.isfinite(x).all():
             raise SpecError(f"verify: data[{index}] has non-finite entries")
-    return tuple(x.to(device=device, dtype=dtype) if isinstance(x, torch.Tensor) and torch.is_floating_point(x)
-                 else x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
+    return tuple(_moved(x, dtype, device) for x in inputs)
+
+
+def _moved(x: object, dtype: torch.dtype, device: str | torch.device) -> object:
+    """An input on ``device``; floating tensors in ``dtype``, other values as they are."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    return x.to(device=device, dtype=dtype) if torch.is_floating_point(x) else x.to(device)
 
 
 def _shapes(inputs: Sequence[object]) -> list:
@@ -160,10 +166,12 @@ def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor 
     params : ``{name: tensor}``, every parameter of the model and any of its buffers (e.g.
         ``dict(model.named_parameters())``); by default the model's own (a spec's generated module is seeded).
         An unknown or missing name, a wrong shape or a non-finite entry raises ``SpecError`` naming it.
-    data : the model's inputs, a tensor or a tuple of tensors (not an ``(x, y)`` pair: the loss target is drawn
-        from ``seed``, see the module docstring); by default the example inputs it was traced with (a spec's are a
-        seeded ``(8, n)`` batch). Anything else, a non-floating tensor where the model takes a floating one, a
-        non-finite entry, or inputs the model cannot run on raise ``SpecError`` naming ``data``.
+    data : the model's positional inputs, a tensor or a tuple of tensors (not an ``(x, y)`` pair: the loss target
+        is drawn from ``seed``, see the module docstring); by default the example inputs it was traced with (a
+        spec's are a seeded ``(8, n)`` batch). The keyword example inputs (``attention_mask=...``,
+        ``use_cache=False``) are always passed as traced. Anything else, a non-floating tensor where the model
+        takes a floating one, a non-finite entry, or inputs the model cannot run on raise ``SpecError`` naming
+        ``data``.
     device, dtype : where and in which precision to run (float64 by default; tolerances by dtype).
     seed : seed of the targets and group elements. ``max_generators``: most Lie-algebra generators checked one by
         one for ``gradient_orthogonality``; ``learning_rate``: the ``gd_drift`` step; ``flow_steps``: RK4 steps of
@@ -197,12 +205,13 @@ def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor 
         state.update({k: v.detach().to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
                       for k, v in params.items()})
     x = _inputs(analysis, inputs, dtype, device)
+    keywords = {k: _moved(v, dtype, device) for k, v in analysis.model_graph.example_kwargs.items()}
     cross_entropy = analysis.loss == "cross_entropy"
 
     def forward(values: Params) -> Outputs:
         """Every output at ``values``, as ``(path, tensor)`` pairs; buffers cloned (training-mode running stats)."""
         values = {k: v.clone() if k not in parameter_names else v for k, v in values.items()}
-        return output_tensors(functional_call(model, values, x))
+        return output_tensors(functional_call(model, values, x, keywords))
 
     try:
         outputs = forward(state)
