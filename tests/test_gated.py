@@ -228,6 +228,23 @@ def test_product_with_a_parameter_is_refused():
     assert any(b.node == "mul" and "'mul' is not in the equivariance catalogue" in b.reason for b in analysis.blocked)
 
 
+class Reciprocal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(N, H), nn.Linear(H, M)
+
+    def forward(self, x):
+        return self.down(2.5 / self.up(x))
+
+
+def test_a_number_divided_by_a_value_is_no_scaling():
+    """``c / u`` is not linear in ``u`` (``c / (d u) = d⁻¹ c / u``): nothing is claimed on ``up``, and the note
+    names the division."""
+    analysis = _derive(Reciprocal(), certify=False)
+    assert analysis.symmetries == ()
+    assert any(b.node == "truediv" and b.site == "up" for b in analysis.blocked), analysis.blocked
+
+
 class NormAfterProduct(nn.Module):
     def __init__(self):
         super().__init__()

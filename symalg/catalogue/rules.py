@@ -461,12 +461,14 @@ def _add_parameter(state: Inference, node, label: Label, tensor: str) -> None:
     "mul": around(lambda self, h: 2.5 * torch.relu(h) * self.up(h), up=lambda: torch.nn.Linear(4, 4)),
     "div": around(lambda self, h: torch.relu(h) / 2.5)})
 def scale_rule(state: Inference, node, data, inputs) -> Label:
-    """Multiplication by a number commutes with every linear action; the product of two values (a gated MLP's
-    ``act(gate x) ⊙ up x``, ``x * x``) passes diagonal actions and a joint permutation
-    (:func:`symalg.catalogue.products.multiply`); anything else is unknown."""
+    """Multiplication or division by a number commutes with every linear action (a number divided by a value,
+    ``c / x``, does not); the product of two values (a gated MLP's ``act(gate x) ⊙ up x``, ``x * x``) passes
+    diagonal actions and a joint permutation (:func:`symalg.catalogue.products.multiply`); anything else is
+    unknown."""
     scaled = [i for i in inputs if isinstance(i, (Label, WeightExpr)) or _is_param(i)]
     numbers = all(i is None for i in inputs if not (isinstance(i, (Label, WeightExpr)) or _is_param(i)))
-    if len(scaled) == 1 and numbers and not _tensor_constant(state, node):
+    numerator = data["op"] == "mul" or bool(inputs) and scaled[:1] == inputs[:1]
+    if len(scaled) == 1 and numbers and numerator and not _tensor_constant(state, node):
         return _weight(state, scaled[0]) or scaled[0]
     return multiply(state, node, data, inputs) or unknown_rule(state, node, data, inputs)
 
