@@ -107,7 +107,7 @@ def separate_factors(state: Inference, node, label: Label) -> Label:
         if len(factors) > 1:
             for seg in factors:
                 state.restrict(seg.site, {"S"} | seg.acts_trivially(), node,
-                               f"{state.where(node)} ({state.graph.nodes[node]['op']}) reads a product of sites, "
-                               "which only its rule's joint permutation is known to pass", blocked=True)
+                               f"{state.where(node)} ({state.graph.nodes[node]['op']}) reads a product of sites, which "
+                               "its rule does not model: only the factors' joint permutation passes", blocked=True)
         kept.append(factors[0])
     return Label(label.dim, label.size, tuple(kept))
