@@ -47,6 +47,18 @@ def test_generator_covers_every_family_and_every_known_false_claim_pattern():
     assert len(found) == 10, found
 
 
+def test_gated_family_draws_every_gate_spelling_and_variant_and_its_raw_claims_hold():
+    """The product rule's fuzz family: every product spelling, the ReGLU/SwiGLU/tanh gates and every variant
+    (squares, third factors, data factors, broadcasts, ops after the product, stacks, a shared ``down``) are
+    drawn, and on 60 of them the raw claims (scalings and joint permutations included) all hold."""
+    tokens = set().union(*(fuzz.generate(0, i, "gated").variant.split("-") for i in range(300)))
+    assert {"mul", "mul_fn", "mul_method", "reglu", "swiglu", "geglu", "tanh", "plain", "square", "triple", "input",
+            "broadcast", "after", "residual", "shared"} <= tokens
+    report = fuzz.run(60, seed=0, families=["gated"], certify=False, draws=1)
+    assert report.models == 60 and not report.crashes and not report.hangs
+    assert report.claims > 100 and not report.false_claims, report.summary()
+
+
 def test_generator_is_reproducible_and_its_source_builds_the_same_model(tmp_path):
     case = fuzz.generate(3, 17, "norm")
     assert fuzz.generate(3, 17, "norm") == case and fuzz.generate(4, 17, "norm") != case

@@ -120,7 +120,7 @@ GL4 = ("fc1", "GL(4)", 16)
     (lambda h: torch.cat([h, h], -1), 8, None, [GL4]),                  # fc2 reads the site in two blocks
     (lambda h: torch.cat([h, torch.relu(h)], -1), 8, None, [PS4, S4]),
     (lambda h: torch.cat((h, h), dim=-1), 8, torch.relu, [PS4, S4]),
-    (lambda h: h * h, 4, None, [S4]),                                   # pointwise square
+    (lambda h: h * h, 4, None, [PS4, ("fc1", "SignFlips(4)", 0), S4]),  # a product: (d h)² = d² h², (g h)² = h²
     (lambda h: h.square(), 4, None, [S4]),
 ], ids=["add", "torch.add", "sub", "cat", "cat-relu", "relu-cat-dim", "mul", "square"])
 def test_symmetries_of_a_value_used_twice(combine, width_out, activation, expected):

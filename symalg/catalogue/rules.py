@@ -22,6 +22,7 @@ import torch
 from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.groups import GeneralLinear
 from symalg.catalogue.bindings import Binding, TranslationFamily
+from symalg.catalogue.products import multiply
 from symalg.catalogue.rule_examples import Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
 from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
@@ -484,17 +485,20 @@ def _add_parameter(state: Inference, node: str, label: Label, tensor: str) -> No
     state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} adds a parameter")
 
 
-@register_rule("mul", "div", examples={"mul": around(lambda self, h: 2.5 * torch.relu(h)),
-                                      "div": around(lambda self, h: torch.relu(h) / 2.5)})
+@register_rule("mul", "div", examples={
+    "mul": around(lambda self, h: 2.5 * torch.relu(h) * self.up(h), up=lambda: torch.nn.Linear(4, 4)),
+    "div": around(lambda self, h: torch.relu(h) / 2.5)})
 def scale_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
-    """Multiplication by a number commutes with every linear action; by a tensor it is unknown."""
+    """Multiplication or division by a number commutes with every linear action (a number divided by a value,
+    ``c / x``, does not); the product of two values (a gated MLP's ``act(gate x) ⊙ up x``, ``x * x``) passes
+    diagonal actions and a joint permutation (:func:`symalg.catalogue.products.multiply`); anything else is
+    unknown."""
     scaled = [i for i in inputs if isinstance(i, (Label, WeightExpr)) or _is_param(i)]
     numbers = all(i is None for i in inputs if not (isinstance(i, (Label, WeightExpr)) or _is_param(i)))
-    if len(scaled) == 1 and numbers and not _tensor_constant(state, node):
+    numerator = data["op"] == "mul" or bool(inputs) and scaled[:1] == inputs[:1]
+    if len(scaled) == 1 and numbers and numerator and not _tensor_constant(state, node):
         return _weight(state, scaled[0]) or scaled[0]
-    if data["op"] == "mul" and len(inputs) == 2 and data["inputs"][0] is not None and len(set(data["inputs"])) == 1:
-        return elementwise_rule(state, node, data, inputs[:1])  # x * x is x.square()
-    return unknown_rule(state, node, data, inputs)
+    return multiply(state, node, data, inputs) or unknown_rule(state, node, data, inputs)
 
 
 def _same_shape(state: Inference, data: NodeData) -> bool:

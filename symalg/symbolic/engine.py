@@ -16,6 +16,7 @@ from typing import Mapping
 import networkx as nx
 
 from symalg.catalogue.activations import CATALOGUE
+from symalg.catalogue.products import PRODUCT_AWARE, separate_factors
 from symalg.catalogue.rules import (OP_RULES, OVERLAYABLE, WEIGHT_RULES, Inputs, Rule, WeightExpr, activation_rule,
                                    unknown_rule)
 from symalg.errors import SpecError
@@ -68,6 +69,8 @@ def infer_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: s
     for node in nx.topological_sort(state.graph):
         data = state.graph.nodes[node]
         inputs = [state.labels.get(i) if i is not None else None for i in data["inputs"]]
+        if data["op"] not in PRODUCT_AWARE:
+            inputs = [separate_factors(state, node, i) if isinstance(i, Label) else i for i in inputs]
         if data["op"] not in CENTER_AWARE:
             for label in inputs:
                 if isinstance(label, Label) and any(seg.center for seg in label.segments):

@@ -353,7 +353,8 @@ def _shared_regions(state: Inference) -> None:
     modules, tied weights) and the region is moved once; opposite roles on it (tied
     embedding/unembedding) force ``O``/``S``/``SF``. The diagonal of a diagonal map (a norm's gain)
     called several times (a weight-shared block) ties the calls' sites per role: ``s ↦ d s`` once for
-    all calls, each call's output scaled by the same ``d``."""
+    all calls, each call's output scaled by the same ``d``. One node binding a region several times reads a
+    product (:mod:`symalg.catalogue.products`): each factor's site moves it by its own factor, so nothing is tied."""
     regions: dict[tuple, list[tuple[int, Binding]]] = {}
     for site in state.sites:
         if site.dissolved:
@@ -363,7 +364,12 @@ def _shared_regions(state: Inference) -> None:
             regions.setdefault(key, []).append((site.id, binding))
     for uses in regions.values():
         nodes = {b.node for _, b in uses}
-        if len(uses) < 2:
+        if len(uses) < 2 or len(nodes) == 1:  # one node reading a product: one binding per factor, composed
+            continue
+        if any([b.node for _, b in uses].count(node) > 1 for node in nodes):
+            for site_id, binding in uses:
+                state.restrict(site_id, set(), binding.node, f"{binding.tensor} reads a product of sites and is "
+                               f"shared by {sorted(nodes)}: the factors' moves of it are not modelled", blocked=True)
             continue
         first_site, first = uses[0]
         for site_id, binding in uses[1:]:

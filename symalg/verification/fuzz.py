@@ -72,6 +72,8 @@ OPS: dict[str, Op] = {
     "act": Op("F.{name}({0})", lambda m, x, name: getattr(F, name)(x)),
     "add": Op("{0} + {1}", lambda m, a, b: a + b),
     "mul": Op("{0} * {1}", lambda m, a, b: a * b),
+    "mul_fn": Op("torch.mul({0}, {1})", lambda m, a, b: torch.mul(a, b)),
+    "mul_method": Op("{0}.mul({1})", lambda m, a, b: a.mul(b)),
     "matmul": Op("{0} @ {1}", lambda m, a, b: a @ b),
     "matmul_t": Op("{0} @ {1}.transpose(-2, -1)", lambda m, a, b: a @ b.transpose(-2, -1)),
     "scale": Op("{0} * {c}", lambda m, x, c: x * c),
@@ -321,12 +323,44 @@ def _mlp(b: _Builder) -> _Drawn:
 
 
 def _gated(b: _Builder) -> _Drawn:
-    """SwiGLU / GeGLU / bilinear GLU: ``down(act(gate(x)) * up(x))``."""
+    """Gated MLPs ``down(act(gate x) ⊙ up x)`` (SwiGLU, GeGLU, ReGLU, GLU, bilinear) on ``(B, n)`` or ``(B, T, n)``,
+    with the product spelled ``*``, ``torch.mul`` or ``.mul``, its factors in either order, and variants: a
+    square ``u ⊙ u``, a third factor, a product with the input or with a width-1 gate (broadcast), a norm,
+    activation or dropout between the product and ``down``, a residual sum of two gated branches, and one
+    ``down`` reading two products (shared weights)."""
+    rng = b.rng
     n, h, m = b.width(), b.width(), b.width()
-    gate, up = b.linear("x", n, h), b.linear("x", n, h)
-    act = b.rng.choice(["silu", "gelu", "sigmoid", "identity"])
-    b.variant.append({"silu": "swiglu", "gelu": "geglu", "sigmoid": "glu", "identity": "bilinear"}[act])
-    return (b.rng.randint(2, 5), n), 0, b.linear(b.op("mul", b.act(gate, [act]), up), h, m)
+    shape = (rng.randint(2, 5), n) if rng.random() < 0.7 else (2, b.width(), n)
+    variant = rng.choice(["plain"] * 4 + ["square", "triple", "input", "broadcast", "after", "residual", "shared"])
+    if variant == "input":
+        h = n
+    spell = rng.choice(["mul", "mul_fn", "mul_method"])
+    act = rng.choice(["silu", "gelu", "relu", "tanh", "sigmoid", "leaky_relu", "identity", "softplus", "hardtanh"])
+    b.variant += [{"silu": "swiglu", "gelu": "geglu", "relu": "reglu", "sigmoid": "glu"}.get(act, act), variant, spell]
+
+    def product(x: str, n_in: int, width: int) -> str:
+        gate = b.act(b.linear(x, n_in, 1 if variant == "broadcast" else width), [act])
+        up = b.linear(x, n_in, width)
+        if variant == "square":
+            return b.op(spell, up, up) if rng.random() < 0.5 else b.op(spell, gate, gate)
+        if variant == "input":
+            return b.op(spell, gate, x) if rng.random() < 0.5 else b.op(spell, x, up)
+        out = b.op(spell, gate, up) if rng.random() < 0.5 else b.op(spell, up, gate)
+        if variant == "triple":
+            out = b.op(spell, out, b.act(b.linear(x, n_in, width)))
+        return out
+
+    p = product("x", n, h)
+    if variant == "after":
+        p = rng.choice([lambda: b.act(p), lambda: b.call(b.add("Dropout", 0.0), p),
+                        lambda: b.norm(p, shape[:-1] + (h,)), lambda: b.op("scale", p, c=0.5)])()
+    if variant == "shared":
+        down = b.add("Linear", h, m, bias=rng.random() < 0.8)
+        return shape, 0, b.op("add", b.call(down, p), b.call(down, product("x", n, h)))
+    if variant == "residual":
+        p = b.op("add", b.linear(p, h, n), "x")
+        return shape, 0, b.linear(b.op("add", p, b.linear(product(p, n, h), h, n)), n, m)
+    return shape, 0, b.linear(p, h, m)
 
 
 def _residual(b: _Builder) -> _Drawn:
