@@ -38,12 +38,15 @@ def _bert(**options):
                                                           max_position_embeddings=16, **options))
 
 
+GATED_MLP = ["PositiveScaling(32, alpha=1)", "S(32)", "SignFlips(32)"]
+"""A SwiGLU MLP ``down(silu(gate x) ⊙ up x)``: rescalings of ``up`` (both signs) and one permutation of all three."""
+
 MODELS = {  # name: (build, output paths, groups found today)
     "gpt2": (lambda: transformers.GPT2Model(transformers.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16,
                                                                     n_layer=1, n_head=2)), CACHE, []),
-    "llama": (_decoder(transformers.LlamaConfig, transformers.LlamaModel), CACHE, []),
-    "mistral": (_decoder(transformers.MistralConfig, transformers.MistralModel), CACHE, []),
-    "qwen2": (_decoder(transformers.Qwen2Config, transformers.Qwen2Model), CACHE, []),
+    "llama": (_decoder(transformers.LlamaConfig, transformers.LlamaModel), CACHE, GATED_MLP),
+    "mistral": (_decoder(transformers.MistralConfig, transformers.MistralModel), CACHE, GATED_MLP),
+    "qwen2": (_decoder(transformers.Qwen2Config, transformers.Qwen2Model), CACHE, GATED_MLP),
     "bert": (_bert, POOLED, ATTENTION),
     "vit": (lambda: transformers.ViTModel(transformers.ViTConfig(image_size=8, patch_size=4, num_channels=3,
                                                                  hidden_size=16, num_hidden_layers=1,
