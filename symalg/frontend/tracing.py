@@ -433,6 +433,9 @@ def _check_example_inputs(model: nn.Module, example_inputs: tuple) -> None:
         if isinstance(value, torch.Tensor) and value.is_floating_point() and not value.is_meta \
                 and not value.isfinite().all():  # meta tensors have shapes only
             raise SpecError(f"trace: example input {index} has non-finite entries (NaN or inf)")
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers(), *example_inputs)
+           if isinstance(t, torch.Tensor)):
+        return  # shapes only: eager code may read values (`.item()`), which only a tracer skips; the tracer runs it
     running: list[str] = []  # the modules being run, innermost last
 
     def enter_hook(name: str) -> Callable[..., None]:

@@ -548,6 +548,23 @@ class _Numeric(_Ranks):
 
 
 class _Generic(_Ranks):
+    def directions_rank(self, site: _Site, tensors) -> int:
+        """A translation's directions are constant, so their rank is read at any values: the model's own, or, on
+        the ``meta`` device (shapes only), seeded random values of the site's tensors.
+
+        >>> import torch, symalg
+        >>> with torch.device("meta"):
+        ...     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 5))
+        >>> graph = symalg.trace(model, (torch.zeros(2, 3, device="meta"),))
+        >>> model_orbit_dimension_formula(symalg.derive(graph, loss="cross_entropy", certify=False))  # 4 + 5
+        9
+        """
+        if any(self.state[t].is_meta for t in site.tensors):
+            generator = torch.Generator().manual_seed(0)
+            values = {t: torch.randn(self.shapes[t], generator=generator, dtype=torch.float64) for t in site.tensors}
+            return _Ranks(values, self.shapes, self.max_bytes, self._directions).directions_rank(site, tensors)
+        return super().directions_rank(site, tensors)
+
     def stack_rank(self, site: _Site, bindings, what: str, ones: bool = False) -> int:
         return min(site.width, sum(_columns(b, self.shapes) for b in bindings) + ones)
 
@@ -748,8 +765,11 @@ def _check_analysis(analysis, caller: str) -> None:
                         "(analysis.subs({...}), or analysis.orbit_dimension(params), which reads them from params)")
 
 
-def _state(analysis, sites: list[_Site], params, dtype, device, caller: str) -> dict[str, torch.Tensor]:
-    """The tensors the actions move: from ``params`` (default: the model's own), buffers from the model."""
+def _state(analysis, sites: list[_Site], params, dtype, device, caller: str,
+           shapes_only: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors the actions move: from ``params`` (default: the model's own), buffers from the model.
+    ``shapes_only`` (the generic formula) accepts tensors on the ``meta`` device, which have shapes and no values;
+    a numeric rank refuses them."""
     model = analysis.model_graph.require_model(caller) if params is None else analysis.model_graph.model
     buffers = {} if model is None else dict(model.named_buffers())
     source = {**dict(model.named_parameters()), **buffers} if params is None else params
@@ -764,20 +784,23 @@ def _state(analysis, sites: list[_Site], params, dtype, device, caller: str) -> 
             expected = tuple(site.symmetry.shapes[tensor])
             if tuple(value.shape) != expected:
                 raise SpecError(f"{caller}: params[{tensor!r}] has shape {tuple(value.shape)}, expected {expected}")
-            if not torch.isfinite(value).all():
+            if value.is_meta and not shapes_only:
+                raise SpecError(f"{caller}: parameter {tensor!r} is on the meta device (a shape, no values): no "
+                                "rank at given parameters; analysis.orbit_dimension() gives the generic value")
+            if not value.is_meta and not torch.isfinite(value).all():
                 raise SpecError(f"{caller}: parameter {tensor!r} has non-finite entries (NaN or inf): "
                                 "no rank to compute")
             state[tensor] = value.detach().to(dtype=dtype or value.dtype, device=device or value.device)
     return state
 
 
-def _prepare(analysis, params, dtype, device, caller):
+def _prepare(analysis, params, dtype, device, caller, shapes_only: bool = False):
     _check_analysis(analysis, caller)
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"{caller}: dtype must be a floating-point dtype, got {dtype}")
     sites = [_site(s) for s in analysis.symmetries if s.group.is_continuous]
     components = _couple(sites)
-    state = _state(analysis, sites, params, dtype, device, caller)
+    state = _state(analysis, sites, params, dtype, device, caller, shapes_only)
     shapes = {t: tuple(v.shape) for t, v in state.items()}
     return sites, components, state, shapes
 
@@ -862,7 +885,7 @@ def model_orbit_dimension_formula(analysis) -> sp.Integer:
     27
     """
     caller = "model_orbit_dimension_formula"
-    sites, components, state, shapes = _prepare(analysis, None, None, None, caller)   # shapes and constants only
+    sites, components, state, shapes = _prepare(analysis, None, None, None, caller, shapes_only=True)
     total, missing = sp.Integer(0), []
     for component in components:
         kernel, _, _ = _kernel(component, _Generic(state, shapes, 4 * _GIB, {}))

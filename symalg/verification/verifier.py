@@ -187,7 +187,7 @@ def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor 
     check_device(device)
     tol = TOLERANCES[dtype]
     generator = torch.Generator().manual_seed(seed)
-    model = copy.deepcopy(analysis.model_graph.require_model("verify")).to(device=device, dtype=dtype)
+    model = copy.deepcopy(analysis.model_graph.require_values("verify")).to(device=device, dtype=dtype)
     state = {**{k: v.detach() for k, v in model.named_parameters()},
              **{k: v.detach() for k, v in model.named_buffers()}}
     parameter_names = [k for k, _ in model.named_parameters()]
