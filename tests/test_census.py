@@ -91,9 +91,31 @@ def test_what_needs_values_is_refused_on_meta():
     with pytest.raises(symalg.SpecError, match="meta device.*certify=False"):
         symalg.derive(graph)
     analysis = symalg.derive(graph, certify=False)
-    with pytest.raises(symalg.SpecError, match="verify runs the model, whose weights are on the meta device"):
+    with pytest.raises(symalg.SpecError, match=r"verify without params\['0.weight'\] runs the model, whose weights "
+                       "are on the meta device"):
         symalg.verify(analysis)
+    real_model, real_inputs = _build("cpu", _mlp)
+    partial = {k: v for k, v in real_model.named_parameters() if k != "4.bias"}
+    with pytest.raises(symalg.SpecError, match=r"verify without params\['4.bias'\]"):
+        symalg.verify(analysis, params=partial, data=real_inputs)
+    with pytest.raises(symalg.SpecError, match="example inputs are on the meta device.*pass data="):
+        symalg.verify(analysis, params=dict(real_model.named_parameters()))
     with pytest.raises(symalg.SpecError, match="parameter '0.weight' is on the meta device"):
         analysis.orbit_dimension(dict(model.named_parameters()))
     with pytest.raises(symalg.SpecError, match="parameter '0.weight' is on the meta device"):
         model_orbit_dimension(analysis)
+
+
+def test_meta_analysis_verifies_with_every_value_given():
+    # the weights of a model analysed on meta come from params (e.g. gathered from shards): the report is the real one
+    model, inputs = _build("meta", _hf_make("bert"))
+    real_model, real_inputs = _build("cpu", _hf_make("bert"))
+    analysis = symalg.derive(symalg.trace(model, inputs), certify=False)
+    values = {**dict(real_model.named_parameters()), **dict(real_model.named_buffers())}
+    report = symalg.verify(analysis, params=values, data=real_inputs, flow_steps=1)
+    assert report.passed, report
+    reference = symalg.verify(symalg.derive(symalg.trace(real_model, real_inputs)), flow_steps=1)
+    # the same checks with the same errors as the model with those weights: the values came from params
+    assert [(c.check, c.symmetry) for c in report.checks] == [(c.check, c.symmetry) for c in reference.checks]
+    assert [c.max_error for c in report.checks] == pytest.approx([c.max_error for c in reference.checks],
+                                                                 rel=1e-6, abs=1e-15)
