@@ -9,8 +9,10 @@ labels and orbit dimension). Every model runs in a fresh Python process, so ``pe
 
 Columns: parameters (millions, and their float32 size), groups found per class, the generic orbit dimension
 (``Analysis.orbit_dimension()``: the structured rank at generic parameters, no values read), blocked notes,
-time of ``trace`` and of ``derive`` + orbit dimension, and the process's peak RSS
+time of ``symalg.trace`` and of ``derive`` + orbit dimension, and the process's peak RSS
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) with its growth over the RSS right after the model was built.
+Baselines from the same process: ``torch.export.export`` alone, run first (``trace / export``; export's caches are
+then warm for ``symalg.trace``, which exports again), and the float32 size of the weights (``growth / weights``).
 
 Usage::
 
@@ -101,6 +103,9 @@ def census_one(name: str, quick: bool) -> dict:
            "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2 ** 30}
     start = time.perf_counter()
     try:
+        torch.export.export(model, example, strict=False)   # the baseline: torch's own tracer alone
+        row["export_s"] = time.perf_counter() - start
+        start = time.perf_counter()
         graph = symalg.trace(model, example)
         row["tracer"] = graph.tracer
         row["trace_s"] = time.perf_counter() - start
@@ -121,16 +126,18 @@ def census_one(name: str, quick: bool) -> dict:
 
 
 def _format(rows: list[dict]) -> str:
-    lines = ["| model | parameters | groups | orbit dim | blocked | trace s | derive s | peak RSS MiB (+growth) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | parameters | groups | orbit dim | blocked | export s | trace s (/ export) | derive s | "
+             "peak RSS MiB | growth MiB (/ weights) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         params = f"{r['parameters'] / 1e6:.1f} M ({r['weights_gib']:.2f} GiB fp32)"
         if "error" in r:
             lines.append(f"| {r['model']} | {params} | error: {r['error']} | | | | | {r['peak_rss_mib']:.0f} |")
             continue
         groups = ", ".join(f"{k} {v}" for k, v in sorted(r["groups"].items())) or "none"
-        lines.append(f"| {r['model']} | {params} | {groups} | {r['orbit']} | {r['blocked']} | {r['trace_s']:.1f} | "
-                     f"{r['derive_s']:.1f} | {r['peak_rss_mib']:.0f} (+{r['rss_growth_mib']:.0f}) |")
+        weights = r["rss_growth_mib"] / (r["weights_gib"] * 1024)
+        lines.append(f"| {r['model']} | {params} | {groups} | {r['orbit']} | {r['blocked']} | {r['export_s']:.1f} | "
+                     f"{r['trace_s']:.1f} ({r['trace_s'] / r['export_s']:.2f}) | {r['derive_s']:.2f} | "
+                     f"{r['peak_rss_mib']:.0f} | {r['rss_growth_mib']:.0f} ({weights:.3f}) |")
     return "\n".join(lines)
 
 
