@@ -525,6 +525,9 @@ def _run_example(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) ->
     """Run ``model`` once on the example inputs (restoring its buffers and the RNG afterwards) and return the
     paths of its outputs (:func:`~symalg.frontend.outputs.output_tensors`); when it fails, raise
     :class:`SpecError` with torch's own message and the innermost module that was running."""
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers(), *args, *kwargs.values())
+           if isinstance(t, torch.Tensor)):
+        return ()  # shapes only: eager code may read values (`.item()`), which only a tracer skips; the tracer runs it
     running: list[str] = []  # the modules being run, innermost last
 
     def enter_hook(name: str) -> Callable[..., None]:

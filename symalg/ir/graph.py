@@ -99,6 +99,20 @@ class ModelGraph:
                             "e.g. analysis.subs({'h': 5})")
         return self.model
 
+    @property
+    def on_meta(self) -> bool:
+        """True when the model's parameters or buffers are on the ``meta`` device (shapes, no values): the graph and
+        every generic result (groups, formulas, generic orbit dimension) stand, nothing can be run on it."""
+        return self.model is not None and any(t.is_meta for t in (*self.model.parameters(), *self.model.buffers()))
+
+    def require_values(self, caller: str) -> torch.nn.Module:
+        """The model, or a ``SpecError`` saying that ``caller`` runs it and its weights are on the meta device."""
+        model = self.require_model(caller)
+        if self.on_meta:
+            raise SpecError(f"{caller} runs the model, whose weights are on the meta device (shapes, no values); "
+                            "build it on a real device (or load its weights) for numbers")
+        return model
+
     def parameters(self) -> dict[str, torch.Tensor]:
         """The model's parameters by canonical name (tied parameters once)."""
         return dict(self.require_model("parameters()").named_parameters())

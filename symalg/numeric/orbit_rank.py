@@ -590,6 +590,23 @@ class _Numeric(_Ranks):
 
 
 class _Generic(_Ranks):
+    def directions_rank(self, site: _Site, tensors: Sequence[str]) -> int:
+        """A translation's directions are constant, so their rank is read at any values: the model's own, or, on
+        the ``meta`` device (shapes only), seeded random values of the site's tensors.
+
+        >>> import torch, symalg
+        >>> with torch.device("meta"):
+        ...     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 5))
+        >>> graph = symalg.trace(model, (torch.zeros(2, 3, device="meta"),))
+        >>> model_orbit_dimension_formula(symalg.derive(graph, loss="cross_entropy", certify=False))  # 4 + 5
+        9
+        """
+        if any(self.state[t].is_meta for t in site.tensors):
+            generator = torch.Generator().manual_seed(0)
+            values = {t: torch.randn(self.shapes[t], generator=generator, dtype=torch.float64) for t in site.tensors}
+            return _Numeric(values, self.shapes, self.max_bytes, self._directions).directions_rank(site, tensors)
+        return super().directions_rank(site, tensors)
+
     def stack_rank(self, site: _Site, bindings: Sequence[Binding], what: str, ones: bool = False) -> int:
         return min(site.width, sum(_columns(b, self.shapes) for b in bindings) + ones)
 
@@ -803,8 +820,11 @@ def _check_analysis(analysis: AnalysisLike, caller: str) -> None:
 
 
 def _state(analysis: AnalysisLike, sites: list[_Site], params: Mapping[str, torch.Tensor] | None,
-           dtype: torch.dtype | None, device: torch.device | str | None, caller: str) -> dict[str, torch.Tensor]:
-    """The tensors the actions move: from ``params`` (default: the model's own), buffers from the model."""
+           dtype: torch.dtype | None, device: torch.device | str | None, caller: str,
+           shapes_only: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors the actions move: from ``params`` (default: the model's own), buffers from the model.
+    ``shapes_only`` (the generic formula) accepts tensors on the ``meta`` device, which have shapes and no values;
+    a numeric rank refuses them."""
     model = analysis.model_graph.require_model(caller) if params is None else analysis.model_graph.model
     buffers = {} if model is None else dict(model.named_buffers())
     source: Mapping[str, torch.Tensor]
@@ -824,7 +844,10 @@ def _state(analysis: AnalysisLike, sites: list[_Site], params: Mapping[str, torc
             expected = tuple(site.symmetry.shapes[tensor])
             if tuple(value.shape) != expected:
                 raise SpecError(f"{caller}: params[{tensor!r}] has shape {tuple(value.shape)}, expected {expected}")
-            if not torch.isfinite(value).all():
+            if value.is_meta and not shapes_only:
+                raise SpecError(f"{caller}: parameter {tensor!r} is on the meta device (a shape, no values): no "
+                                "rank at given parameters; analysis.orbit_dimension() gives the generic value")
+            if not value.is_meta and not torch.isfinite(value).all():
                 raise SpecError(f"{caller}: parameter {tensor!r} has non-finite entries (NaN or inf): "
                                 "no rank to compute")
             state[tensor] = value.detach().to(dtype=dtype or value.dtype, device=device or value.device)
@@ -832,14 +855,14 @@ def _state(analysis: AnalysisLike, sites: list[_Site], params: Mapping[str, torc
 
 
 def _prepare(analysis: AnalysisLike, params: Mapping[str, torch.Tensor] | None, dtype: torch.dtype | None,
-             device: torch.device | str | None, caller: str
+             device: torch.device | str | None, caller: str, shapes_only: bool = False
              ) -> tuple[list[_Site], list[list[_Site]], dict[str, torch.Tensor], dict[str, tuple[int, ...]]]:
     _check_analysis(analysis, caller)
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"{caller}: dtype must be a floating-point dtype, got {dtype}")
     sites = [_site(s) for s in analysis.symmetries if s.group.is_continuous]
     components = _couple(sites)
-    state = _state(analysis, sites, params, dtype, device, caller)
+    state = _state(analysis, sites, params, dtype, device, caller, shapes_only)
     shapes = {t: tuple(v.shape) for t, v in state.items()}
     return sites, components, state, shapes
 
@@ -929,7 +952,7 @@ def model_orbit_dimension_formula(analysis: AnalysisLike) -> sp.Integer:
     27
     """
     caller = "model_orbit_dimension_formula"
-    sites, components, state, shapes = _prepare(analysis, None, None, None, caller)   # shapes and constants only
+    sites, components, state, shapes = _prepare(analysis, None, None, None, caller, shapes_only=True)
     total, missing = sp.Integer(0), []
     for component in components:
         kernel, _, _ = _kernel(component, _Generic(state, shapes, 4 * _GIB, {}))

@@ -259,6 +259,10 @@ def derive(model: ModelGraph | str | Spec | Architecture | nx.DiGraph, catalogue
         raise SpecError("derive: the model was traced without example_inputs, so its claims cannot be certified "
                         "numerically; trace it with symalg.trace(model, example_inputs) or pass certify=False for "
                         "uncertified claims")
+    if certify and graph.on_meta:
+        raise SpecError("derive: the model's weights are on the meta device (shapes, no values), so its claims cannot "
+                        "be certified numerically; pass certify=False (the claims are the rules' own, certified on "
+                        "models with values)")
     sites = infer_model(graph, catalogue, loss, strict)
     shapes = graph.shapes
     # symmetry -> ("class", class name, kind) or ("permutation", class name): what certification removes

@@ -94,6 +94,9 @@ def _inputs(analysis: Analysis, inputs: object, dtype: torch.dtype, device: str 
         inputs = examples
         if inputs is None:
             raise SpecError("verify: the model was traced without example_inputs; pass data=(tensor, ...)")
+        if any(isinstance(x, torch.Tensor) and x.is_meta for x in inputs):
+            raise SpecError("verify: the example inputs are on the meta device (shapes, no values); pass "
+                            "data=(tensor, ...)")
     elif isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
     elif not isinstance(inputs, tuple):
@@ -115,6 +118,22 @@ def _moved(x: object, dtype: torch.dtype, device: str | torch.device) -> object:
     if not isinstance(x, torch.Tensor):
         return x
     return x.to(device=device, dtype=dtype) if torch.is_floating_point(x) else x.to(device)
+
+
+def _model(analysis: Analysis, params: Params | None, device: str | torch.device,
+           dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of the analysed model on ``device`` in ``dtype``. A model on the ``meta`` device (shapes, no values)
+    takes every value from ``params``, which must then hold every parameter and buffer (e.g. the full tensors
+    gathered from a sharded model: :func:`symalg.applications.distributed.gather`)."""
+    graph = analysis.model_graph
+    model = graph.require_model("verify")
+    if not graph.on_meta:
+        return copy.deepcopy(model).to(device=device, dtype=dtype)
+    names = [*dict(model.named_parameters()), *dict(model.named_buffers())]
+    missing = [name for name in names if params is None or name not in params]
+    if missing:
+        graph.require_values(f"verify without params[{missing[0]!r}]")
+    return copy.deepcopy(model).to_empty(device=device).to(dtype=dtype)
 
 
 def _shapes(inputs: Sequence[object]) -> list:
@@ -195,7 +214,7 @@ def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor 
     check_device(device)
     tol = TOLERANCES[dtype]
     generator = torch.Generator().manual_seed(seed)
-    model = copy.deepcopy(analysis.model_graph.require_model("verify")).to(device=device, dtype=dtype)
+    model = _model(analysis, params, device, dtype)
     state = {**{k: v.detach() for k, v in model.named_parameters()},
              **{k: v.detach() for k, v in model.named_buffers()}}
     parameter_names = [k for k, _ in model.named_parameters()]
