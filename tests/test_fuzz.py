@@ -41,7 +41,7 @@ def _reproduced_patterns(case: Case) -> set[str]:
 
 
 def test_generator_covers_every_family_and_every_known_false_claim_pattern():
-    cases = [fuzz.generate(0, i) for i in range(40 * len(fuzz.FAMILIES))]
+    cases = [fuzz.generate(0, i) for i in range(50 * len(fuzz.FAMILIES))]
     assert {c.family for c in cases[:len(fuzz.FAMILIES)]} == set(fuzz.FAMILIES)
     found = set().union(*(_reproduced_patterns(c) for c in cases))
     assert len(found) == 10, found
@@ -153,7 +153,7 @@ def _assert_sound(report: fuzz.FuzzReport) -> None:
 
 
 def test_quick_tier_no_crashes_or_hangs():
-    """13 families x 8 models on raw claims (the inference rules alone, no certification): no model may crash
+    """8 models per family on raw claims (the inference rules alone, no certification): no model may crash
     or hang, and no raw claim may be false."""
     report = fuzz.run(8 * len(fuzz.FAMILIES), seed=0, certify=False, draws=1)
     assert report.models == 8 * len(fuzz.FAMILIES) and set(report.families) == set(fuzz.FAMILIES)
@@ -164,6 +164,90 @@ def test_quick_tier_no_crashes_or_hangs():
 
 def test_quick_tier_certified_claims_hold():
     _assert_sound(fuzz.run(8 * len(fuzz.FAMILIES), seed=1, certify=True))
+
+
+# -- the transformer-block family ------------------------------------------------------------------------------------
+
+BLOCK_PATTERNS = {
+    # attention
+    "nn.MultiheadAttention": "mha", "F.scaled_dot_product_attention": "sdpa", "written out": "hand",
+    "causal masked_fill": "causal", "additive bias": "bias", "ALiBi": "alibi", "learnable temperature": "temperature",
+    "packed QKV": "qkv", "grouped-query attention": "gqa", "RoPE": "rope", "q/k norms": "qknorm",
+    "sdpa attn_mask": "mask", "causal nn.MultiheadAttention": "causal-need",
+    # norms and placement
+    "pre-norm": "pre", "post-norm": "post", "parallel": "parallel", "no norm": "none", "LayerNorm": "layernorm",
+    "RMSNorm": "rmsnorm", "RMSNorm written out": "rms_hf", "F.layer_norm": "layer_norm_f",
+    "LayerNorm((T, d))": "two_axes", "norm over time": "layernorm_axis", "batch norm": "batchnorm",
+    "group norm": "groupnorm",
+    # MLPs, sharing, inputs and outputs
+    "plain MLP": "mlp", "SwiGLU": "gated-silu", "GeGLU": "gated-gelu", "packed gate-up": "packed-silu",
+    "shared blocks": "shared", "absolute positions": "abs-pos", "tied head": "tied", "attention maps": "maps",
+    "dict output": "dict", "tuple output": "tuple",
+}
+
+
+def test_block_family_draws_every_transformer_pattern():
+    variants = ["-" + fuzz.generate(0, i, "block").variant + "-" for i in range(300)]
+    missing = {name for name, tag in BLOCK_PATTERNS.items()
+               if not any(f"-{tag}" in v for v in variants)}
+    assert missing == set()
+
+
+def test_block_family_ops_run_as_printed(tmp_path):
+    """Every op of every drawn block runs, and the printed script builds the same model: same outputs."""
+    used = set()
+    for i in range(0, 300, 7):
+        case = fuzz.generate(0, i, "block")
+        used |= {s.op for s in case.steps}
+        path = tmp_path / f"block{i}.py"
+        path.write_text(case.source().split("\nimport symalg")[0])  # the model and input, not the check
+        script = runpy.run_path(str(path))
+        model, (x,) = case.build()
+        assert torch.equal(script["x"], x)
+        mine, theirs = model(x), script["model"](x)
+        mine, theirs = (mine, theirs) if isinstance(mine, (tuple, dict)) else ((mine,), (theirs,))
+        for a, b in zip(mine.values() if isinstance(mine, dict) else mine,
+                        theirs.values() if isinstance(theirs, dict) else theirs):
+            assert torch.equal(a.nan_to_num(), b.nan_to_num())
+    assert {"rope", "rope_tables", "repeat_kv", "repeat_interleave", "split", "chunk", "unflatten", "view",
+            "alibi", "sdpa_gqa", "sdpa_mask", "mha_causal", "rms_hf", "layer_norm_f"} <= used
+
+
+def test_a_shared_block_calls_the_same_modules_twice():
+    case = next(c for c in (fuzz.generate(0, i, "block") for i in range(100)) if "shared" in c.variant)
+    calls = [dict(s.constants).get("layer") for s in case.steps if s.op in ("layer", "mha", "mha_causal", "rms_hf")]
+    shared = {name for name, _ in case.layers} - {"m0", case.layers[-1][0]}
+    assert any(calls.count(name) == 2 for name in shared)
+    assert not any(calls.count(name) > 2 for name in calls)
+
+
+def test_rope_tables_and_rotate_half_are_hugging_faces():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+
+    config = transformers.LlamaConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+    q = torch.randn(2, 2, 5, 4, dtype=torch.float64)
+    cos, sin = modeling_llama.LlamaRotaryEmbedding(config)(q, torch.arange(5)[None])
+    mine = fuzz.rope_tables(q, 4)
+    assert torch.allclose(mine[0], cos[0], atol=1e-6) and torch.allclose(mine[1], sin[0], atol=1e-6)
+    assert torch.equal(fuzz.rotate_half(q), modeling_llama.rotate_half(q))
+    kv = torch.randn(2, 2, 5, 4, dtype=torch.float64)
+    assert torch.equal(fuzz.OPS["repeat_kv"].fn(None, kv, shape=(2, 2, 3, 5, 4), merged=(2, 6, 5, 4)),
+                       modeling_llama.repeat_kv(kv, 3))
+
+
+def test_block_quick_tier():
+    """30 transformer-block models, raw claims (the inference rules alone): none false, no crash, no hang."""
+    report = fuzz.run(30, seed=0, families=["block"], certify=False, draws=1)
+    assert report.models == 30 and report.claims > 50
+    _assert_sound(report)
+
+
+@pytest.mark.slow
+def test_slow_tier_two_thousand_transformer_blocks():
+    report = fuzz.run(2000, seed=0, families=["block"], certify=False, workers=2)
+    assert report.models == 2000
+    _assert_sound(report)
 
 
 @pytest.mark.slow

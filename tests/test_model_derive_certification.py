@@ -4,6 +4,8 @@ numerically and blocks the ones that fail, with the measured error; ``verify`` c
 False claims are produced on purpose: a monkeypatched op rule (``sin`` read as the identity claims
 ``GL`` through it), and a traced graph whose module later returns per-head attention weights (the
 forward that certification and verification run is the module's own)."""
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -191,3 +193,22 @@ def test_in_place_application_equals_the_functional_one():
             expected, moved = symmetry.apply(state, g), symmetry.apply(copies, g, inplace=True)
             assert all(torch.equal(expected[k], moved[k]) for k in state)
             assert all(torch.equal(state[k], model.state_dict()[k]) for k in state)   # the functional call copies
+
+
+def test_output_change_compares_non_finite_entries_exactly():
+    """Returned masked scores hold ``-inf``: they must stay where they are; the finite entries compare relatively."""
+    from symalg.verification.certification import output_change
+
+    scores = torch.tensor([[0.5, -math.inf], [0.25, 1.0]], dtype=torch.float64)
+    reference = [("scores", scores)]
+    assert output_change([("scores", scores.clone())], reference, False) == (0.0, "scores")
+    moved = scores.clone()
+    moved[1, 1] = 1.5
+    assert output_change([("scores", moved)], reference, False)[0] == pytest.approx(0.5 / 1.5)
+    for entry, value in (((0, 1), 3.0), ((0, 1), math.inf), ((0, 0), -math.inf), ((0, 0), math.nan)):
+        broken = scores.clone()
+        broken[entry] = value
+        assert output_change([("scores", broken)], reference, False)[0] == math.inf, (entry, value)
+    with_nan = scores.clone()
+    with_nan[1, 0] = math.nan
+    assert output_change([("scores", with_nan.clone())], [("scores", with_nan)], False)[0] == 0.0

@@ -139,7 +139,9 @@ def output_change(moved: Sequence[tuple[str, torch.Tensor]], reference: Sequence
                   cross_entropy: bool) -> tuple[float, str]:
     """``(worst relative change, output path)`` between two :func:`~symalg.frontend.outputs.output_tensors` lists:
     every output compared (the first one as ``softmax`` for cross-entropy); non-float outputs must be
-    equal, a different structure or a NaN counts as ``inf``."""
+    equal, a different structure or a NaN counts as ``inf``. Non-finite entries (a causal mask's ``-inf``
+    in returned scores) must stay where they are, with their values; the finite ones are compared
+    relatively."""
     if [p for p, _ in moved] != [p for p, _ in reference] or \
             any(a.shape != b.shape for (_, a), (_, b) in zip(moved, reference)):
         return float("inf"), "the structure of the outputs"
@@ -150,7 +152,14 @@ def output_change(moved: Sequence[tuple[str, torch.Tensor]], reference: Sequence
         else:
             if cross_entropy and index == 0:
                 a, b = a.softmax(-1), b.softmax(-1)
-            error = relative_error(a, b)
+            finite = b.isfinite()
+            if finite.all():
+                error = relative_error(a, b)
+            elif torch.equal(a.isfinite(), finite) and torch.equal(a.isnan(), b.isnan()) and \
+                    torch.equal(a[b.isinf()], b[b.isinf()]):
+                error = relative_error(a[finite], b[finite]) if finite.any() else 0.0
+            else:
+                error = float("inf")
             error = error if error == error else float("inf")  # NaN: the claim broke the output
         if error > worst or not where:
             worst, where = error, path

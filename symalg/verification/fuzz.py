@@ -58,6 +58,31 @@ __all__ = ["Case", "FAMILIES", "FuzzReport", "check_case", "derive_claims", "gen
 # ---------------------------------------------------------------------------------------------------
 # The model language: layers, and a forward program over a small op table.
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's ``rotate_half``: ``(x₁, x₂) ↦ (−x₂, x₁)`` on the two halves of the last axis."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_tables(x: torch.Tensor, dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary ``(cos, sin)`` tables of shape ``(T, dim)`` for the positions of ``x`` (``T = x.shape[-2]``),
+    as Hugging Face's ``LlamaRotaryEmbedding`` computes them: ``θ_i = base^(−2i/dim)``, angles ``t θ_i``,
+    each frequency twice (``cat((freqs, freqs))``)."""
+    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=x.dtype) / dim)
+    freqs = torch.outer(torch.arange(x.shape[-2], dtype=x.dtype), inv_freq)
+    angles = torch.cat((freqs, freqs), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def alibi(scores: torch.Tensor) -> torch.Tensor:
+    """ALiBi: ``scores[b, h, i, j] − m_h |i − j|`` with slopes ``m_h = 2^(−8(h+1)/H)``."""
+    heads, t = scores.shape[1], scores.shape[-1]
+    slopes = 2.0 ** (-8.0 * torch.arange(1, heads + 1, dtype=scores.dtype) / heads)
+    positions = torch.arange(t)
+    distance = (positions[None, :] - positions[:, None]).abs().to(scores.dtype)
+    return scores - slopes[:, None, None] * distance
+
+
 @dataclass(frozen=True)
 class Op:
     """A forward op: ``template`` prints it (``{0}``, ``{1}`` the tensor operands, ``{name}`` constants),
@@ -90,19 +115,61 @@ OPS: dict[str, Op] = {
     "mha": Op("self.{layer}({0}, {0}, {0}, need_weights={need}, average_attn_weights={average})",
               lambda m, x, layer, need, average: getattr(m, layer)(x, x, x, need_weights=need,
                                                                    average_attn_weights=average)),
+    # transformer blocks
+    "param": Op("self.{layer}", lambda m, layer: getattr(m, layer)),
+    "view": Op("{0}.view{shape}", lambda m, x, shape: x.view(shape)),
+    "unflatten": Op("{0}.unflatten(-1, {sizes})", lambda m, x, sizes: x.unflatten(-1, sizes)),
+    "flatten_from": Op("{0}.flatten({start})", lambda m, x, start: x.flatten(start)),
+    "contiguous": Op("{0}.contiguous()", lambda m, x: x.contiguous()),
+    "chunk": Op("{0}.chunk({n}, dim=-1)", lambda m, x, n: x.chunk(n, dim=-1)),
+    "split": Op("{0}.split({sizes}, dim=-1)", lambda m, x, sizes: x.split(sizes, dim=-1)),
+    "repeat_interleave": Op("{0}.repeat_interleave({r}, dim=1)", lambda m, x, r: x.repeat_interleave(r, dim=1)),
+    "repeat_kv": Op("{0}[:, :, None].expand{shape}.reshape{merged}",  # Hugging Face's repeat_kv
+                    lambda m, x, shape, merged: x[:, :, None].expand(shape).reshape(merged)),
+    "causal_fill": Op("{0}.masked_fill(torch.ones({t}, {t}, dtype=torch.bool).triu(1), float('-inf'))",
+                      lambda m, x, t: x.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))),
+    "causal_fill_min": Op("{0}.masked_fill(torch.ones({t}, {t}, dtype=torch.bool).tril() == 0, "
+                          "torch.finfo({0}.dtype).min)",
+                          lambda m, x, t: x.masked_fill(torch.ones(t, t, dtype=torch.bool).tril() == 0,
+                                                        torch.finfo(x.dtype).min)),
+    "alibi": Op("alibi({0})", lambda m, x: alibi(x)),
+    "rope_tables": Op("rope_tables({0}, {dim})", lambda m, x, dim: rope_tables(x, dim)),
+    "rope": Op("{0} * {1} + rotate_half({0}) * {2}", lambda m, x, cos, sin: x * cos + rotate_half(x) * sin),
+    "rms_hf": Op("{0} * torch.rsqrt({0}.pow(2).mean(-1, keepdim=True) + 1e-6) * self.{layer}",
+                 lambda m, x, layer: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * getattr(m, layer)),
+    "layer_norm_f": Op("F.layer_norm({0}, ({d},), self.{weight}, self.{bias})",
+                       lambda m, x, d, weight, bias: F.layer_norm(x, (d,), getattr(m, weight), getattr(m, bias))),
+    "sdpa_mask": Op("F.scaled_dot_product_attention({0}, {1}, {2}, attn_mask={3})",
+                    lambda m, q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)),
+    "sdpa_gqa": Op("F.scaled_dot_product_attention({0}, {1}, {2}, is_causal={causal}, enable_gqa=True)",
+                   lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                              enable_gqa=True)),
+    "mha_causal": Op("self.{layer}({0}, {0}, {0}, attn_mask=torch.ones({t}, {t}, dtype=torch.bool).triu(1), "
+                     "need_weights={need}, average_attn_weights={average})",
+                     lambda m, x, layer, t, need, average: getattr(m, layer)(
+                         x, x, x, attn_mask=torch.ones(t, t, dtype=torch.bool).triu(1), need_weights=need,
+                         average_attn_weights=average)),
 }
 
 
 @dataclass(frozen=True)
 class Layer:
-    """``nn.<cls>(*args, **kwargs)``, in eval mode when ``train`` is false."""
+    """``nn.<cls>(*args, **kwargs)``, in eval mode when ``train`` is false; ``Layer("Parameter", shape)`` is
+    ``nn.Parameter(torch.zeros(shape))`` (given its values by :func:`randomize`)."""
 
     cls: str
     args: tuple[Any, ...]
     kwargs: tuple[tuple[str, Any], ...] = ()
     train: bool = True
 
+    def make(self) -> nn.Module | nn.Parameter:
+        if self.cls == "Parameter":
+            return nn.Parameter(torch.zeros(self.args))
+        return getattr(nn, self.cls)(*self.args, **dict(self.kwargs))
+
     def source(self) -> str:
+        if self.cls == "Parameter":
+            return f"nn.Parameter(torch.zeros({self.args!r}))"
         return f"nn.{self.cls}({', '.join([repr(a) for a in self.args] + [f'{k}={v!r}' for k, v in self.kwargs])})"
 
 
@@ -133,7 +200,7 @@ class FuzzModel(nn.Module):
     def __init__(self, layers: Sequence[tuple[str, Layer]], steps: Sequence[Step], output: _Output):
         super().__init__()
         for name, layer in layers:
-            self.add_module(name, getattr(nn, layer.cls)(*layer.args, **dict(layer.kwargs)))
+            setattr(self, name, layer.make())
         self.steps, self.output = tuple(steps), output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor]:
@@ -190,7 +257,8 @@ class Case:
             torch.manual_seed(self.torch_seed)
             model = randomize(FuzzModel(self.layers, self.steps, self.output).double())
             for name, layer in self.layers:
-                getattr(model, name).train(layer.train)
+                if not layer.train:
+                    getattr(model, name).eval()
             x = (torch.randint(0, self.vocab, self.input_shape) if self.vocab
                  else torch.randn(self.input_shape, dtype=torch.float64))
         return model, (x,)
@@ -203,6 +271,7 @@ class Case:
         x = (f"torch.randint(0, {self.vocab}, {self.input_shape})" if self.vocab
              else f"torch.randn({self.input_shape}, dtype=torch.float64)")
         lines = ["# " + self.description, "import torch", "import torch.nn.functional as F", "from torch import nn",
+                 "from symalg.verification.fuzz import alibi, rope_tables, rotate_half",
                  "", "", "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()"]
         lines += [f"        self.{name} = {layer.source()}" for name, layer in self.layers]
         lines += ["", "    def forward(self, x):"] + [f"        {s.source()}" for s in self.steps]
@@ -227,13 +296,35 @@ class _Builder:
         self.steps: list[Step] = []
         self.variant: list[str] = []
 
+        self.reuse: Iterator[tuple[str, Layer]] | None = None   # inside twice(): the first call's layers
+
     def width(self, low: int = 1) -> int:
         return self.rng.randint(low, 6)
 
     def add(self, cls: str, *args: Any, train: bool = True, **kwargs: Any) -> str:
+        layer = Layer(cls, args, tuple(kwargs.items()), train)
+        if self.reuse is not None:  # inside the second call of twice(): the first call's layer, in turn
+            name, first = next(self.reuse)
+            assert first == layer, (first, layer)
+            return name
         name = f"m{len(self.layers)}"
-        self.layers.append((name, Layer(cls, args, tuple(kwargs.items()), train)))
+        self.layers.append((name, layer))
         return name
+
+    def twice(self, block: Callable[[str], str], x: str) -> str:
+        """``block(block(x))`` with the same modules (weight sharing): the second call replays the first call's
+        random choices (same RNG state) and reuses, in turn, the layers the first call added."""
+        state, first, variant = self.rng.getstate(), len(self.layers), list(self.variant)
+        y = block(x)
+        after, variant, self.reuse = self.rng.getstate(), list(self.variant), iter(self.layers[first:])
+        self.rng.setstate(state)
+        try:
+            y = block(y)
+        finally:
+            self.reuse = None
+        assert self.rng.getstate() == after
+        self.variant = variant
+        return y
 
     def op(self, op: str, *inputs: str, **constants: Any) -> str:
         """A step with one result; its name."""
@@ -530,10 +621,202 @@ def _albert(b: _Builder) -> _Drawn:
     return shape, 0, b.linear(x, d, b.width())
 
 
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _block_norm(b: _Builder, x: str, shape: tuple) -> str:
+    """A norm of the stream ``x`` of ``shape`` ``(B, T, d)``: ``nn.LayerNorm``/``nn.RMSNorm`` over the features,
+    Hugging Face's RMSNorm written out (``x · rsqrt(mean(x²) + ε) · w``), ``F.layer_norm``, a LayerNorm over
+    ``(T, d)``, or any norm of :meth:`_Builder.norm` (batch and group norms, the time axis)."""
+    rng, (_, t, d) = b.rng, shape
+    kind = rng.choice(["layernorm", "rmsnorm", "rms_hf", "layer_norm_f", "two_axes", "any"])
+    if kind == "any":
+        return b.norm(x, shape)
+    b.variant.append(kind)
+    if kind == "layernorm":
+        return b.call(b.add("LayerNorm", d, bias=rng.random() < 0.7), x)
+    if kind == "rmsnorm":
+        return b.call(b.add("RMSNorm", d, elementwise_affine=rng.random() < 0.8), x)
+    if kind == "rms_hf":
+        return b.op("rms_hf", x, layer=b.add("Parameter", d))
+    if kind == "layer_norm_f":
+        return b.op("layer_norm_f", x, d=d, weight=b.add("Parameter", d), bias=b.add("Parameter", d))
+    return b.call(b.add(rng.choice(["LayerNorm", "RMSNorm"]), (t, d)), x)
+
+
+def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None]:
+    """Self-attention on ``x`` of ``shape`` ``(B, T, d)``: ``(output, attention map or None)``.
+
+    ``nn.MultiheadAttention`` (causal or not, weights averaged or per head), or q/k/v projections (separate,
+    or packed and split by ``chunk``/``split``), heads split by ``view``/``reshape``/``unflatten``, grouped
+    key/value heads (``repeat_interleave`` or Hugging Face's ``repeat_kv``), q/k norms over the head axis,
+    RoPE, then ``F.scaled_dot_product_attention`` (causal, an additive mask parameter, ``enable_gqa``) or
+    ``softmax(q kᵀ/√d_k [· temperature] [+ bias | ALiBi] [causal masked_fill]) v`` written out, whose
+    probabilities are the attention map.
+    """
+    rng, (batch, t, d) = b.rng, shape
+    kind = rng.choice(["hand", "hand", "sdpa", "mha"])
+    if kind == "mha":
+        heads, causal = rng.choice(_divisors(d)[:3]), rng.random() < 0.4
+        need, average = rng.random() < 0.5, rng.random() < 0.5
+        b.variant.append(f"mha{heads}{'-causal' if causal else ''}-need{need}-avg{average}")
+        layer = b.add("MultiheadAttention", d, heads, batch_first=True, bias=rng.random() < 0.7)
+        out, weights = (b.ops("mha_causal", x, layer=layer, t=t, need=need, average=average, outs=2) if causal else
+                        b.ops("mha", x, layer=layer, need=need, average=average, outs=2))
+        return out, weights if need else None
+    heads = rng.randint(1, 4)
+    groups = rng.choice(_divisors(heads)) if rng.random() < 0.4 else heads
+    rope = rng.random() < 0.3
+    dk = rng.choice([2, 4]) if rope else rng.randint(1, 3)
+    inner, kv, bias = heads * dk, groups * dk, rng.random() < 0.6
+    b.variant.append(f"{kind}{heads}" + (f"-gqa{groups}" if groups < heads else "") + ("-rope" if rope else ""))
+    if rng.random() < 0.3:
+        b.variant.append("qkv")
+        qkv = b.linear(x, d, inner + 2 * kv, bias)
+        q, k, v = (b.ops("chunk", qkv, n=3, outs=3) if kv == inner and rng.random() < 0.5 else
+                   b.ops("split", qkv, sizes=(inner, kv, kv), outs=3))
+    else:
+        q, k, v = b.linear(x, d, inner, bias), b.linear(x, d, kv, bias), b.linear(x, d, kv, bias)
+    split = rng.choice(["view", "reshape", "unflatten"])
+
+    def split_heads(z: str, n: int) -> str:
+        z = b.op("unflatten", z, sizes=(n, dk)) if split == "unflatten" else b.op(split, z, shape=(batch, t, n, dk))
+        return b.op("transpose", z, a=1, b=2)
+
+    q, k, v = split_heads(q, heads), split_heads(k, groups), split_heads(v, groups)
+    if rng.random() < 0.2:  # q/k norms over the head axis (Qwen3, OLMo 2)
+        b.variant.append("qknorm")
+        cls = rng.choice(["LayerNorm", "RMSNorm"])
+        q, k = b.call(b.add(cls, dk), q), b.call(b.add(cls, dk), k)
+    if rope:
+        cos, sin = b.ops("rope_tables", q, dim=dk, outs=2)
+        q, k = b.op("rope", q, cos, sin), b.op("rope", k, cos, sin)
+
+    def repeat(z: str) -> str:
+        r = heads // groups
+        return (b.op("repeat_interleave", z, r=r) if rng.random() < 0.5 else
+                b.op("repeat_kv", z, shape=(batch, groups, r, t, dk), merged=(batch, heads, t, dk)))
+
+    attention_map = None
+    if kind == "sdpa":
+        causal = rng.random() < 0.5
+        if groups < heads and rng.random() < 0.5:
+            o = b.op("sdpa_gqa", q, k, v, causal=causal)
+        else:
+            k, v = (repeat(k), repeat(v)) if groups < heads else (k, v)
+            if rng.random() < 0.3:
+                b.variant.append("mask")
+                mask = b.op("param", layer=b.add("Parameter", rng.choice([1, heads]), t, t))
+                o = b.op("sdpa_mask", q, k, v, mask)
+            else:
+                b.variant.append("causal" if causal else "full")
+                o = b.op("sdpa", q, k, v, causal=causal)
+    else:
+        k, v = (repeat(k), repeat(v)) if groups < heads else (k, v)
+        scores = b.op("scale", b.op("matmul_t", q, k), c=dk ** -0.5)
+        if rng.random() < 0.2:
+            b.variant.append("temperature")
+            scores = b.op("mul", scores, b.op("param", layer=b.add("Parameter", 1)))
+        position = rng.choice(["none", "none", "bias", "alibi"])
+        if position == "bias":  # a learned additive (relative-position) bias, per head or shared
+            b.variant.append("bias")
+            scores = b.op("add", scores, b.op("param", layer=b.add("Parameter", rng.choice([1, heads]), t, t)))
+        elif position == "alibi":
+            b.variant.append("alibi")
+            scores = b.op("alibi", scores)
+        if rng.random() < 0.5:
+            b.variant.append("causal")
+            scores = b.op(rng.choice(["causal_fill", "causal_fill_min"]), scores, t=t)
+        attention_map = b.op("softmax", scores, dim=-1)
+        o = b.op("matmul", attention_map, v)
+    o = b.op("transpose", o, a=1, b=2)
+    merge = rng.choice(["reshape", "view", "flatten"])
+    if merge == "flatten":
+        o = b.op("flatten_from", o, start=2)
+    else:
+        o = b.op(merge, b.op("contiguous", o) if merge == "view" else o, shape=(batch, t, inner))
+    return b.linear(o, inner, d, rng.random() < 0.6), attention_map
+
+
+def _block_mlp(b: _Builder, x: str, d: int) -> str:
+    """``down(act(up x))``, or gated ``down(act(gate x) ⊙ up x)`` (SwiGLU, GeGLU), gate and up separate or packed
+    in one linear and split by ``chunk``."""
+    rng, h = b.rng, b.width()
+    kind = rng.choice(["plain", "gated", "packed"])
+    bias = rng.random() < 0.5
+    if kind == "plain":
+        b.variant.append("mlp")
+        return b.linear(b.act(b.linear(x, d, h, bias)), h, d, bias)
+    act = rng.choice(["silu", "gelu", "relu", "sigmoid"])
+    b.variant.append(f"{kind}-{act}")
+    if kind == "packed":
+        gate, up = b.ops("chunk", b.linear(x, d, 2 * h, bias), n=2, outs=2)
+    else:
+        gate, up = b.linear(x, d, h, bias), b.linear(x, d, h, bias)
+    return b.linear(b.op("mul", b.act(gate, [act]), up), h, d, bias)
+
+
+def _block(b: _Builder) -> _Drawn:
+    """Transformer blocks on ``(B, T, d)``: an input projection or token embedding, an optional learned absolute
+    position table, 1-2 blocks (pre-norm, post-norm, parallel or without norms; attention by
+    :func:`_block_attention`, MLP by :func:`_block_mlp`; two blocks may share their modules), a final norm
+    and a head (tied to the embedding or not), returning the attention maps too, at times."""
+    rng, batch, t, d = b.rng, 2, b.rng.randint(2, 4), b.width()
+    shape: tuple[int, ...]   # (B, T) token ids or (B, T, n) features
+    if rng.random() < 0.25:
+        vocab, shape = b.width(2), (batch, t)
+        embedding = b.add("Embedding", vocab, d)
+        x = b.call(embedding, "x")
+    else:
+        vocab, embedding, shape = 0, None, (batch, t, b.width())
+        x = b.linear("x", shape[-1], d)
+    if rng.random() < 0.25:
+        b.variant.append("abs-pos")
+        x = b.op("add", x, b.op("param", layer=b.add("Parameter", t, d)))
+    stream, maps = (batch, t, d), []
+
+    def block(x: str) -> str:
+        placement = rng.choice(["pre", "pre", "post", "parallel", "none"])
+        b.variant.append(placement)
+        norm = (lambda z: _block_norm(b, z, stream)) if placement != "none" else (lambda z: z)
+        if placement == "parallel":  # GPT-J: x + attn(n(x)) + mlp(n(x))
+            y = norm(x)
+            a, attention_map = _block_attention(b, y, stream)
+            maps.append(attention_map)
+            return b.op("add", b.op("add", x, a), _block_mlp(b, y, d))
+        a, attention_map = _block_attention(b, x if placement == "post" else norm(x), stream)
+        maps.append(attention_map)
+        x = b.op("add", x, a)
+        x = norm(x) if placement == "post" else x
+        if rng.random() < 0.8:
+            x = b.op("add", x, _block_mlp(b, x if placement == "post" else norm(x), d))
+            x = norm(x) if placement == "post" else x
+        return x
+
+    if rng.random() < 0.3:
+        b.variant.append("shared")
+        x = b.twice(block, x)
+    else:
+        for _ in range(rng.choice([1, 1, 2])):
+            x = block(x)
+    if rng.random() < 0.5:
+        x = _block_norm(b, x, stream)
+    if embedding and rng.random() < 0.4:
+        b.variant.append("tied")
+        y = b.op("linear_w", x, layer=embedding)
+    else:
+        y = b.linear(x, d, b.width())
+    returned = [m for m in maps if m is not None and rng.random() < 0.4]
+    if returned:
+        b.variant.append("maps")
+    return shape, vocab, (y, *returned) if returned else y
+
+
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "embedding": _embedding, "concat": _concat, "shared": _shared,
-    "albert": _albert,
+    "albert": _albert, "block": _block,
     "outputs": _mlp,  # an MLP that generate() always makes return a dict or tuple, hidden values included
 }
 """Model families by name; :func:`generate` draws from them in turn."""
