@@ -41,7 +41,7 @@ Rule: TypeAlias = Callable[[Inference, str, NodeData, Inputs], Value]
 
 _RULES: dict[str, Rule] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
-                          "permute", "embedding", "cdist", "getitem"})
+                          "permute", "embedding", "cdist", "getitem", "attention"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -973,24 +973,37 @@ def _split_into_groups(state: Inference, node: str, site_id: int, groups: int, n
 # -- attention ---------------------------------------------------------------------------------
 
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
-                    v: list[Binding]) -> Label:
+                    v: list[Binding], heads_alike: bool = True, key_shifts: bool = True) -> Label:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
-    heads moving all per-head blocks together. ``q, k, v`` are the producers' out-bindings."""
+    heads moving all per-head blocks together (only when the scores of every head are treated alike,
+    ``heads_alike``). ``q, k, v`` are the producers' out-bindings.
+
+    With ``key_shifts`` (the softmax over keys ignores a per-query constant) each head's key bias translates:
+    ``b_k ↦ b_k + t`` adds ``q_iᵀ t`` to every score of query ``i``, the same for all keys ``j``, so
+    ``softmax_j(q_iᵀ(k_j + b_k + t))`` is unchanged (``T`` on the head's ``qk`` site; the key bias's
+    entries are its directions).
+    """
     d_k = q[0].width // heads
     d_v = v[0].width // heads
     stem = site_stem([b.tensor for b in q + k + v], node)  # the attention module's path (``attn``)
+    key_biases = [b for b in k if len(state.shapes[b.tensor]) == 1] if key_shifts else []
     segments = []
     for h in range(heads):
-        state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for b in q] +
-                       [b.restrict(h * d_k, d_k).flipped() for b in k], name=f"{stem}.head{h}.qk",
-                       allowed=ALL - TRANSLATIONS)
+        qk = state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for b in q] +
+                            [b.restrict(h * d_k, d_k).flipped() for b in k], name=f"{stem}.head{h}.qk",
+                            allowed=ALL - {"T1"})
+        state.site(qk).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(h * d_k, d_k),)))
+                                           for b in key_biases)
         site = state.new_site(node, d_v, [b.restrict(h * d_v, d_v) for b in v], name=f"{stem}.head{h}.vo",
                               allowed=ALL - TRANSLATIONS)
         segments.append(Segment(site, h * d_v, d_v))
     if heads > 1:
         head_site = state.new_site(node, heads, [b.coarsen(d_k) for b in q + k] + [b.coarsen(d_v) for b in v],
                                    name=f"{stem}.heads", allowed={"S"})
+        if not heads_alike:
+            state.restrict(head_site, set(), node, f"{state.where(node)}: a mask, bias or temperature differs between "
+                                                   "heads, so permuting the heads changes the scores")
         segments.append(Segment(head_site, 0, heads, d_v))
     return Label(-1, d_v * heads, tuple(segments))
 
@@ -1041,9 +1054,17 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
     split_heads_attention, shape=(5, 3, 3), query=lambda: torch.nn.Linear(4, 4), key=lambda: torch.nn.Linear(4, 4),
     value=lambda: torch.nn.Linear(4, 4))})
 def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """Hand-written attention folded by :mod:`symalg.attention_folding`: inputs are the outputs of the
-    ``q``, ``k``, ``v`` maps (each read by nothing else); their sites are split into heads."""
-    heads = data["settings"]["heads"]
+    """Hand-written attention folded by :mod:`symalg.frontend.attention_folding`: the first three inputs are the
+    outputs of the ``q``, ``k``, ``v`` maps (each read by nothing else), whose sites are split into heads; the
+    others are the tensors the scores are combined with (masks, biases, temperatures), which nothing may move."""
+    settings = data["settings"]
+    heads = settings["heads"]
+    for extra in inputs[3:]:
+        if isinstance(extra, Label):
+            state.restrict_label(extra, set(), node, f"{state.where(node)} combines its scores with this value")
+        elif _is_param(extra) or isinstance(extra, WeightExpr):
+            for tensor in (extra.tensors if isinstance(extra, WeightExpr) else (extra[1],)):
+                state.opaque.setdefault(tensor, node)
     sites = []
     for label in inputs[:3]:
         if not isinstance(label, Label) or len(label.segments) != 1 or label.segments[0].power != 1:
@@ -1058,4 +1079,6 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
         readers = [b for b in site.bindings if b.role != "out"]
         if readers:
             return unknown_rule(state, node, data, inputs)
-    return attention_sites(state, node, heads, *out_bindings)
+    q, k, v = out_bindings
+    return attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
+                           key_shifts=settings.get("key_shifts", True))

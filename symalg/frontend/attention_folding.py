@@ -12,13 +12,23 @@ feature columns ``[h·d_k, (h+1)·d_k)``. Attention per head and the inverse mer
 
 (``Y = A.transpose(-3, -2).reshape(…, L_q, H·d_v)``) is written either with
 ``F.scaled_dot_product_attention(Q, K, V, ...)`` (any ``attn_mask``, ``is_causal``, ``dropout_p``,
-``scale``; a mask tensor must not be computed from parameters) or explicitly: ``Q @ Kᵀ`` (``matmul``),
-optionally multiplied or divided by numbers (Python numbers, or values computed from shapes only such
-as ``math.sqrt(q.size(-1))``), ``softmax`` over the last axis, optionally ``dropout``, then ``@ V``.
-Such a pattern becomes one node ``attention(q, k, v)`` reading the three roots, with settings
-``heads = H``, ``head_dim = d_k``, ``value_head_dim = d_v`` and ``form`` (``"sdpa"``/``"explicit"``);
-the readers of ``Y`` read it instead. The scale and the mask are not recorded: ``Q_h ↦ Q_h g``,
-``K_h ↦ K_h g⁻ᵀ`` leaves ``Q_h K_hᵀ``, hence any function of it, unchanged.
+``scale``) or explicitly: ``Q @ Kᵀ`` (``matmul``), then any chain of *score modifiers*, ``softmax`` over
+the last axis, optionally ``dropout``, then ``@ V``. A modifier combines the scores ``S`` with a number
+(a Python number, or a value computed from shapes only such as ``math.sqrt(q.size(-1))``) or with a tensor
+``E`` computed without the scores: ``S·E``, ``S/E``, ``E/S``, ``S ± E``, ``E − S`` (a learnable temperature, a
+T5 relative-position bias, an additive mask) or ``S.masked_fill(mask, c)`` (a causal mask).
+Such a pattern becomes one node ``attention(q, k, v, *E)`` reading the three roots and the modifiers'
+tensors (the ``sdpa`` mask included), with settings ``heads = H``, ``head_dim = d_k``,
+``value_head_dim = d_v``, ``form`` (``"sdpa"``/``"explicit"``) and two facts about the modifiers:
+
+- ``heads_alike``: every tensor ``E`` is the same for all heads (its axis ``-3`` is absent or of length 1),
+  so permuting the heads permutes the scores of a per-head ``E`` nowhere;
+- ``key_shifts``: a per-query constant added to the scores, ``S_ij + c_i``, is still one after every
+  modifier (sums, a factor or divisor constant along the keys, ``masked_fill`` with ``-inf``), so the
+  softmax over keys ignores it; ``E/S`` and ``masked_fill`` with a finite value do not keep it.
+
+The readers of ``Y`` read the node instead. ``Q_h ↦ Q_h g``, ``K_h ↦ K_h g⁻ᵀ`` leaves ``Q_h K_hᵀ``, hence
+any function of it and of tensors that do not depend on it, unchanged.
 
 The layout chains between a root and ``Q``/``Kᵀ``/``V`` (and between ``A`` and ``Y``) are ``reshape``,
 ``flatten``, ``transpose``, ``permute`` and ``identity`` nodes, each read by nothing but the next. Such a
@@ -59,10 +69,24 @@ class _Split:
 
 
 @dataclass(frozen=True)
+class _Modifier:
+    """One op between the scores and the softmax: its scores operand, the tensor it combines them with (if
+    any) and whether a per-query constant added to the scores stays one (see the module docstring)."""
+
+    node: str
+    scores: str
+    extra: str | None
+    key_shifts: bool
+
+
+@dataclass(frozen=True)
 class _Match:
     """One attention pattern: the roots, the head layout, the nodes it replaces and the merged output."""
 
     roots: tuple[str, str, str]
+    extras: tuple[str, ...]
+    heads_alike: bool
+    key_shifts: bool
     heads: int
     head_dim: int
     value_head_dim: int
@@ -97,15 +121,9 @@ def _match_sdpa(graph: nx.DiGraph, name: str) -> _Match | None:
     inputs = data["inputs"]
     if len(inputs) < 3 or None in inputs[:3] or any(f"arg{i}" not in data["arguments"] for i in range(3)):
         return None
-    match = _match_core(graph, inputs[0], inputs[1], inputs[2], name, {name}, "sdpa", keys_transposed=False)
-    if match is None:
-        return None
-    for mask in inputs[3:]:
-        if mask is None:
-            continue
-        if mask in match.folded or any(_has_params(graph.nodes[n]) for n in nx.ancestors(graph, mask) | {mask}):
-            return None
-    return match
+    masks = tuple(m for m in inputs[3:] if m is not None)
+    modifiers = tuple(_Modifier(name, inputs[0], m, True) for m in masks)
+    return _match_core(graph, inputs[0], inputs[1], inputs[2], name, {name}, "sdpa", modifiers, keys_transposed=False)
 
 
 def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
@@ -117,10 +135,11 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
             or any(isinstance(v, torch.dtype) for v in data["arguments"].values())):
         return None
     body = {name}
-    scores = data["inputs"][0]
-    while _is_scaling(graph, scores):
-        body.add(scores)
-        scores = next(i for i in graph.nodes[scores]["inputs"] if i is not None)
+    path = _scores_path(graph, data["inputs"][0])
+    if path is None:
+        return None
+    scores, modifiers = path
+    body |= {m.node for m in modifiers}
     probabilities = name
     user = _only_user(graph, probabilities)
     if user is not None and graph.nodes[user]["op"] == "dropout" and _single_input(graph.nodes[user]):
@@ -138,11 +157,58 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
     if any(_only_user(graph, n) not in body for n in body - {user}):
         return None
     q, k = first["inputs"]
-    return _match_core(graph, q, k, second["inputs"][1], user, body, "explicit", keys_transposed=True)
+    return _match_core(graph, q, k, second["inputs"][1], user, body, "explicit", modifiers, keys_transposed=True)
+
+
+def _scores_path(graph: nx.DiGraph, name: str) -> tuple[str, tuple[_Modifier, ...]] | None:
+    """The ``matmul`` computing the scores that reach ``name`` through score modifiers (each read by the next
+    only), and those modifiers; ``None`` where there is no such chain."""
+    if graph.nodes[name]["op"] == "matmul":
+        return name, ()
+    for modifier in _modifier_options(graph, name):
+        rest = _scores_path(graph, modifier.scores) if _only_user(graph, modifier.scores) == name else None
+        if rest is not None:
+            return rest[0], (modifier,) + rest[1]
+    return None
+
+
+def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
+    """The ways ``name`` can be a score modifier, one per operand that may be the scores (see the module
+    docstring); the other operand is a number or a tensor whose shape broadcasts to the scores'."""
+    data = graph.nodes[name]
+    op, inputs, arguments, shape = data["op"], data["inputs"], data["arguments"], data["shape"]
+    if shape is None:
+        return []
+    if op == "masked_fill":
+        value = arguments.get("value", arguments.get("arg2"))
+        if (len(inputs) != 3 or None in inputs[:2] or inputs[2] is not None or not isinstance(value, (int, float))
+                or isinstance(value, bool) or set(arguments) != {"arg0", "arg1", "arg2"}):
+            return []
+        return [_Modifier(name, inputs[0], inputs[1], value == -math.inf)]
+    if op not in ("mul", "div", "add", "sub") or len(inputs) != 2 or set(arguments) != {"arg0", "arg1"}:
+        return []
+    options = []
+    for position in (0, 1):
+        scores, other = inputs[position], inputs[1 - position]
+        if scores is None or graph.nodes[scores]["shape"] != shape:
+            continue
+        if other is None:
+            number = arguments[f"arg{1 - position}"]
+            if number is not None and not (scale_constant(number) and number != 0):
+                continue
+            along_keys = True
+        else:
+            extra_shape = graph.nodes[other]["shape"]
+            if extra_shape is None:
+                continue
+            along_keys = len(extra_shape) == 0 or extra_shape[-1] == 1
+        key_shifts = op in ("add", "sub") or along_keys and (op == "mul" or position == 0)   # not E / S
+        options.append(_Modifier(name, scores, other, key_shifts))
+    return options
 
 
 def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[str], form: str,
-                keys_transposed: bool) -> _Match | None:
+                modifiers: tuple[_Modifier, ...], keys_transposed: bool) -> _Match | None:
     """Check the three head splits, their agreement, the output shape and the merge of the heads."""
     queries, keys, values = _split(graph, q, False), _split(graph, k, keys_transposed), _split(graph, v, False)
     if queries is None or keys is None or values is None:
@@ -160,7 +226,15 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
     roots = (queries.root, keys.root, values.root)
     if any(r in folded for r in roots) or any(u not in folded for n in folded - {final} for u in graph.successors(n)):
         return None
-    return _Match(roots, heads, queries.width, values.width, form, folded, final)
+    extras = tuple(dict.fromkeys(m.extra for m in modifiers if m.extra is not None))
+    if any((nx.ancestors(graph, e) | {e}) & (folded | set(roots)) for e in extras):
+        return None    # a modifier computed from the scores or the attention's own inputs
+    extra_shapes = [graph.nodes[e]["shape"] for e in extras]
+    if None in extra_shapes:
+        return None
+    heads_alike = all(len(s) < 3 or s[-3] == 1 for s in extra_shapes)
+    key_shifts = all(m.key_shifts for m in modifiers)
+    return _Match(roots, extras, heads_alike, key_shifts, heads, queries.width, values.width, form, folded, final)
 
 
 def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
@@ -279,33 +353,9 @@ def _is_layout(data: dict) -> bool:
             and not any(isinstance(v, torch.dtype) for v in data["arguments"].values()))
 
 
-def _is_scaling(graph: nx.DiGraph, name: str) -> bool:
-    """``x * c``, ``c * x`` or ``x / c`` of the shape of ``x``, for a non-zero number ``c``.
-
-    ``c`` is a Python number, or recorded as ``None``: a value computed from shapes only
-    (``math.sqrt(q.size(-1))``), whose nodes tracing drops.
-    """
-    data = graph.nodes[name]
-    inputs, arguments = data["inputs"], data["arguments"]
-    if data["op"] not in ("mul", "div") or len(inputs) != 2 or set(arguments) != {"arg0", "arg1"}:
-        return False
-    if inputs[0] is not None and inputs[1] is None:
-        tensor, number = inputs[0], arguments["arg1"]
-    elif data["op"] == "mul" and inputs[0] is None and inputs[1] is not None:
-        tensor, number = inputs[1], arguments["arg0"]
-    else:
-        return False
-    return ((number is None or (scale_constant(number) and number != 0))
-            and data["shape"] is not None and data["shape"] == graph.nodes[tensor]["shape"])
-
-
 def _only_user(graph: nx.DiGraph, name: str) -> str | None:
     users = list(graph.successors(name))
     return users[0] if len(users) == 1 else None
-
-
-def _has_params(data: dict) -> bool:
-    return data["kind"] == "param" or bool(data.get("params"))
 
 
 def _fold(graph: nx.DiGraph, match: _Match) -> None:
@@ -316,8 +366,9 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
     name = f"attention_{k}"
     record = {"op": "attention", "kind": "function", "module": None, "params": {}, "buffers": {},
               "settings": {"heads": match.heads, "head_dim": match.head_dim,
-                           "value_head_dim": match.value_head_dim, "form": match.form},
-              "inputs": match.roots, "arguments": {}, "shape": graph.nodes[match.final]["shape"],
+                           "value_head_dim": match.value_head_dim, "form": match.form,
+                           "heads_alike": match.heads_alike, "key_shifts": match.key_shifts},
+              "inputs": match.roots + match.extras, "arguments": {}, "shape": graph.nodes[match.final]["shape"],
               "where": f"node {name!r} (folded attention)"}
     users = [(user, dict(graph.edges[match.final, user])) for user in graph.successors(match.final)]
     for user, _ in users:
@@ -326,7 +377,7 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
     nodes = [(name, record) if n == match.final else (n, d) for n, d in graph.nodes(data=True)
              if n == match.final or n not in match.folded]
     edges = [(u, v, d) for u, v, d in graph.edges(data=True) if u not in match.folded and v not in match.folded]
-    edges += [(root, name, {"index": i}) for i, root in enumerate(match.roots)]
+    edges += [(root, name, {"index": i}) for i, root in enumerate(match.roots + match.extras)]
     edges += [(name, user, d) for user, d in users]
     attributes = dict(graph.graph)
     graph.clear()

@@ -15,8 +15,9 @@ One edge ``u → v`` however often ``v`` reads ``u`` (``inputs`` has every posit
 unused guard and assertion calls (``torch.export``'s ``_guards_fn``, ``torch._assert``) are dropped.
 
 Hand-written attention (``q/k/v`` linears split into heads, then ``F.scaled_dot_product_attention``
-or ``softmax(Q Kᵀ/√d) V``, merged back) is folded into one ``attention`` node with inputs ``q, k, v``
-and ``settings["heads"]``; folding needs example inputs to read the head layout.
+or ``softmax(Q Kᵀ/√d) V``, merged back) is folded into one ``attention`` node with inputs ``q, k, v`` (then
+the masks, biases and temperatures its scores meet) and ``settings["heads"]``; folding needs example inputs to
+read the head layout.
 
 Example
 -------

@@ -1,0 +1,107 @@
+"""Attention variants: score modifiers (masks, biases, temperatures) and the key bias's translations."""
+import pytest
+import torch
+from torch import nn
+
+import symalg
+from symalg.verification.certification import claim_errors
+
+B, L, D, H = 2, 5, 8, 2
+
+
+class Scored(nn.Module):
+    """``o(softmax(scores(net, Q Kᵀ / 2)) V)`` with ``H`` heads; ``q, k, v, o`` biased linears."""
+
+    def __init__(self, scores):
+        super().__init__()
+        self.scores = scores
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
+        self.temperature = nn.Parameter(torch.tensor(1.7))
+        self.per_key = nn.Parameter(torch.rand(1, L) + 0.5)
+        self.bias = nn.Parameter(torch.randn(H, L, L))
+        self.register_buffer("causal", torch.ones(L, L, dtype=torch.bool).triu(1))
+
+    def forward(self, x):
+        q, k, v = (f(x).view(B, L, H, D // H).transpose(1, 2) for f in (self.q, self.k, self.v))
+        scores = self.scores(self, q @ k.transpose(-2, -1) / 2)
+        return self.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, L, D))
+
+
+def _x():
+    return torch.randn(B, L, D, dtype=torch.float64)
+
+
+def _claims(model):
+    analysis = symalg.derive(symalg.from_torch(model.double(), (_x(),)), certify=False)
+    return analysis, {s.label.split(" on ")[0].split("(")[0] + " on " + s.label.split(" on ")[1]
+                      for s in analysis.symmetries}
+
+
+def _key_shift_error(model):
+    """Relative output change when every key bias entry moves by 0.8 (what ``T`` on the ``qk`` sites claims)."""
+    x = _x()
+    before = model(x)
+    with torch.no_grad():
+        model.k.bias += 0.8
+    return ((model(x) - before).norm() / before.norm()).item()
+
+
+PER_HEAD = {"GL on q.head0.qk", "GL on q.head1.qk", "GL on q.head0.vo", "GL on q.head1.vo"}
+KEY_SHIFTS = {"Translations on q.head0.qk", "Translations on q.head1.qk"}
+
+
+@pytest.mark.parametrize("scores, heads_alike, key_shifts", [
+    (lambda net, s: s, True, True),
+    (lambda net, s: s * net.temperature, True, True),                                # learnable temperature
+    (lambda net, s: s.masked_fill(net.causal, float("-inf")), True, True),           # causal mask
+    (lambda net, s: (s + net.bias).masked_fill(net.causal, float("-inf")), False, True),  # T5-style bias per head
+    (lambda net, s: s + net.bias[:1], True, True),                                   # one bias for all heads
+    (lambda net, s: s.masked_fill(net.causal, -3.0), True, False),                   # finite fill
+    (lambda net, s: s * net.per_key, True, False),                                   # factor varying along keys
+])
+def test_score_modifiers_keep_the_per_head_groups_and_claim_exactly_what_holds(scores, heads_alike, key_shifts):
+    torch.manual_seed(0)
+    model = Scored(scores).double()
+    analysis, claims = _claims(model)
+    expected = PER_HEAD | (KEY_SHIFTS if key_shifts else set()) | ({"S on q.heads"} if heads_alike else set())
+    assert claims == expected
+    errors = claim_errors(analysis)
+    assert max(e.error for e in errors) < 1e-12
+    # the refusals are needed: what is not claimed does change the output
+    shift = _key_shift_error(model)
+    assert shift < 1e-12 if key_shifts else shift > 1e-3
+    if not heads_alike:
+        assert any("differs between heads" in b.reason for b in analysis.sites.restrictions)
+
+
+def test_the_key_bias_is_conserved_and_its_gradient_vanishes():
+    torch.manual_seed(1)
+    model = Scored(lambda net, s: s * net.temperature).double()
+    analysis, _ = _claims(model)
+    report = symalg.verify(analysis)
+    assert report.passed
+    x = _x()
+    model(x).square().sum().backward()
+    assert model.k.bias.grad.abs().max() < 1e-13 < model.q.bias.grad.abs().max()
+
+
+def test_multihead_attention_key_bias_translates_per_head():
+    torch.manual_seed(2)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp, self.out = nn.Linear(3, D), nn.Linear(D, 2)
+            self.attention = nn.MultiheadAttention(D, H, batch_first=True)
+
+        def forward(self, x):
+            h = self.inp(x)
+            return self.out(self.attention(h, h, h, need_weights=False)[0])
+
+    net = Net().double()
+    analysis = symalg.derive(symalg.from_torch(net, (torch.randn(B, L, 3, dtype=torch.float64),)), certify=False)
+    translations = [s for s in analysis.symmetries if s.label.startswith("Translations")]
+    assert sorted(s.label for s in translations) == ["Translations(4, bias) on attention.head0.qk",
+                                                     "Translations(4, bias) on attention.head1.qk"]
+    assert max(e.error for e in claim_errors(analysis, symmetries=translations)) < 1e-12
+    assert "in_proj_bias[8:12]" in str(translations[0]) and "in_proj_bias[12:16]" in str(translations[1])
