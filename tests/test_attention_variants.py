@@ -105,3 +105,58 @@ def test_multihead_attention_key_bias_translates_per_head():
                                                      "Translations(4, bias) on attention.head1.qk"]
     assert max(e.error for e in claim_errors(analysis, symmetries=translations)) < 1e-12
     assert "in_proj_bias[8:12]" in str(translations[0]) and "in_proj_bias[12:16]" in str(translations[1])
+
+
+class Packed(nn.Module):
+    """One ``qkv`` linear to ``3d`` cut into ``q, k, v`` by ``cut``; ``leak`` also returns the query piece."""
+
+    def __init__(self, cut, leak=False):
+        super().__init__()
+        self.cut, self.leak = cut, leak
+        self.qkv, self.o = nn.Linear(D, 3 * D), nn.Linear(D, D)
+
+    def forward(self, x):
+        pieces = self.cut(self.qkv(x))
+        q, k, v = (pieces[i].view(B, L, H, D // H).transpose(1, 2) for i in range(3))
+        y = self.o(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, L, D))
+        return (y, pieces[0]) if self.leak else y
+
+
+@pytest.mark.parametrize("cut", [lambda h: h.split(D, -1), lambda h: h.chunk(3, dim=-1),
+                                 lambda h: torch.split(h, [D, D, D], -1)], ids=["split", "chunk", "torch.split"])
+def test_packed_qkv_cut_by_split_or_chunk_has_the_per_head_groups(cut):
+    torch.manual_seed(3)
+    analysis = symalg.derive(symalg.from_torch(Packed(cut).double(), (_x(),)), certify=False)
+    assert {s.label for s in analysis.symmetries} == (
+        {f"GL(4) on qkv.head{h}.{p}" for h in (0, 1) for p in ("qk", "vo")} | {"S(2) on qkv.heads"} |
+        {f"Translations(4, bias) on qkv.head{h}.qk" for h in (0, 1)})
+    # head 1's query rows are rows 4:8 of the packed weight, its key rows 12:16, its value rows 20:24
+    qk = next(s for s in analysis.symmetries if s.label == "GL(4) on qkv.head1.qk")
+    assert "qkv.weight rows[4:8] (out)" in str(qk) and "qkv.weight rows[12:16] (in)" in str(qk)
+    assert max(e.error for e in claim_errors(analysis)) < 1e-12
+
+
+def test_a_packed_piece_read_elsewhere_keeps_its_rows_fixed():
+    torch.manual_seed(4)
+    model = Packed(lambda h: h.chunk(3, -1), leak=True).double()
+    analysis = symalg.derive(symalg.from_torch(model, (_x(),)), certify=False)
+    assert not any("head" in s.site for s in analysis.symmetries)
+    assert any("attention" in b.reason for b in analysis.blocked)
+    assert all(e.holds for e in claim_errors(analysis))
+
+
+def test_a_split_cutting_a_shared_site_apart_claims_nothing_there():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.a, self.b = nn.Linear(3, 4), nn.Linear(2, 2), nn.Linear(4, 2)
+
+        def forward(self, x):
+            h = torch.relu(self.fc(x))        # a ReLU site read by the split and by b: it cannot be cut in two
+            first, _ = h.split(2, -1)
+            return self.a(first) + self.b(h)
+
+    analysis = symalg.derive(symalg.from_torch(Net().double(), (torch.randn(5, 3, dtype=torch.float64),)),
+                             certify=False)
+    assert not any(s.site == "fc" for s in analysis.symmetries)
+    assert any("cuts the site's coordinates apart" in b.reason for b in analysis.blocked)

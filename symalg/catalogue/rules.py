@@ -584,6 +584,56 @@ def cat_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Lab
     return first
 
 
+@register_rule("split", "chunk", examples={
+    "split": around(lambda self, h: (lambda p: torch.cat([torch.relu(p[0]), torch.tanh(p[1])], -1))(
+        h.split([1, 3], -1))),
+    "chunk": around(lambda self, h: split_heads_attention(self, h, packed=True), shape=(5, 3, 3),
+                    qkv=lambda: torch.nn.Linear(4, 12))})
+def split_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
+    """``x.split(sizes, dim)`` / ``x.chunk(n, dim)``: a tuple of pieces (read by ``getitem``).
+
+    Along another axis than the sites' each piece carries the input's sites. Along the sites' axis a segment
+    inside one piece moves to it (offset shifted); a fresh site spanning the axis (made by the map just before,
+    read by the split alone: a packed ``qkv`` projection) becomes one site per piece, each moving its slice of
+    the map's rows and bias (``W[a:b] ↦ g W[a:b]``), since the pieces are read apart; any other segment straddling
+    a cut carries no group.
+    """
+    label = _first(inputs)
+    before, pieces = state.shape(data["inputs"][0]), state.shape(node)
+    if before is None or pieces is None or not all(isinstance(p, tuple) for p in pieces):
+        return unknown_rule(state, node, data, inputs)
+    dim = _normalise(_argument(data, 2, "dim", 0), len(before))
+    if not label.segments or dim != label.dim:
+        return tuple(label if label.segments else Label.data(-1, p[-1]) for p in pieces)
+    cuts = [0]
+    for piece in pieces:
+        cuts.append(cuts[-1] + piece[dim])
+    if _splittable(state, node, data, label, before[dim]):
+        original = state.site(label.segments[0].site)
+        original.dissolved = True
+        out = []
+        for start, end in zip(cuts, cuts[1:]):
+            width = end - start
+            sub = state.new_site(original.node, width, [b.restrict(start, width) for b in original.bindings],
+                                 allowed=original.allowed)
+            site = state.site(sub)
+            site.translations.extend((kind, producer, TranslationFamily(family.pattern, tuple(
+                r.restrict(start, width) for r in family.regions))) for kind, producer, family in original.translations)
+            site.checks.extend(original.checks)
+            out.append(Label(dim, width, (Segment(sub, 0, width, 1, label.segments[0].power,
+                                                  label.segments[0].invariant),)))
+        return tuple(out)
+    out = []
+    for start, end in zip(cuts, cuts[1:]):
+        inside = tuple(replace(s, offset=s.offset - start) for s in label.segments
+                       if start <= s.offset and s.offset + s.width * s.block <= end)
+        out.append(Label(dim, end - start, inside))
+    for s in label.segments:
+        if not any(start <= s.offset and s.offset + s.width * s.block <= end for start, end in zip(cuts, cuts[1:])):
+            state.restrict(s.site, set(), node, f"{state.where(node)} cuts the site's coordinates apart", blocked=True)
+    return tuple(out)
+
+
 @register_rule("flatten", "reshape", examples={
     "flatten": around(lambda self, h: torch.relu(h).flatten(0, 1), shape=(5, 2, 3)),
     "reshape": around(lambda self, h: torch.relu(h).reshape(-1, 4), shape=(5, 2, 3))})
@@ -972,6 +1022,14 @@ def _split_into_groups(state: Inference, node: str, site_id: int, groups: int, n
 
 # -- attention ---------------------------------------------------------------------------------
 
+def _only_into(state: Inference, source: str, node: str) -> bool:
+    """``source`` is read by ``node`` alone, possibly through ``split``/``chunk`` and the ``getitem`` of its pieces
+    (a packed ``qkv`` projection cut into ``q, k, v``)."""
+    users = state.users(source)
+    return bool(users) and all(user == node or state.graph.nodes[user]["op"] in ("split", "chunk", "getitem")
+                               and _only_into(state, user, node) for user in users)
+
+
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
                     v: list[Binding], heads_alike: bool = True, key_shifts: bool = True) -> Label:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
@@ -1070,7 +1128,7 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
         if not isinstance(label, Label) or len(label.segments) != 1 or label.segments[0].power != 1:
             return unknown_rule(state, node, data, inputs)
         sites.append(state.site(label.segments[0].site))
-    if len({s.id for s in sites}) != 3 or any(len(state.users(s.node)) != 1 for s in sites):
+    if len({s.id for s in sites}) != 3 or not all(_only_into(state, s.node, node) for s in sites):
         return unknown_rule(state, node, data, inputs)
     out_bindings = []
     for site in sites:

@@ -211,6 +211,7 @@ _ATEN = {
     "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square", "dropout": "dropout", "cdist": "cdist",
     "max_pool1d": "max_pool", "max_pool2d": "max_pool", "avg_pool1d": "avg_pool", "avg_pool2d": "avg_pool",
     "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool",
+    "split": "split", "split_with_sizes": "split", "chunk": "chunk",
 }
 _ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
                      "adaptive_avg_pool2d": 2}

@@ -86,6 +86,8 @@ OPS: dict[str, Op] = {
     "weight_add": Op("{0} + self.{layer}.weight", lambda m, x, layer: x + getattr(m, layer).weight),
     "weight_mul": Op("{0} * self.{layer}.weight", lambda m, x, layer: x * getattr(m, layer).weight),
     "weight_rdiv": Op("self.{layer}.weight / {0}", lambda m, x, layer: getattr(m, layer).weight / x),
+    "chunk": Op("{0}.chunk({n}, {dim})", lambda m, x, n, dim: x.chunk(n, dim)),
+    "split": Op("{0}.split({sizes}, {dim})", lambda m, x, sizes, dim: x.split(sizes, dim)),
     "causal_fill": Op("{0}.masked_fill(torch.ones({t}, {t}, dtype=torch.bool).triu(1), {value})",
                       lambda m, x, t, value: x.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), value)),
     "sdpa_mask": Op("F.scaled_dot_product_attention({0}, {1}, {2}, attn_mask=self.{layer}.weight)",
@@ -444,7 +446,8 @@ def _attention(b: _Builder) -> _Drawn:
 
 
 def _scores(b: _Builder) -> _Drawn:
-    """Multi-head attention whose scores are combined with a mask, a bias or a temperature before the softmax.
+    """Multi-head attention (``q, k, v`` maps separate or one packed map cut by ``chunk``) whose scores are combined
+    with a mask, a bias or a temperature before the softmax; its output may be cut by ``split`` into two pieces.
 
     A tensor ``E`` is the weight of a layer used for its shape only: ``Linear(1, 1)`` (a temperature),
     ``Conv1d(1, H, 1)`` (one per head), ``Linear(T, T)`` (a bias shared by the heads), ``Conv1d(T, H, T)``
@@ -454,7 +457,11 @@ def _scores(b: _Builder) -> _Drawn:
     rng = b.rng
     heads, dk = rng.randint(1, 3), rng.randint(1, 3)
     d, n, t, batch = heads * dk, b.width(), b.width(2), 2
-    q, k, v = (b.linear("x", n, d) for _ in range(3))
+    if rng.random() < 0.3:   # a packed projection cut into q, k, v (a piece may also be returned)
+        b.variant.append("packed")
+        q, k, v = b.ops("chunk", b.linear("x", n, 3 * d), n=3, dim=-1, outs=3)
+    else:
+        q, k, v = (b.linear("x", n, d) for _ in range(3))
     q, k, v = (b.op("transpose", b.op("reshape", z, shape=(batch, t, heads, dk)), a=1, b=2) for z in (q, k, v))
     if rng.random() < 0.2:
         shared = rng.random() < 0.5
@@ -463,9 +470,10 @@ def _scores(b: _Builder) -> _Drawn:
         o = b.op("sdpa_mask", q, k, v, layer=mask)
     else:
         scores = b.op("matmul_t", q, k)
-        for _ in range(rng.randint(1, 3)):
-            kind = rng.choice(["scale", "temperature", "head-temperature", "bias", "head-bias", "key-factor",
-                               "key-divisor", "causal-inf", "causal-finite"])
+        kinds = [rng.choice(["scale", "temperature", "head-temperature", "bias", "head-bias", "key-factor",
+                             "key-divisor", "causal-inf", "causal-finite"]) for _ in range(rng.randint(1, 3))]
+        # a mask comes last, as in real models: a factor after a -inf fill could make +inf (or NaN) scores
+        for kind in sorted(kinds, key=lambda kind: kind.startswith("causal")):
             b.variant.append(kind)
             if kind == "scale":
                 scores = b.op("scale", scores, c=dk ** -0.5)
@@ -484,7 +492,15 @@ def _scores(b: _Builder) -> _Drawn:
                 scores = b.op("causal_fill", scores, t=t, value=float("-inf") if kind == "causal-inf" else -1.5)
         o = b.op("matmul", b.op("softmax", scores, dim=-1), v)
     o = b.op("reshape", b.op("transpose", o, a=1, b=2), shape=(batch, t, d))
-    return (batch, t, n), 0, b.linear(o, d, b.width())
+    m = b.width()
+    y = b.linear(o, d, m)
+    if m > 1 and rng.random() < 0.4:   # the output cut in two pieces, each through its own activation
+        cut = rng.randint(1, m - 1)
+        b.variant.append(f"split{cut}")
+        first, second = b.ops("split", y, sizes=[cut, m - cut], dim=-1, outs=2)
+        pieces = [b.act(first), b.act(second)]
+        y = b.linear(b.op("cat", *(pieces if rng.random() < 0.7 else pieces[::-1]), dim=-1), m, b.width())
+    return (batch, t, n), 0, y
 
 
 def _embedding(b: _Builder) -> _Drawn:
