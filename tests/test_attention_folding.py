@@ -238,3 +238,35 @@ def test_head_split_or_scores_read_elsewhere_is_not_folded(form):
             return self.o(out.transpose(1, 2).reshape(B, L, D)), extra
 
     assert_unchanged(Leaky())
+
+
+class Grouped(nn.Module):
+    """4 query heads of width 2, 2 key/value heads repeated to 4 by ``repeat``."""
+
+    def __init__(self, repeat):
+        super().__init__()
+        self.repeat = repeat
+        self.q, self.k, self.v, self.o = nn.Linear(D, 8), nn.Linear(D, 4), nn.Linear(D, 4), nn.Linear(8, D)
+
+    def forward(self, x):
+        q = self.q(x).view(B, L, 4, 2).transpose(1, 2)
+        k, v = (self.repeat(f(x).view(B, L, 2, 2).transpose(1, 2)) for f in (self.k, self.v))
+        return self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, L, 8))
+
+
+@pytest.mark.parametrize("repeat", [lambda t: t.repeat_interleave(2, dim=1),
+                                    lambda t: t[:, :, None].expand(B, 2, 2, L, 2).reshape(B, 4, L, 2)])
+def test_grouped_query_attention_folds_with_its_key_value_heads(repeat):
+    graph = trace(Grouped(repeat), (x(),)).graph
+    (name,) = attention_nodes(graph)
+    assert graph.nodes[name]["inputs"] == ("q", "k", "v")
+    assert graph.nodes[name]["settings"]["kv_heads"] == 2 and graph.nodes[name]["settings"]["heads"] == 4
+
+
+@pytest.mark.parametrize("repeat", [
+    lambda t: t[:, None].expand(B, 2, 2, L, 2).reshape(B, 4, L, 2),   # tiled: head h reads key/value head h % 2
+    lambda t: t.repeat(1, 2, 1, 1),                                    # tiled too
+    lambda t: t[:, :, None].expand(B, 2, 2, L, 2)[:, :, 0].repeat_interleave(2, dim=1),   # picks a copy: fine,
+])                                                                      # but an integer index is not a layout op
+def test_other_repeats_of_key_value_heads_are_not_folded(repeat):
+    assert_unchanged(Grouped(repeat))

@@ -160,3 +160,47 @@ def test_a_split_cutting_a_shared_site_apart_claims_nothing_there():
                              certify=False)
     assert not any(s.site == "fc" for s in analysis.symmetries)
     assert any("cuts the site's coordinates apart" in b.reason for b in analysis.blocked)
+
+
+class Grouped(nn.Module):
+    """Grouped-query attention: 4 query heads, 2 key/value heads of width 2, repeated by ``repeat``."""
+
+    def __init__(self, repeat):
+        super().__init__()
+        self.repeat = repeat
+        self.q, self.k, self.v, self.o = nn.Linear(6, 8), nn.Linear(6, 4), nn.Linear(6, 4), nn.Linear(8, 6)
+
+    def forward(self, x):
+        q = self.q(x).view(B, L, 4, 2).transpose(1, 2)
+        k, v = (self.repeat(f(x).view(B, L, 2, 2).transpose(1, 2)) for f in (self.k, self.v))
+        return self.o(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, L, 8))
+
+
+@pytest.mark.parametrize("repeat", [
+    lambda t: t.repeat_interleave(2, dim=1),
+    lambda t: t[:, :, None, :, :].expand(B, 2, 2, L, 2).reshape(B, 4, L, 2),   # Hugging Face's repeat_kv
+], ids=["repeat_interleave", "expand"])
+def test_grouped_query_attention_has_one_group_per_key_value_head(repeat):
+    torch.manual_seed(5)
+    model = Grouped(repeat).double()
+    analysis = symalg.derive(symalg.from_torch(model, (torch.randn(B, L, 6, dtype=torch.float64),)),
+                             certify=False)
+    assert {s.label for s in analysis.symmetries} == (
+        {f"GL(2) on q.group{g}.{p}" for g in (0, 1) for p in ("qk", "vo")} |
+        {"S(2) on q.groups", "S(2) on q.group0.heads", "S(2) on q.group1.heads"} |
+        {f"Translations(2, bias) on q.group{g}.qk" for g in (0, 1)})
+    # group 1's GL(d_k): query heads 2 and 3 (rows 4:8) and key head 1 (rows 2:4)
+    qk = next(s for s in analysis.symmetries if s.label == "GL(2) on q.group1.qk")
+    assert all(f"{region}" in str(qk) for region in ("q.weight rows[4:6] (out)", "q.weight rows[6:8] (out)",
+                                                     "k.weight rows[2:4] (in)"))
+    assert max(e.error for e in claim_errors(analysis)) < 1e-12
+    # a per-head GL(d_k) (query head 2 alone with key head 1) would not hold: the groups are as large as they must be
+    g = torch.randn(2, 2, dtype=torch.float64) + 2 * torch.eye(2, dtype=torch.float64)
+    x = torch.randn(B, L, 6, dtype=torch.float64)
+    before = model(x)
+    with torch.no_grad():
+        model.q.weight[4:6] = g @ model.q.weight[4:6]
+        model.q.bias[4:6] = g @ model.q.bias[4:6]
+        model.k.weight[2:4] = torch.linalg.inv(g).T @ model.k.weight[2:4]
+        model.k.bias[2:4] = torch.linalg.inv(g).T @ model.k.bias[2:4]
+    assert ((model(x) - before).norm() / before.norm()).item() > 1e-3

@@ -1031,7 +1031,8 @@ def _only_into(state: Inference, source: str, node: str) -> bool:
 
 
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
-                    v: list[Binding], heads_alike: bool = True, key_shifts: bool = True) -> Label:
+                    v: list[Binding], heads_alike: bool = True, key_shifts: bool = True,
+                    kv_heads: int | None = None) -> Label:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
     heads moving all per-head blocks together (only when the scores of every head are treated alike,
@@ -1041,29 +1042,48 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
     ``b_k ↦ b_k + t`` adds ``q_iᵀ t`` to every score of query ``i``, the same for all keys ``j``, so
     ``softmax_j(q_iᵀ(k_j + b_k + t))`` is unchanged (``T`` on the head's ``qk`` site; the key bias's
     entries are its directions).
+
+    Grouped-query attention (``kv_heads = G`` key/value heads, each read by the ``r = H/G`` query heads
+    ``h`` with ``h // r = g``): every query head of group ``g`` meets the same keys and values, so one
+    ``GL(d_k)`` acts on the query rows of all of them (by ``g``) and on the group's key rows (by ``g⁻ᵀ``),
+    and one ``GL(d_v)`` on the group's value rows and the output columns of all of them (``group{g}.qk``,
+    ``group{g}.vo``). Permutations: of the groups (query heads in blocks of ``r``, key and value heads one by
+    one: ``attn.groups``) and, per group, of its query heads (query rows and output columns only:
+    ``attn.group{g}.heads``).
     """
+    groups = heads if kv_heads is None else kv_heads
+    r = heads // groups
     d_k = q[0].width // heads
-    d_v = v[0].width // heads
+    d_v = v[0].width // groups
     stem = site_stem([b.tensor for b in q + k + v], node)  # the attention module's path (``attn``)
     key_biases = [b for b in k if len(state.shapes[b.tensor]) == 1] if key_shifts else []
     segments = []
-    for h in range(heads):
-        qk = state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for b in q] +
-                            [b.restrict(h * d_k, d_k).flipped() for b in k], name=f"{stem}.head{h}.qk",
-                            allowed=ALL - {"T1"})
-        state.site(qk).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(h * d_k, d_k),)))
+    for g in range(groups):
+        members = range(g * r, (g + 1) * r)
+        name = f"{stem}.head{g}" if r == 1 else f"{stem}.group{g}"
+        qk = state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for h in members for b in q] +
+                            [b.restrict(g * d_k, d_k).flipped() for b in k], name=f"{name}.qk", allowed=ALL - {"T1"})
+        state.site(qk).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(g * d_k, d_k),)))
                                            for b in key_biases)
-        site = state.new_site(node, d_v, [b.restrict(h * d_v, d_v) for b in v], name=f"{stem}.head{h}.vo",
+        site = state.new_site(node, d_v, [b.restrict(g * d_v, d_v) for b in v], name=f"{name}.vo",
                               allowed=ALL - TRANSLATIONS)
-        segments.append(Segment(site, h * d_v, d_v))
-    if heads > 1:
-        head_site = state.new_site(node, heads, [b.coarsen(d_k) for b in q + k] + [b.coarsen(d_v) for b in v],
-                                   name=f"{stem}.heads", allowed={"S"})
+        segments += [Segment(site, h * d_v, d_v) for h in members]
+    permutations = []
+    if r > 1:
+        for g in range(groups):
+            within = state.new_site(node, r, [b.restrict(g * r * d_k, r * d_k).coarsen(d_k) for b in q],
+                                    name=f"{stem}.group{g}.heads", allowed={"S"})
+            permutations.append(Segment(within, g * r * d_v, r, d_v))
+    if groups > 1:
+        whole = state.new_site(node, groups, [b.coarsen(r * d_k) for b in q] + [b.coarsen(d_k) for b in k] +
+                               [b.coarsen(d_v) for b in v], name=f"{stem}.heads" if r == 1 else f"{stem}.groups",
+                               allowed={"S"})
+        permutations.append(Segment(whole, 0, groups, r * d_v))
+    for segment in permutations:
         if not heads_alike:
-            state.restrict(head_site, set(), node, f"{state.where(node)}: a mask, bias or temperature differs between "
-                                                   "heads, so permuting the heads changes the scores")
-        segments.append(Segment(head_site, 0, heads, d_v))
-    return Label(-1, d_v * heads, tuple(segments))
+            state.restrict(segment.site, set(), node, f"{state.where(node)}: a mask, bias or temperature differs "
+                                                      "between heads, so permuting the heads changes the scores")
+    return Label(-1, d_v * heads, tuple(segments + permutations))
 
 
 @register_rule("multihead_attention", examples={"multihead_attention": around(
@@ -1139,4 +1159,4 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
             return unknown_rule(state, node, data, inputs)
     q, k, v = out_bindings
     return attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
-                           key_shifts=settings.get("key_shifts", True))
+                           key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"))

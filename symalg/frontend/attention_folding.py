@@ -6,7 +6,10 @@ into heads* when ``H·d_k = d`` and
     X_h[…, i, j] = X[…, i, h·d_k + j],   h < H, i < L, j < d_k,
 
 i.e. ``X_h = X.reshape(…, L, H, d_k).transpose(-3, -2)``, of shape ``(…, H, L, d_k)``: head ``h`` holds the
-feature columns ``[h·d_k, (h+1)·d_k)``. Attention per head and the inverse merge
+feature columns ``[h·d_k, (h+1)·d_k)``. Keys and values may have ``G`` heads (``G·d_k = d``) repeated to ``H``,
+each read by ``r = H/G`` consecutive query heads (grouped-query attention): ``X_h = X_{⌊h/r⌋}``, written
+``repeat_interleave(r, dim)`` or ``x[:, :, None].expand(…, G, r, L, d_k).reshape(…, H, L, d_k)``; the node then
+has the setting ``kv_heads = G``. Attention per head and the inverse merge
 
     A_h = softmax(s · Q_h K_hᵀ + M) V_h,   Y[…, i, h·d_v + j] = A_h[…, i, j]
 
@@ -31,7 +34,8 @@ The readers of ``Y`` read the node instead. ``Q_h ↦ Q_h g``, ``K_h ↦ K_h g�
 any function of it and of tensors that do not depend on it, unchanged.
 
 The layout chains between a root and ``Q``/``Kᵀ``/``V`` (and between ``A`` and ``Y``) are ``reshape``,
-``flatten``, ``transpose``, ``permute`` and ``identity`` nodes, each read by nothing but the next. Such a
+``flatten``, ``unsqueeze``, ``transpose``, ``permute``, ``identity``, ``expand``, ``repeat_interleave`` and
+``getitem`` nodes (whole slices and new axes only), each read by nothing but the next. Such a
 chain moves entries without changing them, so it is checked exactly by *replaying* it on the index
 tensor ``arange(n).reshape(shape of the root)`` (reshapes to their recorded shapes, transposes and
 permutes with their recorded dims) and comparing with the standard split above (transposed on its last
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import TypeGuard
 
 import networkx as nx
@@ -51,7 +56,8 @@ import torch
 
 __all__ = ["fold_attention"]
 
-_LAYOUT = frozenset({"reshape", "flatten", "transpose", "permute", "identity"})
+_LAYOUT = frozenset({"reshape", "flatten", "transpose", "permute", "identity", "unsqueeze", "getitem", "expand",
+                     "repeat_interleave"})
 
 _REPLAY_ERRORS = (RuntimeError, IndexError, TypeError, ValueError)
 
@@ -66,6 +72,7 @@ class _Split:
     heads: int
     length: int
     width: int
+    groups: int
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,7 @@ class _Match:
     heads_alike: bool
     key_shifts: bool
     heads: int
+    kv_heads: int
     head_dim: int
     value_head_dim: int
     form: str
@@ -215,6 +223,7 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
         return None
     lead, heads, length = queries.lead, queries.heads, queries.length
     if (keys.lead != lead or values.lead != lead or keys.heads != heads or values.heads != heads
+            or queries.groups != heads or keys.groups != values.groups
             or keys.width != queries.width or keys.length != values.length
             or graph.nodes[out]["shape"] != (*lead, heads, length, values.width)):
         return None
@@ -234,7 +243,8 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
         return None
     heads_alike = all(len(s) < 3 or s[-3] == 1 for s in extra_shapes)
     key_shifts = all(m.key_shifts for m in modifiers)
-    return _Match(roots, extras, heads_alike, key_shifts, heads, queries.width, values.width, form, folded, final)
+    return _Match(roots, extras, heads_alike, key_shifts, heads, keys.groups, queries.width, values.width, form,
+                  folded, final)
 
 
 def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
@@ -258,20 +268,22 @@ def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
 
 def _check_split(graph: nx.DiGraph, root: str, chain: tuple[str, ...], transposed: bool) -> _Split | None:
     shape, out = graph.nodes[root]["shape"], graph.nodes[chain[-1]]["shape"]
-    if shape is None or out is None or len(shape) < 2 or len(out) != len(shape) + 1 or 0 in shape:
-        return None
+    if (shape is None or out is None or not all(_is_int(n) for n in (*shape, *out)) or len(shape) < 2
+            or len(out) != len(shape) + 1 or 0 in shape):
+        return None    # no shape, or the tuple of shapes of a multi-output op (``split``)
     heads, length, width = (out[-3], out[-1], out[-2]) if transposed else out[-3:]
     lead = shape[:-2]
-    if out[:-3] != lead or length != shape[-2] or heads * width != shape[-1]:
+    groups = shape[-1] // width if width else 0
+    if out[:-3] != lead or length != shape[-2] or groups * width != shape[-1] or not groups or heads % groups:
         return None
     index = _index(shape)
-    expected = index.reshape(*lead, length, heads, width).transpose(-3, -2)
+    expected = index.reshape(*lead, length, groups, width).transpose(-3, -2).repeat_interleave(heads // groups, -3)
     if transposed:
         expected = expected.transpose(-2, -1)
     replayed = _replay(graph, index, chain)
     if replayed is None or replayed.shape != expected.shape or not torch.equal(replayed, expected):
         return None
-    return _Split(root, chain, lead, heads, length, width)
+    return _Split(root, chain, lead, heads, length, width, groups)
 
 
 def _merge(graph: nx.DiGraph, out: str, lead: tuple, heads: int, length: int, width: int) -> tuple[str, ...] | None:
@@ -305,8 +317,14 @@ def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> 
         if data["shape"] is None:
             return None
         try:
-            if data["op"] in ("reshape", "flatten"):
+            if data["op"] in ("reshape", "flatten", "unsqueeze"):
                 tensor = tensor.reshape(data["shape"])
+            elif data["op"] == "getitem":
+                tensor = tensor[_new_axes(data["arguments"])]
+            elif data["op"] == "expand":
+                tensor = tensor.expand(data["shape"])
+            elif data["op"] == "repeat_interleave":
+                tensor = tensor.repeat_interleave(*_repeats(data["arguments"]))
             elif data["op"] == "transpose":
                 tensor = tensor.transpose(*_transpose_dims(data["arguments"]))
             elif data["op"] == "permute":
@@ -316,6 +334,24 @@ def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> 
         if tuple(tensor.shape) != tuple(data["shape"]):
             return None
     return tensor
+
+
+def _new_axes(arguments: dict[str, object]) -> tuple[slice | EllipsisType | None, ...]:
+    """An index of whole slices, ``None`` (new axes) and ``...`` only (``x[:, :, None]``): it moves no entry."""
+    index = arguments.get("arg1")
+    items = index if isinstance(index, tuple) else (index,)
+    kept = tuple(i for i in items if i is None or i is Ellipsis or isinstance(i, slice) and i == slice(None))
+    if len(kept) != len(items):
+        raise ValueError(f"index {index} selects entries")
+    return kept
+
+
+def _repeats(arguments: dict[str, object]) -> tuple[int, int]:
+    """``(repeats, dim)`` of ``x.repeat_interleave(repeats, dim)`` with a number of repeats and a dimension."""
+    repeats, dim = arguments.get("repeats", arguments.get("arg1")), arguments.get("dim", arguments.get("arg2"))
+    if _is_int(repeats) and _is_int(dim):
+        return repeats, dim
+    raise ValueError(f"repeat_interleave{(repeats, dim)} not recorded")
 
 
 def _transpose_dims(arguments: dict[str, object]) -> tuple[int, int]:
@@ -367,7 +403,8 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
     record = {"op": "attention", "kind": "function", "module": None, "params": {}, "buffers": {},
               "settings": {"heads": match.heads, "head_dim": match.head_dim,
                            "value_head_dim": match.value_head_dim, "form": match.form,
-                           "heads_alike": match.heads_alike, "key_shifts": match.key_shifts},
+                           "heads_alike": match.heads_alike, "key_shifts": match.key_shifts}
+              | ({"kv_heads": match.kv_heads} if match.kv_heads != match.heads else {}),
               "inputs": match.roots + match.extras, "arguments": {}, "shape": graph.nodes[match.final]["shape"],
               "where": f"node {name!r} (folded attention)"}
     users = [(user, dict(graph.edges[match.final, user])) for user in graph.successors(match.final)]

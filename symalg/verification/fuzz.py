@@ -86,6 +86,9 @@ OPS: dict[str, Op] = {
     "weight_add": Op("{0} + self.{layer}.weight", lambda m, x, layer: x + getattr(m, layer).weight),
     "weight_mul": Op("{0} * self.{layer}.weight", lambda m, x, layer: x * getattr(m, layer).weight),
     "weight_rdiv": Op("self.{layer}.weight / {0}", lambda m, x, layer: getattr(m, layer).weight / x),
+    "repeat_kv": Op("{0}.repeat_interleave({r}, dim=1)", lambda m, x, r: x.repeat_interleave(r, dim=1)),
+    "expand_kv": Op("{0}[:, :, None].expand{shape}.reshape{merged}",
+                    lambda m, x, shape, merged: x[:, :, None].expand(shape).reshape(merged)),
     "chunk": Op("{0}.chunk({n}, {dim})", lambda m, x, n, dim: x.chunk(n, dim)),
     "split": Op("{0}.split({sizes}, {dim})", lambda m, x, sizes, dim: x.split(sizes, dim)),
     "causal_fill": Op("{0}.masked_fill(torch.ones({t}, {t}, dtype=torch.bool).triu(1), {value})",
@@ -446,7 +449,8 @@ def _attention(b: _Builder) -> _Drawn:
 
 
 def _scores(b: _Builder) -> _Drawn:
-    """Multi-head attention (``q, k, v`` maps separate or one packed map cut by ``chunk``) whose scores are combined
+    """Multi-head attention (``q, k, v`` maps separate or one packed map cut by ``chunk``/``split``; grouped-query
+    attention by ``repeat_interleave`` or HF's ``[:, :, None].expand(...).reshape(...)``) whose scores are combined
     with a mask, a bias or a temperature before the softmax; its output may be cut by ``split`` into two pieces.
 
     A tensor ``E`` is the weight of a layer used for its shape only: ``Linear(1, 1)`` (a temperature),
@@ -455,14 +459,25 @@ def _scores(b: _Builder) -> _Drawn:
     the per-head groups but not the key-bias shifts, like ``E / S`` and a finite ``masked_fill``).
     """
     rng = b.rng
-    heads, dk = rng.randint(1, 3), rng.randint(1, 3)
+    heads, dk = rng.randint(1, 4), rng.randint(1, 3)
     d, n, t, batch = heads * dk, b.width(), b.width(2), 2
+    groups = rng.choice([g for g in range(1, heads) if heads % g == 0] or [heads]) if rng.random() < 0.4 else heads
+    kv = groups * dk
     if rng.random() < 0.3:   # a packed projection cut into q, k, v (a piece may also be returned)
         b.variant.append("packed")
-        q, k, v = b.ops("chunk", b.linear("x", n, 3 * d), n=3, dim=-1, outs=3)
+        packed = b.linear("x", n, d + 2 * kv)
+        q, k, v = (b.ops("chunk", packed, n=3, dim=-1, outs=3) if kv == d else
+                   b.ops("split", packed, sizes=[d, kv, kv], dim=-1, outs=3))
     else:
-        q, k, v = (b.linear("x", n, d) for _ in range(3))
-    q, k, v = (b.op("transpose", b.op("reshape", z, shape=(batch, t, heads, dk)), a=1, b=2) for z in (q, k, v))
+        q, k, v = b.linear("x", n, d), b.linear("x", n, kv), b.linear("x", n, kv)
+    q = b.op("transpose", b.op("reshape", q, shape=(batch, t, heads, dk)), a=1, b=2)
+    k, v = (b.op("transpose", b.op("reshape", z, shape=(batch, t, groups, dk)), a=1, b=2) for z in (k, v))
+    if groups != heads:   # grouped-query attention: each key/value head serves heads/groups query heads
+        spelling = rng.choice(["repeat_interleave", "expand"])
+        b.variant.append(f"gqa{groups}-{spelling}")
+        k, v = (b.op("repeat_kv", z, r=heads // groups) if spelling == "repeat_interleave" else
+                b.op("expand_kv", z, shape=(batch, groups, heads // groups, t, dk), merged=(batch, heads, t, dk))
+                for z in (k, v))
     if rng.random() < 0.2:
         shared = rng.random() < 0.5
         b.variant.append(f"sdpa-mask-{'shared' if shared else 'per-head'}")
