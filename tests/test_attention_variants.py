@@ -204,3 +204,37 @@ def test_grouped_query_attention_has_one_group_per_key_value_head(repeat):
         model.k.weight[2:4] = torch.linalg.inv(g).T @ model.k.weight[2:4]
         model.k.bias[2:4] = torch.linalg.inv(g).T @ model.k.bias[2:4]
     assert ((model(x) - before).norm() / before.norm()).item() > 1e-3
+
+
+def test_hugging_face_t5_attention_with_its_relative_position_bias():
+    """T5's per-head relative-position bias is added to the scores: the per-head GL(d_k), GL(d_v) hold, the head
+    permutation does not (each head has its own bias)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    config = transformers.T5Config(d_model=D, d_kv=D // H, num_heads=H, relative_attention_num_buckets=8,
+                                   dropout_rate=0.0)
+
+    class Wrapped(nn.Module):   # T5Attention returns (output, position bias, weights): keep the output
+        def __init__(self):
+            super().__init__()
+            self.attn = T5Attention(config, has_relative_attention_bias=True)
+
+        def forward(self, x):
+            return self.attn(x)[0]
+
+    torch.manual_seed(6)
+    model = Wrapped().double().eval()
+    analysis = symalg.derive(symalg.from_torch(model, (_x(),)), certify=False)
+    assert {s.label for s in analysis.symmetries} == {f"GL(4) on attn.head{h}.{p}" for h in (0, 1) for p in ("qk", "vo")}
+    assert max(e.error for e in claim_errors(analysis)) < 1e-12
+    assert any(r.site == "attn.heads" and "differs between heads" in r.reason for r in analysis.sites.restrictions)
+    # the refusal is needed: swapping the two heads (q, k, v rows and o columns) changes the output
+    x = _x()
+    before = model(x)
+    swap = torch.cat([torch.arange(4, 8), torch.arange(0, 4)])
+    with torch.no_grad():
+        for layer in (model.attn.q, model.attn.k, model.attn.v):
+            layer.weight.copy_(layer.weight[swap])
+        model.attn.o.weight.copy_(model.attn.o.weight[:, swap])
+    assert ((model(x) - before).norm() / before.norm()).item() > 1e-3
