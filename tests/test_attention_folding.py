@@ -270,3 +270,16 @@ def test_grouped_query_attention_folds_with_its_key_value_heads(repeat):
 ])                                                                      # but an integer index is not a layout op
 def test_other_repeats_of_key_value_heads_are_not_folded(repeat):
     assert_unchanged(Grouped(repeat))
+
+
+def test_sdpa_enable_gqa_folds_with_its_key_value_heads():
+    class Native(Grouped):
+        def forward(self, x):
+            q = self.q(x).view(B, L, 4, 2).transpose(1, 2)
+            k, v = (f(x).view(B, L, 2, 2).transpose(1, 2) for f in (self.k, self.v))
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            return self.o(out.transpose(1, 2).reshape(B, L, 8))
+
+    graph = trace(Native(None), (x(),)).graph
+    (name,) = attention_nodes(graph)
+    assert graph.nodes[name]["settings"]["kv_heads"] == 2

@@ -226,7 +226,8 @@ def test_hugging_face_t5_attention_with_its_relative_position_bias():
     torch.manual_seed(6)
     model = Wrapped().double().eval()
     analysis = symalg.derive(symalg.from_torch(model, (_x(),)), certify=False)
-    assert {s.label for s in analysis.symmetries} == {f"GL(4) on attn.head{h}.{p}" for h in (0, 1) for p in ("qk", "vo")}
+    assert {s.label for s in analysis.symmetries} == {f"GL(4) on attn.head{h}.{p}"
+                                                      for h in (0, 1) for p in ("qk", "vo")}
     assert max(e.error for e in claim_errors(analysis)) < 1e-12
     assert any(r.site == "attn.heads" and "differs between heads" in r.reason for r in analysis.sites.restrictions)
     # the refusal is needed: swapping the two heads (q, k, v rows and o columns) changes the output

@@ -8,8 +8,8 @@ into heads* when ``H·d_k = d`` and
 i.e. ``X_h = X.reshape(…, L, H, d_k).transpose(-3, -2)``, of shape ``(…, H, L, d_k)``: head ``h`` holds the
 feature columns ``[h·d_k, (h+1)·d_k)``. Keys and values may have ``G`` heads (``G·d_k = d``) repeated to ``H``,
 each read by ``r = H/G`` consecutive query heads (grouped-query attention): ``X_h = X_{⌊h/r⌋}``, written
-``repeat_interleave(r, dim)`` or ``x[:, :, None].expand(…, G, r, L, d_k).reshape(…, H, L, d_k)``; the node then
-has the setting ``kv_heads = G``. Attention per head and the inverse merge
+``repeat_interleave(r, dim)``, ``x[:, :, None].expand(…, G, r, L, d_k).reshape(…, H, L, d_k)`` or left to
+``sdpa(..., enable_gqa=True)``; the node then has the setting ``kv_heads = G``. Attention per head and the inverse merge
 
     A_h = softmax(s · Q_h K_hᵀ + M) V_h,   Y[…, i, h·d_v + j] = A_h[…, i, j]
 
@@ -131,7 +131,8 @@ def _match_sdpa(graph: nx.DiGraph, name: str) -> _Match | None:
         return None
     masks = tuple(m for m in inputs[3:] if m is not None)
     modifiers = tuple(_Modifier(name, inputs[0], m, True) for m in masks)
-    return _match_core(graph, inputs[0], inputs[1], inputs[2], name, {name}, "sdpa", modifiers, keys_transposed=False)
+    return _match_core(graph, inputs[0], inputs[1], inputs[2], name, {name}, "sdpa", modifiers, keys_transposed=False,
+                       repeats_keys=data["arguments"].get("enable_gqa") is True)
 
 
 def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
@@ -216,14 +217,19 @@ def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
 
 
 def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[str], form: str,
-                modifiers: tuple[_Modifier, ...], keys_transposed: bool) -> _Match | None:
-    """Check the three head splits, their agreement, the output shape and the merge of the heads."""
+                modifiers: tuple[_Modifier, ...], keys_transposed: bool, repeats_keys: bool = False) -> _Match | None:
+    """Check the three head splits, their agreement, the output shape and the merge of the heads. With
+    ``repeats_keys`` (``sdpa(..., enable_gqa=True)``) keys and values may have fewer heads, which ``sdpa`` repeats
+    by ``repeat_interleave``."""
     queries, keys, values = _split(graph, q, False), _split(graph, k, keys_transposed), _split(graph, v, False)
     if queries is None or keys is None or values is None:
         return None
     lead, heads, length = queries.lead, queries.heads, queries.length
-    if (keys.lead != lead or values.lead != lead or keys.heads != heads or values.heads != heads
-            or queries.groups != heads or keys.groups != values.groups
+    kv_heads = keys.groups if keys.heads == heads else keys.heads
+    if repeats_keys and keys.heads != heads and (heads % keys.heads or keys.groups != keys.heads):
+        return None
+    if (keys.lead != lead or values.lead != lead or (keys.heads != heads and not repeats_keys)
+            or values.heads != keys.heads or queries.groups != heads or keys.groups != values.groups
             or keys.width != queries.width or keys.length != values.length
             or graph.nodes[out]["shape"] != (*lead, heads, length, values.width)):
         return None
@@ -243,7 +249,7 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
         return None
     heads_alike = all(len(s) < 3 or s[-3] == 1 for s in extra_shapes)
     key_shifts = all(m.key_shifts for m in modifiers)
-    return _Match(roots, extras, heads_alike, key_shifts, heads, keys.groups, queries.width, values.width, form,
+    return _Match(roots, extras, heads_alike, key_shifts, heads, kv_heads, queries.width, values.width, form,
                   folded, final)
 
 

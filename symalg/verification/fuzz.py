@@ -96,6 +96,8 @@ OPS: dict[str, Op] = {
     "sdpa_mask": Op("F.scaled_dot_product_attention({0}, {1}, {2}, attn_mask=self.{layer}.weight)",
                     lambda m, q, k, v, layer: F.scaled_dot_product_attention(q, k, v,
                                                                              attn_mask=getattr(m, layer).weight)),
+    "sdpa_gqa": Op("F.scaled_dot_product_attention({0}, {1}, {2}, enable_gqa=True)",
+                   lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)),
     "sdpa": Op("F.scaled_dot_product_attention({0}, {1}, {2}, is_causal={causal})",
                lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
     "mha": Op("self.{layer}({0}, {0}, {0}, need_weights={need}, average_attn_weights={average})",
@@ -450,8 +452,9 @@ def _attention(b: _Builder) -> _Drawn:
 
 def _scores(b: _Builder) -> _Drawn:
     """Multi-head attention (``q, k, v`` maps separate or one packed map cut by ``chunk``/``split``; grouped-query
-    attention by ``repeat_interleave`` or HF's ``[:, :, None].expand(...).reshape(...)``) whose scores are combined
-    with a mask, a bias or a temperature before the softmax; its output may be cut by ``split`` into two pieces.
+    attention by ``repeat_interleave``, HF's ``[:, :, None].expand(...).reshape(...)`` or ``sdpa(enable_gqa=True)``)
+    whose scores are combined with a mask, a bias or a temperature before the softmax; its output may be cut by
+    ``split`` into two pieces.
 
     A tensor ``E`` is the weight of a layer used for its shape only: ``Linear(1, 1)`` (a temperature),
     ``Conv1d(1, H, 1)`` (one per head), ``Linear(T, T)`` (a bias shared by the heads), ``Conv1d(T, H, T)``
@@ -472,13 +475,17 @@ def _scores(b: _Builder) -> _Drawn:
         q, k, v = b.linear("x", n, d), b.linear("x", n, kv), b.linear("x", n, kv)
     q = b.op("transpose", b.op("reshape", q, shape=(batch, t, heads, dk)), a=1, b=2)
     k, v = (b.op("transpose", b.op("reshape", z, shape=(batch, t, groups, dk)), a=1, b=2) for z in (k, v))
+    spelling = ""
     if groups != heads:   # grouped-query attention: each key/value head serves heads/groups query heads
-        spelling = rng.choice(["repeat_interleave", "expand"])
+        spelling = rng.choice(["repeat_interleave", "expand", "enable_gqa"])
         b.variant.append(f"gqa{groups}-{spelling}")
-        k, v = (b.op("repeat_kv", z, r=heads // groups) if spelling == "repeat_interleave" else
-                b.op("expand_kv", z, shape=(batch, groups, heads // groups, t, dk), merged=(batch, heads, t, dk))
-                for z in (k, v))
-    if rng.random() < 0.2:
+        if spelling != "enable_gqa":
+            k, v = (b.op("repeat_kv", z, r=heads // groups) if spelling == "repeat_interleave" else
+                    b.op("expand_kv", z, shape=(batch, groups, heads // groups, t, dk), merged=(batch, heads, t, dk))
+                    for z in (k, v))
+    if spelling == "enable_gqa":
+        o = b.op("sdpa_gqa", q, k, v)
+    elif rng.random() < 0.2:
         shared = rng.random() < 0.5
         b.variant.append(f"sdpa-mask-{'shared' if shared else 'per-head'}")
         mask = b.add("Linear", t, t, bias=False) if shared else b.add("Conv1d", t, heads, t, bias=False)
