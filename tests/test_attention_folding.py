@@ -68,7 +68,8 @@ def test_self_attention_folds_to_one_node(form, merge):
     (name,) = attention_nodes(graph)
     data = graph.nodes[name]
     assert data["inputs"] == ("q", "k", "v")
-    assert data["settings"] == {"heads": H, "head_dim": D // H, "value_head_dim": D // H, "form": form}
+    assert data["settings"] == {"heads": H, "head_dim": D // H, "value_head_dim": D // H, "form": form,
+                                "heads_alike": True, "key_shifts": True}
     assert data["shape"] == (B, L, D) and data["kind"] == "function" and data["arguments"] == {}
     assert [graph.edges[root, name]["index"] for root in ("q", "k", "v")] == [0, 1, 2]
     assert list(graph.successors(name)) == ["o"] and graph.nodes["o"]["inputs"] == (name,)
@@ -97,7 +98,8 @@ def test_permutes_scale_dropout_flatten_and_value_width():
     graph = trace(Net().eval(), (x(),)).graph
     (name,) = attention_nodes(graph)
     assert graph.nodes[name]["inputs"] == ("q", "k", "v")
-    assert graph.nodes[name]["settings"] == {"heads": H, "head_dim": 4, "value_head_dim": 6, "form": "explicit"}
+    assert graph.nodes[name]["settings"] == {"heads": H, "head_dim": 4, "value_head_dim": 6, "form": "explicit",
+                                             "heads_alike": True, "key_shifts": True}
     assert ops(graph) == ["input", "linear", "linear", "linear", "attention", "linear", "output"]
 
 
@@ -125,11 +127,12 @@ def test_two_blocks_and_a_root_read_elsewhere():
     assert {"matmul", "softmax", "sdpa", "transpose", "reshape", "identity"}.isdisjoint(ops(graph))
 
 
-def test_sdpa_mask_from_a_buffer_is_dropped_one_from_a_parameter_blocks_folding():
+@pytest.mark.parametrize("learned", [False, True])
+def test_sdpa_mask_is_an_input_of_the_attention_node(learned):
     class Masked(SelfAttention):
-        def __init__(self, learned):
+        def __init__(self):
             super().__init__()
-            mask = torch.zeros(L, L)
+            mask = torch.zeros(H if learned else 1, L, L)
             if learned:
                 self.mask = nn.Parameter(mask)
             else:
@@ -140,10 +143,49 @@ def test_sdpa_mask_from_a_buffer_is_dropped_one_from_a_parameter_blocks_folding(
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=0.0)
             return self.o(out.transpose(1, 2).reshape(B, L, D))
 
-    graph = trace(Masked(learned=False), (x(),)).graph
+    graph = trace(Masked(), (x(),)).graph
     (name,) = attention_nodes(graph)
-    assert graph.nodes[name]["inputs"] == ("q", "k", "v")
-    assert_unchanged(Masked(learned=True))
+    assert graph.nodes[name]["inputs"] == ("q", "k", "v", "mask")
+    assert graph.nodes[name]["settings"]["heads_alike"] is (not learned)   # a per-head mask: (H, L, L)
+    assert graph.nodes[name]["settings"]["key_shifts"] is True
+
+
+class Scored(SelfAttention):
+    """Explicit attention with ``scores(net, S)`` applied to ``S = Q Kᵀ`` before the softmax."""
+
+    def __init__(self, scores):
+        super().__init__("explicit")
+        self.scores = scores
+        self.temperature = nn.Parameter(torch.tensor(2.0))
+        self.per_key = nn.Parameter(torch.ones(1, L))
+        self.bias = nn.Parameter(torch.zeros(H, L, L))
+        self.register_buffer("causal", torch.ones(L, L, dtype=torch.bool).triu(1))
+
+    def forward(self, x):
+        q, k, v = (split_heads(f(x), H) for f in (self.q, self.k, self.v))
+        scores = self.scores(self, q @ k.transpose(-2, -1))
+        return self.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, L, D))
+
+
+@pytest.mark.parametrize("scores, extras, heads_alike, key_shifts", [
+    (lambda net, s: s / net.temperature, ("temperature",), True, True),
+    (lambda net, s: (s * 0.5).masked_fill(net.causal, float("-inf")), ("causal",), True, True),
+    (lambda net, s: s.masked_fill(net.causal, -1e4), ("causal",), True, False),   # a finite fill is no shift
+    (lambda net, s: net.bias + s - net.temperature, ("temperature", "bias"), False, True),   # last op first
+    (lambda net, s: s * net.per_key, ("per_key",), True, False),   # a factor varying along the keys
+    (lambda net, s: net.temperature / s, ("temperature",), True, False),
+])
+def test_score_modifiers_fold_with_their_tensors_as_inputs(scores, extras, heads_alike, key_shifts):
+    graph = trace(Scored(scores), (x(),)).graph
+    (name,) = attention_nodes(graph)
+    data = graph.nodes[name]
+    assert data["inputs"] == ("q", "k", "v") + extras
+    assert (data["settings"]["heads_alike"], data["settings"]["key_shifts"]) == (heads_alike, key_shifts)
+    assert ops(graph).count("softmax") == 0
+
+
+def test_a_modifier_computed_from_the_scores_is_not_folded():
+    assert_unchanged(Scored(lambda net, s: s * s.detach().mean()))
 
 
 @pytest.mark.parametrize("split", [
@@ -162,7 +204,7 @@ def test_wrong_merge_is_not_folded():
 
 @pytest.mark.parametrize("scores", [
     lambda net, q, k: (q @ k.transpose(-2, -1)).softmax(-2),  # normalised over queries
-    lambda net, q, k: (q @ k.transpose(-2, -1) / net.temperature).softmax(-1),  # a learned scale
+    lambda net, q, k: (q @ k.transpose(-2, -1)).sigmoid(),  # no softmax
 ])
 def test_other_explicit_scores_are_not_folded(scores):
     class Net(SelfAttention):
@@ -196,3 +238,48 @@ def test_head_split_or_scores_read_elsewhere_is_not_folded(form):
             return self.o(out.transpose(1, 2).reshape(B, L, D)), extra
 
     assert_unchanged(Leaky())
+
+
+class Grouped(nn.Module):
+    """4 query heads of width 2, 2 key/value heads repeated to 4 by ``repeat``."""
+
+    def __init__(self, repeat):
+        super().__init__()
+        self.repeat = repeat
+        self.q, self.k, self.v, self.o = nn.Linear(D, 8), nn.Linear(D, 4), nn.Linear(D, 4), nn.Linear(8, D)
+
+    def forward(self, x):
+        q = self.q(x).view(B, L, 4, 2).transpose(1, 2)
+        k, v = (self.repeat(f(x).view(B, L, 2, 2).transpose(1, 2)) for f in (self.k, self.v))
+        return self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, L, 8))
+
+
+@pytest.mark.parametrize("repeat", [lambda t: t.repeat_interleave(2, dim=1),
+                                    lambda t: t[:, :, None].expand(B, 2, 2, L, 2).reshape(B, 4, L, 2)])
+def test_grouped_query_attention_folds_with_its_key_value_heads(repeat):
+    graph = trace(Grouped(repeat), (x(),)).graph
+    (name,) = attention_nodes(graph)
+    assert graph.nodes[name]["inputs"] == ("q", "k", "v")
+    assert graph.nodes[name]["settings"]["kv_heads"] == 2 and graph.nodes[name]["settings"]["heads"] == 4
+
+
+@pytest.mark.parametrize("repeat", [
+    lambda t: t[:, None].expand(B, 2, 2, L, 2).reshape(B, 4, L, 2),   # tiled: head h reads key/value head h % 2
+    lambda t: t.repeat(1, 2, 1, 1),                                    # tiled too
+    lambda t: t[:, :, None].expand(B, 2, 2, L, 2)[:, :, 0].repeat_interleave(2, dim=1),   # picks a copy: fine,
+])                                                                      # but an integer index is not a layout op
+def test_other_repeats_of_key_value_heads_are_not_folded(repeat):
+    assert_unchanged(Grouped(repeat))
+
+
+def test_sdpa_enable_gqa_folds_with_its_key_value_heads():
+    class Native(Grouped):
+        def forward(self, x):
+            q = self.q(x).view(B, L, 4, 2).transpose(1, 2)
+            k, v = (f(x).view(B, L, 2, 2).transpose(1, 2) for f in (self.k, self.v))
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            return self.o(out.transpose(1, 2).reshape(B, L, 8))
+
+    graph = trace(Native(None), (x(),)).graph
+    (name,) = attention_nodes(graph)
+    assert graph.nodes[name]["settings"]["kv_heads"] == 2

@@ -71,7 +71,8 @@ def state_of(model):
     (cnn_in_training_mode, 140, {"Translations(4, bias) on c1", "Translations(6, bias) on c2",
                                  "PositiveScaling(6, alpha=1) on b2"}),
     (attention, SYMBOLIC_LIMIT, {f"GL(4) on attn.head{h}.{p}" for h in (0, 1) for p in ("qk", "vo")} |
-     {f"PositiveScaling(8, alpha=1) on ln{i}" for i in (1, 2)}),
+     {f"PositiveScaling(8, alpha=1) on ln{i}" for i in (1, 2)} |
+     {f"Translations(4, bias) on attn.head{h}.qk" for h in (0, 1)}),   # the key bias, conserved
     (cross_entropy, SYMBOLIC_LIMIT, {"Translations(6, along 1) on 2"}),
 ], ids=["lora", "cnn-train", "attention", "cross-entropy"])
 def test_gradient_flow_and_lowering_run_and_pass_for_every_conserved_quantity(build, limit, exact):

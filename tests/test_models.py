@@ -197,11 +197,13 @@ def test_gpt_pre_norm_block_with_multihead_attention():
     analysis, report, checks = analyse(PreNormBlock(), torch.randn(2, 5, 8))
     # Theory: the stream is the model input (fixed). Each LayerNorm's gain/bias is a diagonal map read
     # only by linear maps: positive scalings and sign flips. Per head, GL(d_k) on query/key rows (keys
-    # by g⁻ᵀ) and GL(d_v) on value rows / output columns; one permutation of the 2 heads; GELU: S.
+    # by g⁻ᵀ) and GL(d_v) on value rows / output columns; one permutation of the 2 heads; GELU: S. The key
+    # bias translates per head (it adds q_iᵀ t to every score of query i, which the softmax ignores).
     assert table(analysis) == sorted([
         ("ln1", "PositiveScaling(8, alpha=1)", 8), ("ln1", "SignFlips(8)", 0),
         ("ln2", "PositiveScaling(8, alpha=1)", 8), ("ln2", "SignFlips(8)", 0),
         ("attn.head0.qk", "GL(4)", 16), ("attn.head1.qk", "GL(4)", 16),
+        ("attn.head0.qk", "Translations(4, bias)", 4), ("attn.head1.qk", "Translations(4, bias)", 4),
         ("attn.head0.vo", "GL(4)", 16), ("attn.head1.vo", "GL(4)", 16),
         ("attn.heads", "S(2)", 0), ("fc1", "S(32)", 0)])
     qk = next(s for s in analysis.symmetries if s.site == "attn.head1.qk")
@@ -257,10 +259,12 @@ def test_hand_written_attention_with_gain_free_rms_norm_has_an_orthogonal_stream
     analysis, report, checks = analyse(RMSTransformer(explicit=explicit), torch.randn(2, 5, 5))
     # Theory: the residual stream is written by embed, attn.o and down and read by gain-free RMSNorms
     # only, which are O(d)-equivariant: O(8) on the stream (embed rows, q/k/v/up/head columns,
-    # o/down rows). Heads as for nn.MultiheadAttention; the ReLU MLP: positive scaling and S(16).
+    # o/down rows). Heads as for nn.MultiheadAttention (key bias translations included); the ReLU MLP:
+    # positive scaling and S(16).
     assert table(analysis) == sorted([
         ("embed", "O(8)", 28),
         ("attn.head0.qk", "GL(4)", 16), ("attn.head1.qk", "GL(4)", 16),
+        ("attn.head0.qk", "Translations(4, bias)", 4), ("attn.head1.qk", "Translations(4, bias)", 4),
         ("attn.head0.vo", "GL(4)", 16), ("attn.head1.vo", "GL(4)", 16),
         ("attn.heads", "S(2)", 0),
         ("up", "PositiveScaling(16, alpha=1)", 16), ("up", "S(16)", 0)])

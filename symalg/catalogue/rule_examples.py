@@ -86,14 +86,18 @@ class RadialBasis(nn.Module):
         return torch.exp(-torch.cdist(x, self.centres) ** 2)
 
 
-def split_heads_attention(model: nn.Module, h: torch.Tensor, heads: int = 2) -> torch.Tensor:
-    """Hand-written multi-head attention on ``h`` of shape ``(B, T, d)`` with ``model.query/key/value`` linears:
-    split into heads, ``F.scaled_dot_product_attention``, merge (folded into one ``attention`` node)."""
+def split_heads_attention(model: nn.Module, h: torch.Tensor, heads: int = 2, packed: bool = False) -> torch.Tensor:
+    """Hand-written multi-head attention on ``h`` of shape ``(B, T, d)`` with ``model.query/key/value`` linears
+    (with ``packed``, one ``model.qkv`` linear to ``3d`` cut by ``chunk``): split into heads,
+    ``F.scaled_dot_product_attention``, merge (folded into one ``attention`` node)."""
     b, t, d = h.shape
 
     def split(u: torch.Tensor) -> torch.Tensor:
         return u.reshape(b, t, heads, d // heads).transpose(1, 2)
 
-    query, key, value = (model.get_submodule(name) for name in ("query", "key", "value"))
-    out = torch.nn.functional.scaled_dot_product_attention(split(query(h)), split(key(h)), split(value(h)))
+    if packed:
+        query, key, value = model.get_submodule("qkv")(h).chunk(3, -1)
+    else:
+        query, key, value = (model.get_submodule(name)(h) for name in ("query", "key", "value"))
+    out = torch.nn.functional.scaled_dot_product_attention(split(query), split(key), split(value))
     return out.transpose(1, 2).reshape(b, t, d)

@@ -42,7 +42,7 @@ Rule: TypeAlias = Callable[[Inference, str, NodeData, Inputs], Value]
 
 _RULES: dict[str, Rule] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
-                          "permute", "embedding", "cdist", "getitem"})
+                          "permute", "embedding", "cdist", "getitem", "attention"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -593,6 +593,56 @@ def cat_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Lab
     return first
 
 
+@register_rule("split", "chunk", examples={
+    "split": around(lambda self, h: (lambda p: torch.cat([torch.relu(p[0]), torch.tanh(p[1])], -1))(
+        h.split([1, 3], -1))),
+    "chunk": around(lambda self, h: split_heads_attention(self, h, packed=True), shape=(5, 3, 3),
+                    qkv=lambda: torch.nn.Linear(4, 12))})
+def split_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
+    """``x.split(sizes, dim)`` / ``x.chunk(n, dim)``: a tuple of pieces (read by ``getitem``).
+
+    Along another axis than the sites' each piece carries the input's sites. Along the sites' axis a segment
+    inside one piece moves to it (offset shifted); a fresh site spanning the axis (made by the map just before,
+    read by the split alone: a packed ``qkv`` projection) becomes one site per piece, each moving its slice of
+    the map's rows and bias (``W[a:b] ↦ g W[a:b]``), since the pieces are read apart; any other segment straddling
+    a cut carries no group.
+    """
+    label = _first(inputs)
+    before, pieces = state.shape(data["inputs"][0]), state.shape(node)
+    if before is None or pieces is None or not all(isinstance(p, tuple) for p in pieces):
+        return unknown_rule(state, node, data, inputs)
+    dim = _normalise(_argument(data, 2, "dim", 0), len(before))
+    if not label.segments or dim != label.dim:
+        return tuple(label if label.segments else Label.data(-1, p[-1]) for p in pieces)
+    cuts = [0]
+    for piece in pieces:
+        cuts.append(cuts[-1] + piece[dim])
+    if _splittable(state, node, data, label, before[dim]):
+        original = state.site(label.segments[0].site)
+        original.dissolved = True
+        out = []
+        for start, end in zip(cuts, cuts[1:]):
+            width = end - start
+            sub = state.new_site(original.node, width, [b.restrict(start, width) for b in original.bindings],
+                                 allowed=original.allowed)
+            site = state.site(sub)
+            site.translations.extend((kind, producer, TranslationFamily(family.pattern, tuple(
+                r.restrict(start, width) for r in family.regions))) for kind, producer, family in original.translations)
+            site.checks.extend(original.checks)
+            out.append(Label(dim, width, (Segment(sub, 0, width, 1, label.segments[0].power,
+                                                  label.segments[0].invariant),)))
+        return tuple(out)
+    out = []
+    for start, end in zip(cuts, cuts[1:]):
+        inside = tuple(replace(s, offset=s.offset - start) for s in label.segments
+                       if start <= s.offset and s.offset + s.width * s.block <= end)
+        out.append(Label(dim, end - start, inside))
+    for s in label.segments:
+        if not any(start <= s.offset and s.offset + s.width * s.block <= end for start, end in zip(cuts, cuts[1:])):
+            state.restrict(s.site, set(), node, f"{state.where(node)} cuts the site's coordinates apart", blocked=True)
+    return tuple(out)
+
+
 @register_rule("flatten", "reshape", examples={
     "flatten": around(lambda self, h: torch.relu(h).flatten(0, 1), shape=(5, 2, 3)),
     "reshape": around(lambda self, h: torch.relu(h).reshape(-1, 4), shape=(5, 2, 3))})
@@ -981,27 +1031,68 @@ def _split_into_groups(state: Inference, node: str, site_id: int, groups: int, n
 
 # -- attention ---------------------------------------------------------------------------------
 
+def _only_into(state: Inference, source: str, node: str) -> bool:
+    """``source`` is read by ``node`` alone, possibly through ``split``/``chunk`` and the ``getitem`` of its pieces
+    (a packed ``qkv`` projection cut into ``q, k, v``)."""
+    users = state.users(source)
+    return bool(users) and all(user == node or state.graph.nodes[user]["op"] in ("split", "chunk", "getitem")
+                               and _only_into(state, user, node) for user in users)
+
+
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
-                    v: list[Binding]) -> Label:
+                    v: list[Binding], heads_alike: bool = True, key_shifts: bool = True,
+                    kv_heads: int | None = None) -> Label:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
-    heads moving all per-head blocks together. ``q, k, v`` are the producers' out-bindings."""
+    heads moving all per-head blocks together (only when the scores of every head are treated alike,
+    ``heads_alike``). ``q, k, v`` are the producers' out-bindings.
+
+    With ``key_shifts`` (the softmax over keys ignores a per-query constant) each head's key bias translates:
+    ``b_k ↦ b_k + t`` adds ``q_iᵀ t`` to every score of query ``i``, the same for all keys ``j``, so
+    ``softmax_j(q_iᵀ(k_j + b_k + t))`` is unchanged (``T`` on the head's ``qk`` site; the key bias's
+    entries are its directions).
+
+    Grouped-query attention (``kv_heads = G`` key/value heads, each read by the ``r = H/G`` query heads
+    ``h`` with ``h // r = g``): every query head of group ``g`` meets the same keys and values, so one
+    ``GL(d_k)`` acts on the query rows of all of them (by ``g``) and on the group's key rows (by ``g⁻ᵀ``),
+    and one ``GL(d_v)`` on the group's value rows and the output columns of all of them (``group{g}.qk``,
+    ``group{g}.vo``). Permutations: of the groups (query heads in blocks of ``r``, key and value heads one by
+    one: ``attn.groups``) and, per group, of its query heads (query rows and output columns only:
+    ``attn.group{g}.heads``).
+    """
+    groups = heads if kv_heads is None else kv_heads
+    r = heads // groups
     d_k = q[0].width // heads
-    d_v = v[0].width // heads
+    d_v = v[0].width // groups
     stem = site_stem([b.tensor for b in q + k + v], node)  # the attention module's path (``attn``)
+    key_biases = [b for b in k if len(state.shapes[b.tensor]) == 1] if key_shifts else []
     segments = []
-    for h in range(heads):
-        state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for b in q] +
-                       [b.restrict(h * d_k, d_k).flipped() for b in k], name=f"{stem}.head{h}.qk",
-                       allowed=ALL - TRANSLATIONS)
-        site = state.new_site(node, d_v, [b.restrict(h * d_v, d_v) for b in v], name=f"{stem}.head{h}.vo",
+    for g in range(groups):
+        members = range(g * r, (g + 1) * r)
+        name = f"{stem}.head{g}" if r == 1 else f"{stem}.group{g}"
+        qk = state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for h in members for b in q] +
+                            [b.restrict(g * d_k, d_k).flipped() for b in k], name=f"{name}.qk", allowed=ALL - {"T1"})
+        state.site(qk).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(g * d_k, d_k),)))
+                                           for b in key_biases)
+        site = state.new_site(node, d_v, [b.restrict(g * d_v, d_v) for b in v], name=f"{name}.vo",
                               allowed=ALL - TRANSLATIONS)
-        segments.append(Segment(site, h * d_v, d_v))
-    if heads > 1:
-        head_site = state.new_site(node, heads, [b.coarsen(d_k) for b in q + k] + [b.coarsen(d_v) for b in v],
-                                   name=f"{stem}.heads", allowed={"S"})
-        segments.append(Segment(head_site, 0, heads, d_v))
-    return Label(-1, d_v * heads, tuple(segments))
+        segments += [Segment(site, h * d_v, d_v) for h in members]
+    permutations = []
+    if r > 1:
+        for g in range(groups):
+            within = state.new_site(node, r, [b.restrict(g * r * d_k, r * d_k).coarsen(d_k) for b in q],
+                                    name=f"{stem}.group{g}.heads", allowed={"S"})
+            permutations.append(Segment(within, g * r * d_v, r, d_v))
+    if groups > 1:
+        whole = state.new_site(node, groups, [b.coarsen(r * d_k) for b in q] + [b.coarsen(d_k) for b in k] +
+                               [b.coarsen(d_v) for b in v], name=f"{stem}.heads" if r == 1 else f"{stem}.groups",
+                               allowed={"S"})
+        permutations.append(Segment(whole, 0, groups, r * d_v))
+    for segment in permutations:
+        if not heads_alike:
+            state.restrict(segment.site, set(), node, f"{state.where(node)}: a mask, bias or temperature differs "
+                                                      "between heads, so permuting the heads changes the scores")
+    return Label(-1, d_v * heads, tuple(segments + permutations))
 
 
 @register_rule("multihead_attention", examples={"multihead_attention": around(
@@ -1050,15 +1141,23 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
     split_heads_attention, shape=(5, 3, 3), query=lambda: torch.nn.Linear(4, 4), key=lambda: torch.nn.Linear(4, 4),
     value=lambda: torch.nn.Linear(4, 4))})
 def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """Hand-written attention folded by :mod:`symalg.attention_folding`: inputs are the outputs of the
-    ``q``, ``k``, ``v`` maps (each read by nothing else); their sites are split into heads."""
-    heads = data["settings"]["heads"]
+    """Hand-written attention folded by :mod:`symalg.frontend.attention_folding`: the first three inputs are the
+    outputs of the ``q``, ``k``, ``v`` maps (each read by nothing else), whose sites are split into heads; the
+    others are the tensors the scores are combined with (masks, biases, temperatures), which nothing may move."""
+    settings = data["settings"]
+    heads = settings["heads"]
+    for extra in inputs[3:]:
+        if isinstance(extra, Label):
+            state.restrict_label(extra, set(), node, f"{state.where(node)} combines its scores with this value")
+        elif _is_param(extra) or isinstance(extra, WeightExpr):
+            for tensor in (extra.tensors if isinstance(extra, WeightExpr) else (extra[1],)):
+                state.opaque.setdefault(tensor, node)
     sites = []
     for label in inputs[:3]:
         if not isinstance(label, Label) or len(label.segments) != 1 or label.segments[0].power != 1:
             return unknown_rule(state, node, data, inputs)
         sites.append(state.site(label.segments[0].site))
-    if len({s.id for s in sites}) != 3 or any(len(state.users(s.node)) != 1 for s in sites):
+    if len({s.id for s in sites}) != 3 or not all(_only_into(state, s.node, node) for s in sites):
         return unknown_rule(state, node, data, inputs)
     out_bindings = []
     for site in sites:
@@ -1067,4 +1166,6 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
         readers = [b for b in site.bindings if b.role != "out"]
         if readers:
             return unknown_rule(state, node, data, inputs)
-    return attention_sites(state, node, heads, *out_bindings)
+    q, k, v = out_bindings
+    return attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
+                           key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"))

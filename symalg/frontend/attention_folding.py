@@ -6,22 +6,36 @@ into heads* when ``H·d_k = d`` and
     X_h[…, i, j] = X[…, i, h·d_k + j],   h < H, i < L, j < d_k,
 
 i.e. ``X_h = X.reshape(…, L, H, d_k).transpose(-3, -2)``, of shape ``(…, H, L, d_k)``: head ``h`` holds the
-feature columns ``[h·d_k, (h+1)·d_k)``. Attention per head and the inverse merge
+feature columns ``[h·d_k, (h+1)·d_k)``. Keys and values may have ``G`` heads (``G·d_k = d``) repeated to ``H``,
+each read by ``r = H/G`` consecutive query heads (grouped-query attention): ``X_h = X_{⌊h/r⌋}``, written
+``repeat_interleave(r, dim)``, ``x[:, :, None].expand(…, G, r, L, d_k).reshape(…, H, L, d_k)`` or left to
+``sdpa(..., enable_gqa=True)``; the node then has the setting ``kv_heads = G``. Attention per head and the inverse merge
 
     A_h = softmax(s · Q_h K_hᵀ + M) V_h,   Y[…, i, h·d_v + j] = A_h[…, i, j]
 
 (``Y = A.transpose(-3, -2).reshape(…, L_q, H·d_v)``) is written either with
 ``F.scaled_dot_product_attention(Q, K, V, ...)`` (any ``attn_mask``, ``is_causal``, ``dropout_p``,
-``scale``; a mask tensor must not be computed from parameters) or explicitly: ``Q @ Kᵀ`` (``matmul``),
-optionally multiplied or divided by numbers (Python numbers, or values computed from shapes only such
-as ``math.sqrt(q.size(-1))``), ``softmax`` over the last axis, optionally ``dropout``, then ``@ V``.
-Such a pattern becomes one node ``attention(q, k, v)`` reading the three roots, with settings
-``heads = H``, ``head_dim = d_k``, ``value_head_dim = d_v`` and ``form`` (``"sdpa"``/``"explicit"``);
-the readers of ``Y`` read it instead. The scale and the mask are not recorded: ``Q_h ↦ Q_h g``,
-``K_h ↦ K_h g⁻ᵀ`` leaves ``Q_h K_hᵀ``, hence any function of it, unchanged.
+``scale``) or explicitly: ``Q @ Kᵀ`` (``matmul``), then any chain of *score modifiers*, ``softmax`` over
+the last axis, optionally ``dropout``, then ``@ V``. A modifier combines the scores ``S`` with a number
+(a Python number, or a value computed from shapes only such as ``math.sqrt(q.size(-1))``) or with a tensor
+``E`` computed without the scores: ``S·E``, ``S/E``, ``E/S``, ``S ± E``, ``E − S`` (a learnable temperature, a
+T5 relative-position bias, an additive mask) or ``S.masked_fill(mask, c)`` (a causal mask).
+Such a pattern becomes one node ``attention(q, k, v, *E)`` reading the three roots and the modifiers'
+tensors (the ``sdpa`` mask included), with settings ``heads = H``, ``head_dim = d_k``,
+``value_head_dim = d_v``, ``form`` (``"sdpa"``/``"explicit"``) and two facts about the modifiers:
+
+- ``heads_alike``: every tensor ``E`` is the same for all heads (its axis ``-3`` is absent or of length 1),
+  so permuting the heads permutes the scores of a per-head ``E`` nowhere;
+- ``key_shifts``: a per-query constant added to the scores, ``S_ij + c_i``, is still one after every
+  modifier (sums, a factor or divisor constant along the keys, ``masked_fill`` with ``-inf``), so the
+  softmax over keys ignores it; ``E/S`` and ``masked_fill`` with a finite value do not keep it.
+
+The readers of ``Y`` read the node instead. ``Q_h ↦ Q_h g``, ``K_h ↦ K_h g⁻ᵀ`` leaves ``Q_h K_hᵀ``, hence
+any function of it and of tensors that do not depend on it, unchanged.
 
 The layout chains between a root and ``Q``/``Kᵀ``/``V`` (and between ``A`` and ``Y``) are ``reshape``,
-``flatten``, ``transpose``, ``permute`` and ``identity`` nodes, each read by nothing but the next. Such a
+``flatten``, ``unsqueeze``, ``transpose``, ``permute``, ``identity``, ``expand``, ``repeat_interleave`` and
+``getitem`` nodes (whole slices and new axes only), each read by nothing but the next. Such a
 chain moves entries without changing them, so it is checked exactly by *replaying* it on the index
 tensor ``arange(n).reshape(shape of the root)`` (reshapes to their recorded shapes, transposes and
 permutes with their recorded dims) and comparing with the standard split above (transposed on its last
@@ -34,6 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import TypeGuard
 
 import networkx as nx
@@ -41,7 +56,8 @@ import torch
 
 __all__ = ["fold_attention"]
 
-_LAYOUT = frozenset({"reshape", "flatten", "transpose", "permute", "identity"})
+_LAYOUT = frozenset({"reshape", "flatten", "transpose", "permute", "identity", "unsqueeze", "getitem", "expand",
+                     "repeat_interleave"})
 
 _REPLAY_ERRORS = (RuntimeError, IndexError, TypeError, ValueError)
 
@@ -56,6 +72,18 @@ class _Split:
     heads: int
     length: int
     width: int
+    groups: int
+
+
+@dataclass(frozen=True)
+class _Modifier:
+    """One op between the scores and the softmax: its scores operand, the tensor it combines them with (if
+    any) and whether a per-query constant added to the scores stays one (see the module docstring)."""
+
+    node: str
+    scores: str
+    extra: str | None
+    key_shifts: bool
 
 
 @dataclass(frozen=True)
@@ -63,7 +91,11 @@ class _Match:
     """One attention pattern: the roots, the head layout, the nodes it replaces and the merged output."""
 
     roots: tuple[str, str, str]
+    extras: tuple[str, ...]
+    heads_alike: bool
+    key_shifts: bool
     heads: int
+    kv_heads: int
     head_dim: int
     value_head_dim: int
     form: str
@@ -97,15 +129,10 @@ def _match_sdpa(graph: nx.DiGraph, name: str) -> _Match | None:
     inputs = data["inputs"]
     if len(inputs) < 3 or None in inputs[:3] or any(f"arg{i}" not in data["arguments"] for i in range(3)):
         return None
-    match = _match_core(graph, inputs[0], inputs[1], inputs[2], name, {name}, "sdpa", keys_transposed=False)
-    if match is None:
-        return None
-    for mask in inputs[3:]:
-        if mask is None:
-            continue
-        if mask in match.folded or any(_has_params(graph.nodes[n]) for n in nx.ancestors(graph, mask) | {mask}):
-            return None
-    return match
+    masks = tuple(m for m in inputs[3:] if m is not None)
+    modifiers = tuple(_Modifier(name, inputs[0], m, True) for m in masks)
+    return _match_core(graph, inputs[0], inputs[1], inputs[2], name, {name}, "sdpa", modifiers, keys_transposed=False,
+                       repeats_keys=data["arguments"].get("enable_gqa") is True)
 
 
 def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
@@ -117,10 +144,11 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
             or any(isinstance(v, torch.dtype) for v in data["arguments"].values())):
         return None
     body = {name}
-    scores = data["inputs"][0]
-    while _is_scaling(graph, scores):
-        body.add(scores)
-        scores = next(i for i in graph.nodes[scores]["inputs"] if i is not None)
+    path = _scores_path(graph, data["inputs"][0])
+    if path is None:
+        return None
+    scores, modifiers = path
+    body |= {m.node for m in modifiers}
     probabilities = name
     user = _only_user(graph, probabilities)
     if user is not None and graph.nodes[user]["op"] == "dropout" and _single_input(graph.nodes[user]):
@@ -138,17 +166,70 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
     if any(_only_user(graph, n) not in body for n in body - {user}):
         return None
     q, k = first["inputs"]
-    return _match_core(graph, q, k, second["inputs"][1], user, body, "explicit", keys_transposed=True)
+    return _match_core(graph, q, k, second["inputs"][1], user, body, "explicit", modifiers, keys_transposed=True)
+
+
+def _scores_path(graph: nx.DiGraph, name: str) -> tuple[str, tuple[_Modifier, ...]] | None:
+    """The ``matmul`` computing the scores that reach ``name`` through score modifiers (each read by the next
+    only), and those modifiers; ``None`` where there is no such chain."""
+    if graph.nodes[name]["op"] == "matmul":
+        return name, ()
+    for modifier in _modifier_options(graph, name):
+        rest = _scores_path(graph, modifier.scores) if _only_user(graph, modifier.scores) == name else None
+        if rest is not None:
+            return rest[0], (modifier,) + rest[1]
+    return None
+
+
+def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
+    """The ways ``name`` can be a score modifier, one per operand that may be the scores (see the module
+    docstring); the other operand is a number or a tensor whose shape broadcasts to the scores'."""
+    data = graph.nodes[name]
+    op, inputs, arguments, shape = data["op"], data["inputs"], data["arguments"], data["shape"]
+    if shape is None:
+        return []
+    if op == "masked_fill":
+        value = arguments.get("value", arguments.get("arg2"))
+        if (len(inputs) != 3 or None in inputs[:2] or inputs[2] is not None or not isinstance(value, (int, float))
+                or isinstance(value, bool) or set(arguments) != {"arg0", "arg1", "arg2"}):
+            return []
+        return [_Modifier(name, inputs[0], inputs[1], value == -math.inf)]
+    if op not in ("mul", "div", "add", "sub") or len(inputs) != 2 or set(arguments) != {"arg0", "arg1"}:
+        return []
+    options = []
+    for position in (0, 1):
+        scores, other = inputs[position], inputs[1 - position]
+        if scores is None or graph.nodes[scores]["shape"] != shape:
+            continue
+        if other is None:
+            number = arguments[f"arg{1 - position}"]
+            if number is not None and not (scale_constant(number) and number != 0):
+                continue
+            along_keys = True
+        else:
+            extra_shape = graph.nodes[other]["shape"]
+            if extra_shape is None:
+                continue
+            along_keys = len(extra_shape) == 0 or extra_shape[-1] == 1
+        key_shifts = op in ("add", "sub") or along_keys and (op == "mul" or position == 0)   # not E / S
+        options.append(_Modifier(name, scores, other, key_shifts))
+    return options
 
 
 def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[str], form: str,
-                keys_transposed: bool) -> _Match | None:
-    """Check the three head splits, their agreement, the output shape and the merge of the heads."""
+                modifiers: tuple[_Modifier, ...], keys_transposed: bool, repeats_keys: bool = False) -> _Match | None:
+    """Check the three head splits, their agreement, the output shape and the merge of the heads. With
+    ``repeats_keys`` (``sdpa(..., enable_gqa=True)``) keys and values may have fewer heads, which ``sdpa`` repeats
+    by ``repeat_interleave``."""
     queries, keys, values = _split(graph, q, False), _split(graph, k, keys_transposed), _split(graph, v, False)
     if queries is None or keys is None or values is None:
         return None
     lead, heads, length = queries.lead, queries.heads, queries.length
-    if (keys.lead != lead or values.lead != lead or keys.heads != heads or values.heads != heads
+    kv_heads = keys.groups if keys.heads == heads else keys.heads
+    if repeats_keys and keys.heads != heads and (heads % keys.heads or keys.groups != keys.heads):
+        return None
+    if (keys.lead != lead or values.lead != lead or (keys.heads != heads and not repeats_keys)
+            or values.heads != keys.heads or queries.groups != heads or keys.groups != values.groups
             or keys.width != queries.width or keys.length != values.length
             or graph.nodes[out]["shape"] != (*lead, heads, length, values.width)):
         return None
@@ -160,7 +241,16 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
     roots = (queries.root, keys.root, values.root)
     if any(r in folded for r in roots) or any(u not in folded for n in folded - {final} for u in graph.successors(n)):
         return None
-    return _Match(roots, heads, queries.width, values.width, form, folded, final)
+    extras = tuple(dict.fromkeys(m.extra for m in modifiers if m.extra is not None))
+    if any((nx.ancestors(graph, e) | {e}) & (folded | set(roots)) for e in extras):
+        return None    # a modifier computed from the scores or the attention's own inputs
+    extra_shapes = [graph.nodes[e]["shape"] for e in extras]
+    if None in extra_shapes:
+        return None
+    heads_alike = all(len(s) < 3 or s[-3] == 1 for s in extra_shapes)
+    key_shifts = all(m.key_shifts for m in modifiers)
+    return _Match(roots, extras, heads_alike, key_shifts, heads, kv_heads, queries.width, values.width, form,
+                  folded, final)
 
 
 def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
@@ -184,20 +274,22 @@ def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
 
 def _check_split(graph: nx.DiGraph, root: str, chain: tuple[str, ...], transposed: bool) -> _Split | None:
     shape, out = graph.nodes[root]["shape"], graph.nodes[chain[-1]]["shape"]
-    if shape is None or out is None or len(shape) < 2 or len(out) != len(shape) + 1 or 0 in shape:
-        return None
+    if (shape is None or out is None or not all(_is_int(n) for n in (*shape, *out)) or len(shape) < 2
+            or len(out) != len(shape) + 1 or 0 in shape):
+        return None    # no shape, or the tuple of shapes of a multi-output op (``split``)
     heads, length, width = (out[-3], out[-1], out[-2]) if transposed else out[-3:]
     lead = shape[:-2]
-    if out[:-3] != lead or length != shape[-2] or heads * width != shape[-1]:
+    groups = shape[-1] // width if width else 0
+    if out[:-3] != lead or length != shape[-2] or groups * width != shape[-1] or not groups or heads % groups:
         return None
     index = _index(shape)
-    expected = index.reshape(*lead, length, heads, width).transpose(-3, -2)
+    expected = index.reshape(*lead, length, groups, width).transpose(-3, -2).repeat_interleave(heads // groups, -3)
     if transposed:
         expected = expected.transpose(-2, -1)
     replayed = _replay(graph, index, chain)
     if replayed is None or replayed.shape != expected.shape or not torch.equal(replayed, expected):
         return None
-    return _Split(root, chain, lead, heads, length, width)
+    return _Split(root, chain, lead, heads, length, width, groups)
 
 
 def _merge(graph: nx.DiGraph, out: str, lead: tuple, heads: int, length: int, width: int) -> tuple[str, ...] | None:
@@ -231,8 +323,14 @@ def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> 
         if data["shape"] is None:
             return None
         try:
-            if data["op"] in ("reshape", "flatten"):
+            if data["op"] in ("reshape", "flatten", "unsqueeze"):
                 tensor = tensor.reshape(data["shape"])
+            elif data["op"] == "getitem":
+                tensor = tensor[_new_axes(data["arguments"])]
+            elif data["op"] == "expand":
+                tensor = tensor.expand(data["shape"])
+            elif data["op"] == "repeat_interleave":
+                tensor = tensor.repeat_interleave(*_repeats(data["arguments"]))
             elif data["op"] == "transpose":
                 tensor = tensor.transpose(*_transpose_dims(data["arguments"]))
             elif data["op"] == "permute":
@@ -242,6 +340,24 @@ def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> 
         if tuple(tensor.shape) != tuple(data["shape"]):
             return None
     return tensor
+
+
+def _new_axes(arguments: dict[str, object]) -> tuple[slice | EllipsisType | None, ...]:
+    """An index of whole slices, ``None`` (new axes) and ``...`` only (``x[:, :, None]``): it moves no entry."""
+    index = arguments.get("arg1")
+    items = index if isinstance(index, tuple) else (index,)
+    kept = tuple(i for i in items if i is None or i is Ellipsis or isinstance(i, slice) and i == slice(None))
+    if len(kept) != len(items):
+        raise ValueError(f"index {index} selects entries")
+    return kept
+
+
+def _repeats(arguments: dict[str, object]) -> tuple[int, int]:
+    """``(repeats, dim)`` of ``x.repeat_interleave(repeats, dim)`` with a number of repeats and a dimension."""
+    repeats, dim = arguments.get("repeats", arguments.get("arg1")), arguments.get("dim", arguments.get("arg2"))
+    if _is_int(repeats) and _is_int(dim):
+        return repeats, dim
+    raise ValueError(f"repeat_interleave{(repeats, dim)} not recorded")
 
 
 def _transpose_dims(arguments: dict[str, object]) -> tuple[int, int]:
@@ -279,33 +395,9 @@ def _is_layout(data: dict) -> bool:
             and not any(isinstance(v, torch.dtype) for v in data["arguments"].values()))
 
 
-def _is_scaling(graph: nx.DiGraph, name: str) -> bool:
-    """``x * c``, ``c * x`` or ``x / c`` of the shape of ``x``, for a non-zero number ``c``.
-
-    ``c`` is a Python number, or recorded as ``None``: a value computed from shapes only
-    (``math.sqrt(q.size(-1))``), whose nodes tracing drops.
-    """
-    data = graph.nodes[name]
-    inputs, arguments = data["inputs"], data["arguments"]
-    if data["op"] not in ("mul", "div") or len(inputs) != 2 or set(arguments) != {"arg0", "arg1"}:
-        return False
-    if inputs[0] is not None and inputs[1] is None:
-        tensor, number = inputs[0], arguments["arg1"]
-    elif data["op"] == "mul" and inputs[0] is None and inputs[1] is not None:
-        tensor, number = inputs[1], arguments["arg0"]
-    else:
-        return False
-    return ((number is None or (scale_constant(number) and number != 0))
-            and data["shape"] is not None and data["shape"] == graph.nodes[tensor]["shape"])
-
-
 def _only_user(graph: nx.DiGraph, name: str) -> str | None:
     users = list(graph.successors(name))
     return users[0] if len(users) == 1 else None
-
-
-def _has_params(data: dict) -> bool:
-    return data["kind"] == "param" or bool(data.get("params"))
 
 
 def _fold(graph: nx.DiGraph, match: _Match) -> None:
@@ -316,8 +408,10 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
     name = f"attention_{k}"
     record = {"op": "attention", "kind": "function", "module": None, "params": {}, "buffers": {},
               "settings": {"heads": match.heads, "head_dim": match.head_dim,
-                           "value_head_dim": match.value_head_dim, "form": match.form},
-              "inputs": match.roots, "arguments": {}, "shape": graph.nodes[match.final]["shape"],
+                           "value_head_dim": match.value_head_dim, "form": match.form,
+                           "heads_alike": match.heads_alike, "key_shifts": match.key_shifts}
+              | ({"kv_heads": match.kv_heads} if match.kv_heads != match.heads else {}),
+              "inputs": match.roots + match.extras, "arguments": {}, "shape": graph.nodes[match.final]["shape"],
               "where": f"node {name!r} (folded attention)"}
     users = [(user, dict(graph.edges[match.final, user])) for user in graph.successors(match.final)]
     for user, _ in users:
@@ -326,7 +420,7 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
     nodes = [(name, record) if n == match.final else (n, d) for n, d in graph.nodes(data=True)
              if n == match.final or n not in match.folded]
     edges = [(u, v, d) for u, v, d in graph.edges(data=True) if u not in match.folded and v not in match.folded]
-    edges += [(root, name, {"index": i}) for i, root in enumerate(match.roots)]
+    edges += [(root, name, {"index": i}) for i, root in enumerate(match.roots + match.extras)]
     edges += [(name, user, d) for user, d in users]
     attributes = dict(graph.graph)
     graph.clear()

@@ -17,8 +17,9 @@ One edge ``u → v`` however often ``v`` reads ``u`` (``inputs`` has every posit
 unused guard and assertion calls (``torch.export``'s ``_guards_fn``, ``torch._assert``) are dropped.
 
 Hand-written attention (``q/k/v`` linears split into heads, then ``F.scaled_dot_product_attention``
-or ``softmax(Q Kᵀ/√d) V``, merged back) is folded into one ``attention`` node with inputs ``q, k, v``
-and ``settings["heads"]``; folding needs example inputs to read the head layout.
+or ``softmax(Q Kᵀ/√d) V``, merged back) is folded into one ``attention`` node with inputs ``q, k, v`` (then
+the masks, biases and temperatures its scores meet) and ``settings["heads"]``; folding needs example inputs to
+read the head layout.
 
 Example
 -------
@@ -263,6 +264,7 @@ _ATEN = {
     "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square", "dropout": "dropout", "cdist": "cdist",
     "max_pool1d": "max_pool", "max_pool2d": "max_pool", "avg_pool1d": "avg_pool", "avg_pool2d": "avg_pool",
     "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool",
+    "split": "split", "split_with_sizes": "split", "chunk": "chunk",
 }
 _ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
                      "adaptive_avg_pool2d": 2}

@@ -110,6 +110,14 @@ OPS: dict[str, Op] = {
     "max": Op("{0}.max({dim})[0]", lambda m, x, dim: x.max(dim)[0]),
     "mean": Op("{0}.mean({dim})", lambda m, x, dim: x.mean(dim)),
     "linear_w": Op("F.linear({0}, self.{layer}.weight)", lambda m, x, layer: F.linear(x, getattr(m, layer).weight)),
+    "weight_add": Op("{0} + self.{layer}.weight", lambda m, x, layer: x + getattr(m, layer).weight),
+    "weight_mul": Op("{0} * self.{layer}.weight", lambda m, x, layer: x * getattr(m, layer).weight),
+    "weight_rdiv": Op("self.{layer}.weight / {0}", lambda m, x, layer: getattr(m, layer).weight / x),
+    "causal_fill_value": Op("{0}.masked_fill(torch.ones({t}, {t}, dtype=torch.bool).triu(1), {value})",
+                            lambda m, x, t, value: x.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), value)),
+    "sdpa_mask_param": Op("F.scaled_dot_product_attention({0}, {1}, {2}, attn_mask=self.{layer}.weight)",
+                          lambda m, q, k, v, layer: F.scaled_dot_product_attention(
+                              q, k, v, attn_mask=getattr(m, layer).weight)),
     "sdpa": Op("F.scaled_dot_product_attention({0}, {1}, {2}, is_causal={causal})",
                lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
     "mha": Op("self.{layer}({0}, {0}, {0}, need_weights={need}, average_attn_weights={average})",
@@ -560,6 +568,81 @@ def _attention(b: _Builder) -> _Drawn:
     return (batch, t, n), 0, b.linear(o, dk, b.width())
 
 
+def _scores(b: _Builder) -> _Drawn:
+    """Multi-head attention (``q, k, v`` maps separate or one packed map cut by ``chunk``/``split``; grouped-query
+    attention by ``repeat_interleave``, HF's ``[:, :, None].expand(...).reshape(...)`` or ``sdpa(enable_gqa=True)``)
+    whose scores are combined with a mask, a bias or a temperature before the softmax; its output may be cut by
+    ``split`` into two pieces.
+
+    A tensor ``E`` is the weight of a layer used for its shape only: ``Linear(1, 1)`` (a temperature),
+    ``Conv1d(1, H, 1)`` (one per head), ``Linear(T, T)`` (a bias shared by the heads), ``Conv1d(T, H, T)``
+    (``(H, T, T)``: one per head), ``Linear(T, 1)`` (``(1, T)``: a factor varying along the keys, which keeps
+    the per-head groups but not the key-bias shifts, like ``E / S`` and a finite ``masked_fill``).
+    """
+    rng = b.rng
+    heads, dk = rng.randint(1, 4), rng.randint(1, 3)
+    d, n, t, batch = heads * dk, b.width(), b.width(2), 2
+    groups = rng.choice([g for g in range(1, heads) if heads % g == 0] or [heads]) if rng.random() < 0.4 else heads
+    kv = groups * dk
+    if rng.random() < 0.3:   # a packed projection cut into q, k, v (a piece may also be returned)
+        b.variant.append("packed")
+        packed = b.linear("x", n, d + 2 * kv)
+        q, k, v = (b.ops("chunk", packed, n=3, outs=3) if kv == d else
+                   b.ops("split", packed, sizes=[d, kv, kv], outs=3))
+    else:
+        q, k, v = b.linear("x", n, d), b.linear("x", n, kv), b.linear("x", n, kv)
+    q = b.op("transpose", b.op("reshape", q, shape=(batch, t, heads, dk)), a=1, b=2)
+    k, v = (b.op("transpose", b.op("reshape", z, shape=(batch, t, groups, dk)), a=1, b=2) for z in (k, v))
+    spelling = ""
+    if groups != heads:   # grouped-query attention: each key/value head serves heads/groups query heads
+        spelling = rng.choice(["repeat_interleave", "expand", "enable_gqa"])
+        b.variant.append(f"gqa{groups}-{spelling}")
+        if spelling != "enable_gqa":
+            k, v = (b.op("repeat_interleave", z, r=heads // groups) if spelling == "repeat_interleave" else
+                    b.op("repeat_kv", z, shape=(batch, groups, heads // groups, t, dk), merged=(batch, heads, t, dk))
+                    for z in (k, v))
+    if spelling == "enable_gqa":
+        o = b.op("sdpa_gqa", q, k, v, causal=False)
+    elif rng.random() < 0.2:
+        shared = rng.random() < 0.5
+        b.variant.append(f"sdpa-mask-{'shared' if shared else 'per-head'}")
+        mask = b.add("Linear", t, t, bias=False) if shared else b.add("Conv1d", t, heads, t, bias=False)
+        o = b.op("sdpa_mask_param", q, k, v, layer=mask)
+    else:
+        scores = b.op("matmul_t", q, k)
+        kinds = [rng.choice(["scale", "temperature", "head-temperature", "bias", "head-bias", "key-factor",
+                             "key-divisor", "causal-inf", "causal-finite"]) for _ in range(rng.randint(1, 3))]
+        # a mask comes last, as in real models: a factor after a -inf fill could make +inf (or NaN) scores
+        for kind in sorted(kinds, key=lambda kind: kind.startswith("causal")):
+            b.variant.append(kind)
+            if kind == "scale":
+                scores = b.op("scale", scores, c=dk ** -0.5)
+            elif kind in ("temperature", "head-temperature", "key-factor"):
+                layer = {"temperature": lambda: b.add("Linear", 1, 1, bias=False),
+                         "head-temperature": lambda: b.add("Conv1d", 1, heads, 1, bias=False),
+                         "key-factor": lambda: b.add("Linear", t, 1, bias=False)}[kind]()
+                scores = b.op("weight_mul", scores, layer=layer)
+            elif kind in ("bias", "head-bias"):
+                layer = (b.add("Linear", t, t, bias=False) if kind == "bias" else
+                         b.add("Conv1d", t, heads, t, bias=False))
+                scores = b.op("weight_add", scores, layer=layer)
+            elif kind == "key-divisor":
+                scores = b.op("weight_rdiv", scores, layer=b.add("Linear", 1, 1, bias=False))
+            else:
+                scores = b.op("causal_fill_value", scores, t=t, value=float("-inf") if kind == "causal-inf" else -1.5)
+        o = b.op("matmul", b.op("softmax", scores, dim=-1), v)
+    o = b.op("reshape", b.op("transpose", o, a=1, b=2), shape=(batch, t, d))
+    m = b.width()
+    y = b.linear(o, d, m)
+    if m > 1 and rng.random() < 0.4:   # the output cut in two pieces, each through its own activation
+        cut = rng.randint(1, m - 1)
+        b.variant.append(f"split{cut}")
+        first, second = b.ops("split", y, sizes=[cut, m - cut], outs=2)
+        pieces = [b.act(first), b.act(second)]
+        y = b.linear(b.op("cat", *(pieces if rng.random() < 0.7 else pieces[::-1]), dim=-1), m, b.width())
+    return (batch, t, n), 0, y
+
+
 def _embedding(b: _Builder) -> _Drawn:
     """Token embeddings; heads tied through ``F.linear(·, emb.weight)``, pooled by max or mean."""
     rng = b.rng
@@ -815,8 +898,8 @@ def _block(b: _Builder) -> _Drawn:
 
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
-    "mha": _mha, "attention": _attention, "embedding": _embedding, "concat": _concat, "shared": _shared,
-    "albert": _albert, "block": _block,
+    "mha": _mha, "attention": _attention, "scores": _scores, "embedding": _embedding, "concat": _concat,
+    "shared": _shared, "albert": _albert, "block": _block,
     "outputs": _mlp,  # an MLP that generate() always makes return a dict or tuple, hidden values included
 }
 """Model families by name; :func:`generate` draws from them in turn."""
