@@ -31,7 +31,8 @@ __all__ = ["OP_RULES", "OVERLAYABLE", "RULE_EXAMPLES", "WEIGHT_RULES", "WeightEx
 
 _RULES: dict[str, Callable] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
-                          "permute", "embedding", "cdist", "getitem"})
+                          "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm", "group_norm",
+                          "batch_norm", "addmm"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -93,6 +94,26 @@ def _normalise(dim: int, ndim: int | None) -> int:
 
 def _first(inputs) -> Label:
     return inputs[0] if inputs and inputs[0] is not None else Label.data()
+
+
+def _layer_call(state: Inference, data, inputs, data_position: int = 0) -> bool:
+    """True when a layer (norm, convolution, embedding) reads its weights as the parameters and buffers recorded by
+    role in ``params``/``buffers``: a module call, or a function call (``F.layer_norm(x, s, w, b)``,
+    ``aten.conv1d``) whose every operand but the data (at ``data_position``) is one of them. A weight computed in
+    ``forward`` or a second value fails: the caller treats the op as unknown."""
+    if data["kind"] == "module":
+        return True
+    if data["op"] in ("layer_norm", "rms_norm") and "normalized_shape" not in data["settings"]:
+        return False
+    recorded = set(data["params"].values()) | set(data["buffers"].values())
+    for position, (source, label) in enumerate(zip(data["inputs"], inputs)):
+        if position == data_position or source is None and label is None:
+            continue
+        node = state.graph.nodes[source] if source is not None else {}
+        names = set(node.get("params", {}).values()) | set(node.get("buffers", {}).values())
+        if node.get("kind") not in ("param", "constant") or not names or not names <= recorded:
+            return False
+    return True
 
 
 # -- activations and unknown ops ---------------------------------------------------------------
@@ -323,6 +344,8 @@ def conv_rule(state: Inference, node, data, inputs) -> Label:
     map: per-channel scalings and sign flips pass into its kernel, a permutation moves both sides.
     """
     label = _first(inputs)
+    if "weight" not in data["params"] or not _layer_call(state, data, inputs):
+        return unknown_rule(state, node, data, inputs)
     weight, bias = data["params"]["weight"], data["params"].get("bias")
     settings = data["settings"]
     out_channels, in_per_group = state.shapes[weight][:2]
@@ -380,10 +403,11 @@ def _diagonal_map(state, node, label: Label, scale: str | None, shift: str | Non
     lambda: torch.nn.Sequential(torch.nn.Embedding(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)),
     lambda: torch.arange(6))})
 def embedding_rule(state: Inference, node, data, inputs) -> Label:
-    """``x = E[i]``: a site on the columns of the table ``E`` (``E ↦ E gᵀ``)."""
-    weight = data["params"].get("weight") if data["kind"] == "module" else (
-        inputs[1][1] if len(inputs) > 1 and _is_param(inputs[1]) else None)
-    if weight is None:
+    """``x = E[i]``: a site on the columns of the table ``E`` (``E ↦ E gᵀ``). The call's table is its recorded
+    ``weight``, whatever the argument order (``F.embedding(i, E)``, ``aten.embedding(E, i)``)."""
+    weight = data["params"].get("weight")
+    indices = [p for p, label in enumerate(inputs) if not _is_param(label)]
+    if weight is None or len(indices) != 1 or not _layer_call(state, data, inputs, indices[0]):
         return unknown_rule(state, node, data, inputs)
     vocabulary, width = state.shapes[weight]
     state.pin(Binding(weight, 0, 0, vocabulary, node=node), node)
@@ -760,7 +784,7 @@ def batch_norm_rule(state: Inference, node, data, inputs) -> Label:
     settings = data["settings"]
     buffers = data["buffers"]
     channel = _channel_axis(state, data)
-    if data["kind"] != "module" or channel is None:  # F.batch_norm: its tensors' roles are not recorded
+    if channel is None or not _layer_call(state, data, inputs):
         return unknown_rule(state, node, data, inputs)
     if _across_sites(state, node, label, (channel,), {"S"}, "batch norm"):
         return label
@@ -806,9 +830,9 @@ def layer_norm_rule(state: Inference, node, data, inputs) -> Label:
     (a LayerNorm over time after a transpose): each row is normalised alike, so permutations pass, a
     translation of the row's bias cancels, and ``LN(−v) = −LN(v)`` keeps sign flips when there is no bias."""
     label = _first(inputs)
-    if data["kind"] != "module":
+    if not _layer_call(state, data, inputs):
         return unknown_rule(state, node, data, inputs)
-    k = len(data["settings"]["normalized_shape"])
+    k = len(_normalized_shape(data))
     weight, bias = data["params"].get("weight"), data["params"].get("bias")
     if _across_sites(state, node, label, tuple(range(-k, 0)), {"S", "T"} | ({"SF"} if bias is None else set()),
                      "layer norm"):
@@ -820,6 +844,12 @@ def layer_norm_rule(state: Inference, node, data, inputs) -> Label:
         return normalised
     dim = label.dim if label.segments else -1
     return _diagonal_map(state, node, Label(dim, label.size, normalised.segments), weight, bias, dim, k + dim)
+
+
+def _normalized_shape(data) -> tuple:
+    """A layer or RMS norm's ``normalized_shape`` as a tuple (a module's setting, or ``F.layer_norm(x, 4)``'s int)."""
+    shape = data["settings"]["normalized_shape"]
+    return tuple(shape) if isinstance(shape, (list, tuple)) else (shape,)
 
 
 def _whole_vector_shifts(state: Inference, node, label: Label, what: str, axes: int = 1) -> None:
@@ -845,9 +875,9 @@ def rms_norm_rule(state: Inference, node, data, inputs) -> Label:
     """RMS norm ``x/‖x‖·√d`` over the last ``k`` axes: a site along one of them gets all of ``O(d)``; a gain is
     a diagonal map after it. A site along another axis keeps permutations and sign flips (the norm is odd)."""
     label = _first(inputs)
-    if data["kind"] != "module":
+    if not _layer_call(state, data, inputs):
         return unknown_rule(state, node, data, inputs)
-    k = len(data["settings"]["normalized_shape"])
+    k = len(_normalized_shape(data))
     if _across_sites(state, node, label, tuple(range(-k, 0)), {"S", "SF"}, "RMS norm"):
         return label
     state.restrict_label(label, {"O", "O1", "SF", "S"}, node, f"{state.where(node)}: RMS norm")
@@ -877,7 +907,7 @@ def group_norm_rule(state: Inference, node, data, inputs) -> Label:
     settings, params = data["settings"], data["params"]
     shape = state.shape(data["inputs"][0])
     channel = _channel_axis(state, data)
-    if data["kind"] != "module" or channel is None:
+    if channel is None or not _layer_call(state, data, inputs):
         return unknown_rule(state, node, data, inputs)
     if _across_sites(state, node, label, (channel,), {"S"}, "group norm"):
         return label

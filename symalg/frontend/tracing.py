@@ -81,7 +81,8 @@ _FUNCTIONS: dict[object, str] = {
     torch.sqrt: "sqrt", torch.log: "log", F.dropout: "dropout", F.max_pool1d: "max_pool", F.max_pool2d: "max_pool",
     F.avg_pool1d: "avg_pool", F.avg_pool2d: "avg_pool", F.adaptive_avg_pool1d: "avg_pool",
     F.adaptive_avg_pool2d: "avg_pool", operator.getitem: "getitem", torch.transpose: "transpose",
-    torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding",
+    torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding", F.conv1d: "conv", F.conv2d: "conv",
+    F.group_norm: "group_norm", F.batch_norm: "batch_norm", torch.addmm: "addmm", torch.select: "select",
 }
 """Structural functions (activation functions are spelled by their catalogue entries)."""
 
@@ -97,7 +98,7 @@ _METHODS = {
     "sub": "sub", "view": "reshape", "reshape": "reshape", "transpose": "transpose", "permute": "permute",
     "contiguous": "identity", "flatten": "flatten", "softmax": "softmax", "log_softmax": "log_softmax",
     "exp": "exp", "pow": "pow", "square": "square", "abs": "abs", "sqrt": "sqrt", "matmul": "matmul", "size": "size",
-    "dim": "size", "clone": "identity",
+    "dim": "size", "clone": "identity", "select": "select",
 }
 """Structural tensor methods (activation methods are spelled by their catalogue entries)."""
 
@@ -209,7 +210,9 @@ _ATEN = {
     "getitem": "getitem", "sub": "sub", "pow": "pow", "sin": "sin", "cos": "cos", "abs": "abs", "log": "log",
     "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square", "dropout": "dropout", "cdist": "cdist",
     "max_pool1d": "max_pool", "max_pool2d": "max_pool", "avg_pool1d": "avg_pool", "avg_pool2d": "avg_pool",
-    "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool",
+    "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool", "conv1d": "conv", "conv2d": "conv",
+    "group_norm": "group_norm", "rms_norm": "rms_norm", "batch_norm": "batch_norm", "addmm": "addmm",
+    "select": "select",
 }
 _ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
                      "adaptive_avg_pool2d": 2}
@@ -284,9 +287,53 @@ def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[i
     else:
         op, settings = _function_op(node, gm)
         record.update(op=op, settings=settings)
+        if op in _LAYER_SETTINGS:
+            record.update(_layer_operands(node, gm, by_id, op))
         if node.op == "call_method" and node.target in _IN_PLACE:
             record["settings"]["inplace"] = True
     return record
+
+
+_LAYER_SETTINGS = {
+    "layer_norm": ("normalized_shape", "eps"), "rms_norm": ("normalized_shape", "eps"),
+    "group_norm": ("num_groups", "eps"), "batch_norm": ("training", "momentum", "eps"),
+    "conv": ("stride", "padding", "dilation", "groups"), "embedding": ("padding_idx",),
+}
+"""The settings a layer called as a function (``F.layer_norm``, ``aten.conv1d``) reads off its arguments, named as
+the module's attributes."""
+_LAYER_TENSORS = ("weight", "bias", "running_mean", "running_var")
+
+
+def _layer_operands(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[int, str], op: str) -> dict:
+    """``params``, ``buffers`` and ``settings`` of a layer called as a function, as its module would record them:
+    every weight operand that is a parameter or buffer read directly, by its role (``weight``, ``bias``,
+    ``running_mean``, ``running_var``), and the settings among the arguments. A weight computed in ``forward``
+    is recorded under no role, so the op's rule finds an operand it cannot place and treats the call as unknown.
+
+    ``aten.embedding(weight, indices)`` and ``F.embedding(indices, weight)`` both give ``params={"weight": ...}``;
+    ``aten.batch_norm`` on running buffers gives ``track_running_stats``, a convolution its channels."""
+    arguments = _bound_arguments(node, gm)
+    params, buffers = {}, {}
+    for role in _LAYER_TENSORS:
+        value = arguments.get(role)
+        if isinstance(value, torch.fx.Node) and value.op == "get_attr":
+            tensor = _attribute(gm, str(value.target))
+            if isinstance(tensor, torch.Tensor) and id(tensor) in by_id:
+                (params if isinstance(tensor, nn.Parameter) else buffers)[role] = by_id[id(tensor)]
+    settings = {key: tuple(value) if isinstance(value, list) else value
+                for key, value in arguments.items() if key in _LAYER_SETTINGS[op]}
+    if op == "batch_norm":
+        settings["track_running_stats"] = arguments.get("running_mean") is not None
+    if op == "embedding" and settings.get("padding_idx") == -1:  # aten's "no padding index"
+        settings["padding_idx"] = None
+    weight = arguments.get("weight")
+    if op == "conv" and isinstance(weight, torch.fx.Node):
+        shape = _shape_of(weight.meta)
+        if shape is None and weight.op == "get_attr":
+            shape = tuple(_attribute(gm, str(weight.target)).shape)
+        if shape is not None:
+            settings.update(padding_mode="zeros", out_channels=shape[0], in_channels=shape[1] * settings["groups"])
+    return {"params": params, "buffers": buffers, "settings": settings}
 
 
 def _attribute(gm: nn.Module, target: str) -> object:
