@@ -22,7 +22,7 @@ import torch
 from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.groups import GeneralLinear
 from symalg.catalogue.bindings import Binding, TranslationFamily
-from symalg.catalogue.rule_examples import Example, RadialBasis, around, model_example, split_heads_attention
+from symalg.catalogue.rule_examples import Conv1D, Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
 from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment, site_stem
 
@@ -328,10 +328,32 @@ def linear_rule(state: Inference, node, data, inputs) -> Label:
             return unknown_rule(state, node, data, inputs)
         tensor, axis = weight.rows[0]
         out_features = state.shapes[tensor][axis]
+    return _dense_map(state, node, label, weight, bias, out_features)
+
+
+def _dense_map(state, node, label: Label, weight, bias, out_features: int) -> Label:
+    """``y = W x + b`` on the last axis: the input's sites on the columns of ``W`` (a parameter or a
+    :class:`WeightExpr`), a new site on its rows and ``b``."""
     _read_as_map(state, node, label, weight, -1)
     _absorb_shifts(state, node, label, weight, bias)
     site = _producer_site(state, node, out_features, weight, bias)
     return Label(-1, out_features, (Segment(site, 0, out_features),))
+
+
+@register_rule("addmm", examples={"addmm": around(lambda self, h: self.inner(torch.relu(h)), shape=(2, 5, 3),
+                                                  inner=lambda: Conv1D(4, 4))})
+def addmm_rule(state: Inference, node, data, inputs) -> Label:
+    """``addmm(b, x, W) = β b + α x W``, ``W`` of shape ``(in, out)`` (GPT-2's ``Conv1D``): a dense layer whose
+    weight is ``Wᵀ``, so the new site is on ``W``'s columns and ``b``, the input's sites on ``W``'s rows. The
+    numbers ``α, β`` scale the map and the bias, which commutes with every action (a translation of ``b`` is a
+    translation of the output)."""
+    bias, value, weight = (list(inputs) + [None] * 3)[:3]
+    weight = _weight(state, weight)
+    if not isinstance(value, Label) or weight is None or not _is_param(bias) or len(state.shapes[bias[1]]) != 1:
+        return unknown_rule(state, node, data, inputs)
+    transposed = WeightExpr(weight.cols, weight.rows, weight.plain)
+    tensor, axis = transposed.rows[0]
+    return _dense_map(state, node, value, transposed, bias[1], state.shapes[tensor][axis])
 
 
 @register_rule("conv", examples={"conv": model_example(
@@ -588,8 +610,13 @@ def cat_rule(state: Inference, node, data, inputs) -> Label:
     "flatten": around(lambda self, h: torch.relu(h).flatten(0, 1), shape=(5, 2, 3)),
     "reshape": around(lambda self, h: torch.relu(h).reshape(-1, 4), shape=(5, 2, 3))})
 def reshape_rule(state: Inference, node, data, inputs) -> Label:
-    """Reshapes that keep the feature axis last, or flatten it with trailing axes (conv → dense:
-    each channel becomes a block of entries). Anything else splits the axis: unknown."""
+    """Reshapes that keep the sites' axis whole (the axes before it and after it regrouped among themselves:
+    ``flatten(2)`` of a conv's positions, ``(B, T, d) ↔ (B·T, d)``), or flatten it with trailing axes (conv →
+    dense: each channel becomes a block of entries). Anything else splits the axis (into heads: only attention
+    folding keeps per-head structure) and blocks its sites.
+
+    The row-major index of an entry is ``(o·d + f)·r + i`` before and after when the axes before the sites' axis
+    hold ``o`` entries on both sides and the axis itself is kept: so it moves with the same coordinate ``f``."""
     label = _first(inputs)
     source = data["inputs"][0]
     before, after = state.shape(source), state.shape(node)
@@ -603,6 +630,9 @@ def reshape_rule(state: Inference, node, data, inputs) -> Label:
     if not label.segments:
         return Label.data(-1, after[-1] if after else None)
     dim = len(before) + label.dim
+    for k in range(len(after)):
+        if after[k] == before[dim] and _prod(after[:k]) == _prod(before[:dim]):
+            return Label(k - len(after), label.size, label.segments)
     trailing = 1
     for size in before[dim + 1:]:
         trailing *= size
@@ -611,7 +641,8 @@ def reshape_rule(state: Inference, node, data, inputs) -> Label:
         segments = tuple(replace(s, offset=s.offset * trailing, block=s.block * trailing) for s in label.segments)
         return Label(-1, merged, segments)
     state.restrict_label(label, set(), node, f"{state.where(node)} reshapes {before} -> {after}, splitting the "
-                                             "feature axis", blocked=True)
+                                             f"sites' axis {label.dim} (a split into heads keeps per-head structure "
+                                             "only inside folded attention)", blocked=True)
     return Label.data()
 
 
@@ -655,12 +686,45 @@ def transpose_rule(state: Inference, node, data, inputs) -> Label:
     lambda self, h: self.attention(h, h, h)[0], shape=(5, 3, 3),
     attention=lambda: torch.nn.MultiheadAttention(4, 2, batch_first=True))})
 def getitem_rule(state: Inference, node, data, inputs):
-    """Picking an output of a multi-output op; indexing a tensor is unknown."""
+    """Picking an output of a multi-output op; indexing a value with integers and full slices (``x[:, 0]``) is a
+    selection (:func:`select_rule`); any other indexing is unknown."""
     source = inputs[0]
     index = _argument(data, 1, "index")
     if isinstance(source, tuple) and not _is_param(source) and isinstance(index, int):
         return source[index]
+    index = index if isinstance(index, tuple) else (index,)
+    whole = slice(None)
+    if isinstance(source, Label) and len(inputs) == 1 and all(isinstance(i, int) or i == whole for i in index):
+        return _drop_axes(state, node, source, [p for p, i in enumerate(index) if isinstance(i, int)],
+                          state.shape(data["inputs"][0]))
     return unknown_rule(state, node, data, inputs)
+
+
+@register_rule("select", examples={"select": around(lambda self, h: torch.select(torch.relu(h), 1, 0),
+                                                    shape=(5, 3, 3))})
+def select_rule(state: Inference, node, data, inputs) -> Label:
+    """``x.select(dim, i)``, ``x[:, 0]`` (a CLS token): one entry along an axis that is not the sites' keeps every
+    action, since each coordinate of the sites moves as before; along the sites' axis it picks one coordinate,
+    which then no action of those sites may move."""
+    if len(inputs) != 1 or not isinstance(inputs[0], Label):
+        return unknown_rule(state, node, data, inputs)
+    return _drop_axes(state, node, inputs[0], [_argument(data, 1, "dim")], state.shape(data["inputs"][0]))
+
+
+def _drop_axes(state: Inference, node, label: Label, dims: list, shape: tuple | None) -> Label:
+    """The label after picking one entry along each of ``dims`` (axes of a value of ``shape``)."""
+    if not label.segments:
+        return Label.data()
+    if shape is None or not all(isinstance(d, int) for d in dims):
+        state.restrict_label(label, set(), node, f"{state.where(node)}: selection without shapes", blocked=True)
+        return Label.data()
+    removed = {d % len(shape) for d in dims}
+    position = len(shape) + label.dim
+    if position in removed:
+        state.restrict_label(label, set(), node, f"{state.where(node)} picks one coordinate of the axis "
+                                                 f"{label.dim} the sites run along", blocked=True)
+        return Label.data()
+    return Label(-1 - sum(p not in removed for p in range(position + 1, len(shape))), label.size, label.segments)
 
 
 @register_rule("exp", "pow", "log", "sin", "cos", "abs", "sqrt", "rsqrt", "square", examples={

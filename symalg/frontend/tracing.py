@@ -49,6 +49,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 from symalg.catalogue.activations import CATALOGUE
 from symalg.errors import SpecError
 from symalg.frontend.attention_folding import fold_attention as fold_attention_pass
+from symalg.frontend.rms_norm_folding import fold_rms_norm
 from symalg.ir.graph import ModelGraph
 from symalg.frontend.canonical import IN_PLACE_FUNCTIONS, IN_PLACE_METHODS, call_activation, module_activation, \
     opaque_module_name
@@ -83,6 +84,7 @@ _FUNCTIONS: dict[object, str] = {
     F.adaptive_avg_pool2d: "avg_pool", operator.getitem: "getitem", torch.transpose: "transpose",
     torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding", F.conv1d: "conv", F.conv2d: "conv",
     F.group_norm: "group_norm", F.batch_norm: "batch_norm", torch.addmm: "addmm", torch.select: "select",
+    torch.unflatten: "reshape",
 }
 """Structural functions (activation functions are spelled by their catalogue entries)."""
 
@@ -98,7 +100,7 @@ _METHODS = {
     "sub": "sub", "view": "reshape", "reshape": "reshape", "transpose": "transpose", "permute": "permute",
     "contiguous": "identity", "flatten": "flatten", "softmax": "softmax", "log_softmax": "log_softmax",
     "exp": "exp", "pow": "pow", "square": "square", "abs": "abs", "sqrt": "sqrt", "matmul": "matmul", "size": "size",
-    "dim": "size", "clone": "identity", "select": "select",
+    "dim": "size", "clone": "identity", "select": "select", "unflatten": "reshape",
 }
 """Structural tensor methods (activation methods are spelled by their catalogue entries)."""
 
@@ -212,7 +214,7 @@ _ATEN = {
     "max_pool1d": "max_pool", "max_pool2d": "max_pool", "avg_pool1d": "avg_pool", "avg_pool2d": "avg_pool",
     "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool", "conv1d": "conv", "conv2d": "conv",
     "group_norm": "group_norm", "rms_norm": "rms_norm", "batch_norm": "batch_norm", "addmm": "addmm",
-    "select": "select",
+    "select": "select", "unflatten": "reshape",
 }
 _ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
                      "adaptive_avg_pool2d": 2}
@@ -232,6 +234,8 @@ def _function_op(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, di
         known = call_activation(spelling, target, _bound_arguments(node, gm))
         if known is not None:
             return known
+    if _is_float_cast(node, aten):
+        return "identity", {"cast": True}
     if node.op == "call_method":
         method = str(target)  # fx names a called method by a string
         return _METHODS.get(method) or (method if method not in CATALOGUE else f"Tensor.{method}"), {"method": method}
@@ -247,6 +251,21 @@ def _function_op(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, di
         return _ATEN.get(name, f"aten.{name}"), pooled
     name = getattr(target, "__name__", str(target))
     return (name if name not in CATALOGUE else f"{getattr(target, '__module__', '')}.{name}"), {}
+
+
+def _is_float_cast(node: torch.fx.Node, aten: bool) -> bool:
+    """True for ``x.to(...)`` (``aten.to``, ``aten._to_copy``) whose result is floating point (by shape propagation,
+    else by a floating dtype among the arguments, or none): it changes no value beyond rounding, so every action
+    passes. A cast to integers, or of unknown result, is not one."""
+    name = node.target.__name__.split(".")[0] if aten else str(node.target) if node.op == "call_method" else None
+    if name not in ("to", "_to_copy"):
+        return False
+    value = node.meta.get("tensor_meta", node.meta.get("val"))
+    if hasattr(value, "dtype"):
+        return value.dtype.is_floating_point
+    values = [*node.args[1:], *node.kwargs.values()]
+    return not any(isinstance(v, torch.fx.Node) for v in values) and \
+        all(v.is_floating_point for v in values if isinstance(v, torch.dtype))
 
 
 def _is_pack(node: torch.fx.Node) -> bool:
@@ -584,6 +603,7 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
     _drop_shape_queries(graph)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     buffer_shapes = {name: tuple(b.shape) for name, b in model.named_buffers()}
+    graph = fold_rms_norm(graph)
     if fold_attention:
         graph = fold_attention_pass(graph)
     return ModelGraph(graph, shapes, buffer_shapes, model, example_inputs, tracer, aliases)
