@@ -41,10 +41,22 @@ def _reproduced_patterns(case: Case) -> set[str]:
 
 
 def test_generator_covers_every_family_and_every_known_false_claim_pattern():
-    cases = [fuzz.generate(0, i) for i in range(40 * len(fuzz.FAMILIES))]
+    cases = [fuzz.generate(0, i) for i in range(50 * len(fuzz.FAMILIES))]
     assert {c.family for c in cases[:len(fuzz.FAMILIES)]} == set(fuzz.FAMILIES)
     found = set().union(*(_reproduced_patterns(c) for c in cases))
     assert len(found) == 10, found
+
+
+def test_generator_writes_layers_as_real_models_do():
+    """The ``layers`` family draws GPT-2's addmm layer, F.layer_norm, RMS norm written out (gain, none, over the
+    tokens) and the selections; tracing folds a written-out norm over the features into one ``rms_norm`` node."""
+    cases = [fuzz.generate(0, i, "layers") for i in range(60)]
+    variants = set().union(*(c.variant.split("-") for c in cases))
+    assert {"addmm", "layer_norm_fn", "rms", "rms_gain", "rms_tokens", "token0", "feature0", "all"} <= variants
+    case = next(c for c in cases if "rms_gain" in c.variant.split("-"))
+    graph = symalg.trace(*case.build())
+    ops = [graph.node(v)["op"] for v in graph.nodes]
+    assert "rms_norm" in ops and "rsqrt" not in ops
 
 
 def test_generator_is_reproducible_and_its_source_builds_the_same_model(tmp_path):
