@@ -252,3 +252,51 @@ def test_splitting_the_feature_axis_into_heads_outside_attention_blocks(tracer):
                                           tracer=tracer), certify=False)
     assert not [s for s in analysis.symmetries if s.site == "stem"]
     assert any("splitting the sites' axis -1" in b.reason for b in analysis.blocked), analysis.blocked
+
+
+class Head(nn.Module):
+    """A Hugging Face embedding module read by a dense head (on the first token, or on every token)."""
+
+    def __init__(self, body: nn.Module, first_token: bool):
+        super().__init__()
+        self.body, self.head, self.first_token = body, nn.Linear(8, 2), first_token
+
+    def forward(self, x):
+        h = self.body(x)
+        return self.head(h[:, 0] if self.first_token else h)
+
+
+def test_vit_embeddings_move_patches_cls_token_and_positions_together():
+    """``ViTEmbeddings``: the patch conv's channels, the CLS token (``expand``, then ``cat`` along the tokens) and
+    the position embeddings all index the stream; with the head reading ``x[:, 0]``, ``GL(8)`` moves them
+    together (only torch.export traces the module)."""
+    pytest.importorskip("transformers")
+    from transformers import ViTConfig
+    from transformers.models.vit.modeling_vit import ViTEmbeddings
+    config = ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, image_size=8,
+                       patch_size=4, num_channels=3)
+    torch.manual_seed(0)
+    analysis = verified(Head(ViTEmbeddings(config), first_token=True), torch.randn(2, 3, 8, 8), tracer="auto")
+    assert analysis.model_graph.tracer == "export"
+    (claim,) = analysis.symmetries
+    assert claim.group.name == "GL(8)"
+    assert {b.tensor for b in claim.bindings} == {"body.cls_token", "body.position_embeddings", "head.weight",
+                                                  "body.patch_embeddings.projection.weight",
+                                                  "body.patch_embeddings.projection.bias"}
+
+
+def test_bert_embeddings_permute_the_tables_through_the_layer_norm():
+    """``BertEmbeddings``: ``aten.embedding`` takes the table first; the three tables' columns are tied by the sum,
+    permute through the layer norm, whose gain scales and flips."""
+    pytest.importorskip("transformers")
+    from transformers import BertConfig
+    from transformers.models.bert.modeling_bert import BertEmbeddings
+    config = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+                        vocab_size=20, max_position_embeddings=16, type_vocab_size=2)
+    torch.manual_seed(0)
+    analysis = verified(Head(BertEmbeddings(config), first_token=False), torch.randint(0, 20, (2, 5)), tracer="auto")
+    assert [s.label for s in analysis.symmetries] == [
+        "PositiveScaling(8, alpha=1) on body.LayerNorm", "SignFlips(8) on body.LayerNorm", "S(8) on body.word_embeddings"]
+    (permutation,) = [s for s in analysis.symmetries if s.group.name == "S(8)"]
+    assert {b.tensor for b in permutation.bindings} >= {"body.word_embeddings.weight", "body.position_embeddings.weight",
+                                                       "body.token_type_embeddings.weight"}

@@ -32,7 +32,7 @@ __all__ = ["OP_RULES", "OVERLAYABLE", "RULE_EXAMPLES", "WEIGHT_RULES", "WeightEx
 _RULES: dict[str, Callable] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
                           "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm", "group_norm",
-                          "batch_norm", "addmm"})
+                          "batch_norm", "addmm", "expand"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -698,6 +698,41 @@ def getitem_rule(state: Inference, node, data, inputs):
         return _drop_axes(state, node, source, [p for p, i in enumerate(index) if isinstance(i, int)],
                           state.shape(data["inputs"][0]))
     return unknown_rule(state, node, data, inputs)
+
+
+class _Token(torch.nn.Module):
+    """A learned first token (ViT's CLS token) put before ``h``'s tokens: ``cat([t.expand(B, -1, -1), h], 1)``."""
+
+    def __init__(self, d: int = 4):
+        super().__init__()
+        self.token = torch.nn.Parameter(torch.randn(1, 1, d))
+
+    def forward(self, h):
+        return torch.cat([self.token.expand(h.shape[0], -1, -1), h], 1)
+
+
+@register_rule("expand", examples={"expand": around(lambda self, h: self.first(torch.relu(h)), shape=(5, 3, 3),
+                                                    first=lambda: _Token(4))})
+def expand_rule(state: Inference, node, data, inputs) -> Label:
+    """``v.expand(...)`` repeats ``v`` along axes of length 1. Of a parameter ``p`` (ViT's CLS token) it is a value
+    whose last axis indexes ``p``'s: a new site moving ``p`` there (``p ↦ π(g) p``), tied by whatever combines it
+    (a concatenation along the tokens, a sum). Of a value along other axes than the sites' it keeps the label;
+    repeating along the sites' axis blocks them."""
+    source = inputs[0] if inputs and all(i is None for i in inputs[1:]) else None  # then the sizes
+    after = state.shape(node)
+    if _is_param(source) and after is not None and state.shapes[source[1]][-1] == after[-1]:
+        shape = state.shapes[source[1]]
+        site = state.new_site(node, shape[-1], [Binding(source[1], len(shape) - 1, 0, shape[-1], node=node)],
+                              allowed=ALL - TRANSLATIONS)
+        return Label(-1, shape[-1], (Segment(site, 0, shape[-1]),))
+    if not isinstance(source, Label):
+        return unknown_rule(state, node, data, inputs)
+    before = state.shape(data["inputs"][0])
+    if source.segments and (before is None or after is None or before[source.dim] != after[source.dim]):
+        state.restrict_label(source, set(), node, f"{state.where(node)} repeats the axis {source.dim} the sites run "
+                                                  "along", blocked=True)
+        return Label.data()
+    return source
 
 
 @register_rule("select", examples={"select": around(lambda self, h: torch.select(torch.relu(h), 1, 0),

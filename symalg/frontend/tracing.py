@@ -101,6 +101,7 @@ _METHODS = {
     "contiguous": "identity", "flatten": "flatten", "softmax": "softmax", "log_softmax": "log_softmax",
     "exp": "exp", "pow": "pow", "square": "square", "abs": "abs", "sqrt": "sqrt", "matmul": "matmul", "size": "size",
     "dim": "size", "clone": "identity", "select": "select", "unflatten": "reshape",
+    "expand": "expand",
 }
 """Structural tensor methods (activation methods are spelled by their catalogue entries)."""
 
@@ -214,7 +215,7 @@ _ATEN = {
     "max_pool1d": "max_pool", "max_pool2d": "max_pool", "avg_pool1d": "avg_pool", "avg_pool2d": "avg_pool",
     "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool", "conv1d": "conv", "conv2d": "conv",
     "group_norm": "group_norm", "rms_norm": "rms_norm", "batch_norm": "batch_norm", "addmm": "addmm",
-    "select": "select", "unflatten": "reshape",
+    "select": "select", "unflatten": "reshape", "expand": "expand",
 }
 _ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
                      "adaptive_avg_pool2d": 2}
