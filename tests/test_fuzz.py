@@ -52,7 +52,7 @@ def test_generator_writes_layers_as_real_models_do():
     tokens) and the selections; tracing folds a written-out norm over the features into one ``rms_norm`` node."""
     cases = [fuzz.generate(0, i, "layers") for i in range(60)]
     variants = set().union(*(c.variant.split("-") for c in cases))
-    assert {"addmm", "layer_norm_fn", "rms", "rms_gain", "rms_tokens", "token0", "feature0", "all"} <= variants
+    assert {"addmm", "layer_norm_fn", "rms", "rms_gain", "rms_tokens", "cls", "token0", "feature0", "all"} <= variants
     case = next(c for c in cases if "rms_gain" in c.variant.split("-"))
     graph = symalg.trace(*case.build())
     ops = [graph.node(v)["op"] for v in graph.nodes]

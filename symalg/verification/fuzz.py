@@ -92,6 +92,8 @@ OPS = {
                       lambda m, x, eps: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)),
     "gain": Op("self.{layer}.weight * {0}", lambda m, x, layer: getattr(m, layer).weight * x),
     "token0": Op("{0}[:, 0]", lambda m, x: x[:, 0]),
+    "prepend": Op("torch.cat([self.{layer}.weight.expand({batch}, 1, {d}), {0}], 1)",
+                  lambda m, x, layer, batch, d: torch.cat([getattr(m, layer).weight.expand(batch, 1, d), x], 1)),
     "select": Op("{0}.select({dim}, {index})", lambda m, x, dim, index: x.select(dim, index)),
     "mha": Op("self.{layer}({0}, {0}, {0}, need_weights={need}, average_attn_weights={average})",
               lambda m, x, layer, need, average: getattr(m, layer)(x, x, x, need_weights=need,
@@ -490,7 +492,8 @@ def _layers(b: _Builder):
     """Layers as real models write them, on ``(B, T, n)``: GPT-2's ``addmm`` dense layer (a linear's weight
     transposed) or a linear, an activation (tanh GELU among them), ``F.layer_norm`` with a module's weights or RMS
     norm written out (gain or none, over the features or, after a transpose, over the tokens), then the first
-    token ``x[:, 0]``, the first feature ``x.select(-1, 0)`` (which must block the sites) or all tokens."""
+    token ``x[:, 0]``, the first feature ``x.select(-1, 0)`` (which must block the sites) or all tokens; sometimes a
+    learned first token (``expand`` of a parameter, ViT's CLS token) is put before the tokens."""
     rng = b.rng
     n, d, batch, t = b.width(), b.width(), rng.randint(2, 3), b.width(2)
     if rng.random() < 0.5:
@@ -511,12 +514,16 @@ def _layers(b: _Builder):
             x = b.op("rms_written", x, eps=eps)
         if norm == "rms_gain":
             x = b.op("gain", x, layer=b.add("RMSNorm", d))
+    if rng.random() < 0.3:
+        b.variant.append("cls")
+        x = b.op("prepend", x, layer=b.add("Embedding", 1, d), batch=batch, d=d)
     pick = rng.choice(["token0", "feature0", "all"])
     b.variant.append(pick)
     if pick == "token0":
         x = b.op("token0", b.act(x))
     elif pick == "feature0":
-        return (batch, t, n), 0, b.linear(b.op("select", x, dim=-1, index=0), t, b.width())
+        tokens = t + ("cls" in b.variant)
+        return (batch, t, n), 0, b.linear(b.op("select", x, dim=-1, index=0), tokens, b.width())
     return (batch, t, n), 0, b.linear(x, d, b.width())
 
 
