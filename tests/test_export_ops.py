@@ -300,3 +300,31 @@ def test_bert_embeddings_permute_the_tables_through_the_layer_norm():
     (permutation,) = [s for s in analysis.symmetries if s.group.name == "S(8)"]
     assert {b.tensor for b in permutation.bindings} >= {"body.word_embeddings.weight", "body.position_embeddings.weight",
                                                        "body.token_type_embeddings.weight"}
+
+
+@pytest.mark.parametrize("tracer", ROUTES)
+def test_an_embedding_renormalising_its_rows_claims_nothing(tracer):
+    """Negative control: ``nn.Embedding(max_norm=1)`` rescales the rows it reads to norm 1, which no ``GL`` of the
+    columns commutes with (the same table without ``max_norm`` has ``GL(4)``)."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Embedding(6, 4), nn.Linear(4, 2)).double()
+    renormed = nn.Sequential(nn.Embedding(6, 4, max_norm=1.0), nn.Linear(4, 2)).double()
+    tokens = torch.arange(6)
+    assert groups(symalg.derive(symalg.trace(plain, (tokens,), tracer=tracer))) == [("0", "GL(4)")]
+    assert groups(symalg.derive(symalg.trace(renormed, (tokens,), tracer=tracer), certify=False)) == []
+
+
+@pytest.mark.parametrize("form", ["addmm", "F.linear(h, W.t())"])
+@pytest.mark.parametrize("tracer", ROUTES)
+def test_a_dense_layer_with_a_transposed_weight_and_shifts_along_one(tracer, form):
+    """``h @ W`` written as GPT-2's ``addmm`` or ``F.linear(h, W.t())`` before a softmax: the layer's outputs permute,
+    and for ``addmm`` its weight and bias shift along ``1`` (``W ↦ W + v 1ᵀ``, ``b ↦ b + t 1``: softmax ignores
+    them), all verified."""
+    from symalg.catalogue.rule_examples import Conv1D
+    dense = (Lambda(lambda self, h: self.gpt(h), gpt=Conv1D(8, 8)) if form == "addmm" else
+             Lambda(lambda self, h: nn.functional.linear(h, self.w.t()), w=nn.Parameter(torch.randn(8, 8))))
+    body = Lambda(lambda self, h: torch.softmax(self.dense(h), -1), dense=dense)
+    analysis = verified(Around(body), torch.randn(2, 4, 3), tracer=tracer)
+    site = "body.dense.gpt" if form == "addmm" else "body.dense.w"
+    expected = [("stem", "GL(8)"), (site, "S(8)")] + ([(site, "Translations(9, along 1)")] if form == "addmm" else [])
+    assert groups(analysis) == sorted(expected)

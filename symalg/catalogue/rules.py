@@ -429,7 +429,8 @@ def embedding_rule(state: Inference, node, data, inputs) -> Label:
     ``weight``, whatever the argument order (``F.embedding(i, E)``, ``aten.embedding(E, i)``)."""
     weight = data["params"].get("weight")
     indices = [p for p, label in enumerate(inputs) if not _is_param(label)]
-    if weight is None or len(indices) != 1 or not _layer_call(state, data, inputs, indices[0]):
+    renormed = data["settings"].get("max_norm") is not None  # rows rescaled in place to a norm: no GL
+    if weight is None or renormed or len(indices) != 1 or not _layer_call(state, data, inputs, indices[0]):
         return unknown_rule(state, node, data, inputs)
     vocabulary, width = state.shapes[weight]
     state.pin(Binding(weight, 0, 0, vocabulary, node=node), node)
@@ -671,7 +672,9 @@ def transpose_rule(state: Inference, node, data, inputs) -> Label:
     ndim = len(before)
     position = ndim + label.dim
     if data["op"] == "transpose":
-        a, b = (_normalise(_argument(data, i, n), ndim) + ndim for i, n in ((1, "dim0"), (2, "dim1")))
+        # x.t() (aten.t) has no dims: it swaps the two axes of a matrix
+        a, b = (_normalise(_argument(data, i, n, default), ndim) + ndim for i, n, default in ((1, "dim0", 0),
+                                                                                              (2, "dim1", 1)))
         order = list(range(ndim))
         order[a], order[b] = order[b], order[a]
     else:
@@ -694,7 +697,8 @@ def getitem_rule(state: Inference, node, data, inputs):
         return source[index]
     index = index if isinstance(index, tuple) else (index,)
     whole = slice(None)
-    if isinstance(source, Label) and len(inputs) == 1 and all(isinstance(i, int) or i == whole for i in index):
+    if isinstance(source, Label) and len(inputs) == 1 and \
+            all(isinstance(i, int) and not isinstance(i, bool) or i == whole for i in index):
         return _drop_axes(state, node, source, [p for p, i in enumerate(index) if isinstance(i, int)],
                           state.shape(data["inputs"][0]))
     return unknown_rule(state, node, data, inputs)

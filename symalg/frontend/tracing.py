@@ -101,7 +101,7 @@ _METHODS = {
     "contiguous": "identity", "flatten": "flatten", "softmax": "softmax", "log_softmax": "log_softmax",
     "exp": "exp", "pow": "pow", "square": "square", "abs": "abs", "sqrt": "sqrt", "matmul": "matmul", "size": "size",
     "dim": "size", "clone": "identity", "select": "select", "unflatten": "reshape",
-    "expand": "expand",
+    "expand": "expand", "t": "transpose",
 }
 """Structural tensor methods (activation methods are spelled by their catalogue entries)."""
 
@@ -124,7 +124,8 @@ def canonical_module_op(module: nn.Module) -> tuple[str, dict]:
 def _module_settings(module: nn.Module) -> dict:
     settings = {}
     for key in ("eps", "groups", "training", "track_running_stats", "elementwise_affine", "num_heads",
-                "batch_first", "start_dim", "end_dim", "dim", "p", "padding_idx", "num_groups", "normalized_shape"):
+                "batch_first", "start_dim", "end_dim", "dim", "p", "padding_idx", "num_groups", "normalized_shape",
+                "max_norm"):
         if hasattr(module, key):
             settings[key] = getattr(module, key)
     if isinstance(module, nn.MultiheadAttention):
@@ -317,7 +318,7 @@ def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[i
 _LAYER_SETTINGS = {
     "layer_norm": ("normalized_shape", "eps"), "rms_norm": ("normalized_shape", "eps"),
     "group_norm": ("num_groups", "eps"), "batch_norm": ("training", "momentum", "eps"),
-    "conv": ("stride", "padding", "dilation", "groups"), "embedding": ("padding_idx",),
+    "conv": ("stride", "padding", "dilation", "groups"), "embedding": ("padding_idx", "max_norm"),
 }
 """The settings a layer called as a function (``F.layer_norm``, ``aten.conv1d``) reads off its arguments, named as
 the module's attributes."""
