@@ -412,16 +412,50 @@ class FunctionalNorm(nn.Module):
         return self.head(self.norm(self, self.body(x)))
 
 
+class ModuleNorm(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.body, self.head, self.norm = nn.Linear(3, 4), nn.Linear(4, 2), norm
+
+    def forward(self, x):
+        return self.head(self.norm(self.body(x)))
+
+
+FUNCTIONAL_NORMS = {
+    "F.layer_norm": (lambda m, h: nn.functional.layer_norm(h, (4,), m.weight, m.bias), lambda: nn.LayerNorm(4)),
+    "F.layer_norm_plain": (lambda m, h: nn.functional.layer_norm(h, (4,)), lambda: nn.LayerNorm(4, bias=False,
+                                                                                               elementwise_affine=False)),
+    "F.rms_norm": (lambda m, h: nn.functional.rms_norm(h, (4,), m.weight), lambda: nn.RMSNorm(4)),
+    "F.batch_norm": (lambda m, h: nn.functional.batch_norm(h, None, None, m.weight, m.bias, training=True),
+                     lambda: nn.BatchNorm1d(4, track_running_stats=False)),
+    "F.batch_norm_plain": (lambda m, h: nn.functional.batch_norm(h, None, None, training=True),
+                           lambda: nn.BatchNorm1d(4, affine=False, track_running_stats=False)),
+    "F.group_norm": (lambda m, h: nn.functional.group_norm(h, 2, m.weight, m.bias), lambda: nn.GroupNorm(2, 4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONAL_NORMS))
+@pytest.mark.parametrize("tracer", ["fx", "export"])
+def test_functional_norms_claim_what_their_modules_claim(name, tracer):
+    """A norm called as a function (``F.layer_norm(h, s, w, b)``, and ``aten.layer_norm`` through export) reads
+    its weights by role like the module: the same groups, and every claim keeps the outputs."""
+    functional, module = FUNCTIONAL_NORMS[name]
+    torch.manual_seed(0)
+    x = torch.randn(6, 3, dtype=torch.float64)
+    called = symalg.derive(symalg.trace(FunctionalNorm(functional).double(), (x,), tracer=tracer), certify=False)
+    assert_claims_hold(called, draws=2)
+    twin = symalg.derive(symalg.trace(ModuleNorm(module()).double(), (x,)), certify=False)
+    assert sorted(g for _, g in claims(called)) == sorted(g for _, g in claims(twin)) != []
+
+
 @pytest.mark.parametrize("norm, node", [
-    (lambda m, h: nn.functional.layer_norm(h, (4,), m.weight, m.bias), "layer_norm"),
-    (lambda m, h: nn.functional.rms_norm(h, (4,), m.weight), "rms_norm"),
-    (lambda m, h: nn.functional.batch_norm(h, None, None, m.weight, m.bias, training=True), "batch_norm"),
-    (lambda m, h: nn.functional.batch_norm(h, None, None, training=True), "batch_norm"),
-    (lambda m, h: nn.functional.group_norm(h, 2, m.weight, m.bias), "group_norm"),
-], ids=["F.layer_norm", "F.rms_norm", "F.batch_norm", "F.batch_norm_plain", "F.group_norm"])
-def test_functional_norms_are_not_modelled_and_say_so(norm, node):
-    # Their weights arrive as plain tensors whose roles the rules cannot tell apart: nothing passes, and the
-    # note names the node.
+    (lambda m, h: nn.functional.layer_norm(h, (4,), m.weight * 2, m.bias), "layer_norm"),
+    (lambda m, h: nn.functional.rms_norm(h, (4,), m.weight + m.bias), "rms_norm"),
+    (lambda m, h: nn.functional.group_norm(h, 2, m.weight.exp(), m.bias), "group_norm"),
+], ids=["F.layer_norm", "F.rms_norm", "F.group_norm"])
+def test_functional_norms_with_computed_weights_are_not_modelled_and_say_so(norm, node):
+    # A weight computed in forward is no parameter the rule can move by its role: nothing passes the norm, and
+    # the note names the node.
     analysis = certified(FunctionalNorm(norm), torch.randn(6, 3))
-    assert claims(analysis) == []
+    assert ("body", "S(4)") not in claims(analysis)
     assert any("not in the equivariance catalogue" in r for r in blocked_at(analysis, node))

@@ -59,6 +59,18 @@ def test_gated_family_draws_every_gate_spelling_and_variant_and_its_raw_claims_h
     assert report.claims > 100 and not report.false_claims, report.summary()
 
 
+def test_generator_writes_layers_as_real_models_do():
+    """The ``layers`` family draws GPT-2's addmm layer, F.layer_norm, RMS norm written out (gain, none, over the
+    tokens) and the selections; tracing folds a written-out norm over the features into one ``rms_norm`` node."""
+    cases = [fuzz.generate(0, i, "layers") for i in range(60)]
+    variants = set().union(*(c.variant.split("-") for c in cases))
+    assert {"addmm", "layer_norm_fn", "rms", "rms_gain", "rms_tokens", "cls", "token0", "feature0", "all"} <= variants
+    case = next(c for c in cases if "rms_gain" in c.variant.split("-"))
+    graph = symalg.trace(*case.build())
+    ops = [graph.node(v)["op"] for v in graph.nodes]
+    assert "rms_norm" in ops and "rsqrt" not in ops
+
+
 def test_generator_is_reproducible_and_its_source_builds_the_same_model(tmp_path):
     case = fuzz.generate(3, 17, "norm")
     assert fuzz.generate(3, 17, "norm") == case and fuzz.generate(4, 17, "norm") != case

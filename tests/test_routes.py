@@ -209,3 +209,36 @@ def test_a_module_called_twice_names_each_call():
         ("SignFlips(4) on enc.0", ("enc.0", "enc.0#2")), ("PositiveScaling(5, alpha=1) on w", ("w",)),
         ("S(4) on enc.0", ("enc.0",)), ("S(5) on w", ("w",))]
     assert symalg.verify(analysis).passed
+
+
+class Layers(nn.Module):
+    """Layers as real models write them: a conv called as a function, ``F.layer_norm``, GPT-2's ``addmm`` dense
+    layer, a written-out RMS norm, an embedding (``aten.embedding`` takes the table first), a CLS-token select."""
+
+    def __init__(self):
+        super().__init__()
+        self.table, self.conv = nn.Embedding(7, 4), nn.Parameter(torch.randn(6, 4, 3))
+        self.norm, self.gain = nn.LayerNorm(6), nn.Parameter(torch.rand(6) + 0.5)
+        self.weight, self.bias = nn.Parameter(torch.randn(6, 5)), nn.Parameter(torch.randn(5))
+        self.head = nn.Linear(5, 2)
+
+    def forward(self, tokens):
+        h = torch.relu(nn.functional.conv1d(self.table(tokens).transpose(1, 2), self.conv, padding=1))
+        h = nn.functional.layer_norm(h.transpose(1, 2), (6,), self.norm.weight, self.norm.bias)
+        h = self.gain * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+        h = torch.addmm(self.bias, h.reshape(-1, 6), self.weight).view(2, 5, 5)
+        return self.head(torch.tanh(h)[:, 0])
+
+
+def test_layers_written_as_real_models_write_them_agree_on_fx_and_export():
+    torch.manual_seed(0)
+    model = Layers().double()
+    tokens = torch.randint(0, 7, (2, 5))
+    analyses = {route: symalg.derive(symalg.trace(model, (tokens,), tracer=route)) for route in ("fx", "export")}
+    assert _sites(analyses["fx"]) == _sites(analyses["export"])
+    # the table's columns are a linear site (GL), the conv's channels permute through relu and the layer norm, whose
+    # and the RMS norm's gains scale and flip, and the addmm layer's outputs flip through tanh and permute
+    assert [s.label for s in analyses["export"].symmetries] == [
+        "GL(4) on table", "SignFlips(6) on norm", "PositiveScaling(6, alpha=1) on gain", "SignFlips(6) on gain",
+        "SignFlips(5) on weight", "S(6) on conv", "S(5) on weight"]
+    assert all(symalg.verify(analysis).passed for analysis in analyses.values())

@@ -64,13 +64,6 @@ EXPORT_ERASES = {"identity": "torch.export drops x.contiguous()",
 """Ops that torch.export removes from the graph: the routes must still agree on the claims."""
 
 EXPORT_GAPS = {
-    "batch_norm": "export writes the module as aten.batch_norm on buffers (with aten.add_ on the batch counter)",
-    "group_norm": "aten.group_norm is not in the structural ATen table",
-    "rms_norm": "aten.rms_norm is not in the structural ATen table",
-    "layer_norm": "export's layer_norm call carries normalized_shape/eps as arguments, not module settings, and "
-                  "the rule then claims nothing",
-    "embedding": "export's embedding call has no module settings (padding_idx), and the rule then claims nothing",
-    "conv": "aten.conv1d is not in the structural ATen table",
     "getitem": "export decomposes nn.MultiheadAttention into unflatten/select/squeeze, which no rule knows",
     "multihead_attention": "export decomposes nn.MultiheadAttention into unflatten/select/squeeze, which no rule knows",
 }

@@ -121,7 +121,7 @@ class Binding:
 class TranslationFamily:
     """Translation directions ``B_i`` moving the ``regions`` together: ``θ ↦ θ + Σ_i t_i B_i``.
 
-    ``pattern`` says what ``B_i`` puts into each region (an axis-0 :class:`Binding`):
+    ``pattern`` says what ``B_i`` puts into each region (a :class:`Binding`, unfolded to ``width × rest``):
 
     - ``"entries"``: ``e_i`` in every region (a bias alone; a bias and the running mean it feeds in eval
       mode), one direction per entry;
@@ -146,11 +146,11 @@ class TranslationFamily:
         return tuple(r.tensor for r in self.regions if not r.buffer)
 
     def count(self, shapes: Mapping[str, Sequence[int]]) -> int:
-        """The number of directions, from the tensors' shapes."""
+        """The number of directions, from the tensors' shapes (a region's ``rest``: every axis but its own)."""
         first = self.regions[0]
         rest = 1
-        for size in shapes[first.tensor][1:]:
-            rest *= size
+        for axis, size in enumerate(shapes[first.tensor]):
+            rest *= 1 if axis == first.axis else size
         return {"entries": first.width * first.block * rest, "rows": rest, "ones": 1}[self.pattern]
 
     def directions(self, params: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:

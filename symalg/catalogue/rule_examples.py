@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple, TypeAlias
 
 import torch
 
-__all__ = ["Example", "ExampleModel", "ExampleOutput", "RadialBasis", "around", "model_example",
+__all__ = ["Conv1D", "Example", "ExampleModel", "ExampleOutput", "RadialBasis", "around", "model_example",
            "split_heads_attention"]
 
 nn = torch.nn
@@ -84,6 +84,19 @@ class RadialBasis(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.exp(-torch.cdist(x, self.centres) ** 2)
+
+
+class Conv1D(nn.Module):
+    """GPT-2's ``Conv1D``: a dense layer storing its weight as ``(in, out)``, ``addmm(b, x.view(-1, n), W)``."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.n_out = n_out
+        self.weight, self.bias = nn.Parameter(torch.randn(n_in, n_out)), nn.Parameter(torch.randn(n_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = x.size()[:-1] + (self.n_out,)
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(size)
 
 
 def split_heads_attention(model: nn.Module, h: torch.Tensor, heads: int = 2, packed: bool = False) -> torch.Tensor:

@@ -23,7 +23,7 @@ from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.groups import GeneralLinear
 from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.products import multiply
-from symalg.catalogue.rule_examples import Example, RadialBasis, around, model_example, split_heads_attention
+from symalg.catalogue.rule_examples import Conv1D, Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
 from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
 
@@ -42,7 +42,8 @@ Rule: TypeAlias = Callable[[Inference, str, NodeData, Inputs], Value]
 
 _RULES: dict[str, Rule] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
-                          "permute", "embedding", "cdist", "getitem", "attention"})
+                          "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm", "group_norm",
+                          "batch_norm", "addmm", "expand", "attention"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -104,6 +105,26 @@ def _normalise(dim: int, ndim: int | None) -> int:
 
 def _first(inputs: Inputs) -> Label:
     return inputs[0] if inputs and inputs[0] is not None else Label.data()
+
+
+def _layer_call(state: Inference, data: NodeData, inputs: Inputs, data_position: int = 0) -> bool:
+    """True when a layer (norm, convolution, embedding) reads its weights as the parameters and buffers recorded by
+    role in ``params``/``buffers``: a module call, or a function call (``F.layer_norm(x, s, w, b)``,
+    ``aten.conv1d``) whose every operand but the data (at ``data_position``) is one of them. A weight computed in
+    ``forward`` or a second value fails: the caller treats the op as unknown."""
+    if data["kind"] == "module":
+        return True
+    if data["op"] in ("layer_norm", "rms_norm") and "normalized_shape" not in data["settings"]:
+        return False
+    recorded = set(data["params"].values()) | set(data["buffers"].values())
+    for position, (source, label) in enumerate(zip(data["inputs"], inputs)):
+        if position == data_position or source is None and label is None:
+            continue
+        node = state.graph.nodes[source] if source is not None else {}
+        names = set(node.get("params", {}).values()) | set(node.get("buffers", {}).values())
+        if node.get("kind") not in ("param", "constant") or not names or not names <= recorded:
+            return False
+    return True
 
 
 # -- activations and unknown ops ---------------------------------------------------------------
@@ -329,10 +350,33 @@ def linear_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> 
             return unknown_rule(state, node, data, inputs)
         tensor, axis = weight.rows[0]
         out_features = state.shapes[tensor][axis]
+    return _dense_map(state, node, label, weight, bias, out_features)
+
+
+def _dense_map(state: Inference, node: str, label: Label, weight: str | WeightExpr, bias: str | None,
+               out_features: int) -> Label:
+    """``y = W x + b`` on the last axis: the input's sites on the columns of ``W`` (a parameter or a
+    :class:`WeightExpr`), a new site on its rows and ``b``."""
     _read_as_map(state, node, label, weight, -1)
     _absorb_shifts(state, node, label, weight, bias)
     site = _producer_site(state, node, out_features, weight, bias)
     return Label(-1, out_features, (Segment(site, 0, out_features),))
+
+
+@register_rule("addmm", examples={"addmm": around(lambda self, h: self.inner(torch.relu(h)), shape=(2, 5, 3),
+                                                  inner=lambda: Conv1D(4, 4))})
+def addmm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
+    """``addmm(b, x, W) = β b + α x W``, ``W`` of shape ``(in, out)`` (GPT-2's ``Conv1D``): a dense layer whose
+    weight is ``Wᵀ``, so the new site is on ``W``'s columns and ``b``, the input's sites on ``W``'s rows. The
+    numbers ``α, β`` scale the map and the bias, which commutes with every action (a translation of ``b`` is a
+    translation of the output)."""
+    bias, value, weight = (list(inputs) + [None] * 3)[:3]
+    weight = _weight(state, weight)
+    if not isinstance(value, Label) or weight is None or not _is_param(bias) or len(state.shapes[bias[1]]) != 1:
+        return unknown_rule(state, node, data, inputs)
+    transposed = WeightExpr(weight.cols, weight.rows, weight.plain)
+    tensor, axis = transposed.rows[0]
+    return _dense_map(state, node, value, transposed, bias[1], state.shapes[tensor][axis])
 
 
 @register_rule("conv", examples={"conv": model_example(
@@ -345,6 +389,8 @@ def conv_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> La
     map: per-channel scalings and sign flips pass into its kernel, a permutation moves both sides.
     """
     label = _first(inputs)
+    if "weight" not in data["params"] or not _layer_call(state, data, inputs):
+        return unknown_rule(state, node, data, inputs)
     weight, bias = data["params"]["weight"], data["params"].get("bias")
     settings = data["settings"]
     out_channels, in_per_group = state.shapes[weight][:2]
@@ -409,10 +455,12 @@ def _diagonal_map(state: Inference, node: str, label: Label, scale: str | None, 
     lambda: torch.nn.Sequential(torch.nn.Embedding(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)),
     lambda: torch.arange(6))})
 def embedding_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """``x = E[i]``: a site on the columns of the table ``E`` (``E ↦ E gᵀ``)."""
-    weight = data["params"].get("weight") if data["kind"] == "module" else (
-        inputs[1][1] if len(inputs) > 1 and _is_param(inputs[1]) else None)
-    if weight is None:
+    """``x = E[i]``: a site on the columns of the table ``E`` (``E ↦ E gᵀ``). The call's table is its recorded
+    ``weight``, whatever the argument order (``F.embedding(i, E)``, ``aten.embedding(E, i)``)."""
+    weight = data["params"].get("weight")
+    indices = [p for p, label in enumerate(inputs) if not _is_param(label)]
+    renormed = data["settings"].get("max_norm") is not None  # rows rescaled in place to a norm: no GL
+    if weight is None or renormed or len(indices) != 1 or not _layer_call(state, data, inputs, indices[0]):
         return unknown_rule(state, node, data, inputs)
     vocabulary, width = state.shapes[weight]
     state.pin(Binding(weight, 0, 0, vocabulary, node=node), node)
@@ -647,8 +695,13 @@ def split_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> V
     "flatten": around(lambda self, h: torch.relu(h).flatten(0, 1), shape=(5, 2, 3)),
     "reshape": around(lambda self, h: torch.relu(h).reshape(-1, 4), shape=(5, 2, 3))})
 def reshape_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """Reshapes that keep the feature axis last, or flatten it with trailing axes (conv → dense:
-    each channel becomes a block of entries). Anything else splits the axis: unknown."""
+    """Reshapes that keep the sites' axis whole (the axes before it and after it regrouped among themselves:
+    ``flatten(2)`` of a conv's positions, ``(B, T, d) ↔ (B·T, d)``), or flatten it with trailing axes (conv →
+    dense: each channel becomes a block of entries). Anything else splits the axis (into heads: only attention
+    folding keeps per-head structure) and blocks its sites.
+
+    The row-major index of an entry is ``(o·d + f)·r + i`` before and after when the axes before the sites' axis
+    hold ``o`` entries on both sides and the axis itself is kept: so it moves with the same coordinate ``f``."""
     label = _first(inputs)
     source = data["inputs"][0]
     before, after = state.shape(source), state.shape(node)
@@ -662,6 +715,9 @@ def reshape_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) ->
     if not label.segments:
         return Label.data(-1, after[-1] if after else None)
     dim = len(before) + label.dim
+    for k in range(len(after)):
+        if after[k] == before[dim] and _prod(after[:k]) == _prod(before[:dim]):
+            return Label(k - len(after), label.size, label.segments)
     trailing = 1
     for size in before[dim + 1:]:
         trailing *= size
@@ -670,7 +726,8 @@ def reshape_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) ->
         segments = tuple(replace(s, offset=s.offset * trailing, block=s.block * trailing) for s in label.segments)
         return Label(-1, merged, segments)
     state.restrict_label(label, set(), node, f"{state.where(node)} reshapes {before} -> {after}, splitting the "
-                                             "feature axis", blocked=True)
+                                             f"sites' axis {label.dim} (a split into heads keeps per-head structure "
+                                             "only inside folded attention)", blocked=True)
     return Label.data()
 
 
@@ -699,7 +756,9 @@ def transpose_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
     ndim = len(before)
     position = ndim + label.dim
     if data["op"] == "transpose":
-        a, b = (_normalise(_argument(data, i, n), ndim) + ndim for i, n in ((1, "dim0"), (2, "dim1")))
+        # x.t() (aten.t) has no dims: it swaps the two axes of a matrix
+        a, b = (_normalise(_argument(data, i, n, default), ndim) + ndim for i, n, default in ((1, "dim0", 0),
+                                                                                              (2, "dim1", 1)))
         order = list(range(ndim))
         order[a], order[b] = order[b], order[a]
     else:
@@ -714,12 +773,81 @@ def transpose_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
     lambda self, h: self.attention(h, h, h)[0], shape=(5, 3, 3),
     attention=lambda: torch.nn.MultiheadAttention(4, 2, batch_first=True))})
 def getitem_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
-    """Picking an output of a multi-output op; indexing a tensor is unknown."""
+    """Picking an output of a multi-output op; indexing a value with integers and full slices (``x[:, 0]``) is a
+    selection (:func:`select_rule`); any other indexing is unknown."""
     source = inputs[0]
     index = _argument(data, 1, "index")
     if isinstance(source, tuple) and not _is_param(source) and isinstance(index, int):
         return source[index]
+    index = index if isinstance(index, tuple) else (index,)
+    whole = slice(None)
+    if isinstance(source, Label) and len(inputs) == 1 and \
+            all(isinstance(i, int) and not isinstance(i, bool) or i == whole for i in index):
+        return _drop_axes(state, node, source, [p for p, i in enumerate(index) if isinstance(i, int)],
+                          state.shape(data["inputs"][0]))
     return unknown_rule(state, node, data, inputs)
+
+
+class _Token(torch.nn.Module):
+    """A learned first token (ViT's CLS token) put before ``h``'s tokens: ``cat([t.expand(B, -1, -1), h], 1)``."""
+
+    def __init__(self, d: int = 4):
+        super().__init__()
+        self.token = torch.nn.Parameter(torch.randn(1, 1, d))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.token.expand(h.shape[0], -1, -1), h], 1)
+
+
+@register_rule("expand", examples={"expand": around(lambda self, h: self.first(torch.relu(h)), shape=(5, 3, 3),
+                                                    first=lambda: _Token(4))})
+def expand_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
+    """``v.expand(...)`` repeats ``v`` along axes of length 1. Of a parameter ``p`` (ViT's CLS token) it is a value
+    whose last axis indexes ``p``'s: a new site moving ``p`` there (``p ↦ π(g) p``), tied by whatever combines it
+    (a concatenation along the tokens, a sum). Of a value along other axes than the sites' it keeps the label;
+    repeating along the sites' axis blocks them."""
+    source = inputs[0] if inputs and all(i is None for i in inputs[1:]) else None  # then the sizes
+    after = state.shape(node)
+    if _is_param(source) and after is not None and state.shapes[source[1]][-1] == after[-1]:
+        shape = state.shapes[source[1]]
+        site = state.new_site(node, shape[-1], [Binding(source[1], len(shape) - 1, 0, shape[-1], node=node)],
+                              allowed=ALL - TRANSLATIONS)
+        return Label(-1, shape[-1], (Segment(site, 0, shape[-1]),))
+    if not isinstance(source, Label):
+        return unknown_rule(state, node, data, inputs)
+    before = state.shape(data["inputs"][0])
+    if source.segments and (before is None or after is None or before[source.dim] != after[source.dim]):
+        state.restrict_label(source, set(), node, f"{state.where(node)} repeats the axis {source.dim} the sites run "
+                                                  "along", blocked=True)
+        return Label.data()
+    return source
+
+
+@register_rule("select", examples={"select": around(lambda self, h: torch.select(torch.relu(h), 1, 0),
+                                                    shape=(5, 3, 3))})
+def select_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
+    """``x.select(dim, i)``, ``x[:, 0]`` (a CLS token): one entry along an axis that is not the sites' keeps every
+    action, since each coordinate of the sites moves as before; along the sites' axis it picks one coordinate,
+    which then no action of those sites may move."""
+    if len(inputs) != 1 or not isinstance(inputs[0], Label):
+        return unknown_rule(state, node, data, inputs)
+    return _drop_axes(state, node, inputs[0], [_argument(data, 1, "dim")], state.shape(data["inputs"][0]))
+
+
+def _drop_axes(state: Inference, node: str, label: Label, dims: list[int], shape: tuple[int, ...] | None) -> Label:
+    """The label after picking one entry along each of ``dims`` (axes of a value of ``shape``)."""
+    if not label.segments:
+        return Label.data()
+    if shape is None or not all(isinstance(d, int) for d in dims):
+        state.restrict_label(label, set(), node, f"{state.where(node)}: selection without shapes", blocked=True)
+        return Label.data()
+    removed = {d % len(shape) for d in dims}
+    position = len(shape) + label.dim
+    if position in removed:
+        state.restrict_label(label, set(), node, f"{state.where(node)} picks one coordinate of the axis "
+                                                 f"{label.dim} the sites run along", blocked=True)
+        return Label.data()
+    return Label(-1 - sum(p not in removed for p in range(position + 1, len(shape))), label.size, label.segments)
 
 
 @register_rule("exp", "pow", "log", "sin", "cos", "abs", "sqrt", "rsqrt", "square", examples={
@@ -844,7 +972,7 @@ def batch_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
     settings = data["settings"]
     buffers = data["buffers"]
     channel = _channel_axis(state, data)
-    if data["kind"] != "module" or channel is None:  # F.batch_norm: its tensors' roles are not recorded
+    if channel is None or not _layer_call(state, data, inputs):
         return unknown_rule(state, node, data, inputs)
     if _across_sites(state, node, label, (channel,), {"S"}, "batch norm"):
         return label
@@ -890,9 +1018,9 @@ def layer_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
     (a LayerNorm over time after a transpose): each row is normalised alike, so permutations pass, a
     translation of the row's bias cancels, and ``LN(−v) = −LN(v)`` keeps sign flips when there is no bias."""
     label = _first(inputs)
-    if data["kind"] != "module":
+    if not _layer_call(state, data, inputs):
         return unknown_rule(state, node, data, inputs)
-    k = len(data["settings"]["normalized_shape"])
+    k = len(_normalized_shape(data))
     weight, bias = data["params"].get("weight"), data["params"].get("bias")
     if _across_sites(state, node, label, tuple(range(-k, 0)), {"S", "T"} | ({"SF"} if bias is None else set()),
                      "layer norm"):
@@ -904,6 +1032,12 @@ def layer_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
         return normalised
     dim = label.dim if label.segments else -1
     return _diagonal_map(state, node, Label(dim, label.size, normalised.segments), weight, bias, dim, k + dim)
+
+
+def _normalized_shape(data: NodeData) -> tuple[int, ...]:
+    """A layer or RMS norm's ``normalized_shape`` as a tuple (a module's setting, or ``F.layer_norm(x, 4)``'s int)."""
+    shape = data["settings"]["normalized_shape"]
+    return tuple(shape) if isinstance(shape, (list, tuple)) else (shape,)
 
 
 def _whole_vector_shifts(state: Inference, node: str, label: Label, what: str, axes: int = 1) -> None:
@@ -929,9 +1063,9 @@ def rms_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -
     """RMS norm ``x/‖x‖·√d`` over the last ``k`` axes: a site along one of them gets all of ``O(d)``; a gain is
     a diagonal map after it. A site along another axis keeps permutations and sign flips (the norm is odd)."""
     label = _first(inputs)
-    if data["kind"] != "module":
+    if not _layer_call(state, data, inputs):
         return unknown_rule(state, node, data, inputs)
-    k = len(data["settings"]["normalized_shape"])
+    k = len(_normalized_shape(data))
     if _across_sites(state, node, label, tuple(range(-k, 0)), {"S", "SF"}, "RMS norm"):
         return label
     state.restrict_label(label, {"O", "O1", "SF", "S"}, node, f"{state.where(node)}: RMS norm")
@@ -961,7 +1095,7 @@ def group_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
     settings, params = data["settings"], data["params"]
     shape = state.shape(data["inputs"][0])
     channel = _channel_axis(state, data)
-    if data["kind"] != "module" or channel is None or shape is None:  # no channel axis without a shape
+    if channel is None or shape is None or not _layer_call(state, data, inputs):
         return unknown_rule(state, node, data, inputs)
     if _across_sites(state, node, label, (channel,), {"S"}, "group norm"):
         return label

@@ -55,6 +55,7 @@ from symalg.catalogue.activations import CATALOGUE
 from symalg.errors import SpecError
 from symalg.frontend.attention_folding import fold_attention as fold_attention_pass
 from symalg.frontend.outputs import output_hint, output_tensors
+from symalg.frontend.rms_norm_folding import fold_rms_norm
 from symalg.ir.graph import ModelGraph
 from symalg.frontend.canonical import IN_PLACE_FUNCTIONS, IN_PLACE_METHODS, call_activation, module_activation, \
     opaque_module_name
@@ -87,7 +88,9 @@ _FUNCTIONS: dict[object, str] = {
     torch.sqrt: "sqrt", torch.log: "log", F.dropout: "dropout", F.max_pool1d: "max_pool", F.max_pool2d: "max_pool",
     F.avg_pool1d: "avg_pool", F.avg_pool2d: "avg_pool", F.adaptive_avg_pool1d: "avg_pool",
     F.adaptive_avg_pool2d: "avg_pool", operator.getitem: "getitem", torch.transpose: "transpose",
-    torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding",
+    torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding", F.conv1d: "conv", F.conv2d: "conv",
+    F.group_norm: "group_norm", F.batch_norm: "batch_norm", torch.addmm: "addmm", torch.select: "select",
+    torch.unflatten: "reshape",
 }
 """Structural functions (activation functions are spelled by their catalogue entries)."""
 
@@ -103,7 +106,8 @@ _METHODS = {
     "sub": "sub", "view": "reshape", "reshape": "reshape", "transpose": "transpose", "permute": "permute",
     "contiguous": "identity", "flatten": "flatten", "softmax": "softmax", "log_softmax": "log_softmax",
     "exp": "exp", "pow": "pow", "square": "square", "abs": "abs", "sqrt": "sqrt", "matmul": "matmul", "size": "size",
-    "dim": "size", "clone": "identity",
+    "dim": "size", "clone": "identity", "select": "select", "unflatten": "reshape",
+    "expand": "expand", "t": "transpose",
 }
 """Structural tensor methods (activation methods are spelled by their catalogue entries)."""
 
@@ -126,7 +130,8 @@ def canonical_module_op(module: nn.Module) -> tuple[str, dict]:
 def _module_settings(module: nn.Module) -> dict:
     settings = {}
     for key in ("eps", "groups", "training", "track_running_stats", "elementwise_affine", "num_heads",
-                "batch_first", "start_dim", "end_dim", "dim", "p", "padding_idx", "num_groups", "normalized_shape"):
+                "batch_first", "start_dim", "end_dim", "dim", "p", "padding_idx", "num_groups", "normalized_shape",
+                "max_norm"):
         if hasattr(module, key):
             settings[key] = getattr(module, key)
     if isinstance(module, nn.MultiheadAttention):
@@ -263,7 +268,9 @@ _ATEN = {
     "getitem": "getitem", "sub": "sub", "pow": "pow", "sin": "sin", "cos": "cos", "abs": "abs", "log": "log",
     "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square", "dropout": "dropout", "cdist": "cdist",
     "max_pool1d": "max_pool", "max_pool2d": "max_pool", "avg_pool1d": "avg_pool", "avg_pool2d": "avg_pool",
-    "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool",
+    "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool", "conv1d": "conv", "conv2d": "conv",
+    "group_norm": "group_norm", "rms_norm": "rms_norm", "batch_norm": "batch_norm", "addmm": "addmm",
+    "select": "select", "unflatten": "reshape", "expand": "expand",
     "split": "split", "split_with_sizes": "split", "chunk": "chunk",
 }
 _ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
@@ -284,6 +291,8 @@ def _function_op(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, di
         known = call_activation(spelling, target, _bound_arguments(node, gm))
         if known is not None:
             return known
+    if _is_float_cast(node, aten):
+        return "identity", {"cast": True}
     if node.op == "call_method":
         method = str(target)  # fx names a called method by a string
         return _METHODS.get(method) or (method if method not in CATALOGUE else f"Tensor.{method}"), {"method": method}
@@ -299,6 +308,23 @@ def _function_op(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, di
         return _ATEN.get(name, f"aten.{name}"), pooled
     name = getattr(target, "__name__", str(target))
     return (name if name not in CATALOGUE else f"{getattr(target, '__module__', '')}.{name}"), {}
+
+
+def _is_float_cast(node: torch.fx.Node, aten: bool) -> bool:
+    """True for ``x.to(...)`` (``aten.to``, ``aten._to_copy``) whose result is floating point (by shape propagation,
+    else by a floating dtype among the arguments, or none): it changes no value beyond rounding, so every action
+    passes. A cast to integers, or of unknown result, is not one."""
+    target = node.target
+    name = (getattr(target, "__name__", str(target)).split(".")[0] if aten else
+            str(target) if node.op == "call_method" else None)
+    if name not in ("to", "_to_copy"):
+        return False
+    value = node.meta.get("tensor_meta", node.meta.get("val"))
+    if value is not None and hasattr(value, "dtype"):
+        return bool(value.dtype.is_floating_point)
+    values = [*node.args[1:], *node.kwargs.values()]
+    return not any(isinstance(v, torch.fx.Node) for v in values) and \
+        all(v.is_floating_point for v in values if isinstance(v, torch.dtype))
 
 
 def _is_pack(node: torch.fx.Node) -> bool:
@@ -339,9 +365,55 @@ def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[i
     else:
         op, settings = _function_op(node, gm)
         record.update(op=op, settings=settings)
+        if op in _LAYER_SETTINGS:
+            record.update(_layer_operands(node, gm, by_id, op))
         if node.op == "call_method" and node.target in _IN_PLACE:
             record["settings"]["inplace"] = True
     return record
+
+
+_LAYER_SETTINGS = {
+    "layer_norm": ("normalized_shape", "eps"), "rms_norm": ("normalized_shape", "eps"),
+    "group_norm": ("num_groups", "eps"), "batch_norm": ("training", "momentum", "eps"),
+    "conv": ("stride", "padding", "dilation", "groups"), "embedding": ("padding_idx", "max_norm"),
+}
+"""The settings a layer called as a function (``F.layer_norm``, ``aten.conv1d``) reads off its arguments, named as
+the module's attributes."""
+_LAYER_TENSORS = ("weight", "bias", "running_mean", "running_var")
+
+
+def _layer_operands(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[int, str], op: str) -> dict:
+    """``params``, ``buffers`` and ``settings`` of a layer called as a function, as its module would record them:
+    every weight operand that is a parameter or buffer read directly, by its role (``weight``, ``bias``,
+    ``running_mean``, ``running_var``), and the settings among the arguments. A weight computed in ``forward``
+    is recorded under no role, so the op's rule finds an operand it cannot place and treats the call as unknown.
+
+    ``aten.embedding(weight, indices)`` and ``F.embedding(indices, weight)`` both give ``params={"weight": ...}``;
+    ``aten.batch_norm`` on running buffers gives ``track_running_stats``, a convolution its channels."""
+    arguments = _bound_arguments(node, gm)
+    params: dict[str, str] = {}
+    buffers: dict[str, str] = {}
+    for role in _LAYER_TENSORS:
+        value = arguments.get(role)
+        if isinstance(value, torch.fx.Node) and value.op == "get_attr":
+            tensor = _attribute(gm, str(value.target))
+            if isinstance(tensor, torch.Tensor) and id(tensor) in by_id:
+                (params if isinstance(tensor, nn.Parameter) else buffers)[role] = by_id[id(tensor)]
+    settings = {key: tuple(value) if isinstance(value, list) else value
+                for key, value in arguments.items() if key in _LAYER_SETTINGS[op]}
+    if op == "batch_norm":
+        settings["track_running_stats"] = arguments.get("running_mean") is not None
+    if op == "embedding" and settings.get("padding_idx") == -1:  # aten's "no padding index"
+        settings["padding_idx"] = None
+    weight = arguments.get("weight")
+    if op == "conv" and isinstance(weight, torch.fx.Node):
+        shape = _shape_of(weight.meta)
+        if shape is None and weight.op == "get_attr":
+            attribute = _attribute(gm, str(weight.target))
+            shape = tuple(attribute.shape) if isinstance(attribute, torch.Tensor) else None
+        if shape is not None:
+            settings.update(padding_mode="zeros", out_channels=shape[0], in_channels=shape[1] * settings["groups"])
+    return {"params": params, "buffers": buffers, "settings": settings}
 
 
 def _attribute(gm: nn.Module, target: str) -> object:
@@ -655,6 +727,7 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
     _drop_shape_queries(graph)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     buffer_shapes = {name: tuple(b.shape) for name, b in model.named_buffers()}
+    graph = fold_rms_norm(graph)
     if fold_attention:
         graph = fold_attention_pass(graph)
     return ModelGraph(graph, shapes, buffer_shapes, model, example_inputs, tracer, aliases,

@@ -120,6 +120,19 @@ OPS: dict[str, Op] = {
                               q, k, v, attn_mask=getattr(m, layer).weight)),
     "sdpa": Op("F.scaled_dot_product_attention({0}, {1}, {2}, is_causal={causal})",
                lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal)),
+    "addmm": Op("torch.addmm(self.{layer}.bias, {0}.reshape(-1, {n}), self.{layer}.weight.t()).reshape{shape}",
+                lambda m, x, layer, n, shape: torch.addmm(getattr(m, layer).bias, x.reshape(-1, n),
+                                                          getattr(m, layer).weight.t()).reshape(shape)),
+    "gelu_tanh": Op("F.gelu({0}, approximate='tanh')", lambda m, x: F.gelu(x, approximate="tanh")),
+    "layer_norm_fn": Op("F.layer_norm({0}, ({d},), self.{layer}.weight, self.{layer}.bias)",
+                        lambda m, x, layer, d: F.layer_norm(x, (d,), getattr(m, layer).weight, getattr(m, layer).bias)),
+    "rms_written": Op("{0} * torch.rsqrt({0}.pow(2).mean(-1, keepdim=True) + {eps})",
+                      lambda m, x, eps: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)),
+    "gain": Op("self.{layer}.weight * {0}", lambda m, x, layer: getattr(m, layer).weight * x),
+    "token0": Op("{0}[:, 0]", lambda m, x: x[:, 0]),
+    "prepend": Op("torch.cat([self.{layer}.weight.expand({batch}, 1, {d}), {0}], 1)",
+                  lambda m, x, layer, batch, d: torch.cat([getattr(m, layer).weight.expand(batch, 1, d), x], 1)),
+    "select": Op("{0}.select({dim}, {index})", lambda m, x, dim, index: x.select(dim, index)),
     "mha": Op("self.{layer}({0}, {0}, {0}, need_weights={need}, average_attn_weights={average})",
               lambda m, x, layer, need, average: getattr(m, layer)(x, x, x, need_weights=need,
                                                                    average_attn_weights=average)),
@@ -896,10 +909,49 @@ def _block(b: _Builder) -> _Drawn:
     return shape, vocab, (y, *returned) if returned else y
 
 
+def _layers(b: _Builder) -> _Drawn:
+    """Layers as real models write them, on ``(B, T, n)``: GPT-2's ``addmm`` dense layer (a linear's weight
+    transposed) or a linear, an activation (tanh GELU among them), ``F.layer_norm`` with a module's weights or RMS
+    norm written out (gain or none, over the features or, after a transpose, over the tokens), then the first
+    token ``x[:, 0]``, the first feature ``x.select(-1, 0)`` (which must block the sites) or all tokens; sometimes a
+    learned first token (``expand`` of a parameter, ViT's CLS token) is put before the tokens."""
+    rng = b.rng
+    n, d, batch, t = b.width(), b.width(), rng.randint(2, 3), b.width(2)
+    if rng.random() < 0.5:
+        b.variant.append("addmm")
+        x = b.op("addmm", "x", layer=b.add("Linear", n, d), n=n, shape=(batch, t, d))
+    else:
+        x = b.linear("x", n, d)
+    x = b.op("gelu_tanh", x) if rng.random() < 0.3 else b.act(x, ("relu", "tanh", "gelu", "silu", "identity"))
+    norm = rng.choice(["layer_norm_fn", "rms", "rms_gain", "rms_tokens", "none"])
+    b.variant.append(norm)
+    if norm == "layer_norm_fn":
+        x = b.op("layer_norm_fn", x, layer=b.add("LayerNorm", d, bias=rng.random() < 0.7), d=d)
+    elif norm != "none":
+        eps = rng.choice([1e-6, 1e-5])  # eps = 0 after a ReLU: an all-zero row is 0/0
+        if norm == "rms_tokens":
+            x = b.op("transpose", b.op("rms_written", b.op("transpose", x, a=1, b=-1), eps=eps), a=1, b=-1)
+        else:
+            x = b.op("rms_written", x, eps=eps)
+        if norm == "rms_gain":
+            x = b.op("gain", x, layer=b.add("RMSNorm", d))
+    if rng.random() < 0.3:
+        b.variant.append("cls")
+        x = b.op("prepend", x, layer=b.add("Embedding", 1, d), batch=batch, d=d)
+    pick = rng.choice(["token0", "feature0", "all"])
+    b.variant.append(pick)
+    if pick == "token0":
+        x = b.op("token0", b.act(x))
+    elif pick == "feature0":
+        tokens = t + ("cls" in b.variant)
+        return (batch, t, n), 0, b.linear(b.op("select", x, dim=-1, index=0), tokens, b.width())
+    return (batch, t, n), 0, b.linear(x, d, b.width())
+
+
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "scores": _scores, "embedding": _embedding, "concat": _concat,
-    "shared": _shared, "albert": _albert, "block": _block,
+    "shared": _shared, "albert": _albert, "block": _block, "layers": _layers,
     "outputs": _mlp,  # an MLP that generate() always makes return a dict or tuple, hidden values included
 }
 """Model families by name; :func:`generate` draws from them in turn."""
