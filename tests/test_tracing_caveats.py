@@ -1,5 +1,7 @@
 """Tracer caveats: ``x.T`` on n-D tensors, values read twice by one node, export guard nodes, and
 keyword arguments. Each model's table is derived and every claimed symmetry verified in float64."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -204,3 +206,43 @@ def test_module_keyword_inputs_follow_forward():
 
     graph = symalg.trace(Attend(), (torch.randn(2, 3, 4),))
     assert graph.node("attn")["inputs"] == ("q", "k", "v")
+
+
+class ShapeMade(nn.Module):
+    """``fc1``, then a product with tensors made from shapes: ``arange`` over the features (data varying along the
+    sites' axis) and a number from the width (``√h``); then ``fc2``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        return self.fc2(h * (torch.arange(h.shape[-1]) + 1.0) / math.sqrt(h.size(-1)))
+
+
+@pytest.mark.parametrize("tracer", ["fx", "export"])
+def test_a_tensor_made_from_a_shape_is_data_not_a_shape_query(tracer):
+    """``torch.arange(h.shape[-1])`` varies along the features, so ``h ⊙ arange`` keeps the diagonal groups and
+    loses GL(4): the fx route once dropped the ``arange`` with the shape queries and claimed GL(4) as if it were a
+    number (raw claims, before certification). The number ``√h`` is still dropped."""
+    graph = symalg.trace(ShapeMade().double(), (torch.randn(5, 3, dtype=torch.float64),), tracer=tracer)
+    assert "sqrt" not in [graph.node(v)["op"] for v in graph.nodes]
+    raw = symalg.derive(graph, certify=False)
+    assert sorted(s.label for s in raw.symmetries) == ["PositiveScaling(4, alpha=1) on fc1", "SignFlips(4) on fc1"]
+    assert symalg.verify(raw).passed
+
+
+def test_alibi_made_from_shapes_keeps_the_heads_apart():
+    """ALiBi's per-head bias is built from ``arange`` of the scores' shape: attention folding must see it (one
+    bias per head), so the head permutation is not claimed (a false claim the fuzzer found:
+    ``python -m symalg.verification.fuzz --show 0 77 block``)."""
+    from symalg.verification import fuzz
+
+    model, inputs = fuzz.generate(0, 77, "block").build()
+    graph = symalg.trace(model, inputs)
+    (node,) = [v for v in graph.nodes if graph.node(v)["op"] == "attention"]
+    assert graph.node(node)["settings"]["heads_alike"] is False
+    raw = symalg.derive(graph, certify=False)
+    assert "S(4) on m3.heads" not in [s.label for s in raw.symmetries]
+    assert symalg.verify(raw).passed

@@ -734,15 +734,24 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
                       example_kwargs=dict(example_kwargs), tracer_note=note, output_paths=paths)
 
 
+_SHAPE_ARITHMETIC = frozenset({"getitem", "add", "sub", "mul", "div", "floordiv", "mod", "pow", "neg", "sqrt"})
+"""Ops that, applied to shape queries only, compute a number (``math.sqrt(q.size(-1))``, ``T // 2``)."""
+
+
 def _drop_shape_queries(graph: nx.DiGraph) -> None:
-    """``x.size()``, ``x.shape`` and arithmetic on them only read shapes: drop them from the data flow."""
+    """``x.size()``, ``x.shape`` and arithmetic on them only read shapes: drop them from the data flow.
+
+    Only Python arithmetic on them (:data:`_SHAPE_ARITHMETIC`, with no tensor result) is dropped: a tensor made from
+    a shape (``torch.arange(x.shape[-1])``) is data that varies along an axis, and stays (as an op a rule must know).
+    """
     queries = set()
     for name in list(nx.topological_sort(graph)):
         data = graph.nodes[name]
         sources = [i for i in data["inputs"] if i is not None]
         attribute = data["op"] == "getattr" and data["arguments"].get("arg1") in ("shape", "device", "dtype", "ndim")
-        if data["op"] == "size" or attribute or (sources and all(s in queries for s in sources)
-                                                 and data["kind"] == "function"):
+        arithmetic = (sources and all(s in queries for s in sources) and data["kind"] == "function"
+                      and data["op"] in _SHAPE_ARITHMETIC and data["shape"] is None)
+        if data["op"] == "size" or attribute or arithmetic:
             queries.add(name)
     for name in queries:
         for user in list(graph.successors(name)):
