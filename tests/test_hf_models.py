@@ -21,7 +21,11 @@ transformers = pytest.importorskip("transformers")
 VOCAB, LENGTH = 50, 7
 CACHE = ("last_hidden_state", "past_key_values.layers.0.keys", "past_key_values.layers.0.values")
 POOLED = ("last_hidden_state", "pooler_output")
-ATTENTION = ["GL(8)"] * 4 + ["S(2)", "S(32)"]  # per-head GL(d_k), GL(d_v) of 2 heads, head permutations, FFN
+ATTENTION = ["GL(8)"] * 4 + ["S(2)", "S(32)"] + ["Translations(8, bias)"] * 2
+"""Per-head GL(d_k), GL(d_v) of 2 heads, the head permutations, the FFN's permutations, and each head's key bias
+(softmax ignores a per-query constant)."""
+NORM_GAINS = ["PositiveScaling(16, alpha=1)"] * 2 + ["SignFlips(16)"] * 2
+"""Rescalings and sign flips of the two norms' gains (absorbed by the linear layers reading them)."""
 
 
 def _decoder(config_class, model_class):
@@ -41,20 +45,26 @@ def _bert(**options):
 GATED_MLP = ["PositiveScaling(32, alpha=1)", "S(32)", "SignFlips(32)"]
 """A SwiGLU MLP ``down(silu(gate x) ⊙ up x)``: rescalings of ``up`` (both signs) and one permutation of all three."""
 
+DECODER = sorted(NORM_GAINS + GATED_MLP + ["SignFlips(16)"])
+"""Llama-style: the RMS norms' gains (the final norm's gain flips sign only: it is the output), the SwiGLU MLP; the
+attention (rotary embeddings) gives nothing yet."""
+
 MODELS = {  # name: (build, output paths, groups found today)
     "gpt2": (lambda: transformers.GPT2Model(transformers.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16,
-                                                                    n_layer=1, n_head=2)), CACHE, []),
-    "llama": (_decoder(transformers.LlamaConfig, transformers.LlamaModel), CACHE, GATED_MLP),
-    "mistral": (_decoder(transformers.MistralConfig, transformers.MistralModel), CACHE, GATED_MLP),
-    "qwen2": (_decoder(transformers.Qwen2Config, transformers.Qwen2Model), CACHE, GATED_MLP),
-    "bert": (_bert, POOLED, ATTENTION),
+                                                                    n_layer=1, n_head=2)), CACHE,
+             sorted(NORM_GAINS + ["S(64)"])),
+    "llama": (_decoder(transformers.LlamaConfig, transformers.LlamaModel), CACHE, DECODER),
+    "mistral": (_decoder(transformers.MistralConfig, transformers.MistralModel), CACHE, DECODER),
+    "qwen2": (_decoder(transformers.Qwen2Config, transformers.Qwen2Model), CACHE, DECODER),
+    "bert": (_bert, POOLED, sorted(ATTENTION)),
     "vit": (lambda: transformers.ViTModel(transformers.ViTConfig(image_size=8, patch_size=4, num_channels=3,
                                                                  hidden_size=16, num_hidden_layers=1,
                                                                  num_attention_heads=2, intermediate_size=32)),
-            POOLED, ATTENTION),
+            POOLED, sorted(ATTENTION + NORM_GAINS)),
     "t5": (lambda: transformers.T5EncoderModel(transformers.T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32,
                                                                      num_layers=1, num_heads=2)),
-           ("last_hidden_state",), ["PositiveScaling(32, alpha=1)", "S(32)"]),
+           ("last_hidden_state",), sorted(["GL(8)"] * 4 + NORM_GAINS + ["PositiveScaling(32, alpha=1)", "S(32)",
+                                                                       "SignFlips(16)"])),
 }
 
 

@@ -205,8 +205,9 @@ class Analysis:
             return f"certification: none ({why})"
         kept = [e.error for e in self.certification if e.holds]
         failed = len(self.certification) - len(kept)
+        tolerance = max((e.tolerance for e in self.certification), default=CERTIFICATION_TOLERANCE)
         return (f"certification: {len(kept)} of {len(self.certification)} claims hold numerically (worst relative "
-                f"error {max(kept, default=0.0):.1e}, tolerance {CERTIFICATION_TOLERANCE:.0e})"
+                f"error {max(kept, default=0.0):.1e}, tolerance {tolerance:.0e})"
                 + (f"; {failed} failed (blocked)" if failed else ""))
 
 

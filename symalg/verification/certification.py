@@ -42,12 +42,35 @@ from symalg.numeric.linalg import relative_error
 if TYPE_CHECKING:  # for the annotation only
     from symalg.symbolic.symmetry import Symmetry
 
-__all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "assert_claims_hold", "claim_errors", "fresh_inputs",
-           "output_change", "sample_elements"]
+__all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "certification_tolerance", "assert_claims_hold", "claim_errors",
+           "fresh_inputs", "output_change", "sample_elements"]
 
 CERTIFICATION_TOLERANCE = 1e-8
 """Largest relative change of any output (float64) a certified claim may cause; false claims found by
 the fuzzer change outputs by 0.1 to 5."""
+
+ROUNDING_UNITS = 100
+"""A model that casts to a lower floating precision inside (Hugging Face's RMS norms compute in float32) rounds
+there whatever the parameters' dtype: its claims are held to ``ROUNDING_UNITS`` units of that precision."""
+
+
+def certification_tolerance(graph: ModelGraph) -> float:
+    """The tolerance the claims of ``graph``'s model are certified to: :data:`CERTIFICATION_TOLERANCE`, or
+    :data:`ROUNDING_UNITS` units in the last place of the lowest floating precision the model casts to
+    (``x.to(torch.float32)``: ``100 · 2⁻²³ ≈ 1.2e-5``), which rounding alone reaches. False claims change outputs
+    by 0.1 to 5, so the margin stays four orders of magnitude.
+
+    >>> import torch, symalg
+    >>> class Cast(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return x.to(torch.float32).to(torch.float64)
+    >>> certification_tolerance(symalg.trace(torch.nn.Sequential(torch.nn.Linear(2, 2), Cast()), (torch.ones(1, 2),)))
+    1.1920928955078125e-05
+    """
+    cast = [value for _, data in graph.graph.nodes(data=True) for value in data.get("arguments", {}).values()
+            if isinstance(value, torch.dtype) and value.is_floating_point]
+    rounding = max((ROUNDING_UNITS * torch.finfo(dtype).eps for dtype in cast), default=0.0)
+    return max(CERTIFICATION_TOLERANCE, rounding)
 
 class Certifiable(Protocol):
     """What :func:`claim_errors` reads of an analysis (a :class:`~symalg.symbolic.derive.Analysis`; that module
@@ -69,10 +92,12 @@ class ClaimError:
     error: float
     element: str = ""
     output: str = ""
+    tolerance: float = CERTIFICATION_TOLERANCE
+    """The model's :func:`certification_tolerance`."""
 
     @property
     def holds(self) -> bool:
-        return self.error <= CERTIFICATION_TOLERANCE
+        return self.error <= self.tolerance
 
     def __str__(self) -> str:
         return f"{self.symmetry.label}: relative error {self.error:.2e} on output {self.output!r} under {self.element}"
@@ -192,7 +217,8 @@ def claim_errors(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, d
              **{k: v.detach() for k, v in model.named_buffers()}}
     generator = torch.Generator().manual_seed(seed)
     cross_entropy = analysis.loss == "cross_entropy"
-    worst = {id(s): ClaimError(s, 0.0) for s in claims}
+    tolerance = certification_tolerance(graph)
+    worst = {id(s): ClaimError(s, 0.0, tolerance=tolerance) for s in claims}
     for draw in range(draws):
         # fresh elements per draw; equal groups share them (S(3072) of every layer: one pair)
         by_group: dict[SiteGroup, list[tuple[str, torch.Tensor]]] = {}
@@ -216,16 +242,16 @@ def claim_errors(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, d
         for r in range(rounds):
             chosen = [(s, elements[id(s)][r]) for s in claims if r < len(elements[id(s)])]
             error, output = change(chosen)
-            if error <= CERTIFICATION_TOLERANCE:  # every claim of the round: at most the composition's error
+            if error <= tolerance:  # every claim of the round: at most the composition's error
                 for symmetry, element in chosen:
                     if error > worst[id(symmetry)].error:
                         worst[id(symmetry)] = ClaimError(symmetry, error, f"{element[0]} with all claims composed",
-                                                         output)
+                                                         output, tolerance)
                 continue
             for symmetry, element in chosen:  # split the failing round claim by claim
                 error, output = change([(symmetry, element)])
                 if error > worst[id(symmetry)].error:
-                    worst[id(symmetry)] = ClaimError(symmetry, error, element[0], output)
+                    worst[id(symmetry)] = ClaimError(symmetry, error, element[0], output, tolerance)
     return [worst[id(s)] for s in claims]
 
 
