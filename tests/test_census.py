@@ -63,7 +63,13 @@ def test_meta_route_matches_certified_real_weights(make):
     assert meta.certification is None and real.certified
     assert all(e.holds for e in real.certification)   # nothing the rules claim failed on real weights
     assert _labels(meta) == _labels(real)
-    assert meta.orbit_dimension() == real.orbit_dimension()
+    try:
+        expected = real.orbit_dimension()
+    except NotImplementedError:  # a head's GL coupled with its key-bias translations has no closed form yet
+        with pytest.raises(NotImplementedError, match="no closed form for the coupled sites"):
+            meta.orbit_dimension()
+    else:
+        assert meta.orbit_dimension() == expected
     assert meta.model_graph.on_meta and not real.model_graph.on_meta
 
 
@@ -72,7 +78,10 @@ def test_meta_census_finds_the_attention_groups_of_bert():
     analysis = symalg.derive(symalg.trace(model, inputs), certify=False)
     kinds = [type(s.group).__name__ for s in analysis.symmetries]
     assert kinds.count("GeneralLinear") == 2 * 4           # per head: GL(d_k) on Q·Kᵀ, GL(d_v) on V·O, 4 heads
-    assert analysis.orbit_dimension() == 2 * 4 * 8 ** 2    # d_k = d_v = 32 / 4
+    assert kinds.count("Translations") == 4                # each head's key bias (softmax ignores it)
+    # a head's GL(d_k) and its key-bias translations move b_k together: no closed form yet, and no values on meta
+    with pytest.raises(NotImplementedError, match=r"coupled sites \['GL\(8\) on encoder.layer.0.attention.self.head0"):
+        analysis.orbit_dimension()
 
 
 def test_generic_orbit_dimension_reads_translation_directions_without_values():

@@ -246,3 +246,17 @@ def test_alibi_made_from_shapes_keeps_the_heads_apart():
     raw = symalg.derive(graph, certify=False)
     assert "S(4) on m3.heads" not in [s.label for s in raw.symmetries]
     assert symalg.verify(raw).passed
+
+
+def test_a_shared_module_read_two_ways_moves_nothing_it_shares():
+    """An ALBERT block called twice, whose first call returns its split queries (so its attention is not folded)
+    and whose second call is folded into attention heads: the heads' GL on the shared ``m2`` rows would also move
+    the first call's returned queries. Overlapping but different regions of one tensor read by two nodes block
+    their sites (a false claim the fuzzer found: ``python -m symalg.verification.fuzz --show 0 105 block``)."""
+    from symalg.verification import fuzz
+
+    model, inputs = fuzz.generate(0, 105, "block").build()
+    raw = symalg.derive(symalg.trace(model, inputs), certify=False)
+    assert not [s.label for s in raw.symmetries if s.label.startswith("GL") and "m2" in s.label]
+    assert any("overlapping but different regions" in str(b) for b in raw.blocked)
+    assert symalg.verify(raw).passed

@@ -8,7 +8,7 @@ catalogue (:mod:`symalg.catalogue`), and an op nobody declared is handled by :fu
 which keeps only the kinds under which its inputs are invariant.
 
 >>> sorted(OP_RULES)[:4]
-['abs', 'add', 'attention', 'avg_pool']
+['abs', 'add', 'addmm', 'attention']
 """
 from __future__ import annotations
 

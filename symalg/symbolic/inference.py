@@ -362,6 +362,7 @@ def _shared_regions(state: Inference) -> None:
         for binding in site.bindings:
             key = (binding.region, binding.role) if binding.diagonal else binding.region
             regions.setdefault(key, []).append((site.id, binding))
+    _overlapping_regions(state, regions)
     for uses in regions.values():
         nodes = {b.node for _, b in uses}
         if len(uses) < 2 or len(nodes) == 1:  # one node reading a product: one binding per factor, composed
@@ -386,6 +387,26 @@ def _shared_regions(state: Inference) -> None:
                 state.restrict(site_id, ALL - {"PS"}, binding.node,
                                f"{first.tensor} is used at different scaling powers by {sorted(nodes)}", blocked=True)
             state.sites[site_id].bindings.remove(binding)
+
+
+def _overlapping_regions(state: Inference, regions: dict[tuple, list[tuple[int, Binding]]]) -> None:
+    """Two calls of one module that bind different but overlapping regions of a tensor (one call folded into
+    attention heads, the other not) would move the shared entries two ways: no site of either moves them.
+
+    Regions made at one node (a head and the heads' permutation, a group and the groups') overlap by design."""
+    by_axis: dict[tuple[str, int], list[tuple[int, Binding]]] = {}
+    for uses in regions.values():
+        for site_id, binding in uses:
+            by_axis.setdefault((binding.tensor, binding.axis), []).append((site_id, binding))
+    for uses in by_axis.values():
+        for i, (site_a, a) in enumerate(uses):
+            for site_b, b in uses[i + 1:]:
+                overlap = a.start < b.start + b.width * b.block and b.start < a.start + a.width * a.block
+                if overlap and a.region != b.region and a.node != b.node:
+                    for site_id, binding in ((site_a, a), (site_b, b)):
+                        state.restrict(site_id, set(), binding.node,
+                                       f"{binding.tensor} is read by {a.node!r} and {b.node!r} over overlapping but "
+                                       "different regions (a shared module analysed two ways)", blocked=True)
 
 
 def _pinned_regions(state: Inference) -> None:
