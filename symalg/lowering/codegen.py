@@ -138,6 +138,13 @@ class SymalgTorchPrinter(TorchPrinter):
     def _print_ZeroMatrix(self, expr: sp.ZeroMatrix) -> str:
         return f"torch.zeros({self._print(expr.shape[0])}, {self._print(expr.shape[1])}, **_like)"
 
+    def _print_MatrixSlice(self, expr: sp.MatrixSlice) -> str:
+        # SymPy prints X[a:b, c:d], which slices the leading (batch) axes of a batch; slice the last two.
+        def bounds(piece: tuple) -> str:
+            start, stop, step = (self._print(p) for p in piece)
+            return f"{start}:{stop}" + (f":{step}" if piece[2] != 1 else "")
+        return f"({self._print(expr.parent)})[..., {bounds(expr.rowslice)}, {bounds(expr.colslice)}]"
+
     def _print_Identity(self, expr: sp.Identity) -> str:
         return f"torch.eye({self._print(expr.shape[0])}, **_like)"
 
