@@ -16,7 +16,7 @@ from symalg.catalogue.groups import (SIGN_FLIP_GENERATORS, ComplexScaling, Gener
                                      SiteGroup, group_classes)
 from symalg.lowering.codegen import lower
 from symalg.numeric.linalg import relative_error
-from symalg.symbolic.inference import ALL, TRANSLATIONS
+from symalg.symbolic.inference import GRANTED, KINDS, TRANSLATIONS
 
 DTYPE = torch.float64
 WIDTH = 4
@@ -60,11 +60,12 @@ def test_every_group_class_that_sets_a_kind_is_registered_under_it():
 
 @pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
 def test_kinds_it_preserves_are_inference_kinds_and_include_its_own(group):
-    assert group.kind in group.kinds_it_preserves <= ALL
+    assert group.kind in group.kinds_it_preserves <= set(KINDS)
 
 
 def test_general_linear_preserves_every_kind_but_translations():
-    assert GeneralLinear.kinds_it_preserves == ALL - TRANSLATIONS
+    assert GeneralLinear.kinds_it_preserves == set(KINDS) - TRANSLATIONS
+    assert GRANTED <= GeneralLinear.kinds_it_preserves   # C ⊂ GL, granted by the rotary rule alone
 
 
 def test_a_group_on_planes_refuses_an_odd_width():

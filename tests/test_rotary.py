@@ -29,6 +29,11 @@ def rope_swapped(x, cos, sin):
     return rotate_half(x) * sin + cos * x
 
 
+def rope_literal(x, cos, sin):
+    """``x·cos + cat((−x₂, x₁))·sin`` with literal slice bounds (head width 4)."""
+    return x * cos + torch.cat((-x[..., 2:], x[..., :2]), dim=-1) * sin
+
+
 def rope_unsigned(x, cos, sin):
     half = x.shape[-1] // 2
     return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin
@@ -90,7 +95,7 @@ ROPE = {"ComplexScaling(4) on q.head0.qk", "ComplexScaling(4) on q.head1.qk", "G
 
 
 @pytest.mark.parametrize("tracer", ["fx", "export"])
-@pytest.mark.parametrize("rope", [rope_hf, rope_swapped], ids=["hf", "swapped"])
+@pytest.mark.parametrize("rope", [rope_hf, rope_swapped, rope_literal], ids=["hf", "swapped", "literal"])
 @pytest.mark.parametrize("form", ["sdpa", "explicit"])
 def test_rotary_attention_folds_and_claims_complex_scalings_per_head(form, rope, tracer):
     torch.manual_seed(0)
@@ -153,6 +158,28 @@ def test_a_key_bias_does_not_translate_under_rotary_embeddings():
             assert translations == [] and shift > 1e-3
         else:
             assert len(translations) == 2 and shift < 1e-12
+
+
+@pytest.mark.parametrize("tables, proven", [
+    (lambda net, q: rope_tables(q, net.dk), True),
+    (lambda net, q: tuple(t.to(torch.float32).to(q.dtype) * 0.5 for t in rope_tables(q, net.dk)), True),  # casts
+    (lambda net, q: tuple(t[None, None].expand(B, net.heads, L, net.dk) for t in rope_tables(q, net.dk)), True),
+    (lambda net, q: tuple(t.reshape(1, L, net.dk).unsqueeze(1) for t in rope_tables(q, net.dk)), True),
+    (lambda net, q: (rope_tables(q, net.dk)[0] * rope_tables(q, net.dk)[1], rope_tables(q, net.dk)[1]), True),
+    (lambda net, q: _unequal(q), False),                                                       # cos ⊙ (1, 2, 3, 4)
+    (lambda net, q: tuple(torch.cat((f, 2 * f), -1).cos() for f in [torch.outer(torch.arange(L, dtype=q.dtype),
+                                                                                   torch.ones(2, dtype=q.dtype))] * 2),
+     False),                                                                                   # cat((f, 2f))
+    (lambda net, q: tuple(t.transpose(-2, -1).reshape(L, net.dk) for t in rope_tables(q, net.dk)), False),  # mixed
+], ids=["hf", "cast-scaled", "expand", "reshape-unsqueeze", "product", "scaled-axis", "cat-unequal", "transposed"])
+def test_equal_halves_are_proven_through_pointwise_ops_numbers_products_and_layouts(tables, proven):
+    """The proof replays the tables' computation on value ids (equal ids: provably equal values); what it cannot see
+    through is not proven, and the claims stay true either way."""
+    torch.manual_seed(0)
+    analysis = _analysis(Rotary(tables=tables))
+    assert _attention(analysis)["settings"]["rotary"]["equal_halves"] is proven
+    assert ("ComplexScaling(4) on q.head0.qk" in _labels(analysis)) is proven
+    assert max(e.error for e in claim_errors(analysis)) < 1e-12
 
 
 def test_tables_that_differ_per_head_remove_the_head_permutation():

@@ -25,7 +25,7 @@ from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.products import multiply
 from symalg.catalogue.rule_examples import Conv1D, Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
-from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
+from symalg.symbolic.inference import ALL, GRANTED, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
 
 __all__ = ["OP_RULES", "OVERLAYABLE", "RULE_EXAMPLES", "WEIGHT_RULES", "WeightExpr", "register_rule",
            "activation_rule", "unknown_rule"]
@@ -1214,7 +1214,8 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
         members = range(g * r, (g + 1) * r)
         name = f"{stem}.head{g}" if r == 1 else f"{stem}.group{g}"
         qk = state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for h in members for b in q] +
-                            [b.restrict(g * d_k, d_k).flipped() for b in k], name=f"{name}.qk", allowed=ALL - {"T1"})
+                            [b.restrict(g * d_k, d_k).flipped() for b in k], name=f"{name}.qk",
+                            allowed=(ALL - {"T1"}) | (GRANTED if rotation else set()))
         state.site(qk).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(g * d_k, d_k),)))
                                            for b in key_biases)
         if rotation is not None:

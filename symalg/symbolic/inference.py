@@ -56,13 +56,17 @@ from symalg.ir.architecture import at_least
 from symalg.ir.graph import ModelGraph
 
 __all__ = ["Blocked", "Segment", "Label", "SiteClass", "PermutationClass", "ModelSites", "Inference", "solve", "KINDS",
-           "owner", "site_stem"]
+           "GRANTED", "owner", "site_stem"]
 
 KINDS = ("GL", "O", "O1", "C", "PS", "SF", "S", "T", "T1")
+GRANTED = frozenset({"C"})
+"""Kinds a site carries only where the rule making it grants them (``C``: a head's query/key planes under rotary
+embeddings, :func:`~symalg.catalogue.rules.attention_sites`); any restriction not naming them removes them."""
 CENTER_AWARE = frozenset({"linear", "conv", "flatten", "reshape", "transpose", "permute", "identity", "cat"})
 """Ops that carry or absorb the shift ``center·(1 − g1)`` of an affine sign flip (only a biased linear map, or a
 biased convolution without padding, absorbs it); any other reader of a shifted value removes the flips."""
-ALL = frozenset(KINDS)
+ALL = frozenset(KINDS) - GRANTED
+"""The kinds a new site may carry until an op restricts them."""
 DIAGONAL_MOVES = frozenset({"PS", "SF"})
 """Kinds that rescale the diagonal of a diagonal map reading the site (a norm's gain absorbs them)."""
 TRANSLATIONS = frozenset({"T", "T1"})
@@ -448,7 +452,7 @@ def solve(state: Inference) -> ModelSites:
     class_of: dict[int, SiteClass] = {}
     allowed_by_root: dict[int, set[str]] = {}
     for members in groups.values():
-        allowed = set(ALL)
+        allowed = set(KINDS)
         for site in members:
             allowed &= site.allowed
         allowed_by_root[state.ties[members[0].id]] = allowed
