@@ -646,7 +646,7 @@ def _value_ids(graph: nx.DiGraph, name: str, depth: int) -> torch.Tensor | None:
         return None
     distinct = _index(shape).to(torch.int64)
     tensors = [i for i in inputs if i is not None]
-    if depth == 0 or not tensors:
+    if depth == 0 or not tensors or data["kind"] != "function":   # a module named like an op is not that op
         return distinct
     dim = data["arguments"].get("dim", data["arguments"].get("arg1"))
     if op == "cat" and len(inputs) == 2 and inputs[0] == inputs[1] and dim in (-1, len(shape) - 1):
