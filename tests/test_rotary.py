@@ -288,3 +288,5 @@ def test_verify_passes_on_rotary_attention_with_its_conserved_plane_imbalance():
     expected = rows[:2] + rows[2:]
     value = quantity({k: v.detach() for k, v in model.named_parameters()})[quantity.name]
     assert torch.allclose(value.flatten(), expected.detach(), atol=1e-12)
+    assert quantity.latex().startswith(r"Q_{M} = \sum_i a_i \left(q_{\mathrm{q.head0.qk}}\right)_i,\ M = ")
+    assert "[..., 0:2, 0:1]" in quantity.lowered.source   # the plane sums slice the last two axes (batches)

@@ -94,7 +94,8 @@ class ConservedQuantity:
         name = self._latex_name(self.name)
         head = {"matrix": rf"Q_{{M}} = \operatorname{{tr}}\left(M {name}\right),\quad ",
                 "diagonal": rf"Q_{{m}} = m^{{T}} {name},\quad ",
-                "planes": rf"Q_{{M}} = \sum_i a_i {name}_i,\ M = \sum_i a_i S_i + b_i J_i,\quad "}.get(self.kind, "")
+                "planes": rf"Q_{{M}} = \sum_i a_i \left({name}\right)_i,\ M = \sum_i a_i S_i + b_i J_i,\quad "
+                }.get(self.kind, "")
         return head + body
 
     def _latex_name(self, key: str) -> str:
