@@ -84,6 +84,18 @@ def test_meta_census_finds_the_attention_groups_of_bert():
         analysis.orbit_dimension()
 
 
+def test_meta_census_finds_the_rotary_attention_groups_of_llama():
+    """Rotary tables proven equal on the halves from shapes alone: one complex scaling per key/value group."""
+    model, inputs = _build("meta", _hf_make("llama"))
+    analysis = symalg.derive(symalg.trace(model, inputs), certify=False)
+    labels = _labels(analysis)
+    assert [label for label in labels if label.startswith("ComplexScaling")] == [
+        "ComplexScaling(8) on layers.0.self_attn.group0.qk", "ComplexScaling(8) on layers.0.self_attn.group1.qk"]
+    assert sum(label.startswith("GL(8) on layers.0.self_attn.group") for label in labels) == 2
+    # 2·8 (C) + 2·64 (GL(d_v)) + 2·32 (norm gains) + 48 (SwiGLU's up): every generator moves θ generically
+    assert analysis.orbit_dimension() == 2 * 8 + 2 * 64 + 2 * 32 + 48
+
+
 def test_generic_orbit_dimension_reads_translation_directions_without_values():
     # cross-entropy frees the logits along 1: a translation, whose constant directions are ranked at random values
     model, inputs = _build("meta", _mlp)

@@ -184,7 +184,11 @@ BLOCK_PATTERNS = {
     # attention
     "nn.MultiheadAttention": "mha", "F.scaled_dot_product_attention": "sdpa", "written out": "hand",
     "causal masked_fill": "causal", "additive bias": "bias", "ALiBi": "alibi", "learnable temperature": "temperature",
-    "packed QKV": "qkv", "grouped-query attention": "gqa", "RoPE": "rope", "q/k norms": "qknorm",
+    "packed QKV": "qkv", "grouped-query attention": "gqa", "RoPE": "rope-hf", "q/k norms": "qknorm",
+    "RoPE, operands swapped": "rope-swapped", "RoPE tables per head": "rope-per-head",
+    "learned rotary tables": "rope-learned", "RoPE on the queries only": "rope-q-only",
+    "partial RoPE (GPT-NeoX)": "rope-partial", "interleaved RoPE (GPT-J)": "rope-interleaved",
+    "rotate_half without its sign": "rope-unsigned",
     "sdpa attn_mask": "mask", "causal nn.MultiheadAttention": "causal-need",
     # norms and placement
     "pre-norm": "pre", "post-norm": "post", "parallel": "parallel", "no norm": "none", "LayerNorm": "layernorm",
@@ -208,7 +212,9 @@ def test_block_family_draws_every_transformer_pattern():
 def test_block_family_ops_run_as_printed(tmp_path):
     """Every op of every drawn block runs, and the printed script builds the same model: same outputs."""
     used = set()
-    for i in range(0, 300, 7):
+    variants = ["-" + fuzz.generate(0, i, "block").variant + "-" for i in range(300)]
+    rotary = {next(i for i, v in enumerate(variants) if f"-rope-{kind}-" in v) for kind in set(fuzz.ROPE_KINDS)}
+    for i in sorted(set(range(0, 300, 7)) | rotary):   # and the first model of each rotary embedding
         case = fuzz.generate(0, i, "block")
         used |= {s.op for s in case.steps}
         path = tmp_path / f"block{i}.py"
@@ -223,6 +229,7 @@ def test_block_family_ops_run_as_printed(tmp_path):
             assert torch.equal(a.nan_to_num(), b.nan_to_num())
     assert {"rope", "rope_tables", "repeat_kv", "repeat_interleave", "split", "chunk", "unflatten", "view",
             "alibi", "sdpa_gqa", "sdpa_mask", "mha_causal", "rms_hf", "layer_norm_f"} <= used
+    assert {op for op in fuzz.OPS if op.startswith("rope")} <= used
 
 
 def test_a_shared_block_calls_the_same_modules_twice():
@@ -243,6 +250,12 @@ def test_rope_tables_and_rotate_half_are_hugging_faces():
     mine = fuzz.rope_tables(q, 4)
     assert torch.allclose(mine[0], cos[0], atol=1e-6) and torch.allclose(mine[1], sin[0], atol=1e-6)
     assert torch.equal(fuzz.rotate_half(q), modeling_llama.rotate_half(q))
+    from transformers.models.gptj import modeling_gptj   # interleaved pairs
+    assert torch.equal(fuzz.rotate_every_two(q), modeling_gptj.rotate_every_two(q))
+    sincos = modeling_gptj.create_sinusoidal_positions(5, 4)
+    sin, cos = (torch.repeat_interleave(t, 2, -1) for t in torch.split(sincos, 2, dim=-1))
+    mine = fuzz.rope_tables(q, 4, interleaved=True)
+    assert torch.allclose(mine[0], cos.double(), atol=1e-6) and torch.allclose(mine[1], sin.double(), atol=1e-6)
     kv = torch.randn(2, 2, 5, 4, dtype=torch.float64)
     assert torch.equal(fuzz.OPS["repeat_kv"].fn(None, kv, shape=(2, 2, 3, 5, 4), merged=(2, 6, 5, 4)),
                        modeling_llama.repeat_kv(kv, 3))

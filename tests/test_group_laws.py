@@ -12,11 +12,11 @@ import pytest
 import sympy as sp
 import torch
 
-from symalg.catalogue.groups import (SIGN_FLIP_GENERATORS, GeneralLinear, PositiveScaling, SignFlips, SiteGroup,
-                                     group_classes)
+from symalg.catalogue.groups import (SIGN_FLIP_GENERATORS, ComplexScaling, GeneralLinear, PositiveScaling, SignFlips,
+                                     SiteGroup, group_classes)
 from symalg.lowering.codegen import lower
 from symalg.numeric.linalg import relative_error
-from symalg.symbolic.inference import ALL, TRANSLATIONS
+from symalg.symbolic.inference import GRANTED, KINDS, TRANSLATIONS
 
 DTYPE = torch.float64
 WIDTH = 4
@@ -60,11 +60,19 @@ def test_every_group_class_that_sets_a_kind_is_registered_under_it():
 
 @pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
 def test_kinds_it_preserves_are_inference_kinds_and_include_its_own(group):
-    assert group.kind in group.kinds_it_preserves <= ALL
+    assert group.kind in group.kinds_it_preserves <= set(KINDS)
 
 
 def test_general_linear_preserves_every_kind_but_translations():
-    assert GeneralLinear.kinds_it_preserves == ALL - TRANSLATIONS
+    assert GeneralLinear.kinds_it_preserves == set(KINDS) - TRANSLATIONS
+    assert GRANTED <= GeneralLinear.kinds_it_preserves   # C ⊂ GL, granted by the rotary rule alone
+
+
+def test_a_group_on_planes_refuses_an_odd_width():
+    with pytest.raises(ValueError, match=r"ComplexScaling\(3\): the width must be a multiple of 2"):
+        ComplexScaling(3)
+    h = sp.Symbol("h", positive=True, integer=True)
+    assert ComplexScaling(h).dim == h and ComplexScaling(h).n_symmetric == h / 2
 
 
 def test_for_site_refuses_options_a_group_does_not_take():
@@ -233,7 +241,7 @@ def test_the_gradient_of_the_conserved_term_is_the_infinitesimal_action(group):
     V = _region(11, group, cols=5).requires_grad_(True) if "in" in group.roles else None
     M = _symmetric(group, 12)
     Q = _conserved(group, U, V)(U, V)
-    pairing = (M.reshape(Q.shape) * Q).sum()
+    pairing = (group.conserved_coefficients(M).reshape(Q.shape) * Q).sum()
     grads = torch.autograd.grad(pairing, [U] + ([V] if V is not None else []))
     c = 1 if group.conserved_kind == "linear" else 2
     assert relative_error(grads[0], c * group.act_infinitesimally(M, U.detach(), "out")) < TOL
@@ -290,7 +298,7 @@ def test_a_group_without_conserved_kind_has_no_conserved_term(group):
 
 @pytest.mark.parametrize("cls", list(group_classes().values()), ids=list(group_classes()))
 def test_a_group_is_trivial_exactly_when_it_has_no_generators(cls):
-    for width in range(1, 4):
+    for width in range(cls.width_multiple, 4 * cls.width_multiple, cls.width_multiple):
         group = cls.for_site(width)
         assert group.is_trivial == (not group.is_continuous and not group.discrete_generators(DTYPE)), width
     assert not cls.for_site(sp.Symbol("h", positive=True, integer=True)).is_trivial

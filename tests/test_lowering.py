@@ -199,6 +199,19 @@ def test_trace_on_batches():
         torch.trace(value)
 
 
+def test_matrix_slices_slice_the_last_two_axes_by_value_and_on_batches():
+    """SymPy prints ``X[0:2, :]``, which on a batch slices the batch axis; ours slices the matrix axes."""
+    expr = X[:2, :] + X[1:, :]
+    assert torch_source(expr) == "((X)[..., 0:2, 0:3] + (X)[..., 1:3, 0:3])"
+    _compare(expr, {"X": _rng(7).standard_normal((3, 3))})
+    _compare(X[1:, 1:2], {"X": _rng(8).standard_normal((3, 3))})
+    with pytest.raises(NotImplementedError, match="has a step"):   # SymPy's own shape of X[::2, :] is wrong
+        torch_source(X[::2, :])
+    value = torch.as_tensor(_rng(9).standard_normal((5, 3, 3)))
+    result = lower("f", expr, {X: "X"})({"X": value})
+    assert torch.equal(result, value[:, :2, :] + value[:, 1:, :])
+
+
 # -- MatMul with DiagMatrix and with a column of ones ----------------------------------------------
 def test_diag_on_the_left_and_right_by_value():
     rng = _rng(6)

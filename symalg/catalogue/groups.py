@@ -47,7 +47,7 @@ from symalg.frontend.grammar import check_entries, refuse_text
 from symalg.numeric.linalg import relative_error
 
 __all__ = ["matrix_exp", "group_classes", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes",
-           "PositiveScaling",
+           "PositiveScaling", "ComplexScaling",
            "SignFlips", "Permutations", "Translations", "checked_inverse"]
 
 
@@ -99,7 +99,7 @@ def group_classes() -> dict[str, type[SiteGroup]]:
     """``{kind: class}`` of every registered group class (each subclass of :class:`SiteGroup` setting ``kind``).
 
     >>> sorted(group_classes())
-    ['GL', 'O', 'O1', 'PS', 'S', 'SF', 'T']
+    ['C', 'GL', 'O', 'O1', 'PS', 'S', 'SF', 'T']
     """
     return dict(_CLASSES)
 
@@ -153,8 +153,9 @@ class SiteGroup:
     standard_basis: ClassVar[bool] = False
     """``algebra_basis()`` is the standard basis of the element's entries (``M`` is its coordinates, reshaped)."""
     conserved_kind: ClassVar[str | None] = None
-    """``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``), ``"linear"`` or None: the kind of
-    conserved quantity of gradient flow the group gives (None: none, e.g. ``so(h)`` gives angular momentum)."""
+    """``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``), ``"planes"`` (``Q_M = ⟨m, q⟩``, ``m`` the
+    plane coefficients of ``M``), ``"linear"`` or None: the kind of conserved quantity of gradient flow the group
+    gives (None: none, e.g. ``so(h)`` gives angular momentum); :meth:`conserved_coefficients` pairs ``M`` with it."""
     has_angular_momentum: ClassVar[bool] = False
     """Its Lie algebra is antisymmetric: gradient flow conserves no ``Q_M``, heavy-ball dynamics an angular momentum."""
     roles: ClassVar[tuple] = ("out", "in")
@@ -163,6 +164,8 @@ class SiteGroup:
     """The options of :meth:`for_site` the group depends on (``"alpha"``, ``"center"``)."""
     infinitesimal_statement: ClassVar[str] = "dσ(z)[M z] = dπ(M) σ(z)"
     infinitesimal_detail: ClassVar[str] = ""
+    width_multiple: ClassVar[int] = 1
+    """The group exists on sites whose width is a multiple of this (2 for groups acting on planes)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -172,6 +175,9 @@ class SiteGroup:
 
     def __post_init__(self) -> None:
         refuse_text(self.width, f"{type(self).__name__}: width")
+        width = sp.sympify(self.width)
+        if width.is_Integer and int(width) % self.width_multiple:
+            raise ValueError(f"{type(self).__name__}({width}): the width must be a multiple of {self.width_multiple}")
 
     @classmethod
     def for_site(cls, width: SiteWidth, alpha: SiteOption = 1, center: SiteOption = 0) -> "SiteGroup":
@@ -469,6 +475,16 @@ class SiteGroup:
         (see ``conserved_kind``). ``U Uᵀ`` for ``GL``, the row norms ``(U∘U)1`` for scalings."""
         return None
 
+    def conserved_coefficients(self, M: torch.Tensor) -> torch.Tensor:
+        """The coefficients ``c`` of a symmetric Lie-algebra element ``M`` with ``Q_M = ⟨c, Q⟩`` for the conserved
+        quantity ``Q = Σ ±T(U)`` (:meth:`conserved_term`): ``M`` itself (``tr(M C)`` for a symmetric ``M``, ``⟨m, q⟩``
+        for a diagonal one, the coefficients of the directions for translations).
+
+        >>> GeneralLinear(2).conserved_coefficients(torch.eye(2)).tolist()
+        [[1.0, 0.0], [0.0, 1.0]]
+        """
+        return M
+
     def pointwise_identity(self, sigma: Pointwise) -> tuple[str, list[sp.Expr]] | None:
         """``(statement, residuals)``: a pointwise activation ``sigma`` (a function of one SymPy scalar) satisfies
         the group's declared identity iff every residual vanishes; residuals are taken at ``z`` of each sign
@@ -537,7 +553,7 @@ class GeneralLinear(SiteGroup):
     symbol: ClassVar[str] = "GL"
     discrete_description: ClassVar[str] = "reflection diag(-1, 1, ..., 1)"
     kind: ClassVar[str] = "GL"
-    kinds_it_preserves: ClassVar[frozenset] = frozenset({"GL", "O", "O1", "PS", "SF", "S"})
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"GL", "O", "O1", "C", "PS", "SF", "S"})
     standard_basis: ClassVar[bool] = True
     conserved_kind: ClassVar[str] = "matrix"
     infinitesimal_statement: ClassVar[str] = "dσ(z)[M z] = M σ(z) (σ linear)"
@@ -888,6 +904,129 @@ class PositiveScaling(SiteGroup):
         if not 0 < low <= high < math.inf:
             self._check_format(g, "group element")   # names non-finite entries first
             raise ValueError(f"{self.name}: not a group element: entries must be positive (the diagonal of g)")
+
+
+def _from_planes(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The ``h × h`` matrix multiplying each complex coordinate ``z_i = (x_i, x_{i+m})`` by ``a_i + i b_i``
+    (``a, b`` of shape ``(..., m)``, ``h = 2m``): ``a`` on the diagonal, ``b`` at ``(i + m, i)``, ``−b`` at
+    ``(i, i + m)``."""
+    m = a.shape[-1]
+    g = torch.zeros(*a.shape[:-1], 2 * m, 2 * m, dtype=a.dtype, device=a.device)
+    i = torch.arange(m, device=a.device)
+    g[..., i, i] = a
+    g[..., i + m, i + m] = a
+    g[..., i + m, i] = b
+    g[..., i, i + m] = -b
+    return g
+
+
+def _planes(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(a, b)`` of a matrix of the form :func:`_from_planes` (read from its first half of the diagonal and the
+    diagonal of its lower-left block)."""
+    m = g.shape[-1] // 2
+    return torch.diagonal(g, dim1=-2, dim2=-1)[..., :m], torch.diagonal(g[..., m:, :m], dim1=-2, dim2=-1)
+
+
+@dataclass(frozen=True)
+class ComplexScaling(SiteGroup):
+    """``(ℂ^×)^{h/2}``, ``π(g) = g``: each plane ``(i, i + m)`` (``m = h/2``) multiplied by a complex number.
+
+    Coordinates ``x_i`` and ``x_{i+m}`` are the real and imaginary parts of ``z_i``; an element multiplies ``z_i`` by
+    ``a_i + i b_i ≠ 0``: ``g = a I + b J`` on the plane, ``J = [[0, −1], [1, 0]]``.
+
+    **Why (rotary position embeddings).** RoPE (Su et al. 2021, as Hugging Face's ``rotate_half`` writes it) maps
+    the query ``q_s`` and key ``k_t`` of positions ``s, t`` to ``R_s q_s``, ``R_t k_t``, where ``R_p`` rotates plane
+    ``i`` by the angle ``p ω_i``; the scores are ``q_sᵀ R_{t−s} k_t``. ``q ↦ A q``, ``k ↦ A⁻ᵀ k`` keeps every score
+    for all queries and keys iff ``Aᵀ R_δ A⁻ᵀ = R_δ`` for every ``δ``, i.e. ``Aᵀ`` commutes with every ``R_δ``.
+    With distinct frequencies and angles that are not multiples of ``π`` the ``R_δ`` generate the algebra of
+    complex multiplications per plane, whose commutant is itself: ``Aᵀ``, hence ``A``, is in this group. Where
+    frequencies coincide the true group is larger (``GL_k(ℂ)`` on ``k`` planes of one frequency); this group is a
+    sound subgroup there. The argument needs ``R_p`` to be a complex multiplication per plane, i.e. the ``cos``
+    and ``sin`` tables equal on the two halves of the head axis (``cat((f, f), -1)``); arbitrary per-plane
+    ``2 × 2`` maps only commute with ``(ℝ^×)^{h/2}`` (a real scalar per plane).
+
+    Lie algebra (dimension ``h``): the plane scalings ``S_i = E_ii + E_{i+m,i+m}`` (symmetric: conserved
+    ``q_i = C_ii + C_{i+m,i+m}`` with ``C = Σ_out U Uᵀ − Σ_in U Uᵀ``) and the plane rotations
+    ``J_i = E_{i+m,i} − E_{i,i+m}`` (antisymmetric). ``ℂ^×`` is connected: no discrete generators.
+
+    >>> G = ComplexScaling(4)
+    >>> G.name, G.dim, G.n_symmetric
+    ('ComplexScaling(4)', 4, 2)
+    >>> (G.exp(G.algebra_basis()[2] * math.pi / 2).round() + 0.0).tolist()   # z_0 ↦ i z_0
+    [[0.0, 0.0, -1.0, 0.0], [0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0]]
+    """
+
+    symbol: ClassVar[str] = "ComplexScaling"
+    kind: ClassVar[str] = "C"
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"C"})
+    conserved_kind: ClassVar[str] = "planes"
+    width_multiple: ClassVar[int] = 2
+
+    def latex(self) -> str:
+        return rf"(\mathbb{{C}}^{{\times}})^{{{sp.latex(sp.sympify(self.width) / 2)}}}"
+
+    @property
+    def dim(self) -> sp.Expr:
+        return sp.sympify(self.width)
+
+    @property
+    def n_symmetric(self) -> sp.Expr:
+        return sp.sympify(self.width) / 2
+
+    def algebra_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
+        """The plane scalings ``S_0 … S_{m−1}``, then the plane rotations ``J_0 … J_{m−1}``."""
+        m = self._check_basis_size() // 2
+        eye = torch.eye(m, dtype=dtype, device=device)
+        return torch.cat([_from_planes(eye, 0 * eye), _from_planes(0 * eye, eye)])
+
+    def symmetric_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
+        return self.algebra_basis(dtype, device)[:_concrete(self.width) // 2]
+
+    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                                 device: Device = "cpu") -> torch.Tensor:
+        h = _concrete(self.width)   # the coefficients of the scalings, then of the rotations
+        coefficients = torch.randn(h, generator=generator, dtype=dtype).to(device)
+        return _from_planes(coefficients[:h // 2], coefficients[h // 2:])
+
+    def exp(self, M: torch.Tensor) -> torch.Tensor:
+        """``exp(a I + b J) = e^a (cos b I + sin b J)`` per plane, for ``M`` in the Lie algebra."""
+        a, b = _planes(M)
+        return _from_planes(a.exp() * b.cos(), a.exp() * b.sin())
+
+    def rep_inverse(self, g: torch.Tensor) -> torch.Tensor:
+        a, b = _planes(g)   # 1/z = conj(z)/|z|²
+        modulus = a * a + b * b
+        return _from_planes(a / modulus, -b / modulus)
+
+    def conserved_term(self, U: sp.MatrixExpr) -> sp.MatrixExpr | None:
+        """``q_i = ‖U_i‖² + ‖U_{i+m}‖²``: the plane sums of the row norms (``m × 1``)."""
+        rows = sp.HadamardPower(U, 2)
+        rows = rows * sp.OneMatrix(U.shape[1], 1) if U.shape[1] != 1 else rows
+        m = sp.sympify(self.width) / 2
+        return rows[:m, :] + rows[m:, :]
+
+    def conserved_coefficients(self, M: torch.Tensor) -> torch.Tensor:
+        """``tr(M C) = Σ_i a_i (C_ii + C_{i+m,i+m})`` for ``M = Σ_i a_i S_i``: the coefficients ``a``."""
+        return _planes(M)[0]
+
+    def width_two_element(self) -> sp.ImmutableMatrix | None:
+        a, b = sp.symbols("a b", real=True)
+        return sp.ImmutableMatrix([[a, -b], [b, a]])
+
+    def _not_in_algebra(self, M: torch.Tensor, tol: float) -> str | None:
+        if relative_error(M, _from_planes(*_planes(M)), floor=1) > tol:
+            return f"M is not a I + b J on every plane (i, i + {M.shape[-1] // 2})"
+        return None
+
+    def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
+        problem = self._not_in_algebra(g, tol)
+        if problem:
+            return problem.replace("M is", "g is")
+        a, b = _planes(g)
+        modulus = (a * a + b * b).sqrt()
+        if not bool((modulus.amin(-1) > tol * modulus.amax(-1)).all()):
+            return "a plane's factor a + ib is (numerically) zero"
+        return None
 
 
 @dataclass(frozen=True)

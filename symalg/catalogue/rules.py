@@ -25,7 +25,7 @@ from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.products import multiply
 from symalg.catalogue.rule_examples import Conv1D, Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
-from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
+from symalg.symbolic.inference import ALL, GRANTED, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
 
 __all__ = ["OP_RULES", "OVERLAYABLE", "RULE_EXAMPLES", "WEIGHT_RULES", "WeightExpr", "register_rule",
            "activation_rule", "unknown_rule"]
@@ -1175,7 +1175,7 @@ def _only_into(state: Inference, source: str, node: str) -> bool:
 
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
                     v: list[Binding], heads_alike: bool = True, key_shifts: bool = True,
-                    kv_heads: int | None = None) -> Label:
+                    kv_heads: int | None = None, rotary: Mapping[str, Any] | None = None) -> Label:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
     heads moving all per-head blocks together (only when the scores of every head are treated alike,
@@ -1193,6 +1193,14 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
     ``group{g}.vo``). Permutations: of the groups (query heads in blocks of ``r``, key and value heads one by
     one: ``attn.groups``) and, per group, of its query heads (query rows and output columns only:
     ``attn.group{g}.heads``).
+
+    Rotary position embeddings (``rotary``, the setting :mod:`symalg.frontend.attention_folding` records) rotate
+    each plane ``(j, j + d_k/2)`` of a query or key by a position-dependent angle; the maps commuting with every
+    rotation are the complex scalings of the planes (:class:`~symalg.catalogue.groups.ComplexScaling`, kind ``C``),
+    which replace ``GL(d_k)`` on every ``qk`` site when queries and keys are both rotated with tables proven equal on
+    the two halves of the head axis. Tables not proven so (each plane's map is then a general ``2 × 2`` matrix, whose
+    commutant is a real scalar per plane) or a rotation of one side only block the ``qk`` sites (not modelled), and
+    no key bias translates: ``R_j t`` depends on the key's position ``j``, so it is no per-query constant.
     """
     groups = heads if kv_heads is None else kv_heads
     r = heads // groups
@@ -1200,14 +1208,18 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
     d_v = v[0].width // groups
     stem = site_stem([b.tensor for b in q + k + v], node)  # the attention module's path (``attn``)
     key_biases = [b for b in k if len(state.shapes[b.tensor]) == 1] if key_shifts else []
+    rotation = _rotary_restriction(state, node, rotary)
     segments = []
     for g in range(groups):
         members = range(g * r, (g + 1) * r)
         name = f"{stem}.head{g}" if r == 1 else f"{stem}.group{g}"
         qk = state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for h in members for b in q] +
-                            [b.restrict(g * d_k, d_k).flipped() for b in k], name=f"{name}.qk", allowed=ALL - {"T1"})
+                            [b.restrict(g * d_k, d_k).flipped() for b in k], name=f"{name}.qk",
+                            allowed=(ALL - {"T1"}) | (GRANTED if rotation else set()))
         state.site(qk).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(g * d_k, d_k),)))
                                            for b in key_biases)
+        if rotation is not None:
+            state.restrict(qk, rotation[0], node, rotation[1], blocked=rotation[2])
         site = state.new_site(node, d_v, [b.restrict(g * d_v, d_v) for b in v], name=f"{name}.vo",
                               allowed=ALL - TRANSLATIONS)
         segments += [Segment(site, h * d_v, d_v) for h in members]
@@ -1227,6 +1239,23 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
             state.restrict(segment.site, set(), node, f"{state.where(node)}: a mask, bias or temperature differs "
                                                       "between heads, so permuting the heads changes the scores")
     return Label(-1, d_v * heads, tuple(segments + permutations))
+
+
+def _rotary_restriction(state: Inference, node: str, rotary: Mapping[str, Any] | None) -> tuple | None:
+    """``(kinds, reason, blocked)``: what a head's ``qk`` site keeps under the rotary embeddings ``rotary``
+    (:func:`attention_sites`), why, and whether that is a limitation; ``None`` without rotary embeddings."""
+    if not rotary:
+        return None
+    where = state.where(node)
+    if not (rotary["queries"] and rotary["keys"]):
+        side = "queries" if rotary["queries"] else "keys"
+        return set(), f"{where}: a rotary embedding rotates the {side} only (not modelled)", True
+    if rotary["pairing"] != "halves" or not rotary["equal_halves"]:
+        return set(), (f"{where}: the rotary tables are not proven equal on the two halves of the head axis (each "
+                       "plane's map may be any 2×2 matrix; the real scalars per plane that commute with it are not "
+                       "modelled)"), True
+    return {"C"}, (f"{where}: rotary embeddings rotate each plane (j, j + d_k/2) by a position-dependent angle; only "
+                   "complex scalings of the planes commute with every rotation"), False
 
 
 @register_rule("multihead_attention", examples={"multihead_attention": around(
@@ -1277,12 +1306,14 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
 def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Hand-written attention folded by :mod:`symalg.frontend.attention_folding`: the first three inputs are the
     outputs of the ``q``, ``k``, ``v`` maps (each read by nothing else), whose sites are split into heads; the
-    others are the tensors the scores are combined with (masks, biases, temperatures), which nothing may move."""
+    others are the tensors the scores are combined with (masks, biases, temperatures) and the tables of rotary
+    embeddings, which nothing may move."""
     settings = data["settings"]
     heads = settings["heads"]
     for extra in inputs[3:]:
         if isinstance(extra, Label):
-            state.restrict_label(extra, set(), node, f"{state.where(node)} combines its scores with this value")
+            state.restrict_label(extra, set(), node, f"{state.where(node)} combines its scores or rotates its queries "
+                                                     "or keys with this value")
         elif _is_param(extra) or isinstance(extra, WeightExpr):
             for tensor in (extra.tensors if isinstance(extra, WeightExpr) else (extra[1],)):
                 state.opaque.setdefault(tensor, node)
@@ -1302,4 +1333,5 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
             return unknown_rule(state, node, data, inputs)
     q, k, v = out_bindings
     return attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
-                           key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"))
+                           key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"),
+                           rotary=settings.get("rotary"))

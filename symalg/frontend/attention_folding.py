@@ -33,6 +33,26 @@ tensors (the ``sdpa`` mask included), with settings ``heads = H``, ``head_dim = 
 The readers of ``Y`` read the node instead. ``Q_h ↦ Q_h g``, ``K_h ↦ K_h g⁻ᵀ`` leaves ``Q_h K_hᵀ``, hence
 any function of it and of tensors that do not depend on it, unchanged.
 
+**Rotary position embeddings.** Between the split and ``Q`` (or ``K``) there may be rotary steps
+
+    Y = X·cos + rotate_half(X)·sin,   rotate_half(X) = cat(−X[…, m:], X[…, :m], −1),   m = d_k/2
+
+(``add(mul(X, cos), mul(cat(neg(slice(X)), slice(X)), sin))`` as ``torch.export`` writes Hugging Face's
+``apply_rotary_pos_emb``; ``x[..., :m]``, ``torch.cat((-x2, x1), dim=-1)`` in fx; either operand order of every
+``mul`` and of the ``add``), where ``X`` is the standard split (its head axis ``-3``, its head coordinate ``j``
+along the last axis) and ``cos``, ``sin`` are tensors computed without the attention's inputs that broadcast to
+``X``. ``rotate_half`` is checked exactly, sign included, by replaying it on ``arange(1, n + 1)``; the steps'
+nodes are folded, the tables become further inputs of the node (nothing may move them), and the node gets the
+setting ``rotary = {"queries", "keys": bool, "pairing": "halves", "equal_halves": bool}``. ``equal_halves`` says
+that every table is proven equal on the two halves of the last axis (``cos[…, j] = cos[…, j + m]``): then each
+plane ``(j, j + m)`` is multiplied by the complex number ``cos_j + i sin_j`` and the head's query/key group is
+:class:`~symalg.catalogue.groups.ComplexScaling` (see there). The proof is structural: the table is computed from
+``cat((f, f), -1)`` through pointwise functions, numbers, products of such tables and layout ops, replayed on
+index tensors whose equal entries stand for equal values (:func:`_value_ids`); a table that is a parameter, a
+buffer or anything else is not proven. The tables are ``heads_alike`` when they do not vary along axis ``-3``.
+Interleaved pairs (GPT-J's ``rotate_every_two``) and partial rotary embeddings (GPT-NeoX's ``rotary_ndims``) do not
+match: the heads are not folded and their split blocks the sites.
+
 The layout chains between a root and ``Q``/``Kᵀ``/``V`` (and between ``A`` and ``Y``) are ``reshape``,
 ``flatten``, ``unsqueeze``, ``transpose``, ``permute``, ``identity``, ``expand``, ``repeat_interleave`` and
 ``getitem`` nodes (whole slices and new axes only), each read by nothing but the next. Such a
@@ -63,8 +83,21 @@ _REPLAY_ERRORS = (RuntimeError, IndexError, TypeError, ValueError)
 
 
 @dataclass(frozen=True)
+class _Rotary:
+    """One rotary step ``output = x·cos + rotate_half(x)·sin`` (module docstring): the nodes it consists of (``x`` and
+    the tables excluded), its ``(cos, sin)`` tables and whether both are proven equal on the halves of the last axis."""
+
+    x: str
+    output: str
+    nodes: frozenset[str]
+    tables: tuple[str, str]
+    equal_halves: bool
+
+
+@dataclass(frozen=True)
 class _Split:
-    """A root ``(*lead, length, heads·width)`` split into heads ``(*lead, heads, length, width)`` by ``chain``."""
+    """A root ``(*lead, length, heads·width)`` split into heads ``(*lead, heads, length, width)`` by ``chain`` (layout
+    nodes, and the outputs of the rotary steps in ``rotations``)."""
 
     root: str
     chain: tuple[str, ...]
@@ -73,6 +106,7 @@ class _Split:
     length: int
     width: int
     groups: int
+    rotations: tuple[_Rotary, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +135,7 @@ class _Match:
     form: str
     folded: frozenset[str]
     final: str
+    rotary: dict | None = None
 
 
 def scale_constant(value: object) -> bool:
@@ -222,7 +257,7 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
     ``repeats_keys`` (``sdpa(..., enable_gqa=True)``) keys and values may have fewer heads, which ``sdpa`` repeats
     by ``repeat_interleave``."""
     queries, keys, values = _split(graph, q, False), _split(graph, k, keys_transposed), _split(graph, v, False)
-    if queries is None or keys is None or values is None:
+    if queries is None or keys is None or values is None or values.rotations:
         return None
     lead, heads, length = queries.lead, queries.heads, queries.length
     kv_heads = keys.groups if keys.heads == heads else keys.heads
@@ -236,43 +271,62 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
     merge = _merge(graph, out, lead, heads, length, values.width)
     if merge is None:
         return None
-    folded = frozenset(body) | set(queries.chain) | set(keys.chain) | set(values.chain) | set(merge)
+    rotations = queries.rotations + keys.rotations
+    folded = frozenset(body) | set(queries.chain) | set(keys.chain) | set(values.chain) | set(merge) | {
+        n for r in rotations for n in r.nodes}
     final = merge[-1]
     roots = (queries.root, keys.root, values.root)
     if any(r in folded for r in roots) or any(u not in folded for n in folded - {final} for u in graph.successors(n)):
         return None
-    extras = tuple(dict.fromkeys(m.extra for m in modifiers if m.extra is not None))
+    extras = tuple(dict.fromkeys([m.extra for m in modifiers if m.extra is not None] +
+                                 [t for r in rotations for t in r.tables]))
     if any((nx.ancestors(graph, e) | {e}) & (folded | set(roots)) for e in extras):
         return None    # a modifier computed from the scores or the attention's own inputs
     extra_shapes = [graph.nodes[e]["shape"] for e in extras]
     if None in extra_shapes:
         return None
     heads_alike = all(len(s) < 3 or s[-3] == 1 for s in extra_shapes)
-    key_shifts = all(m.key_shifts for m in modifiers)
+    key_shifts = all(m.key_shifts for m in modifiers) and not keys.rotations   # R_j b_k varies with the key j
+    rotary = None if not rotations else {
+        "queries": bool(queries.rotations), "keys": bool(keys.rotations), "pairing": "halves",
+        "equal_halves": all(r.equal_halves for r in rotations)}
     return _Match(roots, extras, heads_alike, key_shifts, heads, kv_heads, queries.width, values.width, form,
-                  folded, final)
+                  folded, final, rotary)
 
 
 def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
-    """The longest layout chain ending at ``name`` that splits its root into heads (``None`` if none does).
+    """The longest chain of layout nodes and rotary steps ending at ``name`` that splits its root into heads
+    (``None`` if none does). Each node of the chain is read by the next alone; the input of a rotary step by that
+    step's nodes alone.
 
     With ``transposed`` the chain must end in the split's transpose on its last two axes (``Kᵀ``).
     """
-    path = []
-    node = name
-    while _is_layout(graph.nodes[node]) and graph.out_degree(node) == 1:
-        path.append(node)
-        node = graph.nodes[node]["inputs"][0]
+    path: list[str] = []
+    rotations: dict[str, _Rotary] = {}
+    node, readers = name, None      # readers: who may read ``node`` (None: any one node)
+    while (set(graph.successors(node)) == readers if readers is not None else graph.out_degree(node) == 1):
+        if _is_layout(graph.nodes[node]):
+            path.append(node)
+            node, readers = graph.nodes[node]["inputs"][0], None
+        elif (rotary := _rotary(graph, node)) is not None:
+            path.append(node)
+            rotations[node] = rotary
+            node, readers = rotary.x, {n for n in rotary.nodes if rotary.x in graph.nodes[n]["inputs"]}
+        else:
+            break
     path.reverse()
     for start in range(len(path)):
         root = node if start == 0 else path[start - 1]
-        split = _check_split(graph, root, tuple(path[start:]), transposed)
+        split = _check_split(graph, root, tuple(path[start:]), transposed, rotations)
         if split is not None:
             return split
     return None
 
 
-def _check_split(graph: nx.DiGraph, root: str, chain: tuple[str, ...], transposed: bool) -> _Split | None:
+def _check_split(graph: nx.DiGraph, root: str, chain: tuple[str, ...], transposed: bool,
+                 rotations: dict[str, _Rotary]) -> _Split | None:
+    """The split ``chain`` makes of ``root``, checked by replay; a rotary step keeps every entry's place (it mixes
+    entries along the last axis within a head) and must act on the standard split (module docstring)."""
     shape, out = graph.nodes[root]["shape"], graph.nodes[chain[-1]]["shape"]
     if (shape is None or out is None or not all(_is_int(n) for n in (*shape, *out)) or len(shape) < 2
             or len(out) != len(shape) + 1 or 0 in shape):
@@ -283,13 +337,25 @@ def _check_split(graph: nx.DiGraph, root: str, chain: tuple[str, ...], transpose
     if out[:-3] != lead or length != shape[-2] or groups * width != shape[-1] or not groups or heads % groups:
         return None
     index = _index(shape)
-    expected = index.reshape(*lead, length, groups, width).transpose(-3, -2).repeat_interleave(heads // groups, -3)
+    standard = index.reshape(*lead, length, groups, width).transpose(-3, -2)
+    expected = standard.repeat_interleave(heads // groups, -3)
     if transposed:
         expected = expected.transpose(-2, -1)
-    replayed = _replay(graph, index, chain)
-    if replayed is None or replayed.shape != expected.shape or not torch.equal(replayed, expected):
+    replayed: torch.Tensor | None = index
+    for step in chain:
+        if step not in rotations:
+            replayed = _replay(graph, replayed, (step,)) if replayed is not None else None
+            continue
+        repeats = replayed.shape[-3] // groups if replayed is not None and replayed.dim() >= 3 else 0
+        if replayed is None or not repeats or not _same(replayed, standard.repeat_interleave(repeats, -3)):
+            return None     # a rotary step elsewhere than on the heads' coordinates
+    if replayed is None or not _same(replayed, expected):
         return None
-    return _Split(root, chain, lead, heads, length, width, groups)
+    return _Split(root, chain, lead, heads, length, width, groups, tuple(rotations[s] for s in chain if s in rotations))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and torch.equal(a, b)
 
 
 def _merge(graph: nx.DiGraph, out: str, lead: tuple, heads: int, length: int, width: int) -> tuple[str, ...] | None:
@@ -410,7 +476,8 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
               "settings": {"heads": match.heads, "head_dim": match.head_dim,
                            "value_head_dim": match.value_head_dim, "form": match.form,
                            "heads_alike": match.heads_alike, "key_shifts": match.key_shifts}
-              | ({"kv_heads": match.kv_heads} if match.kv_heads != match.heads else {}),
+              | ({"kv_heads": match.kv_heads} if match.kv_heads != match.heads else {})
+              | ({"rotary": match.rotary} if match.rotary else {}),
               "inputs": match.roots + match.extras, "arguments": {}, "shape": graph.nodes[match.final]["shape"],
               "where": f"node {name!r} (folded attention)"}
     users = [(user, dict(graph.edges[match.final, user])) for user in graph.successors(match.final)]
@@ -427,3 +494,177 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
     graph.graph.update(attributes)
     graph.add_nodes_from(nodes)
     graph.add_edges_from(edges)
+
+
+# -- rotary position embeddings ----------------------------------------------------------------------------------
+
+_POINTWISE = frozenset({"cos", "sin", "neg", "exp", "log", "abs", "sqrt", "rsqrt", "square", "identity"})
+"""Ops computing a fixed function of each entry of their one tensor input (a float cast is an ``identity``): equal
+entries stay equal."""
+_ARITHMETIC = frozenset({"mul", "div", "add", "sub", "pow"})
+"""Entrywise ops of broadcast tensors and numbers: entries computed from equal operands are equal."""
+_SOURCE_DEPTH = 64
+"""How far back :func:`_value_ids` follows a table's computation."""
+
+
+def _rotary(graph: nx.DiGraph, name: str) -> _Rotary | None:
+    """The rotary step ending at the ``add`` node ``name`` (module docstring), or ``None``."""
+    data = graph.nodes[name]
+    shape, inputs = data["shape"], data["inputs"]
+    if (data["op"] != "add" or len(inputs) != 2 or None in inputs or set(data["arguments"]) != {"arg0", "arg1"}
+            or shape is None or not shape or not all(_is_int(n) for n in shape) or shape[-1] % 2):
+        return None
+    for plain, rotated in (inputs, inputs[::-1]):
+        for x, cos in _factors(graph, plain, shape):
+            for half, sin in _factors(graph, rotated, shape):
+                nodes = _rotate_half(graph, half, x, shape)
+                if nodes is None or graph.nodes[x]["shape"] != shape:
+                    continue
+                nodes |= {name, plain, rotated}
+                if x in nodes or any(set(graph.successors(n)) - nodes for n in nodes - {name}) or \
+                        set(graph.successors(x)) - nodes:
+                    return None
+                tables = (cos, sin)
+                return _Rotary(x, name, frozenset(nodes), tables, all(_equal_halves(graph, t) for t in tables))
+    return None
+
+
+def _factors(graph: nx.DiGraph, name: str, shape: tuple) -> list[tuple[str, str]]:
+    """``[(a, b), (b, a)]`` for ``name = a * b`` of two tensors of which ``b`` broadcasts to ``shape`` (the
+    product's own), else ``[]``."""
+    data = graph.nodes[name]
+    inputs = data["inputs"]
+    if (data["op"] != "mul" or len(inputs) != 2 or None in inputs or set(data["arguments"]) != {"arg0", "arg1"}
+            or data["shape"] != shape):
+        return []
+    return [(a, b) for a, b in (inputs, inputs[::-1]) if _broadcasts(graph.nodes[b]["shape"], shape)]
+
+
+def _broadcasts(small: tuple | None, shape: tuple) -> bool:
+    return small is not None and len(small) <= len(shape) and all(
+        _is_int(n) and n in (1, m) for n, m in zip(small[::-1], shape[::-1]))
+
+
+def _rotate_half(graph: nx.DiGraph, name: str, x: str, shape: tuple) -> set[str] | None:
+    """The nodes of ``cat(−x[…, m:], x[…, :m], −1)`` ending at ``name`` (``m`` half the last axis), checked by replay
+    on ``arange(1, n + 1)`` (so that a missing or misplaced negation shows), or ``None``."""
+    data = graph.nodes[name]
+    inputs, arguments = data["inputs"], data["arguments"]
+    dim = arguments.get("dim", arguments.get("arg1", 0))
+    if data["op"] != "cat" or len(inputs) != 2 or None in inputs or dim not in (-1, len(shape) - 1):
+        return None
+    negated, low = inputs
+    neg = graph.nodes[negated]
+    if neg["op"] != "neg" or not _single_input(neg):
+        return None
+    high = neg["inputs"][0]
+    if any(graph.nodes[s]["inputs"][:1] != (x,) or not _single_input(graph.nodes[s]) for s in (high, low)):
+        return None
+    index = torch.arange(1, math.prod(shape) + 1, dtype=torch.int64).reshape(shape)
+    m = shape[-1] // 2
+    try:
+        replayed = torch.cat((-_sliced(graph, high, index), _sliced(graph, low, index)), -1)
+    except _REPLAY_ERRORS:
+        return None
+    if not _same(replayed, torch.cat((-index[..., m:], index[..., :m]), -1)):
+        return None
+    return {name, negated, high, low}
+
+
+def _sliced(graph: nx.DiGraph, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` sliced as the node ``name`` slices its input (``aten.slice(x, dim, start, end, step)`` or ``x[…]``
+    with slices only), checked against the recorded shape. A bound fx recorded as a node (``x.shape[-1] // 2``) is
+    read off that shape: with step 1 one unknown bound is determined by the length (module docstring)."""
+    data = graph.nodes[name]
+    arguments, out = data["arguments"], data["shape"]
+    if out is None or len(out) != tensor.dim():
+        raise ValueError(f"{name}: no shape, or a slice that changes the rank")
+    if data["op"] == "aten.slice":
+        dim = arguments.get("arg1", 0)
+        bounds = tuple(arguments.get(f"arg{i}", default) for i, default in ((2, None), (3, None), (4, 1)))
+        if not _is_int(dim) or not all(b is None or _is_int(b) for b in bounds):
+            raise ValueError(f"{name}: slice{bounds} along {dim} not recorded")
+        items: tuple = (slice(None),) * (dim % tensor.dim()) + (slice(*bounds),)
+    elif data["op"] == "getitem":
+        index = arguments.get("arg1")
+        items = index if isinstance(index, tuple) else (index,)
+        if items.count(Ellipsis) > 1 or not all(i is Ellipsis or isinstance(i, slice) for i in items):
+            raise ValueError(f"{name}: index {index} is not slices")
+        if Ellipsis in items:
+            at = items.index(Ellipsis)
+            items = items[:at] + (slice(None),) * (tensor.dim() - len(items) + 1) + items[at + 1:]
+        items = tuple(_resolved(i, tensor.shape[axis], out[axis]) for axis, i in enumerate(items))
+    else:
+        raise ValueError(f"{name}: {data['op']} is not a slice")
+    result = tensor[items]
+    if tuple(result.shape) != tuple(out):
+        raise ValueError(f"{name}: replayed shape {tuple(result.shape)} is not the recorded {tuple(out)}")
+    return result
+
+
+def _resolved(item: slice, length: int, out: int) -> slice:
+    """``item`` with a bound recorded as a node (not an ``int``) replaced by the one value giving ``out`` entries of
+    ``length`` (step 1; both bounds unknown only for the whole axis)."""
+    start, stop, step = item.start, item.stop, item.step
+    known = [b is None or _is_int(b) for b in (start, stop)]
+    if all(known):
+        return item
+    if step not in (None, 1):
+        raise ValueError(f"slice {item} with a step and a bound not recorded")
+    if not any(known):
+        if out != length:
+            raise ValueError(f"slice {item}: bounds not recorded")
+        return slice(None)
+    if known[1]:
+        end = range(length)[slice(None, stop)].stop if stop is not None else length
+        return slice(end - out, end)
+    begin = range(length)[slice(start, None)].start if start is not None else 0
+    return slice(begin, begin + out)
+
+
+def _equal_halves(graph: nx.DiGraph, table: str) -> bool:
+    """The table's entries are equal on the two halves of its last axis (or it does not vary along that axis),
+    proven by :func:`_value_ids`."""
+    shape = graph.nodes[table]["shape"]
+    if shape is None or not shape or shape[-1] == 1:
+        return shape is not None
+    ids = _value_ids(graph, table, _SOURCE_DEPTH)
+    m = shape[-1] // 2
+    return ids is not None and not shape[-1] % 2 and torch.equal(ids[..., :m], ids[..., m:])
+
+
+def _value_ids(graph: nx.DiGraph, name: str, depth: int) -> torch.Tensor | None:
+    """Integer ids of the entries of ``name`` (of its recorded shape) such that equal ids are provably equal values
+    (distinct ids may still be equal values), or ``None`` when nothing is known.
+
+    ``cat((f, f), -1)`` gives ``cat((I, I), -1)`` with ``I`` distinct ids for ``f``; a pointwise op or arithmetic
+    with a number keeps its input's ids; arithmetic of tensors numbers the distinct tuples of its operands' ids
+    (broadcast to its shape); a layout op is replayed on its input's ids. Any other node gets distinct ids."""
+    data = graph.nodes[name]
+    shape, inputs, op = data["shape"], data["inputs"], data["op"]
+    if shape is None or not all(_is_int(n) for n in shape):
+        return None
+    distinct = _index(shape).to(torch.int64)
+    tensors = [i for i in inputs if i is not None]
+    if depth == 0 or not tensors or data["kind"] != "function":   # a module named like an op is not that op
+        return distinct
+    dim = data["arguments"].get("dim", data["arguments"].get("arg1"))
+    if op == "cat" and len(inputs) == 2 and inputs[0] == inputs[1] and dim in (-1, len(shape) - 1):
+        half = graph.nodes[inputs[0]]["shape"]
+        if half is None or (*half[:-1], 2 * half[-1]) != tuple(shape):
+            return distinct
+        ids = _index(half).to(torch.int64)
+        return torch.cat((ids, ids), -1)
+    if op in _POINTWISE and len(tensors) == 1 and graph.nodes[tensors[0]]["shape"] == shape:
+        return _value_ids(graph, tensors[0], depth - 1)
+    if op in _ARITHMETIC:
+        operands = [_value_ids(graph, t, depth - 1) for t in tensors]
+        if any(o is None or not _broadcasts(tuple(o.shape), shape) for o in operands):
+            return distinct
+        stacked = torch.stack([o.expand(shape) for o in operands if o is not None], -1)
+        return torch.unique(stacked.reshape(-1, len(operands)), dim=0, return_inverse=True)[1].reshape(shape)
+    if _is_layout(data):
+        source = _value_ids(graph, tensors[0], depth - 1)
+        replayed = _replay(graph, source, (name,)) if source is not None else None
+        return replayed if replayed is not None else distinct
+    return distinct

@@ -138,6 +138,14 @@ class SymalgTorchPrinter(TorchPrinter):
     def _print_ZeroMatrix(self, expr: sp.ZeroMatrix) -> str:
         return f"torch.zeros({self._print(expr.shape[0])}, {self._print(expr.shape[1])}, **_like)"
 
+    def _print_MatrixSlice(self, expr: sp.MatrixSlice) -> str:
+        # SymPy prints X[a:b, c:d], which slices the leading (batch) axes of a batch; slice the last two. A step is
+        # refused: SymPy 1.14 gives X[::2, :] of a 3-row X one row, not two.
+        if expr.rowslice[2] != 1 or expr.colslice[2] != 1:
+            raise NotImplementedError(f"lowering: the slice {expr} has a step")
+        rows, cols = (f"{self._print(piece[0])}:{self._print(piece[1])}" for piece in (expr.rowslice, expr.colslice))
+        return f"({self._print(expr.parent)})[..., {rows}, {cols}]"
+
     def _print_Identity(self, expr: sp.Identity) -> str:
         return f"torch.eye({self._print(expr.shape[0])}, **_like)"
 

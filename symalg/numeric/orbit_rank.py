@@ -20,6 +20,9 @@ The kernel is the direct sum of the kernels of the coupled components.
   without gain) ``f = h − rank[all U | 1]``.
 * positive scaling: ``M = diag(m)`` moves row ``i`` of every region with ``power ≠ 0`` by
   ``±power·m_i U_i``: ``dim ker`` = the number of rows that are zero in all those regions.
+* complex scaling (``a_i I + b_i J`` on the plane ``(i, i + m)``): the plane's ``2 × 2`` block is invertible
+  unless zero, so a nonzero row of the plane in any region forces it to 0: ``dim ker`` = 2 × the number of planes
+  whose two rows are zero in every region (generically ``0``: rank ``h``).
 * translations: ``Σ t_i B_i`` with constant directions: ``dim ker = k − rank[B_1 … B_k]``.
 
 **Coupled sites.** A site whose *private* regions (touched by no other remaining symmetry) already
@@ -102,9 +105,13 @@ class AnalysisLike(Protocol):
     def symmetries(self) -> tuple[Symmetry, ...]: ...
 
 
-_KINDS = frozenset({"GL", "O", "O1", "PS", "T"})
+_KINDS = frozenset({"GL", "O", "O1", "C", "PS", "T"})
 """Group kinds handled structurally, matched by exact class (a subclass that does not register a kind of its own
 is not assumed to act like its parent)."""
+
+_UNITS = {"PS": 1, "C": 2}
+"""Kinds whose algebra splits into independent *units* that a nonzero row kills (a scaling's coordinates, a complex
+scaling's planes ``(i, i + m)``), and the algebra dimensions of one unit."""
 
 _COST = ("closed form", "chain", "joint", "dense fallback")
 """Methods from cheapest to most expensive; a component reports the most expensive it used."""
@@ -580,7 +587,7 @@ class _Numeric(_Ranks):
                    for a in range(n) for d in range(a, n))
 
     def joint(self, sites: list[_Site], active: Mapping[int, set[int]]) -> int:
-        parts = [(s, sorted(active[id(s)]) if s.kind == "PS" else None) for s in sites]
+        parts = [(s, _coordinates(s, active)) for s in sites]
         tensors = list(dict.fromkeys(t for s in sites for t in s.tensors))
         what = "joint rank of " + ", ".join(s.label for s in sites)
         J = _jacobian(parts, self.state, tensors, self.max_bytes, what)
@@ -653,10 +660,29 @@ def _forced_zero(site: _Site, remaining: list[_Site], ranks: _Ranks, active: dic
             ranks.stack_rank(site, [b for b in private if b.role != "out"], "private in-regions") == h
     if site.kind in ("O", "O1"):
         return ranks.stack_rank(site, private, "private regions", ones=site.kind == "O1") >= h - 1
-    if site.kind == "PS":
-        active[id(site)] -= ranks.nonzero_rows(site, private, active[id(site)])
+    if site.kind in _UNITS:
+        active[id(site)] -= _nonzero_units(site, ranks, private, active[id(site)])
         return not active[id(site)]
     return False
+
+
+def _nonzero_units(site: _Site, ranks: _Ranks, bindings: Sequence[Binding], active: set[int]) -> set[int]:
+    """The units among ``active`` (:data:`_UNITS`) with a nonzero row in some region of ``bindings``: a scaling's
+    coordinates, a complex scaling's planes (either of its rows ``i``, ``i + m``)."""
+    if site.kind == "PS":
+        return ranks.nonzero_rows(site, bindings, active)
+    m = site.width // 2
+    rows = ranks.nonzero_rows(site, bindings, active | {p + m for p in active})
+    return {p for p in active if p in rows or p + m in rows}
+
+
+def _coordinates(site: _Site, active: Mapping[int, set[int]]) -> list[int] | None:
+    """The algebra-basis indices of the site's active units (``None``: the whole basis): a scaling's coordinates; a
+    complex scaling's plane scalings ``S_p`` and rotations ``J_p`` (basis indices ``p`` and ``m + p``)."""
+    if site.kind not in _UNITS:
+        return None
+    units = sorted(active[id(site)])
+    return units if site.kind == "PS" else units + [site.width // 2 + p for p in units]
 
 
 def _closed_form(site: _Site, ranks: _Ranks, active: dict[int, set[int]]) -> tuple[int, str]:
@@ -672,10 +698,10 @@ def _closed_form(site: _Site, ranks: _Ranks, active: dict[int, set[int]]) -> tup
     if site.kind in ("O", "O1"):
         free = h - ranks.stack_rank(site, site.moving, "regions", ones=site.kind == "O1")
         return free * (free - 1) // 2, f"{site.label}: f = {free}, f(f − 1)/2 = {free * (free - 1) // 2}"
-    if site.kind == "PS":
-        coordinates = active[id(site)]
-        zero = len(coordinates) - len(ranks.nonzero_rows(site, site.moving, coordinates))
-        return zero, f"{site.label}: {zero} of {len(coordinates)} coordinates zero in every region"
+    if site.kind in _UNITS:
+        units, what = active[id(site)], "coordinates" if site.kind == "PS" else "planes"
+        zero = len(units) - len(_nonzero_units(site, ranks, site.moving, units))
+        return zero * _UNITS[site.kind], f"{site.label}: {zero} of {len(units)} {what} zero in every region"
     rank = ranks.directions_rank(site, site.tensors)
     return site.dim - rank, f"{site.label}: {site.dim} − rank {rank} of the directions = {site.dim - rank}"
 
@@ -739,17 +765,18 @@ def _region_ranks(component: list[_Site], state: Mapping[str, torch.Tensor]) -> 
 def _kernel(component: list[_Site], ranks: _Ranks) -> tuple[int | None, str, tuple[str, ...]]:
     """``(dim ker, method, steps)`` of the action on one coupled component (module docstring)."""
     remaining = list(component)
-    active = {id(s): set(range(s.width)) for s in component if s.kind == "PS"}
+    active = {id(s): set(range(s.width // _UNITS[s.kind])) for s in component if s.kind in _UNITS}
     steps: list[str] = []
     tried: dict[int, list[Any]] = {}
     free = 0
     for site in component if len(component) > 1 else ():
-        if site.kind == "PS":    # a coordinate zero in every region moves nothing: a kernel direction of its own
-            zero = active[id(site)] - ranks.nonzero_rows(site, site.moving, active[id(site)])
+        if site.kind in _UNITS:    # a unit zero in every region moves nothing: kernel directions of its own
+            zero = active[id(site)] - _nonzero_units(site, ranks, site.moving, active[id(site)])
             if zero:
                 active[id(site)] -= zero
-                free += len(zero)
-                steps.append(f"{site.label}: coordinates {sorted(zero)} move nothing: {len(zero)}")
+                free += len(zero) * _UNITS[site.kind]
+                what = "coordinates" if site.kind == "PS" else "planes"
+                steps.append(f"{site.label}: {what} {sorted(zero)} move nothing: {len(zero) * _UNITS[site.kind]}")
             if not active[id(site)]:
                 remaining.remove(site)
     changed = len(remaining) > 1
@@ -775,7 +802,7 @@ def _kernel(component: list[_Site], ranks: _Ranks) -> tuple[int | None, str, tup
             value = ranks.joint(part, active)
             unknown = [s.label for s in part if s.kind is None]
             used = _COST[3] if unknown else _COST[2]
-            size = sum(len(active[id(s)]) if s.kind == "PS" else s.dim for s in part)
+            size = sum(s.dim if (coordinates := _coordinates(s, active)) is None else len(coordinates) for s in part)
             line = (f"{used} over {', '.join(s.label for s in part)} ({size} coordinates"
                     + (f"; kind not handled structurally: {', '.join(unknown)}" if unknown else "") + f"): {value}")
         steps.append(line)

@@ -13,6 +13,7 @@ kind    group
 ``GL``  general linear (identity activation, attention heads, adapter ranks)
 ``O``   orthogonal (radial activations, gain-free RMSNorm streams, tied embeddings)
 ``O1``  orthogonal fixing ``1`` (inputs of a LayerNorm without gain, groups of a GroupNorm)
+``C``   complex scaling of the planes ``(i, i + h/2)`` (a head's queries/keys under rotary embeddings)
 ``PS``  positive diagonal scaling, ``π(d) = d^power`` (ReLU, pooling, batch norm)
 ``SF``  sign flips (odd activations)
 ``S``   permutations (any pointwise op); acts on a whole *permutation class* of sites
@@ -55,13 +56,17 @@ from symalg.ir.architecture import at_least
 from symalg.ir.graph import ModelGraph
 
 __all__ = ["Blocked", "Segment", "Label", "SiteClass", "PermutationClass", "ModelSites", "Inference", "solve", "KINDS",
-           "owner", "site_stem"]
+           "GRANTED", "owner", "site_stem"]
 
-KINDS = ("GL", "O", "O1", "PS", "SF", "S", "T", "T1")
+KINDS = ("GL", "O", "O1", "C", "PS", "SF", "S", "T", "T1")
+GRANTED = frozenset({"C"})
+"""Kinds a site carries only where the rule making it grants them (``C``: a head's query/key planes under rotary
+embeddings, :func:`~symalg.catalogue.rules.attention_sites`); any restriction not naming them removes them."""
 CENTER_AWARE = frozenset({"linear", "conv", "flatten", "reshape", "transpose", "permute", "identity", "cat"})
 """Ops that carry or absorb the shift ``center·(1 − g1)`` of an affine sign flip (only a biased linear map, or a
 biased convolution without padding, absorbs it); any other reader of a shifted value removes the flips."""
-ALL = frozenset(KINDS)
+ALL = frozenset(KINDS) - GRANTED
+"""The kinds a new site may carry until an op restricts them."""
 DIAGONAL_MOVES = frozenset({"PS", "SF"})
 """Kinds that rescale the diagonal of a diagonal map reading the site (a norm's gain absorbs them)."""
 TRANSLATIONS = frozenset({"T", "T1"})
@@ -447,7 +452,7 @@ def solve(state: Inference) -> ModelSites:
     class_of: dict[int, SiteClass] = {}
     allowed_by_root: dict[int, set[str]] = {}
     for members in groups.values():
-        allowed = set(ALL)
+        allowed = set(KINDS)
         for site in members:
             allowed &= site.allowed
         allowed_by_root[state.ties[members[0].id]] = allowed
@@ -526,6 +531,8 @@ def _maximal(allowed: set, translations: set) -> tuple[str, ...]:
         kinds = ["O"]
     elif "O1" in allowed:
         kinds = ["O1"]
+    elif "C" in allowed:
+        kinds = ["C"]
     else:
         kinds = [k for k in ("PS", "SF") if k in allowed]
     kinds += [k for k in ("T", "T1") if k in translations]

@@ -7,7 +7,9 @@ At generic θ the kernel is derived as follows (the derivation behind :func:`orb
 * Inductively from the input, every kernel element kills the image of everything upstream
   (``M_k P_k = 0`` with ``P_k = [W_k ⋯ W_1, …, b_k]``), because every group here has ``dπ(M) = α M``.
   A positive-scaling site therefore has ``M_k = 0`` (``P_k`` has no zero row) and, like a site
-  without continuous symmetry, cuts the network into independent *segments*.
+  without continuous symmetry, cuts the network into independent *segments*. So does a complex-scaling
+  site (a head's query/key planes under rotary embeddings, traced models only): each plane's ``2 × 2`` block
+  ``a I + b J`` is invertible unless zero, so a nonzero row of the plane in ``P_k`` forces it to 0.
 * A lone ``O(h)`` site between rigid neighbours: ``A`` must vanish on ``col[W_in, b_in] + row(W_out)``
   and, being antisymmetric, acts on its orthogonal complement of dimension
   ``f = h − min(h, h_prev + β + h_next)``: kernel ``so(f)``, of dimension ``f(f−1)/2``.

@@ -8,6 +8,8 @@ action moves every bound region ``U`` (see :mod:`symalg.bindings`), and its cons
   imbalance per head, value/output imbalance per head, adapter imbalance ``A Aᵀ − Bᵀ B``, ...;
 * its diagonal ``q = Σ_out p·(U∘U)1 − Σ_in p·(U∘U)1`` for positive scaling (row norms feeding a
   batch norm, ``p = 0`` on its readers);
+* its plane sums ``q_i = C_ii + C_{i+m,i+m}`` for complex scaling (a head's queries and keys under rotary
+  embeddings: the query-key imbalance per plane);
 * linear quantities ``⟨B_i, θ⟩`` for translations: the biases feeding a batch norm, the column sums
   ``1ᵀ W`` and ``1ᵀ b`` of a layer under softmax;
 * none for ``O`` (angular momentum instead), discrete groups, and actions that move buffers (eval-mode
@@ -62,7 +64,8 @@ def _group(kind: str, width: int, alpha: Fraction) -> SiteGroup:
 class ConservedQuantity:
     """A conserved quantity: ``{name: SymPy expression}``, its meaning, and a lowered callable.
 
-    ``kind`` is ``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``) or ``"linear"``; ``site`` the
+    ``kind`` is ``"matrix"`` (``Q_M = tr(M C)``), ``"diagonal"`` (``Q_M = ⟨M, q⟩``), ``"planes"`` (``Q_M = ⟨a, q⟩``,
+    ``q_i = C_ii + C_{i+m,i+m}``, ``a`` the plane scalings of ``M``) or ``"linear"``; ``site`` the
     site it belongs to, whose Python identifier is in ``name`` (``C_enc_0``) and whose name is in the LaTeX
     (``C_{\\mathrm{enc.0}}``).
     """
@@ -85,11 +88,14 @@ class ConservedQuantity:
         return self.lowered(params)
 
     def latex(self) -> str:
-        """``Q_M = tr(M C), C = ...`` (matrix), ``Q_m = mᵀ q, q = ...`` (diagonal) or the linear quantities."""
+        """``Q_M = tr(M C), C = ...`` (matrix), ``Q_m = mᵀ q, q = ...`` (diagonal), ``Q_M = Σ a_i q_i, q = ...``
+        (planes) or the linear quantities."""
         body = r",\quad ".join(f"{self._latex_name(key)} = {latex(expr)}" for key, expr in self.exprs.items())
         name = self._latex_name(self.name)
         head = {"matrix": rf"Q_{{M}} = \operatorname{{tr}}\left(M {name}\right),\quad ",
-                "diagonal": rf"Q_{{m}} = m^{{T}} {name},\quad "}.get(self.kind, "")
+                "diagonal": rf"Q_{{m}} = m^{{T}} {name},\quad ",
+                "planes": rf"Q_{{M}} = \sum_i a_i \left({name}\right)_i,\ M = \sum_i a_i S_i + b_i J_i,\quad "
+                }.get(self.kind, "")
         return head + body
 
     def _latex_name(self, key: str) -> str:
@@ -341,7 +347,7 @@ class Symmetry:
         if not terms:
             return None
         kind = self.group.conserved_kind
-        key = f"{'q' if kind == 'diagonal' else 'C'}_{name}"
+        key = f"{'C' if kind == 'matrix' else 'q'}_{name}"
         return ConservedQuantity(key, kind, {key: sp.MatAdd(*terms)}, symbols.reads, symbols.suffixes,
                                  tuple(symbols.vectors), self.site)
 

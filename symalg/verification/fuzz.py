@@ -64,14 +64,31 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_tables(x: torch.Tensor, dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(x: torch.Tensor, dim: int, base: float = 10000.0,
+                interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary ``(cos, sin)`` tables of shape ``(T, dim)`` for the positions of ``x`` (``T = x.shape[-2]``),
     as Hugging Face's ``LlamaRotaryEmbedding`` computes them: ``θ_i = base^(−2i/dim)``, angles ``t θ_i``,
-    each frequency twice (``cat((freqs, freqs))``)."""
+    each frequency twice (``cat((freqs, freqs))``; with ``interleaved``, side by side as GPT-J's
+    ``duplicate_interleave``)."""
     inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=x.dtype) / dim)
     freqs = torch.outer(torch.arange(x.shape[-2], dtype=x.dtype), inv_freq)
+    angles = freqs.repeat_interleave(2, -1) if interleaved else torch.cat((freqs, freqs), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rope_tables_per_head(x: torch.Tensor, dim: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables of shape ``(heads, T, dim)`` that differ between heads (head ``h`` uses the base ``10^(h+1)``),
+    each frequency twice as in :func:`rope_tables`: permuting the heads changes the scores."""
+    bases = 10.0 ** torch.arange(1, heads + 1, dtype=x.dtype)
+    inv_freq = 1.0 / bases[:, None] ** (torch.arange(0, dim, 2, dtype=x.dtype) / dim)
+    freqs = torch.arange(x.shape[-2], dtype=x.dtype)[None, :, None] * inv_freq[:, None, :]
     angles = torch.cat((freqs, freqs), dim=-1)
     return angles.cos(), angles.sin()
+
+
+def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
+    """GPT-J's ``rotate_every_two``: ``(x_{2i}, x_{2i+1}) ↦ (−x_{2i+1}, x_{2i})`` (interleaved pairs)."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
 def alibi(scores: torch.Tensor) -> torch.Tensor:
@@ -156,6 +173,18 @@ OPS: dict[str, Op] = {
     "alibi": Op("alibi({0})", lambda m, x: alibi(x)),
     "rope_tables": Op("rope_tables({0}, {dim})", lambda m, x, dim: rope_tables(x, dim)),
     "rope": Op("{0} * {1} + rotate_half({0}) * {2}", lambda m, x, cos, sin: x * cos + rotate_half(x) * sin),
+    "rope_swapped": Op("rotate_half({0}) * {2} + {1} * {0}", lambda m, x, cos, sin: rotate_half(x) * sin + cos * x),
+    "rope_tables_per_head": Op("rope_tables_per_head({0}, {dim}, {heads})",
+                               lambda m, x, dim, heads: rope_tables_per_head(x, dim, heads)),
+    "rope_partial": Op("torch.cat([{0}[..., :{r}] * {1} + rotate_half({0}[..., :{r}]) * {2}, {0}[..., {r}:]], dim=-1)",
+                       lambda m, x, cos, sin, r: torch.cat([x[..., :r] * cos + rotate_half(x[..., :r]) * sin,
+                                                            x[..., r:]], dim=-1)),
+    "rope_tables_interleaved": Op("rope_tables({0}, {dim}, interleaved=True)",
+                                  lambda m, x, dim: rope_tables(x, dim, interleaved=True)),
+    "rope_interleaved": Op("{0} * {1} + rotate_every_two({0}) * {2}",
+                           lambda m, x, cos, sin: x * cos + rotate_every_two(x) * sin),
+    "rope_unsigned": Op("{0} * {1} + torch.cat([{0}[..., {h}:], {0}[..., :{h}]], dim=-1) * {2}",
+                        lambda m, x, cos, sin, h: x * cos + torch.cat([x[..., h:], x[..., :h]], dim=-1) * sin),
     "rms_hf": Op("{0} * torch.rsqrt({0}.pow(2).mean(-1, keepdim=True) + 1e-6) * self.{layer}",
                  lambda m, x, layer: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * getattr(m, layer)),
     "layer_norm_f": Op("F.layer_norm({0}, ({d},), self.{weight}, self.{bias})",
@@ -292,7 +321,8 @@ class Case:
         x = (f"torch.randint(0, {self.vocab}, {self.input_shape})" if self.vocab
              else f"torch.randn({self.input_shape}, dtype=torch.float64)")
         lines = ["# " + self.description, "import torch", "import torch.nn.functional as F", "from torch import nn",
-                 "from symalg.verification.fuzz import alibi, rope_tables, rotate_half",
+                 "from symalg.verification.fuzz import alibi, rope_tables, rope_tables_per_head, rotate_every_two, "
+                 "rotate_half",
                  "", "", "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()"]
         lines += [f"        self.{name} = {layer.source()}" for name, layer in self.layers]
         lines += ["", "    def forward(self, x):"] + [f"        {s.source()}" for s in self.steps]
@@ -763,10 +793,10 @@ def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None
         return out, weights if need else None
     heads = rng.randint(1, 4)
     groups = rng.choice(_divisors(heads)) if rng.random() < 0.4 else heads
-    rope = rng.random() < 0.3
-    dk = rng.choice([2, 4]) if rope else rng.randint(1, 3)
+    rope = rng.choice(ROPE_KINDS) if rng.random() < 0.3 else None
+    dk = (4 if rope == "partial" else rng.choice([2, 4])) if rope else rng.randint(1, 3)
     inner, kv, bias = heads * dk, groups * dk, rng.random() < 0.6
-    b.variant.append(f"{kind}{heads}" + (f"-gqa{groups}" if groups < heads else "") + ("-rope" if rope else ""))
+    b.variant.append(f"{kind}{heads}" + (f"-gqa{groups}" if groups < heads else "") + (f"-rope-{rope}" if rope else ""))
     if rng.random() < 0.3:
         b.variant.append("qkv")
         qkv = b.linear(x, d, inner + 2 * kv, bias)
@@ -786,8 +816,7 @@ def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None
         cls = rng.choice(["LayerNorm", "RMSNorm"])
         q, k = b.call(b.add(cls, dk), q), b.call(b.add(cls, dk), k)
     if rope:
-        cos, sin = b.ops("rope_tables", q, dim=dk, outs=2)
-        q, k = b.op("rope", q, cos, sin), b.op("rope", k, cos, sin)
+        q, k = _block_rope(b, rope, q, k, heads, t, dk)
 
     def repeat(z: str) -> str:
         r = heads // groups
@@ -833,6 +862,33 @@ def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None
     else:
         o = b.op(merge, b.op("contiguous", o) if merge == "view" else o, shape=(batch, t, inner))
     return b.linear(o, inner, d, rng.random() < 0.6), attention_map
+
+
+ROPE_KINDS = ("hf", "hf", "swapped", "per-head", "learned", "q-only", "partial", "interleaved", "unsigned")
+"""The rotary embeddings :func:`_block_rope` draws (Hugging Face's twice as often as each near miss)."""
+
+
+def _block_rope(b: _Builder, kind: str, q: str, k: str, heads: int, t: int, dk: int) -> tuple[str, str]:
+    """Rotary embeddings of ``kind`` (:data:`ROPE_KINDS`) on the split queries and keys (``(B, H, T, d_k)``): Hugging
+    Face's (``rope_tables`` and ``q·cos + rotate_half(q)·sin``, or ``rotate_half(q)·sin + cos·q``), and near misses
+    the rules must not take for it: tables that differ per head (the head permutation must go), learned tables (not
+    equal on the halves: the query/key group must go), the queries alone rotated, GPT-NeoX's partial rotation (the
+    first half of ``d_k``), GPT-J's interleaved pairs, ``rotate_half`` without its sign."""
+    if kind == "per-head":
+        cos, sin = b.ops("rope_tables_per_head", q, dim=dk, heads=heads, outs=2)
+    elif kind == "learned":
+        cos, sin = (b.op("param", layer=b.add("Parameter", t, dk)) for _ in range(2))
+    elif kind == "interleaved":
+        cos, sin = b.ops("rope_tables_interleaved", q, dim=dk, outs=2)
+    else:
+        cos, sin = b.ops("rope_tables", q, dim=dk // 2 if kind == "partial" else dk, outs=2)
+    if kind == "partial":
+        return b.op("rope_partial", q, cos, sin, r=dk // 2), b.op("rope_partial", k, cos, sin, r=dk // 2)
+    if kind in ("interleaved", "unsigned"):
+        extra = {"h": dk // 2} if kind == "unsigned" else {}
+        return b.op(f"rope_{kind}", q, cos, sin, **extra), b.op(f"rope_{kind}", k, cos, sin, **extra)
+    op = "rope_swapped" if kind == "swapped" else "rope"
+    return b.op(op, q, cos, sin), (k if kind == "q-only" else b.op(op, k, cos, sin))
 
 
 def _block_mlp(b: _Builder, x: str, d: int) -> str:
