@@ -92,11 +92,13 @@ class Binding:
         shape[0] = self.width * self.block
         folded = unfolded if list(unfolded.shape) == shape else unfolded.reshape(shape)
         folded = folded if self.axis == 0 else folded.movedim(0, self.axis)
-        if whole and not inplace:
-            return folded
-        result = tensor if inplace else tensor.clone()
-        result.narrow(self.axis, self.start, self.width * self.block).copy_(folded)
-        return result
+        if whole:
+            return tensor.copy_(folded) if inplace else folded
+        end = self.start + self.width * self.block
+        if not inplace:   # out of place, so that a tangent folds under torch.func.vmap
+            return tensor.slice_scatter(folded, self.axis, self.start, end)
+        tensor.narrow(self.axis, self.start, end - self.start).copy_(folded)
+        return tensor
 
     def read_source(self, shape: tuple) -> str:
         """Python source that unfolds the region from ``params[tensor]`` (used in lowered code)."""

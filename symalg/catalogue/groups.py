@@ -268,13 +268,60 @@ class SiteGroup:
         norm = torch.linalg.matrix_norm(element, ord=2) if element.dim() == 2 else element.abs().max()
         return element * (scale / norm)
 
+    def algebra_element(self, coordinates: torch.Tensor) -> torch.Tensor:
+        """``Σ_k c_k B_k`` over :meth:`algebra_basis` for coordinates ``c`` of shape ``(..., dim)`` (batched,
+        differentiable), without stacking the basis: for a standard basis (``GL``, scalings, translations) ``M`` is
+        ``c`` reshaped; ``O``, ``O(h)_1`` and other structured groups override it. Only a group that does neither
+        sums its stacked basis, refused above the entry limit (:data:`~symalg.frontend.grammar.MAX_ENTRIES`).
+
+        >>> GeneralLinear(2).algebra_element(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist()
+        [[1.0, 2.0], [3.0, 4.0]]
+        """
+        self._check_coordinates(coordinates)
+        if not self.standard_basis:
+            return torch.tensordot(coordinates, self.algebra_basis(coordinates.dtype, coordinates.device), dims=1)
+        h = _concrete(self.width)
+        return coordinates.reshape(*coordinates.shape[:-1], *((h, h) if self.element_format == "matrix" else (h,)))
+
+    def _check_coordinates(self, coordinates: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``coordinates`` has shape ``(..., dim)``."""
+        dim = int(self.dim)
+        if not isinstance(coordinates, torch.Tensor) or coordinates.dim() == 0 or coordinates.shape[-1] != dim:
+            got = tuple(coordinates.shape) if isinstance(coordinates, torch.Tensor) else type(coordinates).__name__
+            raise ValueError(f"{self.name}: coordinates must have shape (..., {dim}) (one per generator), got {got}")
+
     def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
                                  device: Device = "cpu") -> torch.Tensor:
-        """``Σ_k c_k B_k`` over the algebra basis with ``c_k ~ N(0, 1)``; matrix groups override it to draw the
-        same element without stacking their ``dim·h²``-entry basis."""
-        basis = self.algebra_basis(dtype, device)
-        coefficients = torch.randn(basis.shape[0], generator=generator, dtype=dtype).to(device)
-        return torch.tensordot(coefficients, basis, dims=1)
+        """``Σ_k c_k B_k`` over the algebra basis with ``c_k ~ N(0, 1)`` (:meth:`algebra_element`: the cost of one
+        element, not of the basis)."""
+        return self.algebra_element(torch.randn(int(self.dim), generator=generator, dtype=dtype).to(device))
+
+    def project_to_algebra(self, A: torch.Tensor) -> torch.Tensor:
+        """The orthogonal (Frobenius) projection of ``A`` (in the element format) onto the Lie algebra: ``A`` itself for
+        a standard basis (every matrix, every diagonal), ``(A − Aᵀ)/2`` for ``O``, ``Π (A − Aᵀ)/2 Π`` for ``O(h)_1``
+        (``Π = I − 11ᵀ/h``); any other group solves with its stacked basis (refused above the entry limit).
+
+        >>> Orthogonal(2).project_to_algebra(torch.tensor([[1.0, 2.0], [0.0, 1.0]])).tolist()
+        [[0.0, 1.0], [-1.0, 0.0]]
+        """
+        if self.standard_basis:
+            return A
+        basis = self.algebra_basis(A.dtype, A.device).reshape(int(self.dim), -1)
+        coefficients = torch.linalg.solve(basis @ basis.T, basis @ A.reshape(-1))
+        return (coefficients @ basis).reshape(A.shape)
+
+    def algebra_sample(self, limit: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                       device: Device = "cpu") -> torch.Tensor:
+        """Lie-algebra elements to check a statement that is linear in ``M`` on, stacked: the basis when the algebra
+        has at most ``limit`` dimensions, else ``limit`` Gaussian combinations of it (:meth:`gaussian_algebra_element`,
+        never the basis of a large group).
+
+        >>> GeneralLinear(512).algebra_sample(2, torch.Generator().manual_seed(0)).shape
+        torch.Size([2, 512, 512])
+        """
+        if int(self.dim) <= limit:
+            return self.algebra_basis(dtype, device)
+        return torch.stack([self.gaussian_algebra_element(generator, dtype, device) for _ in range(limit)])
 
     # -- representation -------------------------------------------------------------------------
     def rep(self, g: torch.Tensor) -> torch.Tensor:
@@ -572,11 +619,6 @@ class GeneralLinear(SiteGroup):
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis + basis.transpose(1, 2) - torch.diag_embed(torch.diagonal(basis, dim1=1, dim2=2))
 
-    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
-                                 device: Device = "cpu") -> torch.Tensor:
-        h = _concrete(self.width)  # basis E_ij in row-major order: the coefficients are the entries
-        return torch.randn(h * h, generator=generator, dtype=dtype).to(device).reshape(h, h)
-
     def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         return [_reflection(_concrete(self.width), dtype, device)]
 
@@ -645,13 +687,18 @@ class Orthogonal(SiteGroup):
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis - basis.transpose(1, 2)
 
-    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
-                                 device: Device = "cpu") -> torch.Tensor:
-        h = _concrete(self.width)  # basis E_ij − E_ji, i < j, in row-major order
-        rows, cols = torch.triu_indices(h, h, offset=1)
-        upper = torch.zeros(h, h, dtype=dtype)
-        upper[rows, cols] = torch.randn(len(rows), generator=generator, dtype=dtype)
-        return (upper - upper.T).to(device)
+    def algebra_element(self, coordinates: torch.Tensor) -> torch.Tensor:
+        """``Σ c_ij (E_ij − E_ji)`` over ``i < j`` in row-major order: the coordinates fill the upper triangle."""
+        self._check_coordinates(coordinates)
+        h = _concrete(self.width)
+        rows, cols = torch.triu_indices(h, h, offset=1, device=coordinates.device)
+        flat = coordinates.reshape(-1, coordinates.shape[-1])
+        upper = flat.new_zeros(flat.shape[0], h * h).index_copy(1, rows * h + cols, flat)
+        upper = upper.reshape(*coordinates.shape[:-1], h, h)
+        return upper - upper.transpose(-1, -2)
+
+    def project_to_algebra(self, A: torch.Tensor) -> torch.Tensor:
+        return (A - A.transpose(-1, -2)) / 2
 
     def rep_inverse(self, g: torch.Tensor) -> torch.Tensor:
         return g.transpose(-1, -2)
@@ -749,11 +796,16 @@ class OrthogonalFixingOnes(Orthogonal):
         P = _ones_complement(h, dtype, device)
         return P @ Orthogonal(h - 1).algebra_basis(dtype, device) @ P.T
 
-    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
-                                 device: Device = "cpu") -> torch.Tensor:
+    def project_to_algebra(self, A: torch.Tensor) -> torch.Tensor:
+        centre = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device) - 1 / A.shape[-1]   # Π = I − 11ᵀ/h
+        return centre @ super().project_to_algebra(A) @ centre
+
+    def algebra_element(self, coordinates: torch.Tensor) -> torch.Tensor:
+        """``P A Pᵀ`` for ``A`` the element of ``so(h − 1)`` with these coordinates (``P``: :func:`_ones_complement`,
+        orthonormal columns spanning ``1^⊥``)."""
         h = _concrete(self.width)
-        P = _ones_complement(h, dtype, device)
-        return P @ Orthogonal(h - 1).gaussian_algebra_element(generator, dtype, device) @ P.T
+        P = _ones_complement(h, coordinates.dtype, coordinates.device)
+        return P @ Orthogonal(h - 1).algebra_element(coordinates) @ P.T
 
     def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         h = _concrete(self.width)
@@ -995,6 +1047,17 @@ class Permutations(SiteGroup):
     def act(self, g: torch.Tensor, U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         self._check_role(role)   # g U for a permutation matrix g (= its own inverse transpose), by indexing
         return U[g.argmax(-1)]
+
+    def mover(self, g: torch.Tensor, checked: bool = True) -> Callable[..., torch.Tensor]:
+        """:meth:`SiteGroup.mover`: the permutation read off ``g`` once, every region moved by indexing."""
+        if checked:
+            self.check_element(g)
+        index = g.argmax(-1)
+
+        def move(U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
+            self._check_role(role)
+            return U[index]
+        return move
 
     @property
     def is_trivial(self) -> bool:
