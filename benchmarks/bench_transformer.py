@@ -278,6 +278,18 @@ def print_tables(args, runs: list[dict], py_peak) -> dict:
     return {"median": med, "spread": spread, "py_peak_mib": py_peak, "runs": runs}
 
 
+def figures(quick: bool = False) -> dict:
+    """One run of :func:`child` (timings, certification, symmetries found; ``verify`` at the small size): the full
+    12 × 768 model in a fresh process, or with ``quick`` 2 layers of width 64 (4 heads) in this one, verify timed."""
+    import torch
+
+    torch.set_num_threads(1)
+    if quick:
+        return child(2, 64, 4, 1, 4, "time", True, 0)
+    args = argparse.Namespace(layers=12, d_model=768, heads=12, batch=1, seq=4, profile=0, verify=False)
+    return run_child(args)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -348,3 +348,31 @@ def test_the_projection_to_the_algebra_is_the_orthogonal_projection_on_the_basis
     assert relative_error(projected, expected) < TOL
     group.check_algebra_element(projected)
     assert relative_error(group.project_to_algebra(projected), projected) < TOL
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
+def test_a_diagonal_operator_is_offered_as_the_vector_it_multiplies_rows_by(group):
+    for _, g in _elements(group):
+        mover = group.mover(g)
+        for role in group.roles:
+            diagonal = mover.diagonal(role, Fraction(1))
+            U = _region(5, group)
+            assert (diagonal is not None) == (group.kind in ("PS", "SF"))
+            if diagonal is not None:
+                assert relative_error(diagonal[:, None] * U, group.act(g, U, role)) < TOL
+
+
+@pytest.mark.parametrize("axis, start, width, block", [(0, 0, 4, 1), (1, 0, 5, 1), (1, 1, 2, 2), (2, 2, 3, 1),
+                                                       (0, 1, 1, 3)])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_scaling_a_region_where_it_lies_equals_unfold_multiply_fold(axis, start, width, block, inplace):
+    from symalg.catalogue.bindings import Binding
+
+    binding = Binding("w", axis=axis, start=start, width=width, block=block)
+    tensor = torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(0), dtype=DTYPE)
+    diagonal = torch.rand(width, generator=torch.Generator().manual_seed(1), dtype=DTYPE) + 0.5
+    expected = binding.fold(tensor.clone(), diagonal[:, None] * binding.unfold(tensor))
+    copy = tensor.clone()
+    scaled = binding.scale(copy, diagonal, inplace=inplace)
+    assert torch.equal(scaled, expected)
+    assert (scaled is copy) == inplace and torch.equal(copy, expected if inplace else tensor)

@@ -64,6 +64,9 @@ def _compare(expr, values, vector_inputs=(), atol=1e-10, **extra):
     (X * sp.DiagMatrix(d), "(X * d.transpose(-1, -2))"),
     (sp.DiagMatrix(d), "torch.diag_embed(d.squeeze(-1))"),
     (X * sp.OneMatrix(3, 1), "X.sum(-1, keepdim=True)"),
+    (X.T * sp.OneMatrix(3, 1), "X.sum(-2, keepdim=True).transpose(-1, -2)"),
+    (sp.HadamardPower(Y.T, 2) * sp.OneMatrix(2, 1), "(Y * Y).sum(-2, keepdim=True).transpose(-1, -2)"),
+    (X.T * X * sp.OneMatrix(3, 1), "torch.matmul(X.transpose(-1, -2), X).sum(-1, keepdim=True)"),
     (sp.HadamardPower(X, 2), "(X * X)"),
     (sp.HadamardPower(X * X, 2), "torch.pow(torch.linalg.matrix_power(X, 2), 2)"),
     (sp.MatPow(X, 3), "torch.linalg.matrix_power(X, 3)"),
@@ -238,9 +241,12 @@ def test_one_column_gives_row_sums():
     assert "matmul" not in f.source and ".sum(-1, keepdim=True)" in f.source
     _compare(sp.HadamardPower(W, 2) * sp.OneMatrix(n, 1), {"W_1": value})
     _compare(sp.HadamardPower(W.T, 2) * sp.OneMatrix(h, 1), {"W_1": value})
+    _compare(W.T * sp.OneMatrix(h, 1), {"W_1": value})
     batched = torch.as_tensor(rng.standard_normal((6, 4, 3)))
     out = lower("rows", W * sp.OneMatrix(n, 1), {W: "w"})({"w": batched})
     np.testing.assert_allclose(out.numpy(), batched.numpy().sum(-1, keepdims=True), rtol=1e-13)
+    columns = lower("columns", sp.HadamardPower(W.T, 2) * sp.OneMatrix(h, 1), {W: "w"})({"w": batched})
+    np.testing.assert_allclose(columns.numpy(), (batched.numpy() ** 2).sum(-2)[..., None], rtol=1e-13)
 
 
 # -- HadamardPower, MatPow, Rational ---------------------------------------------------------------

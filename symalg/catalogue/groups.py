@@ -46,7 +46,7 @@ import torch
 from symalg.frontend.grammar import check_entries, refuse_text
 from symalg.numeric.linalg import relative_error
 
-__all__ = ["matrix_exp", "group_classes", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes",
+__all__ = ["matrix_exp", "group_classes", "Mover", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes",
            "PositiveScaling",
            "SignFlips", "Permutations", "Translations", "checked_inverse"]
 
@@ -115,6 +115,24 @@ SIGN_FLIP_SAMPLES = 8
 """Random sign patterns per sample of a wide ``SignFlips`` group. The patterns that keep the outputs form
 a subgroup, so a false claim (a proper subgroup) passes one uniform pattern with probability at most
 1/2, and 16 patterns with at most ``2⁻¹⁶``."""
+
+
+class Mover:
+    """A group element fixed for moving many regions (:meth:`SiteGroup.mover`): ``mover(U, role, power)`` is
+    ``act(g, U, role, power)`` on an unfolded region, and ``mover.diagonal(role, power)`` the vector whose entries
+    multiply the region's coordinates when the element acts on it by a diagonal matrix (scalings, sign flips), None
+    otherwise: such a region can be scaled where it lies (:meth:`~symalg.catalogue.bindings.Binding.scale`) instead
+    of unfolded, multiplied and folded back."""
+
+    def __init__(self, move: Callable[..., torch.Tensor],
+                 diagonal: Callable[[str, Power], torch.Tensor | None] | None = None) -> None:
+        self._move, self._diagonal = move, diagonal
+
+    def __call__(self, U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
+        return self._move(U, role, power)
+
+    def diagonal(self, role: str = "out", power: Power = 1) -> torch.Tensor | None:
+        return None if self._diagonal is None else self._diagonal(role, power)
 
 
 def _at_most_one(width: SiteWidth) -> bool:
@@ -359,32 +377,38 @@ class SiteGroup:
         """The region ``U`` (``h × r``, unfolded) moved by ``g``: :meth:`operator` times ``U``."""
         return _multiply(self.operator(g, role, power), U)
 
-    def mover(self, g: torch.Tensor, checked: bool = True) -> Callable[..., torch.Tensor]:
+    def mover(self, g: torch.Tensor, checked: bool = True) -> Mover:
         """:meth:`act` with ``g`` fixed, for moving many regions by one element: ``mover(g)(U, role, power)`` equals
         ``act(g, U, role, power)``. ``g`` is checked once (:meth:`check_element`, unless ``checked=False``) and each
-        :meth:`operator` is computed once per ``(role, power)``; ``GL`` reuses its membership check's inverse.
+        :meth:`operator` is computed once per ``(role, power)``; ``GL`` reuses its membership check's inverse. A
+        diagonal operator (scalings, sign flips) is also offered as a vector (:meth:`Mover.diagonal`).
 
         >>> move = PositiveScaling(2).mover(torch.tensor([2.0, 4.0], dtype=torch.float64))
         >>> move(torch.ones(2, 1, dtype=torch.float64), "in").flatten().tolist()
+        [0.5, 0.25]
+        >>> move.diagonal("in").tolist()
         [0.5, 0.25]
         """
         if checked:
             self.check_element(g)
         if type(self).act is not SiteGroup.act:   # a group acting otherwise than by multiplying (indexing, adding)
-            return functools.partial(self.act, g)
-        operators: list = []   # [(role, power, diagonal?, operator)]: a few entries, and a Fraction hashes slowly
+            return Mover(functools.partial(self.act, g))
+        operators: list = []   # [(role, power, vector or None, operator)]: a few entries; a Fraction hashes slowly
+
+        def operator(role: str, power: Power) -> tuple[torch.Tensor | None, torch.Tensor]:
+            for known_role, known_power, vector, matrix in operators:
+                if known_role == role and (known_power is power or known_power == power):
+                    return vector, matrix
+            matrix = self.operator(g, role, power)
+            vector = matrix if matrix.dim() == 1 else None
+            matrix = matrix.unsqueeze(1) if vector is not None else matrix   # a diagonal as a column: _multiply
+            operators.append((role, power, vector, matrix))
+            return vector, matrix
 
         def move(U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
-            for known_role, known_power, diagonal, operator in operators:
-                if known_role == role and (known_power is power or known_power == power):
-                    break
-            else:
-                operator = self.operator(g, role, power)
-                diagonal = operator.dim() == 1
-                operator = operator.unsqueeze(1) if diagonal else operator   # a diagonal as a column: _multiply
-                operators.append((role, power, diagonal, operator))
-            return operator * U if diagonal else operator @ U
-        return move
+            vector, matrix = operator(role, power)
+            return matrix * U if vector is not None else matrix @ U
+        return Mover(move, lambda role, power: operator(role, power)[0])
 
     def infinitesimal(self, M: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         """``d/dt operator(exp(tM), role, power)`` at ``t = 0``: ``M`` on a written region, ``−Mᵀ`` on a read one."""
@@ -625,7 +649,7 @@ class GeneralLinear(SiteGroup):
     def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         return checked_inverse(g, tol)[1]
 
-    def mover(self, g: torch.Tensor, checked: bool = True) -> Callable[..., torch.Tensor]:
+    def mover(self, g: torch.Tensor, checked: bool = True) -> Mover:
         """:meth:`SiteGroup.mover`: one LU factorisation of ``g`` both checks it (:func:`checked_inverse`) and gives the
         ``g⁻ᵀ`` that a reading region moves by, so the check costs ``O(h²)`` on top of the action."""
         if checked:
@@ -640,7 +664,7 @@ class GeneralLinear(SiteGroup):
         def move(U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
             self._check_role(role)
             return (g if role == "out" else inverse_transpose) @ U
-        return move
+        return Mover(move)
 
 
 @dataclass(frozen=True)
@@ -1048,7 +1072,7 @@ class Permutations(SiteGroup):
         self._check_role(role)   # g U for a permutation matrix g (= its own inverse transpose), by indexing
         return U[g.argmax(-1)]
 
-    def mover(self, g: torch.Tensor, checked: bool = True) -> Callable[..., torch.Tensor]:
+    def mover(self, g: torch.Tensor, checked: bool = True) -> Mover:
         """:meth:`SiteGroup.mover`: the permutation read off ``g`` once, every region moved by indexing."""
         if checked:
             self.check_element(g)
@@ -1057,7 +1081,7 @@ class Permutations(SiteGroup):
         def move(U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
             self._check_role(role)
             return U[index]
-        return move
+        return Mover(move)
 
     @property
     def is_trivial(self) -> bool:

@@ -276,6 +276,10 @@ class Symmetry:
                     moved[tensor] = moved[tensor] + g[index] * change
             return moved
         for b in self._moving_bindings:
+            diagonal = move.diagonal(b.role, b.power)
+            if diagonal is not None:   # scale the region where it lies, as hand-written code would
+                moved[b.tensor] = b.scale(moved[b.tensor], diagonal, inplace)
+                continue
             U = b.unfold(moved[b.tensor])
             moved[b.tensor] = b.fold(moved[b.tensor], move(U, b.role, b.power), inplace)
         for bias, column, center, _ in self.shifts:

@@ -294,7 +294,8 @@ def check_angular_momentum(analysis: Rotating, loss: Loss, params: Params, grads
 
 
 def compare_to_sympy(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values: Mapping) -> float:
-    """Largest relative difference between lowered tensors and SymPy's exact values of ``exprs``."""
+    """Largest relative difference between lowered tensors and the values of ``exprs`` at ``values`` (SymPy's meaning
+    of each node, :func:`~symalg.lowering.codegen.evaluate_symbolic`)."""
     return max(relative_error(lowered[n].detach().cpu().double(),
                               torch.from_numpy(evaluate_symbolic(e, values)).reshape(lowered[n].shape))
                for n, e in exprs.items())

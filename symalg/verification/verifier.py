@@ -9,7 +9,10 @@ assertions):
     :func:`~symalg.frontend.outputs.output_tensors`) and the loss unchanged under the elements of
     :func:`~symalg.verification.certification.sample_elements` (``exp(10⁻³ M)``, ``exp(M)`` with ``‖M‖ = 1``, every
     discrete generator, the other component of ``GL``/``O``). For ``cross_entropy`` the first output is
-    compared as ``softmax(logits)``.
+    compared as ``softmax(logits)``. The claims are tested composed (a composition of symmetries is a symmetry):
+    ``4⌈log₄ n⌉`` forward passes per test element for ``n`` claims, in sets that separate every two claims, with
+    a failing set halved until its failing claims stand alone (:func:`_invariance`), so the cost is linear in the
+    claims and the depth up to that logarithm.
 ``gradient_orthogonality``
     ``⟨∇L, M·θ⟩ = 0`` for every Lie-algebra basis element (at most ``max_generators``, then random
     combinations), relative to ``‖∇L‖ ‖M·θ‖``; skipped for actions that move buffers.
@@ -27,11 +30,11 @@ assertions):
     (:class:`~symalg.symbolic.symmetry.AngularMomentum`) decays exactly as ``e^{−γt}``
     (:func:`~symalg.verification.checks.check_angular_momentum`).
 ``lowering``
-    each lowered conserved quantity equals SymPy's exact evaluation of its expressions at the same
-    numbers (:func:`symalg.verification.verifier.compare_to_sympy`). Every symbol holds its tensor unfolded by its read
-    suffix, as the lowered code reads it, so the check covers the printed expression. Skipped for a
-    quantity reading more than ``symbolic_limit`` entries (exact rational arithmetic on explicit
-    matrices grows with their size).
+    each lowered conserved quantity equals the value of its SymPy expressions at the same numbers, evaluated node by
+    node from SymPy's meaning of each node (:func:`symalg.verification.checks.compare_to_sympy`,
+    :func:`symalg.lowering.codegen.evaluate_symbolic`), independently of the torch printer. Every symbol holds its
+    tensor unfolded by its read suffix, as the lowered code reads it, so the check covers the printed expression.
+    Skipped for a quantity reading more than ``symbolic_limit`` entries.
 
 ``orbit_dimension``
     the orbit dimension at the verified parameters, computed with the structure of the action
@@ -83,8 +86,7 @@ Outputs = list[tuple[str, torch.Tensor]]
 """Every output of a model as ``(path, tensor)`` pairs (:func:`~symalg.frontend.outputs.output_tensors`)."""
 
 SYMBOLIC_LIMIT = 2000
-"""Largest number of tensor entries a conserved quantity may read for the ``lowering`` check (about
-0.2 s of SymPy for a diagonal quantity at the limit)."""
+"""Largest number of tensor entries a conserved quantity may read for the ``lowering`` check."""
 
 
 def _inputs(analysis: Analysis, inputs: object, dtype: torch.dtype, device: str | torch.device) -> tuple:
@@ -445,7 +447,7 @@ def _gradient_flow(symmetries: Sequence[Symmetry], loss: Callable[[Params], torc
 
 
 def _lowering(symmetry: Symmetry, state: Params, tol: float, symbolic_limit: int) -> CheckResult:
-    """The lowered quantity against SymPy's exact value of its expressions at the same numbers."""
+    """The lowered quantity against the value of its SymPy expressions at the same numbers (``compare_to_sympy``)."""
     quantity = symmetry.conserved
     assert quantity is not None  # called for conserving symmetries only
     values = {s.name: _read(state[tensor], quantity.suffixes.get(s, "")) for s, tensor in quantity.reads.items()}
