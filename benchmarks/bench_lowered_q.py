@@ -39,7 +39,7 @@ import time
 import torch
 
 import symalg
-from benchlib import interleaved, machine, ratios
+from benchlib import interleaved, machine, ratios, write_json
 
 IDENTITY_SPEC = "linear(n, h) -> identity -> linear(h, m)"
 RELU_SPEC = "linear(n, h) -> relu -> linear(h, m)"
@@ -247,9 +247,7 @@ def main(argv=None):
     print_rows(rows)
     print("\nall values agreed (torch.testing.assert_close; float64 rtol=atol=1e-10, float32 1e-4)")
     print(f"wall time of the benchmark: {time.perf_counter() - started:.1f} s; load average {os.getloadavg()}")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"machine": machine(), "rows": rows}, handle, indent=1)
+    write_json(args.json, {"rows": rows})
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import sys
 
 import torch
 
-from benchlib import machine, maxrss_mib, timed
+from benchlib import machine, maxrss_mib, timed, write_json
 
 WIDTH = 16
 DEPTHS = (10, 100, 1000)
@@ -114,9 +114,7 @@ def main(argv=None) -> None:
               f"{r['verify_cpu_s']:.2f} | {r['gradient_ms']:.1f} | {r['verify_per_gradient']:.0f} | {exponent} | "
               f"{r['rss_growth_mib']:.0f} | {r['passed']} |")
     print(f"\nload average after: {machine()['load_average']}")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump({"machine": machine(), "depths": rows}, handle, indent=1)
+    write_json(args.json, {"depths": rows})
 
 
 if __name__ == "__main__":

@@ -41,6 +41,15 @@ def machine() -> dict:
             "commit": commit + ("+changes" if dirty else "")}
 
 
+def write_json(path: str | None, figures: dict) -> None:
+    """Write ``{"machine": machine(), **figures}`` to ``path`` (a script's ``--json``; nothing when it is None)."""
+    if path:
+        import json
+
+        with open(path, "w") as handle:
+            json.dump({"machine": machine(), **figures}, handle, indent=1)
+
+
 def _read(path: str) -> str:
     try:
         with open(path) as handle:
