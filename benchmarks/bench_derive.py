@@ -83,7 +83,11 @@ def _one_pass(symalg, spec: str) -> dict:
 
 
 def child(depth: int, activations: tuple, memory: bool, warm: bool) -> dict:
+    import torch
+
     import symalg  # noqa: F401  (imports torch and sympy; not timed)
+
+    torch.set_num_threads(1)
 
     spec = spec_string(depth, activations)
     if memory:
