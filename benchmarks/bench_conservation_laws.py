@@ -92,6 +92,22 @@ def summary_rows(rows: list[dict]):
                max(r["height"] for r in part), min(r["gap"] for r in part))
 
 
+def figures(quick: bool = False) -> dict:
+    """The summary rows (per activation, bias, depth) of the default grid, or with ``quick`` of depth 2 with its
+    corners and 3 random tuples; CPU ms per architecture."""
+    import torch
+
+    torch.set_num_threads(1)
+    depths, n_random = ([2], 3) if quick else ([2, 3, 4], 100)
+    for activation in ("linear", "relu"):   # warm-up: imports, SymPy caches of the catalogue checks
+        run_one((3, 4, 2), activation, True, 0)
+    rows = [run_one(w, activation, bias, 0) for activation, bias in itertools.product(("linear", "relu"), (False, True))
+            for w in grid(depths, n_random, False, 0)]
+    keys = ("activation", "bias", "depth", "architectures", "agree", "certified_median_ms", "certified_max_ms",
+            "stagnation_median_ms", "stagnation_max_ms", "symalg_count_median_ms", "max_height", "min_gap")
+    return {"summary": [dict(zip(keys, row)) for row in summary_rows(rows)]}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 3, 4])

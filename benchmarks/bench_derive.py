@@ -14,7 +14,14 @@ SymPy's global cache and symalg's ``_checks`` cache start cold, like a user's fi
 * ``lower``      ``q.lowered`` for every conserved quantity (printing + compiling torch code)
 
 ``total`` is their sum. ``warm`` repeats parse + derive + conserved + lower once more in the same
-process (SymPy and symalg caches hot). Memory: ``maxrss`` is ``resource.getrusage(...).ru_maxrss``
+process (SymPy and symalg caches hot).
+
+**Spec against traced** (``--compare``, the second table): the same ReLU chain three ways, each in one fresh process
+per depth after a warm-up on a depth-3 chain of each kind (the width-independent symbolic checks are cached per
+process, so all three start with them): ``symalg.derive(symalg.parse(spec))`` with symbolic widths, the same spec at
+width 16 (its generated float64 module is certified), and the baseline, the traced path on the equivalent
+``nn.Sequential`` of width 16 (``symalg.trace`` + ``symalg.derive``, certified alike). Times are CPU seconds of the
+process (``time.process_time``) and wall seconds. Memory: ``maxrss`` is ``resource.getrusage(...).ru_maxrss``
 of the child after the cold run minus the same value after the imports (an upper-bound-ish estimate
 of the extra resident memory); ``py peak`` is ``tracemalloc``'s peak of Python allocations during one
 cold run, measured in a separate child (tracemalloc slows the run ~5x, so its time is not reported,
@@ -25,6 +32,7 @@ Usage::
     python benchmarks/bench_derive.py            # depths 10, 100, 1000 (+ mixed), ~2 min
     python benchmarks/bench_derive.py --quick    # depths 10, 100, 2 repeats, no tracemalloc, ~30 s
     python benchmarks/bench_derive.py --depths 10 50 --repeats 3 --no-mixed --no-memory
+    python benchmarks/bench_derive.py --compare --depths 10 100 1000   # spec against traced only
 """
 from __future__ import annotations
 
@@ -75,7 +83,11 @@ def _one_pass(symalg, spec: str) -> dict:
 
 
 def child(depth: int, activations: tuple, memory: bool, warm: bool) -> dict:
+    import torch
+
     import symalg  # noqa: F401  (imports torch and sympy; not timed)
+
+    torch.set_num_threads(1)
 
     spec = spec_string(depth, activations)
     if memory:
@@ -99,6 +111,52 @@ def run_child(depth: int, activations: tuple, memory: bool = False, warm: bool =
     command = [sys.executable, os.path.abspath(__file__), "--_child", str(depth), ",".join(activations)]
     command += ["--_memory"] if memory else []
     command += ["--_warm"] if warm else []
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def sequential(depth: int, width: int = 16):
+    """The traced baseline: ``Linear(width, width)`` layers with ReLUs between them, float64."""
+    import torch
+
+    torch.manual_seed(0)
+    layers: list = []
+    for k in range(depth):
+        layers += [torch.nn.Linear(width, width)] + ([torch.nn.ReLU()] if k < depth - 1 else [])
+    return torch.nn.Sequential(*layers).double()
+
+
+def compare(depth: int, width: int = 16) -> dict:
+    """Spec (symbolic widths; concrete widths) against traced, in this process after a warm-up (see the docstring)."""
+    import torch
+
+    import symalg
+    from benchlib import timed
+
+    x = torch.randn(8, width, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    def concrete(d: int) -> str:
+        return " -> relu -> ".join([f"linear({width}, {width})"] * d)
+
+    runs = {"spec_symbolic": lambda d: symalg.derive(symalg.parse(spec_string(d))),
+            "spec_concrete": lambda d: symalg.derive(symalg.parse(concrete(d))),
+            "traced": lambda d: symalg.derive(symalg.trace(sequential(d, width), (x,)))}
+    for run in runs.values():
+        run(3)
+    row: dict = {"depth": depth, "width": width}
+    for name, run in runs.items():
+        wall, cpu, analysis = timed(lambda: run(depth))
+        row[name] = {"s": wall, "cpu_s": cpu, "claims": len(analysis.symmetries)}
+    model = sequential(depth, width)
+    row["traced"]["derive_only_cpu_s"] = timed(lambda: symalg.derive(symalg.trace(model, (x,))))[1] - \
+        timed(lambda: symalg.trace(model, (x,)))[1]
+    for name in ("spec_symbolic", "spec_concrete"):
+        row[name]["cpu_over_traced"] = row[name]["cpu_s"] / row["traced"]["cpu_s"]
+    return row
+
+
+def run_compare(depth: int) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--_compare", str(depth)]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -174,12 +232,23 @@ def main(argv=None) -> None:
     parser.add_argument("--json", help="also write the rows to this JSON file")
     parser.add_argument("--_child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--_memory", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compare", action="store_true", help="only the spec-against-traced table")
     parser.add_argument("--_warm", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--_compare", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args._child:
         depth, acts = int(args._child[0]), tuple(args._child[1].split(","))
         print(json.dumps(child(depth, acts, args._memory, args._warm)))
+        return
+    if args._compare:
+        import torch
+
+        torch.set_num_threads(1)
+        print(json.dumps(compare(args._compare)))
+        return
+    if args.compare:
+        print_compare([run_compare(d) for d in args.depths or [10, 100, 1000]])
         return
 
     depths = args.depths or ([10, 100] if args.quick else [10, 100, 1000])
@@ -204,10 +273,39 @@ def main(argv=None) -> None:
         print(f"  depth {depth:>5} {row['activations']:>20}: total {row['total']:.3f} s "
               f"({1e3 * row['total'] / depth:.2f} ms/layer, {repeats} run(s))", flush=True)
     print_tables(rows)
+    compared = [run_compare(d) for d in depths]
+    print_compare(compared)
     print(f"\nwall time of the benchmark: {time.perf_counter() - started:.1f} s")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+            json.dump({"pipeline": rows, "spec_vs_traced": compared}, f, indent=2)
+
+
+def print_compare(rows: list[dict]) -> None:
+    print("\nSpec against traced (one fresh process per depth, after a warm-up; CPU s, wall s in brackets)")
+    print("| depth L | claims | spec, symbolic widths | spec, width 16 (certified) | traced, width 16 (certified) "
+          "| traced: derive alone | spec symbolic / traced | spec concrete / traced |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        s, c, t = r["spec_symbolic"], r["spec_concrete"], r["traced"]
+        print(f"| {r['depth']} | {t['claims']} | {s['cpu_s']:.3f} ({s['s']:.3f}) | {c['cpu_s']:.3f} ({c['s']:.3f}) | "
+              f"{t['cpu_s']:.3f} ({t['s']:.3f}) | {t['derive_only_cpu_s']:.3f} | {s['cpu_over_traced']:.2f} | "
+              f"{c['cpu_over_traced']:.2f} |")
+
+
+def figures(quick: bool = False) -> dict:
+    """The pipeline table (symbolic widths) and spec against traced; ``quick``: depths 10 and 30 in this process,
+    one run each, no memory runs."""
+    if not quick:
+        rows = [measure(d, RELU, 5 if d <= 100 else 1, memory=False, warm=d <= 100) for d in (10, 100, 1000)]
+        return {"pipeline": rows, "spec_vs_traced": [run_compare(d) for d in (10, 100, 1000)]}
+    import symalg
+
+    rows = []
+    for depth in (10, 30):
+        row = _one_pass(symalg, spec_string(depth))
+        rows.append({"depth": depth, **row})
+    return {"pipeline": rows, "spec_vs_traced": [compare(d) for d in (10, 30)]}
 
 
 if __name__ == "__main__":

@@ -58,20 +58,18 @@ def _seconds(call) -> tuple[float, object]:
     return time.perf_counter() - start, result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", action="store_true", help="base-model widths (768, 12 heads, FFN 3072)")
-    parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1)
-    options = parser.parse_args()
-    torch.set_num_threads(options.threads)
-    configs, vocab, image = _configs(options.base, options.layers)
+def measure(base: bool, layers: int, names: tuple[str, ...] | None = None) -> list[dict]:
+    """One row per model (all of :func:`_configs`, or ``names``), printed as it is measured."""
+    configs, vocab, image = _configs(base, layers)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (2, 7), generator=generator)
     pixels = torch.randn(2, 3, image, image, generator=generator)
     print(f"{'model':8} {'params':>10} {'forward':>9} {'trace':>8} {'derive':>8} {'verify':>8}  "
           f"{'trace/fwd':>9} {'derive/fwd':>10}  claims")
+    rows = []
     for name, build in configs.items():
+        if names is not None and name not in names:
+            continue
         torch.manual_seed(0)
         model = build().eval()
         x = pixels if name == "vit" else ids
@@ -81,10 +79,31 @@ def main() -> None:
             forward = statistics.median(_seconds(lambda: model(x))[0] for _ in range(10))
         trace, graph = _seconds(lambda: symalg.from_torch(model, (x,)))
         derive, analysis = _seconds(lambda: symalg.derive(graph))
-        verify = float("nan") if options.base else _seconds(lambda: symalg.verify(analysis))[0]
+        verify = float("nan") if base else _seconds(lambda: symalg.verify(analysis))[0]
         params = sum(p.numel() for p in model.parameters())
         print(f"{name:8} {params:>10,} {forward * 1e3:>7.1f}ms {trace:>7.2f}s {derive:>7.2f}s {verify:>7.2f}s  "
               f"{trace / forward:>9.0f} {derive / forward:>10.0f}  {len(analysis.symmetries)}", flush=True)
+        rows.append({"model": name, "params": params, "forward_ms": 1e3 * forward, "trace_s": trace,
+                     "derive_s": derive, "verify_s": None if base else verify, "claims": len(analysis.symmetries)})
+    return rows
+
+
+def figures(quick: bool = False) -> dict:
+    """The small configs (``quick``: GPT-2 only) and, in full, the base widths at two layers."""
+    torch.set_num_threads(1)
+    if quick:
+        return {"small": measure(False, 1, ("gpt2",))}
+    return {"small": measure(False, 1), "base_2_layers": measure(True, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", action="store_true", help="base-model widths (768, 12 heads, FFN 3072)")
+    parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1)
+    options = parser.parse_args()
+    torch.set_num_threads(options.threads)
+    measure(options.base, options.layers)
 
 
 if __name__ == "__main__":

@@ -132,6 +132,20 @@ def measure(args, kind: str, width: int, method: str) -> dict:
     return first
 
 
+def figures(quick: bool = False) -> dict:
+    """Structured and dense rank of the two-layer ``GL(h)`` networks (and, in full, the transformer), one fresh
+    process per measurement; ``quick``: widths 16 and 32, in this process."""
+    if quick:
+        return {"rows": [{"kind": "two-layer", "width": w, **{method: child("two-layer", w, "identity", method, 4.0,
+                                                                             2e12, 1) for method in ("structured",
+                                                                                                     "dense")}}
+                         for w in (16, 32)]}
+    args = argparse.Namespace(activation="identity", dense_max_gib=4.0, dense_max_flops=2e12, threads=1, repeat=1)
+    cases = [("two-layer", w) for w in WIDTHS] + [("transformer", 768)]
+    return {"rows": [{"kind": kind, "width": width, "structured": measure(args, kind, width, "structured"),
+                      "dense": measure(args, kind, width, "dense")} for kind, width in cases]}
+
+
 def cell_time(r: dict) -> str:
     if r["status"] != "ok":
         return r["status"]

@@ -51,6 +51,24 @@ def mlp(gradient_norm):
     return as_action(symalg.derive(symalg.trace(model, (x,)))), params, loss, gradient_norm ** 2
 
 
+def figures(quick: bool = False) -> dict:
+    """Objective before and after a default teleport and one at ``lr=0.1``, per problem and scale (``quick``: scale 1
+    only)."""
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    rows = []
+    for name, problem in (("quadratic", quadratic), ("mlp", mlp)):
+        for scale in (1.0,) if quick else SCALES:
+            action, params, loss, reference = problem(scale)
+            fixed, default = teleport(action, params, loss, lr=0.1), teleport(action, params, loss)
+            rows.append({"problem": name, "gradient_norm": scale, "objective_before": default.objective_before,
+                         "fixed_last_ratio": fixed.history[-1] / reference,
+                         "fixed_best_ratio": max(fixed.history) / reference,
+                         "default_ratio": default.objective_after / reference, "accepted": bool(default.accepted)})
+    torch.set_default_dtype(torch.float32)
+    return {"rows": rows}
+
+
 def main() -> None:
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(1)

@@ -126,11 +126,14 @@ def _forward_times(model, x, passes: int = 20, warmup: int = 3) -> tuple[float, 
 
 
 def child(layers: int, d_model: int, heads: int, batch: int, seq: int, mode: str, verify: bool,
-          profile_top: int) -> dict:
+          profile_top: int, threads: int = 1) -> dict:
     import torch
 
     import symalg
     from symalg.verification.certification import claim_errors
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
     model = build_model(layers, d_model, heads)
     x = torch.randn(batch, seq, d_model, generator=torch.Generator().manual_seed(1))
@@ -205,7 +208,8 @@ def child(layers: int, d_model: int, heads: int, batch: int, seq: int, mode: str
 def run_child(args, mode: str = "time") -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--layers", str(args.layers), "--d-model",
                str(args.d_model), "--heads", str(args.heads), "--batch", str(args.batch), "--seq", str(args.seq),
-               "--profile", str(args.profile), "--_child", mode] + (["--verify"] if args.verify else [])
+               "--profile", str(args.profile), "--threads", str(args.threads), "--_child", mode] + \
+        (["--verify"] if args.verify else [])
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     lines = out.strip().splitlines()
     if mode == "profile":
@@ -278,6 +282,18 @@ def print_tables(args, runs: list[dict], py_peak) -> dict:
     return {"median": med, "spread": spread, "py_peak_mib": py_peak, "runs": runs}
 
 
+def figures(quick: bool = False) -> dict:
+    """One run of :func:`child` (timings, certification, symmetries found; ``verify`` at the small size): the full
+    12 × 768 model in a fresh process, or with ``quick`` 2 layers of width 64 (4 heads) in this one, verify timed."""
+    import torch
+
+    torch.set_num_threads(1)
+    if quick:
+        return child(2, 64, 4, 1, 4, "time", True, 0)
+    args = argparse.Namespace(layers=12, d_model=768, heads=12, batch=1, seq=4, profile=0, verify=False, threads=1)
+    return run_child(args)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -292,6 +308,9 @@ def main(argv=None) -> None:
                         help="also cProfile symalg.derive in one more process and print the top N functions")
     parser.add_argument("--verify", action="store_true",
                         help="also time symalg.verify (slow at large widths; meant for a small --d-model)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch.set_num_threads in the measuring processes (default 1; 0 keeps torch's default: "
+                             "on a shared 2-core machine a second thread made one forward pass 30× slower)")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--_child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -300,14 +319,14 @@ def main(argv=None) -> None:
 
     if args._child:
         print(json.dumps(child(args.layers, args.d_model, args.heads, args.batch, args.seq, args._child,
-                               args.verify, args.profile)))
+                               args.verify, args.profile, args.threads)))
         return
 
     import sympy
     import torch
 
     print(f"python {platform.python_version()}, torch {torch.__version__}, sympy {sympy.__version__}, "
-          f"cpus {os.cpu_count()}, torch threads {torch.get_num_threads()}, "
+          f"cpus {os.cpu_count()}, torch threads {args.threads or torch.get_num_threads()}, "
           f"load average {os.getloadavg()[0]:.2f}")
     started = time.perf_counter()
     runs = []

@@ -141,6 +141,17 @@ def _format(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def figures(quick: bool = False) -> dict:
+    """Every model's row, each in a fresh process; ``quick``: GPT-2 at two layers of width 64, in this process."""
+    if quick:
+        return {"rows": [census_one("gpt2", True)]}
+    rows = []
+    for name in MODELS:
+        child = subprocess.run([sys.executable, __file__, "--one", name], capture_output=True, text=True, check=True)
+        rows.append(json.loads(child.stdout))
+    return {"rows": rows}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))

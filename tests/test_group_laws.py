@@ -315,3 +315,72 @@ def test_a_closed_form_element_between_two_points_is_a_member_aligning_them(grou
         return
     group.check_element(g)
     assert relative_error(g @ y1 / y1.norm(), y2 / y2.norm()) < TOL
+
+
+# -- Lie-algebra elements without the basis ---------------------------------------------------------------
+@pytest.mark.parametrize("group", CONTINUOUS, ids=_ids(CONTINUOUS))
+def test_an_algebra_element_is_the_coordinates_combination_of_the_basis(group):
+    coordinates = torch.randn(2, 3, int(group.dim), generator=torch.Generator().manual_seed(0), dtype=DTYPE)
+    expected = torch.tensordot(coordinates, group.algebra_basis(DTYPE), dims=1)
+    assert relative_error(group.algebra_element(coordinates), expected) < TOL
+    with pytest.raises(ValueError, match=r"coordinates must have shape \(\.\.\., "):
+        group.algebra_element(coordinates[..., 1:])
+
+
+@pytest.mark.parametrize("kind", ["GL", "O", "O1", "PS", "T"])
+def test_wide_groups_draw_algebra_elements_and_samples_without_their_basis(kind, monkeypatch):
+    group = group_classes()[kind].for_site(512)
+    monkeypatch.setattr(type(group), "algebra_basis", lambda *_: pytest.fail("the basis was stacked"))
+    generator = torch.Generator().manual_seed(0)
+    element = group.gaussian_algebra_element(generator)
+    group.check_algebra_element(element)
+    sample = group.algebra_sample(3, generator)
+    assert sample.shape == (3, *element.shape) and relative_error(sample[0], sample[1]) > 0.5
+    scaled = group.random_algebra_element(2.0, generator)
+    norm = torch.linalg.matrix_norm(scaled, ord=2) if scaled.dim() == 2 else scaled.abs().max()
+    assert abs(norm.item() - 2.0) < 1e-9
+
+
+def test_an_algebra_sample_is_the_basis_up_to_its_limit():
+    group = GeneralLinear(3)
+    assert torch.equal(group.algebra_sample(9), group.algebra_basis())
+    assert group.algebra_sample(8, torch.Generator().manual_seed(0)).shape == (8, 3, 3)
+
+
+@pytest.mark.parametrize("group", CONTINUOUS, ids=_ids(CONTINUOUS))
+def test_the_projection_to_the_algebra_is_the_orthogonal_projection_on_the_basis(group):
+    basis = group.algebra_basis(DTYPE).reshape(int(group.dim), -1)
+    A = torch.randn(*group.algebra_basis(DTYPE).shape[1:], generator=torch.Generator().manual_seed(3), dtype=DTYPE)
+    expected = (torch.linalg.solve(basis @ basis.T, basis @ A.reshape(-1)) @ basis).reshape(A.shape)
+    projected = group.project_to_algebra(A)
+    assert relative_error(projected, expected) < TOL
+    group.check_algebra_element(projected)
+    assert relative_error(group.project_to_algebra(projected), projected) < TOL
+
+
+@pytest.mark.parametrize("group", GROUPS, ids=_ids(GROUPS))
+def test_a_diagonal_operator_is_offered_as_the_vector_it_multiplies_rows_by(group):
+    for _, g in _elements(group):
+        mover = group.mover(g)
+        for role in group.roles:
+            diagonal = mover.diagonal(role, Fraction(1))
+            U = _region(5, group)
+            assert (diagonal is not None) == (group.kind in ("PS", "SF"))
+            if diagonal is not None:
+                assert relative_error(diagonal[:, None] * U, group.act(g, U, role)) < TOL
+
+
+@pytest.mark.parametrize("axis, start, width, block", [(0, 0, 4, 1), (1, 0, 5, 1), (1, 1, 2, 2), (2, 2, 3, 1),
+                                                       (0, 1, 1, 3)])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_scaling_a_region_where_it_lies_equals_unfold_multiply_fold(axis, start, width, block, inplace):
+    from symalg.catalogue.bindings import Binding
+
+    binding = Binding("w", axis=axis, start=start, width=width, block=block)
+    tensor = torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(0), dtype=DTYPE)
+    diagonal = torch.rand(width, generator=torch.Generator().manual_seed(1), dtype=DTYPE) + 0.5
+    expected = binding.fold(tensor.clone(), diagonal[:, None] * binding.unfold(tensor))
+    copy = tensor.clone()
+    scaled = binding.scale(copy, diagonal, inplace=inplace)
+    assert torch.equal(scaled, expected)
+    assert (scaled is copy) == inplace and torch.equal(copy, expected if inplace else tensor)

@@ -64,6 +64,9 @@ def _compare(expr, values, vector_inputs=(), atol=1e-10, **extra):
     (X * sp.DiagMatrix(d), "(X * d.transpose(-1, -2))"),
     (sp.DiagMatrix(d), "torch.diag_embed(d.squeeze(-1))"),
     (X * sp.OneMatrix(3, 1), "X.sum(-1, keepdim=True)"),
+    (X.T * sp.OneMatrix(3, 1), "X.sum(-2, keepdim=True).transpose(-1, -2)"),
+    (sp.HadamardPower(Y.T, 2) * sp.OneMatrix(2, 1), "(Y * Y).sum(-2, keepdim=True).transpose(-1, -2)"),
+    (X.T * X * sp.OneMatrix(3, 1), "torch.matmul(X.transpose(-1, -2), X).sum(-1, keepdim=True)"),
     (sp.HadamardPower(X, 2), "(X * X)"),
     (sp.HadamardPower(X * X, 2), "torch.pow(torch.linalg.matrix_power(X, 2), 2)"),
     (sp.MatPow(X, 3), "torch.linalg.matrix_power(X, 3)"),
@@ -251,9 +254,12 @@ def test_one_column_gives_row_sums():
     assert "matmul" not in f.source and ".sum(-1, keepdim=True)" in f.source
     _compare(sp.HadamardPower(W, 2) * sp.OneMatrix(n, 1), {"W_1": value})
     _compare(sp.HadamardPower(W.T, 2) * sp.OneMatrix(h, 1), {"W_1": value})
+    _compare(W.T * sp.OneMatrix(h, 1), {"W_1": value})
     batched = torch.as_tensor(rng.standard_normal((6, 4, 3)))
     out = lower("rows", W * sp.OneMatrix(n, 1), {W: "w"})({"w": batched})
     np.testing.assert_allclose(out.numpy(), batched.numpy().sum(-1, keepdims=True), rtol=1e-13)
+    columns = lower("columns", sp.HadamardPower(W.T, 2) * sp.OneMatrix(h, 1), {W: "w"})({"w": batched})
+    np.testing.assert_allclose(columns.numpy(), (batched.numpy() ** 2).sum(-2)[..., None], rtol=1e-13)
 
 
 # -- HadamardPower, MatPow, Rational ---------------------------------------------------------------
@@ -542,3 +548,31 @@ def test_radial_large_magnitude_does_not_overflow_to_zero():
 def test_unknown_activation_function():
     with pytest.raises(KeyError, match="swish"):
         activation_function("swish")
+
+
+# -- the oracle: evaluate_symbolic against SymPy's exact arithmetic --------------------------------------
+_h = sp.Symbol("h", integer=True, positive=True)
+_W, _b, _V, _Q = (sp.MatrixSymbol("W", _h, 3), sp.MatrixSymbol("b", _h, 1), sp.MatrixSymbol("V", 2, _h),
+                  sp.MatrixSymbol("Q", _h, _h))
+
+
+@pytest.mark.parametrize("expr", [
+    sp.HadamardPower(_b, 2) + sp.HadamardPower(_W, 2) * sp.OneMatrix(3, 1)
+    - sp.HadamardPower(_V.T, 2) * sp.OneMatrix(2, 1),
+    _b * _b.T + _W * _W.T - sp.Rational(3, 2) * _V.T * _V,
+    sp.Inverse(_Q) * _Q.T - 2 * _Q ** 2 + _Q ** -1,
+    sp.DiagMatrix(_b) * _W + sp.HadamardProduct(_W, _W) - sp.Identity(_h) * _W,
+    sp.OneMatrix(1, _h) * _W * sp.Trace(_Q) + _h * sp.OneMatrix(1, 3),
+    sp.Adjoint(_Q) + sp.sqrt(2) * _Q,   # Adjoint has no NumPy rule: SymPy evaluates it
+], ids=["diagonal-q", "gram-C", "inverse-and-powers", "diag-hadamard-identity", "ones-trace-width", "sympy-fallback"])
+def test_evaluate_symbolic_equals_sympy_exact_arithmetic_on_rational_matrices(expr):
+    rng = _rng(21)
+    shapes = {"W": (4, 3), "b": (4,), "V": (2, 4), "Q": (4, 4)}
+    values = {k: np.round(rng.standard_normal(s) * 8) / 8 + (4 * np.eye(4) if k == "Q" else 0)
+              for k, s in shapes.items()}
+    exact = {k: sp.ImmutableMatrix([[sp.Rational(str(x)) for x in row] for row in (v[:, None] if v.ndim == 1 else v)])
+             for k, v in values.items()}   # eighths: exact in binary and in SymPy
+    reference = expr.subs(_h, 4)
+    reference = reference.xreplace({s: exact[s.name] for s in reference.atoms(sp.MatrixSymbol)}).doit()
+    reference = np.array(reference.as_explicit() if isinstance(reference, sp.MatrixExpr) else reference, dtype=float)
+    np.testing.assert_allclose(evaluate_symbolic(expr, values), reference, rtol=1e-13, atol=1e-13)

@@ -288,3 +288,52 @@ def test_verify_refuses_widths_and_unusable_data_for_a_traced_model():
     # data are honoured as the model's inputs, symbolic_limit as the lowering limit
     report = symalg.verify(analysis, data=torch.randn(7, 3, dtype=torch.float64), symbolic_limit=0)
     assert checks_of(report, "lowering")["PositiveScaling(4, alpha=1) on 0"].skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# invariance: claims composed, failing sets split, two halves of one symmetry told apart
+# ---------------------------------------------------------------------------------------------
+class GatedWithTail(nn.Module):
+    """A gated MLP (one S(4) moves gate rows, up rows and down columns) and four ReLU layers: 13 claims."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.gate, self.up, self.down = nn.Linear(3, 4), nn.Linear(3, 4), nn.Linear(4, 3)
+        self.tail = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(3, 3), nn.Tanh())], nn.Linear(3, 2))
+
+    def forward(self, x):
+        return self.tail(self.down(torch.tanh(self.gate(x)) * self.up(x)))
+
+
+def test_invariance_tells_apart_two_false_claims_whose_composition_holds():
+    analysis = derive(GatedWithTail(), torch.randn(6, 3, generator=torch.Generator().manual_seed(1)))
+    joint = next(s for s in analysis.symmetries if s.label == "S(4) on gate")
+    assert {b.tensor for b in joint.bindings} == {"gate.weight", "gate.bias", "down.weight", "up.weight", "up.bias"}
+    # the tie split in two: each half alone changes the output; both together, moved by the same swap, do not
+    gate_half = dataclasses.replace(joint, bindings=tuple(b for b in joint.bindings if not b.tensor.startswith("up")))
+    up_half = dataclasses.replace(joint, site="up", bindings=tuple(b for b in joint.bindings
+                                                                    if b.tensor.startswith("up")))
+    claims = tuple(s for s in analysis.symmetries if s is not joint) + (gate_half, up_half)
+    assert len(claims) == 14   # more than 4 · 2 digits: the claims are composed, not checked one by one
+    invariance = checks_of(verify_model(dataclasses.replace(analysis, symmetries=claims)), "invariance")
+    assert invariance["S(4) on gate"].failed and invariance["S(4) on up"].failed
+    assert invariance["S(4) on gate"].max_error > 1e-4 and "composed" not in invariance["S(4) on gate"].detail
+    others = [c for label, c in invariance.items() if "S(4)" not in label]
+    assert len(others) == 12 and all(c.passed for c in others)
+    assert any("composed with" in c.detail for c in others)
+    assert checks_of(verify_model(analysis), "invariance")["S(4) on gate"].passed
+
+
+def test_invariance_finds_the_one_false_claim_among_many_deep_ones():
+    layers = [m for _ in range(12) for m in (nn.Linear(4, 4), nn.ReLU())] + [nn.Linear(4, 2)]
+    torch.manual_seed(0)
+    analysis = derive(nn.Sequential(*layers), torch.randn(8, 4))
+    scaling = next(s for s in analysis.symmetries if s.label == "PositiveScaling(4, alpha=1) on 10")
+    wrong = dataclasses.replace(scaling, group=symalg.catalogue.groups.GeneralLinear(4))   # GL(4) on a ReLU site
+    claims = analysis.symmetries + (wrong,)
+    assert len(claims) == 25
+    invariance = checks_of(verify_model(dataclasses.replace(analysis, symmetries=claims)), "invariance")
+    assert [label for label, c in invariance.items() if c.failed] == ["GL(4) on 10"]
+    assert invariance["GL(4) on 10"].max_error > 1e-3 and "composed" not in invariance["GL(4) on 10"].detail
+    assert all("composed with" in c.detail for label, c in invariance.items() if label != "GL(4) on 10")

@@ -72,7 +72,7 @@ from symalg.frontend.grammar import refuse_text
 from symalg.catalogue.groups import Orthogonal, SiteGroup, matrix_exp
 from symalg.lowering.codegen import compile_function, identifier, torch_source
 from symalg.numeric.linalg import relative_error
-from symalg.verification.checks import CheckResult, VerificationReport, rk4
+from symalg.verification.checks import MAX_GENERATORS, CheckResult, VerificationReport, rk4
 
 __all__ = ["ConjugatedAction", "TestFunction", "ComponentFunction", "lower_components",
            "check_group_axioms", "quadratic_form", "ellipse", "rosenbrock", "booth", "sample_level_set",
@@ -213,11 +213,10 @@ class ConjugatedAction:
     def exp(self, coords: torch.Tensor) -> torch.Tensor:
         """The group element ``exp(Σ cᵢ Bᵢ)``, ``Bᵢ = group.algebra_basis()`` (batched over leading dims of
         ``coords``)."""
-        basis = self.group.algebra_basis(coords.dtype, coords.device)
-        if coords.shape[-1:] != basis.shape[:1]:
-            raise ValueError(f"{self.name}: coords must have shape (..., {basis.shape[0]}) (one per generator of "
+        if coords.shape[-1:] != (int(self.group.dim),):
+            raise ValueError(f"{self.name}: coords must have shape (..., {int(self.group.dim)}) (one per generator of "
                              f"{self.group.name}), got {tuple(coords.shape)}")
-        return matrix_exp(torch.tensordot(coords, basis, dims=1))
+        return matrix_exp(self.group.algebra_element(coords))
 
     def act(self, x: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
         """``exp(Σ cᵢ Bᵢ)·x``: the move teleportation optimises over (differentiable in ``coords``)."""
@@ -304,7 +303,7 @@ class ConjugatedAction:
         if self.loss is not None:
             checks.append(self._check_invariance(self.loss, points, elements, tolerance))
             if self.group.is_continuous:
-                checks.append(self._check_gradient_orthogonality(self.loss, points, tolerance))
+                checks.append(self._check_gradient_orthogonality(self.loss, points, tolerance, generator))
             if center is not None:
                 checks.append(check_transitivity(self, center, pairs=pairs, generator=generator, tolerance=tolerance))
         return VerificationReport(tuple(checks), dtype, str(device))
@@ -321,10 +320,10 @@ class ConjugatedAction:
                            f"|Δf| / max(|f|, 1) on {len(x)} points, worst: {where}")
 
     def _check_gradient_orthogonality(self, loss: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
-                                      tol: float) -> CheckResult:
+                                      tol: float, generator: torch.Generator) -> CheckResult:
         leaf = x.detach().clone().requires_grad_(True)
         grad = torch.autograd.grad(loss(leaf).sum(), leaf)[0]
-        basis = self.group.algebra_basis(x.dtype, x.device)
+        basis = self.group.algebra_sample(MAX_GENERATORS, generator, x.dtype, x.device)
         worst = 0.0
         for M in basis:
             field_ = self.vector_field(x, M)

@@ -71,11 +71,12 @@ import torch
 from symalg.applications.conjugated import TEST_SCALES, TOLERANCE, check_group_axioms
 from symalg.applications.flat_minima import Forward, ParamLoss
 from symalg.catalogue.groups import GeneralLinear, Orthogonal, SiteGroup, checked_inverse, matrix_exp
+from symalg.frontend.grammar import check_entries
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.numeric.linalg import relative_error
-from symalg.verification.checks import (CheckResult, VerificationReport, check_angular_momentum, check_gd_drift,
-                                        check_gradient_flow, check_gradient_orthogonality, compare_to_sympy,
-                                        loss_gradients)
+from symalg.verification.checks import (MAX_GENERATORS, CheckResult, VerificationReport, check_angular_momentum,
+                                        check_gd_drift, check_gradient_flow, check_gradient_orthogonality,
+                                        compare_to_sympy, loss_gradients)
 
 __all__ = ["GramLossSymmetry", "MomentStabiliser", "DistributionSymmetry", "spectral_contrastive_loss", "info_nce_loss",
            "barlow_twins_loss", "two_view_loss", "moments", "gaussian_expectation", "paired_monte_carlo"]
@@ -291,7 +292,7 @@ class GramLossSymmetry:
             checks.append(CheckResult("gram_invariance", self.label, gram, tolerance,
                                       f"outputs themselves moved by {relative_error(moved, Y):.2f} (relative)"))
         grads = loss_gradients(loss, params)
-        basis = self.group.algebra_basis(dtype, device)
+        basis = self.group.algebra_sample(MAX_GENERATORS, generator, dtype, device)
         with torch.no_grad():
             checks.append(check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads,
                                                        tolerance))
@@ -396,9 +397,19 @@ class MomentStabiliser(SiteGroup):
     def algebra_basis(self, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
         R, R_inv, P = (t.to(dtype=dtype, device=device) for t in self._frame)
         n = P.shape[0]
+        check_entries(int(self.dim) * n * n, f"the Lie-algebra basis of {self.name}")
         if self.form is None:  # e_i p_jᵀ: entry [r, c] = δ_ir P[c, j]
             return torch.einsum("ir,cj->ijrc", torch.eye(n, dtype=dtype, device=device), P).reshape(-1, n, n)
         return R @ P @ Orthogonal(P.shape[1]).algebra_basis(dtype, device) @ P.T @ R_inv
+
+    def algebra_element(self, coordinates: torch.Tensor) -> torch.Tensor:
+        """``Σ c_ij e_i p_jᵀ = C Pᵀ`` (``C`` the coordinates as an ``n × (n − k)`` matrix), or ``R P A Pᵀ R⁻¹`` with
+        ``A`` the element of ``so(n − k)`` with these coordinates: one ``n × n`` matrix, never the basis."""
+        self._check_coordinates(coordinates)
+        R, R_inv, P = (t.to(dtype=coordinates.dtype, device=coordinates.device) for t in self._frame)
+        if self.form is None:
+            return coordinates.reshape(*coordinates.shape[:-1], P.shape[0], P.shape[1]) @ P.T
+        return R @ P @ Orthogonal(P.shape[1]).algebra_element(coordinates) @ P.T @ R_inv
 
     def symmetric_basis(self, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
         if self.form is not None:
@@ -706,7 +717,7 @@ class DistributionSymmetry:
         worst, where = _worst_change(expected_loss, self.apply, params, elements)
         checks = [CheckResult("invariance", self.label, worst, tolerance, f"expected loss, worst: {where}")]
         grads = loss_gradients(expected_loss, params)
-        basis = self.group.algebra_basis(dtype, device)
+        basis = self.group.algebra_sample(MAX_GENERATORS, generator, dtype, device)
         with torch.no_grad():
             checks.append(check_gradient_orthogonality(self.label, lambda M: self.tangent(params, M), basis, grads,
                                                        tolerance))

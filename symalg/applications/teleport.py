@@ -68,7 +68,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, cast
 
 import sympy as sp
@@ -212,8 +212,6 @@ class SymmetryAction(Action):
     """
 
     symmetries: tuple[Symmetry, ...]
-    _bases: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = field(default_factory=dict, repr=False,
-                                                                             compare=False)
 
     def __post_init__(self) -> None:
         bad = [s for s in self.symmetries if not (hasattr(s, "group") and hasattr(s, "apply"))]
@@ -238,14 +236,7 @@ class SymmetryAction(Action):
         return all(s.group.acts_monomially for s in self.symmetries)
 
     def _algebra_element(self, symmetry: Symmetry, coords: torch.Tensor) -> torch.Tensor:
-        group = symmetry.group
-        if group.standard_basis:  # M is the coordinates, reshaped
-            h = int(sp.sympify(group.width))
-            return coords.reshape((h, h) if group.element_format == "matrix" else (h,))
-        key = (id(symmetry), coords.dtype, coords.device)
-        if key not in self._bases:
-            self._bases[key] = group.algebra_basis(coords.dtype, coords.device)
-        return torch.tensordot(coords, self._bases[key], dims=1)
+        return symmetry.group.algebra_element(coords)   # one h × h matrix, not the group's basis
 
     def _chunks(self, coords: torch.Tensor) -> Iterator[tuple[Symmetry, torch.Tensor]]:
         self._check_coords(coords)

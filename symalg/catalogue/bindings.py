@@ -92,11 +92,35 @@ class Binding:
         shape[0] = self.width * self.block
         folded = unfolded if list(unfolded.shape) == shape else unfolded.reshape(shape)
         folded = folded if self.axis == 0 else folded.movedim(0, self.axis)
-        if whole and not inplace:
-            return folded
-        result = tensor if inplace else tensor.clone()
-        result.narrow(self.axis, self.start, self.width * self.block).copy_(folded)
-        return result
+        if whole:
+            return tensor.copy_(folded) if inplace else folded
+        end = self.start + self.width * self.block
+        if not inplace:   # out of place, so that a tangent folds under torch.func.vmap
+            return tensor.slice_scatter(folded, self.axis, self.start, end)
+        tensor.narrow(self.axis, self.start, end - self.start).copy_(folded)
+        return tensor
+
+    def scale(self, tensor: torch.Tensor, diagonal: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+        """``tensor`` with the region's coordinate ``i`` (its ``block`` entries along the axis) multiplied by
+        ``diagonal[i]``: :meth:`fold` of ``diag(diagonal) ·`` :meth:`unfold`, computed where the region lies (the
+        factors broadcast along its axis; no axis moved, no region copied first). A copy, or ``tensor`` itself
+        written to with ``inplace``.
+
+        >>> Binding("w", axis=1, start=1, width=2).scale(torch.ones(2, 3), torch.tensor([2.0, 3.0])).tolist()
+        [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+        """
+        factors = diagonal if self.block == 1 else diagonal.repeat_interleave(self.block)
+        shape = [1] * tensor.dim()
+        shape[self.axis] = factors.shape[0]
+        factors = factors.reshape(shape)
+        if self.is_whole(tensor):
+            return tensor.mul_(factors) if inplace else tensor * factors
+        end = self.start + self.width * self.block
+        region = tensor.narrow(self.axis, self.start, end - self.start)
+        if inplace:
+            region.mul_(factors)
+            return tensor
+        return tensor.slice_scatter(region * factors, self.axis, self.start, end)
 
     def read_source(self, shape: tuple) -> str:
         """Python source that unfolds the region from ``params[tensor]`` (used in lowered code)."""

@@ -46,7 +46,7 @@ import torch
 from symalg.frontend.grammar import check_entries, refuse_text
 from symalg.numeric.linalg import relative_error
 
-__all__ = ["matrix_exp", "group_classes", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes",
+__all__ = ["matrix_exp", "group_classes", "Mover", "SiteGroup", "GeneralLinear", "Orthogonal", "OrthogonalFixingOnes",
            "PositiveScaling", "ComplexScaling",
            "SignFlips", "Permutations", "Translations", "checked_inverse"]
 
@@ -115,6 +115,24 @@ SIGN_FLIP_SAMPLES = 8
 """Random sign patterns per sample of a wide ``SignFlips`` group. The patterns that keep the outputs form
 a subgroup, so a false claim (a proper subgroup) passes one uniform pattern with probability at most
 1/2, and 16 patterns with at most ``2⁻¹⁶``."""
+
+
+class Mover:
+    """A group element fixed for moving many regions (:meth:`SiteGroup.mover`): ``mover(U, role, power)`` is
+    ``act(g, U, role, power)`` on an unfolded region, and ``mover.diagonal(role, power)`` the vector whose entries
+    multiply the region's coordinates when the element acts on it by a diagonal matrix (scalings, sign flips), None
+    otherwise: such a region can be scaled where it lies (:meth:`~symalg.catalogue.bindings.Binding.scale`) instead
+    of unfolded, multiplied and folded back."""
+
+    def __init__(self, move: Callable[..., torch.Tensor],
+                 diagonal: Callable[[str, Power], torch.Tensor | None] | None = None) -> None:
+        self._move, self._diagonal = move, diagonal
+
+    def __call__(self, U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
+        return self._move(U, role, power)
+
+    def diagonal(self, role: str = "out", power: Power = 1) -> torch.Tensor | None:
+        return None if self._diagonal is None else self._diagonal(role, power)
 
 
 def _at_most_one(width: SiteWidth) -> bool:
@@ -274,13 +292,60 @@ class SiteGroup:
         norm = torch.linalg.matrix_norm(element, ord=2) if element.dim() == 2 else element.abs().max()
         return element * (scale / norm)
 
+    def algebra_element(self, coordinates: torch.Tensor) -> torch.Tensor:
+        """``Σ_k c_k B_k`` over :meth:`algebra_basis` for coordinates ``c`` of shape ``(..., dim)`` (batched,
+        differentiable), without stacking the basis: for a standard basis (``GL``, scalings, translations) ``M`` is
+        ``c`` reshaped; ``O``, ``O(h)_1`` and other structured groups override it. Only a group that does neither
+        sums its stacked basis, refused above the entry limit (:data:`~symalg.frontend.grammar.MAX_ENTRIES`).
+
+        >>> GeneralLinear(2).algebra_element(torch.tensor([1.0, 2.0, 3.0, 4.0])).tolist()
+        [[1.0, 2.0], [3.0, 4.0]]
+        """
+        self._check_coordinates(coordinates)
+        if not self.standard_basis:
+            return torch.tensordot(coordinates, self.algebra_basis(coordinates.dtype, coordinates.device), dims=1)
+        h = _concrete(self.width)
+        return coordinates.reshape(*coordinates.shape[:-1], *((h, h) if self.element_format == "matrix" else (h,)))
+
+    def _check_coordinates(self, coordinates: torch.Tensor) -> None:
+        """Raise ``ValueError`` unless ``coordinates`` has shape ``(..., dim)``."""
+        dim = int(self.dim)
+        if not isinstance(coordinates, torch.Tensor) or coordinates.dim() == 0 or coordinates.shape[-1] != dim:
+            got = tuple(coordinates.shape) if isinstance(coordinates, torch.Tensor) else type(coordinates).__name__
+            raise ValueError(f"{self.name}: coordinates must have shape (..., {dim}) (one per generator), got {got}")
+
     def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
                                  device: Device = "cpu") -> torch.Tensor:
-        """``Σ_k c_k B_k`` over the algebra basis with ``c_k ~ N(0, 1)``; matrix groups override it to draw the
-        same element without stacking their ``dim·h²``-entry basis."""
-        basis = self.algebra_basis(dtype, device)
-        coefficients = torch.randn(basis.shape[0], generator=generator, dtype=dtype).to(device)
-        return torch.tensordot(coefficients, basis, dims=1)
+        """``Σ_k c_k B_k`` over the algebra basis with ``c_k ~ N(0, 1)`` (:meth:`algebra_element`: the cost of one
+        element, not of the basis)."""
+        return self.algebra_element(torch.randn(int(self.dim), generator=generator, dtype=dtype).to(device))
+
+    def project_to_algebra(self, A: torch.Tensor) -> torch.Tensor:
+        """The orthogonal (Frobenius) projection of ``A`` (in the element format) onto the Lie algebra: ``A`` itself for
+        a standard basis (every matrix, every diagonal), ``(A − Aᵀ)/2`` for ``O``, ``Π (A − Aᵀ)/2 Π`` for ``O(h)_1``
+        (``Π = I − 11ᵀ/h``); any other group solves with its stacked basis (refused above the entry limit).
+
+        >>> Orthogonal(2).project_to_algebra(torch.tensor([[1.0, 2.0], [0.0, 1.0]])).tolist()
+        [[0.0, 1.0], [-1.0, 0.0]]
+        """
+        if self.standard_basis:
+            return A
+        basis = self.algebra_basis(A.dtype, A.device).reshape(int(self.dim), -1)
+        coefficients = torch.linalg.solve(basis @ basis.T, basis @ A.reshape(-1))
+        return (coefficients @ basis).reshape(A.shape)
+
+    def algebra_sample(self, limit: int, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                       device: Device = "cpu") -> torch.Tensor:
+        """Lie-algebra elements to check a statement that is linear in ``M`` on, stacked: the basis when the algebra
+        has at most ``limit`` dimensions, else ``limit`` Gaussian combinations of it (:meth:`gaussian_algebra_element`,
+        never the basis of a large group).
+
+        >>> GeneralLinear(512).algebra_sample(2, torch.Generator().manual_seed(0)).shape
+        torch.Size([2, 512, 512])
+        """
+        if int(self.dim) <= limit:
+            return self.algebra_basis(dtype, device)
+        return torch.stack([self.gaussian_algebra_element(generator, dtype, device) for _ in range(limit)])
 
     # -- representation -------------------------------------------------------------------------
     def rep(self, g: torch.Tensor) -> torch.Tensor:
@@ -318,32 +383,38 @@ class SiteGroup:
         """The region ``U`` (``h × r``, unfolded) moved by ``g``: :meth:`operator` times ``U``."""
         return _multiply(self.operator(g, role, power), U)
 
-    def mover(self, g: torch.Tensor, checked: bool = True) -> Callable[..., torch.Tensor]:
+    def mover(self, g: torch.Tensor, checked: bool = True) -> Mover:
         """:meth:`act` with ``g`` fixed, for moving many regions by one element: ``mover(g)(U, role, power)`` equals
         ``act(g, U, role, power)``. ``g`` is checked once (:meth:`check_element`, unless ``checked=False``) and each
-        :meth:`operator` is computed once per ``(role, power)``; ``GL`` reuses its membership check's inverse.
+        :meth:`operator` is computed once per ``(role, power)``; ``GL`` reuses its membership check's inverse. A
+        diagonal operator (scalings, sign flips) is also offered as a vector (:meth:`Mover.diagonal`).
 
         >>> move = PositiveScaling(2).mover(torch.tensor([2.0, 4.0], dtype=torch.float64))
         >>> move(torch.ones(2, 1, dtype=torch.float64), "in").flatten().tolist()
+        [0.5, 0.25]
+        >>> move.diagonal("in").tolist()
         [0.5, 0.25]
         """
         if checked:
             self.check_element(g)
         if type(self).act is not SiteGroup.act:   # a group acting otherwise than by multiplying (indexing, adding)
-            return functools.partial(self.act, g)
-        operators: list = []   # [(role, power, diagonal?, operator)]: a few entries, and a Fraction hashes slowly
+            return Mover(functools.partial(self.act, g))
+        operators: list = []   # [(role, power, vector or None, operator)]: a few entries; a Fraction hashes slowly
+
+        def operator(role: str, power: Power) -> tuple[torch.Tensor | None, torch.Tensor]:
+            for known_role, known_power, vector, matrix in operators:
+                if known_role == role and (known_power is power or known_power == power):
+                    return vector, matrix
+            matrix = self.operator(g, role, power)
+            vector = matrix if matrix.dim() == 1 else None
+            matrix = matrix.unsqueeze(1) if vector is not None else matrix   # a diagonal as a column: _multiply
+            operators.append((role, power, vector, matrix))
+            return vector, matrix
 
         def move(U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
-            for known_role, known_power, diagonal, operator in operators:
-                if known_role == role and (known_power is power or known_power == power):
-                    break
-            else:
-                operator = self.operator(g, role, power)
-                diagonal = operator.dim() == 1
-                operator = operator.unsqueeze(1) if diagonal else operator   # a diagonal as a column: _multiply
-                operators.append((role, power, diagonal, operator))
-            return operator * U if diagonal else operator @ U
-        return move
+            vector, matrix = operator(role, power)
+            return matrix * U if vector is not None else matrix @ U
+        return Mover(move, lambda role, power: operator(role, power)[0])
 
     def infinitesimal(self, M: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         """``d/dt operator(exp(tM), role, power)`` at ``t = 0``: ``M`` on a written region, ``−Mᵀ`` on a read one."""
@@ -588,18 +659,13 @@ class GeneralLinear(SiteGroup):
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis + basis.transpose(1, 2) - torch.diag_embed(torch.diagonal(basis, dim1=1, dim2=2))
 
-    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
-                                 device: Device = "cpu") -> torch.Tensor:
-        h = _concrete(self.width)  # basis E_ij in row-major order: the coefficients are the entries
-        return torch.randn(h * h, generator=generator, dtype=dtype).to(device).reshape(h, h)
-
     def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         return [_reflection(_concrete(self.width), dtype, device)]
 
     def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         return checked_inverse(g, tol)[1]
 
-    def mover(self, g: torch.Tensor, checked: bool = True) -> Callable[..., torch.Tensor]:
+    def mover(self, g: torch.Tensor, checked: bool = True) -> Mover:
         """:meth:`SiteGroup.mover`: one LU factorisation of ``g`` both checks it (:func:`checked_inverse`) and gives the
         ``g⁻ᵀ`` that a reading region moves by, so the check costs ``O(h²)`` on top of the action."""
         if checked:
@@ -614,7 +680,7 @@ class GeneralLinear(SiteGroup):
         def move(U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
             self._check_role(role)
             return (g if role == "out" else inverse_transpose) @ U
-        return move
+        return Mover(move)
 
 
 @dataclass(frozen=True)
@@ -661,13 +727,18 @@ class Orthogonal(SiteGroup):
         basis[torch.arange(len(rows)), rows, cols] = 1
         return basis - basis.transpose(1, 2)
 
-    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
-                                 device: Device = "cpu") -> torch.Tensor:
-        h = _concrete(self.width)  # basis E_ij − E_ji, i < j, in row-major order
-        rows, cols = torch.triu_indices(h, h, offset=1)
-        upper = torch.zeros(h, h, dtype=dtype)
-        upper[rows, cols] = torch.randn(len(rows), generator=generator, dtype=dtype)
-        return (upper - upper.T).to(device)
+    def algebra_element(self, coordinates: torch.Tensor) -> torch.Tensor:
+        """``Σ c_ij (E_ij − E_ji)`` over ``i < j`` in row-major order: the coordinates fill the upper triangle."""
+        self._check_coordinates(coordinates)
+        h = _concrete(self.width)
+        rows, cols = torch.triu_indices(h, h, offset=1, device=coordinates.device)
+        flat = coordinates.reshape(-1, coordinates.shape[-1])
+        upper = flat.new_zeros(flat.shape[0], h * h).index_copy(1, rows * h + cols, flat)
+        upper = upper.reshape(*coordinates.shape[:-1], h, h)
+        return upper - upper.transpose(-1, -2)
+
+    def project_to_algebra(self, A: torch.Tensor) -> torch.Tensor:
+        return (A - A.transpose(-1, -2)) / 2
 
     def rep_inverse(self, g: torch.Tensor) -> torch.Tensor:
         return g.transpose(-1, -2)
@@ -765,11 +836,16 @@ class OrthogonalFixingOnes(Orthogonal):
         P = _ones_complement(h, dtype, device)
         return P @ Orthogonal(h - 1).algebra_basis(dtype, device) @ P.T
 
-    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
-                                 device: Device = "cpu") -> torch.Tensor:
+    def project_to_algebra(self, A: torch.Tensor) -> torch.Tensor:
+        centre = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device) - 1 / A.shape[-1]   # Π = I − 11ᵀ/h
+        return centre @ super().project_to_algebra(A) @ centre
+
+    def algebra_element(self, coordinates: torch.Tensor) -> torch.Tensor:
+        """``P A Pᵀ`` for ``A`` the element of ``so(h − 1)`` with these coordinates (``P``: :func:`_ones_complement`,
+        orthonormal columns spanning ``1^⊥``)."""
         h = _concrete(self.width)
-        P = _ones_complement(h, dtype, device)
-        return P @ Orthogonal(h - 1).gaussian_algebra_element(generator, dtype, device) @ P.T
+        P = _ones_complement(h, coordinates.dtype, coordinates.device)
+        return P @ Orthogonal(h - 1).algebra_element(coordinates) @ P.T
 
     def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         h = _concrete(self.width)
@@ -982,11 +1058,19 @@ class ComplexScaling(SiteGroup):
     def symmetric_basis(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         return self.algebra_basis(dtype, device)[:_concrete(self.width) // 2]
 
-    def gaussian_algebra_element(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
-                                 device: Device = "cpu") -> torch.Tensor:
-        h = _concrete(self.width)   # the coefficients of the scalings, then of the rotations
-        coefficients = torch.randn(h, generator=generator, dtype=dtype).to(device)
-        return _from_planes(coefficients[:h // 2], coefficients[h // 2:])
+    def algebra_element(self, coordinates: torch.Tensor) -> torch.Tensor:
+        """``Σ_i a_i S_i + b_i J_i`` for coordinates ``(a, b)``: the scalings' coefficients, then the rotations'."""
+        self._check_coordinates(coordinates)
+        m = _concrete(self.width) // 2
+        return _from_planes(coordinates[..., :m], coordinates[..., m:])
+
+    def project_to_algebra(self, A: torch.Tensor) -> torch.Tensor:
+        """Per plane ``a = (A_ii + A_{i+m,i+m})/2``, ``b = (A_{i+m,i} − A_{i,i+m})/2`` (``S_i``, ``J_i`` are orthogonal,
+        each of norm ``√2``)."""
+        m = A.shape[-1] // 2
+        diagonal = torch.diagonal(A, dim1=-2, dim2=-1)
+        lower, upper = torch.diagonal(A[..., m:, :m], dim1=-2, dim2=-1), torch.diagonal(A[..., :m, m:], dim1=-2, dim2=-1)
+        return _from_planes((diagonal[..., :m] + diagonal[..., m:]) / 2, (lower - upper) / 2)
 
     def exp(self, M: torch.Tensor) -> torch.Tensor:
         """``exp(a I + b J) = e^a (cos b I + sin b J)`` per plane, for ``M`` in the Lie algebra."""
@@ -1134,6 +1218,17 @@ class Permutations(SiteGroup):
     def act(self, g: torch.Tensor, U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         self._check_role(role)   # g U for a permutation matrix g (= its own inverse transpose), by indexing
         return U[g.argmax(-1)]
+
+    def mover(self, g: torch.Tensor, checked: bool = True) -> Mover:
+        """:meth:`SiteGroup.mover`: the permutation read off ``g`` once, every region moved by indexing."""
+        if checked:
+            self.check_element(g)
+        index = g.argmax(-1)
+
+        def move(U: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
+            self._check_role(role)
+            return U[index]
+        return Mover(move)
 
     @property
     def is_trivial(self) -> bool:

@@ -17,6 +17,7 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeAlias, TypeGuard
 
+import sympy as sp
 import torch
 
 from symalg.catalogue.activations import CATALOGUE
@@ -129,6 +130,20 @@ def _layer_call(state: Inference, data: NodeData, inputs: Inputs, data_position:
 
 # -- activations and unknown ops ---------------------------------------------------------------
 
+def _fraction(value: object) -> Fraction:
+    """An exact number (an ``int`` or a SymPy rational: a group's ``alpha`` or ``c``) as a ``Fraction``, without
+    printing it (SymPy's printer costs a millisecond, once per activation of a deep model).
+
+    >>> import sympy as sp
+    >>> _fraction(sp.Rational(3, 2)), _fraction(2)
+    (Fraction(3, 2), Fraction(2, 1))
+    """
+    number = sp.sympify(value)
+    if not number.is_Rational:
+        raise ValueError(f"{value!r} is not an exact rational number")
+    return Fraction(int(number.p), int(number.q))
+
+
 def activation_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """A catalogue activation on the feature axis: ``σ(g z) = π(g) σ(z) + τ(g)`` for the entry's groups
     (``τ ≠ 0`` for affine sign flips, ``σ(−z) = 1 − σ(z)``: the output's segments carry the center). The
@@ -147,9 +162,9 @@ def activation_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
         kinds |= group.kinds_it_preserves
         claimed.append((frozenset(group.kinds_it_preserves), checks))
         if group.homogeneity is not None:
-            alpha = Fraction(str(group.homogeneity))
+            alpha = _fraction(group.homogeneity)
         if group.affine:
-            center = Fraction(str(group.center))
+            center = _fraction(group.center)
     if entry.radial and label.dim != -1 and label.segments:
         state.restrict_label(label, set(), node, f"{state.where(node)}: radial activation on a non-last axis",
                              blocked=True)

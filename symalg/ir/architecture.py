@@ -41,7 +41,7 @@ import sympy as sp
 from symalg.errors import SpecError
 from symalg.frontend.grammar import MAX_WIDTH, check_entries, is_plain_name
 
-__all__ = ["Architecture", "Width", "as_width", "at_least", "to_spec_string", "validate"]
+__all__ = ["Architecture", "Width", "as_width", "at_least", "to_spec_string", "validate", "width_less", "width_max"]
 
 Width: TypeAlias = int | sp.Symbol
 
@@ -53,8 +53,40 @@ def at_least(width: Width, n: int) -> bool:
     >>> at_least(1, 2), at_least(sp.Symbol("h", positive=True, integer=True), 2)
     (False, True)
     """
+    if isinstance(width, int):
+        return width >= n
+    if isinstance(width, sp.Symbol):   # a positive integer, unbounded above: never provably below n (SymPy's Ge costs
+        return True                    # an assumptions query, milliseconds per site)
     relation = sp.Ge(width, n)
     return bool(relation) if relation in (sp.true, sp.false) else True
+
+
+def width_max(a: Width | sp.Expr, b: Width | sp.Expr) -> Width | sp.Expr:
+    """``max(a, b)`` of two offsets or widths (non-negative ints or SymPy expressions in positive widths), decided by
+    SymPy only where neither is zero, nor both equal, nor both ints (an assumptions query costs milliseconds).
+
+    >>> h = sp.Symbol("h", positive=True, integer=True)
+    >>> width_max(0, h), width_max(h, h), width_max(2, 3)
+    (h, h, 3)
+    """
+    if isinstance(a, int) and isinstance(b, int):
+        return max(a, b)
+    if a == 0 or a == b:
+        return b
+    return a if b == 0 else max(a, b)
+
+
+def width_less(a: Width | sp.Expr, b: Width | sp.Expr) -> bool:
+    """``a < b`` of two offsets or widths, as :func:`width_max` decides: Python for ints, ``False`` for equal ones,
+    SymPy otherwise (a ``TypeError`` when SymPy cannot decide, as ``a < b`` itself).
+
+    >>> h = sp.Symbol("h", positive=True, integer=True)
+    >>> width_less(h, h), width_less(0, h), width_less(h, h + 1)
+    (False, True, True)
+    """
+    if isinstance(a, int) and isinstance(b, int):
+        return a < b
+    return False if a == b else bool(a < b)
 
 
 def as_width(value: object, where: str) -> Width:

@@ -52,7 +52,7 @@ import sympy as sp
 from symalg.catalogue.bindings import Binding
 from symalg.catalogue.activations import CATALOGUE
 from symalg.errors import SpecError
-from symalg.ir.architecture import at_least
+from symalg.ir.architecture import at_least, width_less, width_max
 from symalg.ir.graph import ModelGraph
 
 __all__ = ["Blocked", "Segment", "Label", "SiteClass", "PermutationClass", "ModelSites", "Inference", "solve", "KINDS",
@@ -296,10 +296,10 @@ class Inference:
         covered = 0
         for seg in sorted(label.segments, key=lambda s: s.offset):
             self.bind(seg.site, Binding(tensor, axis, seg.offset, seg.width, seg.block, role, seg.power, node=node))
-            if seg.offset > covered:
+            if width_less(covered, seg.offset):
                 self.pin(Binding(tensor, axis, covered, seg.offset - covered, node=node), node)
-            covered = max(covered, seg.offset + seg.width * seg.block)
-        if covered < self.shapes[tensor][axis]:
+            covered = width_max(covered, seg.offset + seg.width * seg.block)
+        if width_less(covered, self.shapes[tensor][axis]):
             self.pin(Binding(tensor, axis, covered, self.shapes[tensor][axis] - covered, node=node), node)
 
     def pin(self, region: Binding, node: str) -> None:

@@ -147,14 +147,7 @@ class AngularMomentum:
         if not terms:
             raise ValueError(f"{self.name}: the symmetry moves no parameter")
         G = sum(terms[1:], terms[0])
-        J = G - G.T
-        group = self.symmetry.group
-        h = int(group.width)
-        if int(group.dim) != h * (h - 1) // 2:  # a subalgebra of so(h): keep the part it pairs with
-            basis = group.algebra_basis(J.dtype, J.device).reshape(int(group.dim), -1)
-            coefficients = torch.linalg.solve(basis @ basis.T, basis @ J.reshape(-1))
-            J = (coefficients @ basis).reshape(h, h)
-        return J
+        return self.symmetry.group.project_to_algebra(G - G.T)   # a subalgebra of so(h): the part it pairs with
 
     def latex(self) -> str:
         return (rf"J_{{{name_latex(self.symmetry.site)}}} = G - G^{{T}},\ G = \sum_{{\mathrm{{out}}}} \dot U U^{{T}} "
@@ -245,7 +238,7 @@ class Symmetry:
         return any(b.buffer and self.group.moves_region(b.power) for b in self.bindings) or \
             any(f.moves_buffers for f in self.translations)
 
-    @property
+    @cached_property
     def tensors(self) -> tuple[str, ...]:
         """Names of the tensors the action moves."""
         names = [b.tensor for b in self.bindings] + [r.tensor for f in self.translations for r in f.regions] + \
@@ -257,13 +250,17 @@ class Symmetry:
         """The bindings the action moves: a group permuting entries moves a diagonal map's region once
         (``permutes_entries``); positive scaling leaves regions of power 0 (the readers of a normalised value)
         where they are (``moves_region``)."""
+        return list(self._moving_bindings)
+
+    @cached_property
+    def _moving_bindings(self) -> tuple[Binding, ...]:
         moving = [b for b in self.bindings if self.group.moves_region(b.power)]
         if not self.group.permutes_entries:
-            return moving
+            return tuple(moving)
         first: dict = {}
         for b in moving:
             first.setdefault(b.region, b)
-        return list(first.values())
+        return tuple(first.values())
 
     def apply(self, params: Mapping[str, torch.Tensor], g: torch.Tensor,
               inplace: bool = False, checked: bool = True) -> dict[str, torch.Tensor]:
@@ -284,7 +281,11 @@ class Symmetry:
                 for tensor, change in direction.items():
                     moved[tensor] = moved[tensor] + g[index] * change
             return moved
-        for b in self.moving_bindings():
+        for b in self._moving_bindings:
+            diagonal = move.diagonal(b.role, b.power)
+            if diagonal is not None:   # scale the region where it lies, as hand-written code would
+                moved[b.tensor] = b.scale(moved[b.tensor], diagonal, inplace)
+                continue
             U = b.unfold(moved[b.tensor])
             moved[b.tensor] = b.fold(moved[b.tensor], move(U, b.role, b.power), inplace)
         for bias, column, center, _ in self.shifts:

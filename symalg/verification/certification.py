@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # for the annotation only
     from symalg.symbolic.symmetry import Symmetry
 
 __all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "certification_tolerance", "assert_claims_hold", "claim_errors",
-           "fresh_inputs", "output_change", "sample_elements"]
+           "compose", "fresh_inputs", "output_change", "sample_elements"]
 
 CERTIFICATION_TOLERANCE = 1e-8
 """Largest relative change of any output (float64) a certified claim may cause; false claims found by
@@ -160,6 +160,30 @@ def _forward(model: torch.nn.Module, state: Mapping[str, torch.Tensor], inputs: 
         return output_tensors(functional_call(model, values, inputs, dict(kwargs)))
 
 
+def compose(state: Mapping[str, torch.Tensor],
+            claims: Sequence[tuple[Symmetry, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """``state`` moved by every ``(symmetry, g)`` of ``claims`` in turn, for elements ``g`` the groups drew themselves
+    (:func:`sample_elements`: not checked again). Each tensor a claim moves is copied once and moved in place, and each
+    claim sees only the tensors it touches, so composing ``n`` claims costs their moves, not ``n`` copies of ``state``
+    (a model with thousands of tensors and of claims); the other tensors are shared with ``state``.
+
+    >>> import torch, symalg
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1)).double()
+    >>> scaling = symalg.derive(symalg.trace(model, (torch.randn(4, 2, dtype=torch.float64),))).symmetries[0]
+    >>> state = dict(model.named_parameters())
+    >>> moved = compose(state, [(scaling, torch.full((3,), 2.0, dtype=torch.float64))])
+    >>> torch.equal(moved["0.bias"], 2 * state["0.bias"]), moved["2.bias"] is state["2.bias"]
+    (True, True)
+    """
+    moved = dict(state)
+    for name in {t for symmetry, _ in claims for t in symmetry.tensors}:
+        moved[name] = state[name].detach().clone()
+    for symmetry, g in claims:
+        touched = {t: moved[t] for t in (*symmetry.tensors, *(column.tensor for _, column, _, _ in symmetry.shifts))}
+        moved.update(symmetry.apply(touched, g, inplace=True, checked=False))
+    return moved
+
+
 def output_change(moved: Sequence[tuple[str, torch.Tensor]], reference: Sequence[tuple[str, torch.Tensor]],
                   cross_entropy: bool) -> tuple[float, str]:
     """``(worst relative change, output path)`` between two :func:`~symalg.frontend.outputs.output_tensors` lists:
@@ -232,10 +256,7 @@ def claim_errors(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, d
         reference = _forward(model, state, x, keywords, parameters, seed + draw, device)
 
         def change(group_elements: list[tuple[Symmetry, tuple[str, torch.Tensor]]]) -> tuple[float, str]:
-            touched = {t for symmetry, _ in group_elements for t in symmetry.tensors}
-            moved = {k: v.clone() if k in touched else v for k, v in state.items()}  # one copy, moved in place
-            for symmetry, (_, g) in group_elements:
-                moved = symmetry.apply(moved, g, inplace=True, checked=False)  # g from group.sample
+            moved = compose(state, [(symmetry, g) for symmetry, (_, g) in group_elements])
             return output_change(_forward(model, moved, x, keywords, parameters, seed + draw, device), reference,
                                  cross_entropy)
 

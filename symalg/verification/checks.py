@@ -15,12 +15,18 @@ from symalg.errors import SpecError
 from symalg.numeric.linalg import relative_error
 from symalg.lowering.codegen import evaluate_symbolic
 
-__all__ = ["CheckResult", "VerificationReport", "TOLERANCES", "check_device", "check_angular_momentum",
+__all__ = ["CheckResult", "VerificationReport", "TOLERANCES", "MAX_GENERATORS", "check_device",
+           "check_angular_momentum",
            "check_gd_drift", "check_gradient_flow", "check_gradient_orthogonality",
-           "check_params", "compare_to_sympy", "integrate_gradient_flow", "loss_gradients", "relative_error", "rk4"]
+           "check_params", "compare_to_sympy", "gradient_norm", "integrate_gradient_flow", "loss_gradients",
+           "relative_error", "rk4"]
 
 TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4}
 """Relative tolerance of every check, keyed by dtype."""
+
+MAX_GENERATORS = 64
+"""Most Lie-algebra elements ``gradient_orthogonality`` pairs with the gradient: the basis up to this dimension, random
+combinations of it beyond (:meth:`~symalg.catalogue.groups.SiteGroup.algebra_sample`)."""
 
 Params = Mapping[str, torch.Tensor]
 Loss = Callable[[Params], torch.Tensor]
@@ -123,7 +129,7 @@ class VerificationReport:
 def loss_gradients(loss: Loss, params: Params) -> dict[str, torch.Tensor]:
     """``∇L`` at ``params`` (``{name: tensor}``), taken on detached copies: ``params`` are not touched. A
     parameter the loss does not use has gradient zero."""
-    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
+    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}   # new tensors sharing the storage
     value = loss(leaves)
     grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
     return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
@@ -131,20 +137,44 @@ def loss_gradients(loss: Loss, params: Params) -> dict[str, torch.Tensor]:
 
 def check_gradient_orthogonality(label: str, tangent: Callable[[torch.Tensor], Params],
                                  basis: torch.Tensor | Sequence[torch.Tensor], grads: Params,
-                                 tol: float) -> CheckResult:
+                                 tol: float, grad_norm: torch.Tensor | None = None,
+                                 vectorised: bool = False) -> CheckResult:
     """``max_M |⟨∇L, M·θ⟩| / (‖∇L‖ ‖M·θ‖)`` over the Lie-algebra elements ``basis``; ``tangent(M)`` returns
     ``{name: M·θ}`` (entries that are not parameters, such as moved buffers, count in ``‖M·θ‖`` only). A zero
-    tangent is orthogonal to everything."""
-    grad_norm = _norm(grads.values())
-    worst = 0.0
-    for M in basis:
-        moved = tangent(M)
-        products = [(grads[k] * v).sum() for k, v in moved.items() if k in grads]
-        norm = _norm(moved.values())
-        if products and norm > 0:  # no product: the inner product is 0
-            inner = sum(products[1:], products[0])
-            worst = max(worst, (inner.abs() / (grad_norm * norm).clamp_min(torch.finfo(norm.dtype).tiny)).item())
+    tangent is orthogonal to everything. ``grad_norm``: ``‖∇L‖`` (:func:`gradient_norm`) when the caller checks many
+    symmetries against the same gradient, so that each check costs its own tensors, not all of them. With
+    ``vectorised``, ``tangent`` maps the whole stacked basis at once under ``torch.func.vmap`` (a symalg
+    ``Symmetry.tangent`` does: out-of-place torch operations only), one call instead of one per element.
+
+    >>> tangent = lambda M: {"w": M * torch.tensor([1.0, 0.0])}
+    >>> grads = {"w": torch.tensor([0.0, 2.0])}
+    >>> check_gradient_orthogonality("scaling", tangent, torch.ones(3, 1), grads, 1e-9, vectorised=True).max_error
+    0.0
+    """
+    grad_norm = gradient_norm(grads) if grad_norm is None else grad_norm
+    if vectorised:
+        stacked = basis if isinstance(basis, torch.Tensor) else torch.stack(list(basis))
+        cosines = [_cosines(torch.func.vmap(tangent)(stacked), grads, grad_norm)] if len(stacked) else []
+    else:
+        cosines = [_cosines({k: v.unsqueeze(0) for k, v in tangent(M).items()}, grads, grad_norm) for M in basis]
+    worst = max((c.max().item() for c in cosines if c.numel()), default=0.0)
     return CheckResult("gradient_orthogonality", label, worst, tol, f"{len(basis)} generators")
+
+
+def _cosines(moved: Mapping[str, torch.Tensor], grads: Params, grad_norm: torch.Tensor) -> torch.Tensor:
+    """``|⟨∇L, t_i⟩| / (‖∇L‖ ‖t_i‖)`` for a batch of tangents ``{name: (k, *shape)}``; 0 where ``t_i = 0`` or where
+    no tangent entry is a parameter (empty when there is none)."""
+    if not moved:
+        return torch.zeros(0)
+    products = [(grads[k] * v).flatten(1).sum(1) for k, v in moved.items() if k in grads]
+    first = next(iter(moved.values()))
+    if not products:
+        return first.new_zeros(first.shape[0])
+    squares = [(v * v).flatten(1).sum(1) for v in moved.values()]
+    norms = torch.sqrt(sum(squares[1:], squares[0]))
+    inner = sum(products[1:], products[0])
+    ratio = inner.abs() / (grad_norm * norms).clamp_min(torch.finfo(norms.dtype).tiny)
+    return torch.where(norms > 0, ratio, torch.zeros_like(ratio))
 
 
 def check_gd_drift(quantity: Any, params: Params, grads: Params, tol: float,
@@ -169,16 +199,36 @@ def _norm(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.sqrt(_squared_norm(tensors))
 
 
+def gradient_norm(grads: Params) -> torch.Tensor:
+    """``‖∇L‖``: the Frobenius norm of a gradient dict (at least one tensor), as a 0-d tensor.
+
+    >>> gradient_norm({"w": torch.tensor([3.0]), "b": torch.tensor([4.0])}).item()
+    5.0
+    """
+    return _norm(grads.values())
+
+
 def rk4(field: Callable[[dict[Key, torch.Tensor]], Mapping[Key, torch.Tensor]], state: dict[Key, torch.Tensor],
         dt: float, steps: int) -> dict[Key, torch.Tensor]:
-    """Integrate ``d state/dt = field(state)`` (dicts of tensors) with the classical RK4 scheme."""
+    """Integrate ``d state/dt = field(state)`` (dicts of tensors) with the classical RK4 scheme. The updates run as
+    ``torch._foreach_*`` operations over all tensors at once (a model with thousands of tensors)."""
+    keys = list(state)
+    x: list[torch.Tensor] | tuple[torch.Tensor, ...] = [state[k] for k in keys]
+
+    def slope(at: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        value = field(dict(zip(keys, at)))
+        return [value[k] for k in keys]
+
     for _ in range(steps):
-        k1 = field(state)
-        k2 = field({k: state[k] + dt / 2 * k1[k] for k in state})
-        k3 = field({k: state[k] + dt / 2 * k2[k] for k in state})
-        k4 = field({k: state[k] + dt * k3[k] for k in state})
-        state = {k: state[k] + dt / 6 * (k1[k] + 2 * k2[k] + 2 * k3[k] + k4[k]) for k in state}
-    return state
+        k1 = slope(x)
+        k2 = slope(torch._foreach_add(x, k1, alpha=dt / 2))
+        k3 = slope(torch._foreach_add(x, k2, alpha=dt / 2))
+        k4 = slope(torch._foreach_add(x, k3, alpha=dt))
+        total = torch._foreach_add(k1, k2, alpha=2)   # k1 + 2 k2 + 2 k3 + k4
+        torch._foreach_add_(total, k3, alpha=2)
+        torch._foreach_add_(total, k4)
+        x = torch._foreach_add(x, total, alpha=dt / 6)
+    return dict(zip(keys, x))
 
 
 def _flow_step(params: Params, grads: Params, max_dt: float = 2.5e-4, max_move: float = 1e-4) -> float:
@@ -244,7 +294,8 @@ def check_angular_momentum(analysis: Rotating, loss: Loss, params: Params, grads
 
 
 def compare_to_sympy(lowered: Mapping[str, torch.Tensor], exprs: Mapping, values: Mapping) -> float:
-    """Largest relative difference between lowered tensors and SymPy's exact values of ``exprs``."""
+    """Largest relative difference between lowered tensors and the values of ``exprs`` at ``values`` (SymPy's meaning
+    of each node, :func:`~symalg.lowering.codegen.evaluate_symbolic`)."""
     return max(relative_error(lowered[n].detach().cpu().double(),
                               torch.from_numpy(evaluate_symbolic(e, values)).reshape(lowered[n].shape))
                for n, e in exprs.items())
