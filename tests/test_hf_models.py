@@ -19,7 +19,8 @@ from symalg.verification.certification import CERTIFICATION_TOLERANCE, claim_err
 transformers = pytest.importorskip("transformers")
 
 VOCAB, LENGTH = 50, 7
-CACHE = ("last_hidden_state", "past_key_values.layers.0.keys", "past_key_values.layers.0.values")
+CACHE = ("last_hidden_state", "cache.layers.0.keys", "cache.layers.0.values")
+"""The outputs of a decoder returning its key/value cache (transformers 5.24 names the field ``cache``)."""
 POOLED = ("last_hidden_state", "pooler_output")
 ATTENTION = ["GL(8)"] * 4 + ["S(2)", "S(32)"] + ["Translations(8, bias)"] * 2
 """Per-head GL(d_k), GL(d_v) of 2 heads, the head permutations, the FFN's permutations, and each head's key bias
@@ -114,7 +115,7 @@ def test_a_returned_key_value_cache_blocks_the_attention_groups_it_changes(one_t
     cached = symalg.derive(symalg.from_torch(model, input_ids=ids))
     assert cached.model_graph.output_paths == ("last_hidden_state", "pooler_output", *CACHE[1:])
     assert [s.group.name for s in cached.symmetries] == ["S(32)"]
-    assert "note: past_key_values is an output (a key/value cache: the attention symmetries that move keys or " \
+    assert "note: cache is an output (a key/value cache: the attention symmetries that move keys or " \
            "values change it; trace with use_cache=False" in str(cached)
     plain = symalg.derive(symalg.from_torch(model, input_ids=ids, use_cache=False))
     assert plain.model_graph.example_kwargs == {"input_ids": ids, "use_cache": False}
@@ -125,7 +126,7 @@ def test_a_returned_key_value_cache_blocks_the_attention_groups_it_changes(one_t
         if label.startswith("S(32)"):
             assert error <= CERTIFICATION_TOLERANCE
         else:
-            assert error > 1e3 * CERTIFICATION_TOLERANCE and output.startswith("past_key_values.layers.0."), label
+            assert error > 1e3 * CERTIFICATION_TOLERANCE and output.startswith("cache.layers.0."), label
 
 
 def test_the_report_says_which_tracer_ran_and_why_the_other_failed():
