@@ -4,6 +4,7 @@ numerically and blocks the ones that fail, with the measured error; ``verify`` c
 False claims are produced on purpose: a monkeypatched op rule (``sin`` read as the identity claims
 ``GL`` through it), and a traced graph whose module later returns per-head attention weights (the
 forward that certification and verification run is the module's own)."""
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,8 @@ from torch import nn
 
 import symalg
 from symalg.catalogue import rules as op_rules
-from symalg.verification.certification import CERTIFICATION_TOLERANCE, assert_claims_hold, sample_elements
+from symalg.verification.certification import (CERTIFICATION_TOLERANCE, assert_claims_hold, claim_errors,
+                                               sample_elements)
 from symalg.symbolic.derive import derive
 from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
 
@@ -142,11 +144,12 @@ def relu_mlp(depth: int) -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(4, 2)).double()
 
 
-def test_certification_costs_a_fixed_number_of_forward_passes_whatever_the_number_of_claims():
-    # All claims pass together: 2 draws x (1 reference + 1 pass per round), rounds = most test elements
-    # of one group (S(4): 2 discrete generators; PositiveScaling: 2 elements), not the number of claims.
+def test_certification_costs_forward_passes_logarithmic_in_the_number_of_claims():
+    # 2 draws x (1 reference + 1 pass per set of each round): rounds = most test elements of one group (S(4): 2
+    # discrete generators; PositiveScaling: 2 elements), non-empty sets per round: 2 claims one by one, 10 claims in
+    # 7 sets (two base-4 digits), 40 in 11 (three digits)
     passes = {}
-    for depth in (1, 5):
+    for depth in (1, 5, 20):
         model = relu_mlp(depth)
         graph = symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),))
         calls = []
@@ -155,7 +158,37 @@ def test_certification_costs_a_fixed_number_of_forward_passes_whatever_the_numbe
         assert len(analysis.symmetries) == 2 * depth
         assert all(e.error <= CERTIFICATION_TOLERANCE for e in analysis.certification)
         passes[depth] = len(calls)          # certification runs a copy of the module, hooks included
-    assert passes == {1: 6, 5: 6}
+    assert passes == {1: 2 * (1 + 2 * 2), 5: 2 * (1 + 2 * 7), 20: 2 * (1 + 2 * 11)}
+
+
+class Gated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.gate, self.up, self.down = nn.Linear(3, 4), nn.Linear(3, 4), nn.Linear(4, 3)
+        self.tail = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(3, 3), nn.Tanh())], nn.Linear(3, 2))
+
+    def forward(self, x):
+        return self.tail(self.down(torch.tanh(self.gate(x)) * self.up(x)))
+
+
+def test_certification_tells_apart_two_false_claims_whose_composition_holds():
+    """The gate and up rows of a gated MLP are permuted together; split in two, each half changes the output, while
+    both moved by the same swap do not. Composed in sets that separate every two claims, each half fails alone."""
+    model = Gated().double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
+    joint = next(s for s in analysis.symmetries if s.label == "S(4) on gate")
+    gate_half = dataclasses.replace(joint, bindings=tuple(b for b in joint.bindings if not b.tensor.startswith("up")))
+    up_half = dataclasses.replace(joint, site="up", bindings=tuple(b for b in joint.bindings
+                                                                    if b.tensor.startswith("up")))
+    claims = [s for s in analysis.symmetries if s is not joint] + [gate_half, up_half]
+    assert len(claims) > 8   # more than 4 · 2 digits: the claims are composed in sets, not checked one by one
+    errors = {e.symmetry.label: e for e in claim_errors(analysis, symmetries=claims)}
+    assert not errors["S(4) on gate"].holds and not errors["S(4) on up"].holds
+    assert errors["S(4) on gate"].error > 1e-4 and "composed" not in errors["S(4) on gate"].element
+    others = [e for label, e in errors.items() if "S(4)" not in label]
+    assert others and all(e.holds for e in others) and any("composed with" in e.element for e in others)
+    assert all(e.holds for e in claim_errors(analysis))
 
 
 class TanhMLP(nn.Module):

@@ -70,7 +70,7 @@ from torch.func import functional_call
 from symalg.numeric.orbit_rank import model_orbit_dimension
 from symalg.symbolic.derive import Analysis
 from symalg.symbolic.symmetry import Symmetry
-from symalg.verification.certification import compose, output_change, sample_elements
+from symalg.verification.certification import check_in_separating_sets, compose, output_change, sample_elements
 from symalg.errors import SpecError
 from symalg.frontend.outputs import output_tensors
 from symalg.verification.checks import (MAX_GENERATORS, TOLERANCES, CheckResult, VerificationReport,
@@ -314,25 +314,16 @@ def _orbit_dimension(analysis: Analysis, state: Params) -> CheckResult:
     return CheckResult("orbit_dimension", "*", float(error), 0.0, detail)
 
 
-SPLIT_BASE = 4
-"""The invariance check composes claims in ``SPLIT_BASE`` sets per digit of their positions written in this base
-(:func:`_invariance`): ``4 log₄ n`` forward passes and ``n log₄ n`` moves per round, the fewest in all for a deep model
-(base 2: as many passes, twice the moves)."""
-
-
 def _invariance(symmetries: Sequence[Symmetry], state: Params, forward: Callable[[Params], Outputs],
                 loss_of: Callable[[Outputs], torch.Tensor], cross_entropy: bool, generator: torch.Generator,
                 dtype: torch.dtype, device: str | torch.device, tol: float) -> list[CheckResult]:
     """Each symmetry's worst relative change of any output or of the loss under its test elements, claims composed.
 
     Round ``r`` moves θ by the ``r``-th test element (:func:`sample_elements`) of every symmetry that has one. A
-    composition of symmetries is a symmetry, so one forward pass checks a whole set of claims: the sets of a round
-    group the claims by each digit of their positions in base :data:`SPLIT_BASE` (``4⌈log₄ n⌉`` passes for ``n``
-    claims instead of ``n``; up to ``4⌈log₄ n⌉`` claims are checked one at a time). Any two claims differ in some
-    digit, so they are apart in some set: two false claims whose composition holds (one tie split in two, moved by
-    the same discrete generator) cannot pass together. A failing set is halved until its failing claims are alone; a
-    claim failing alone leaves the round's other sets. A claim's error is the worst of the passing sets it was in and
-    its own error where it failed alone. Each claim draws its elements from its own generator (seeded from
+    composition of symmetries is a symmetry, so one forward pass checks a whole set of claims, in sets that separate
+    every two claims (:func:`~symalg.verification.certification.check_in_separating_sets`, as certification does:
+    ``4⌈log₄ n⌉`` passes for ``n`` claims instead of ``n``), so two false claims whose composition holds cannot pass
+    together. A claim's error is the worst of the passing sets it was in and its own error where it failed alone. Each claim draws its elements from its own generator (seeded from
     ``generator``), anew each round: one round's elements are held at a time.
     """
     with torch.no_grad():
@@ -351,41 +342,21 @@ def _invariance(symmetries: Sequence[Symmetry], state: Params, forward: Callable
                 if r < len(sample):
                     elements[i] = sample[r]
             active = [i for i in active if i in elements]
-            failed: set[int] = set()
 
-            def settle(members: list[int]) -> None:
-                """Check ``members`` composed; halve a failing set until its failing claims are alone."""
-                members = [i for i in members if i not in failed]
-                if not members:
-                    return
-                moved = forward(compose(state, [(symmetries[i], elements[i][1]) for i in members]))
+            def change(members: list[int]) -> tuple[float, str]:
+                moved = forward(compose(state, [(symmetries[active[i]], elements[active[i]][1]) for i in members]))
                 error, path = output_change(moved, outputs, cross_entropy)
-                where = f"output {path!r}"
                 loss_error = relative_error(loss_of(moved), base_loss)
-                if not loss_error <= error:
-                    error, where = loss_error, "loss"
-                if not error <= tol and len(members) > 1:
-                    settle(members[:len(members) // 2])
-                    settle(members[len(members) // 2:])
-                    return
-                if not error <= tol:
-                    failed.add(members[0])
+                return (error, f"output {path!r}") if loss_error <= error else (loss_error, "loss")
+
+            def record(members: list[int], error: float, where: str) -> None:
                 others = f" (composed with {len(members) - 1} other claims)" if len(members) > 1 else ""
                 for i in members:
-                    if not error <= worst[i][0]:
-                        worst[i] = (error, f"{elements[i][0]}{others}, {where}")
+                    claim = active[i]
+                    if not error <= worst[claim][0]:
+                        worst[claim] = (error, f"{elements[claim][0]}{others}, {where}")
 
-            digits = 1   # base-4 digits of the positions 0, ..., n − 1
-            while SPLIT_BASE ** digits < len(active):
-                digits += 1
-            if len(active) <= SPLIT_BASE * digits:
-                for i in active:
-                    settle([i])
-            else:
-                for digit in range(digits):
-                    for value in range(SPLIT_BASE):
-                        settle([i for position, i in enumerate(active)
-                                if position // SPLIT_BASE ** digit % SPLIT_BASE == value])
+            check_in_separating_sets(len(active), change, tol, record)
             r += 1
     return [CheckResult("invariance", s.label, error, tol, detail) for s, (error, detail) in zip(symmetries, worst)]
 
