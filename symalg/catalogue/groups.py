@@ -1069,7 +1069,8 @@ class ComplexScaling(SiteGroup):
         each of norm ``√2``)."""
         m = A.shape[-1] // 2
         diagonal = torch.diagonal(A, dim1=-2, dim2=-1)
-        lower, upper = torch.diagonal(A[..., m:, :m], dim1=-2, dim2=-1), torch.diagonal(A[..., :m, m:], dim1=-2, dim2=-1)
+        lower = torch.diagonal(A[..., m:, :m], dim1=-2, dim2=-1)
+        upper = torch.diagonal(A[..., :m, m:], dim1=-2, dim2=-1)
         return _from_planes((diagonal[..., :m] + diagonal[..., m:]) / 2, (lower - upper) / 2)
 
     def exp(self, M: torch.Tensor) -> torch.Tensor:

@@ -323,8 +323,9 @@ def _invariance(symmetries: Sequence[Symmetry], state: Params, forward: Callable
     composition of symmetries is a symmetry, so one forward pass checks a whole set of claims, in sets that separate
     every two claims (:func:`~symalg.verification.certification.check_in_separating_sets`, as certification does:
     ``4⌈log₄ n⌉`` passes for ``n`` claims instead of ``n``), so two false claims whose composition holds cannot pass
-    together. A claim's error is the worst of the passing sets it was in and its own error where it failed alone. Each claim draws its elements from its own generator (seeded from
-    ``generator``), anew each round: one round's elements are held at a time.
+    together. A claim's error is the worst of the passing sets it was in and its own error where it failed alone.
+    Each claim draws its elements from its own generator (seeded from ``generator``), anew each round: one round's
+    elements are held at a time.
     """
     with torch.no_grad():
         outputs = forward(state)
