@@ -232,6 +232,17 @@ def test_block_family_ops_run_as_printed(tmp_path):
     assert {op for op in fuzz.OPS if op.startswith("rope")} <= used
 
 
+def test_every_rotary_block_runs_grouped_query_attention_with_tables_per_head_included():
+    """Tables per head are drawn for the query heads and the key heads apart: every drawn model runs (model 13 is the
+    first with tables per head and grouped keys)."""
+    cases = [fuzz.generate(0, i, "block") for i in range(300)]
+    rotary = [c for c in cases if "-rope-" in c.variant]
+    assert len(rotary) > 50 and "gqa" in cases[13].variant and "rope-per-head" in cases[13].variant
+    for case in rotary:
+        model, (x,) = case.build()
+        model(x)
+
+
 def test_a_shared_block_calls_the_same_modules_twice():
     case = next(c for c in (fuzz.generate(0, i, "block") for i in range(100)) if "shared" in c.variant)
     calls = [dict(s.constants).get("layer") for s in case.steps if s.op in ("layer", "mha", "mha_causal", "rms_hf")]

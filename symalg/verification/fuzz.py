@@ -816,7 +816,7 @@ def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None
         cls = rng.choice(["LayerNorm", "RMSNorm"])
         q, k = b.call(b.add(cls, dk), q), b.call(b.add(cls, dk), k)
     if rope:
-        q, k = _block_rope(b, rope, q, k, heads, t, dk)
+        q, k = _block_rope(b, rope, q, k, heads, groups, t, dk)
 
     def repeat(z: str) -> str:
         r = heads // groups
@@ -868,14 +868,18 @@ ROPE_KINDS = ("hf", "hf", "swapped", "per-head", "learned", "q-only", "partial",
 """The rotary embeddings :func:`_block_rope` draws (Hugging Face's twice as often as each near miss)."""
 
 
-def _block_rope(b: _Builder, kind: str, q: str, k: str, heads: int, t: int, dk: int) -> tuple[str, str]:
+def _block_rope(b: _Builder, kind: str, q: str, k: str, heads: int, groups: int, t: int, dk: int) -> tuple[str, str]:
     """Rotary embeddings of ``kind`` (:data:`ROPE_KINDS`) on the split queries and keys (``(B, H, T, d_k)``): Hugging
     Face's (``rope_tables`` and ``q·cos + rotate_half(q)·sin``, or ``rotate_half(q)·sin + cos·q``), and near misses
     the rules must not take for it: tables that differ per head (the head permutation must go), learned tables (not
     equal on the halves: the query/key group must go), the queries alone rotated, GPT-NeoX's partial rotation (the
-    first half of ``d_k``), GPT-J's interleaved pairs, ``rotate_half`` without its sign."""
+    first half of ``d_k``), GPT-J's interleaved pairs, ``rotate_half`` without its sign. Tables per head are drawn for
+    the ``heads`` query heads and the ``groups`` key heads apart (other tables for the queries than for the keys)."""
     if kind == "per-head":
         cos, sin = b.ops("rope_tables_per_head", q, dim=dk, heads=heads, outs=2)
+        if groups != heads:
+            key_cos, key_sin = b.ops("rope_tables_per_head", k, dim=dk, heads=groups, outs=2)
+            return b.op("rope", q, cos, sin), b.op("rope", k, key_cos, key_sin)
     elif kind == "learned":
         cos, sin = (b.op("param", layer=b.add("Parameter", t, dk)) for _ in range(2))
     elif kind == "interleaved":
