@@ -24,6 +24,7 @@ Usage::
 
     python benchmarks/bench_scaling.py                    # about 5 min on an idle 2-core machine; writes the PNG
     python benchmarks/bench_scaling.py --quick --out /tmp/scaling.png --json /tmp/scaling.json
+    python benchmarks/bench_scaling.py --from-json /tmp/scaling.json  # redraw docs/images/scaling.png only
 
 As a function: ``run(quick=True)`` → ``{"machine", "commit", "rows": [{"sweep", "depth", "width", "params",
 "seconds": {stage: s or None}, "values": {"orbit": …, "conserved": …}}], "exponents": {"depth" | "width" |
@@ -185,8 +186,10 @@ def plot(result: dict, path: str) -> None:
                 ax.loglog([p[0] for p in points], [p[1] for p in points], style, marker=marker, color=colors[stage],
                           label=name)
         ax.axhline(FLOOR, color="0.8", linewidth=0.8)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        if curves[0][1] != "params":         # depth and width: a tick at every measured value
+            ax.set_xticks(sorted({r[curves[0][1]] for r in result["rows"] if r["sweep"] == curves[0][0]}))
+            ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel(label)
         ax.set_ylabel("seconds")
         ax.grid(True, which="both", alpha=0.3)
@@ -210,7 +213,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs",
                                                       "images", "scaling.png"), help="the PNG to write")
     parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--from-json", help="measure nothing: draw the figure of a JSON file written by --json")
     args = parser.parse_args(argv)
+    if args.from_json:
+        import json
+
+        with open(args.from_json) as f:
+            plot(json.load(f), args.out)
+        print(f"figure: {args.out}")
+        return
     result = run(args.quick, args.repeat, args.activation, args.max_entries, echo=True)
     print(f"\ncommit {result['commit']}, torch threads 1, load average {result['machine']['load_average']:.2f}, "
           f"wall {result['wall']:.0f} s\n")

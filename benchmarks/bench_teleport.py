@@ -3,7 +3,8 @@
 **Speed** (:func:`speed`): 10 ascent steps of the gradient-norm objective ``‖∇L‖²`` with the data-dependent ``GL(128)``
 action of eq. 4.13 at the first hidden site of a ``784 → 128 → 128 → 10`` LeakyReLU(0.1) classifier (cross-entropy,
 float64, a batch of ``--batch`` random "images" in ``[0, 1]``, one torch thread), three ways, interleaved in one
-process and repeated (``--repeat``; medians with min..max):
+process and repeated (``--repeat``; medians with min..max of the wall-clock time and of the process's CPU time, which
+a shared machine inflates less: with one torch thread it is the work done):
 
 * ``reference``: [Zhao2026]'s teleportation loop re-implemented from Alg. 1 and Sec. 4.6 (the dissertation's MNIST
   and multi-layer experiments): ``g = I + T``, ``g⁻¹ = I − T`` in eq. 4.13, ``T`` from zero by gradient ascent on
@@ -30,9 +31,10 @@ Usage::
     python benchmarks/bench_teleport.py --quick                # fewer repeats, seeds and epochs
     python benchmarks/bench_teleport.py --part speed --batch 20 --repeat 7
 
-As functions: ``speed(batch=128, repeat=5)`` → ``{"machine", "rows": [{"method", "seconds", "range", "ratio",
-"loss_change", "objective_before", "objective_after"}]}``; ``stability(seeds=5)`` → ``{"machine", "rows": [{"seed",
-"mode", "accuracy", "loss", "grad_before", "grad_after", "accepted"}]}``; ``quick()`` runs both small.
+As functions: ``speed(batch=128, repeat=5)`` → ``{"machine", "rows": [{"method", "seconds", "range", "ratio", "cpu",
+"cpu_range", "cpu_ratio", "loss_change", "objective_before", "objective_after"}]}``; ``stability(seeds=5)`` →
+``{"machine", "rows": [{"seed", "mode", "accuracy", "loss", "grad_before", "grad_after", "accepted"}]}``;
+``quick()`` runs both small.
 """
 from __future__ import annotations
 
@@ -135,10 +137,11 @@ def speed(batch: int = 128, repeat: int = 5, lr: float = 1e-3, steps: int = 10) 
     with torch.no_grad():
         loss0 = float(loss(params))
     runs: dict[str, list[float]] = {"reference": [], "symalg, fixed rate": [], "symalg, default": []}
+    cpu: dict[str, list[float]] = {method: [] for method in runs}
     outcome: dict[str, tuple[float, float, float]] = {}
     for rep in range(repeat + 1):                     # the first round warms up and is not counted
         for method in runs:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             if method == "reference":
                 moved, after = reference(params, x, y, lr, steps)
                 with torch.no_grad():
@@ -151,12 +154,15 @@ def speed(batch: int = 128, repeat: int = 5, lr: float = 1e-3, steps: int = 10) 
                 change, before, after = result.relative_loss_change, result.objective_before, result.objective_after
             if rep:
                 runs[method].append(time.perf_counter() - start)
+                cpu[method].append(time.process_time() - start_cpu)
             outcome[method] = (change, before, after)
     torch.set_num_threads(threads)
-    base = statistics.median(runs["reference"])
+    base, base_cpu = statistics.median(runs["reference"]), statistics.median(cpu["reference"])
     rows = [{"method": m, "seconds": statistics.median(t), "range": (min(t), max(t)),
-             "ratio": statistics.median(t) / base, "loss_change": outcome[m][0], "objective_before": outcome[m][1],
-             "objective_after": outcome[m][2]} for m, t in runs.items()]
+             "ratio": statistics.median(t) / base, "cpu": statistics.median(cpu[m]),
+             "cpu_range": (min(cpu[m]), max(cpu[m])), "cpu_ratio": statistics.median(cpu[m]) / base_cpu,
+             "loss_change": outcome[m][0], "objective_before": outcome[m][1], "objective_after": outcome[m][2]}
+            for m, t in runs.items()]
     return {"machine": {**machine(), "threads": 1}, "batch": batch, "repeat": repeat, "lr": lr, "steps": steps,
             "rows": rows}
 
@@ -233,11 +239,13 @@ def main(argv: list[str] | None = None) -> None:
         result = speed(args.batch, 2 if args.quick else args.repeat)
         print(f"\neq. 4.13 teleport, 10 steps, 784-128-128-10, one GL(128) site, batch {args.batch} "
               f"(median of {result['repeat']}, interleaved):\n")
-        print("| method | seconds (min..max) | / reference | relative loss change | ‖∇L‖² before → after |")
-        print("|---|---:|---:|---:|---:|")
+        print("| method | wall s (min..max) | / reference | CPU s (min..max) | / reference | relative loss change "
+              "| ‖∇L‖² before → after |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for row in result["rows"]:
-            low, high = row["range"]
+            (low, high), (clow, chigh) = row["range"], row["cpu_range"]
             print(f"| {row['method']} | {row['seconds']:.3f} ({low:.3f}..{high:.3f}) | {row['ratio']:.2f} "
+                  f"| {row['cpu']:.3f} ({clow:.3f}..{chigh:.3f}) | {row['cpu_ratio']:.2f} "
                   f"| {row['loss_change']:.1e} | {row['objective_before']:.4g} → {row['objective_after']:.4g} |")
     if args.part in ("stability", "both"):
         seeds, epochs = (2, 4) if args.quick else (args.seeds, args.epochs)

@@ -393,6 +393,8 @@ class DataCoordinates(Action):
         self._check_coords(coords)
         if bool(coords.detach().any()):
             return self(params, coords)
+        if isinstance(self.action, ExactTeleport):     # its linearisation skips the derivative's zero value too
+            return self.action.first_order(params, coords.reshape(self.widths[0], self.widths[0]), self.x)
 
         def linear(C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             eye = torch.eye(C.shape[-1], dtype=C.dtype, device=C.device)
@@ -917,9 +919,17 @@ class Teleporter:
         with torch.no_grad():
             loss0 = float(loss(theta0))
 
+        seen: list[tuple[Params, torch.Tensor]] = []    # the losses the last evaluation of the objective computed
+
+        def recording(p: Params) -> torch.Tensor:
+            out = loss(p)
+            seen.append((p, out))
+            return out
+
         def value(p: Params) -> float:
+            seen.clear()
             with torch.enable_grad():
-                return float(self.evaluate(p, loss, wrt).detach())
+                return float(self.evaluate(p, recording, wrt).detach())
 
         def loss_at(p: Params) -> float:
             """The loss at ``p`` (NaN where a parameter is not finite: a sum of the entries is then NaN or ±∞)."""
@@ -927,6 +937,14 @@ class Teleporter:
                 return math.nan
             with torch.no_grad():
                 return float(loss(p))
+
+        def loss_seen(p: Params) -> float:
+            """The loss at ``p``: the value the last evaluation of the objective computed at parameters equal to ``p``
+            entry for entry (an objective evaluates the loss where it is evaluated), else :func:`loss_at`."""
+            for q, out in seen:
+                if all(n in q and torch.equal(q[n].detach(), p[n]) for n in wrt):
+                    return float(out.detach())
+            return loss_at(p)
 
         def change(lp: float) -> float:
             """The relative loss change of the loss value ``lp`` (``inf`` when not finite)."""
@@ -960,9 +978,10 @@ class Teleporter:
         def assess(point: Params, coords: torch.Tensor) -> tuple[float, torch.Tensor | None]:
             """The objective at an iterate and its gradient in the coordinates of the next factor."""
             z = torch.zeros_like(total, requires_grad=True)
+            seen.clear()
             with torch.enable_grad():
                 moved = self.action.first_order(point, z) if self.compose else self.action(base, coords + z)
-                objective = self.evaluate(moved, loss, wrt)
+                objective = self.evaluate(moved, recording, wrt)
                 (grad,) = torch.autograd.grad(objective, z, allow_unused=True)
             return float(objective.detach()), grad
 
@@ -974,6 +993,7 @@ class Teleporter:
             known = None
             if history[-1] is None:
                 history[-1] = here
+                losses[-1] = loss_seen(theta) if math.isnan(losses[-1]) else losses[-1]
                 consider()
             if grad is None:
                 break
@@ -1011,9 +1031,7 @@ class Teleporter:
                 scale = min(1.0, 2 * scale)
             elif candidate is None:
                 note = f"stopped after {steps} steps: the action is undefined at the next step ({failure})"
-                break
-            else:
-                lp = loss_at(candidate)
+                break          # a fixed rate: the loss comes with the next evaluation of the objective (loss_seen)
             assert candidate is not None, "the line search breaks out with a candidate"
             theta, steps, travelled = candidate, steps + 1, travelled + length
             if self.compose:
@@ -1026,6 +1044,7 @@ class Teleporter:
                 consider()
         if history[-1] is None:
             history[-1] = value(theta)
+            losses[-1] = loss_seen(theta) if math.isnan(losses[-1]) else losses[-1]
             consider()
         best, stability = improvements[-1], None
         if self.next_step is not None and best.position:

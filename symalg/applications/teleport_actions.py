@@ -271,6 +271,22 @@ class _SiteAction:
         return out
 
 
+class _FirstOrder(torch.autograd.Function):
+    """``C ↦ (D ⊙ (C S)) h⁺`` evaluated at ``C = 0`` (its value, zero, is not computed): the backward pass gives
+    ``∂/∂C = ((G h⁺ᵀ) ⊙ D) Sᵀ`` for an incoming gradient ``G`` (differentiable in turn)."""
+
+    @staticmethod
+    def forward(ctx: Any, C: torch.Tensor, S: torch.Tensor, D: torch.Tensor, h_pinv: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(S, D, h_pinv)
+        shape = torch.broadcast_shapes(C.shape[:-2], S.shape[:-2], h_pinv.shape[:-2])
+        return C.new_zeros(*shape, C.shape[-2], h_pinv.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        S, D, h_pinv = ctx.saved_tensors
+        return ((grads[0] @ h_pinv.mT) * D) @ S.mT, None, None, None
+
+
 @dataclass(frozen=True)
 class ExactTeleport(_SiteAction):
     """Eq. 4.13: ``W̃_s' = σ⁻¹(g σ(W̃_s h)) h⁺``, ``W_{s+1}' = W_{s+1} g⁻¹`` (Prop. 4.4.2).
@@ -287,13 +303,17 @@ class ExactTeleport(_SiteAction):
     exact = True
     _inputs_seen: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
     _outputs_seen: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
+    _bijection: list[Any] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @property
     def label(self) -> str:
         return "eq. 4.13 (exact" + (", completed)" if self.complete else ")")
 
     def _sigma(self) -> BijectiveActivation:
-        return as_bijective(self.activation or self.net.activations[self.site])
+        """σ with its inverse (made once: :func:`as_bijective` builds a module)."""
+        if not self._bijection:
+            self._bijection.append(as_bijective(self.activation or self.net.activations[self.site]))
+        return cast(BijectiveActivation, self._bijection[0])
 
     def _input_and_pinv(self, params: Mapping[str, torch.Tensor], x: torch.Tensor
                         ) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -311,6 +331,17 @@ class ExactTeleport(_SiteAction):
         _remember(self._inputs_seen, sources, (h, h_pinv, left))
         return h, h_pinv, left
 
+    def _pre_activation(self, params: Mapping[str, torch.Tensor], h: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(A = W̃h, W̃ or None)``: ``A`` kept from the call that produced these weights where possible (see
+        :meth:`__call__`), else computed; ``W̃`` only where it was read."""
+        weight, bias = self.net.weights[self.site], self.net.biases[self.site]
+        mine = (params[weight],) + (() if bias is None else (params[bias],))
+        if not self.complete and _reusable(self._outputs_seen, mine):
+            return self._outputs_seen[0][1], None
+        w = self._weight(params)
+        return w @ h, w
+
     def __call__(self, params: Mapping[str, torch.Tensor], g: torch.Tensor, x: torch.Tensor,
                  g_inv: torch.Tensor | None = None) -> dict:
         """The moved parameters; ``g_inv``: ``g⁻¹`` where the caller has it (``exp(−C)`` for ``g = exp(C)``),
@@ -323,9 +354,7 @@ class ExactTeleport(_SiteAction):
         sigma = self._sigma()
         h, h_pinv, left = self._input_and_pinv(params, x)
         weight, bias = self.net.weights[self.site], self.net.biases[self.site]
-        mine = (params[weight],) + (() if bias is None else (params[bias],))
-        w = self._weight(params) if self.complete or not _reusable(self._outputs_seen, mine) else None
-        pre = self._outputs_seen[0][1] if w is None else w @ h
+        pre, w = self._pre_activation(params, h)
         target = _columns(sigma.inverse, g @ _columns(sigma, pre))
         w_new = target @ h_pinv
         if self.complete:
@@ -336,6 +365,29 @@ class ExactTeleport(_SiteAction):
         if left and not target.requires_grad:
             _remember(self._outputs_seen, (out[weight],) + (() if bias is None else (out[bias],)), target)
         return out
+
+    def first_order(self, params: Mapping[str, torch.Tensor], C: torch.Tensor, x: torch.Tensor) -> dict:
+        """The action at ``g = I + C`` to first order at ``C = 0``: the value of the action at ``g = I`` and its
+        derivative in ``C``, ``W̃' = W̃' (I) + [(σ⁻¹)'(S) ⊙ (C S)] h⁺`` (``S = σ(A)``), ``W_{s+1}' = W_{s+1}(I − C)``,
+        without computing the derivative term's (zero) value: the ``n × d`` product with ``h⁺`` is left to the
+        backward pass (:class:`_FirstOrder`). ``W̃'(I) = W̃hh⁺`` (``W̃`` itself when completed, or when ``W̃ = Th⁺``
+        came from this action: then ``W̃hh⁺ = W̃``). Only derivatives in ``C`` are kept in the derivative term (not
+        its own dependence on the parameters): what an ascent step on the coordinates takes."""
+        self._check(C, params)
+        sigma = self._sigma()
+        h, h_pinv, _ = self._input_and_pinv(params, x)
+        pre, w = self._pre_activation(params, h)
+        if w is None or self.complete:
+            base = self._weight(params) if w is None else w
+        else:
+            base = pre @ h_pinv
+        S = _columns(sigma, pre).detach()
+        leaf = S.requires_grad_(True)
+        with torch.enable_grad():                        # (σ⁻¹)' at S, elementwise: the gradient of a sum
+            (slope,) = torch.autograd.grad(_columns(sigma.inverse, leaf).sum(), leaf)
+        w_new = base + _FirstOrder.apply(C, S.detach(), slope, h_pinv)
+        w_next = params[self.net.weights[self.site + 1]]
+        return self._store(params, w_new, w_next - w_next @ C)
 
     def conditions(self, params: Mapping[str, torch.Tensor], x: torch.Tensor, g: torch.Tensor) -> ActionConditions:
         """:class:`ActionConditions` at ``(params, x, g)``: output kept iff ``row(σ⁻¹(gσ(A))) ⊆ row(h)``
