@@ -80,7 +80,7 @@ def _maxrss_mib() -> float:
 
 
 def child(kind: str, width: int, activation: str, method: str, dense_max_gib: float, dense_max_flops: float,
-          threads: int) -> dict:
+          threads: int, certify: bool = True) -> dict:
     import torch
 
     import symalg
@@ -94,7 +94,7 @@ def child(kind: str, width: int, activation: str, method: str, dense_max_gib: fl
     model_orbit_dimension(symalg.derive(symalg.trace(tiny, (x,))), method=structure)
     model, x = build(kind, width, activation)
     t0 = time.perf_counter()
-    analysis = symalg.derive(symalg.trace(model, (x,)))
+    analysis = symalg.derive(symalg.trace(model, (x,)), certify=certify)
     derive = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters())
     algebra = sum(int(s.group.dim) for s in analysis.symmetries)
@@ -126,7 +126,8 @@ def child(kind: str, width: int, activation: str, method: str, dense_max_gib: fl
 def run_child(args: argparse.Namespace, kind: str, width: int, method: str) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--_child", kind, str(width), method,
                "--activation", args.activation, "--dense-max-gib", str(args.dense_max_gib),
-               "--dense-max-flops", str(args.dense_max_flops), "--threads", str(args.threads)]
+               "--dense-max-flops", str(args.dense_max_flops), "--threads", str(args.threads)] + \
+        (["--no-certify"] if args.no_certify else [])
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         return {"status": f"failed (exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]})"}
@@ -173,6 +174,9 @@ def parser() -> argparse.ArgumentParser:
                         help="largest dense SVD to attempt, in flops (default 2e12, about a minute here)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads in the measuring processes (default 1; 0 = torch's default)")
+    parser.add_argument("--no-certify", action="store_true",
+                        help="derive without certification (its GL(h) test elements cost minutes at h = 4096 on a "
+                             "loaded machine; the orbit rank does not depend on it; the derive time then excludes it)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     parser.add_argument("--_child", nargs=3, help=argparse.SUPPRESS)
     return parser
@@ -272,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     if args._child:
         kind, width, method = args._child
         print(json.dumps(child(kind, int(width), args.activation, method, args.dense_max_gib, args.dense_max_flops,
-                               args.threads)))
+                               args.threads, not args.no_certify)))
         return
     info = machine(args.threads)
     print(f"python {info['python']}, torch {info['torch']}, cpus {info['cpus']}, torch threads {info['threads']}, "

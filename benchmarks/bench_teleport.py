@@ -22,7 +22,8 @@ of the result and the objective before and after.
 64 → 16 → 10 → 10 LeakyReLU(0.1) classifier of ``examples/teleport_common.py``, SGD at ``--sgd-lr``, batches of 20,
 ``--epochs`` epochs, one teleport after epoch 1 on a batch of 200 through ``TeleportingOptimizer``), for ``--seeds``
 seeds: without teleports, with the unguarded default teleport (``radius=None, check=False``) and with the guarded
-default (``TeleportingOptimizer``'s trust region and next-step check). Printed: final validation accuracy and loss,
+default (``TeleportingOptimizer``'s trust region and next-step check); ``--modes`` adds ``"check only"`` and
+``"radius only"``. Printed: final validation accuracy and loss,
 the gradient norm before and after the teleport, and whether it was accepted.
 
 Usage::
@@ -174,8 +175,13 @@ def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float
         return float(F.cross_entropy(logits, y)), float((logits.argmax(-1) == y).double().mean())
 
 
+MODES = {"none": {}, "unguarded": {"radius": None, "check": False}, "guarded": {},
+         "check only": {"radius": None}, "radius only": {"check": False}}
+"""Teleport settings of the stability runs: ``TeleportingOptimizer``'s safeguards (``none``: no teleport)."""
+
+
 def train(seed: int, mode: str, epochs: int = 10, sgd_lr: float = 0.05) -> dict:
-    """One training run on digits; ``mode`` ``"none"`` (no teleport), ``"unguarded"`` or ``"guarded"``."""
+    """One training run on digits with teleport settings :data:`MODES` ``[mode]``."""
     sys.path.insert(0, os.path.join(HERE, "..", "examples"))
     from teleport_common import batches, classifier, digits
 
@@ -189,7 +195,7 @@ def train(seed: int, mode: str, epochs: int = 10, sgd_lr: float = 0.05) -> dict:
     action = as_action(symalg.derive(symalg.trace(model, (x[:2],))))
     generator = torch.Generator().manual_seed(seed + 1)
     teleport_data = batches(x, y, 200, generator)
-    guard = {} if mode == "guarded" else {"radius": None, "check": False}
+    guard = MODES[mode]
     opt = TeleportingOptimizer(torch.optim.SGD(model.parameters(), lr=sgd_lr), model, Teleporter(action, GradNorm()),
                                model_loss(model, F.cross_entropy), lambda: next(teleport_data),
                                Schedule(at_epochs=() if mode == "none" else (1,)), **guard)
@@ -207,11 +213,12 @@ def train(seed: int, mode: str, epochs: int = 10, sgd_lr: float = 0.05) -> dict:
             "accepted": bool(result and result.accepted), "reason": result.reason if result else ""}
 
 
-def stability(seeds: int = 5, epochs: int = 20, sgd_lr: float = 0.05) -> dict:
+def stability(seeds: int = 5, epochs: int = 20, sgd_lr: float = 0.05,
+              modes: tuple[str, ...] = ("none", "unguarded", "guarded")) -> dict:
     """The stability comparison (module docstring); one torch thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    rows = [train(seed, mode, epochs, sgd_lr) for seed in range(seeds) for mode in ("none", "unguarded", "guarded")]
+    rows = [train(seed, mode, epochs, sgd_lr) for seed in range(seeds) for mode in modes]
     torch.set_num_threads(threads)
     return {"machine": {**machine(), "threads": 1}, "epochs": epochs, "sgd_lr": sgd_lr, "rows": rows}
 
@@ -230,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=5, help="training seeds of the stability part (default 5)")
     parser.add_argument("--epochs", type=int, default=20, help="training epochs (default 20)")
     parser.add_argument("--sgd-lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    parser.add_argument("--modes", nargs="+", choices=tuple(MODES), default=["none", "unguarded", "guarded"],
+                        help="teleport settings of the stability part (default: none, unguarded, guarded)")
     args = parser.parse_args(argv)
     torch.set_default_dtype(torch.float64)
     info = machine()
@@ -249,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"| {row['loss_change']:.1e} | {row['objective_before']:.4g} → {row['objective_after']:.4g} |")
     if args.part in ("stability", "both"):
         seeds, epochs = (2, 4) if args.quick else (args.seeds, args.epochs)
-        result = stability(seeds, epochs, args.sgd_lr)
+        result = stability(seeds, epochs, args.sgd_lr, tuple(args.modes))
         print(f"\ndigits 64-16-10-10, SGD lr {args.sgd_lr}, {epochs} epochs, default GradNorm teleport after "
               "epoch 1:\n")
         print("| seed | teleport | validation accuracy | validation loss | ‖∇L‖ before → after | accepted |")

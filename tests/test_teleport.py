@@ -702,3 +702,6 @@ def test_eq_4_13_teleport_keeps_the_loss_to_rounding(settings):
     assert float(loss(result.params)) == pytest.approx(result.loss_before, rel=1e-12)
     replayed = action.replay(params, result.moves)
     assert all(torch.allclose(replayed[k], result.params[k], rtol=1e-12, atol=1e-13) for k in params)
+    for k in range(1, len(result.moves) + 1):      # each recorded loss is the loss at that iterate
+        with torch.no_grad():
+            assert float(loss(action.replay(params, result.moves[:k]))) == pytest.approx(result.losses[k], rel=1e-13)

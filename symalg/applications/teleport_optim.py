@@ -10,7 +10,8 @@ API
     parameter dict (:func:`model_loss` builds one); ``data`` a callable returning a batch or an iterable (cycled).
 ``Schedule(every=k, at_steps=(...), at_epochs=(...), batches=n)``: when, and on how many mini-batches (one
     teleport per batch, in turn, as in [Zhao2026] Sec. 5.4.2).
-``TeleportingOptimizer(..., radius=TRAINING_RADIUS, check=True)``: the safeguards, on by default (:meth:`guarded`).
+``TeleportingOptimizer(..., radius=TRAINING_RADIUS, check=True)``
+    the safeguards, on by default (:meth:`TeleportingOptimizer.guarded`).
 
 Safeguards during training
 --------------------------
