@@ -748,7 +748,8 @@ class TeleportResult:
     ``loss_after`` are at ``params``. ``history`` and ``losses``: the objective and the loss at every iterate (index 0
     the start, then the discrete search's result if it moved, then one per gradient step); ``best``: the index of
     ``params`` in them; ``steps``: the gradient steps taken; ``seconds``: the wall-clock time; ``next_step``: the
-    :class:`StepTest` of the teleporter's :class:`NextStep` at the chosen iterate (``None`` without one).
+    :class:`StepTest` of the teleporter's :class:`NextStep` at the chosen iterate, or at the best iterate when none
+    passed and the teleport was rejected (``None`` without a ``NextStep``, or when no iterate improved).
     """
 
     params: dict[str, torch.Tensor]
