@@ -6,6 +6,7 @@ registers itself and gets all of these laws), plus the parameterised variants be
 """
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import pytest
@@ -13,7 +14,7 @@ import sympy as sp
 import torch
 
 from symalg.catalogue.groups import (SIGN_FLIP_GENERATORS, ComplexScaling, GeneralLinear, PositiveScaling, SignFlips,
-                                     SiteGroup, group_classes)
+                                     SiteGroup, group_classes, matrix_exp, matrix_exp_pair)
 from symalg.lowering.codegen import lower
 from symalg.numeric.linalg import relative_error
 from symalg.symbolic.inference import GRANTED, KINDS, TRANSLATIONS
@@ -384,3 +385,41 @@ def test_scaling_a_region_where_it_lies_equals_unfold_multiply_fold(axis, start,
     scaled = binding.scale(copy, diagonal, inplace=inplace)
     assert torch.equal(scaled, expected)
     assert (scaled is copy) == inplace and torch.equal(copy, expected if inplace else tensor)
+
+
+# ---------------------------------------------------------------------------------------------
+# the exponential: Taylor with scaling and squaring without gradients, torch's batched function with them
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("norm", [0.0, 1e-8, 1e-4, 1e-2, 0.3, 1.0, 3.0, 30.0])
+def test_matrix_exp_matches_the_closed_form_of_symmetric_and_rotation_generators(norm):
+    g = torch.Generator().manual_seed(int(norm * 100) % 89)
+    A = torch.randn(3, 16, 16, generator=g, dtype=torch.float64)
+    S = (A + A.mT) / 2
+    S = S * norm / torch.linalg.matrix_norm(S, ord=2)[:, None, None]
+    w, V = torch.linalg.eigh(S)
+    exact = V @ torch.diag_embed(w.exp()) @ V.mT
+    eps = torch.finfo(torch.float64).eps
+    for batch in (S, S[0]):                                    # a batch and a lone matrix
+        value, inverse = matrix_exp_pair(batch)
+        expected = exact if batch.dim() == 3 else exact[0]
+        assert value.shape == batch.shape
+        assert (torch.linalg.matrix_norm(value - expected) / torch.linalg.matrix_norm(expected)).max() \
+            < 64 * eps * (1 + norm)
+        assert torch.equal(matrix_exp(batch), value)
+        identity = torch.eye(16, dtype=torch.float64).expand_as(batch)
+        assert (value @ inverse - identity).abs().max() < 64 * eps * math.exp(2 * norm)
+    theta = torch.tensor(norm, dtype=torch.float64)
+    R = torch.stack([torch.stack([0 * theta, -theta]), torch.stack([theta, 0 * theta])])
+    rotation = torch.stack([torch.stack([theta.cos(), -theta.sin()]), torch.stack([theta.sin(), theta.cos()])])
+    assert (matrix_exp(R) - rotation).abs().max() < 8 * eps * (1 + norm)
+    single = matrix_exp(S[0].float())                           # float32: computed in float64, rounded once
+    assert single.dtype == torch.float32 and (single.double() - exact[0]).abs().max() < 4e-7 * math.exp(norm)
+
+
+def test_matrix_exp_with_a_gradient_is_torchs_and_agrees():
+    M = (torch.randn(5, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64) / 3).requires_grad_(True)
+    value = matrix_exp(M)
+    assert value.grad_fn is not None and torch.allclose(value, matrix_exp(M.detach()), rtol=1e-14, atol=1e-15)
+    (grad,) = torch.autograd.grad(value.sum(), M)
+    assert torch.isfinite(grad).all()
+    assert torch.isnan(matrix_exp(torch.full((3, 3), math.nan, dtype=torch.float64))).all()   # left to torch

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from symalg.lowering.codegen import compile_function
-from symalg.numeric.linalg import relative_error
+from symalg.numeric.linalg import (relative_error, smallest_singular_value_bound, spectral_norm_bound,
+                                  triangular_inverse)
 
 
 def test_relative_error_is_the_largest_change_over_the_largest_entry():
@@ -55,3 +56,53 @@ def test_compile_function_refuses_a_name_that_is_no_identifier_or_not_defined():
         compile_function("not a name", "x = 1")
     with pytest.raises(ValueError, match="does not define a function 'g'"):
         compile_function("g", "def f():\n    return 1")
+
+
+# ---------------------------------------------------------------------------------------------
+# certified bounds on singular values (the QR certificate of symalg.numeric.orbit_rank)
+# ---------------------------------------------------------------------------------------------
+def upper_triangular(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64)).R
+
+
+@pytest.mark.parametrize("n, leaf", [(1, 256), (7, 2), (600, 64), (257, 256)])
+def test_triangular_inverse_is_the_inverse(n, leaf):
+    R = upper_triangular(n)
+    X = triangular_inverse(R, leaf)
+    eye = torch.eye(n, dtype=torch.float64)
+    assert torch.equal(X, X.triu())                                       # upper triangular, like R
+    assert (R @ X - eye).abs().max() < 1e-10 and (X @ R - eye).abs().max() < 1e-10
+    with pytest.raises(ValueError, match="must be a square matrix"):
+        triangular_inverse(R[:, :-1] if n > 1 else torch.zeros(2, 1))
+
+
+@pytest.mark.parametrize("n", [5, 300, 700])
+def test_smallest_singular_value_bound_is_below_the_exact_value_and_within_root_n(n):
+    R = upper_triangular(n, seed=n)
+    exact = torch.linalg.svdvals(R)[-1].item()
+    bound = smallest_singular_value_bound(R, leaf=64)
+    assert exact / n ** 0.5 <= bound <= exact
+    assert bound > exact / 2                                     # random R: ‖R⁻¹‖_F ≈ ‖R⁻¹‖₂ (few small values)
+
+
+def test_smallest_singular_value_bound_is_zero_when_it_cannot_certify():
+    R = upper_triangular(50)
+    singular = R.clone()
+    singular[20, 20] = 0.0
+    assert smallest_singular_value_bound(singular) == 0.0                # a zero eigenvalue on the diagonal
+    assert smallest_singular_value_bound(R, floor=float(R.diagonal().abs().min())) == 0.0   # not above the floor
+    # all diagonal entries 1, every entry above it -1: σ_min ≈ 2^(2-n), invisible on the diagonal; the inverse
+    # (entries 2^(j-i-1)) overflows at n = 1100 and the bound is 0, not a false certificate
+    for n in (60, 1100):
+        T = torch.eye(n, dtype=torch.float64) - torch.ones(n, n, dtype=torch.float64).triu(1)
+        bound = smallest_singular_value_bound(T)
+        assert bound <= 2.0 ** (3 - n)
+
+
+def test_spectral_norm_bound_is_an_upper_bound():
+    g = torch.Generator().manual_seed(2)
+    for shape in ((3, 3), (40, 7), (7, 40)):
+        A = torch.randn(*shape, generator=g, dtype=torch.float64)
+        exact = torch.linalg.matrix_norm(A, ord=2).item()
+        assert exact <= spectral_norm_bound(A) * (1 + 1e-12) <= exact * min(shape) ** 0.5 * (1 + 1e-12)

@@ -16,7 +16,8 @@ from torch import nn
 
 import symalg
 from symalg.catalogue.groups import GeneralLinear
-from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
+from symalg.numeric.orbit_rank import (QR_FROM, RANK_METHODS, certified_rank, model_orbit_dimension,
+                                      model_orbit_dimension_formula)
 
 ACTIVATIONS = {
     "identity": nn.Identity, "relu": nn.ReLU, "tanh": nn.Tanh, "leaky_relu": lambda: nn.LeakyReLU(0.2),
@@ -172,8 +173,9 @@ def test_structured_rank_equals_dense_baseline_and_generic_formula(name, seed):
     analysis, params = build(name, seed)
     structured = model_orbit_dimension(analysis, params)
     dense = model_orbit_dimension(analysis, params, method="dense")
+    certified = model_orbit_dimension(analysis, params, ranks="qr")      # the QR certificate at every size
     assert structured.algebra_dim == dense.algebra_dim == sum(int(s.group.dim) for s in analysis.symmetries)
-    assert structured.dimension == dense.dimension
+    assert structured.dimension == dense.dimension == certified.dimension
     if structured.expected is None:
         with pytest.raises(NotImplementedError, match="no closed form"):
             model_orbit_dimension_formula(analysis)
@@ -465,3 +467,106 @@ def test_two_layer_width_2048_structured_rank_while_dense_would_need_terabytes()
     assert result.dimension == result.expected == 2048 ** 2 and result.margin > 10
     with pytest.raises(MemoryError, match="TiB|GiB"):
         model_orbit_dimension(analysis, method="dense")
+
+
+# ---------------------------------------------------------------------------------------------
+# the QR certificate: a full rank without an SVD, the same decisions as the SVD
+# ---------------------------------------------------------------------------------------------
+def spectrum_matrix(m, n, values, seed=0):
+    """``U diag(values) Vᵀ`` (``m × n``) with random orthonormal ``U``, ``V``: singular values known exactly."""
+    g = torch.Generator().manual_seed(seed)
+    k = len(values)
+    U = torch.linalg.qr(torch.randn(m, k, generator=g, dtype=torch.float64)).Q
+    V = torch.linalg.qr(torch.randn(n, k, generator=g, dtype=torch.float64)).Q
+    return U @ torch.diag(torch.as_tensor(values, dtype=torch.float64)) @ V.T
+
+
+def assert_sound(decision, exact):
+    """A ``"qr"`` decision's bounds hold against the SVD's ``exact`` decision of the same matrix."""
+    assert decision.rank == exact.rank and decision.shape == exact.shape
+    if decision.certificate == "qr":
+        assert decision.dropped is None and decision.kept <= exact.kept * (1 + 1e-9)
+        assert decision.threshold >= exact.threshold * (1 - 1e-9) and decision.margin <= exact.margin * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("shape", [(300, 300), (301, 300), (900, 300), (300, 700)])
+def test_qr_certifies_full_ranks_of_random_matrices_without_an_svd(shape, dtype):
+    g = torch.Generator().manual_seed(sum(shape))
+    A = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+    decision, exact = certified_rank(A, "A"), certified_rank(A, "A", ranks="svd")
+    assert decision.certificate == "qr" and exact.certificate == "svd" and decision.rank == min(shape)
+    assert_sound(decision, exact)
+    assert decision.margin > (1e3 if dtype == torch.float64 else 1) and "qr certificate" in str(decision)
+    small = certified_rank(A[:QR_FROM - 1, :QR_FROM - 1])     # below QR_FROM "auto" takes the singular values
+    assert small.certificate == "svd" and certified_rank(A[:50, :50], ranks="qr").certificate == "qr"
+
+
+@pytest.mark.parametrize("rank", [0, 1, 150, 299])
+def test_deficient_ranks_known_in_closed_form_fall_back_to_the_singular_values(rank):
+    g = torch.Generator().manual_seed(rank)
+    A = torch.randn(400, rank, generator=g, dtype=torch.float64) @ torch.randn(rank, 300, generator=g,
+                                                                               dtype=torch.float64)
+    for ranks in RANK_METHODS:
+        decision = certified_rank(A, "A", ranks=ranks)
+        assert decision.rank == rank and decision.certificate == "svd"
+        if rank:
+            assert decision.gap > 1e8
+
+
+def test_a_zero_row_lowers_the_rank_by_one():
+    A = torch.randn(300, 301, dtype=torch.float64)
+    A[17] = 0
+    assert certified_rank(A).rank == 299 and certified_rank(A).certificate == "svd"
+
+
+@pytest.mark.parametrize("factor", [1e6, 1e3, 30.0, 3.0, 0.1, 1e-3])
+def test_near_degenerate_spectra_get_the_svd_decision(factor):
+    # singular values in [0.5, 1] and one = factor × the rule's threshold σ_max · m · eps; the certificate answers
+    # only where its bounds separate (large factors), the singular values of R otherwise: always the SVD's decision
+    m, n = 320, 300
+    threshold = m * torch.finfo(torch.float64).eps
+    values = torch.cat([torch.linspace(1, 0.5, n - 1, dtype=torch.float64),
+                        torch.tensor([factor * threshold], dtype=torch.float64)])
+    A = spectrum_matrix(m, n, values, seed=int(factor * 7) % 97)
+    decision, exact = certified_rank(A, "A"), certified_rank(A, "A", ranks="svd")
+    assert_sound(decision, exact)
+    assert decision.rank == (n if factor > 1 else n - 1)
+    assert (decision.certificate == "qr") == (factor >= 1e3)
+
+
+def test_a_singular_matrix_with_a_harmless_diagonal_is_not_certified_full():
+    # Q T, T unit upper triangular with -1 above the diagonal: σ_min ≈ 2^(2-n) although R's diagonal is all ±1
+    n = 300
+    T = torch.eye(n, dtype=torch.float64) - torch.ones(n, n, dtype=torch.float64).triu(1)
+    Q = torch.linalg.qr(torch.randn(n + 5, n, dtype=torch.float64)).Q
+    R = torch.linalg.qr(Q @ T, mode="r").R
+    assert R.diagonal().abs().min() > 0.99
+    decision = certified_rank(Q @ T, "Q T")
+    assert decision.certificate == "svd" and decision.rank == n - 1 == certified_rank(Q @ T, ranks="svd").rank
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_gl_site_is_certified_by_qr_and_agrees_with_the_svd(dtype):
+    # ranks="qr" takes the certificate at every size ("auto" only from QR_FROM = 256 on: the matrix tests above)
+    h = 40
+    model, analysis = two_layer(h, h, h)
+    auto, svd = (model_orbit_dimension(analysis, dtype=dtype, ranks=r) for r in ("qr", "svd"))
+    assert auto.dimension == svd.dimension == auto.expected == h ** 2
+    (decision,) = auto.decisions
+    assert decision.certificate == "qr" and "out-regions" in decision.what and decision.shape == (h, h + 1)
+    assert_sound(decision, svd.decisions[0])
+    assert auto.margin > (1e6 if dtype == torch.float64 else 1)
+    # a stratum: neuron 4 cut off (its row of W₁ and b₁, its column of W₂): (h − (h − 1))(h − (h − 1)) = 1
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    params["0.weight"][4], params["0.bias"][4], params["2.weight"][:, 4] = 0, 0, 0
+    cut = model_orbit_dimension(analysis, params, ranks="qr")
+    assert cut.dimension == model_orbit_dimension(analysis, params, ranks="svd").dimension == h ** 2 - 1
+    assert [d.rank for d in cut.decisions] == [h - 1, h - 1] and {d.certificate for d in cut.decisions} == {"svd"}
+    assert len(cut.strata) == 1
+
+
+def test_bad_rank_method_is_named():
+    _, analysis = two_layer(2, 3, 2)
+    with pytest.raises(ValueError, match=r"ranks must be one of \('auto', 'qr', 'svd'\), got 'lu'"):
+        model_orbit_dimension(analysis, ranks="lu")

@@ -560,7 +560,9 @@ def test_schedule_teleports_after_the_due_steps_and_epochs_on_several_batches():
     model, x, y, opt = _linear_net_optimizer(lambda p: torch.optim.SGD(p, lr=0.01))
     opt.schedule = Schedule(every=3, at_steps=(2,), at_epochs=(1,), batches=2)
     _train(model, x, y, opt, 7)                        # after steps 2, 3 and 6
-    assert len(opt.results) == 3 * 2 and all(r.accepted for r in opt.results)
+    assert len(opt.results) == 3 * 2 and sum(r.accepted for r in opt.results) >= 4
+    # six teleports in seven steps raise ‖∇L‖ until the next SGD step would overshoot: the guard rejects those
+    assert all(r.accepted or "next-step check" in r.reason for r in opt.results)
     assert len(opt.end_epoch()) == 2 and opt.end_epoch() == []
     with pytest.raises(ValueError, match="count from 1"):
         Schedule(at_steps=(0,))
@@ -646,3 +648,60 @@ def test_a_spec_analysis_with_symbolic_widths_acts_at_the_widths_of_params():
     forward = symalg.numeric.sampling.network_function(concrete.architecture)
     assert (moved["0.weight"] - params["0.weight"]).abs().max() > 0.1
     assert torch.allclose(forward(moved, x), forward(params, x), atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------ eq. 4.13 speed
+
+def eq_4_13_problem(batch=6, seed=0):
+    from symalg.applications.teleport_actions import ExactTeleport, leaky_relu
+    from symalg.numeric.feedforward import FeedForward
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(10, 8), leaky_relu(0.1), nn.Linear(8, 7), leaky_relu(0.1), nn.Linear(7, 3))
+    net, params = FeedForward.of(model), {k: p.detach() for k, p in model.named_parameters()}
+    x, y = torch.randn(batch, 10), torch.randint(3, (batch,))
+
+    def loss(p):
+        return F.cross_entropy(net.forward(p, x), y)
+
+    return as_action(ExactTeleport(net, 0), x=x, params=params), params, loss
+
+
+def test_first_order_has_the_value_and_gradient_of_the_exact_action_at_zero():
+    action, params, loss = eq_4_13_problem()
+    wrt = list(params)
+    grads = []
+    for moved in (action, action.first_order):
+        z = torch.zeros(action.dim, requires_grad=True)
+        objective = GradNorm()(moved(params, z), loss, action, wrt)
+        grads.append((float(objective.detach()), torch.autograd.grad(objective, z)[0]))
+    (exact_value, exact), (value, first) = grads
+    assert value == pytest.approx(exact_value, rel=1e-13) and torch.allclose(first, exact, rtol=1e-10, atol=1e-12)
+    c = torch.randn(action.dim) * 0.1                                # away from 0 it is the action itself
+    assert all(torch.equal(a, b) for a, b in zip(action.first_order(params, c).values(), action(params, c).values()))
+
+
+def test_exact_exponential_at_zero_keeps_higher_derivatives_for_curvature():
+    # Curvature differentiates the action twice along a curve through 0: the polynomial stand-in for exp at 0
+    # must give exp's second derivative (M²), which I + C would not
+    action, params, _ = eq_4_13_problem()
+    value = Curvature(curves=2, seed=3)(params, None, action, list(params))
+
+    def through_torch(p, c):          # the same action through torch's differentiable matrix_exp
+        return action._act(p, c, lambda C: (torch.linalg.matrix_exp(C), torch.linalg.matrix_exp(-C)))
+
+    reference = Curvature(curves=2, seed=3)(params, None, FunctionAction(through_torch, action.dim), list(params))
+    assert float(value) == pytest.approx(float(reference), rel=1e-9) and float(value) > 0
+
+
+@pytest.mark.parametrize("settings", [dict(lr=1.0), {}], ids=["fixed rate", "default"])
+def test_eq_4_13_teleport_keeps_the_loss_to_rounding(settings):
+    action, params, loss = eq_4_13_problem()
+    result = teleport(action, params, loss, GradNorm(), steps=10, **settings)
+    assert result.accepted and result.steps == 10 and result.objective_after > result.objective_before
+    assert max(abs(v / result.loss_before - 1) for v in result.losses) < 1e-12
+    assert float(loss(result.params)) == pytest.approx(result.loss_before, rel=1e-12)
+    replayed = action.replay(params, result.moves)
+    assert all(torch.allclose(replayed[k], result.params[k], rtol=1e-12, atol=1e-13) for k in params)
+    for k in range(1, len(result.moves) + 1):      # each recorded loss is the loss at that iterate
+        with torch.no_grad():
+            assert float(loss(action.replay(params, result.moves[:k]))) == pytest.approx(result.losses[k], rel=1e-13)

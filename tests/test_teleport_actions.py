@@ -223,3 +223,51 @@ def test_teleport_argument_errors():
     with pytest.raises(TypeError, match=r"Activation\('tanh'\) has no known inverse"):
         ExactTeleport(tanh_net, 0)(params, torch.eye(4), torch.randn(2, 3))
     assert isinstance(as_bijective(leaky_relu()), BijectiveActivation)
+
+
+# --------------------------------------------------------------------------------- reuse inside a teleport
+
+def test_exact_action_reuses_its_input_and_pre_activation_only_for_the_same_unmodified_tensors():
+    # h⁺ and W̃'h = T are kept between calls; every answer equals that of a fresh action (no reuse) to rounding
+    net, params = network(0)
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(5))
+    g1, g2 = (random_gl(7, scale=0.5, generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    action = ExactTeleport(net, 1)
+
+    def fresh(p, g, data=x):
+        return ExactTeleport(net, 1)(p, g, data)
+
+    def close(a, b):
+        return all(torch.allclose(a[k], b[k], rtol=1e-12, atol=1e-12) for k in a)
+
+    once = action(params, g1, x)
+    assert action._inputs_seen and action._outputs_seen           # h, h⁺ and the moved weights' T are kept
+    twice = action(once, g2, x)                                    # reuses h⁺ and T = W̃'h
+    assert close(twice, fresh(fresh(params, g1), g2))
+    other = x + 1.0                                                # other data: h recomputed
+    assert close(action(once, g2, other), fresh(once, g2, other))
+    lower = dict(params)
+    lower["0.weight"] = params["0.weight"].clone()
+    action(lower, g1, x)
+    lower["0.weight"].mul_(2.0)                                    # modified in place: _version changes
+    assert close(action(lower, g1, x), fresh(lower, g1))
+    moved = action(params, g1, x)
+    moved["2.weight"].add_(1.0)                                    # the moved weight itself modified: T is stale
+    assert close(action(moved, g2, x), fresh(moved, g2))
+    grad = {k: v.clone().requires_grad_(True) for k, v in params.items()}   # differentiated: nothing kept
+    action._inputs_seen.clear()
+    action(grad, g1, x)
+    assert not action._inputs_seen
+
+
+def test_exact_action_does_not_reuse_the_pre_activation_above_the_input_width():
+    # batch 12 > input width 9: h⁺h ≠ I, so W̃'h ≠ T and nothing may be kept; the action (not loss-preserving
+    # there) still equals a fresh one
+    net, params = network(1)
+    x = torch.randn(12, 10, generator=torch.Generator().manual_seed(6))
+    g1, g2 = (random_gl(7, scale=0.5, generator=torch.Generator().manual_seed(s)) for s in (3, 4))
+    action = ExactTeleport(net, 1)
+    once = action(params, g1, x)
+    assert not action._outputs_seen and action._inputs_seen[0][1][2] is False
+    expected = ExactTeleport(net, 1)(ExactTeleport(net, 1)(params, g1, x), g2, x)
+    assert all(torch.allclose(action(once, g2, x)[k], expected[k], rtol=1e-12, atol=1e-12) for k in expected)

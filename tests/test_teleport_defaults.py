@@ -14,7 +14,8 @@ from torch import nn
 
 import symalg
 from symalg.applications.conjugated import quadratic_form
-from symalg.applications.teleport import ARMIJO, FunctionAction, GradNorm, Teleporter, as_action, teleport
+from symalg.applications.teleport import ARMIJO, FunctionAction, GradNorm, NextStep, Teleporter, as_action, teleport
+from symalg.applications.teleport_optim import TRAINING_RADIUS, TeleportingOptimizer, model_loss
 
 FN = quadratic_form([[9, 0], [0, 1]])
 X0 = torch.tensor([0.1, 1.0], dtype=torch.float64)
@@ -193,3 +194,121 @@ def test_the_line_search_takes_no_step_that_breaks_the_loss():
     assert not searched.accepted and "< min_gain 1.0e-06" in searched.reason and searched.params["x"] is params["x"]
     fixed = teleport(scale, params, loss, lr=0.1, steps=3)
     assert not fixed.accepted and fixed.steps == 3 and "> tolerance 1.0e-08" in fixed.reason
+
+
+# ---------------------------------------------------------------------------------------------
+# safeguards of teleports during training: the trust region and the next-step test
+# ---------------------------------------------------------------------------------------------
+def test_next_step_test_on_a_quadratic_is_its_closed_form():
+    # L = ½ xᵀAx: g = Ax, H = A, and the model is exact: predicted = actual = lr gᵀg − lr²/2 gᵀAg
+    A = torch.diag(torch.tensor([1.0, 30.0]))
+
+    def loss(p):
+        return 0.5 * p["x"] @ A @ p["x"]
+
+    for x, lr, passed in (((1.0, 0.0), 0.1, True), ((0.0, 1.0), 0.1, False), ((0.0, 1.0), 1 / 30, True),
+                          ((0.0, 1.0), 1.5 / 30, False), ((1.0, 1.0), 0.01, True)):
+        x = torch.tensor(x)
+        g = A @ x
+        test = NextStep(lr).test({"x": x}, loss, ["x"])
+        predicted = lr * float(g @ g) - lr ** 2 / 2 * float(g @ A @ g)
+        assert test.slope == pytest.approx(float(g @ g)) and test.predicted == pytest.approx(predicted, rel=1e-12)
+        assert test.actual == pytest.approx(predicted, rel=1e-9)
+        assert test.sharpness == pytest.approx(lr * float(g @ A @ g) / float(g @ g), rel=1e-12)
+        assert test.passed == passed, (x, lr)           # lr·κ = 0.1, 3, 1, 1.5, ≈ 0.3
+    with pytest.raises(ValueError, match="lr must be a finite positive number"):
+        NextStep(0.0)
+    with pytest.raises(ValueError, match="agreement must be in"):
+        NextStep(0.1, agreement=2.0)
+
+
+def test_next_step_test_fails_where_the_quadratic_model_does_not_hold():
+    # L = x²/2 + (x − 1)⁴ at x = 1: g = 1, κ = 1 (the quartic's first three derivatives vanish there). At lr 0.9 the
+    # curvature test passes (lr·κ = 0.9), the model predicts a decrease of 0.9 − 0.405 = 0.495, but the quartic adds
+    # 0.9⁴ = 0.656 over the step: the loss rises, and the ratio test rejects it; at lr 0.3 the model holds
+    def loss(p):
+        return (p["x"] ** 2 / 2 + (p["x"] - 1) ** 4).sum()
+
+    params = {"x": torch.tensor([1.0])}
+    long, short = NextStep(0.9).test(params, loss, ["x"]), NextStep(0.3).test(params, loss, ["x"])
+    assert long.sharpness == pytest.approx(0.9) and long.predicted == pytest.approx(0.495)
+    assert long.actual == pytest.approx(0.5 - (0.1 ** 2 / 2 + 0.9 ** 4)) and not long.passed
+    assert short.actual == pytest.approx(0.5 - (0.7 ** 2 / 2 + 0.3 ** 4)) and short.passed
+
+
+def test_the_trust_region_bounds_the_path_of_the_teleport():
+    action, params, loss = mlp_problem(1.0)
+    free = teleport(action, params, loss)
+    bounded = teleport(action, params, loss, radius=1.5)
+    path = sum(float(m.coords.norm()) for m in bounded.moves)
+    assert sum(float(m.coords.norm()) for m in free.moves) > 5 and path <= 1.5 + 1e-12
+    assert bounded.accepted and "trust region (radius 1.5)" in bounded.reason
+    assert free.objective_after > bounded.objective_after > bounded.objective_before
+    with pytest.raises(ValueError, match="radius must be a finite positive number"):
+        Teleporter(action, radius=0.0)
+
+
+def test_a_teleport_with_a_next_step_returns_the_best_iterate_where_that_step_is_stable():
+    action, params, loss = mlp_problem(1.0)
+    step = NextStep(lr=0.1)                 # stable at the start and after the first step only
+    free = teleport(action, params, loss)
+    checked = teleport(action, params, loss, next_step=step)
+    assert checked.accepted and checked.next_step.passed and checked.best < free.best
+    assert "failed the next-step check" in checked.reason
+    assert not step.test(free.params, loss, list(free.params)).passed              # the unchecked result is not
+    assert step.test(checked.params, loss, list(params)).passed
+    # every iterate better than the chosen one fails the test (replayed from the moves of the free ascent)
+    for count in range(len(checked.moves) + 1, len(free.moves) + 1):
+        point = action.replay(params, free.moves[:count])
+        assert not step.test(point, loss, list(params)).passed
+    strict = teleport(action, params, loss, next_step=NextStep(lr=50.0))      # no iterate, not even the start
+    assert not strict.accepted and "no improving iterate passed the next-step check" in strict.reason
+
+
+def train_digits(seed, mode, epochs=12):
+    """Validation accuracy and loss after SGD (lr 0.05) on digits, with one default GradNorm teleport after epoch 1:
+    ``mode`` "none", "guarded" (the defaults) or "unguarded" (``radius=None, check=False``)."""
+    import sys
+    sys.path.insert(0, "benchmarks")
+    from bench_teleport import train
+    return train(seed, mode, epochs=epochs)
+
+
+def test_default_teleports_during_training_keep_it_stable_over_seeds():
+    # Unguarded, the default GradNorm teleport raises ‖∇L‖ by three orders of magnitude and SGD diverges; with the
+    # trust region and the next-step test the teleport is accepted, ‖∇L‖ grows by at most e², and every seed ends in
+    # the accuracy band of training without teleports
+    unguarded = train_digits(0, "unguarded")
+    assert unguarded["accepted"] and unguarded["grad_after"] > 100 * unguarded["grad_before"]
+    assert not math.isfinite(unguarded["loss"]) and unguarded["accuracy"] < 0.2
+    plain, guarded = [], []
+    for seed in range(4):
+        none, safe = train_digits(seed, "none"), train_digits(seed, "guarded")
+        assert safe["accepted"] and safe["grad_before"] < safe["grad_after"] <= math.e ** 2 * safe["grad_before"]
+        assert math.isfinite(safe["loss"]) and safe["accuracy"] > none["accuracy"] - 0.1
+        plain.append(none["accuracy"])
+        guarded.append(safe["accuracy"])
+    assert abs(sum(guarded) / 4 - sum(plain) / 4) < 0.03 and min(plain) > 0.8
+
+
+def test_teleporting_optimizer_guards_the_teleporter_unless_told_not_to():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Identity(), nn.Linear(4, 2))
+    x, y = torch.randn(8, 3), torch.randn(8, 2)
+    action = as_action(symalg.derive(symalg.trace(model, (x,))))
+    sgd = torch.optim.SGD([{"params": model[0].parameters(), "lr": 0.1}, {"params": model[2].parameters(), "lr": 0.4}])
+
+    def make(**guard):
+        return TeleportingOptimizer(sgd, model, Teleporter(action), model_loss(model, F.mse_loss), lambda: (x, y),
+                                    **guard)
+
+    guarded = make().guarded(Teleporter(action))
+    assert guarded.radius == TRAINING_RADIUS and guarded.next_step.lr == 0.4
+    grads = {n: torch.ones_like(p) for n, p in model.named_parameters()}
+    assert float(guarded.next_step.metric(grads)["0.weight"][0, 0]) == pytest.approx(0.25)   # group rate / 0.4
+    assert make().guarded(Teleporter(action, radius=0.3)).radius == 0.3                        # a smaller one is kept
+    own = NextStep(lr=1e-3)
+    assert make().guarded(Teleporter(action, next_step=own)).next_step is own
+    bare = Teleporter(action)
+    assert make(radius=None, check=False).guarded(bare) is bare
+    with pytest.raises(ValueError, match="radius must be a finite positive number or None"):
+        make(radius=-1.0)

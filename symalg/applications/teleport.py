@@ -69,13 +69,13 @@ import math
 import numbers
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple, Sequence, cast
 
 import sympy as sp
 import torch
 
 from symalg.errors import SpecError
-from symalg.catalogue.groups import matrix_exp
+from symalg.catalogue.groups import matrix_exp_pair
 from symalg.numeric.autodiff import differentiable_kernels
 from symalg.applications.conjugated import ConjugatedAction, TestFunction
 from symalg.applications.flat_minima import ParamLoss
@@ -86,11 +86,13 @@ if TYPE_CHECKING:   # read for their types only: symmetries come from a derivati
     from symalg.symbolic.symmetry import Symmetry
 
 __all__ = ["ARMIJO", "Action", "BACKTRACK", "ConjugatedCoordinates", "Curvature", "DataCoordinates", "FunctionAction",
-           "GradNorm", "MetricGradNorm", "Move", "Objective", "Sharpness", "SymmetryAction", "TOLERANCES",
-           "TeleportResult", "Teleporter", "as_action", "gradients", "optimizer_metric", "teleport",
+           "GradNorm", "MetricGradNorm", "Move", "NextStep", "Objective", "Sharpness", "StepTest", "SymmetryAction",
+           "TOLERANCES", "TeleportResult", "Teleporter", "as_action", "gradients", "optimizer_metric", "teleport",
            "transform_cotangent"]
 
 Params = Mapping[str, torch.Tensor]
+Metric = Mapping[str, torch.Tensor] | Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+"""A diagonal preconditioner ``P``: ``{name: P}`` (broadcast to each parameter) or a callable ``grads → {name: P}``."""
 
 TOLERANCES = {torch.float64: 1e-8, torch.float32: 1e-4}
 """Default bound on the relative loss change of an accepted teleport, keyed by dtype."""
@@ -159,6 +161,12 @@ class Action:
         """``exp(Σ cᵢ Bᵢ)⁻¹·params``."""
         return self(params, -coords)
 
+    def first_order(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A map with the value and the first derivative of ``self(params, ·)`` at ``coords = 0``: what an ascent
+        step differentiates (once) at the current point. Default: the action itself; an action whose exponential
+        is costly to differentiate gives its linearisation (``exp(C) ↦ I + C``, exact at 0 to first order)."""
+        return self(params, coords)
+
     def replay(self, params: Params, moves: Sequence[Move]) -> dict[str, torch.Tensor]:
         """Apply the moves in order (the teleport's group element)."""
         out = dict(params)
@@ -189,6 +197,7 @@ class Action:
 class FunctionAction(Action):
     """Your own action ``fn(params, coords) → params`` with ``dim`` coordinates.
 
+    >>> from symalg.catalogue.groups import matrix_exp
     >>> rotate = FunctionAction(lambda p, c: {"x": matrix_exp(c[0] * torch.tensor([[0., -1.], [1., 0.]])) @ p["x"]}, 1)
     >>> rotate({"x": torch.tensor([1.0, 0.0])}, torch.tensor([math.pi / 2]))["x"].round(decimals=6).abs().tolist()
     [0.0, 1.0]
@@ -319,6 +328,25 @@ class ConjugatedCoordinates(Action):
         return {**params, self.key: self.action.apply(x, g.transpose(-1, -2) if inverse else g)}
 
 
+def _exp_at_zero(C: torch.Tensor) -> torch.Tensor:
+    """``exp(C)`` at ``C = 0`` for differentiation: ``I + C + C²/2 + C³/6``, whose value is ``I = exp(0)`` exactly
+    and whose derivatives in ``C`` up to the third equal those of ``exp`` at 0 (the most an objective here takes:
+    :class:`Curvature` differentiates twice along a curve, the ascent once more). Back-propagating through
+    ``matrix_exp`` instead costs the exponential of a ``2n × 2n`` block matrix per derivative.
+
+    >>> C = torch.zeros(3, 3, dtype=torch.float64, requires_grad=True)
+    >>> M = torch.randn(3, 3, dtype=torch.float64)
+    >>> (exact,) = torch.autograd.grad((torch.linalg.matrix_exp(C) * M).sum(), C)
+    >>> (fast,) = torch.autograd.grad((_exp_at_zero(C) * M).sum(), C)
+    >>> bool(torch.equal(_exp_at_zero(C).detach(), torch.eye(3, dtype=torch.float64)))
+    True
+    >>> bool(torch.allclose(fast, exact))
+    True
+    """
+    C2 = C @ C
+    return torch.eye(C.shape[-1], dtype=C.dtype, device=C.device) + C + C2 / 2 + C2 @ C / 6
+
+
 @dataclass(frozen=True, eq=False)
 class DataCoordinates(Action):
     """A data-dependent action ``action(params, g, x)``
@@ -345,14 +373,39 @@ class DataCoordinates(Action):
 
     def __call__(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
         self._check_coords(coords)
-        gs: list[torch.Tensor] = []
-        start = 0
+        at_zero = coords.requires_grad and not bool(coords.detach().any())
+        return self._act(params, coords, (lambda C: (_exp_at_zero(C), _exp_at_zero(-C))) if at_zero else
+                         lambda C: matrix_exp_pair(C, isinstance(self.action, ExactTeleport)))
+
+    def first_order(self, params: Params, coords: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The action with ``exp(C)`` replaced by ``I + C`` (and ``exp(C)⁻¹`` by ``I − C``): at ``C = 0`` the same
+        value and first derivative, at the cost of additions ([Zhao2026]'s ``g = I + T`` is this, used as a group
+        element; here only its derivative at 0 is, and every step applies the exact ``exp(Δ)``)."""
+        self._check_coords(coords)
+        if bool(coords.detach().any()):
+            return self(params, coords)
+        if isinstance(self.action, ExactTeleport):     # its linearisation skips the derivative's zero value too
+            return self.action.first_order(params, coords.reshape(self.widths[0], self.widths[0]), self.x)
+
+        def linear(C: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            eye = torch.eye(C.shape[-1], dtype=C.dtype, device=C.device)
+            return eye + C, eye - C
+
+        return self._act(params, coords, linear)
+
+    def _act(self, params: Params, coords: torch.Tensor,
+             exp: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]) -> dict[str, torch.Tensor]:
+        """The action with ``(g, g⁻¹) = exp(C)`` per site (``C`` the coordinates reshaped to ``w × w``)."""
+        blocks, start = [], 0
         for w in self.widths:
-            gs.append(matrix_exp(coords[start:start + w * w].reshape(w, w)))
+            blocks.append(coords[start:start + w * w].reshape(w, w))
             start += w * w
         if isinstance(self.action, DataDependentAction):
-            return self.action(params, gs, self.x)
-        return self.action(params, gs[0], self.x)
+            return self.action(params, [exp(C)[0] for C in blocks], self.x)
+        g, g_inv = exp(blocks[0])
+        if isinstance(self.action, ExactTeleport):     # g⁻¹ = exp(−C) exactly: no solve, nor its backward
+            return self.action(params, g, self.x, g_inv=g_inv)
+        return self.action(params, g, self.x)
 
 
 def as_action(obj: Any, x: torch.Tensor | None = None, params: Params | None = None, key: str = "x") -> Action:
@@ -425,7 +478,7 @@ class MetricGradNorm(Objective):
     """``∇Lᵀ diag(P) ∇L``: ``metric`` is ``{name: P}`` (broadcast to each parameter) or a callable
     ``grads → {name: P}`` (e.g. :func:`optimizer_metric`); names missing from it count with ``P = 1``."""
 
-    metric: Mapping[str, torch.Tensor] | Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]]
+    metric: Metric
     maximize: bool = True
 
     def __call__(self, params: Params, loss: ParamLoss, action: Action, wrt: Sequence[str]) -> torch.Tensor:
@@ -487,6 +540,7 @@ class Curvature(Objective):
     ``m`` random unit coordinate vectors (fixed by ``seed``), ``κ = (‖γ'‖²‖γ''‖² − (γ'·γ'')²)^{1/2}/‖γ'‖³`` over the
     entries ``wrt``. Maximised by default (Sec. 5.3: larger curvature generalised better).
 
+    >>> from symalg.catalogue.groups import matrix_exp
     >>> circle = FunctionAction(lambda p, c: {"x": matrix_exp(c[0] * torch.tensor([[0., -1.], [1., 0.]])) @ p["x"]}, 1)
     >>> round(Curvature()({"x": torch.tensor([2.0, 0.0])}, None, circle, ["x"]).item(), 6)   # radius 2
     0.5
@@ -567,6 +621,92 @@ def optimizer_metric(optimizer: torch.optim.Optimizer, named_params: Mapping[str
     return metric
 
 
+# ------------------------------------------------------------------------------------------------ next step
+
+@dataclass(frozen=True)
+class StepTest:
+    """What :meth:`NextStep.test` measured at one point: ``slope = gᵀd`` (the first-order decrease per unit of
+    ``lr``), ``sharpness = lr · dᵀHd / gᵀd`` (2 is the stability limit of the step), ``predicted`` and ``actual``
+    the model's and the loss's decrease over the step ``θ ↦ θ − lr·d``, and whether it ``passed``."""
+
+    lr: float
+    slope: float
+    sharpness: float
+    predicted: float
+    actual: float
+    passed: bool
+
+    def __str__(self) -> str:
+        verdict = "stable" if self.passed else "UNSTABLE"
+        return (f"next step (lr {self.lr:.3g}): {verdict}, lr·dᵀHd/gᵀd = {self.sharpness:.3g}, decrease "
+                f"{self.actual:.3g} of a predicted {self.predicted:.3g}")
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """The descent step that follows a teleport, ``θ ↦ θ − lr·d`` with ``d = P ∇L`` (``metric`` ``P`` as in
+    :class:`MetricGradNorm`; ``None``: ``P = 1``, gradient descent), and the test that it is stable at a point.
+
+    With ``g = ∇L(θ)`` and ``H`` the Hessian, the second-order model of the step is
+    ``L(θ − lr·d) ≈ L(θ) − lr·gᵀd + (lr²/2)·dᵀHd``: it predicts a decrease only while ``lr·dᵀHd < 2·gᵀd`` (the
+    stability limit; for ``d = g`` that is ``lr·κ < 2``, ``κ`` the curvature along the gradient), and the prediction
+    holds only while the step is short enough for the third-order term: with ``M`` a Lipschitz constant of ``H``
+    along the step, descent needs ``‖g‖ ≤ 3(2 − lr·κ)/(M·lr²)`` (``d = g``): the admissible gradient norm falls with
+    the curvature and with ``M``. Teleporting to a large ``‖∇L‖`` on a non-compact orbit raises ``κ`` and ``M`` with
+    it (``H' = J⁻ᵀHJ⁻¹``), which is how a teleport can make the next step diverge. :meth:`test` checks both at the
+    point itself, without estimating ``M``:
+
+    * **curvature**: ``lr·dᵀHd ≤ curvature·gᵀd`` (default 1, half the stability limit: the model then predicts at
+      least half the first-order decrease), from one Hessian–vector product;
+    * **agreement**: the loss decreases over the step by at least ``agreement`` (default ½) of the predicted amount
+      (the trust-region ratio test: the model that promised the decrease holds over the step's length), from one
+      more loss evaluation.
+
+    >>> step = NextStep(lr=0.1)
+    >>> quadratic = lambda p: 0.5 * (p["x"] ** 2 * torch.tensor([1.0, 30.0])).sum()   # curvatures 1 and 30
+    >>> step.test({"x": torch.tensor([1.0, 0.0])}, quadratic, ["x"]).passed     # lr·κ = 0.1
+    True
+    >>> step.test({"x": torch.tensor([0.0, 1.0])}, quadratic, ["x"]).passed     # lr·κ = 3: the step overshoots
+    False
+    """
+
+    lr: float
+    metric: Metric | None = None
+    curvature: float = 1.0
+    agreement: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("lr", "curvature"):
+            value = getattr(self, name)
+            if not (isinstance(value, numbers.Real) and 0 < float(value) < math.inf):
+                raise ValueError(f"NextStep: {name} must be a finite positive number, got {value!r}")
+        if not (isinstance(self.agreement, numbers.Real) and 0 <= float(self.agreement) <= 1):
+            raise ValueError(f"NextStep: agreement must be in [0, 1], got {self.agreement!r}")
+
+    def test(self, params: Params, loss: ParamLoss, wrt: Sequence[str]) -> StepTest:
+        """:class:`StepTest` of the step at ``params`` (the entries ``wrt`` move)."""
+        leaves = {n: params[n].detach().requires_grad_(True) for n in wrt}
+        with torch.enable_grad():
+            value = loss({**params, **leaves})
+            found = torch.autograd.grad(value, list(leaves.values()), create_graph=True, allow_unused=True)
+            grads = {n: torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(wrt, found)}
+            metric = (self.metric({n: g.detach() for n, g in grads.items()}) if callable(self.metric)
+                      else self.metric or {})
+            d = {n: (metric.get(n, 1.0) * g).detach() for n, g in grads.items()}
+            slope = cast(torch.Tensor, sum((g * d[n]).sum() for n, g in grads.items()))
+            hd = torch.autograd.grad(slope, list(leaves.values()), allow_unused=True) if slope.requires_grad else ()
+        curvature = sum(float((h * d[n]).sum()) for n, h in zip(wrt, hd) if h is not None)
+        slope_value = float(slope.detach())
+        with torch.no_grad():
+            stepped = float(loss({**params, **{n: params[n].detach() - self.lr * d[n] for n in wrt}}))
+        predicted = self.lr * slope_value - self.lr ** 2 / 2 * curvature
+        actual = float(value.detach()) - stepped
+        sharpness = self.lr * curvature / slope_value if slope_value > 0 else 0.0
+        passed = math.isfinite(actual) and self.lr * curvature <= self.curvature * slope_value and \
+            actual >= self.agreement * predicted
+        return StepTest(self.lr, slope_value, sharpness, predicted, actual, passed)
+
+
 # ------------------------------------------------------------------------------------------------ teleport
 
 ARMIJO = 1e-4
@@ -575,6 +715,17 @@ least ``ARMIJO · ‖Δ‖ ‖∇_c F‖`` (the Armijo condition; ``‖Δ‖ ‖
 
 BACKTRACK = 30
 """Halvings of the line search when ``Teleporter.backtrack`` is not given and the step is normalised (``lr=None``)."""
+
+
+class _Iterate(NamedTuple):
+    """An iterate of the ascent: its index in the history, its parameters, how many of the moves lead to it, its
+    coordinates (``compose=False``) and the gradient steps taken."""
+
+    position: int
+    params: dict[str, torch.Tensor]
+    moves: int
+    total: torch.Tensor
+    steps: int
 
 
 @dataclass(frozen=True)
@@ -587,7 +738,9 @@ class TeleportResult:
     ``params`` as factors (:class:`Move`); ``coordinates`` their Lie-algebra parts. ``objective_after`` and
     ``loss_after`` are at ``params``. ``history`` and ``losses``: the objective and the loss at every iterate (index 0
     the start, then the discrete search's result if it moved, then one per gradient step); ``best``: the index of
-    ``params`` in them; ``steps``: the gradient steps taken; ``seconds``: the wall-clock time.
+    ``params`` in them; ``steps``: the gradient steps taken; ``seconds``: the wall-clock time; ``next_step``: the
+    :class:`StepTest` of the teleporter's :class:`NextStep` at the chosen iterate, or at the best iterate when none
+    passed and the teleport was rejected (``None`` without a ``NextStep``, or when no iterate improved).
     """
 
     params: dict[str, torch.Tensor]
@@ -603,6 +756,7 @@ class TeleportResult:
     history: tuple[float, ...] = ()
     losses: tuple[float, ...] = ()
     best: int = 0
+    next_step: StepTest | None = None
 
     @property
     def relative_loss_change(self) -> float:
@@ -656,6 +810,14 @@ class Teleporter:
         or ``"random"`` (best of random words in the generators), tried before the gradient steps.
     discrete_steps : rounds of the greedy search, or random words of up to this length.
     samples, seed : number of random words and their seed.
+    radius : the trust region of the whole teleport: the steps' lengths add up to at most ``radius``
+        (``Σ‖Δ_k‖ ≤ radius``; the last step is shortened to fit, and the ascent stops there). On a coordinate basis
+        orthonormal in the Frobenius norm (``GL``'s, scalings') each site's composed ``g_s`` then has
+        ``‖g_s‖, ‖g_s⁻¹‖ ≤ e^{radius}``; a linear action moves a weight between two sites by ``W ↦ g W g'⁻¹`` and its
+        gradient by ``g⁻ᵀ ∇W g'ᵀ``, so ``‖∇L‖`` changes by at most a factor ``e^{2·radius}``. ``None``: no bound.
+    next_step : a :class:`NextStep`: the result is the best improving iterate at which that descent step is stable
+        (:meth:`NextStep.test`); when none is, the teleport is rejected. ``None``: not checked.
+        :class:`~symalg.applications.teleport_optim.TeleportingOptimizer` sets both for teleports during training.
 
     Examples
     --------
@@ -684,6 +846,8 @@ class Teleporter:
     discrete_steps: int = 4
     samples: int = 16
     seed: int = 0
+    radius: float | None = None
+    next_step: NextStep | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action", as_action(self.action))
@@ -696,6 +860,10 @@ class Teleporter:
                              f"got {self.lr!r}")
         if self.max_step is not None and not (isinstance(self.max_step, numbers.Real) and 0 < self.max_step < math.inf):
             raise ValueError(f"Teleporter: max_step must be a finite positive number or None, got {self.max_step!r}")
+        if self.radius is not None and not (isinstance(self.radius, numbers.Real) and 0 < self.radius < math.inf):
+            raise ValueError(f"Teleporter: radius must be a finite positive number or None, got {self.radius!r}")
+        if self.next_step is not None and not isinstance(self.next_step, NextStep):
+            raise TypeError(f"Teleporter: next_step must be a NextStep or None, got {type(self.next_step).__name__}")
         if self.lr is None and self.max_step is None:
             raise ValueError("Teleporter: lr=None takes the step length from max_step; "
                              "give max_step > 0 or a number lr")
@@ -743,16 +911,32 @@ class Teleporter:
         with torch.no_grad():
             loss0 = float(loss(theta0))
 
+        seen: list[tuple[Params, torch.Tensor]] = []    # the losses the last evaluation of the objective computed
+
+        def recording(p: Params) -> torch.Tensor:
+            out = loss(p)
+            seen.append((p, out))
+            return out
+
         def value(p: Params) -> float:
+            seen.clear()
             with torch.enable_grad():
-                return float(self.evaluate(p, loss, wrt).detach())
+                return float(self.evaluate(p, recording, wrt).detach())
 
         def loss_at(p: Params) -> float:
-            """The loss at ``p`` (NaN where a parameter is not finite)."""
-            if not all(bool(torch.isfinite(p[n]).all()) for n in wrt):
+            """The loss at ``p`` (NaN where a parameter is not finite: a sum of the entries is then NaN or ±∞)."""
+            if not math.isfinite(float(sum(p[n].sum() for n in wrt))):
                 return math.nan
             with torch.no_grad():
                 return float(loss(p))
+
+        def loss_seen(p: Params) -> float:
+            """The loss at ``p``: the value the last evaluation of the objective computed at parameters equal to ``p``
+            entry for entry (an objective evaluates the loss where it is evaluated), else :func:`loss_at`."""
+            for q, out in seen:
+                if all(n in q and torch.equal(q[n].detach(), p[n]) for n in wrt):
+                    return float(out.detach())
+            return loss_at(p)
 
         def change(lp: float) -> float:
             """The relative loss change of the loss value ``lp`` (``inf`` when not finite)."""
@@ -773,27 +957,35 @@ class Teleporter:
             if found:
                 moves, history, losses = found, history + [searched], losses + [loss_at(theta)]
             base = theta
-        best = (0, theta0, 0, total, 0)     # index, params, number of moves, coordinates (compose=False), steps
+        improvements = [_Iterate(0, theta0, 0, total, 0)]    # the start, then every iterate that became the best
 
         def consider() -> None:
             """Make the current iterate the best when it kept the loss and has a better, finite objective."""
-            nonlocal best
             k = len(history) - 1
-            here, record = history[k], history[best[0]]
+            here, record = history[k], history[improvements[-1].position]
             if k and here is not None and record is not None and kept(losses[k]) and math.isfinite(here) \
                     and self.sign * (here - record) > 0:
-                best = (k, theta, len(moves), total, steps)
+                improvements.append(_Iterate(k, theta, len(moves), total, steps))
+
+        def assess(point: Params, coords: torch.Tensor) -> tuple[float, torch.Tensor | None]:
+            """The objective at an iterate and its gradient in the coordinates of the next factor."""
+            z = torch.zeros_like(total, requires_grad=True)
+            seen.clear()
+            with torch.enable_grad():
+                moved = self.action.first_order(point, z) if self.compose else self.action(base, coords + z)
+                objective = self.evaluate(moved, recording, wrt)
+                (grad,) = torch.autograd.grad(objective, z, allow_unused=True)
+            return float(objective.detach()), grad
 
         consider()
-        scale, note = 1.0, ""
+        scale, note, travelled = 1.0, "", 0.0
+        known: tuple[float, torch.Tensor | None] | None = None     # (objective, gradient) at theta, when computed
         for _ in range(self.steps if self.action.dim else 0):
-            z = torch.zeros_like(total, requires_grad=True)
-            with torch.enable_grad():
-                objective = self.evaluate(self.action(theta if self.compose else base, total + z), loss, wrt)
-                (grad,) = torch.autograd.grad(objective, z, allow_unused=True)
-            here = float(objective.detach())
+            here, grad = known if known is not None else assess(theta, total)
+            known = None
             if history[-1] is None:
                 history[-1] = here
+                losses[-1] = loss_seen(theta) if math.isnan(losses[-1]) else losses[-1]
                 consider()
             if grad is None:
                 break
@@ -805,9 +997,13 @@ class Teleporter:
                 break
             delta = self.sign * self._rate(slope) * scale * grad
             length = float(delta.norm())
-            if self.max_step is not None and length > self.max_step:
-                delta, length = delta * (self.max_step / length), self.max_step
-            if length == 0:
+            bound = min(self.max_step if self.max_step is not None else math.inf,
+                        self.radius - travelled if self.radius is not None else math.inf)
+            if length > bound:
+                delta, length = delta * (bound / length), bound
+            if length <= 0:
+                if self.radius is not None and travelled >= self.radius:
+                    note = f"stopped after {steps} steps: the trust region (radius {self.radius:g}) is reached"
                 break
             current: float | None = None
             (candidate, failure), lp = self._advance(base, theta, total, delta), math.nan
@@ -815,8 +1011,9 @@ class Teleporter:
                 for _ in range(self.halvings):
                     if candidate is not None:
                         lp = loss_at(candidate)
-                        current = value(candidate) if kept(lp) else None
+                        current, ascent = assess(candidate, total + delta) if kept(lp) else (None, None)
                         if current is not None and self.sign * (current - here) >= ARMIJO * length * slope:
+                            known = (current, ascent)
                             break
                     delta, length, scale = delta / 2, length / 2, scale / 2
                     candidate, failure = self._advance(base, theta, total, delta)
@@ -826,10 +1023,9 @@ class Teleporter:
                 scale = min(1.0, 2 * scale)
             elif candidate is None:
                 note = f"stopped after {steps} steps: the action is undefined at the next step ({failure})"
-                break
-            else:
-                lp = loss_at(candidate)
-            theta, steps = candidate, steps + 1
+                break          # a fixed rate: the loss comes with the next evaluation of the objective (loss_seen)
+            assert candidate is not None, "the line search breaks out with a candidate"
+            theta, steps, travelled = candidate, steps + 1, travelled + length
             if self.compose:
                 moves.append(Move(coords=delta.detach()))
             else:
@@ -840,7 +1036,11 @@ class Teleporter:
                 consider()
         if history[-1] is None:
             history[-1] = value(theta)
+            losses[-1] = loss_seen(theta) if math.isnan(losses[-1]) else losses[-1]
             consider()
+        best, stability = improvements[-1], None
+        if self.next_step is not None and best.position:
+            best, stability, note = self._stable(improvements, moves, theta0, loss, wrt, note)
         index, theta, count, total, taken = best
         moves = moves[:count] + ([Move(coords=total)] if not self.compose and taken else [])
         scores = [math.nan if h is None else h for h in history]   # every entry is evaluated by now
@@ -850,7 +1050,23 @@ class Teleporter:
         moved = {n: params[n] if theta[n] is theta0[n] else theta[n] for n in params}
         return TeleportResult(moved if accepted else dict(params), accepted, reason, tuple(moves), scores[0],
                               scores[index], loss0, losses[index], steps, time.perf_counter() - start,
-                              tuple(scores), tuple(losses), index)
+                              tuple(scores), tuple(losses), index, stability)
+
+    def _stable(self, improvements: Sequence[_Iterate], moves: Sequence[Move], theta0: Params, loss: ParamLoss,
+                wrt: Sequence[str], note: str) -> tuple[_Iterate, StepTest | None, str]:
+        """The best iterate at which :attr:`next_step` is stable (``(start, None, why)`` when none is), its test, and
+        the note: the improving iterates are tried from the best down (earlier ones are replayed from ``theta0``)."""
+        assert self.next_step is not None, "called only with a next step"
+        first: StepTest | None = None
+        for rank, iterate in enumerate(reversed(improvements[1:])):
+            point = iterate.params if rank == 0 else self.action.replay(
+                theta0, list(moves[:iterate.moves]) + ([Move(coords=iterate.total)] if not self.compose else []))
+            test = self.next_step.test(point, loss, wrt)
+            first = first or test
+            if test.passed:
+                return iterate, test, note if rank == 0 else (
+                    f"{rank} better iterate(s) failed the next-step check ({first})" + (f"; {note}" if note else ""))
+        return improvements[0], first, f"no improving iterate passed the next-step check ({first})"
 
     def _rate(self, slope: float) -> float:
         """``s``: the fixed rate ``lr``, or the normalised ``max_step / ‖∇_c F‖``."""

@@ -10,6 +10,24 @@ API
     parameter dict (:func:`model_loss` builds one); ``data`` a callable returning a batch or an iterable (cycled).
 ``Schedule(every=k, at_steps=(...), at_epochs=(...), batches=n)``: when, and on how many mini-batches (one
     teleport per batch, in turn, as in [Zhao2026] Sec. 5.4.2).
+``TeleportingOptimizer(..., radius=TRAINING_RADIUS, check=True)``
+    the safeguards, on by default (:meth:`TeleportingOptimizer.guarded`).
+
+Safeguards during training
+--------------------------
+A gradient-norm teleport on a non-compact orbit can raise ``‖∇L‖`` without bound (``GL``, positive scalings), and the
+next optimizer step, taken at the same learning rate, then overshoots: one default ``GradNorm`` teleport on digits
+(64-16-10-10, SGD at 0.05) raised ``‖∇L‖`` from 0.09 to 182 and training diverged (``benchmarks/bench_teleport.py``).
+Every teleport here therefore runs with
+
+* a **trust region** ``radius`` (default :data:`TRAINING_RADIUS` = 1): the ascent's steps add up to at most 1, so
+  ``‖∇L‖`` grows by at most ``e²`` for a linear action (:class:`~symalg.applications.teleport.Teleporter`);
+* the **next-step test** (``check``): among the iterates that kept the loss, the best one at which this optimizer's
+  next step is stable (:class:`~symalg.applications.teleport.NextStep` from :func:`next_step`: the curvature along the
+  step at most half its stability limit, ``lr·dᵀHd ≤ gᵀd``, and the loss decreasing over the step by at least half
+  of what the quadratic model predicts); when no improving iterate passes, the teleport is rejected.
+
+``radius=None, check=False`` turns both off (a teleporter's own smaller radius or own ``next_step`` is kept).
 
 ``handle_state(optimizer, named_params, action, moves, params_after, mode)``: the state handling on its own.
 
@@ -53,15 +71,21 @@ Example
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from symalg.applications.teleport import Action, Move, Teleporter, TeleportResult, transform_cotangent
+from symalg.applications.teleport import (Action, Move, NextStep, Teleporter, TeleportResult, optimizer_metric,
+                                          transform_cotangent)
 
-__all__ = ["FIRST_MOMENTS", "SECOND_MOMENTS", "STATE_MODES", "Schedule", "TeleportingOptimizer", "handle_state",
-           "model_loss"]
+__all__ = ["FIRST_MOMENTS", "SECOND_MOMENTS", "STATE_MODES", "TRAINING_RADIUS", "Schedule", "TeleportingOptimizer",
+           "handle_state", "model_loss", "next_step"]
+
+TRAINING_RADIUS = 1.0
+"""Default trust region of a teleport during training (:attr:`Teleporter.radius`): the steps' lengths add up to at
+most 1, so a linear action changes ``‖∇L‖`` by at most a factor ``e²``."""
 
 FIRST_MOMENTS = ("momentum_buffer", "exp_avg", "grad_avg")
 """Optimizer state entries that are gradient-like (cotangent) and move by ``J⁻ᵀ``."""
@@ -111,6 +135,37 @@ def model_loss(model: torch.nn.Module, criterion: Callable[[Any, Any], torch.Ten
         x, y = batch
         return criterion(torch.func.functional_call(model, dict(params), (x,)), y)
     return loss
+
+
+def next_step(optimizer: torch.optim.Optimizer, named_params: Mapping[str, torch.Tensor]) -> NextStep:
+    """The :class:`~symalg.applications.teleport.NextStep` of ``optimizer``: ``lr`` the largest learning rate of its
+    parameter groups, ``P`` the preconditioner :func:`~symalg.applications.teleport.optimizer_metric` reads (Adagrad,
+    RMSprop, Adam/AdamW; ``1`` for SGD and any other optimizer) times each group's rate over ``lr``. Momentum is left
+    out: the test is of the fresh gradient's part of the step.
+
+    >>> w = torch.nn.Parameter(torch.ones(2))
+    >>> step = next_step(torch.optim.SGD([w], lr=0.1), {"w": w})
+    >>> step.lr, step.metric({"w": torch.ones(2)})["w"].tolist()
+    (0.1, [1.0, 1.0])
+    """
+    groups = {id(p): group for group in optimizer.param_groups for p in group["params"]}
+    found = {n: groups[id(p)].get("lr") for n, p in named_params.items() if id(p) in groups}
+    if not found or any(not isinstance(r, (int, float)) or r <= 0 for r in found.values()):
+        raise ValueError(f"next_step: {type(optimizer).__name__} has no positive learning rate 'lr' in its parameter "
+                         "groups; pass check=False to TeleportingOptimizer")
+    rates = {n: float(r) for n, r in found.items() if r is not None}
+    lr = max(rates.values())
+    try:
+        preconditioner: Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]] | None = \
+            optimizer_metric(optimizer, {n: p for n, p in named_params.items() if n in rates})
+    except ValueError:        # an optimizer optimizer_metric does not know: plain gradient steps
+        preconditioner = None
+
+    def metric(grads: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        P = preconditioner(grads) if preconditioner is not None else {}
+        return {n: P.get(n, torch.ones_like(g)) * (rates.get(n, lr) / lr) for n, g in grads.items()}
+
+    return NextStep(lr, metric)
 
 
 def _reset(optimizer: torch.optim.Optimizer, p: torch.Tensor) -> None:
@@ -171,7 +226,7 @@ class TeleportingOptimizer:
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
                  teleporter: Teleporter | Callable[[Any], Teleporter], loss_fn: BatchLoss,
                  data: Callable[[], Any] | Iterable[Any], schedule: Schedule = Schedule(every=100),
-                 state: str = "transform") -> None:
+                 state: str = "transform", radius: float | None = TRAINING_RADIUS, check: bool = True) -> None:
         if state not in STATE_MODES:
             raise ValueError(f"TeleportingOptimizer: state must be one of {STATE_MODES}, got {state!r}")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -181,8 +236,10 @@ class TeleportingOptimizer:
         self.named = {n: p for n, p in model.named_parameters() if id(p) in in_groups}
         if not self.named:
             raise ValueError("TeleportingOptimizer: none of model's parameters are in the optimizer")
+        if radius is not None and not (isinstance(radius, (int, float)) and 0 < radius < float("inf")):
+            raise ValueError(f"TeleportingOptimizer: radius must be a finite positive number or None, got {radius!r}")
         self.optimizer, self.model, self.teleporter, self.loss_fn = optimizer, model, teleporter, loss_fn
-        self.schedule, self.state_mode = schedule, state
+        self.schedule, self.state_mode, self.radius, self.check = schedule, state, radius, check
         self._data = data
         self._iterator: Iterator[Any] | None = None
         self.steps, self.epochs = 0, 0
@@ -242,13 +299,25 @@ class TeleportingOptimizer:
         return {**{n: p.detach() for n, p in self.model.named_parameters()},
                 **{n: b.detach() for n, b in self.model.named_buffers()}}
 
+    def guarded(self, teleporter: Teleporter) -> Teleporter:
+        """``teleporter`` with the safeguards of training: the trust region ``radius`` (unless it has a smaller one)
+        and, with ``check``, the next-step test of this optimizer at its current learning rate (:func:`next_step`),
+        unless it has its own."""
+        changes: dict[str, Any] = {}
+        if self.radius is not None and (teleporter.radius is None or teleporter.radius > self.radius):
+            changes["radius"] = self.radius
+        if self.check and teleporter.next_step is None:
+            changes["next_step"] = next_step(self.optimizer, self.named)
+        return dataclasses.replace(teleporter, **changes) if changes else teleporter
+
     def teleport(self, batches: int | None = None) -> list[TeleportResult]:
         """Teleport now on ``batches`` mini-batches (default ``schedule.batches``), one after another, writing the
         accepted results into the model and updating the optimizer state; returns the results."""
         results = []
         for _ in range(self.schedule.batches if batches is None else batches):
             batch = self._batch()
-            teleporter = self.teleporter if isinstance(self.teleporter, Teleporter) else self.teleporter(batch)
+            teleporter = self.guarded(self.teleporter if isinstance(self.teleporter, Teleporter)
+                                      else self.teleporter(batch))
             current = self._params()
             def loss(p: Mapping[str, torch.Tensor], batch: Any = batch) -> torch.Tensor:
                 return self.loss_fn(p, batch)

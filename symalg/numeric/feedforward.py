@@ -116,10 +116,12 @@ class FeedForward:
         """The number of hidden sites (``L − 1``)."""
         return len(self.activations)
 
-    def preactivations(self, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> list[torch.Tensor]:
-        """``Z_i = a_{i−1} W_iᵀ + b_i`` for every layer, as rows ``(…, k, n_i)``."""
+    def preactivations(self, params: Mapping[str, torch.Tensor], x: torch.Tensor,
+                       layers: int | None = None) -> list[torch.Tensor]:
+        """``Z_i = a_{i−1} W_iᵀ + b_i`` for every layer (the first ``layers`` only, when given), as rows
+        ``(…, k, n_i)``."""
         a, zs = _rows(x), []
-        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+        for i, (w, b) in enumerate(zip(self.weights[:layers], self.biases[:layers])):
             z = a @ params[w].transpose(-1, -2)
             if b is not None:
                 z = z + params[b].unsqueeze(-2)

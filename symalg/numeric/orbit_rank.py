@@ -49,6 +49,17 @@ of ``torch.linalg.matrix_rank``; for the products of a chain, above their roundi
 larger), recorded as a :class:`RankDecision` with the smallest kept and the largest dropped singular
 value; :attr:`OrbitDimension.gap` is the smallest ratio over all decisions (``inf`` when nothing was
 dropped) and :attr:`OrbitDimension.margin` how far the nearest singular value is from its threshold.
+What it guarantees: the rank is the rule's count for the exact singular values of ``A + ΔA``, ``ΔA`` the
+backward error of the factorisation (of order ``eps‖A‖``, which the threshold's ``max(m, n) · eps`` absorbs).
+A matrix whose sides are both at least :data:`QR_FROM` (``ranks="auto"``) is not given to an SVD first: its
+Householder QR factor ``R`` has the singular values of ``A + ΔA`` with a backward error of the same kind, and
+when a certified lower bound on ``σ_min(R)`` (from ``R⁻¹``, its rounding bounded a priori:
+:func:`~symalg.numeric.linalg.smallest_singular_value_bound`) exceeds an upper bound on the threshold, the rank
+is full (``certificate="qr"``; ``kept`` is that bound, so the margin reported is a lower bound). That is the
+generic case; at 4096 × 4097 it costs a QR and a triangular inverse (``≈ 2 n³`` flops in level-3 BLAS) instead of
+an SVD, whose bidiagonalisation is half matrix–vector work. Otherwise (a rank below full, or a smallest singular
+value too near the threshold for the bound to decide) the singular values of ``R`` decide, as before. A wrong
+full rank is thus never certified: the bound is below ``σ_min``, and a deficient matrix falls through to the SVD.
 
 **Formula.** The same structure with generic ranks (``rank`` of a stacked ``h × N`` region is
 ``min(h, N)``, no zero rows, chains by :func:`symalg.symbolic.orbit.gl_chain_kernel_dimension`) gives the
@@ -83,14 +94,16 @@ import torch
 from symalg.errors import SpecError
 from symalg.catalogue.bindings import Binding
 from symalg.catalogue.groups import group_classes
+from symalg.numeric.linalg import smallest_singular_value_bound, spectral_norm_bound
 from symalg.symbolic.orbit import gl_chain_kernel_dimension
 
 if TYPE_CHECKING:   # read for their types only
     from symalg.ir.graph import ModelGraph
     from symalg.symbolic.symmetry import Symmetry
 
-__all__ = ["RankDecision", "ComponentRank", "Stratum", "OrbitDimension", "model_orbit_dimension",
-           "model_orbit_dimension_formula", "action_matrix", "independent_conserved_rank"]
+__all__ = ["QR_FROM", "RANK_METHODS", "RankDecision", "ComponentRank", "Stratum", "OrbitDimension",
+           "certified_rank", "model_orbit_dimension", "model_orbit_dimension_formula", "action_matrix",
+           "independent_conserved_rank"]
 
 _Region = tuple[str, int | None, int, int]
 """A region of a tensor: ``(tensor, axis, lo, hi)``; ``axis`` ``None`` for the whole tensor."""
@@ -128,6 +141,11 @@ class RankDecision:
     ``kept`` is the smallest singular value counted,
     ``dropped`` the largest one not counted (``None`` when there is none); ``generic`` the rank at
     generic parameters where it is known (``min(h, N)`` for a stacked ``h × N`` region).
+
+    ``certificate`` says how: ``"svd"``, from the computed singular values; ``"qr"``, a full rank certified from
+    a QR factorisation without them (:func:`certified_rank`): then ``kept`` is a certified lower bound on the smallest
+    singular value and ``threshold`` an upper bound on the rule's, so :attr:`margin` is a lower bound on the
+    margin an SVD would report.
     """
 
     what: str
@@ -137,6 +155,7 @@ class RankDecision:
     kept: float | None = None
     dropped: float | None = None
     generic: int | None = None
+    certificate: str = "svd"
 
     @property
     def gap(self) -> float:
@@ -160,7 +179,9 @@ class RankDecision:
 
     def __str__(self) -> str:
         generic = f", generically {self.generic}" if self.generic is not None else ""
-        return f"{self.what}: rank {self.rank} of {self.shape[0]}×{self.shape[1]}{generic} (gap {self.gap:.3g})"
+        how = "" if self.certificate == "svd" else f", {self.certificate} certificate"
+        return (f"{self.what}: rank {self.rank} of {self.shape[0]}×{self.shape[1]}{generic} "
+                f"(gap {self.gap:.3g}{how})")
 
 
 @dataclass(frozen=True)
@@ -377,13 +398,45 @@ def _decide(values: torch.Tensor, shape: Sequence[int], what: str, generic: int 
     return RankDecision(what, rank, tuple(shape), threshold, kept, dropped, generic)
 
 
-def _svdvals(matrix: torch.Tensor) -> torch.Tensor:
-    """Singular values, computed on the tall orientation (LAPACK is much slower on wide matrices)."""
-    return torch.linalg.svdvals(matrix if matrix.shape[0] >= matrix.shape[1] else matrix.mT)
+RANK_METHODS = ("auto", "qr", "svd")
+"""How :func:`model_orbit_dimension` decides a rank: ``"svd"`` every one from the singular values; ``"qr"`` a full
+rank from a QR certificate where it holds (the SVD of the triangular factor otherwise); ``"auto"`` (default) the
+QR certificate for matrices whose smaller side is at least :data:`QR_FROM`, the SVD below."""
+
+QR_FROM = 256
+"""Smallest ``min(m, n)`` for which ``ranks="auto"`` tries the QR certificate (below it an SVD costs under 10 ms
+and gives the exact singular values)."""
 
 
-def _rank(matrix: torch.Tensor, what: str, generic: int | None = None) -> RankDecision:
-    return _decide(_svdvals(matrix), matrix.shape, what, generic)
+def certified_rank(matrix: torch.Tensor, what: str = "", generic: int | None = None, rounding: float = 0.0,
+                   ranks: str = "auto") -> RankDecision:
+    """The rank of ``matrix`` by the rule of the module docstring, certified without an SVD where it is full.
+
+    On the tall orientation ``A`` (``m ≥ n``; LAPACK is much slower on wide matrices), Householder QR gives the
+    triangular ``R`` with ``σᵢ(R) = σᵢ(A + ΔA)``, ``‖ΔA‖`` of order ``eps ‖A‖``: the same backward error as the
+    singular values an SVD computes (its bidiagonalisation is Householder too), which the threshold absorbs.
+    ``threshold = max(spectral_norm_bound(R) · max(m, n) · eps, rounding)`` is at least the rule's threshold, and
+    :func:`~symalg.numeric.linalg.smallest_singular_value_bound` a certified lower bound on ``σ_n(R)``: when it
+    exceeds the threshold, the rank is ``n`` (recorded with ``certificate="qr"``, ``kept`` that bound). Otherwise
+    the singular values of ``R`` decide (an ``n × n`` SVD instead of ``m × n``). ``ranks``: :data:`RANK_METHODS`;
+    ``what`` names the matrix in the decision, ``generic`` its rank at generic parameters where known.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> A = torch.randn(300, 300, generator=g, dtype=torch.float64)
+    >>> full, low = certified_rank(A), certified_rank(A[:, :40] @ A[:40])
+    >>> (full.rank, full.certificate), (low.rank, low.certificate)
+    ((300, 'qr'), (40, 'svd'))
+    """
+    tall = matrix if matrix.shape[0] >= matrix.shape[1] else matrix.mT
+    m, n = tall.shape
+    if ranks == "svd" or n == 0 or (ranks == "auto" and n < QR_FROM):
+        return _decide(torch.linalg.svdvals(tall), matrix.shape, what, generic, rounding)
+    R = torch.linalg.qr(tall, mode="r").R
+    threshold = max(spectral_norm_bound(R) * m * torch.finfo(R.dtype).eps, rounding)
+    smallest = smallest_singular_value_bound(R, floor=threshold)
+    if smallest > threshold:
+        return RankDecision(what, n, tuple(matrix.shape), threshold, smallest, None, generic, certificate="qr")
+    return _decide(torch.linalg.svdvals(R), matrix.shape, what, generic, rounding)
 
 
 @dataclass(frozen=True)
@@ -401,7 +454,7 @@ class _Product:
                         self.inner + other.inner + self.value.shape[1])
 
 
-def _products_rank(blocks: list[_Product], what: str, dim: int = 1) -> RankDecision:
+def _products_rank(blocks: list[_Product], what: str, dim: int = 1, ranks: str = "auto") -> RankDecision:
     """Rank of computed products placed side by side (``dim=1``) or stacked (``dim=0``).
 
     Each block is divided by its bound (scaling blocks does not change the rank, and keeps a small
@@ -413,7 +466,7 @@ def _products_rank(blocks: list[_Product], what: str, dim: int = 1) -> RankDecis
     matrix = torch.cat([b.value / b.bound for b in blocks], dim=dim)
     eps = torch.finfo(matrix.dtype).eps
     rounding = eps * max(b.inner for b in blocks) * math.sqrt(len(blocks))
-    return _decide(_svdvals(matrix), matrix.shape, what, rounding=rounding)
+    return certified_rank(matrix, what, rounding=rounding, ranks=ranks)
 
 
 def _describe(bindings: Sequence[Binding]) -> str:
@@ -477,8 +530,8 @@ class _Ranks(ABC):
     answer at the given and at generic parameters."""
 
     def __init__(self, state: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]], max_bytes: float,
-                 directions: dict[tuple[int, tuple[str, ...]], RankDecision]):
-        self.state, self.shapes, self.max_bytes = state, shapes, max_bytes
+                 directions: dict[tuple[int, tuple[str, ...]], RankDecision], ranks: str = "auto"):
+        self.state, self.shapes, self.max_bytes, self.ranks = state, shapes, max_bytes, ranks
         self.decisions: list[RankDecision] = []
         self._directions = directions       # shared cache: translation directions are constant
 
@@ -507,7 +560,8 @@ class _Ranks(ABC):
         if key not in self._directions:
             J = _jacobian([(site, None)], self.state, list(tensors), self.max_bytes,
                           f"directions of {site.label}")
-            self._directions[key] = _rank(J, f"directions of {site.label} on {', '.join(tensors)}")
+            what = f"directions of {site.label} on {', '.join(tensors)}"
+            self._directions[key] = certified_rank(J, what, ranks=self.ranks)
         decision = self._directions[key]
         self.decisions.append(decision)
         return decision.rank
@@ -523,7 +577,7 @@ class _Numeric(_Ranks):
             blocks.append(torch.ones(site.width, 1, dtype=reference.dtype, device=reference.device))
         U = torch.cat(blocks, dim=1)
         what = f"{what} {_describe(bindings)}{' | 1' if ones else ''} of {site.label}"
-        decision = _rank(U, what, min(site.width, U.shape[1]))
+        decision = certified_rank(U, what, min(site.width, U.shape[1]), ranks=self.ranks)
         self.decisions.append(decision)
         return decision.rank
 
@@ -569,7 +623,7 @@ class _Numeric(_Ranks):
                 for a in range(n)]
 
         def rank(blocks: list[_Product], what: str, dim: int) -> int:
-            decision = _products_rank(blocks, what, dim)
+            decision = _products_rank(blocks, what, dim, self.ranks)
             self.decisions.append(decision)
             return decision.rank
 
@@ -591,7 +645,7 @@ class _Numeric(_Ranks):
         tensors = list(dict.fromkeys(t for s in sites for t in s.tensors))
         what = "joint rank of " + ", ".join(s.label for s in sites)
         J = _jacobian(parts, self.state, tensors, self.max_bytes, what)
-        decision = _rank(J, what)
+        decision = certified_rank(J, what, ranks=self.ranks)
         self.decisions.append(decision)
         return J.shape[1] - decision.rank
 
@@ -749,7 +803,7 @@ def _as_chain(sites: list[_Site]) -> tuple[list[_Site], list[str | None], list[l
     return vertices, arrows, sources, sinks
 
 
-def _region_ranks(component: list[_Site], state: Mapping[str, torch.Tensor]) -> list[RankDecision]:
+def _region_ranks(component: list[_Site], state: Mapping[str, torch.Tensor], ranks: str) -> list[RankDecision]:
     """The rank of every ``GL``/``O`` region of a component on its own (to say why a stratum drops)."""
     seen: set[tuple[Any, ...]] = set()
     decisions: list[RankDecision] = []
@@ -758,7 +812,7 @@ def _region_ranks(component: list[_Site], state: Mapping[str, torch.Tensor]) -> 
             if b.region not in seen:
                 seen.add(b.region)
                 U = b.unfold(state[b.tensor])
-                decisions.append(_rank(U, b.describe(), min(U.shape)))
+                decisions.append(certified_rank(U, b.describe(), min(U.shape), ranks=ranks))
     return decisions
 
 
@@ -897,7 +951,7 @@ def _prepare(analysis: AnalysisLike, params: Mapping[str, torch.Tensor] | None, 
 def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Tensor] | None = None,
                           method: str = "structured", dtype: torch.dtype = torch.float64,
                           device: torch.device | str | None = None,
-                          max_bytes: float = 4 * _GIB) -> OrbitDimension:
+                          max_bytes: float = 4 * _GIB, ranks: str = "auto") -> OrbitDimension:
     """Orbit dimension of a traced model at ``params``: the rank of ``M ↦ M·θ`` (module docstring).
 
     Parameters
@@ -911,6 +965,10 @@ def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Ten
         ``4096 × 4096`` weight is not decidable from its singular values).
     max_bytes : largest Jacobian (dense method, and the joint sub-components of the structured one)
         to build; beyond it a ``MemoryError`` says how much it would need.
+    ranks : how the structured method decides each rank (:data:`RANK_METHODS`): ``"auto"`` (default) certifies
+        a full rank of a matrix with both sides at least :data:`QR_FROM` by QR, without its singular values;
+        ``"svd"`` takes the singular values of every matrix; ``"qr"`` tries the QR certificate at every size.
+        The dense method always takes the SVD (it is the baseline).
 
     Example
     -------
@@ -926,6 +984,8 @@ def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Ten
     caller = "model_orbit_dimension"
     if method not in ("structured", "dense"):
         raise ValueError(f"{caller}: method must be 'structured' or 'dense', got {method!r}")
+    if ranks not in RANK_METHODS:
+        raise ValueError(f"{caller}: ranks must be one of {RANK_METHODS}, got {ranks!r}")
     sites, components, state, shapes = _prepare(analysis, params, dtype, device, caller)
     algebra_dim = sum(s.dim for s in sites)
     if method == "dense":
@@ -933,7 +993,7 @@ def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Ten
             return OrbitDimension(0, 0, "dense")
         tensors = list(dict.fromkeys(t for s in sites for t in s.tensors))
         J = _jacobian([(s, None) for s in sites], state, tensors, max_bytes, f"{caller}(method='dense')")
-        decision = _rank(J, "dense Jacobian of the action")
+        decision = certified_rank(J, "dense Jacobian of the action", ranks="svd")
         return OrbitDimension(decision.rank, algebra_dim, "dense", decisions=(decision,))
     directions: dict[tuple[int, tuple[str, ...]], RankDecision] = {}
     results: list[ComponentRank] = []
@@ -941,7 +1001,7 @@ def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Ten
     notes: list[str] = []
     decisions: list[RankDecision] = []
     for component in components:
-        numeric = _Numeric(state, shapes, max_bytes, directions)
+        numeric = _Numeric(state, shapes, max_bytes, directions, ranks)
         kernel, used, steps = _kernel(component, numeric)
         assert kernel is not None, "numeric ranks answer every component"
         generic, _, _ = _kernel(component, _Generic(state, shapes, max_bytes, directions))
@@ -952,7 +1012,7 @@ def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Ten
         if used != _COST[0]:
             notes.append(f"{', '.join(labels)}: {used}")
         if generic is not None and kernel > generic:
-            found = [d for d in numeric.decisions + _region_ranks(component, state) if d.deficient]
+            found = [d for d in numeric.decisions + _region_ranks(component, state, ranks) if d.deficient]
             reasons = tuple(dict.fromkeys(str(d) for d in found)) or ("the joint rank dropped",)
             strata.append(Stratum(labels, dim - generic, dim - kernel, reasons))
         elif generic is not None and kernel < generic:
@@ -1024,4 +1084,4 @@ def independent_conserved_rank(analysis: AnalysisLike, params: Mapping[str, torc
     """Number of functionally independent conserved quantities at ``params``: ``dQ_M(θ)[δ] = 2⟨δ, M·θ⟩``, so the
     rank of :func:`action_matrix` on the symmetric generators (the rule of :func:`_decide`)."""
     matrix = action_matrix(analysis, params, symmetric=True)
-    return _rank(matrix, "symmetric generators' action").rank if matrix.numel() else 0
+    return certified_rank(matrix, "symmetric generators' action").rank if matrix.numel() else 0
