@@ -193,12 +193,13 @@ def test_orbit_dimension_is_checked_against_formula_and_dense_rank():
     model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2), nn.Identity(), nn.Linear(2, 4)).double()
     analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
     (check,) = [c for c in verify_model(analysis).checks if c.check == "orbit_dimension"]
-    # 5 scalings + GL(2) between a 5-wide input and a 4-wide output: 5 + 4 = 9
-    assert check.passed and check.detail == "structured 9 of 9, formula 9, dense 9"
+    # 5 scalings + GL(2) between a 5-wide input and a 4-wide output with its shear (2.bias into 4.bias):
+    # 5 + 4 + 2 = 11 (the affine site: 2² + 2 − (2 − 2)(2 − 2))
+    assert check.passed and check.detail == "structured 11 of 11, formula 11, dense 11"
     with torch.no_grad():       # neuron 0 cut off on both sides: its scaling stops moving anything
         model[0].weight[0], model[0].bias[0], model[2].weight[:, 0] = 0, 0, 0
     (check,) = [c for c in verify_model(analysis).checks if c.check == "orbit_dimension"]
-    assert check.failed and check.detail == "structured 8 of 9, formula 9, dense 8"
+    assert check.failed and check.detail == "structured 10 of 11, formula 11, dense 10"
 
 
 def test_a_parameter_the_model_does_not_use_has_zero_gradient():
