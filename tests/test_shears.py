@@ -191,6 +191,28 @@ def test_an_eval_batch_norm_bias_moves_into_an_unpadded_convolution_and_not_into
     assert any("pads with zeros" in note for note in notes(padded))
 
 
+def test_a_group_norms_per_group_bias_shift_is_given_back_through_that_groups_columns():
+    """A conv's output read by a group norm (which ignores a shift of each group's biases along ``1``) and by an
+    unpadded convolution: the group's shift moves into the reader's bias through the group's columns only."""
+    class Branches(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c, self.gn = nn.Conv1d(2, 4, 1), nn.GroupNorm(2, 4, affine=False)
+            self.a, self.b = nn.Conv1d(4, 3, 1), nn.Conv1d(4, 3, 1)
+
+        def forward(self, x):
+            h = self.c(x)
+            return self.a(self.gn(h)) + self.b(h)
+
+    analysis = analyse(Branches(), torch.randn(3, 2, 5))
+    symmetry = shear(analysis, "c")
+    assert symmetry.group.name == "Shears(2)"   # one direction per group of 2 channels
+    params = {k: v.detach() for k, v in analysis.model_graph.model.named_parameters()}
+    moved = symmetry.apply(params, torch.tensor([0.0, 1.0]))
+    assert torch.allclose(moved["c.bias"], params["c.bias"] + torch.tensor([0.0, 0.0, 1.0, 1.0]))
+    assert torch.allclose(moved["b.bias"], params["b.bias"] - params["b.weight"][:, 2:4].sum((1, 2)))
+
+
 # -- a linear's bias across an identity site ---------------------------------------------------------------
 
 def test_a_linear_bias_across_an_identity_site_is_sheared_and_the_spec_agrees():

@@ -226,28 +226,43 @@ class TranslationFamily:
     def directions(self, params: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         """``B_i`` as ``{tensor: full-size change}`` at the dtype and device of ``params`` (for a sheared family, at
         the readers' weights in ``params``)."""
-        out = []
-        for i in range(self.count({r.tensor: params[r.tensor].shape for r in self.regions})):
-            direction = {}
-            for region in self.regions:
-                tensor = params[region.tensor]
-                unfolded = torch.zeros_like(region.unfold(tensor))
-                if self.pattern == "entries":
-                    unfolded.view(-1)[i] = 1
-                elif self.pattern == "rows":
-                    unfolded[:, i] = 1
-                else:
-                    unfolded.fill_(1)
-                direction[region.tensor] = region.fold(torch.zeros_like(tensor), unfolded)
-            out.append(direction)
-        if self.absorbers:
+        count = self.count({r.tensor: params[r.tensor].shape for r in self.regions})
+        reference = params[self.regions[0].tensor]
+        basis = torch.eye(count, dtype=reference.dtype, device=reference.device)
+        out = [self._constant(params, e) for e in basis]
+        if self.absorbers:   # every direction's give-back at once: one product per reader
             first = self.regions[0]
             moves = torch.stack([first.unfold(d[first.tensor]).reshape(-1) for d in out])   # count × width
             for absorber in self.absorbers:
-                given_back = absorber.absorbed(params, moves)
-                for direction, change in zip(out, given_back):
+                for direction, change in zip(out, absorber.absorbed(params, moves)):
                     direction[absorber.bias] = direction.get(absorber.bias, 0) - change
         return out
+
+    def move(self, params: Mapping[str, torch.Tensor], t: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``Σ_i t_i B_i`` as ``{tensor: full-size change}`` (``t``: :meth:`count` coefficients), at once: what
+        :meth:`directions` would give, summed."""
+        change = self._constant(params, t)
+        if self.absorbers:
+            first = self.regions[0]
+            moved = first.unfold(change[first.tensor]).reshape(-1)
+            for absorber in self.absorbers:
+                change[absorber.bias] = change.get(absorber.bias, 0) - absorber.absorbed(params, moved)
+        return change
+
+    def _constant(self, params: Mapping[str, torch.Tensor], t: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The part of ``Σ_i t_i B_i`` on the family's own regions (the pattern filled with ``t``)."""
+        change = {}
+        for region in self.regions:
+            tensor = params[region.tensor]
+            unfolded = torch.zeros_like(region.unfold(tensor))
+            if self.pattern == "entries":
+                unfolded += t.reshape(unfolded.shape)
+            elif self.pattern == "rows":
+                unfolded += t[None, :]
+            else:
+                unfolded += t
+            change[region.tensor] = region.fold(torch.zeros_like(tensor), unfolded)
+        return change
 
     def extended(self, region: Binding) -> "TranslationFamily":
         """The family moving ``region`` too (a running mean that must follow its bias)."""

@@ -489,7 +489,7 @@ def solve(state: Inference) -> ModelSites:
         translations = tuple(t for site in members for t in site.translations
                              if t[0] in allowed and _owned(state, t[1], t[2].parameters))
         translations = _absorbed(state, name, translations, [a for site in members for a in site.absorbers],
-                                 restrictions)
+                                 [b for site in members for b in site.bindings], restrictions)
         # tied sites binding the same region (a group norm's group and group-permutation sites when a group has
         # one channel) record its reader's shift once each: the bias absorbs it once
         shifts = tuple(dict.fromkeys(t for site in members for t in site.shifts))
@@ -534,24 +534,44 @@ def solve(state: Inference) -> ModelSites:
                       tuple(restrictions), state.labels)
 
 
-def _absorbed(state: Inference, name: str, translations: tuple, absorbers: list[Absorber],
+def _absorbed(state: Inference, name: str, translations: tuple, absorbers: list[Absorber], bindings: list[Binding],
               restrictions: list[Blocked]) -> tuple:
-    """The site's translations ``T`` with the biased maps reading its value (``absorbers``) attached: each moves its
-    bias by ``−W t`` (a shear). Without readers to absorb, nothing changes; where a reader's bias is used by another
-    node too (a shared module), or a translation's change is no change of the value (not a bias), ``T`` goes."""
+    """The site's translations ``T`` with the biased maps reading its value (``absorbers``, whose columns cover the
+    site's coordinates) attached: each moves its bias by ``−W t`` (a shear), through the columns of the coordinates
+    the translation moves (one group's under a group norm). Without readers to absorb, nothing changes; where a
+    reader's bias is used by another node too (a shared module), or a translation's change is no change of the value
+    (not a bias of the site's own), ``T`` goes."""
     if not absorbers or not any(kind == "T" for kind, _, _ in translations):
         return translations
     absorbers = list(dict.fromkeys(absorbers))
     shared = [a for a in absorbers if not _owned(state, a.node, (a.bias,))]
-    moved = [family for kind, _, family in translations if kind == "T"]
-    if shared or not all(family.absorbable(state.shapes) for family in moved):
+    found = [_site_offset(bindings, family.regions[0]) if family.absorbable(state.shapes) else None
+             for kind, _, family in translations if kind == "T"]
+    offsets = [offset for offset in found if offset is not None]
+    if shared or len(offsets) < len(found):
         why = f"{shared[0].bias} absorbing it is also used elsewhere" if shared else \
             "the translated region is not the value's bias"
         restrictions.append(Blocked(absorbers[0].node, name, f"T removed: the readers' biases would absorb the "
                                                              f"translation, but {why}"))
         return tuple(t for t in translations if t[0] != "T")
-    return tuple((kind, producer, replace(family, absorbers=tuple(absorbers)) if kind == "T" else family)
-                 for kind, producer, family in translations)
+    kept, offset = [], iter(offsets)
+    for kind, producer, family in translations:
+        if kind == "T":
+            start, width = next(offset), family.regions[0].width
+            readers = tuple(replace(a, columns=a.columns.restrict(start, width)) for a in absorbers)
+            family = replace(family, absorbers=readers)
+        kept.append((kind, producer, family))
+    return tuple(kept)
+
+
+def _site_offset(bindings: list[Binding], region: Binding) -> int | None:
+    """The site coordinate of ``region``'s first entry: where it lies in a binding of the same tensor axis (the
+    site's own bias), or ``None``."""
+    for binding in bindings:
+        if (binding.tensor, binding.axis, binding.block) == (region.tensor, region.axis, 1) and \
+                binding.start <= region.start and region.start + region.width <= binding.start + binding.width:
+            return region.start - binding.start
+    return None
 
 
 def _owned(state: Inference, node: str, tensors: Iterable[str | None]) -> bool:

@@ -302,10 +302,13 @@ class Symmetry:
         """
         move = self.group.mover(g, checked)   # checks g once; operators computed once for all regions (g⁻¹ for GL)
         moved = dict(params)
-        if self.translations:
-            for index, direction in enumerate(self._basis(params)):
-                for tensor, change in direction.items():
-                    moved[tensor] = moved[tensor] + g[index] * change
+        if self.translations:   # one move per family, each at the parameters the previous ones left
+            start = 0
+            for family in self.translations:
+                count = family.count(self.shapes)
+                for tensor, change in family.move(moved, g[start:start + count]).items():
+                    moved[tensor] = moved[tensor] + change
+                start += count
             return moved
         for b in self.moving_bindings():
             U = b.unfold(moved[b.tensor])

@@ -729,12 +729,12 @@ def _shear(b: _Builder) -> _Drawn:
     ``F.layer_norm``, an eval batch norm) or a linear's output through identity-like ops (``nn.Identity``, dropout
     on or off, a reshape, a transpose there and back, ``torch.cat`` with itself) or ops that change the shift
     (``-y``, ``y * c``, an activation), read by one or two biased or unbiased linears, ``addmm``, a linear shared
-    with another input, the residual sum, the output; or attention (:func:`_shear_attention`) whose value bias moves
-    into the output projection's bias."""
+    with another input, a linear and a norm, the residual sum, the output; or attention (:func:`_shear_attention`)
+    whose value bias moves into the output projection's bias."""
     rng = b.rng
     n, d = b.width(), b.width()
     shape = (2, b.width(2), n) if rng.random() < 0.7 else (rng.randint(2, 4), n)
-    if len(shape) == 3 and rng.random() < 0.35:
+    if len(shape) == 3 and rng.random() < 0.45:
         return _shear_attention(b, shape, d)
     x = b.linear("x", n, d)
     source = rng.choice(["layernorm", "layernorm", "layer_norm_f", "batchnorm", "linear"])
@@ -772,7 +772,8 @@ def _shear(b: _Builder) -> _Drawn:
     elif between == "act":
         y = b.act(y, ("relu", "tanh", "gelu"))
     m = b.width()
-    readers = rng.choice(["linear", "linear", "two", "unbiased", "addmm", "residual", "returned", "shared"])
+    readers = rng.choice(["linear", "linear", "two", "unbiased", "addmm", "residual", "returned", "shared",
+                          "normed"])
     b.variant.append(readers)
     if readers == "addmm" and len(shape) == 3:
         out = b.op("addmm", y, layer=b.add("Linear", width, m), n=width, shape=shape[:-1] + (m,))
@@ -787,6 +788,8 @@ def _shear(b: _Builder) -> _Drawn:
     elif readers == "shared" and width == d:   # one linear reads the shifted value and another one
         layer = b.add("Linear", d, m)
         out = b.op("add", b.call(layer, y), b.call(layer, x if rng.random() < 0.5 else b.op("scale", y, c=0.5)))
+    elif readers == "normed":   # a linear and a norm (any kind and axis, which may ignore the shift) read it
+        out = b.op("add", b.linear(y, width, m, True), b.linear(b.norm(y, shape[:-1] + (width,)), width, m))
     else:
         out = b.linear(y, width, m, True)
     return shape, 0, out if rng.random() < 0.7 else b.linear(b.act(out), m, b.width())
@@ -810,7 +813,7 @@ def _shear_attention(b: _Builder, shape: tuple, d: int) -> _Drawn:
         train = rng.random() < 0.3
         b.variant.append(f"heads{heads}{'-train' if train else ''}")
         layer = b.add("MultiheadAttention", d, heads, batch_first=True, bias=rng.random() < 0.8,
-                      dropout=0.25 if rng.random() < 0.5 else 0.0, train=train)
+                      dropout=0.25 if train or rng.random() < 0.5 else 0.0, train=train)
         out, weights = (b.ops("mha_causal", x, layer=layer, t=t, need=False, average=True, outs=2)
                         if rng.random() < 0.5 else b.ops("mha", x, layer=layer, need=False, average=True, outs=2))
         return shape, 0, b.linear(out, d, b.width()) if rng.random() < 0.6 else out
@@ -838,14 +841,14 @@ def _shear_attention(b: _Builder, shape: tuple, d: int) -> _Drawn:
         elif fill != "none":
             scores = b.op(fill, scores, t=t)
         weights = b.op("softmax", scores, dim=-1)
-        if rng.random() < 0.4:
+        if rng.random() < 0.5:
             train = rng.random() < 0.5
             b.variant.append(f"dropout-{'train' if train else 'eval'}")
             weights = b.op("dropout_fn", weights, p=0.25, training=train)
         o = b.op("matmul", weights, v)
     o = b.op("reshape", b.op("transpose", o, a=1, b=2), shape=(batch, t, inner))
     o_bias = rng.random() < 0.8
-    reader = rng.choice(["proj", "proj", "proj", "returned", "residual", "act"])
+    reader = rng.choice(["proj", "proj", "proj", "proj", "returned", "residual", "act"])
     b.variant.append(f"obias{o_bias}-{reader}")
     if reader == "act":
         o = b.act(o, ("relu", "tanh"))
