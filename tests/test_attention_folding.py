@@ -69,7 +69,7 @@ def test_self_attention_folds_to_one_node(form, merge):
     data = graph.nodes[name]
     assert data["inputs"] == ("q", "k", "v")
     assert data["settings"] == {"heads": H, "head_dim": D // H, "value_head_dim": D // H, "form": form,
-                                "heads_alike": True, "key_shifts": True}
+                                "heads_alike": True, "key_shifts": True, "value_shifts": True}
     assert data["shape"] == (B, L, D) and data["kind"] == "function" and data["arguments"] == {}
     assert [graph.edges[root, name]["index"] for root in ("q", "k", "v")] == [0, 1, 2]
     assert list(graph.successors(name)) == ["o"] and graph.nodes["o"]["inputs"] == (name,)
@@ -99,7 +99,7 @@ def test_permutes_scale_dropout_flatten_and_value_width():
     (name,) = attention_nodes(graph)
     assert graph.nodes[name]["inputs"] == ("q", "k", "v")
     assert graph.nodes[name]["settings"] == {"heads": H, "head_dim": 4, "value_head_dim": 6, "form": "explicit",
-                                             "heads_alike": True, "key_shifts": True}
+                                             "heads_alike": True, "key_shifts": True, "value_shifts": True}
     assert ops(graph) == ["input", "linear", "linear", "linear", "attention", "linear", "output"]
 
 

@@ -46,7 +46,8 @@ def _key_shift_error(model):
     return ((model(x) - before).norm() / before.norm()).item()
 
 
-PER_HEAD = {"GL on q.head0.qk", "GL on q.head1.qk", "GL on q.head0.vo", "GL on q.head1.vo"}
+PER_HEAD = {"GL on q.head0.qk", "GL on q.head1.qk", "GL on q.head0.vo", "GL on q.head1.vo",
+            "Shears on q.head0.vo", "Shears on q.head1.vo"}   # each value bias into o's bias: rows sum to 1
 KEY_SHIFTS = {"Translations on q.head0.qk", "Translations on q.head1.qk"}
 
 
@@ -129,7 +130,7 @@ def test_packed_qkv_cut_by_split_or_chunk_has_the_per_head_groups(cut):
     analysis = symalg.derive(symalg.from_torch(Packed(cut).double(), (_x(),)), certify=False)
     assert {s.label for s in analysis.symmetries} == (
         {f"GL(4) on qkv.head{h}.{p}" for h in (0, 1) for p in ("qk", "vo")} | {"S(2) on qkv.heads"} |
-        {f"Translations(4, bias) on qkv.head{h}.qk" for h in (0, 1)})
+        {f"Translations(4, bias) on qkv.head{h}.qk" for h in (0, 1)} | {f"Shears(4) on qkv.head{h}.vo" for h in (0, 1)})
     # head 1's query rows are rows 4:8 of the packed weight, its key rows 12:16, its value rows 20:24
     qk = next(s for s in analysis.symmetries if s.label == "GL(4) on qkv.head1.qk")
     assert "qkv.weight rows[4:8] (out)" in str(qk) and "qkv.weight rows[12:16] (in)" in str(qk)
@@ -188,7 +189,10 @@ def test_grouped_query_attention_has_one_group_per_key_value_head(repeat):
     assert {s.label for s in analysis.symmetries} == (
         {f"GL(2) on q.group{g}.{p}" for g in (0, 1) for p in ("qk", "vo")} |
         {"S(2) on q.groups", "S(2) on q.group0.heads", "S(2) on q.group1.heads"} |
-        {f"Translations(2, bias) on q.group{g}.qk" for g in (0, 1)})
+        {f"Translations(2, bias) on q.group{g}.qk" for g in (0, 1)} | {f"Shears(2) on q.group{g}.vo" for g in (0, 1)})
+    # each value head's bias moves into o's bias through the columns of both query heads reading it
+    value = next(s for s in analysis.symmetries if s.label == "Shears(2) on q.group1.vo")
+    assert all(f"o.bias absorbs −o.weight columns[{a}:{b}] (in) t" in str(value) for a, b in ((4, 6), (6, 8)))
     # group 1's GL(d_k): query heads 2 and 3 (rows 4:8) and key head 1 (rows 2:4)
     qk = next(s for s in analysis.symmetries if s.label == "GL(2) on q.group1.qk")
     assert all(f"{region}" in str(qk) for region in ("q.weight rows[4:6] (out)", "q.weight rows[6:8] (out)",

@@ -79,9 +79,12 @@ def test_meta_census_finds_the_attention_groups_of_bert():
     kinds = [type(s.group).__name__ for s in analysis.symmetries]
     assert kinds.count("GeneralLinear") == 2 * 4           # per head: GL(d_k) on Q·Kᵀ, GL(d_v) on V·O, 4 heads
     assert kinds.count("Translations") == 4                # each head's key bias (softmax ignores it)
-    # a head's GL(d_k) and its key-bias translations move b_k together: no closed form yet, and no values on meta
-    with pytest.raises(NotImplementedError, match=r"coupled sites \['GL\(8\) on encoder.layer.0.attention.self.head0"):
-        analysis.orbit_dimension()
+    assert kinds.count("Shears") == 4                      # each head's value bias into the output bias
+    # each head's key-bias translation and value-bias shear move their own slice of the bias: once the GLs are
+    # fixed by their weights, each is fixed by its slice. The generic value needs no values: no stabiliser,
+    # 8 · 64 + 4 · 8 + 4 · 8 = 576, as on real weights
+    real_model, real_inputs = _build("cpu", _hf_make("bert"))
+    assert analysis.orbit_dimension() == symalg.derive(symalg.trace(real_model, real_inputs)).orbit_dimension() == 576
 
 
 def test_meta_census_finds_the_rotary_attention_groups_of_llama():

@@ -17,12 +17,13 @@ def test_default_run_prints_groups_generators_orbit_conserved_latex_and_verifica
     assert main([]) == 0
     out = capsys.readouterr().out
     assert f"model: {DEFAULT_SPEC!r}" in out
-    assert "PositiveScaling(h1, alpha=1) on 0" in out and "GL(h2) on 2" in out
+    assert "PositiveScaling(h1, alpha=1) on 0" in out and "GL(h2) on 2" in out and "Shears(h2) on 2" in out
     # at the default widths n=3, h1=4, h2=3, m=2: the algebras' dimensions and the discrete generators
     assert "Lie algebra of dim 9; discrete generators: reflection diag(-1, 1, ..., 1)" in out
     assert "discrete generators: transposition (0 1) and cycle" in out
-    assert "orbit dimension (generic): h1 + h2**2 - (h2 - Min(h2, m))*(h2 - Min(h2, h1 + 1))" in out
-    assert "orbit dimension (generic): 13" in out
+    assert "orbit dimension (generic): h1 + h2**2 + h2 - (h2 - Min(h1, h2))*(h2 - Min(h2, m))" in out
+    assert "orbit dimension (generic): 16" in out     # 4 + 9 + 3 − (3 − 3)(3 − 2)
+    assert "moves 2.bias (entries); 4.bias absorbs −4.weight columns[0:3] (in) t" in out
     assert "C__2 = 2.bias*2.bias.T + 2.weight*2.weight.T - 4.weight.T*4.weight" in out
     assert r"C_{2} = b_{2} b_{2}^{T} + W_{2} W_{2}^{T} - W_{4}^{T} W_{4}" in out  # the LaTeX part
     assert re.search(r"verification:\n  \d+ passed, 0 failed", out)

@@ -7,7 +7,8 @@ import torch
 
 import symalg
 import symalg.numeric.sampling
-from symalg.catalogue.groups import GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, Translations
+from symalg.catalogue.groups import (GeneralLinear, Orthogonal, Permutations, PositiveScaling, Shears, SignFlips,
+                                     Translations)
 from symalg.symbolic.checks import symbolic_checks
 
 n, h, m = sp.symbols("n h m", integer=True, positive=True)
@@ -18,7 +19,7 @@ def _groups(spec):
 
 
 @pytest.mark.parametrize("activation, expected", [
-    ("identity", [GeneralLinear]),
+    ("identity", [GeneralLinear, Shears]),   # and the first bias moved into the second (test_shears.py)
     ("relu", [PositiveScaling, Permutations]),
     ("leaky_relu(slope=0.2)", [PositiveScaling, Permutations]),
     ("relu_pow(alpha=3)", [PositiveScaling, Permutations]),
@@ -51,12 +52,13 @@ def test_every_hidden_layer_of_a_deep_network_is_a_site():
     # each site sits between the layer producing it and the one reading it
     assert [tuple(dict.fromkeys(b.node for b in c.bindings)) for c in analysis.sites.classes] == \
         [("0", "2"), ("2", "4"), ("4", "6")]
-    assert [s.site for s in analysis.continuous] == ["0", "4"]
+    assert [s.label for s in analysis.continuous] == ["PositiveScaling(5, alpha=1) on 0", "GL(3) on 4",
+                                                      "Shears(3) on 4"]
 
 
 def test_action_on_every_parameter_including_biases(generator):
     analysis = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)")
-    (symmetry,) = analysis.symmetries
+    symmetry, _ = analysis.symmetries    # GL(4), and the shear of 0.bias into 2.bias
     assert symmetry.tensors == ("0.weight", "0.bias", "2.weight")
     params = symalg.numeric.sampling.random_params(analysis.architecture, generator)
     W1, b1, W2, b2 = (params[k] for k in ("0.weight", "0.bias", "2.weight", "2.bias"))
@@ -95,7 +97,8 @@ def test_sigmoid_sign_flip_shifts_the_next_bias(generator):
 
 def test_symbolic_invariance_is_proved_for_the_linear_case_at_all_widths():
     analysis = symalg.derive("linear(n, h) -> identity -> linear(h, m)")
-    (symmetry,) = analysis.symmetries
+    symmetry, shear = analysis.symmetries
+    assert shear.checks == ()   # the shear rests on no identity of σ: on the bias the next layer gives back
     checks = symbolic_checks(analysis.catalogue["identity"], symmetry.group, ())
     assert all(c.proved is True for c in checks)
     assert "all widths" in checks[1].detail
@@ -128,7 +131,8 @@ def test_a_disproved_declaration_names_its_activation_node_and_a_site_without_on
     assert (note.node, note.site) == ("1", "0") and "c^2 σ(z), c > 0: FALSE" in note.reason
     assert [s.label for s in analysis.symmetries] == ["S(3) on 0"]
     direct = symalg.derive(symalg.parse("linear(2, 3) -> linear(3, 1)", catalogue=wrong))
-    assert [s.label for s in direct.symmetries] == ["GL(3) on 0"] and direct.certified and not direct.blocked
+    assert [s.label for s in direct.symmetries] == ["GL(3) on 0", "Shears(3) on 0"]
+    assert direct.certified and not direct.blocked
 
 
 def test_generators_are_an_explicit_basis_at_concrete_widths():
@@ -142,7 +146,8 @@ def test_generators_are_an_explicit_basis_at_concrete_widths():
 
 
 def test_conserved_quantity_closed_forms():
-    (gl,) = symalg.derive("linear(n, h) -> identity -> linear(h, m)").symmetries
+    gl, shear = symalg.derive("linear(n, h) -> identity -> linear(h, m)").symmetries
+    assert shear.conserved is None   # a shear conserves nothing (Shears)
     W1, b1, W2 = sp.MatrixSymbol("0.weight", h, n), sp.MatrixSymbol("0.bias", h, 1), sp.MatrixSymbol("2.weight", m, h)
     assert list(gl.conserved.exprs) == ["C__0"]
     assert (gl.conserved.exprs["C__0"] - (W1 * W1.T + b1 * b1.T - W2.T * W2)).doit() == sp.ZeroMatrix(h, h)

@@ -301,7 +301,9 @@ class _Attention(nn.Module):
 PER_HEAD = {"GL(2) on attention.head0.qk", "GL(2) on attention.head0.vo", "GL(2) on attention.head1.qk",
             "GL(2) on attention.head1.vo", "GL(4) on attention.out_proj",
             # the key bias: the attention weights, returned or not, ignore a per-query constant in the scores
-            "Translations(2, bias) on attention.head0.qk", "Translations(2, bias) on attention.head1.qk"}
+            "Translations(2, bias) on attention.head0.qk", "Translations(2, bias) on attention.head1.qk",
+            # each head's value bias into out_proj's bias, and out_proj's bias into out's (the weights are unchanged)
+            "Shears(2) on attention.head0.vo", "Shears(2) on attention.head1.vo", "Shears(4) on attention.out_proj"}
 
 
 @pytest.mark.parametrize("use, node", [("returned", "output"), ("consumed", "getitem_2")])

@@ -175,8 +175,9 @@ class CatNorm(nn.Module):
 def test_layer_norm_after_cat_claims_no_per_slice_shift(affine):
     analysis = certified(CatNorm(affine), torch.randn(6, 3))
     # the gain's slices over a's and c's coordinates are two sites: norm and norm#2
-    expected = [("a", "S(2)"), ("c", "S(3)"), ("norm", "PositiveScaling(2, alpha=1)"), ("norm", "SignFlips(2)"),
-                ("norm#2", "PositiveScaling(3, alpha=1)"), ("norm#2", "SignFlips(3)")] \
+    expected = [("a", "S(2)"), ("c", "S(3)"), ("norm", "PositiveScaling(2, alpha=1)"), ("norm", "Shears(2)"),
+                ("norm", "SignFlips(2)"), ("norm#2", "PositiveScaling(3, alpha=1)"), ("norm#2", "Shears(3)"),
+                ("norm#2", "SignFlips(3)")] \
         if affine else [("a", "O(2)_1"), ("c", "O(3)_1")]  # O1 on a slice keeps the global mean and centred norm
     assert claims(analysis) == expected
     notes = [b for b in analysis.blocked if b.node == "norm" and "shift along 1 of one of them" in b.reason]

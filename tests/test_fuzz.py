@@ -37,6 +37,8 @@ def _reproduced_patterns(case: Case) -> set[str]:
         found.add("ALBERT-style shared blocks with a norm gain")
     if "needTrue-avgFalse" in case.variant:
         found.add("nn.MultiheadAttention(average_attn_weights=False) with weights returned")
+    if {"hand", "dropout", "train"} <= set(case.variant.split("-")):
+        found.add("dropout on the attention weights in training mode (a mask per head)")
     return found
 
 
@@ -44,7 +46,7 @@ def test_generator_covers_every_family_and_every_known_false_claim_pattern():
     cases = [fuzz.generate(0, i) for i in range(50 * len(fuzz.FAMILIES))]
     assert {c.family for c in cases[:len(fuzz.FAMILIES)]} == set(fuzz.FAMILIES)
     found = set().union(*(_reproduced_patterns(c) for c in cases))
-    assert len(found) == 10, found
+    assert len(found) == 11, found
 
 
 def test_gated_family_draws_every_gate_spelling_and_variant_and_its_raw_claims_hold():
@@ -277,6 +279,52 @@ def test_block_quick_tier():
     report = fuzz.run(30, seed=0, families=["block"], certify=False, draws=1)
     assert report.models == 30 and report.claims > 50
     _assert_sound(report)
+
+
+# -- the shear family ------------------------------------------------------------------------------------------------
+
+SHEAR_PATTERNS = {
+    # what moves: a norm's bias, a linear's bias, a value bias
+    "LayerNorm": "layernorm", "F.layer_norm": "layer_norm_f", "batch norm": "batchnorm", "a linear's bias": "linear",
+    "written-out attention": "hand", "sdpa": "sdpa", "nn.MultiheadAttention": "mha", "grouped-query": "groups1",
+    # between it and the readers
+    "nothing": "none", "nn.Identity": "identity", "dropout on": "dropout-train", "dropout off": "dropout-eval",
+    "reshape": "reshape", "transpose and back": "transpose", "cat with itself": "cat", "negated": "neg",
+    "scaled": "scale", "an activation": "act",
+    # the readers
+    "a biased linear": "linear", "two linears": "two", "an unbiased linear": "unbiased", "addmm": "addmm",
+    "the residual sum": "residual", "returned": "returned", "a shared linear": "shared",
+    "a linear and a norm": "normed",
+    "no value bias": "vbiasFalse", "no output bias": "obiasFalse", "merged heads returned": "returned",
+    "causal -inf": "causal_fill", "finfo.min": "causal_fill_min", "finite fill": "finite", "sdpa dropout": "p0.3",
+    "attention in training": "train", "pre-norm": "pre-ln",
+}
+
+
+def test_shear_family_draws_every_pattern_and_its_raw_claims_hold():
+    variants = ["-" + fuzz.generate(0, i, "shear").variant + "-" for i in range(400)]
+    missing = {name for name, tag in SHEAR_PATTERNS.items() if not any(f"-{tag}" in v for v in variants)}
+    assert missing == set()
+    report = fuzz.run(40, seed=0, families=["shear"], certify=False, draws=1)
+    assert report.models == 40 and report.claims > 100
+    _assert_sound(report)
+
+
+def test_the_shear_family_finds_the_mistakes_the_rules_guard_against(monkeypatch):
+    """Switch one refusal off and the family reports false claims: a reader's bias giving back ``W t`` for a value
+    that moved by ``−t`` or ``c t`` (after ``-y``, ``y * c``)."""
+    from symalg.symbolic.inference import Inference
+
+    absorb = Inference.absorb
+
+    def absorb_anything(self, label, absorber):
+        return absorb(self, label.map_segments(translates=True), absorber)
+
+    monkeypatch.setattr(Inference, "absorb", absorb_anything)
+    cases = [c for c in (fuzz.generate(0, i, "shear") for i in range(200))
+             if {"neg", "scale"} & set(c.variant.split("-"))]
+    false = [c for case in cases[:12] for c in fuzz.check_case(case, certify=False, draws=1).false_claims]
+    assert any(c.claim.startswith("Shears") for c in false)
 
 
 @pytest.mark.slow

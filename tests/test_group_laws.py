@@ -13,8 +13,8 @@ import pytest
 import sympy as sp
 import torch
 
-from symalg.catalogue.groups import (SIGN_FLIP_GENERATORS, ComplexScaling, GeneralLinear, PositiveScaling, SignFlips,
-                                     SiteGroup, group_classes, matrix_exp, matrix_exp_pair)
+from symalg.catalogue.groups import (SIGN_FLIP_GENERATORS, ComplexScaling, GeneralLinear, PositiveScaling, Shears,
+                                     SignFlips, SiteGroup, group_classes, matrix_exp, matrix_exp_pair)
 from symalg.lowering.codegen import lower
 from symalg.numeric.linalg import relative_error
 from symalg.symbolic.inference import GRANTED, KINDS, TRANSLATIONS
@@ -25,7 +25,7 @@ TOL = 1e-10
 
 GROUPS = [cls.for_site(WIDTH) for cls in group_classes().values()] + [
     PositiveScaling.for_site(WIDTH, alpha=2), SignFlips.for_site(WIDTH, center=Fraction(1, 2)),
-    SignFlips(SIGN_FLIP_GENERATORS + 1)]
+    SignFlips(SIGN_FLIP_GENERATORS + 1), Shears.for_site(WIDTH)]   # Shears: translations that conserve nothing
 CONTINUOUS = [g for g in GROUPS if g.is_continuous]
 WITH_CONSERVED = [g for g in GROUPS if g.conserved_kind is not None]
 

@@ -27,6 +27,10 @@ ATTENTION = ["GL(8)"] * 4 + ["S(2)", "S(32)"] + ["Translations(8, bias)"] * 2
 (softmax ignores a per-query constant)."""
 NORM_GAINS = ["PositiveScaling(16, alpha=1)"] * 2 + ["SignFlips(16)"] * 2
 """Rescalings and sign flips of the two norms' gains (absorbed by the linear layers reading them)."""
+VALUE_BIASES = ["Shears(8)"] * 2
+"""Each head's value bias moved into the attention output's bias (the attention weights' rows sum to 1)."""
+NORM_BIASES = ["Shears(16)"] * 2
+"""The two pre-LN norms' biases moved into the biases of the layers reading them (GPT-2, ViT)."""
 
 
 def _decoder(config_class, model_class):
@@ -57,17 +61,17 @@ NO_CACHE = {"use_cache": False}
 MODELS = {  # name: (build, output paths, groups found today, constant keyword inputs)
     "gpt2": (lambda: transformers.GPT2Model(transformers.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16,
                                                                     n_layer=1, n_head=2)), CACHE,
-             sorted(NORM_GAINS + ["S(64)"]), {}),
+             sorted(NORM_GAINS + NORM_BIASES + ["S(64)"]), {}),
     "llama": (_decoder(transformers.LlamaConfig, transformers.LlamaModel), ("last_hidden_state",), DECODER, NO_CACHE),
     "mistral": (_decoder(transformers.MistralConfig, transformers.MistralModel), ("last_hidden_state",), DECODER,
                 NO_CACHE),
     "qwen2": (_decoder(transformers.Qwen2Config, transformers.Qwen2Model), ("last_hidden_state",), DECODER,
               NO_CACHE),
-    "bert": (_bert, POOLED, sorted(ATTENTION), {}),
+    "bert": (_bert, POOLED, sorted(ATTENTION + VALUE_BIASES), {}),
     "vit": (lambda: transformers.ViTModel(transformers.ViTConfig(image_size=8, patch_size=4, num_channels=3,
                                                                  hidden_size=16, num_hidden_layers=1,
                                                                  num_attention_heads=2, intermediate_size=32)),
-            POOLED, sorted(ATTENTION + NORM_GAINS), {}),
+            POOLED, sorted(ATTENTION + VALUE_BIASES + NORM_GAINS + NORM_BIASES), {}),
     "t5": (lambda: transformers.T5EncoderModel(transformers.T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32,
                                                                      num_layers=1, num_heads=2)),
            ("last_hidden_state",), sorted(["GL(8)"] * 4 + NORM_GAINS + ["PositiveScaling(32, alpha=1)", "S(32)",
@@ -125,7 +129,7 @@ def test_a_returned_key_value_cache_blocks_the_attention_groups_it_changes(one_t
            "values change it; trace with use_cache=False" in str(cached)
     plain = symalg.derive(symalg.from_torch(model, input_ids=ids, use_cache=False))
     assert plain.model_graph.example_kwargs == {"input_ids": ids, "use_cache": False}
-    assert sorted(s.group.name for s in plain.symmetries) == ATTENTION
+    assert sorted(s.group.name for s in plain.symmetries) == sorted(ATTENTION + VALUE_BIASES)
     errors = claim_errors(dataclasses.replace(plain, model_graph=cached.model_graph))
     moved = {e.symmetry.label: (e.error, e.output) for e in errors}
     for label, (error, output) in moved.items():
@@ -157,6 +161,32 @@ def test_a_returned_cache_of_rotated_keys_blocks_the_rotary_attention_groups(one
     assert len(graph.output_paths) == 3 and graph.output_paths[0] == "last_hidden_state"   # and keys, values
     analysis = symalg.derive(graph)
     assert sorted(s.group.name for s in analysis.symmetries) == sorted(NORM_GAINS + GATED_MLP + ["SignFlips(16)"])
+
+
+@pytest.mark.parametrize("name, moved", [
+    ("gpt2", {"h.0.ln_1": ["h.0.ln_1.bias", "h.0.attn.c_attn.bias"],          # addmm: c_attn.bias − Wᵀ t
+              "h.0.ln_2": ["h.0.ln_2.bias", "h.0.mlp.c_fc.bias"]}),
+    ("vit", {"layers.0.layernorm_before": ["layers.0.layernorm_before.bias"] + [
+                 f"layers.0.attention.{p}_proj.bias" for p in "qkv"],
+             "layers.0.layernorm_after": ["layers.0.layernorm_after.bias", "layers.0.mlp.fc1.bias"]} | {
+             f"layers.0.attention.head{h}.vo": ["layers.0.attention.v_proj.bias", "layers.0.attention.o_proj.bias"]
+             for h in (0, 1)}),
+    ("bert", {f"encoder.layer.0.attention.self.head{h}.vo": ["encoder.layer.0.attention.self.value.bias",
+                                                             "encoder.layer.0.attention.output.dense.bias"]
+              for h in (0, 1)})])
+def test_biases_moved_into_the_next_layers_bias(name, moved, one_thread):
+    """Pre-LN norms (GPT-2's ``ln_1``/``ln_2``, ViT's ``layernorm_before``/``after``) give their bias to the layers
+    reading them; the value bias goes into the attention output's bias (BERT, ViT). BERT's norms are post-LN: their
+    output is the residual stream (and an output), so their biases do not move, nor do the final norms'."""
+    analysis = symalg.derive(_traced(MODELS[name][0], name, "positional"))
+    shears = {s.site: list(s.tensors) for s in analysis.symmetries if s.sheared}
+    assert shears == moved
+    params = analysis.model_graph.parameters()
+    for symmetry in (s for s in analysis.symmetries if s.sheared):
+        readers = {a.weight for f in symmetry.translations for a in f.absorbers}
+        assert readers == set(symmetry.reads) and readers <= set(params)   # read at θ, never moved by the shear
+        assert not readers & set(symmetry.tensors)
+    assert not any("LayerNorm" in site or site in ("ln_f", "layernorm") for site in shears)
 
 
 def test_the_report_says_which_tracer_ran_and_why_the_other_failed():

@@ -75,8 +75,10 @@ def test_layer_norm_gain_leaves_permutations():
     analysis = analyse(CentredNorm(gain=True), torch.randn(7, 3))
     # Theory: the gain is a diagonal map, so only permutations pass it (one permutation moves fc1's rows,
     # the gain and bias, fc2's columns); the gain/bias site has scalings and sign flips.
+    # The norm's bias moves into fc2's: β ↦ β + t, b₂ ↦ b₂ − W₂ t (a shear).
     assert sorted(analysis.table()) == [("fc1", "S(6)", 0), ("fc1", "Translations(4, along 1)", 4),
-                                        ("ln", "PositiveScaling(6, alpha=1)", 6), ("ln", "SignFlips(6)", 0)]
+                                        ("ln", "PositiveScaling(6, alpha=1)", 6), ("ln", "Shears(6)", 6),
+                                        ("ln", "SignFlips(6)", 0)]
 
 
 class GroupNormNet(nn.Module):
@@ -114,9 +116,10 @@ def test_group_norm_with_affine_part():
     analysis = analyse(GroupNormNet(affine=True), torch.randn(4, 2, 7, 7))
     # Theory: the per-group bias shifts still cancel (2 directions); the gain and bias form a diagonal
     # map read by a conv: positive scalings and sign flips of its 6 channels. Within-group permutations
-    # also hold but are not claimed (the affine output is one site; see the rule's docstring).
+    # also hold but are not claimed (the affine output is one site; see the rule's docstring). The affine bias moves
+    # into c2's bias (c2 is unpadded: every output reads a full window).
     assert sorted(analysis.table()) == [("c1", "Translations(2, bias)", 2), ("gn", "PositiveScaling(6, alpha=1)", 6),
-                                        ("gn", "SignFlips(6)", 0)]
+                                        ("gn", "Shears(6)", 6), ("gn", "SignFlips(6)", 0)]
     assert any("within-group permutations are not modelled" in r.reason for r in analysis.sites.restrictions)
 
 
@@ -276,8 +279,10 @@ class SigmoidIntoComputedWeight(nn.Module):
 
 
 @pytest.mark.parametrize("product", [False, True], ids=["transposed", "product"])
-def test_sigmoid_sign_flips_are_not_absorbed_by_computed_weights(product):
+def test_sigmoid_sign_flips_are_absorbed_by_a_transposed_weight_and_not_by_a_product(product):
     analysis = analyse(SigmoidIntoComputedWeight(product), torch.randn(6, 3))
-    # the correction −W'τ would need W's rows (transposed) or the product B A': not modelled, not claimed
-    assert not any(name.startswith("SignFlips") for _, name, _ in analysis.table())
-    assert any("computes its weight" in r.reason for r in analysis.sites.restrictions)
+    flips = [name for _, name, _ in analysis.table() if name.startswith("SignFlips")]
+    if product:   # the correction −W'τ would need the product B A': not modelled, not claimed
+        assert not flips and any("computes its weight" in r.reason for r in analysis.sites.restrictions)
+    else:         # W.T is one parameter read along its rows: b absorbs −W'ᵀ τ (analyse checks the claim)
+        assert flips == ["SignFlips(5, center=1/2)"]

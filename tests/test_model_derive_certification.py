@@ -37,11 +37,14 @@ def sin_graph(monkeypatch):
 
 def test_a_false_claim_is_claimed_without_certification_and_fails_verify(monkeypatch):
     analysis = symalg.derive(sin_graph(monkeypatch), certify=False)
-    assert analysis.table() == [("fc1", "GL(4)", 16)]
+    assert analysis.table() == [("fc1", "GL(4)", 16), ("fc1", "Shears(4)", 4)]   # sin as the identity: both false
     assert analysis.certification is None and not analysis.certified
     assert "not checked numerically" in str(analysis)
     report = symalg.verify(analysis)
-    assert [c.check for c in report.failures] == ["invariance", "gradient_orthogonality", "gd_drift", "gradient_flow"]
+    assert [(c.check, c.symmetry) for c in report.failures] == [
+        ("invariance", "GL(4) on fc1"), ("gradient_orthogonality", "GL(4) on fc1"), ("gd_drift", "GL(4) on fc1"),
+        ("invariance", "Shears(4) on fc1"), ("gradient_orthogonality", "Shears(4) on fc1"),
+        ("gradient_flow", "GL(4) on fc1")]
     with pytest.raises(AssertionError, match=r"GL\(4\) on fc1: relative error"):
         assert_claims_hold(analysis)  # the helper the false-claim tests rest on fails on it
 
@@ -50,16 +53,17 @@ def test_a_false_claim_is_blocked_with_its_measured_error_and_disappears_everywh
     graph = sin_graph(monkeypatch)
     analysis = symalg.derive(graph)
     assert analysis.table() == [] and analysis.conserved_quantities() == []
-    (error,) = analysis.certification
+    error, shear = analysis.certification
     assert error.symmetry.label == "GL(4) on fc1" and not error.holds and error.error > 0.1
-    (note,) = analysis.blocked
+    assert shear.symmetry.label == "Shears(4) on fc1" and not shear.holds and shear.error > 0.1
+    note, _ = analysis.blocked
     assert (note.node, note.site) == ("fc1", "fc1")
     assert note.reason == (f"GL(4) failed numerical certification: relative error {error.error:.1e} on output "
                            f"'output' under {error.element}")
     assert note in analysis.sites.blocked
     assert all("GL" not in c.kinds for c in analysis.sites.classes)
     assert model_orbit_dimension_formula(analysis) == 0 and model_orbit_dimension(analysis).dimension == 0
-    assert "certification: 0 of 1 claims hold numerically" in str(analysis) and "1 failed (blocked)" in str(analysis)
+    assert "certification: 0 of 2 claims hold numerically" in str(analysis) and "2 failed (blocked)" in str(analysis)
     assert symalg.verify(analysis).passed
 
 

@@ -193,12 +193,13 @@ def test_orbit_dimension_is_checked_against_formula_and_dense_rank():
     model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2), nn.Identity(), nn.Linear(2, 4)).double()
     analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
     (check,) = [c for c in verify_model(analysis).checks if c.check == "orbit_dimension"]
-    # 5 scalings + GL(2) between a 5-wide input and a 4-wide output: 5 + 4 = 9
-    assert check.passed and check.detail == "structured 9 of 9, formula 9, dense 9"
+    # 5 scalings + GL(2) between a 5-wide input and a 4-wide output with its shear (2.bias into 4.bias):
+    # 5 + 4 + 2 = 11 (the affine site: 2² + 2 − (2 − 2)(2 − 2))
+    assert check.passed and check.detail == "structured 11 of 11, formula 11, dense 11"
     with torch.no_grad():       # neuron 0 cut off on both sides: its scaling stops moving anything
         model[0].weight[0], model[0].bias[0], model[2].weight[:, 0] = 0, 0, 0
     (check,) = [c for c in verify_model(analysis).checks if c.check == "orbit_dimension"]
-    assert check.failed and check.detail == "structured 8 of 9, formula 9, dense 8"
+    assert check.failed and check.detail == "structured 10 of 11, formula 11, dense 10"
 
 
 def test_a_parameter_the_model_does_not_use_has_zero_gradient():
@@ -294,7 +295,8 @@ def test_verify_refuses_widths_and_unusable_data_for_a_traced_model():
 # invariance: claims composed, failing sets split, two halves of one symmetry told apart
 # ---------------------------------------------------------------------------------------------
 class GatedWithTail(nn.Module):
-    """A gated MLP (one S(4) moves gate rows, up rows and down columns) and four ReLU layers: 13 claims."""
+    """A gated MLP (one S(4) moves gate rows, up rows and down columns) and four tanh layers: 14 claims (with
+    ``Shears(3) on down``: down's bias moved into the first tail layer's, across the identity site between them)."""
 
     def __init__(self):
         super().__init__()
@@ -315,12 +317,12 @@ def test_invariance_tells_apart_two_false_claims_whose_composition_holds():
     up_half = dataclasses.replace(joint, site="up", bindings=tuple(b for b in joint.bindings
                                                                     if b.tensor.startswith("up")))
     claims = tuple(s for s in analysis.symmetries if s is not joint) + (gate_half, up_half)
-    assert len(claims) == 14   # more than 4 · 2 digits: the claims are composed, not checked one by one
+    assert len(claims) == 15   # more than 4 · 2 digits: the claims are composed, not checked one by one
     invariance = checks_of(verify_model(dataclasses.replace(analysis, symmetries=claims)), "invariance")
     assert invariance["S(4) on gate"].failed and invariance["S(4) on up"].failed
     assert invariance["S(4) on gate"].max_error > 1e-4 and "composed" not in invariance["S(4) on gate"].detail
     others = [c for label, c in invariance.items() if "S(4)" not in label]
-    assert len(others) == 12 and all(c.passed for c in others)
+    assert len(others) == 13 and all(c.passed for c in others)
     assert any("composed with" in c.detail for c in others)
     assert checks_of(verify_model(analysis), "invariance")["S(4) on gate"].passed
 

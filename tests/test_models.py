@@ -45,7 +45,7 @@ def test_mlp_mixing_activations():
     assert table(analysis) == sorted([
         ("fc1", "PositiveScaling(4, alpha=1)", 4), ("fc1", "S(4)", 0),
         ("fc2", "SignFlips(5)", 0), ("fc2", "S(5)", 0),
-        ("fc3", "GL(3)", 9),
+        ("fc3", "GL(3)", 9), ("fc3", "Shears(3)", 3),   # fc3's bias into fc4's across the identity site
         ("fc4", "PositiveScaling(4, alpha=1)", 4), ("fc4", "S(4)", 0)])
     assert checks == {"invariance", "gradient_orthogonality", "gd_drift", "gradient_flow", "lowering",
                       "orbit_dimension"}
@@ -198,10 +198,12 @@ def test_gpt_pre_norm_block_with_multihead_attention():
     # Theory: the stream is the model input (fixed). Each LayerNorm's gain/bias is a diagonal map read
     # only by linear maps: positive scalings and sign flips. Per head, GL(d_k) on query/key rows (keys
     # by g⁻ᵀ) and GL(d_v) on value rows / output columns; one permutation of the 2 heads; GELU: S. The key
-    # bias translates per head (it adds q_iᵀ t to every score of query i, which the softmax ignores).
+    # bias translates per head (it adds q_iᵀ t to every score of query i, which the softmax ignores). Each norm's
+    # bias moves into the biases of the maps reading it (in_proj, fc1), each value bias into out_proj's bias.
     assert table(analysis) == sorted([
-        ("ln1", "PositiveScaling(8, alpha=1)", 8), ("ln1", "SignFlips(8)", 0),
-        ("ln2", "PositiveScaling(8, alpha=1)", 8), ("ln2", "SignFlips(8)", 0),
+        ("ln1", "PositiveScaling(8, alpha=1)", 8), ("ln1", "SignFlips(8)", 0), ("ln1", "Shears(8)", 8),
+        ("ln2", "PositiveScaling(8, alpha=1)", 8), ("ln2", "SignFlips(8)", 0), ("ln2", "Shears(8)", 8),
+        ("attn.head0.vo", "Shears(4)", 4), ("attn.head1.vo", "Shears(4)", 4),
         ("attn.head0.qk", "GL(4)", 16), ("attn.head1.qk", "GL(4)", 16),
         ("attn.head0.qk", "Translations(4, bias)", 4), ("attn.head1.qk", "Translations(4, bias)", 4),
         ("attn.head0.vo", "GL(4)", 16), ("attn.head1.vo", "GL(4)", 16),
@@ -260,9 +262,9 @@ def test_hand_written_attention_with_gain_free_rms_norm_has_an_orthogonal_stream
     # Theory: the residual stream is written by embed, attn.o and down and read by gain-free RMSNorms
     # only, which are O(d)-equivariant: O(8) on the stream (embed rows, q/k/v/up/head columns,
     # o/down rows). Heads as for nn.MultiheadAttention (key bias translations included); the ReLU MLP:
-    # positive scaling and S(16).
+    # positive scaling and S(16). Each value bias moves into o's bias (the attention weights' rows sum to 1).
     assert table(analysis) == sorted([
-        ("embed", "O(8)", 28),
+        ("embed", "O(8)", 28), ("attn.head0.vo", "Shears(4)", 4), ("attn.head1.vo", "Shears(4)", 4),
         ("attn.head0.qk", "GL(4)", 16), ("attn.head1.qk", "GL(4)", 16),
         ("attn.head0.qk", "Translations(4, bias)", 4), ("attn.head1.qk", "Translations(4, bias)", 4),
         ("attn.head0.vo", "GL(4)", 16), ("attn.head1.vo", "GL(4)", 16),

@@ -213,7 +213,9 @@ def two_layer(n, h, m, act=nn.Identity, bias=True, seed=0):
 def test_gl_site_kernel_is_product_of_coranks_and_matches_the_chain_formula_of_the_symbolic_pipeline(n, h, m, bias):
     _, analysis = two_layer(n, h, m, bias=bias)
     result = model_orbit_dimension(analysis)
-    expected = h * h - (h - min(h, n + bias)) * (h - min(h, m))
+    # with biases GL(h) and the shear of 0.bias into 2.bias act as the affine group of the site: the bias no
+    # longer constrains M (t = −M b), and the shear adds its h generators
+    expected = h * h + bias * h - (h - min(h, n)) * (h - min(h, m))
     assert result.dimension == model_orbit_dimension_formula(analysis) == expected
     assert model_orbit_dimension(analysis, method="dense").dimension == expected
     spec = f"linear({n}, {h}, bias={bias}) -> identity -> linear({h}, {m}, bias={bias})"
@@ -228,9 +230,12 @@ def test_deep_linear_formula_agrees_with_the_symbolic_chain_pipeline():
     spec = ("linear(2, 5) -> identity -> linear(5, 6) -> identity -> linear(6, 4) -> identity -> "
             "linear(4, 3, bias=False) -> identity -> linear(3, 5) -> identity -> linear(5, 2)")
     result = model_orbit_dimension(analysis)
-    assert [c.method for c in result.components] == ["chain"]
-    assert result.dimension == model_orbit_dimension_formula(analysis) == symalg.derive(spec).orbit_dimension() == 106
-    assert model_orbit_dimension(analysis, method="dense").dimension == 106
+    # the shears of sites 0 and 1 end at site 2's bias, which is no shear's (its reader has no bias): the frozen
+    # source there is b₂ + W₂(b₁ + W₁ b₀), one column like b₂ but another vector, so the numeric rank is the joint
+    # one; the generic chain formula still holds (tests/test_shears.py has a chain whose every bias is sheared)
+    assert [c.method for c in result.components] == ["joint"]
+    assert result.dimension == model_orbit_dimension_formula(analysis) == symalg.derive(spec).orbit_dimension() == 115
+    assert model_orbit_dimension(analysis, method="dense").dimension == 115
 
 
 def test_rank_decisions_follow_the_stated_threshold_and_report_their_gap():
@@ -253,13 +258,14 @@ def test_dense_rank_rule_is_that_of_torch_matrix_rank():
     result = model_orbit_dimension(analysis, method="dense")
     (decision,) = result.decisions
     params = dict(analysis.model_graph.model.named_parameters())
-    (symmetry,) = [s for s in analysis.symmetries if s.group.is_continuous]
     columns = []
-    for M in symmetry.group.algebra_basis():
-        tangent = symmetry.tangent(params, M)
-        columns.append(torch.cat([tangent.get(k, torch.zeros_like(v)).detach().reshape(-1) for k, v in params.items()]))
-    assert decision.shape == (3 * 5 + 5 + 5 * 2, 25)     # rows: the entries the action moves (not 2.bias)
-    expected = 25 - (5 - 4) * (5 - 2)
+    for symmetry in analysis.symmetries:   # GL(5) and the shear of 0.bias into 2.bias
+        for M in symmetry.group.algebra_basis():
+            tangent = symmetry.tangent(params, M)
+            columns.append(torch.cat([tangent.get(k, torch.zeros_like(v)).detach().reshape(-1)
+                                      for k, v in params.items()]))
+    assert decision.shape == (3 * 5 + 5 + 5 * 2 + 2, 30)     # rows: the entries the actions move
+    expected = 30 - (5 - 3) * (5 - 2)
     assert decision.rank == result.dimension == torch.linalg.matrix_rank(torch.stack(columns, 1)).item() == expected
 
 
@@ -267,7 +273,7 @@ def test_dense_baseline_refuses_beyond_its_memory_budget_while_the_structured_ra
     _, analysis = two_layer(128, 128, 128)
     with pytest.raises(MemoryError, match=r"needs \d.* GiB"):
         model_orbit_dimension(analysis, method="dense", max_bytes=2 ** 30)
-    assert model_orbit_dimension(analysis).dimension == 128 ** 2
+    assert model_orbit_dimension(analysis).dimension == 128 ** 2 + 128
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,8 +370,8 @@ def test_softmax_translation_coupled_with_a_linear_site():
     model = nn.Sequential(nn.Linear(2, 5), nn.Identity(), nn.Linear(5, 3)).double()
     analysis = symalg.derive(symalg.trace(model, (torch.randn(4, 2, dtype=torch.float64),)), loss="cross_entropy")
     result = model_orbit_dimension(analysis)
-    assert {s.group.name for s in analysis.symmetries} == {"GL(5)", "Translations(6, along 1)"}
-    assert result.dimension == model_orbit_dimension(analysis, method="dense").dimension == 25
+    assert {s.group.name for s in analysis.symmetries} == {"GL(5)", "Shears(5)", "Translations(6, along 1)"}
+    assert result.dimension == model_orbit_dimension(analysis, method="dense").dimension == 27
 
 
 def test_eval_mode_batch_norm_translations_move_the_running_mean():
@@ -430,8 +436,8 @@ def test_a_group_kind_it_does_not_know_falls_back_to_a_dense_rank_over_its_compo
 def test_params_default_to_the_model_and_bad_arguments_are_named():
     model, analysis = two_layer(3, 4, 2)
     params = {k: torch.zeros_like(v) for k, v in model.named_parameters()}
-    assert model_orbit_dimension(analysis).dimension == 16
-    assert model_orbit_dimension(analysis, params).dimension == 0
+    assert model_orbit_dimension(analysis).dimension == 18     # GL(4) and its shear: 16 + 4 − (4 − 3)(4 − 2)
+    assert model_orbit_dimension(analysis, params).dimension == 4   # at θ = 0 the shear still moves 0.bias
     with pytest.raises(KeyError, match="no tensor '2.weight'"):
         model_orbit_dimension(analysis, {"0.weight": params["0.weight"], "0.bias": params["0.bias"]})
     with pytest.raises(ValueError, match=r"params\['0.bias'\] has shape \(3,\), expected \(4,\)"):
@@ -442,7 +448,7 @@ def test_params_default_to_the_model_and_bad_arguments_are_named():
         model_orbit_dimension(model)
     # one Analysis for both front ends: a spec at concrete widths runs on its generated module's parameters ...
     spec = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)")
-    assert model_orbit_dimension(spec).dimension == 16 == model_orbit_dimension_formula(spec)
+    assert model_orbit_dimension(spec).dimension == 18 == model_orbit_dimension_formula(spec)
     # ... but symbolic widths have no module: refused, naming them and the way out
     for function in (model_orbit_dimension, model_orbit_dimension_formula):
         with pytest.raises(symalg.SpecError,

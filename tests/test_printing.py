@@ -203,7 +203,8 @@ def test_analysis_latex_and_repr(linear_analysis):
     assert rf"& Q_{{M}} = \operatorname{{tr}}\left(M C_{{0}}\right),\quad C_{{0}} = {IMBALANCE}" in text
     body = text[len("\\begin{align*}\n"):-len("\n\\end{align*}")]
     assert linear_analysis._repr_latex_() == f"$\\begin{{aligned}}\n{body}\n\\end{{aligned}}$"
-    assert repr(linear_analysis) == "Analysis('linear(n, h) -> identity -> linear(h, m)': GL(h) on 0)"
+    assert repr(linear_analysis) == "Analysis('linear(n, h) -> identity -> linear(h, m)': GL(h) on 0, Shears(h) on 0)"
+    assert r"& \mathbb{R}^{h} \text{ on 0: } b_{0} \mapsto b_{0} + t,\ b_{2} \mapsto b_{2} - W_{2}\, t \\" in text
 
 
 @pytest.mark.parametrize("name", ["linear_analysis", "relu_analysis", "two_site_analysis", "radial_analysis"])
@@ -228,7 +229,9 @@ def test_str_of_analysis_mentions_everything(name, request):
 
 def test_str_of_analysis_formulas(linear_analysis, two_site_analysis):
     text = str(linear_analysis)
-    assert "orbit dimension (generic): h**2 - (h - Min(h, m))*(h - Min(h, n + 1))" in text
+    assert "orbit dimension (generic): h**2 + h - (h - Min(h, m))*(h - Min(h, n))" in text
+    assert "  Shears(h) on 0  [continuous, dim h]\n    moves 0.bias (entries); 2.bias absorbs −2.weight columns[0:h] " \
+           "(in) t\n" in text
     assert "C__0 = 0.bias*0.bias.T + 0.weight*0.weight.T - 2.weight.T*2.weight" in text
     assert f"  GL(h) on 0  [continuous, dim h**2]\n    moves {MOVES}\n    Lie algebra of dim h**2" in text
     assert "conserved quantities: 1 family; functionally independent at generic θ: " in text
@@ -261,8 +264,10 @@ def test_describe_latex_linear(linear_analysis):
     text = describe_latex(linear_analysis)
     lines = _lines(text)
     assert lines[0] == r"\text{orbit dimension} &= " + latex(linear_analysis.orbit_dimension())
-    assert lines[0] == (r"\text{orbit dimension} &= h^{2} - \left(h - \min\left(h, m\right)\right) "
-                        r"\left(h - \min\left(h, n + 1\right)\right)")
+    assert lines[0] == (r"\text{orbit dimension} &= h^{2} + h - \left(h - \min\left(h, m\right)\right) "
+                        r"\left(h - \min\left(h, n\right)\right)")
+    assert lines[5:8] == [r"&\text{0: } \mathbb{R}^{h}", r"&\quad b_{0} \mapsto b_{0} + t",
+                          r"&\quad b_{2} \mapsto b_{2} - W_{2}\, t"]
     assert lines[1:5] == [r"&\text{0: } \mathrm{GL}(h)", r"&\quad W_{0} \mapsto g W_{0}",
                           r"&\quad b_{0} \mapsto g b_{0}",
                           r"&\quad W_{2} \mapsto W_{2} g^{-1}"]
@@ -334,7 +339,7 @@ def test_report_lists_the_basis_of_small_concrete_groups():
 
 def test_report_lists_no_basis_for_large_or_symbolic_groups():
     """GL(9) has an 81-dimensional algebra (over the listing limit) and GL(h) no concrete basis: no listing."""
-    assert "basis:" not in describe(symalg.derive("linear(2, 9) -> identity -> linear(9, 1)"))
+    assert "basis:" not in describe(symalg.derive("linear(2, 9) -> identity -> linear(9, 1, bias=False)"))
     assert "basis:" not in describe(symalg.derive("linear(n, h) -> identity -> linear(h, m)"))
 
 

@@ -116,10 +116,10 @@ GL4 = ("fc1", "GL(4)", 16)
 
 
 @pytest.mark.parametrize("combine, width_out, activation, expected", [
-    (lambda h: h + h, 4, None, [GL4]),                                  # 2h: every linear action passes
+    (lambda h: h + h, 4, None, [GL4]),                                  # 2h: every linear action passes (not t)
     (lambda h: torch.add(h, h), 4, None, [GL4]),
     (lambda h: h - h, 4, None, [GL4]),                                  # 0: nothing depends on fc1
-    (lambda h: torch.cat([h, h], -1), 8, None, [GL4]),                  # fc2 reads the site in two blocks
+    (lambda h: torch.cat([h, h], -1), 8, None, [GL4, ("fc1", "Shears(4)", 4)]),  # fc2 reads it in two blocks
     (lambda h: torch.cat([h, torch.relu(h)], -1), 8, None, [PS4, S4]),
     (lambda h: torch.cat((h, h), dim=-1), 8, torch.relu, [PS4, S4]),
     (lambda h: h * h, 4, None, [PS4, ("fc1", "SignFlips(4)", 0), S4]),  # a product: (d h)² = d² h², (g h)² = h²

@@ -187,7 +187,7 @@ def test_sigmoid_sign_flips_kept_with_consumer_bias():
     assert [s.group.name for s in analysis.symmetries] == ["SignFlips(4, center=1/2)", "S(4)"]
     assert analysis.blocked == ()
     flips = analysis.symmetries[0]
-    assert [shift[0] for shift in flips.shifts] == ["2.bias"]  # the shift is absorbed by the consumer's bias
+    assert [reader.bias for reader, _ in flips.shifts] == ["2.bias"]  # the shift is absorbed by the consumer's bias
     assert "2.bias" in flips.tensors
     assert symalg.verify(analysis).passed
 

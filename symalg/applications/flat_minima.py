@@ -9,7 +9,8 @@ action) gives, for every ``θ``,
 
 At a critical point the right side vanishes: every tangent ``t = M·θ`` of the orbit lies in ``ker H``,
 so ``dim ker H ≥`` the orbit dimension. Away from one, ``H t = −𝔐ᵀ∇L`` is nonzero in general (the
-negative control). A translation (``θ ↦ θ + sB``, affine) gives ``H B = 0`` at every ``θ``.
+negative control). A translation (``θ ↦ θ + sB``, affine) gives ``H B = 0`` at every ``θ``; a shear (``B(θ)``
+reading weights: a bias moved into the next layer's) ``H B(θ) = −(∂B/∂θ)ᵀ ∇L``, zero at critical points.
 
 When ``ker H`` is larger than the orbit's tangent space (the *excess*):
 
@@ -18,9 +19,9 @@ When ``ker H`` is larger than the orbit's tangent space (the *excess*):
   too few data points the interpolating set is wider than the orbit;
 * the network function has flat directions no claimed group generates: a linear bottleneck
   ``min(n, m) < h < max(n, m)`` (the fibres of ``(U, V) ↦ UV`` exceed the ``GL(h)`` orbits by
-  ``(h − min(n, m))(max(n, m) − h)``), bias translations through an identity site
-  (``b_in ↦ b_in + δ``, ``b_out ↦ b_out − W_out δ``), a ReLU neuron active on every data point (it
-  acts linearly: the same translation), dead or duplicated neurons, rank-deficient weights
+  ``(h − min(n, m))(max(n, m) − h)``), a ReLU neuron active on every data point (it acts linearly:
+  ``b_j ↦ b_j + δ``, ``b_out ↦ b_out − u_j δ``, the shear symalg claims across an identity site), dead or
+  duplicated neurons, rank-deficient weights
   (docs/flat_minima.md derives each case).
 
 Numerics. ``H`` is the Hessian of ``L`` in the flattened parameters (the order of ``params``). An
@@ -580,8 +581,8 @@ class FlatMinimumReport:
             return (f"excess {self.excess} forced by the data: at zero loss H = JᵀJ/N with rank ≤ N·d_out = "
                     f"{self.outputs}, so dim ker H ≥ {self.n_params - self.outputs} > orbit dimension")
         blocked = f"; blocked: {', '.join(str(b) for b in self.blocked)}" if self.blocked else ""
-        return (f"excess {self.excess}: flat directions no claimed symmetry generates (a linear bottleneck, bias "
-                f"translations through an identity site, dead or duplicated neurons, rank-deficient weights, or an "
+        return (f"excess {self.excess}: flat directions no claimed symmetry generates (a linear bottleneck, a "
+                f"neuron acting linearly on the data, dead or duplicated neurons, rank-deficient weights, or an "
                 f"unclaimed symmetry{blocked})")
 
     def __str__(self) -> str:

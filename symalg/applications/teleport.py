@@ -68,7 +68,7 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple, Sequence, cast
 
 import sympy as sp
@@ -280,7 +280,12 @@ class SymmetryAction(Action):
 
     def elements(self, moves: Sequence[Move], dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
         """The composed group element of every symmetry, ``{label: g}`` (matrix, diagonal or translation vector),
-        such that applying each ``s.apply(θ, g)`` reproduces :meth:`replay`."""
+        such that applying each ``s.apply(θ, g)`` in the order of :attr:`symmetries` reproduces :meth:`replay`.
+
+        A translation ``T`` (a key bias, a shear) does not commute with a group moving its region: ``G(g) S(T) =
+        S(g·T) G(g)``. So a move's element of a symmetry listed before the translation carries the accumulated ``T``
+        (``T ↦ g·T``), and the move's own ``t`` is carried back through the accumulated elements of the symmetries
+        listed after it (``t ↦ G⁻¹·t``) before it adds up; symmetries of different sites commute."""
         current: dict[str, torch.Tensor] = {}
         for s in self.symmetries:
             fmt = s.group.element_format
@@ -290,16 +295,58 @@ class SymmetryAction(Action):
         generators = self._generators()
         for move in moves:
             if move.coords is not None:
-                for s, c in self._chunks(move.coords.to(dtype)):
-                    e = s.group.exp(self._algebra_element(s, c))
-                    fmt = s.group.element_format
-                    current[s.label] = e + current[s.label] if fmt == "vector" else \
-                        e * current[s.label] if fmt == "diagonal" else e @ current[s.label]
+                step = {s.label: s.group.exp(self._algebra_element(s, c))
+                        for s, c in self._chunks(move.coords.to(dtype))}
             elif move.generator is not None:
                 s, _, g = generators[move.generator]
-                g = g.to(dtype)
-                current[s.label] = (g.T if move.inverse else g) @ current[s.label]
+                step = {s.label: g.to(dtype).T if move.inverse else g.to(dtype)}
+            else:
+                continue
+            before = dict(current)
+            for j, s in enumerate(self.symmetries):
+                if s.group.element_format == "vector":
+                    T = current[s.label]
+                    for m in self.symmetries[:j]:
+                        if m.label in step and m.group.element_format != "vector":
+                            T = _carried(s, m, step[m.label], T)
+                    if s.label in step:
+                        t = step[s.label]
+                        for m in reversed(self.symmetries[j + 1:]):
+                            if m.group.element_format != "vector":
+                                t = _carried(s, m, _inverse(m.group.element_format, before[m.label]), t)
+                        T = T + t
+                    current[s.label] = T
+                elif s.label in step:
+                    e = step[s.label]
+                    current[s.label] = e * current[s.label] if s.group.element_format == "diagonal" else \
+                        e @ current[s.label]
         return current
+
+
+def _inverse(element_format: str, g: torch.Tensor) -> torch.Tensor:
+    return 1 / g if element_format == "diagonal" else torch.linalg.inv(g)
+
+
+def _carried(translation: Symmetry, other: Symmetry, g: torch.Tensor, T: torch.Tensor) -> torch.Tensor:
+    """The coordinates ``T'`` of ``translation`` with ``other(g)·S(T) = S(T')·other(g)``: ``other``'s element moves
+    the translated regions' change ``Σ T_i B_i`` (its constant part, on zero parameters elsewhere), read back on the
+    directions. Raises where the moved change is no translation of the family (no symmetry here does that)."""
+    if not set(other.tensors) & {r.tensor for f in translation.translations for r in f.regions}:
+        return T
+    shapes = {**other.shapes, **translation.shapes}
+    names = sorted({r.tensor for f in translation.translations for r in f.regions} | set(other.tensors))
+    zeros = {n: torch.zeros(shapes[n], dtype=T.dtype, device=T.device) for n in names}
+    constant = [d for f in translation.translations for d in replace(f, absorbers=()).directions(zeros)]
+    regions = sorted({r.tensor for f in translation.translations for r in f.regions})
+    basis = torch.stack([torch.cat([d.get(n, zeros[n]).reshape(-1) for n in regions]) for d in constant], 1)
+    change = {**zeros, **{n: sum(((c * d[n]) for c, d in zip(T, constant) if n in d), zeros[n]) for n in regions}}
+    moved = other.apply(change, g)
+    target = torch.cat([moved[n].reshape(-1) for n in regions])
+    coordinates = torch.linalg.pinv(basis) @ target
+    if (basis @ coordinates - target).norm() > 1e-9 * max(1.0, float(target.norm())):
+        raise NotImplementedError(f"elements: {other.label} does not map the directions of {translation.label} "
+                                  "to themselves")
+    return coordinates
 
 
 @dataclass(frozen=True, eq=False)
@@ -445,8 +492,13 @@ def as_action(obj: Any, x: torch.Tensor | None = None, params: Params | None = N
 
 def gradients(loss: Callable[[Params], torch.Tensor], params: Params, wrt: Sequence[str],
               create_graph: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``(L(θ), {name: ∂L/∂θ_name})`` for the entries ``wrt``, differentiable when ``create_graph``."""
-    leaves = {n: params[n] if params[n].requires_grad else params[n].detach().requires_grad_(True) for n in wrt}
+    """``(L(θ), {name: ∂L/∂θ_name})`` for the entries ``wrt``, differentiable when ``create_graph``.
+
+    Each entry is differentiated through its own alias: at teleported parameters one moved tensor may be computed
+    from another (a shear's ``b' = b − W' t`` reads the moved ``W'``), and the gradient with respect to ``W'``
+    itself would then add the path through ``b'``; the partial derivative is the gradient."""
+    leaves = {n: params[n].view_as(params[n]) if params[n].requires_grad else params[n].detach().requires_grad_(True)
+              for n in wrt}
     value = loss({**params, **leaves})
     grads = torch.autograd.grad(value, list(leaves.values()), create_graph=create_graph, allow_unused=True)
     return value, {n: torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(wrt, grads)}

@@ -31,7 +31,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-__all__ = ["Binding", "TranslationFamily"]
+__all__ = ["Absorber", "Binding", "TranslationFamily"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,20 @@ class Binding:
             return tensor
         return tensor.slice_scatter(region * factors, self.axis, self.start, end)
 
+    def reading(self, tensor: torch.Tensor, out_axis: int = 0) -> torch.Tensor:
+        """The region of a map's weight ``tensor`` as a ``width × out`` matrix: row ``c`` is what a unit input at
+        coordinate ``c`` adds to the map's output (axis ``out_axis``), summed over the coordinate's block and
+        every other axis (a convolution's kernel positions). For a dense ``W`` read along its columns this is
+        ``W[:, start:start + width]ᵀ``.
+
+        >>> W = torch.arange(6.).reshape(2, 3)
+        >>> Binding("W", axis=1, start=1, width=2, role="in").reading(W)
+        tensor([[1., 4.],
+                [2., 5.]])
+        """
+        region = tensor.narrow(self.axis, self.start, self.width * self.block).movedim((self.axis, out_axis), (0, 1))
+        return region.reshape(self.width, self.block, region.shape[1], -1).sum((1, 3))
+
     def read_source(self, shape: tuple) -> str:
         """Python source that unfolds the region from ``params[tensor]`` (used in lowered code)."""
         code = ""
@@ -142,6 +156,37 @@ class Binding:
 
 
 @dataclass(frozen=True)
+class Absorber:
+    """A map ``y = W x + b`` reading coordinates of a value that moves by a constant vector ``τ`` (the same at every
+    position: a translated bias, the shift of an affine sign flip): its output moves by ``Σ_c τ_c W[:, c]`` (summed
+    over the coordinate's block and kernel positions; :meth:`Binding.reading`), which its bias absorbs,
+    ``b ↦ b − Σ_c τ_c W[:, c]``. ``columns`` is the region of ``W`` reading the moved coordinates (an in-binding),
+    ``out_axis`` the axis of ``W`` indexing the outputs (1 for ``addmm``'s ``(in, out)`` weight), ``node`` the map.
+
+    >>> W = torch.tensor([[1., 2.], [3., 4.], [5., 6.]])
+    >>> reader = Absorber("b", Binding("W", 1, 0, 2, role="in"))
+    >>> reader.absorbed({"W": W}, torch.tensor([1., -1.]))     # W τ, which b gives back
+    tensor([-1., -1., -1.])
+    """
+
+    bias: str
+    columns: Binding
+    out_axis: int = 0
+    node: str = ""
+
+    @property
+    def weight(self) -> str:
+        return self.columns.tensor
+
+    def absorbed(self, params: Mapping[str, torch.Tensor], shift: torch.Tensor) -> torch.Tensor:
+        """``Σ_c shift_c W[:, c]`` (batched over leading axes of ``shift``): what the bias must give back."""
+        return shift @ self.columns.reading(params[self.weight], self.out_axis)
+
+    def describe(self) -> str:
+        return f"{self.bias} absorbs −{self.columns.describe()} t"
+
+
+@dataclass(frozen=True)
 class TranslationFamily:
     """Translation directions ``B_i`` moving the ``regions`` together: ``θ ↦ θ + Σ_i t_i B_i``.
 
@@ -152,14 +197,31 @@ class TranslationFamily:
     - ``"rows"``: ``1 e_jᵀ``, the same change to every row of a weight, one direction per row entry;
     - ``"ones"``: a single direction, ``1`` in every region (the biases of one group under group norm).
 
+    The first region is the one whose change is the change of the site's value (a producer's bias). With
+    ``absorbers`` (maps reading that value, :class:`Absorber`) every direction also moves each reader's bias by
+    ``−W[:, c] v``, ``v`` the first region's change: the direction depends on the readers' weights at the current
+    parameters, ``B_i(θ)``, an action affine in ``θ`` (a *shear*: the value bias moved into the output bias, a
+    norm's bias absorbed by the next layer). Directions of one family still commute (no reader's weight moves), so
+    ``t`` composes by addition.
+
     >>> import torch
     >>> family = TranslationFamily("ones", (Binding("b", 0, 2, 2),))
     >>> family.directions({"b": torch.zeros(5)})
     [{'b': tensor([0., 0., 1., 1., 0.])}]
+    >>> reader = Absorber("c", Binding("W", 1, 0, 2, role="in"))
+    >>> sheared = TranslationFamily("entries", (Binding("b", 0, 0, 2),), (reader,))
+    >>> sheared.directions({"b": torch.zeros(2), "c": torch.zeros(1), "W": torch.tensor([[3., 5.]])})[1]
+    {'b': tensor([0., 1.]), 'c': tensor([-5.])}
     """
 
     pattern: str
     regions: tuple[Binding, ...]
+    absorbers: tuple[Absorber, ...] = ()
+
+    @property
+    def sheared(self) -> bool:
+        """The directions depend on the parameters (readers' biases absorb the move)."""
+        return bool(self.absorbers)
 
     @property
     def moves_buffers(self) -> bool:
@@ -167,7 +229,15 @@ class TranslationFamily:
 
     @property
     def parameters(self) -> tuple[str, ...]:
+        """The parameters the family translates itself (its regions; not its absorbers' biases)."""
         return tuple(r.tensor for r in self.regions if not r.buffer)
+
+    def absorbable(self, shapes: Mapping[str, Sequence[int]]) -> bool:
+        """The first region is a vector indexed by the site's coordinates (a bias, not a buffer), moved by ``e_i``
+        or ``1``: its change is the change of the site's value, which readers can absorb (:attr:`absorbers`)."""
+        first = self.regions[0]
+        return self.pattern in ("entries", "ones") and first.block == 1 and not first.buffer and \
+            len(shapes[first.tensor]) == 1
 
     def count(self, shapes: Mapping[str, Sequence[int]]) -> int:
         """The number of directions, from the tensors' shapes (a region's ``rest``: every axis but its own)."""
@@ -178,22 +248,45 @@ class TranslationFamily:
         return {"entries": first.width * first.block * rest, "rows": rest, "ones": 1}[self.pattern]
 
     def directions(self, params: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        """``B_i`` as ``{tensor: full-size change}`` at the dtype and device of ``params``."""
-        out = []
-        for i in range(self.count({r.tensor: params[r.tensor].shape for r in self.regions})):
-            direction = {}
-            for region in self.regions:
-                tensor = params[region.tensor]
-                unfolded = torch.zeros_like(region.unfold(tensor))
-                if self.pattern == "entries":
-                    unfolded.view(-1)[i] = 1
-                elif self.pattern == "rows":
-                    unfolded[:, i] = 1
-                else:
-                    unfolded.fill_(1)
-                direction[region.tensor] = region.fold(torch.zeros_like(tensor), unfolded)
-            out.append(direction)
+        """``B_i`` as ``{tensor: full-size change}`` at the dtype and device of ``params`` (for a sheared family, at
+        the readers' weights in ``params``)."""
+        count = self.count({r.tensor: params[r.tensor].shape for r in self.regions})
+        reference = params[self.regions[0].tensor]
+        basis = torch.eye(count, dtype=reference.dtype, device=reference.device)
+        out = [self._constant(params, e) for e in basis]
+        if self.absorbers:   # every direction's give-back at once: one product per reader
+            first = self.regions[0]
+            moves = torch.stack([first.unfold(d[first.tensor]).reshape(-1) for d in out])   # count × width
+            for absorber in self.absorbers:
+                for direction, change in zip(out, absorber.absorbed(params, moves)):
+                    direction[absorber.bias] = direction.get(absorber.bias, 0) - change
         return out
+
+    def move(self, params: Mapping[str, torch.Tensor], t: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``Σ_i t_i B_i`` as ``{tensor: full-size change}`` (``t``: :meth:`count` coefficients), at once: what
+        :meth:`directions` would give, summed."""
+        change = self._constant(params, t)
+        if self.absorbers:
+            first = self.regions[0]
+            moved = first.unfold(change[first.tensor]).reshape(-1)
+            for absorber in self.absorbers:
+                change[absorber.bias] = change.get(absorber.bias, 0) - absorber.absorbed(params, moved)
+        return change
+
+    def _constant(self, params: Mapping[str, torch.Tensor], t: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The part of ``Σ_i t_i B_i`` on the family's own regions (the pattern filled with ``t``)."""
+        change = {}
+        for region in self.regions:
+            tensor = params[region.tensor]
+            unfolded = torch.zeros_like(region.unfold(tensor))
+            if self.pattern == "entries":
+                unfolded += t.reshape(unfolded.shape)
+            elif self.pattern == "rows":
+                unfolded += t[None, :]
+            else:
+                unfolded += t
+            change[region.tensor] = region.fold(torch.zeros_like(tensor), unfolded)
+        return change
 
     def extended(self, region: Binding) -> "TranslationFamily":
         """The family moving ``region`` too (a running mean that must follow its bias)."""

@@ -48,7 +48,7 @@ from symalg.numeric.linalg import relative_error
 
 __all__ = ["matrix_exp", "matrix_exp_pair", "group_classes", "Mover", "SiteGroup", "GeneralLinear", "Orthogonal",
            "OrthogonalFixingOnes", "PositiveScaling", "ComplexScaling", "SignFlips", "Permutations", "Translations",
-           "checked_inverse"]
+           "Shears", "checked_inverse"]
 
 
 SiteWidth: TypeAlias = int | sp.Expr
@@ -1349,7 +1349,7 @@ class Translations(SiteGroup):
     kinds_it_preserves: ClassVar[frozenset] = frozenset({"T"})
     roles: ClassVar[tuple] = ("out",)
     standard_basis: ClassVar[bool] = True
-    conserved_kind: ClassVar[str] = "linear"
+    conserved_kind: ClassVar[str | None] = "linear"
 
     @property
     def acts_monomially(self) -> bool:
@@ -1414,3 +1414,36 @@ class Translations(SiteGroup):
             raise ValueError(f"{self.name}: a {what} is a vector of length {self.width}, got {got}")
         if finite and not torch.isfinite(x).all():
             raise ValueError(f"{self.name}: the {what} has non-finite entries")
+
+
+@dataclass(frozen=True)
+class Shears(Translations):
+    """``R^k`` acting by ``θ ↦ θ + Σ t_i B_i(θ)`` with directions that depend on ``θ`` through weights they do not
+    move: a bias moved by ``e_i`` and each reader's bias by ``−W[:, i]`` (the reader's weight at the current
+    parameters; :class:`~symalg.catalogue.bindings.TranslationFamily` with absorbers). Affine in ``θ``, abelian
+    (``t`` adds up: no ``W`` moves), ``exp`` the identity, like :class:`Translations`; unlike them:
+
+    * no conserved quantity of gradient flow. A ``Q`` conserved for every loss invariant under the action needs
+      ``∇Q(θ) = Σ_i c_i(θ) B_i(θ)`` at every ``θ``. ``B_i`` has no component along ``W``, so ``Q`` does not
+      depend on ``W``; its component along the source bias gives ``∂Q/∂β = c`` and along the reader's bias
+      ``∂Q/∂b = −W c``. The left side does not depend on ``W``, so ``W c = 0`` for every ``W``: ``c = 0`` and
+      ``Q`` is constant. (Equivalently, the field ``θ ↦ B_i(θ)`` is no gradient: ``∂B_{i,b}/∂W ≠ 0`` while
+      ``∂B_{i,W}/∂b = 0``, a Jacobian that is not symmetric.)
+    * no monomial Jacobian: ``b`` moves by a combination of ``W``'s entries.
+
+    >>> Shears(3).name, Shears(3).conserved_kind, Shears(3).dim
+    ('Shears(3)', None, 3)
+    """
+
+    conserved_kind: ClassVar[str | None] = None   # no conserved quantity: see above
+
+    @property
+    def acts_monomially(self) -> bool:
+        return False
+
+    def conserved_term(self, U: sp.MatrixExpr) -> sp.MatrixExpr | None:
+        return None
+
+    @property
+    def name(self) -> str:
+        return f"Shears({self.width})"

@@ -22,8 +22,9 @@ import torch
 
 from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.groups import GeneralLinear
-from symalg.catalogue.bindings import Binding, TranslationFamily
+from symalg.catalogue.bindings import Absorber, Binding, TranslationFamily
 from symalg.catalogue.products import multiply
+from symalg.frontend.attention_folding import dropout_active
 from symalg.catalogue.rule_examples import Conv1D, Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
 from symalg.symbolic.inference import ALL, GRANTED, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
@@ -304,35 +305,58 @@ def _producer_site(state: Inference, node: str, width: int, weight: str | Weight
     return site
 
 
-def _read_as_map(state: Inference, node: str, label: Label, weight: str | WeightExpr, feature_dim: int) -> None:
+def _read_as_map(state: Inference, node: str, label: Label, weight: str | WeightExpr, feature_dim: int,
+                 bias: str | None = None, why: str = "has no bias") -> None:
     """A map reads ``label`` on its input axis: bind columns (of every column tensor of a
-    :class:`WeightExpr`); translations of the input cannot pass."""
+    :class:`WeightExpr`). A translation of the input changes the output by ``W t``: a map with a bias and a weight
+    that is one parameter (``bias`` given by the caller where the change is the same at every position) gives it
+    back (``b ↦ b − W t``, :meth:`~symalg.symbolic.inference.Inference.absorb`); any other map removes it (``why``
+    says why there is no ``bias``)."""
     columns = weight.cols if isinstance(weight, WeightExpr) else ((weight, 1),)
     if label.segments and label.dim != feature_dim:
         state.restrict_label(label, set(), node, f"{state.where(node)} reads axis {feature_dim} of a value whose "
                                                  f"sites run along axis {label.dim}", blocked=True)
         label = Label.data(feature_dim)
-    state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} does not absorb translations")
+    plain = _plain_map(state, weight)
+    if bias is not None and plain is not None:
+        state.restrict_label(label, ALL - {"T1"}, node, f"{state.where(node)} does not absorb a shift along 1 of "
+                                                        "its input")
+        state.absorb(label, Absorber(bias, Binding(plain[0], plain[1], 0, 0, role="in", node=node), plain[2], node))
+    else:
+        why = why if bias is None else "computes its weight"
+        state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} {why}: it cannot give back the "
+                                                              "change a translation of its input makes")
     for tensor, axis in columns:
         state.bind_reader(label, tensor, axis, node)
+
+
+def _plain_map(state: Inference, weight: str | WeightExpr) -> tuple[str, int, int] | None:
+    """``(tensor, input axis, output axis)`` when the map's weight is one parameter, read as it is or transposed
+    (``addmm``'s ``(in, out)`` weight); ``None`` for a weight computed from several (``W + B @ A``)."""
+    if isinstance(weight, str):
+        return weight, 1, 0
+    if len(weight.plain) == 1 and len(weight.rows) == len(weight.cols) == 1:
+        (tensor, rows), (other, cols) = weight.rows[0], weight.cols[0]
+        if tensor == other == weight.plain[0] and {rows, cols} == {0, 1} and len(state.shapes[tensor]) == 2:
+            return tensor, cols, rows
+    return None
 
 
 def _absorb_shifts(state: Inference, node: str, label: Label, weight: str | WeightExpr, bias: str | None) -> None:
     """A linear map or unpadded convolution reading a value shifted by affine sign flips, ``v ↦ g v + τ``: its
     bias absorbs ``−W' τ`` (``W'`` the moved weight, summed over the kernel's positions). Without a bias, or
-    with a weight computed in ``forward`` (a transpose, ``B @ A``), the flips go."""
-    tensor = weight.plain[0] if isinstance(weight, WeightExpr) and len(weight.plain) == 1 else weight
-    plain = isinstance(tensor, str) and (not isinstance(weight, WeightExpr) or
-                                         (weight.rows, weight.cols) == (((tensor, 0),), ((tensor, 1),)))
-    if bias is None or not plain or not isinstance(tensor, str):
+    with a weight computed in ``forward`` (``B @ A``), the flips go."""
+    plain = _plain_map(state, weight)
+    if bias is None or plain is None:
         why = "has no bias" if bias is None else "computes its weight"
         _refuse_shifts(state, node, label, f"{why} to absorb the shift of an affine sign flip")
         return
+    tensor, axis, out_axis = plain
     for seg in label.segments:
         if not seg.center:
             continue
-        column = Binding(tensor, 1, seg.offset, seg.width, seg.block, "in", seg.power, node=node)
-        state.site(seg.site).shifts.append((bias, column, seg.center, node))
+        column = Binding(tensor, axis, seg.offset, seg.width, seg.block, "in", seg.power, node=node)
+        state.site(seg.site).shifts.append((Absorber(bias, column, out_axis, node), seg.center))
 
 
 def _unpadded(settings: Mapping[str, Any]) -> bool:
@@ -372,7 +396,7 @@ def _dense_map(state: Inference, node: str, label: Label, weight: str | WeightEx
                out_features: int) -> Label:
     """``y = W x + b`` on the last axis: the input's sites on the columns of ``W`` (a parameter or a
     :class:`WeightExpr`), a new site on its rows and ``b``."""
-    _read_as_map(state, node, label, weight, -1)
+    _read_as_map(state, node, label, weight, -1, bias)
     _absorb_shifts(state, node, label, weight, bias)
     site = _producer_site(state, node, out_features, weight, bias)
     return Label(-1, out_features, (Segment(site, 0, out_features),))
@@ -414,7 +438,8 @@ def conv_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> La
         state.restrict_label(label, set(), node, f"{state.where(node)}: padding mode {settings['padding_mode']!r}",
                              blocked=True)
     if settings["groups"] == 1:
-        _read_as_map(state, node, label, weight, channel_dim)
+        _read_as_map(state, node, label, weight, channel_dim, bias if _unpadded(settings) else None,
+                     "has no bias" if bias is None else "pads with zeros (a shift of its input changes the borders)")
         if _unpadded(settings):
             _absorb_shifts(state, node, label, weight, bias)
         else:
@@ -439,7 +464,9 @@ def _diagonal_map(state: Inference, node: str, label: Label, scale: str | None, 
                   axis: int = 0) -> Label:
     """``y = s ⊙ x + t`` per feature: each input site's scalings/sign flips are absorbed by ``s``; the
     output gets a new site acting on ``s, t`` (positive scaling, sign flips), tied to the input's
-    permutations. A data input (no sites) still gives the output its site. The feature axis is ``dim`` of
+    permutations, and translating ``t`` (``T``, when ``t`` is one vector for every position: the biased maps reading
+    ``y`` give the shift back, a LayerNorm's bias into the next layer's). A data input (no sites) still gives the
+    output its site. The feature axis is ``dim`` of
     the value and ``axis`` of ``s, t`` (a LayerNorm gain over several axes has more)."""
     state.restrict_label(label, DIAGONAL, node, f"{state.where(node)} is a per-feature (diagonal) map")
     if label.segments:
@@ -450,6 +477,7 @@ def _diagonal_map(state: Inference, node: str, label: Label, scale: str | None, 
             raise ValueError(f"{state.where(node)}: a per-feature map needs a scale or a shift parameter")
         pieces = (Segment(-1, 0, state.shapes[parameter][axis]),)
     segments = []
+    translated = shift is not None and len(state.shapes[shift]) == 1   # the same shift at every position
     for seg in pieces:
         bindings = [Binding(t, axis, seg.offset, seg.width, seg.block, diagonal=True, node=node)
                     for t in (scale, shift) if t]
@@ -459,7 +487,11 @@ def _diagonal_map(state: Inference, node: str, label: Label, scale: str | None, 
                 state.bind(seg.site, reader)
             else:
                 state.pin(reader, node)
-        site = state.new_site(node, seg.width, bindings, allowed=DIAGONAL if seg.site >= 0 else {"PS", "SF"})
+        allowed = (DIAGONAL if seg.site >= 0 else {"PS", "SF"}) | ({"T"} if translated and seg.block == 1 else set())
+        site = state.new_site(node, seg.width, bindings, allowed=allowed)
+        if "T" in allowed and shift is not None:
+            shifted = Binding(shift, axis, seg.offset, seg.width, node=node)
+            state.site(site).translations.append(("T", node, TranslationFamily("entries", (shifted,))))
         if seg.site >= 0:
             state.tie_permutations(seg.site, site)
         segments.append(Segment(site, seg.offset, seg.width, seg.block))
@@ -553,14 +585,16 @@ def _add_parameter(state: Inference, node: str, label: Label, tensor: str) -> No
     "div": around(lambda self, h: torch.relu(h) / 2.5)})
 def scale_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """Multiplication or division by a number commutes with every linear action (a number divided by a value,
-    ``c / x``, does not); the product of two values (a gated MLP's ``act(gate x) ⊙ up x``, ``x * x``) passes
+    ``c / x``, does not; a translation ``t`` becomes ``c t``, which a reader's bias no longer gives back); the
+    product of two values (a gated MLP's ``act(gate x) ⊙ up x``, ``x * x``) passes
     diagonal actions and a joint permutation (:func:`symalg.catalogue.products.multiply`); anything else is
     unknown."""
     scaled = [i for i in inputs if isinstance(i, (Label, WeightExpr)) or _is_param(i)]
     numbers = all(i is None for i in inputs if not (isinstance(i, (Label, WeightExpr)) or _is_param(i)))
     numerator = data["op"] == "mul" or bool(inputs) and scaled[:1] == inputs[:1]
     if len(scaled) == 1 and numbers and numerator and not _tensor_constant(state, node):
-        return _weight(state, scaled[0]) or scaled[0]
+        value = scaled[0]
+        return value.map_segments(translates=False) if isinstance(value, Label) else _weight(state, value) or value
     return multiply(state, node, data, inputs) or unknown_rule(state, node, data, inputs)
 
 
@@ -611,7 +645,7 @@ def identity_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -
         checks = symbolic_checks(CATALOGUE["identity"], GeneralLinear(2), ())
         for segment in label.segments:
             state.site(segment.site).checks.append((node, "identity", ((ALL, checks),)))
-    return label
+    return label.map_segments(translates=False) if data["op"] == "neg" else label
 
 
 @register_rule("dropout", examples={
@@ -620,9 +654,7 @@ def dropout_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) ->
     """Dropout is the identity in eval mode (``p = 0`` likewise); in training its random mask
     commutes only with diagonal actions."""
     label = _first(inputs)
-    p = data["settings"].get("p", _argument(data, 1, "p", 0.5))
-    training = data["settings"].get("training", _argument(data, 2, "training", True))
-    if p and training:
+    if dropout_active(data):
         state.restrict_label(label, {"PS", "SF"}, node, f"{state.where(node)}: dropout in training mode")
     return label
 
@@ -1190,7 +1222,8 @@ def _only_into(state: Inference, source: str, node: str) -> bool:
 
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
                     v: list[Binding], heads_alike: bool = True, key_shifts: bool = True,
-                    kv_heads: int | None = None, rotary: Mapping[str, Any] | None = None) -> Label:
+                    kv_heads: int | None = None, rotary: Mapping[str, Any] | None = None,
+                    value_shifts: bool = False) -> Label:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
     heads moving all per-head blocks together (only when the scores of every head are treated alike,
@@ -1200,6 +1233,11 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
     ``b_k ↦ b_k + t`` adds ``q_iᵀ t`` to every score of query ``i``, the same for all keys ``j``, so
     ``softmax_j(q_iᵀ(k_j + b_k + t))`` is unchanged (``T`` on the head's ``qk`` site; the key bias's
     entries are its directions).
+
+    With ``value_shifts`` (every row of the attention weights sums to 1: no dropout on them) each head's value bias
+    translates: ``b_v ↦ b_v + t`` adds ``t`` to every row of the head's output (``P (V + 1tᵀ) = PV + 1tᵀ``),
+    which the map reading the merged heads gives back in its bias (a shear, ``T`` on the ``vo`` site: the readers
+    decide, :meth:`~symalg.symbolic.inference.Inference.absorb`).
 
     Grouped-query attention (``kv_heads = G`` key/value heads, each read by the ``r = H/G`` query heads
     ``h`` with ``h // r = g``): every query head of group ``g`` meets the same keys and values, so one
@@ -1224,6 +1262,7 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
     stem = site_stem([b.tensor for b in q + k + v], node)  # the attention module's path (``attn``)
     key_biases = [b for b in k if len(state.shapes[b.tensor]) == 1] if key_shifts else []
     rotation = _rotary_restriction(state, node, rotary)
+    value_biases = [b for b in v if len(state.shapes[b.tensor]) == 1] if value_shifts else []
     segments = []
     for g in range(groups):
         members = range(g * r, (g + 1) * r)
@@ -1236,7 +1275,9 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
         if rotation is not None:
             state.restrict(qk, rotation[0], node, rotation[1], blocked=rotation[2])
         site = state.new_site(node, d_v, [b.restrict(g * d_v, d_v) for b in v], name=f"{name}.vo",
-                              allowed=ALL - TRANSLATIONS)
+                              allowed=(ALL - TRANSLATIONS) | ({"T"} if value_biases else set()))
+        state.site(site).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(g * d_v, d_v),)))
+                                             for b in value_biases)
         segments += [Segment(site, h * d_v, d_v) for h in members]
     permutations = []
     if r > 1:
@@ -1251,8 +1292,8 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
         permutations.append(Segment(whole, 0, groups, r * d_v))
     for segment in permutations:
         if not heads_alike:
-            state.restrict(segment.site, set(), node, f"{state.where(node)}: a mask, bias or temperature differs "
-                                                      "between heads, so permuting the heads changes the scores")
+            state.restrict(segment.site, set(), node, f"{state.where(node)}: a mask, bias, temperature or dropout "
+                                                      "differs between heads, so permuting the heads changes them")
     return Label(-1, d_v * heads, tuple(segments + permutations))
 
 
@@ -1280,7 +1321,8 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
     """``nn.MultiheadAttention`` with a packed in-projection (``q, k, v`` rows of ``in_proj_weight``).
 
     Its second output, the attention weights ``softmax(Q_h K_hᵀ/√d)``, is invariant under every per-head
-    ``GL``; averaged over heads (the default) it is invariant under head permutations too. Per head
+    ``GL``; averaged over heads (the default) it is invariant under head permutations too. Dropout on the weights
+    (training mode) draws a mask per head: heads do not permute, nor does a value bias translate. Per head
     (``average_attn_weights=False``) a head permutation permutes its head axis (``-3``), so the weights carry
     the head site there and whatever reads them (the output, an unknown op) decides whether heads may move.
     """
@@ -1292,7 +1334,7 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
     heads = settings["num_heads"]
     sources = data["inputs"][:3]
     if len(set(sources)) == 1:
-        _read_as_map(state, node, _first(inputs), weight, -1)
+        _read_as_map(state, node, _first(inputs), weight, -1, bias)
     else:
         for label in inputs[:3]:
             if isinstance(label, Label):
@@ -1305,9 +1347,11 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
             out.append(Binding(bias, 0, offset, d, node=node))
         return out
 
-    values = attention_sites(state, node, heads, rows(0), rows(d), rows(2 * d))
+    dropout = settings.get("training", True) and settings.get("dropout", 0.0)   # on the attention weights
+    values = attention_sites(state, node, heads, rows(0), rows(d), rows(2 * d), heads_alike=not dropout,
+                             value_shifts=not dropout)
     out_weight, out_bias = params["out_proj.weight"], params.get("out_proj.bias")
-    state.bind_reader(values, out_weight, 1, node)
+    _read_as_map(state, node, values, out_weight, -1, out_bias)
     site = _producer_site(state, node, d, out_weight, out_bias)
     per_head = _argument(data, 4, "need_weights", True) and not _argument(data, 6, "average_attn_weights", True)
     weights = Label(-3, heads, (Segment(values.segments[-1].site, 0, heads),)) if per_head and heads > 1 else \
@@ -1349,4 +1393,4 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
     q, k, v = out_bindings
     return attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
                            key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"),
-                           rotary=settings.get("rotary"))
+                           rotary=settings.get("rotary"), value_shifts=settings.get("value_shifts", False))

@@ -25,10 +25,14 @@ tensors (the ``sdpa`` mask included), with settings ``heads = H``, ``head_dim = 
 ``value_head_dim = d_v``, ``form`` (``"sdpa"``/``"explicit"``) and two facts about the modifiers:
 
 - ``heads_alike``: every tensor ``E`` is the same for all heads (its axis ``-3`` is absent or of length 1),
-  so permuting the heads permutes the scores of a per-head ``E`` nowhere;
+  so permuting the heads permutes the scores of a per-head ``E`` nowhere, and no dropout acts on the weights
+  (its mask differs between heads);
 - ``key_shifts``: a per-query constant added to the scores, ``S_ij + c_i``, is still one after every
   modifier (sums, a factor or divisor constant along the keys, ``masked_fill`` with ``-inf``), so the
-  softmax over keys ignores it; ``E/S`` and ``masked_fill`` with a finite value do not keep it.
+  softmax over keys ignores it; ``E/S`` and ``masked_fill`` with a finite value do not keep it;
+- ``value_shifts``: every row of the attention weights sums to 1 (no dropout acts on them: ``sdpa``'s
+  ``dropout_p`` is 0, a ``dropout`` after the softmax is off), so ``A_h`` moves by ``1tᵀ`` when ``V_h`` does.
+  (A row whose scores are all ``-inf`` is NaN whatever the values.)
 
 The readers of ``Y`` read the node instead. ``Q_h ↦ Q_h g``, ``K_h ↦ K_h g⁻ᵀ`` leaves ``Q_h K_hᵀ``, hence
 any function of it and of tensors that do not depend on it, unchanged.
@@ -69,12 +73,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import EllipsisType
-from typing import TypeGuard
+from typing import Any, Mapping, TypeGuard
 
 import networkx as nx
 import torch
 
-__all__ = ["fold_attention"]
+__all__ = ["fold_attention", "dropout_active"]
 
 _LAYOUT = frozenset({"reshape", "flatten", "transpose", "permute", "identity", "unsqueeze", "getitem", "expand",
                      "repeat_interleave"})
@@ -128,6 +132,7 @@ class _Match:
     extras: tuple[str, ...]
     heads_alike: bool
     key_shifts: bool
+    value_shifts: bool
     heads: int
     kv_heads: int
     head_dim: int
@@ -136,6 +141,15 @@ class _Match:
     folded: frozenset[str]
     final: str
     rotary: dict | None = None
+
+
+def dropout_active(data: Mapping[str, Any]) -> bool:
+    """A ``dropout`` node (module, ``F.dropout``, ``aten.dropout``) that zeroes entries: ``p > 0`` in training mode
+    (the module's settings, else the call's arguments; ``F.dropout`` trains by default)."""
+    arguments, settings = data.get("arguments", {}), data.get("settings", {})
+    p = settings.get("p", arguments.get("p", arguments.get("arg1", 0.5)))
+    training = settings.get("training", arguments.get("training", arguments.get("arg2", True)))
+    return bool(p) and bool(training)
 
 
 def scale_constant(value: object) -> bool:
@@ -166,8 +180,9 @@ def _match_sdpa(graph: nx.DiGraph, name: str) -> _Match | None:
         return None
     masks = tuple(m for m in inputs[3:] if m is not None)
     modifiers = tuple(_Modifier(name, inputs[0], m, True) for m in masks)
+    dropout = data["arguments"].get("dropout_p", data["arguments"].get("arg4", 0.0))
     return _match_core(graph, inputs[0], inputs[1], inputs[2], name, {name}, "sdpa", modifiers, keys_transposed=False,
-                       repeats_keys=data["arguments"].get("enable_gqa") is True)
+                       repeats_keys=data["arguments"].get("enable_gqa") is True, value_shifts=not dropout)
 
 
 def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
@@ -186,9 +201,11 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
     body |= {m.node for m in modifiers}
     probabilities = name
     user = _only_user(graph, probabilities)
+    value_shifts = True
     if user is not None and graph.nodes[user]["op"] == "dropout" and _single_input(graph.nodes[user]):
         body.add(user)
         probabilities = user
+        value_shifts = not dropout_active(graph.nodes[user])
         user = _only_user(graph, probabilities)
     if user is None:
         return None
@@ -201,7 +218,8 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
     if any(_only_user(graph, n) not in body for n in body - {user}):
         return None
     q, k = first["inputs"]
-    return _match_core(graph, q, k, second["inputs"][1], user, body, "explicit", modifiers, keys_transposed=True)
+    return _match_core(graph, q, k, second["inputs"][1], user, body, "explicit", modifiers, keys_transposed=True,
+                       value_shifts=value_shifts)
 
 
 def _scores_path(graph: nx.DiGraph, name: str) -> tuple[str, tuple[_Modifier, ...]] | None:
@@ -252,7 +270,8 @@ def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
 
 
 def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[str], form: str,
-                modifiers: tuple[_Modifier, ...], keys_transposed: bool, repeats_keys: bool = False) -> _Match | None:
+                modifiers: tuple[_Modifier, ...], keys_transposed: bool, repeats_keys: bool = False,
+                value_shifts: bool = False) -> _Match | None:
     """Check the three head splits, their agreement, the output shape and the merge of the heads. With
     ``repeats_keys`` (``sdpa(..., enable_gqa=True)``) keys and values may have fewer heads, which ``sdpa`` repeats
     by ``repeat_interleave``."""
@@ -285,13 +304,13 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
     extra_shapes = [graph.nodes[e]["shape"] for e in extras]
     if None in extra_shapes:
         return None
-    heads_alike = all(len(s) < 3 or s[-3] == 1 for s in extra_shapes)
+    heads_alike = value_shifts and all(len(s) < 3 or s[-3] == 1 for s in extra_shapes)   # dropout masks differ
     key_shifts = all(m.key_shifts for m in modifiers) and not keys.rotations   # R_j b_k varies with the key j
     rotary = None if not rotations else {
         "queries": bool(queries.rotations), "keys": bool(keys.rotations), "pairing": "halves",
         "equal_halves": all(r.equal_halves for r in rotations)}
-    return _Match(roots, extras, heads_alike, key_shifts, heads, kv_heads, queries.width, values.width, form,
-                  folded, final, rotary)
+    return _Match(roots, extras, heads_alike, key_shifts, value_shifts, heads, kv_heads, queries.width, values.width,
+                  form, folded, final, rotary)
 
 
 def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
@@ -475,7 +494,8 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
     record = {"op": "attention", "kind": "function", "module": None, "params": {}, "buffers": {},
               "settings": {"heads": match.heads, "head_dim": match.head_dim,
                            "value_head_dim": match.value_head_dim, "form": match.form,
-                           "heads_alike": match.heads_alike, "key_shifts": match.key_shifts}
+                           "heads_alike": match.heads_alike, "key_shifts": match.key_shifts,
+                           "value_shifts": match.value_shifts}
               | ({"kv_heads": match.kv_heads} if match.kv_heads != match.heads else {})
               | ({"rotary": match.rotary} if match.rotary else {}),
               "inputs": match.roots + match.extras, "arguments": {}, "shape": graph.nodes[match.final]["shape"],

@@ -23,7 +23,10 @@ The kernel is the direct sum of the kernels of the coupled components.
 * complex scaling (``a_i I + b_i J`` on the plane ``(i, i + m)``): the plane's ``2 × 2`` block is invertible
   unless zero, so a nonzero row of the plane in any region forces it to 0: ``dim ker`` = 2 × the number of planes
   whose two rows are zero in every region (generically ``0``: rank ``h``).
-* translations: ``Σ t_i B_i`` with constant directions: ``dim ker = k − rank[B_1 … B_k]``.
+* translations: ``Σ t_i B_i`` with constant directions: ``dim ker = k − rank[B_1 … B_k]``; a shear
+  (directions ``B_i(θ)`` reading weights it does not move) the same at ``θ``.
+* ``GL(h)`` with a shear of its own bias ``b`` into its readers' biases (the affine group of the site):
+  ``dim ker = (h − rank F')(h − rank G)``, ``F'`` the out-regions but ``b`` (``t = −M b`` is determined).
 
 **Coupled sites.** A site whose *private* regions (touched by no other remaining symmetry) already
 force ``M = 0`` (``rank F = h`` or ``rank G = h`` for ``GL``; ``f ≤ 1`` for ``O``; a nonzero private row
@@ -86,7 +89,7 @@ import math
 import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, AbstractSet, Any, Mapping, Protocol, Sequence
 
 import sympy as sp
 import torch
@@ -312,6 +315,8 @@ class _Site:
     """Indices of moving bindings whose region overlaps another of the same symmetry."""
     coupled: dict[int, set[_Site]] = field(default_factory=dict)
     """Region index → the other sites touching that region."""
+    reads: tuple[str, ...] = ()
+    """Tensors the action reads without moving them (a shear's readers' weights): its directions depend on them."""
 
     @property
     def label(self) -> str:
@@ -320,15 +325,22 @@ class _Site:
 
 def _site(symmetry: Symmetry) -> _Site:
     group = symmetry.group
-    kind = group.kind if group.kind in _KINDS and group_classes()[group.kind] is type(group) else None
+    if symmetry.translations:   # translations and shears: their directions, whatever the group class
+        kind: str | None = "T"
+    else:
+        kind = group.kind if group.kind in _KINDS and group_classes()[group.kind] is type(group) else None
     moving = tuple(symmetry.moving_bindings())
     regions: list[_Region] = [(b.tensor, b.axis, b.start, b.start + b.width * b.block) for b in moving]
-    if kind in ("T", None):   # translations, unknown kinds: whole tensors, conservatively
-        covered = {b.tensor for b in moving}
+    if kind == "T":   # the translated regions; the biases a shear moves, whole
+        regions += [(r.tensor, r.axis, r.start, r.start + r.width * r.block)
+                    for f in symmetry.translations for r in f.regions]
+    if kind in ("T", None):   # unknown kinds: whole tensors, conservatively
+        covered = {r[0] for r in regions}
         regions += [(t, None, 0, 0) for t in symmetry.tensors if t not in covered]
+    regions = list(dict.fromkeys(regions))
     tensors = tuple(dict.fromkeys(r[0] for r in regions))
     width = int(sp.sympify(group.width))
-    return _Site(symmetry, kind, width, int(group.dim), moving, tuple(regions), tensors)
+    return _Site(symmetry, kind, width, int(group.dim), moving, tuple(regions), tensors, reads=symmetry.reads)
 
 
 def _overlap(r: _Region, q: _Region) -> bool:
@@ -368,6 +380,23 @@ def _couple(sites: list[_Site]) -> list[list[_Site]]:
     for site in sites:
         components.setdefault(id(root(site)), []).append(site)
     return list(components.values())
+
+
+def _region_mask(shape: Sequence[int], regions: Sequence[_Region]) -> torch.Tensor:
+    """The flattened entries of a tensor of ``shape`` inside any of ``regions`` (a whole tensor when ``axis`` is
+    ``None``)."""
+    mask = torch.zeros(tuple(shape), dtype=torch.bool)
+    for _, axis, lo, hi in regions:
+        if axis is None:
+            mask[...] = True
+        else:
+            mask.narrow(axis, lo, hi - lo).fill_(True)
+    return mask.reshape(-1)
+
+
+def _region_text(region: _Region) -> str:
+    tensor, axis, lo, hi = region
+    return tensor if axis is None else f"{tensor}[{lo}:{hi}] (axis {axis})"
 
 
 def _private(site: _Site, index: int, remaining: set[_Site]) -> bool:
@@ -529,8 +558,11 @@ class _Ranks(ABC):
     """What the kernel computation asks of the parameters; :class:`_Numeric` and :class:`_Generic`
     answer at the given and at generic parameters."""
 
+    generic = False
+    """The ranks are generic values (counts), not ranks at given parameters."""
+
     def __init__(self, state: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]], max_bytes: float,
-                 directions: dict[tuple[int, tuple[str, ...]], RankDecision], ranks: str = "auto"):
+                 directions: dict[tuple[int, tuple[_Region, ...]], RankDecision], ranks: str = "auto"):
         self.state, self.shapes, self.max_bytes, self.ranks = state, shapes, max_bytes, ranks
         self.decisions: list[RankDecision] = []
         self._directions = directions       # shared cache: translation directions are constant
@@ -552,16 +584,17 @@ class _Ranks(ABC):
     def joint(self, sites: list[_Site], active: Mapping[int, set[int]]) -> int | None:
         """``dim ker`` of the action of ``sites`` together (``None``: no answer)."""
 
-    def directions_rank(self, site: _Site, tensors: Sequence[str]) -> int:
-        """``rank[B_1 … B_k]`` of a translation's constant directions, restricted to ``tensors``."""
-        if not tensors:
+    def directions_rank(self, site: _Site, regions: Sequence[_Region]) -> int:
+        """``rank[B_1 … B_k]`` of a translation's directions, restricted to ``regions`` (of ``site.regions``)."""
+        if not regions:
             return 0
-        key = (id(site), tuple(tensors))
+        key = (id(site), tuple(regions))
         if key not in self._directions:
-            J = _jacobian([(site, None)], self.state, list(tensors), self.max_bytes,
-                          f"directions of {site.label}")
-            what = f"directions of {site.label} on {', '.join(tensors)}"
-            self._directions[key] = certified_rank(J, what, ranks=self.ranks)
+            tensors = list(dict.fromkeys(r[0] for r in regions))
+            J = _jacobian([(site, None)], self.state, tensors, self.max_bytes, f"directions of {site.label}")
+            rows = torch.cat([_region_mask(self.shapes[t], [r for r in regions if r[0] == t]) for t in tensors])
+            what = f"directions of {site.label} on {', '.join(_region_text(r) for r in regions)}"
+            self._directions[key] = certified_rank(J[rows.to(J.device)], what, ranks=self.ranks)
         decision = self._directions[key]
         self.decisions.append(decision)
         return decision.rank
@@ -651,9 +684,13 @@ class _Numeric(_Ranks):
 
 
 class _Generic(_Ranks):
-    def directions_rank(self, site: _Site, tensors: Sequence[str]) -> int:
+    generic = True
+
+    def directions_rank(self, site: _Site, regions: Sequence[_Region]) -> int:
         """A translation's directions are constant, so their rank is read at any values: the model's own, or, on
-        the ``meta`` device (shapes only), seeded random values of the site's tensors.
+        the ``meta`` device (shapes only), seeded random values of the site's tensors. A shear's directions read
+        weights (``−W e_i``): their generic rank is read at seeded random values of every tensor they involve,
+        which are generic with probability 1.
 
         >>> import torch, symalg
         >>> with torch.device("meta"):
@@ -662,11 +699,13 @@ class _Generic(_Ranks):
         >>> model_orbit_dimension_formula(symalg.derive(graph, loss="cross_entropy", certify=False))  # 4 + 5
         9
         """
-        if any(self.state[t].is_meta for t in site.tensors):
+        if site.reads or any(self.state[t].is_meta for t in site.tensors):
             generator = torch.Generator().manual_seed(0)
-            values = {t: torch.randn(self.shapes[t], generator=generator, dtype=torch.float64) for t in site.tensors}
-            return _Numeric(values, self.shapes, self.max_bytes, self._directions).directions_rank(site, tensors)
-        return super().directions_rank(site, tensors)
+            values = {t: torch.randn(self.shapes[t], generator=generator, dtype=torch.float64)
+                      for t in site.tensors + site.reads}
+            cache = {} if site.reads else self._directions   # a shear's rank at these values is not its rank at θ
+            return _Numeric(values, self.shapes, self.max_bytes, cache, self.ranks).directions_rank(site, regions)
+        return super().directions_rank(site, regions)
 
     def stack_rank(self, site: _Site, bindings: Sequence[Binding], what: str, ones: bool = False) -> int:
         return min(site.width, sum(_columns(b, self.shapes) for b in bindings) + ones)
@@ -698,12 +737,12 @@ def _forced_zero(site: _Site, remaining: list[_Site], ranks: _Ranks, active: dic
     coordinates with a nonzero private row from ``active``.) ``tried`` skips private sets seen before."""
     h = site.width
     if site.kind == "T":
-        touched = {r[0] for other in remaining if other is not site for r in other.regions}
-        tensors = [t for t in site.tensors if t not in touched]
-        if tried.get(id(site)) == tensors:
+        alive = set(remaining)
+        regions = [r for i, r in enumerate(site.regions) if _private(site, i, alive)]
+        if tried.get(id(site)) == regions:
             return False
-        tried[id(site)] = tensors
-        return ranks.directions_rank(site, tensors) == site.dim
+        tried[id(site)] = regions
+        return ranks.directions_rank(site, regions) == site.dim
     alive = set(remaining)
     private = [b for i, b in enumerate(site.moving) if _private(site, i, alive)]
     if tried.get(id(site)) == private:
@@ -756,16 +795,17 @@ def _closed_form(site: _Site, ranks: _Ranks, active: dict[int, set[int]]) -> tup
         units, what = active[id(site)], "coordinates" if site.kind == "PS" else "planes"
         zero = len(units) - len(_nonzero_units(site, ranks, site.moving, units))
         return zero * _UNITS[site.kind], f"{site.label}: {zero} of {len(units)} {what} zero in every region"
-    rank = ranks.directions_rank(site, site.tensors)
+    rank = ranks.directions_rank(site, site.regions)
     return site.dim - rank, f"{site.label}: {site.dim} − rank {rank} of the directions = {site.dim - rank}"
 
 
-def _as_chain(sites: list[_Site]) -> tuple[list[_Site], list[str | None], list[list[Binding]],
-                                           list[list[Binding]]] | None:
+def _as_chain(sites: list[_Site], dropped: AbstractSet[tuple] = frozenset()) -> tuple[
+        list[_Site], list[str | None], list[list[Binding]], list[list[Binding]]] | None:
     """``(vertices, arrows, sources, sinks)`` when ``sites`` are ``GL`` sites coupled only through whole
     2-D weights (rows out-bound by one site, columns in-bound by another) into one equioriented path;
     else ``None``. ``arrows[k]`` names the weight from vertex ``k − 1`` to vertex ``k``; ``sources`` and
-    ``sinks`` are each vertex's other out- and in-regions."""
+    ``sinks`` are each vertex's other out- and in-regions (without the ``dropped`` regions: biases a shear
+    frees, :func:`_sheared_gl`)."""
     if len(sites) < 2 or any(s.kind != "GL" or s.self_overlap for s in sites):
         return None
     members = set(sites)
@@ -797,13 +837,64 @@ def _as_chain(sites: list[_Site]) -> tuple[list[_Site], list[str | None], list[l
     if len(vertices) != len(sites):
         return None
     shared = set(arrow.values())
-    sources = [[b for b in v.moving if b.role == "out" and b.tensor not in shared] for v in vertices]
+    sources = [[b for b in v.moving if b.role == "out" and b.tensor not in shared and b.region not in dropped]
+               for v in vertices]
     sinks = [[b for b in v.moving if b.role != "out" and b.tensor not in shared] for v in vertices]
     arrows: list[str | None] = [None, *(arrow[v] for v in vertices[1:])]
     return vertices, arrows, sources, sinks
 
 
-def _region_ranks(component: list[_Site], state: Mapping[str, torch.Tensor], ranks: str) -> list[RankDecision]:
+def _sheared_gl(sites: list[_Site]) -> tuple[list[_Site], set[tuple], bool] | None:
+    """``(GL sites, translated biases, exact)`` when ``sites`` are ``GL`` sites and shears of their own values: each
+    shear translates out-regions (the bias ``b``) of one ``GL`` site ``v`` and gives the change back in biases
+    read through in-regions of ``v``, which only it moves or which are the bias of another of the ``GL`` sites.
+    A ``GL`` site with such a shear acts as the affine group of the site (kernel elements have ``t = −M b``, see
+    :func:`_affine_closed_form`): ``b`` is no frozen source any more. ``exact`` is false where a shear gives back in
+    the bias of a ``GL`` site that is not sheared itself: the frozen source there is ``b + W c`` (``c`` the sheared
+    offset upstream), one column like ``b`` but another vector, so only the generic count holds. ``None``: not
+    this structure."""
+    gl = [s for s in sites if s.kind == "GL"]
+    shears = [s for s in sites if s.kind == "T" and s.symmetry.sheared]
+    if not gl or not shears or len(gl) + len(shears) != len(sites) or any(s.self_overlap for s in gl):
+        return None
+    outs = {b.region: site for site in gl for b in site.moving if b.role == "out"}
+    ins = {b.region: site for site in gl for b in site.moving if b.role == "in"}
+    biases = {b.tensor: site for site in gl for b in site.moving if b.role == "out" and b.axis == 0 and
+              b.start == 0 and len(site.symmetry.shapes[b.tensor]) == 1}
+    dropped: set[tuple] = set()
+    receiving = []
+    for shear in shears:
+        families = shear.symmetry.translations
+        regions = [r.region for f in families for r in f.regions]
+        vertex = {outs.get(r) for r in regions}
+        absorbers = [a for f in families for a in f.absorbers]
+        if len(vertex) != 1 or None in vertex or any(f.pattern != "entries" for f in families) or \
+                any(ins.get(a.columns.region) not in vertex for a in absorbers):
+            return None
+        moved = {b.tensor for site in gl for b in site.moving}
+        if any(a.bias in moved and a.bias not in biases for a in absorbers):
+            return None
+        dropped |= set(regions)
+        receiving += [biases[a.bias] for a in absorbers if a.bias in biases]
+    exact = all(any(b.region in dropped for b in site.moving) for site in receiving)
+    return gl, dropped, exact
+
+
+def _affine_closed_form(site: _Site, outs: list[Binding], ins: list[Binding], ranks: _Ranks) -> tuple[int, str]:
+    """Kernel of ``GL(h)`` and a shear of its bias ``b`` into biases only the shear moves (:func:`_sheared_gl`):
+    ``(M, t)`` with ``M F = 0`` on the other out-regions ``F``, ``M b + t = 0``, ``Mᵀ G = 0`` on the in-regions
+    ``G`` (``W M = 0`` for the readers' weights) and ``W t = 0`` in the readers' biases, which follows:
+    ``W t = −W M b = 0``. So ``t = −M b`` and ``dim ker = (h − rank F)(h − rank G)``: the bias no longer constrains
+    ``M``, as if it were no out-region."""
+    h = site.width
+    r_out = ranks.stack_rank(site, outs, "out-regions but the translated bias")
+    r_in = ranks.stack_rank(site, ins, "in-regions") if r_out < h else 0
+    kernel = (h - r_out) * (h - r_in)
+    return kernel, f"{site.label} with its shear: ({h} − {r_out})({h} − {r_in}) = {kernel}"
+
+
+def _region_ranks(component: list[_Site], state: Mapping[str, torch.Tensor], ranks: str
+                  ) -> list[RankDecision]:
     """The rank of every ``GL``/``O`` region of a component on its own (to say why a stratum drops)."""
     seen: set[tuple[Any, ...]] = set()
     decisions: list[RankDecision] = []
@@ -844,12 +935,19 @@ def _kernel(component: list[_Site], ranks: _Ranks) -> tuple[int | None, str, tup
     kernel: int | None = free
     method = _COST[0]
     for part in _couple_again(remaining):
-        chain = _as_chain(part)
         value: int | None
+        sheared = _sheared_gl(part)
+        dropped, exact = (sheared[1], sheared[2]) if sheared else (set(), True)
+        chain = _as_chain(sheared[0] if sheared else part, dropped)
         if len(part) == 1 and part[0].kind is not None and not part[0].self_overlap:
             value, line = _closed_form(part[0], ranks, active)
             used = _COST[0]
-        elif chain is not None:
+        elif sheared and len(sheared[0]) == 1:
+            (site,) = sheared[0]
+            value, line = _affine_closed_form(site, [b for b in site.moving if b.role == "out" and b.region not in
+                                                     dropped], [b for b in site.moving if b.role != "out"], ranks)
+            used = _COST[0]
+        elif chain is not None and (exact or ranks.generic):
             value = ranks.chain(*chain)
             used, line = _COST[1], f"chain {' → '.join(v.label for v in chain[0])}: {value}"
         else:
@@ -903,7 +1001,8 @@ def _check_analysis(analysis: AnalysisLike, caller: str) -> None:
 def _state(analysis: AnalysisLike, sites: list[_Site], params: Mapping[str, torch.Tensor] | None,
            dtype: torch.dtype | None, device: torch.device | str | None, caller: str,
            shapes_only: bool = False) -> dict[str, torch.Tensor]:
-    """The tensors the actions move: from ``params`` (default: the model's own), buffers from the model.
+    """The tensors the actions move (and those a shear reads): from ``params`` (default: the model's own), buffers
+    from the model.
     ``shapes_only`` (the generic formula) accepts tensors on the ``meta`` device, which have shapes and no values;
     a numeric rank refuses them."""
     model = analysis.model_graph.require_model(caller) if params is None else analysis.model_graph.model
@@ -916,7 +1015,7 @@ def _state(analysis: AnalysisLike, sites: list[_Site], params: Mapping[str, torc
         source = params
     state = {}
     for site in sites:
-        for tensor in site.tensors:
+        for tensor in site.tensors + site.reads:
             if tensor in state:
                 continue
             value = source[tensor] if tensor in source else buffers.get(tensor)
@@ -995,7 +1094,7 @@ def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Ten
         J = _jacobian([(s, None) for s in sites], state, tensors, max_bytes, f"{caller}(method='dense')")
         decision = certified_rank(J, "dense Jacobian of the action", ranks="svd")
         return OrbitDimension(decision.rank, algebra_dim, "dense", decisions=(decision,))
-    directions: dict[tuple[int, tuple[str, ...]], RankDecision] = {}
+    directions: dict[tuple[int, tuple[_Region, ...]], RankDecision] = {}
     results: list[ComponentRank] = []
     strata: list[Stratum] = []
     notes: list[str] = []

@@ -24,7 +24,7 @@ import sympy as sp
 import torch
 
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry
-from symalg.catalogue.groups import Permutations, SignFlips, SiteGroup, Translations
+from symalg.catalogue.groups import Permutations, Shears, SignFlips, SiteGroup, Translations
 from symalg.symbolic.report import describe
 from symalg.errors import SpecError
 from symalg.frontend.spec import Spec, to_graph, to_spec_string
@@ -272,14 +272,15 @@ def derive(model: ModelGraph | str | Spec | Architecture | nx.DiGraph, catalogue
         for kind in cls.kinds:
             if kind in ("T", "T1"):
                 families = tuple(t[2] for t in cls.translations if t[0] == kind)
-                group: SiteGroup = Translations(sum(f.count(shapes) for f in families),
-                                                "bias" if kind == "T" else "along 1")
+                count = sum(f.count(shapes) for f in families)
+                group: SiteGroup = Shears(count) if any(f.sheared for f in families) else \
+                    Translations(count, "bias" if kind == "T" else "along 1")
                 origins[Symmetry(cls.name, cls.members, group, (), shapes, families)] = ("class", cls.name, kind)
                 continue
             group = _group(kind, cls.width, cls.alpha)
             shifts = cls.shifts if kind == "SF" else ()
             if shifts:
-                group = SignFlips(cls.width, center=_number(shifts[0][2]))
+                group = SignFlips(cls.width, center=_number(shifts[0][1]))
             if not group.is_trivial:  # S(1)
                 symmetry = Symmetry(cls.name, cls.members, group, cls.bindings, shapes, shifts=shifts,
                                     checks=cls.checks_for(kind))

@@ -18,7 +18,8 @@ kind    group
 ``SF``  sign flips (odd activations)
 ``S``   permutations (any pointwise op); acts on a whole *permutation class* of sites
         tied through diagonal maps (norm gains, batch norm)
-``T``   translation of the producer's bias (the input of a batch norm; one group's biases under group norm)
+``T``   translation of the producer's bias (the input of a batch norm; one group's biases under group norm), or,
+        where biased maps read the value, of the bias with each reader's bias absorbing ``−W t`` (a shear)
 ``T1``  translation along ``1`` of the producer's map (logits under softmax/cross-entropy)
 ======= ===========================================================================
 
@@ -49,7 +50,7 @@ from typing import Any, Iterable, Mapping
 import networkx as nx
 import sympy as sp
 
-from symalg.catalogue.bindings import Binding
+from symalg.catalogue.bindings import Absorber, Binding
 from symalg.catalogue.activations import CATALOGUE
 from symalg.errors import SpecError
 from symalg.ir.architecture import at_least, width_less, width_max
@@ -134,6 +135,9 @@ class Segment:
     invariant: frozenset = frozenset()
     center: Fraction = Fraction(0)
     """Sign flips act affinely on the value: ``v ↦ g v + center·(1 − g1)`` (``1/2`` after a sigmoid)."""
+    translates: bool = True
+    """A translation ``T`` of the site moves the value by the same vector (false after a sign change or a scaling,
+    where a reader's bias cannot give back ``W t``: only readers the translation leaves unchanged keep ``T``)."""
 
     def acts_trivially(self) -> frozenset:
         return self.invariant | ({"PS"} if self.power == 0 else set())
@@ -166,6 +170,9 @@ class _Site:
     bindings: list = field(default_factory=list)
     translations: list = field(default_factory=list)
     shifts: list = field(default_factory=list)
+    absorbers: list = field(default_factory=list)
+    """The :class:`~symalg.catalogue.bindings.Absorber` of each biased map reading the site's value, whose bias gives
+    back the change of a translation ``T`` (recorded by :meth:`Inference.absorb`)."""
     removed: list = field(default_factory=list)
     dissolved: bool = False
     checks: list = field(default_factory=list)
@@ -201,11 +208,12 @@ class SiteClass:
     kinds: tuple[str, ...]
     bindings: tuple[Binding, ...]
     translations: tuple = ()
-    """``(kind, producer node, TranslationFamily)`` triples: the translations that survived."""
+    """``(kind, producer node, TranslationFamily)`` triples: the translations that survived (with the absorbers of
+    the biased maps reading the site, for a shear)."""
     alpha: Fraction = Fraction(1)
     """The power at which the site's readers see positive scaling (1 for ReLU, 0 before batch norm)."""
     shifts: tuple = ()
-    """``(bias, column binding, center, node)``: biases absorbing the shift of affine sign flips."""
+    """``(Absorber, center)``: the readers whose biases absorb the shift of affine sign flips."""
     checks: tuple = ()
     """Symbolic checks of the activations acting on the class's sites (:data:`CheckRecord`; :meth:`checks_for`)."""
 
@@ -301,6 +309,24 @@ class Inference:
             covered = width_max(covered, seg.offset + seg.width * seg.block)
         if width_less(covered, self.shapes[tensor][axis]):
             self.pin(Binding(tensor, axis, covered, self.shapes[tensor][axis] - covered, node=node), node)
+
+    def absorb(self, label: Label, absorber: Absorber) -> None:
+        """A biased map reads ``label`` with the columns ``absorber.columns`` (offset 0 at the label's first
+        coordinate): on every segment a translation moves (``T`` not invariant), its bias can give back the change,
+        so ``T`` stays and the segment's site records the reader (:attr:`_Site.absorbers`); a segment that moves
+        by something else than the translation (``translates`` false: after ``−x``, ``c·x``) keeps no ``T``.
+        ``T1`` never passes a map."""
+        columns = absorber.columns
+        for seg in label.segments:
+            if "T" in seg.invariant:
+                continue
+            if not seg.translates:
+                self.restrict(seg.site, ALL - TRANSLATIONS, absorber.node, f"{self.where(absorber.node)} reads the "
+                              "value scaled or negated: its bias cannot give back the translation")
+                continue
+            region = Binding(columns.tensor, columns.axis, columns.start + seg.offset, seg.width, seg.block, "in",
+                             node=absorber.node)
+            self.sites[seg.site].absorbers.append(replace(absorber, columns=region))
 
     def pin(self, region: Binding, node: str) -> None:
         """``node`` reads ``region`` against values nothing acts on (a model input, the output of an unknown
@@ -467,12 +493,14 @@ def solve(state: Inference) -> ModelSites:
         bindings = tuple(b for site in members for b in site.bindings)
         translations = tuple(t for site in members for t in site.translations
                              if t[0] in allowed and _owned(state, t[1], t[2].parameters))
+        translations = _absorbed(state, name, translations, [a for site in members for a in site.absorbers],
+                                 [b for site in members for b in site.bindings], restrictions)
         # tied sites binding the same region (a group norm's group and group-permutation sites when a group has
         # one channel) record its reader's shift once each: the bias absorbs it once
         shifts = tuple(dict.fromkeys(t for site in members for t in site.shifts))
-        if "SF" in allowed and not all(_owned(state, node, (bias, column.tensor)) for bias, column, _, node in shifts):
+        if "SF" in allowed and not all(_owned(state, a.node, (a.bias, a.weight)) for a, _ in shifts):
             allowed.discard("SF")
-            restrictions.append(Blocked(shifts[0][3], name,
+            restrictions.append(Blocked(shifts[0][0].node, name,
                                         "SF removed: a bias absorbing a sign flip's shift is shared"))
         reader_powers = {b.power for b in bindings if b.role == "in"}
         alpha = reader_powers.pop() if len(reader_powers) == 1 else Fraction(1)
@@ -511,16 +539,65 @@ def solve(state: Inference) -> ModelSites:
                       tuple(restrictions), state.labels)
 
 
+def _absorbed(state: Inference, name: str, translations: tuple, absorbers: list[Absorber], bindings: list[Binding],
+              restrictions: list[Blocked]) -> tuple:
+    """The site's translations ``T`` with the biased maps reading its value (``absorbers``, whose columns cover the
+    site's coordinates) attached: each moves its bias by ``−W t`` (a shear), through the columns of the coordinates
+    the translation moves (one group's under a group norm). Without readers to absorb, nothing changes; where a
+    reader's bias is used by another node too (a shared module), or a translation's change is no change of the value
+    (not a bias of the site's own), ``T`` goes."""
+    if not absorbers or not any(kind == "T" for kind, _, _ in translations):
+        return translations
+    absorbers = list(dict.fromkeys(absorbers))
+    shared = [a for a in absorbers if not _owned(state, a.node, (a.bias,))]
+    found = [_site_offset(bindings, family.regions[0]) if family.absorbable(state.shapes) else None
+             for kind, _, family in translations if kind == "T"]
+    offsets = [offset for offset in found if offset is not None]
+    if shared or len(offsets) < len(found):
+        why = f"{shared[0].bias} absorbing it is also used elsewhere" if shared else \
+            "the translated region is not the value's bias"
+        restrictions.append(Blocked(absorbers[0].node, name, f"T removed: the readers' biases would absorb the "
+                                                             f"translation, but {why}"))
+        return tuple(t for t in translations if t[0] != "T")
+    kept, offset = [], iter(offsets)
+    for kind, producer, family in translations:
+        if kind == "T":
+            start, width = next(offset), family.regions[0].width
+            readers = tuple(replace(a, columns=a.columns.restrict(start, width)) for a in absorbers)
+            family = replace(family, absorbers=readers)
+        kept.append((kind, producer, family))
+    return tuple(kept)
+
+
+def _site_offset(bindings: list[Binding], region: Binding) -> int | None:
+    """The site coordinate of ``region``'s first entry: where it lies in a binding of the same tensor axis (the
+    site's own bias), or ``None``."""
+    for binding in bindings:
+        if (binding.tensor, binding.axis, binding.block) == (region.tensor, region.axis, 1) and \
+                binding.start <= region.start and region.start + region.width <= binding.start + binding.width:
+            return region.start - binding.start
+    return None
+
+
 def _owned(state: Inference, node: str, tensors: Iterable[str | None]) -> bool:
-    """True when no node but ``node`` uses ``tensors`` (a translation of a shared weight is no symmetry)."""
+    """True when no node but ``node`` uses ``tensors`` (a translation of a shared weight is no symmetry); a
+    parameter read through its transpose (``F.linear(x, W.T, b)``) is used by the transpose's readers."""
     wanted = {t for t in tensors if t}
     for other, data in state.graph.nodes(data=True):
         if not set(data.get("params", {}).values()) & wanted:
             continue
-        users = set(state.graph.successors(other)) if data["kind"] == "param" else {other}
+        users = _readers(state, other) if data["kind"] == "param" else {other}
         if users - {node}:
             return False
     return True
+
+
+def _readers(state: Inference, source: str) -> set[str]:
+    """The nodes reading ``source``, looking through transposes of it."""
+    found: set[str] = set()
+    for user in state.graph.successors(source):
+        found |= _readers(state, user) if state.graph.nodes[user]["op"] == "transpose" else {user}
+    return found
 
 
 def _maximal(allowed: set, translations: set) -> tuple[str, ...]:

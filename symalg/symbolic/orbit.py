@@ -83,10 +83,20 @@ def gl_chain_kernel_dimension(widths: Sequence[Width], biases: Sequence[bool | i
 
 
 def orbit_dimension_formula(analysis: ChainAnalysis) -> sp.Expr:
-    """Generic orbit dimension of ``analysis`` as a SymPy expression in the widths."""
+    """Generic orbit dimension of ``analysis`` as a SymPy expression in the widths.
+
+    A shear of site ``k``'s bias into the next layer's (``b_k ↦ b_k + t``, ``b_{k+1} ↦ b_{k+1} − W_{k+1} t``, on an
+    identity site) adds its ``h_k`` generators and frees ``b_k``: with ``GL(h_k)`` it acts as the affine group of
+    the site, whose kernel elements satisfy ``t = −M_k b_k`` (the bias no longer constrains ``M_k``), so the run's
+    kernel is that of the chain without that bias. Where a shear ends at a bias that is not sheared, the frozen
+    source there is ``c_k = b_k + W_k c_{k−1}`` (one column, like a bias)."""
     widths, has_bias = _widths_and_biases(analysis)
     continuous = _continuous_by_site(analysis)
-    total = sp.Add(*[g.dim for g in continuous.values()])
+    index = {_site_name(analysis, k): k for k in range(1, len(has_bias) + 1)}
+    shears = [s for s in _translations(analysis) if s.sheared]
+    sheared = {index[s.site] for s in shears}
+    has_bias = [bias and k + 1 not in sheared for k, bias in enumerate(has_bias)]
+    total = sp.Add(*[g.dim for g in continuous.values()], *[s.group.dim for s in shears])
     soft = lambda k: k in continuous and continuous[k].kind in ("GL", "O", "O1")  # noqa: E731
     k, n_sites = 1, len(widths) - 2
     while k <= n_sites:
@@ -108,7 +118,7 @@ def orbit_dimension_formula(analysis: ChainAnalysis) -> sp.Expr:
             raise NotImplementedError(f"no closed-form orbit dimension for adjacent sites {names} mixing O(h) with "
                                       "other continuous groups; use orbit_dimension(params) for the numeric rank")
         k = end + 1
-    for translation in _translations(analysis):
+    for translation in (s for s in _translations(analysis) if not s.sheared):
         # W ↦ W + 1vᵀ, b ↦ b + t₀1 moves no other parameter; a scaling or discrete last site moves W only by
         # −W diag(m) together with rows upstream, so the two are independent; a GL or O site can cancel them
         if soft(n_sites):

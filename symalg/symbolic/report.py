@@ -99,9 +99,7 @@ def describe(analysis: Analysed) -> str:
     for symmetry in analysis.symmetries:
         kind = "continuous" if symmetry.group.is_continuous else "discrete"
         lines.append(f"  {symmetry.label}  [{kind}, dim {sstr(symmetry.group.dim)}]")
-        moved = [b.describe() for b in symmetry.bindings] or [f"{r.tensor} ({f.pattern})" for f in symmetry.translations
-                                                             for r in f.regions]
-        lines.append(f"    moves {'; '.join(dict.fromkeys(moved))}")
+        lines.append(f"    moves {'; '.join(symmetry.moves())}")
         lines += [f"    {text}" for text in (_group_text(symmetry.group), _basis_text(symmetry.group)) if text]
     if not analysis.symmetries:
         lines.append("  none")
@@ -126,8 +124,9 @@ def describe_latex(analysis: Analysed) -> str:
              else r"\text{orbit dimension: numeric only}"]
     for symmetry in analysis.symmetries:
         lines.append(rf"&\text{{{escape_latex(symmetry.site)}: }} {symmetry.group.latex()}")
-        lines += [rf"&\quad {row}" for row in symmetry.action_latex()]
-        if symmetry.group.kind == "T":
+        rows = symmetry.action_latex()
+        lines += [rf"&\quad {row}" for row in rows]
+        if symmetry.group.kind == "T" and not rows:
             lines.append(r"&\quad\text{translates } " + ", ".join(tensor_latex(t) for t in symmetry.tensors))
     for quantity in analysis.conserved_quantities():
         lines.append(quantity.latex().replace(" = ", " &= ", 1))

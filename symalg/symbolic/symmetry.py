@@ -12,8 +12,10 @@ action moves every bound region ``U`` (see :mod:`symalg.bindings`), and its cons
   embeddings: the query-key imbalance per plane);
 * linear quantities ``⟨B_i, θ⟩`` for translations: the biases feeding a batch norm, the column sums
   ``1ᵀ W`` and ``1ᵀ b`` of a layer under softmax;
-* none for ``O`` (angular momentum instead), discrete groups, and actions that move buffers (eval-mode
-  batch norm: the loss is invariant only when the running statistics move too).
+* none for ``O`` (angular momentum instead), discrete groups, shears (translations whose directions depend on
+  ``θ``: a bias moved into the readers' biases, :class:`~symalg.catalogue.groups.Shears` says why none exists)
+  and actions that move buffers (eval-mode batch norm: the loss is invariant only when the running statistics
+  move too).
 
 >>> import torch, symalg
 >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Identity(), torch.nn.Linear(4, 2))
@@ -40,7 +42,7 @@ from typing import Mapping
 import sympy as sp
 import torch
 
-from symalg.catalogue.bindings import Binding, TranslationFamily
+from symalg.catalogue.bindings import Absorber, Binding, TranslationFamily
 from symalg.catalogue.groups import SiteGroup, group_classes
 from symalg.lowering.codegen import LoweredFunction, lower
 from symalg.symbolic.printing import escape_latex, latex, name_latex, sstr, tensor_latex
@@ -166,6 +168,17 @@ def _python_name(name: str) -> str:
     return identifier(name)
 
 
+def _region_latex(region: Binding, shapes: Mapping[str, tuple]) -> str:
+    """A tensor region in LaTeX: the tensor (:func:`~symalg.symbolic.printing.tensor_latex`), with the slice it
+    covers when it is not all of it (``b_{v}[8:16]``, ``W_{o}[:, 0:8]``)."""
+    name = tensor_latex(region.tensor)
+    shape = shapes[region.tensor]
+    if region.start == 0 and region.width * region.block == shape[region.axis]:
+        return name
+    index = [":"] * region.axis + [f"{region.start}:{region.start + region.width * region.block}"]
+    return rf"{name}[{', '.join(index)}]"
+
+
 class _Symbols:
     """MatrixSymbols for bound regions: whole 2-D tensors keep their name (columns are ``Wᵀ``), other
     regions (slices, conv kernels, blocks) get a symbol read through an unfolding suffix."""
@@ -210,9 +223,11 @@ class Symmetry:
         :mod:`symalg.symbolic.inference`); ``members`` all tied sites, in data-flow order.
     group : the group (:mod:`symalg.catalogue.groups`); ``bindings`` the tensor regions it moves.
     translations : for a translation group, the translation families
-        (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose directions ``B_i`` form its basis, in order.
-    shifts : for affine sign flips (``σ(−z) = 2c − σ(z)``), the ``(bias, column binding, c, node)`` of
-        each reader: its bias absorbs ``−W' τ(g)`` with ``τ(g) = c(1 − g1)`` and ``W'`` the moved weight.
+        (:class:`~symalg.catalogue.bindings.TranslationFamily`) whose directions ``B_i`` form its basis, in order;
+        with absorbers (a shear) ``B_i`` depends on the readers' weights at the parameters it is applied to.
+    shifts : for affine sign flips (``σ(−z) = 2c − σ(z)``), the ``(reader, c)`` pairs
+        (:class:`~symalg.catalogue.bindings.Absorber`): each reader's bias absorbs ``−W' τ(g)`` with
+        ``τ(g) = c(1 − g1)`` and ``W'`` the moved weight.
     acts_on_buffers : the action moves buffers (running statistics) as well as parameters.
     checks : the symbolic checks (:class:`~symalg.symbolic.checks.SymbolicCheck`: declared identity, site
         invariance, infinitesimal identity) of every activation acting on the site, for the declared group the
@@ -242,8 +257,22 @@ class Symmetry:
     def tensors(self) -> tuple[str, ...]:
         """Names of the tensors the action moves."""
         names = [b.tensor for b in self.bindings] + [r.tensor for f in self.translations for r in f.regions] + \
-            [bias for bias, _, _, _ in self.shifts]  # the readers' biases absorbing an affine sign flip's shift
+            [a.bias for a in self._absorbers()]  # readers' biases absorbing a shift or a translation
         return tuple(dict.fromkeys(names))
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Names of the tensors the action reads without moving them: the readers' weights of a shear."""
+        moved = set(self.tensors)
+        return tuple(dict.fromkeys(a.weight for f in self.translations for a in f.absorbers if a.weight not in moved))
+
+    @property
+    def sheared(self) -> bool:
+        """A translation whose directions depend on the parameters (readers' biases absorb it)."""
+        return any(f.sheared for f in self.translations)
+
+    def _absorbers(self) -> list[Absorber]:
+        return [a for f in self.translations for a in f.absorbers] + [a for a, _ in self.shifts]
 
     # -- numeric action -------------------------------------------------------------------------
     def moving_bindings(self) -> list[Binding]:
@@ -276,10 +305,13 @@ class Symmetry:
         """
         move = self.group.mover(g, checked)   # checks g once; operators computed once for all regions (g⁻¹ for GL)
         moved = dict(params)
-        if self.translations:
-            for index, direction in enumerate(self._basis(params)):
-                for tensor, change in direction.items():
-                    moved[tensor] = moved[tensor] + g[index] * change
+        if self.translations:   # one move per family, each at the parameters the previous ones left
+            start = 0
+            for family in self.translations:
+                count = family.count(self.shapes)
+                for tensor, change in family.move(moved, g[start:start + count]).items():
+                    moved[tensor] = moved[tensor] + change
+                start += count
             return moved
         for b in self._moving_bindings:
             diagonal = move.diagonal(b.role, b.power)
@@ -288,11 +320,9 @@ class Symmetry:
                 continue
             U = b.unfold(moved[b.tensor])
             moved[b.tensor] = b.fold(moved[b.tensor], move(U, b.role, b.power), inplace)
-        for bias, column, center, _ in self.shifts:
+        for absorber, center in self.shifts:   # the moved weight W' reads τ(g): the bias gives back W' τ(g)
             tau = float(center) * (1 - torch.diagonal(g))
-            weight = moved[column.tensor]
-            spread = column.fold(torch.zeros_like(weight), tau[:, None].expand_as(column.unfold(weight)))
-            moved[bias] = moved[bias] - (weight * spread).sum(tuple(range(1, weight.dim())))
+            moved[absorber.bias] = moved[absorber.bias] - absorber.absorbed(moved, tau)
         return moved
 
     def apply_algebra(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -391,14 +421,27 @@ class Symmetry:
             current = images.get(key, key)
             moved = A * (current.T if transposed else current)
             images[key] = moved.T if transposed else moved
-        for bias, column, _, _ in self.shifts:
-            weight = symbols.region(column)
-            if not isinstance(weight, sp.Transpose) or len(self.shapes[bias]) != 1:
-                raise NotImplementedError(f"action_expressions: the shift absorbed by {bias} is read through "
-                                          f"{column.describe()}, not a whole 2-D weight")
-            b = symbols.region(Binding(bias, 0, 0, self.shapes[bias][0]))
-            images[b] = b - images.get(weight.arg, weight.arg) * self.group.shift_expr(G)
+        for absorber, _ in self.shifts:
+            matrix = self._map_matrix(symbols, absorber, images)
+            if matrix is None:
+                raise NotImplementedError(f"action_expressions: the shift absorbed by {absorber.bias} is read through "
+                                          f"{absorber.columns.describe()}, not a whole 2-D weight")
+            b = symbols.region(Binding(absorber.bias, 0, 0, self.shapes[absorber.bias][0]))
+            images[b] = b - matrix * self.group.shift_expr(G)
         return images
+
+    def _map_matrix(self, symbols: _Symbols, absorber: Absorber,
+                    images: Mapping[sp.MatrixSymbol, sp.MatrixExpr]) -> sp.MatrixExpr | None:
+        """The reader's weight as its ``out × in`` matrix (moved, where the action moves it), or ``None`` when the
+        reader reads a slice, a block or a kernel (no whole 2-D weight)."""
+        if len(self.shapes[absorber.bias]) != 1 or absorber.columns.axis == absorber.out_axis:
+            return None
+        region = symbols.region(absorber.columns)
+        key, transposed = (region.arg, True) if isinstance(region, sp.Transpose) else (region, False)
+        if not isinstance(key, sp.MatrixSymbol) or key.name != absorber.weight:
+            return None
+        weight = images.get(key, key)
+        return weight if transposed else weight.T
 
     @cached_property
     def angular_momentum(self) -> AngularMomentum | None:
@@ -409,19 +452,43 @@ class Symmetry:
         return AngularMomentum(self)
 
     def action_latex(self) -> list[str]:
-        """:meth:`action_expressions` as LaTeX, one ``U \\mapsto g U`` per moved region (empty for translations)."""
+        """:meth:`action_expressions` as LaTeX, one ``U \\mapsto g U`` per moved region; for a shear each
+        translated region ``U \\mapsto U + t`` and each reader's bias ``b \\mapsto b - W[:, c]\\, t``; empty for
+        other translations."""
         if self.group.kind == "T":
-            return []
+            return self._shear_latex()
         return [rf"{latex(region)} \mapsto {latex(image)}" for region, image in self.action_expressions().items()]
+
+    def _shear_latex(self) -> list[str]:
+        rows: list[str] = []
+        given_back: dict[str, list[str]] = {}
+        for family in self.translations:
+            if not family.sheared:
+                continue
+            for region in family.regions:
+                name = _region_latex(region, self.shapes)
+                rows.append(rf"{name} \mapsto {name} + t")
+            for absorber in family.absorbers:
+                given_back.setdefault(absorber.bias, []).append(_region_latex(absorber.columns, self.shapes))
+        for bias, columns in given_back.items():
+            read = columns[0] if len(columns) == 1 else r"\left(" + " + ".join(columns) + r"\right)"
+            rows.append(rf"{tensor_latex(bias)} \mapsto {tensor_latex(bias)} - {read}\, t")
+        return list(dict.fromkeys(rows))
 
     def latex(self) -> str:
         action = self.action_latex() or [", ".join(tensor_latex(t) for t in self.tensors) + r" \text{ translated}"]
         return rf"{self.group.latex()} \text{{ on {escape_latex(self.site)}: }} " + r",\ ".join(action)
 
-    def __str__(self) -> str:
+    def moves(self) -> list[str]:
+        """What the action moves, in words: the bound regions, or each translated region (``pattern``) and the
+        readers' biases that give a shear back."""
         moved = [b.describe() for b in self.bindings] or [f"{r.tensor} ({f.pattern})" for f in self.translations
                                                            for r in f.regions]
-        lines = [f"{self.label}: moves " + "; ".join(dict.fromkeys(moved))]
+        moved += [a.describe() for f in self.translations for a in f.absorbers]
+        return list(dict.fromkeys(moved))
+
+    def __str__(self) -> str:
+        lines = [f"{self.label}: moves " + "; ".join(self.moves())]
         if self.conserved is not None:
             lines.append(f"  conserved: {self.conserved}")
         return "\n".join(lines)

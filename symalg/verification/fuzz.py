@@ -194,6 +194,12 @@ OPS: dict[str, Op] = {
     "sdpa_gqa": Op("F.scaled_dot_product_attention({0}, {1}, {2}, is_causal={causal}, enable_gqa=True)",
                    lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                               enable_gqa=True)),
+    "neg": Op("-{0}", lambda m, x: -x),
+    "dropout_fn": Op("F.dropout({0}, {p}, training={training})",
+                     lambda m, x, p, training: F.dropout(x, p, training=training)),
+    "sdpa_dropout": Op("F.scaled_dot_product_attention({0}, {1}, {2}, dropout_p={p}, is_causal={causal})",
+                       lambda m, q, k, v, p, causal: F.scaled_dot_product_attention(q, k, v, dropout_p=p,
+                                                                                     is_causal=causal)),
     "mha_causal": Op("self.{layer}({0}, {0}, {0}, attn_mask=torch.ones({t}, {t}, dtype=torch.bool).triu(1), "
                      "need_weights={need}, average_attn_weights={average})",
                      lambda m, x, layer, t, need, average: getattr(m, layer)(
@@ -747,6 +753,143 @@ def _albert(b: _Builder) -> _Drawn:
     return shape, 0, b.linear(x, d, b.width())
 
 
+def _shear(b: _Builder) -> _Drawn:
+    """Biases moved into the next layer's bias (``β ↦ β + t``, ``b ↦ b − W t``) and the near misses where no reader's
+    bias can give ``W t`` back, on ``(B, T, n)`` or ``(B, n)``: a norm's output (LayerNorm with or without bias,
+    ``F.layer_norm``, an eval batch norm) or a linear's output through identity-like ops (``nn.Identity``, dropout
+    on or off, a reshape, a transpose there and back, ``torch.cat`` with itself) or ops that change the shift
+    (``-y``, ``y * c``, an activation), read by one or two biased or unbiased linears, ``addmm``, a linear shared
+    with another input, a linear and a norm, the residual sum, the output; or attention (:func:`_shear_attention`)
+    whose value bias moves into the output projection's bias."""
+    rng = b.rng
+    n, d = b.width(), b.width()
+    shape = (2, b.width(2), n) if rng.random() < 0.7 else (rng.randint(2, 4), n)
+    if len(shape) == 3 and rng.random() < 0.45:
+        return _shear_attention(b, shape, d)
+    x = b.linear("x", n, d)
+    source = rng.choice(["layernorm", "layernorm", "layer_norm_f", "batchnorm", "linear"])
+    b.variant.append(source)
+    if source == "layernorm":
+        y = b.call(b.add("LayerNorm", d, bias=rng.random() < 0.8, elementwise_affine=rng.random() < 0.9), x)
+    elif source == "layer_norm_f":
+        y = b.op("layer_norm_f", x, d=d, weight=b.add("Parameter", d), bias=b.add("Parameter", d))
+    elif source == "batchnorm" and len(shape) == 2:
+        y = b.call(b.add("BatchNorm1d", d, train=rng.random() < 0.3), x)
+    elif source == "batchnorm":
+        y = b.op("transpose", b.call(b.add("BatchNorm1d", d, train=rng.random() < 0.3),
+                                     b.op("transpose", x, a=1, b=2)), a=1, b=2)
+    else:
+        y = x
+    width = d
+    between = rng.choice(["none", "none", "identity", "dropout", "reshape", "transpose", "cat", "neg", "scale", "act"])
+    b.variant.append(between)
+    if between == "identity":
+        y = b.call(b.add("Identity"), y)
+    elif between == "dropout":
+        train = rng.random() < 0.5
+        b.variant.append("train" if train else "eval")
+        y = b.op("dropout_fn", y, p=0.25, training=train)
+    elif between == "reshape":
+        y = b.op("reshape", b.op("reshape", y, shape=(-1, d)), shape=shape[:-1] + (d,))
+    elif between == "transpose" and len(shape) == 3:
+        y = b.op("transpose", b.op("transpose", y, a=1, b=2), a=1, b=2)
+    elif between == "cat":
+        y, width = b.op("cat", y, y, dim=-1), 2 * d
+    elif between == "neg":
+        y = b.op("neg", y)
+    elif between == "scale":
+        y = b.op("scale", y, c=rng.choice([0.5, 2.0]))
+    elif between == "act":
+        y = b.act(y, ("relu", "tanh", "gelu"))
+    m = b.width()
+    readers = rng.choice(["linear", "linear", "two", "unbiased", "addmm", "residual", "returned", "shared",
+                          "normed"])
+    b.variant.append(readers)
+    if readers == "addmm" and len(shape) == 3:
+        out = b.op("addmm", y, layer=b.add("Linear", width, m), n=width, shape=shape[:-1] + (m,))
+    elif readers == "two":
+        out = b.op("add", b.linear(y, width, m, rng.random() < 0.8), b.linear(y, width, m, rng.random() < 0.8))
+    elif readers == "unbiased":
+        out = b.linear(y, width, m, False)
+    elif readers == "residual" and width == d:
+        out = b.linear(b.op("add", x, b.linear(y, width, d, True)) if rng.random() < 0.5 else b.op("add", y, x), d, m)
+    elif readers == "returned":
+        return shape, 0, (b.linear(y, width, m, True), y)
+    elif readers == "shared" and width == d:   # one linear reads the shifted value and another one
+        layer = b.add("Linear", d, m)
+        out = b.op("add", b.call(layer, y), b.call(layer, x if rng.random() < 0.5 else b.op("scale", y, c=0.5)))
+    elif readers == "normed":   # a linear and a norm (any kind and axis, which may ignore the shift) read it
+        out = b.op("add", b.linear(y, width, m, True), b.linear(b.norm(y, shape[:-1] + (width,)), width, m))
+    else:
+        out = b.linear(y, width, m, True)
+    return shape, 0, out if rng.random() < 0.7 else b.linear(b.act(out), m, b.width())
+
+
+def _shear_attention(b: _Builder, shape: tuple, d: int) -> _Drawn:
+    """Attention whose value bias moves into the output projection's bias: hand-written (``softmax`` with a causal
+    ``-inf`` or finite fill, dropout on the weights on or off), ``sdpa`` (causal, ``dropout_p``), grouped-query
+    heads, or ``nn.MultiheadAttention`` (train or eval, with or without bias); the output projection with or
+    without bias, the merged heads also returned or summed into the stream, a pre-norm before it."""
+    rng = b.rng
+    batch, t, n = shape
+    x = b.linear("x", n, d)
+    if rng.random() < 0.5:
+        b.variant.append("pre-ln")
+        x = b.call(b.add("LayerNorm", d, bias=rng.random() < 0.8), x)
+    kind = rng.choice(["hand", "sdpa", "mha"])
+    b.variant.append(kind)
+    if kind == "mha":
+        heads = rng.choice(_divisors(d))
+        train = rng.random() < 0.3
+        b.variant.append(f"heads{heads}{'-train' if train else ''}")
+        layer = b.add("MultiheadAttention", d, heads, batch_first=True, bias=rng.random() < 0.8,
+                      dropout=0.25 if train or rng.random() < 0.5 else 0.0, train=train)
+        out, weights = (b.ops("mha_causal", x, layer=layer, t=t, need=False, average=True, outs=2)
+                        if rng.random() < 0.5 else b.ops("mha", x, layer=layer, need=False, average=True, outs=2))
+        return shape, 0, b.linear(out, d, b.width()) if rng.random() < 0.6 else out
+    heads, dk = rng.randint(1, 3), rng.randint(1, 2)
+    groups = rng.choice(_divisors(heads))
+    inner, kv = heads * dk, groups * dk
+    v_bias = rng.random() < 0.8
+    q, k = b.linear(x, d, inner), b.linear(x, d, kv)
+    v = b.linear(x, d, kv, v_bias)
+    b.variant.append(f"heads{heads}-groups{groups}-vbias{v_bias}")
+    q = b.op("transpose", b.op("reshape", q, shape=(batch, t, heads, dk)), a=1, b=2)
+    k, v = (b.op("transpose", b.op("reshape", z, shape=(batch, t, groups, dk)), a=1, b=2) for z in (k, v))
+    if groups < heads:
+        k, v = (b.op("repeat_interleave", z, r=heads // groups) for z in (k, v))
+    if kind == "sdpa":
+        p = rng.choice([0.0, 0.0, 0.3])
+        b.variant.append(f"p{p}")
+        o = b.op("sdpa_dropout", q, k, v, p=p, causal=rng.random() < 0.5)
+    else:
+        scores = b.op("scale", b.op("matmul_t", q, k), c=dk ** -0.5)
+        fill = rng.choice(["none", "causal_fill", "causal_fill_min", "finite"])
+        b.variant.append(fill)
+        if fill == "finite":
+            scores = b.op("causal_fill_value", scores, t=t, value=-1.5)
+        elif fill != "none":
+            scores = b.op(fill, scores, t=t)
+        weights = b.op("softmax", scores, dim=-1)
+        if rng.random() < 0.5:
+            train = rng.random() < 0.5
+            b.variant.append(f"dropout-{'train' if train else 'eval'}")
+            weights = b.op("dropout_fn", weights, p=0.25, training=train)
+        o = b.op("matmul", weights, v)
+    o = b.op("reshape", b.op("transpose", o, a=1, b=2), shape=(batch, t, inner))
+    o_bias = rng.random() < 0.8
+    reader = rng.choice(["proj", "proj", "proj", "proj", "returned", "residual", "act"])
+    b.variant.append(f"obias{o_bias}-{reader}")
+    if reader == "act":
+        o = b.act(o, ("relu", "tanh"))
+    y = b.linear(o, inner, d, o_bias)
+    if reader == "returned":
+        return shape, 0, (y, o)
+    if reader == "residual" and inner == d:
+        y = b.op("add", y, o)
+    return shape, 0, b.linear(y, d, b.width()) if rng.random() < 0.5 else y
+
+
 def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
@@ -779,7 +922,7 @@ def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None
     key/value heads (``repeat_interleave`` or Hugging Face's ``repeat_kv``), q/k norms over the head axis,
     RoPE, then ``F.scaled_dot_product_attention`` (causal, an additive mask parameter, ``enable_gqa``) or
     ``softmax(q kᵀ/√d_k [· temperature] [+ bias | ALiBi] [causal masked_fill]) v`` written out, whose
-    probabilities are the attention map.
+    probabilities are the attention map (for ``sdpa``, at times the merged heads).
     """
     rng, (batch, t, d) = b.rng, shape
     kind = rng.choice(["hand", "hand", "sdpa", "mha"])
@@ -861,6 +1004,9 @@ def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None
         o = b.op("flatten_from", o, start=2)
     else:
         o = b.op(merge, b.op("contiguous", o) if merge == "view" else o, shape=(batch, t, inner))
+    if attention_map is None and rng.random() < 0.3:   # the merged heads returned: the value bias cannot move
+        b.variant.append("merged")
+        attention_map = o
     return b.linear(o, inner, d, rng.random() < 0.6), attention_map
 
 
@@ -1011,7 +1157,7 @@ def _layers(b: _Builder) -> _Drawn:
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "scores": _scores, "embedding": _embedding, "concat": _concat,
-    "shared": _shared, "albert": _albert, "block": _block, "layers": _layers,
+    "shared": _shared, "albert": _albert, "block": _block, "layers": _layers, "shear": _shear,
     "outputs": _mlp,  # an MLP that generate() always makes return a dict or tuple, hidden values included
 }
 """Model families by name; :func:`generate` draws from them in turn."""
