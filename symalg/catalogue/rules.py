@@ -725,9 +725,11 @@ def reshape_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) ->
     if after[-1] == merged and _prod(after[:-1]) == _prod(before[:dim]):
         segments = tuple(replace(s, offset=s.offset * trailing, block=s.block * trailing) for s in label.segments)
         return Label(-1, merged, segments)
+    unfolded = data["settings"].get("unfolded")   # why attention folding left this head split (a returned cache)
     state.restrict_label(label, set(), node, f"{state.where(node)} reshapes {before} -> {after}, splitting the "
                                              f"sites' axis {label.dim} (a split into heads keeps per-head structure "
-                                             "only inside folded attention)", blocked=True)
+                                             f"only inside folded attention{'; ' + unfolded if unfolded else ''})",
+                         blocked=True)
     return Label.data()
 
 
@@ -848,6 +850,38 @@ def _drop_axes(state: Inference, node: str, label: Label, dims: list[int], shape
                                                  f"{label.dim} the sites run along", blocked=True)
         return Label.data()
     return Label(-1 - sum(p not in removed for p in range(position + 1, len(shape))), label.size, label.segments)
+
+
+@register_rule("mean", "sum", examples={
+    "mean": around(lambda self, h: torch.relu(h).mean(1), shape=(5, 3, 3)),
+    "sum": around(lambda self, h: self.inner(torch.tanh(h)).sum(-1, keepdim=True), k=1,
+                  inner=lambda: torch.nn.Linear(4, 4))})
+def reduce_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
+    """``x.mean(dims)``, ``x.sum(dims)`` (``keepdim`` or not; every axis without ``dims``): a linear map along the
+    reduced axes. Over other axes than the sites' it commutes with every action on the sites' coordinates
+    (``mean(g x + t) = g mean(x) + t``: the label moves to the remaining axes); over the sites' axis the result is
+    invariant under permutations of the sites' coordinates only (averaged attention weights under head
+    permutations), and no site runs along it."""
+    label = _first(inputs)
+    shape = state.shape(data["inputs"][0]) if data["inputs"] and data["inputs"][0] is not None else None
+    dims, keepdim = _argument(data, 1, "dim"), _argument(data, 2, "keepdim", False)
+    dims = list(dims) if isinstance(dims, (list, tuple)) else [] if dims is None else [dims]
+    if (len(inputs) != 1 or not isinstance(label, Label) or shape is None or not isinstance(keepdim, bool)
+            or not all(_is_index(d) for d in dims)
+            or any(isinstance(v, torch.dtype) for v in data["arguments"].values())):
+        return unknown_rule(state, node, data, inputs)
+    reduced = {d % len(shape) for d in dims} if dims else set(range(len(shape)))
+    if not label.segments:
+        return Label.data()
+    if len(shape) + label.dim in reduced:
+        state.restrict_label(label, {"S"}, node, f"{state.where(node)}: {data['op']} over the axis the sites run "
+                                                 "along")
+        return Label.data()
+    return label if keepdim else _drop_axes(state, node, label, sorted(reduced), shape)
+
+
+def _is_index(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @register_rule("exp", "pow", "log", "sin", "cos", "abs", "sqrt", "rsqrt", "square", examples={
@@ -1132,15 +1166,23 @@ def _group_translations(site: _Site, n: int) -> None:
     site.translations[:] = kept
 
 
+_PASSING = ("reshape", "flatten", "identity")
+"""Ops that pass a value on whole, or block it (:func:`reshape_rule`): between a map and what reads its fresh site."""
+
+
 def _splittable(state: Inference, node: str, data: NodeData, label: Label, channels: int) -> bool:
-    """True when the input is one fresh site: made by the map just before ``node``, read only by it."""
+    """True when the input is one fresh site: made by the map just before ``node`` (or before reshapes keeping the
+    site's axis, GPT-2's ``addmm(...).view(B, T, 3d)``), read only by it."""
     if len(label.segments) != 1 or label.segments[0].width != channels:
         return False
     site = state.site(label.segments[0].site)
     alone = all(state.ties[other.id] != state.ties[site.id] and
                 state.permutation_ties[other.id] != state.permutation_ties[site.id]
                 for other in state.sites if other.id != site.id)
-    return alone and data["inputs"][0] == site.node and state.users(site.node) == [node] and \
+    reader, value = node, data["inputs"][0]
+    while value != site.node and state.graph.nodes[value]["op"] in _PASSING and state.users(value) == [reader]:
+        reader, value = value, state.graph.nodes[value]["inputs"][0]
+    return alone and value == site.node and state.users(site.node) == [reader] and \
         all(b.role == "out" for b in site.bindings)
 
 
@@ -1167,19 +1209,22 @@ def _split_into_groups(state: Inference, node: str, site_id: int, groups: int, n
 
 def _only_into(state: Inference, source: str, node: str) -> bool:
     """``source`` is read by ``node`` alone, possibly through ``split``/``chunk`` and the ``getitem`` of its pieces
-    (a packed ``qkv`` projection cut into ``q, k, v``)."""
+    (a packed ``qkv`` projection cut into ``q, k, v``) and through reshapes (GPT-2's ``addmm`` then ``view``)."""
     users = state.users(source)
     return bool(users) and all(user == node or state.graph.nodes[user]["op"] in ("split", "chunk", "getitem")
-                               and _only_into(state, user, node) for user in users)
+                               + _PASSING and _only_into(state, user, node) for user in users)
 
 
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
                     v: list[Binding], heads_alike: bool = True, key_shifts: bool = True,
-                    kv_heads: int | None = None) -> Label:
+                    kv_heads: int | None = None) -> tuple[Label, Label]:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
     heads moving all per-head blocks together (only when the scores of every head are treated alike,
-    ``heads_alike``). ``q, k, v`` are the producers' out-bindings.
+    ``heads_alike``). ``q, k, v`` are the producers' out-bindings. Returns the label of the merged output
+    (``(…, H·d_v)``) and the label of a per-head value's head axis ``-3`` (the attention probabilities
+    ``softmax(s·Q_h K_hᵀ + M)``, ``(…, H, L_q, L_k)``): it carries the head permutations only, since the
+    probabilities are invariant under every ``GL`` and key-bias translation here and do not depend on values.
 
     With ``key_shifts`` (the softmax over keys ignores a per-query constant) each head's key bias translates:
     ``b_k ↦ b_k + t`` adds ``q_iᵀ t`` to every score of query ``i``, the same for all keys ``j``, so
@@ -1226,7 +1271,8 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
         if not heads_alike:
             state.restrict(segment.site, set(), node, f"{state.where(node)}: a mask, bias or temperature differs "
                                                       "between heads, so permuting the heads changes the scores")
-    return Label(-1, d_v * heads, tuple(segments + permutations))
+    head_axis = tuple(replace(s, offset=s.offset // d_v, block=s.block // d_v) for s in permutations)
+    return Label(-1, d_v * heads, tuple(segments + permutations)), Label(-3, heads, head_axis)
 
 
 @register_rule("multihead_attention", examples={"multihead_attention": around(
@@ -1239,6 +1285,8 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
     ``GL``; averaged over heads (the default) it is invariant under head permutations too. Per head
     (``average_attn_weights=False``) a head permutation permutes its head axis (``-3``), so the weights carry
     the head site there and whatever reads them (the output, an unknown op) decides whether heads may move.
+    A 3-d ``attn_mask`` (``(B·H, L, S)``, one per head) removes the head permutation; a 2-d one, or a key padding
+    mask ``(B, S)``, is the same for every head.
     """
     settings, params = data["settings"], data["params"]
     if not settings.get("same_embed") or settings.get("bias_kv") or settings.get("add_zero_attn"):
@@ -1261,45 +1309,65 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
             out.append(Binding(bias, 0, offset, d, node=node))
         return out
 
-    values = attention_sites(state, node, heads, rows(0), rows(d), rows(2 * d))
+    masks = [state.shape(mask) for mask in data["inputs"][3:] if mask is not None]
+    heads_alike = all(shape is not None and len(shape) < 3 for shape in masks)
+    values, head_axis = attention_sites(state, node, heads, rows(0), rows(d), rows(2 * d), heads_alike=heads_alike)
     out_weight, out_bias = params["out_proj.weight"], params.get("out_proj.bias")
     state.bind_reader(values, out_weight, 1, node)
     site = _producer_site(state, node, d, out_weight, out_bias)
     per_head = _argument(data, 4, "need_weights", True) and not _argument(data, 6, "average_attn_weights", True)
-    weights = Label(-3, heads, (Segment(values.segments[-1].site, 0, heads),)) if per_head and heads > 1 else \
-        Label.data()
-    return (Label(-1, d, (Segment(site, 0, d),)), weights)
+    return (Label(-1, d, (Segment(site, 0, d),)), head_axis if per_head else Label.data())
 
 
 @register_rule("attention", examples={"attention": around(
     split_heads_attention, shape=(5, 3, 3), query=lambda: torch.nn.Linear(4, 4), key=lambda: torch.nn.Linear(4, 4),
     value=lambda: torch.nn.Linear(4, 4))})
-def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """Hand-written attention folded by :mod:`symalg.frontend.attention_folding`: the first three inputs are the
-    outputs of the ``q``, ``k``, ``v`` maps (each read by nothing else), whose sites are split into heads; the
-    others are the tensors the scores are combined with (masks, biases, temperatures), which nothing may move."""
+def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
+    """Attention folded by :mod:`symalg.frontend.attention_folding`: the first three inputs are the outputs of the
+    ``q``, ``k``, ``v`` maps (each read by nothing else), whose sites are split into heads; a root read by two or
+    three of them (a packed in-projection) is cut at the ``offsets`` they read from, which must not overlap. The
+    other inputs are the tensors the scores are combined with (masks, biases, temperatures), which nothing may move.
+
+    Where the attention probabilities are read too (setting ``probabilities``), the result is the pair (output,
+    probabilities): with the heads on axis ``-3`` (``"heads"``) the probabilities carry the head permutations
+    there (see :func:`attention_sites`), and their readers decide whether heads may move; with the heads merged
+    into another axis (``"merged"``) nothing models how they move, so the head permutations go."""
     settings = data["settings"]
     heads = settings["heads"]
+    groups = settings.get("kv_heads", heads)
     for extra in inputs[3:]:
         if isinstance(extra, Label):
             state.restrict_label(extra, set(), node, f"{state.where(node)} combines its scores with this value")
         elif _is_param(extra) or isinstance(extra, WeightExpr):
             for tensor in (extra.tensors if isinstance(extra, WeightExpr) else (extra[1],)):
                 state.opaque.setdefault(tensor, node)
-    sites = []
-    for label in inputs[:3]:
-        if not isinstance(label, Label) or len(label.segments) != 1 or label.segments[0].power != 1:
+    roots = data["inputs"][:3]
+    offsets = settings.get("offsets", (0, 0, 0))
+    widths = (heads * settings["head_dim"], groups * settings["head_dim"], groups * settings["value_head_dim"])
+    sites = {}
+    for root, label in zip(roots, inputs[:3]):
+        segment = label.segments[0] if isinstance(label, Label) and len(label.segments) == 1 else None
+        whole = segment is not None and (segment.offset, segment.width, segment.block) == (0, label.size, 1)
+        if segment is None or segment.power != 1 or not whole:
             return unknown_rule(state, node, data, inputs)
-        sites.append(state.site(label.segments[0].site))
-    if len({s.id for s in sites}) != 3 or not all(_only_into(state, s.node, node) for s in sites):
+        sites[root] = state.site(segment.site)
+    spans = sorted((root, offset, offset + width) for root, offset, width in zip(roots, offsets, widths))
+    overlapping = any(a[0] == b[0] and b[1] < a[2] for a, b in zip(spans, spans[1:]))
+    if overlapping or len({s.id for s in sites.values()}) != len(sites) or \
+            not all(_only_into(state, s.node, node) for s in sites.values()):
         return unknown_rule(state, node, data, inputs)
-    out_bindings = []
-    for site in sites:
+    if any(b.role != "out" for site in sites.values() for b in site.bindings):
+        return unknown_rule(state, node, data, inputs)
+    for site in sites.values():
         site.dissolved = True
-        out_bindings.append([b for b in site.bindings if b.role == "out"])
-        readers = [b for b in site.bindings if b.role != "out"]
-        if readers:
-            return unknown_rule(state, node, data, inputs)
-    q, k, v = out_bindings
-    return attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
-                           key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"))
+    q, k, v = ([b.restrict(offset, width) for b in sites[root].bindings]
+               for root, offset, width in zip(roots, offsets, widths))
+    output, head_axis = attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
+                                        key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"))
+    if "probabilities" not in settings:
+        return output
+    if settings["probabilities"] != "heads":
+        state.restrict_label(head_axis, set(), node, f"{state.where(node)} returns its attention probabilities with "
+                                                     "the heads merged into another axis", blocked=True)
+        return (output, Label.data())
+    return (output, head_axis)
