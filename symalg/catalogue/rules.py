@@ -43,7 +43,7 @@ Rule: TypeAlias = Callable[[Inference, str, NodeData, Inputs], Value]
 _RULES: dict[str, Rule] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
                           "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm", "group_norm",
-                          "batch_norm", "addmm", "expand", "attention"})
+                          "batch_norm", "addmm", "expand", "attention", "split", "chunk"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -246,21 +246,26 @@ def _is_param(label: object) -> TypeGuard[tuple[str, str]]:
 @dataclass(frozen=True)
 class WeightExpr:
     """A weight computed from parameters in ``forward`` (``W + s·B @ A``): the ``(tensor, axis)`` pairs
-    indexing its rows and its columns, and the whole parameters among its summands."""
+    indexing its rows and its columns, and the whole parameters among its summands. A *piece* of a parameter
+    (``W.split(sizes)[i]``, ``b.chunk(3)[i]``, as ``nn.MultiheadAttention`` cuts its in-projection) is its rows
+    ``[start, start + width)`` (no columns for a vector); only a linear map reads one (:func:`_weight`)."""
 
     rows: tuple[tuple[str, int], ...]
     cols: tuple[tuple[str, int], ...]
     plain: tuple[str, ...] = ()
+    start: int = 0
+    width: int | None = None
 
     @property
     def tensors(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t for t, _ in self.rows + self.cols))
 
 
-def _weight(state: Inference, label: Value) -> WeightExpr | None:
-    """``label`` as a matrix-valued weight expression, or ``None`` (a value, a tensor of another rank)."""
+def _weight(state: Inference, label: Value, pieces: bool = False) -> WeightExpr | None:
+    """``label`` as a matrix-valued weight expression, or ``None`` (a value, a tensor of another rank, a piece of a
+    parameter unless ``pieces``)."""
     if isinstance(label, WeightExpr):
-        return label
+        return label if label.cols and (pieces or label.width is None) else None
     if _is_param(label) and len(state.shapes[label[1]]) == 2:
         return WeightExpr(((label[1], 0),), ((label[1], 1),), (label[1],))
     return None
@@ -274,12 +279,15 @@ def _weights(state: Inference, inputs: Inputs) -> list[WeightExpr] | None:
 
 # -- parameterised maps ------------------------------------------------------------------------
 
-def _producer_site(state: Inference, node: str, width: int, weight: str | WeightExpr, bias: str | None) -> int:
-    """A site on the rows of ``weight`` (a parameter name or a :class:`WeightExpr`) and of ``bias``, with
-    the translations a consumer may allow: along ``1`` (whole weight parameters, bias) and of the bias."""
+def _producer_site(state: Inference, node: str, width: int, weight: str | WeightExpr,
+                   bias: str | WeightExpr | None) -> int:
+    """A site on the rows of ``weight`` (a parameter name or a :class:`WeightExpr`) and of ``bias`` (a vector or a
+    piece of one), with the translations a consumer may allow: along ``1`` (whole weight parameters, bias) and of
+    the bias."""
     expr = weight if isinstance(weight, WeightExpr) else WeightExpr(((weight, 0),), (), (weight,))
-    rows = [Binding(t, axis, 0, width, node=node) for t, axis in expr.rows]
-    bias_rows = Binding(bias, 0, 0, width, node=node) if bias else None
+    rows = [Binding(t, axis, expr.start, width, node=node) for t, axis in expr.rows]
+    bias_rows = None if bias is None else Binding(bias, 0, 0, width, node=node) if isinstance(bias, str) else \
+        Binding(bias.rows[0][0], 0, bias.start, width, node=node)
     site = state.new_site(node, width, rows + ([bias_rows] if bias_rows is not None else []))
     translations = state.site(site).translations
     translations += [("T1", node, TranslationFamily("rows", (b,))) for b in rows if b.tensor in expr.plain]
@@ -302,15 +310,16 @@ def _read_as_map(state: Inference, node: str, label: Label, weight: str | Weight
         state.bind_reader(label, tensor, axis, node)
 
 
-def _absorb_shifts(state: Inference, node: str, label: Label, weight: str | WeightExpr, bias: str | None) -> None:
+def _absorb_shifts(state: Inference, node: str, label: Label, weight: str | WeightExpr,
+                   bias: str | WeightExpr | None) -> None:
     """A linear map or unpadded convolution reading a value shifted by affine sign flips, ``v ↦ g v + τ``: its
-    bias absorbs ``−W' τ`` (``W'`` the moved weight, summed over the kernel's positions). Without a bias, or
-    with a weight computed in ``forward`` (a transpose, ``B @ A``), the flips go."""
+    bias absorbs ``−W' τ`` (``W'`` the moved weight, summed over the kernel's positions). Without a whole bias, or
+    with a weight computed in ``forward`` (a transpose, ``B @ A``, a piece), the flips go."""
     tensor = weight.plain[0] if isinstance(weight, WeightExpr) and len(weight.plain) == 1 else weight
     plain = isinstance(tensor, str) and (not isinstance(weight, WeightExpr) or
                                          (weight.rows, weight.cols) == (((tensor, 0),), ((tensor, 1),)))
-    if bias is None or not plain or not isinstance(tensor, str):
-        why = "has no bias" if bias is None else "computes its weight"
+    if not isinstance(bias, str) or not plain or not isinstance(tensor, str):
+        why = "has no bias" if bias is None else "computes its weight" if plain else "reads a piece of its bias"
         _refuse_shifts(state, node, label, f"{why} to absorb the shift of an affine sign flip")
         return
     for seg in label.segments:
@@ -344,16 +353,23 @@ def linear_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> 
         weight, bias = data["params"]["weight"], data["params"].get("bias")
         out_features = state.shapes[weight][0]
     else:
-        weight = _weight(state, inputs[1] if len(inputs) > 1 else None)
-        bias = inputs[2][1] if len(inputs) > 2 and _is_param(inputs[2]) else None
-        if weight is None or len(inputs) > 2 and inputs[2] is not None and not _is_param(inputs[2]):
+        weight = _weight(state, inputs[1] if len(inputs) > 1 else None, pieces=True)
+        bias = _bias(state, inputs[2] if len(inputs) > 2 else None)
+        if weight is None or len(inputs) > 2 and inputs[2] is not None and bias is None:
             return unknown_rule(state, node, data, inputs)
         tensor, axis = weight.rows[0]
-        out_features = state.shapes[tensor][axis]
+        out_features = weight.width or state.shapes[tensor][axis]
     return _dense_map(state, node, label, weight, bias, out_features)
 
 
-def _dense_map(state: Inference, node: str, label: Label, weight: str | WeightExpr, bias: str | None,
+def _bias(state: Inference, value: Value) -> str | WeightExpr | None:
+    """A bias operand: a vector parameter, or a piece of one; ``None`` for anything else."""
+    if _is_param(value) and len(state.shapes[value[1]]) == 1:
+        return value[1]
+    return value if isinstance(value, WeightExpr) and not value.cols and value.width is not None else None
+
+
+def _dense_map(state: Inference, node: str, label: Label, weight: str | WeightExpr, bias: str | WeightExpr | None,
                out_features: int) -> Label:
     """``y = W x + b`` on the last axis: the input's sites on the columns of ``W`` (a parameter or a
     :class:`WeightExpr`), a new site on its rows and ``b``."""
@@ -654,12 +670,19 @@ def split_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> V
     read by the split alone: a packed ``qkv`` projection) becomes one site per piece, each moving its slice of
     the map's rows and bias (``W[a:b] ↦ g W[a:b]``), since the pieces are read apart; any other segment straddling
     a cut carries no group.
+
+    A parameter cut along its axis 0 gives its pieces (:class:`WeightExpr`), which a linear map may read as its
+    weight or bias (``nn.MultiheadAttention``'s in-projection under ``torch.export``).
     """
     label = _first(inputs)
     before, pieces = state.shape(data["inputs"][0]), state.shape(node)
-    if before is None or pieces is None or not all(isinstance(p, tuple) for p in pieces):
+    if before is None or pieces is None or not all(isinstance(p, tuple) for p in pieces) or \
+            not isinstance(label, Label) and not _is_param(label):
         return unknown_rule(state, node, data, inputs)
     dim = _normalise(_argument(data, 2, "dim", 0), len(before))
+    if _is_param(label):
+        return _parameter_pieces(state, label[1], [p[0] for p in pieces]) \
+            if dim == -len(before) and len(before) <= 2 else unknown_rule(state, node, data, inputs)
     if not label.segments or dim != label.dim:
         return tuple(label if label.segments else Label.data(-1, p[-1]) for p in pieces)
     cuts = [0]
@@ -691,11 +714,23 @@ def split_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> V
     return tuple(out)
 
 
-@register_rule("flatten", "reshape", examples={
+def _parameter_pieces(state: Inference, tensor: str, widths: list[int]) -> tuple:
+    """The pieces of ``tensor`` cut along its axis 0 into ``widths`` rows each (a matrix's rows and columns, or a
+    vector's entries)."""
+    matrix = len(state.shapes[tensor]) == 2
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    return tuple(WeightExpr(((tensor, 0),), ((tensor, 1),) if matrix else (), (), start, width)
+                 for start, width in zip(starts, widths))
+
+
+@register_rule("flatten", "reshape", "unsqueeze", "squeeze", examples={
     "flatten": around(lambda self, h: torch.relu(h).flatten(0, 1), shape=(5, 2, 3)),
-    "reshape": around(lambda self, h: torch.relu(h).reshape(-1, 4), shape=(5, 2, 3))})
+    "reshape": around(lambda self, h: torch.relu(h).reshape(-1, 4), shape=(5, 2, 3)),
+    "unsqueeze": around(lambda self, h: torch.relu(h).unsqueeze(1)),
+    "squeeze": around(lambda self, h: torch.relu(h).unsqueeze(1).squeeze(1))})
 def reshape_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """Reshapes that keep the sites' axis whole (the axes before it and after it regrouped among themselves:
+    """Reshapes (``unsqueeze``, ``squeeze`` too) that keep the sites' axis whole (the axes before it and after it
+    regrouped among themselves:
     ``flatten(2)`` of a conv's positions, ``(B, T, d) ↔ (B·T, d)``), or flatten it with trailing axes (conv →
     dense: each channel becomes a block of entries). Anything else splits the axis (into heads: only attention
     folding keeps per-head structure) and blocks its sites.

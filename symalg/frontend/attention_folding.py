@@ -493,26 +493,55 @@ def _heads_axis(layout: torch.Tensor, queries: _Split, keys: int, slots: torch.T
 
 
 def _alike(graph: nx.DiGraph, extra: str, scores: tuple[int, ...], queries: _Split, slots: torch.Tensor) -> bool:
-    """True when ``extra``, broadcast to the ``scores``, gives the instances of one slot the same entries: replayed
-    from its source through its own layout chain (a mask viewed, expanded over the heads and reshaped), entries
-    that come from one source entry are equal."""
-    chain = []
-    source = extra
-    while _is_layout(graph.nodes[source]):
-        chain.append(source)
-        source = graph.nodes[source]["inputs"][0]
-    shape = graph.nodes[source]["shape"]
-    index = _replay(graph, _index(shape), tuple(reversed(chain))) if shape is not None and chain and \
-        all(_is_int(n) for n in shape) else None
-    index = _index(graph.nodes[extra]["shape"]) if index is None else index
-    try:
-        entries = torch.broadcast_to(index, scores).reshape(slots.numel(), -1)
-    except RuntimeError:
+    """True when ``extra``, broadcast to the ``scores``, gives the instances of one slot equal entries: entries with
+    the same provenance (:func:`_provenance`: a key-padding mask viewed, expanded over the heads, reshaped and added
+    to a causal mask) are equal."""
+    provenance = _provenance(graph, extra, _PROVENANCE_DEPTH)
+    if provenance is None:
         return False
     head, slot = queries.head.reshape(-1), slots.reshape(-1)
     first = torch.empty_like(slot)
     first[slot[head == 0]] = (head == 0).nonzero().squeeze(1)
-    return torch.equal(entries, entries[first[slot]])
+    for index in provenance:
+        try:
+            entries = torch.broadcast_to(index, scores).reshape(slots.numel(), -1)
+        except RuntimeError:
+            return False
+        if not torch.equal(entries, entries[first[slot]]):
+            return False
+    return True
+
+
+_ENTRYWISE = frozenset({"add", "sub", "mul", "div", "neg", "masked_fill", "aten.masked_fill", "aten.masked_fill_",
+                        "aten.where", "aten.zeros_like", "aten.logical_not", "aten.logical_or", "aten.logical_and"})
+"""Ops whose every output entry is a fixed function of the entries of their inputs at the same (broadcast)
+position: the masks a model builds (``zeros_like(m).masked_fill_(m, -inf)``, ``causal + padding``)."""
+_PROVENANCE_DEPTH = 16
+
+
+def _provenance(graph: nx.DiGraph, name: str, depth: int) -> list[torch.Tensor] | None:
+    """Index tensors of ``name``'s shape naming, per entry, the entries it is computed from: through layout ops
+    (replayed) and entry-wise ops (:data:`_ENTRYWISE`, one tensor per operand, broadcast) up to ``depth`` nodes
+    back; any other node is its own source (``arange``). Two entries with equal provenance are equal. ``None``
+    without shapes."""
+    data = graph.nodes[name]
+    shape = data["shape"]
+    if not isinstance(shape, tuple) or not all(_is_int(n) for n in shape):
+        return None
+    sources = [i for i in data["inputs"] if i is not None]
+    if depth and _is_layout(data):
+        inner = _provenance(graph, sources[0], depth - 1)
+        replayed = [_replay(graph, index, (name,)) for index in inner] if inner is not None else [None]
+        if None not in replayed:
+            return [index for index in replayed if index is not None]
+    elif depth and data["op"] in _ENTRYWISE and sources:
+        parts = [_provenance(graph, source, depth - 1) for source in sources]
+        try:
+            return [torch.broadcast_to(index, shape) for part in parts if part is not None for index in part] \
+                if None not in parts else [_index(shape)]
+        except RuntimeError:
+            pass
+    return [_index(shape)]
 
 
 def _index(shape: tuple[int, ...]) -> torch.Tensor:
