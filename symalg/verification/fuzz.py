@@ -170,6 +170,18 @@ OPS: dict[str, Op] = {
     "sdpa_gqa": Op("F.scaled_dot_product_attention({0}, {1}, {2}, is_causal={causal}, enable_gqa=True)",
                    lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                               enable_gqa=True)),
+    "mha_kv": Op("self.{layer}({0}, {1}, {1}, need_weights={need}, average_attn_weights={average})",
+                  lambda m, x, kv, layer, need, average: getattr(m, layer)(x, kv, kv, need_weights=need,
+                                                                           average_attn_weights=average)),
+    "mha_padding": Op("self.{layer}({0}, {1}, {1}, key_padding_mask=(torch.arange({batch})[:, None] == 0) & "
+                      "(torch.arange({length}) == {length} - 1), need_weights={need}, average_attn_weights={average})",
+                      lambda m, x, kv, layer, batch, length, need, average: getattr(m, layer)(
+                          x, kv, kv, key_padding_mask=(torch.arange(batch)[:, None] == 0) &
+                          (torch.arange(length) == length - 1), need_weights=need, average_attn_weights=average)),
+    "mha_mask": Op("self.{layer}({0}, {1}, {1}, attn_mask=self.{mask}.weight, need_weights={need}, "
+                   "average_attn_weights={average})",
+                   lambda m, x, kv, layer, mask, need, average: getattr(m, layer)(
+                       x, kv, kv, attn_mask=getattr(m, mask).weight, need_weights=need, average_attn_weights=average)),
     "mha_causal": Op("self.{layer}({0}, {0}, {0}, attn_mask=torch.ones({t}, {t}, dtype=torch.bool).triu(1), "
                      "need_weights={need}, average_attn_weights={average})",
                      lambda m, x, layer, t, need, average: getattr(m, layer)(
@@ -563,16 +575,30 @@ def _pooling(b: _Builder) -> _Drawn:
 
 
 def _mha(b: _Builder) -> _Drawn:
-    """``nn.MultiheadAttention``: weights returned or used, averaged or per head."""
-    rng = b.rng
+    """``nn.MultiheadAttention``: weights returned or used, averaged or per head; batch first or not; keys and
+    values from another projection (cross-attention: ``torch.export`` cuts the packed in-projection into pieces),
+    a key padding mask, or a per-head 3-d ``attn_mask`` (which must remove the head permutation)."""
+    rng, extra = b.rng, b.extra
     heads = rng.randint(1, 3)
     d = heads * rng.randint(1, 3)
     need, average = rng.random() < 0.6, rng.random() < 0.5
     b.variant.append(f"heads{heads}-need{need}-avg{average}")
     n, t = b.width(), b.width(2)
     x = b.linear("x", n, d)
-    attn = b.add("MultiheadAttention", d, heads, batch_first=True, bias=rng.random() < 0.8)
-    out, weights = b.ops("mha", x, layer=attn, need=need, average=average, outs=2)
+    batch_first, cross, mask = extra.random() < 0.7, extra.random() < 0.3, extra.choice(["", "", "padding", "mask"])
+    batch, length = (2, t) if batch_first else (t, 2)
+    b.variant += ["seq-first"] * (not batch_first) + ["cross"] * cross + [mask] * bool(mask)
+    kv = b.linear("x", n, d) if cross else x
+    attn = b.add("MultiheadAttention", d, heads, batch_first=batch_first, bias=rng.random() < 0.8)
+    if mask == "padding":
+        out, weights = b.ops("mha_padding", x, kv, layer=attn, batch=batch, length=length, need=need, average=average,
+                             outs=2)
+    elif mask == "mask":   # (B·H, L, S): one mask per head
+        layer = b.add("Conv1d", length, batch * heads, length, bias=False)
+        out, weights = b.ops("mha_mask", x, kv, layer=attn, mask=layer, need=need, average=average, outs=2)
+    else:
+        out, weights = (b.ops("mha_kv", x, kv, layer=attn, need=need, average=average, outs=2) if cross else
+                        b.ops("mha", x, layer=attn, need=need, average=average, outs=2))
     y = b.linear(b.act(out), d, b.width())
     return (2, t, n), 0, y if not need else (y, weights)
 
