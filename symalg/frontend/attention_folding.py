@@ -22,10 +22,10 @@ inverse merge
 
 (``Y``'s rows in the query root's row order) is written either with ``F.scaled_dot_product_attention(Q, K, V,
 ...)`` (any ``attn_mask``, ``is_causal``, ``dropout_p``, ``scale``) or explicitly: ``Q @ Kᵀ`` (``matmul``, ``bmm``,
-or ``baddbmm(E, Q, Kᵀ) = E + Q Kᵀ``), then any chain of *score modifiers*, ``softmax`` over the last axis,
-optionally ``dropout``, then ``@ V``. A modifier combines the scores ``S`` with a number (a Python number, or a
-value computed from shapes only such as ``math.sqrt(q.size(-1))``) or with a tensor ``E`` computed without the
-scores: ``S·E``, ``S/E``, ``E/S``, ``S ± E``, ``E − S`` (a learnable temperature, a T5 relative-position bias, an
+or ``baddbmm(E, Q, Kᵀ) = E + Q Kᵀ``), then any chain of *score modifiers*, ``softmax`` over the last axis
+(in a floating dtype of its own too), optionally ``dropout``, ``nn.Identity`` or a cast (HF's ``.to(q.dtype)``),
+then ``@ V``. A modifier combines the scores ``S`` with a number (a Python number, or a value computed from shapes
+only such as ``math.sqrt(q.size(-1))``) or with a tensor ``E`` computed without the scores: ``S·E``, ``S/E``, ``E/S``, ``S ± E``, ``E − S`` (a learnable temperature, a T5 relative-position bias, an
 additive mask) or ``S.masked_fill(mask, c)`` (a causal mask). A chain may also scale by a number (``Q · d^-½``).
 Such a pattern becomes one node ``attention(q, k, v, *E)`` reading the three roots and the modifiers' tensors (the
 ``sdpa`` mask included), with settings ``heads = H``, ``head_dim = d_k``, ``value_head_dim = d_v``, ``form``
@@ -178,17 +178,17 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | _Unfolded | None:
     shape = data["shape"]
     dim = data["settings"].get("dim", data["arguments"].get("dim", data["arguments"].get("arg1")))
     if (shape is None or not _single_input(data) or isinstance(dim, bool) or dim not in (-1, len(shape) - 1)
-            or any(isinstance(v, torch.dtype) for v in data["arguments"].values())):
-        return None
+            or any(isinstance(v, torch.dtype) and not v.is_floating_point for v in data["arguments"].values())):
+        return None    # (a floating dtype, ViT's softmax in float32, changes values by rounding only)
     path = _scores_path(graph, data["inputs"][0])
     if path is None:
         return None
     scores, modifiers = path
     body = {name, scores} | {m.node for m in modifiers}
-    probabilities = name
-    users = list(graph.successors(name))
-    if len(users) == 1 and graph.nodes[users[0]]["op"] == "dropout" and _single_input(graph.nodes[users[0]]):
-        probabilities = users[0]
+    probabilities, random = name, False
+    while (after := _only_user(graph, probabilities)) is not None and \
+            graph.nodes[after]["op"] in ("dropout", "identity") and _single_input(graph.nodes[after]):
+        probabilities, random = after, random or _random_dropout(graph.nodes[after])
         body.add(probabilities)
     readers = [u for u in graph.successors(probabilities) if _weighs_values(graph.nodes[u], probabilities)]
     operands = _scores_operands(graph.nodes[scores])
@@ -196,7 +196,7 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | _Unfolded | None:
         return None
     user = readers[0]
     outside = set(graph.successors(probabilities)) - {user}
-    if outside and _random_dropout(graph.nodes[probabilities]):
+    if outside and random:
         return None
     body.add(user)
     if any(_only_user(graph, n) not in body for n in body - {user, probabilities}):
@@ -669,7 +669,9 @@ def _only_user(graph: nx.DiGraph, name: str) -> str | None:
 
 def _fold(graph: nx.DiGraph, match: _Match) -> None:
     """Put one ``attention`` node where the merged output was; its readers read the new node instead (through
-    ``getitem`` nodes ``…_output`` and ``…_probabilities`` where the probabilities are read too)."""
+    ``getitem`` nodes ``…_output`` and ``…_probabilities`` where the probabilities are read too). The lowest floating
+    precision a folded op casts to (ViT's ``softmax(..., dtype=torch.float32)``) is its argument ``dtype``, which
+    the certification's tolerance reads."""
     k = 0
     while f"attention_{k}" in graph:
         k += 1
@@ -686,8 +688,11 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
     shapes = tuple(graph.nodes[end]["shape"] for end in ends)
     if match.probabilities is not None:
         settings["probabilities"] = match.layout
+    casts = [v for n in match.folded for v in graph.nodes[n]["arguments"].values()
+             if isinstance(v, torch.dtype) and v.is_floating_point]
+    arguments = {"dtype": max(casts, key=lambda dtype: torch.finfo(dtype).eps)} if casts else {}
     records = {name: {"op": "attention", "kind": "function", "module": None, "params": {}, "buffers": {},
-                      "settings": settings, "inputs": match.roots + match.extras, "arguments": {},
+                      "settings": settings, "inputs": match.roots + match.extras, "arguments": arguments,
                       "shape": shapes[0] if len(ends) == 1 else shapes, "where": f"node {name!r} (folded attention)"}}
     renamed = {match.final: name}
     if len(ends) > 1:
