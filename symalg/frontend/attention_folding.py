@@ -25,8 +25,9 @@ inverse merge
 or ``baddbmm(E, Q, Kᵀ) = E + Q Kᵀ``), then any chain of *score modifiers*, ``softmax`` over the last axis
 (in a floating dtype of its own too), optionally ``dropout``, ``nn.Identity`` or a cast (HF's ``.to(q.dtype)``),
 then ``@ V``. A modifier combines the scores ``S`` with a number (a Python number, or a value computed from shapes
-only such as ``math.sqrt(q.size(-1))``) or with a tensor ``E`` computed without the scores: ``S·E``, ``S/E``, ``E/S``, ``S ± E``, ``E − S`` (a learnable temperature, a T5 relative-position bias, an
-additive mask) or ``S.masked_fill(mask, c)`` (a causal mask). A chain may also scale by a number (``Q · d^-½``).
+only such as ``math.sqrt(q.size(-1))``) or with a tensor ``E`` computed without the scores: ``S·E``, ``S/E``,
+``E/S``, ``S ± E``, ``E − S`` (a learnable temperature, a T5 relative-position bias, an additive mask) or
+``S.masked_fill(mask, c)`` (a causal mask). A chain may also scale by a number (``Q · d^-½``).
 Such a pattern becomes one node ``attention(q, k, v, *E)`` reading the three roots and the modifiers' tensors (the
 ``sdpa`` mask included), with settings ``heads = H``, ``head_dim = d_k``, ``value_head_dim = d_v``, ``form``
 (``"sdpa"``/``"explicit"``), ``offsets`` (the first feature column each of ``q, k, v`` reads, where a root is read
