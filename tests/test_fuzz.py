@@ -195,6 +195,10 @@ BLOCK_PATTERNS = {
     "plain MLP": "mlp", "SwiGLU": "gated-silu", "GeGLU": "gated-gelu", "packed gate-up": "packed-silu",
     "shared blocks": "shared", "absolute positions": "abs-pos", "tied head": "tied", "attention maps": "maps",
     "dict output": "dict", "tuple output": "tuple",
+    # returned maps and how they are read, the bmm layout, eval dropout on the probabilities, the export route
+    "bmm on (B·H, T, d)": "bmm", "dropout on the probabilities": "dropout", "map returned": "map-returned",
+    "map averaged over heads": "map-mean-heads", "map of head 0": "map-head0", "map scaled per head": "map-head-scale",
+    "map summed over keys": "map-sum-keys", "map left merged": "merged", "traced by export": "export",
 }
 
 
@@ -203,6 +207,25 @@ def test_block_family_draws_every_transformer_pattern():
     missing = {name for name, tag in BLOCK_PATTERNS.items()
                if not any(f"-{tag}" in v for v in variants)}
     assert missing == set()
+
+
+def test_attention_families_force_some_models_through_torch_export(tmp_path):
+    """A share of the attention families' models (:data:`fuzz.EXPORTED`) is traced by ``torch.export`` alone (fx
+    traces every generated model, and would hide export's decomposition); the choice leaves the model as it was, the
+    printed reproduction traces the same way, and ``--tracer`` overrides it for a run."""
+    cases = [fuzz.generate(0, i, "mha") for i in range(40)]
+    exported = [c for c in cases if c.tracer == "export"]
+    assert 5 < len(exported) < 25 and all(c.variant.endswith("-export") for c in exported)
+    assert all(c.tracer == "auto" for c in (fuzz.generate(0, i, "mlp") for i in range(40)))
+    case = exported[0]
+    assert "symalg.trace(model, (x,), tracer='export')" in case.source()
+    graph = symalg.trace(*case.build(), tracer=case.tracer)
+    assert graph.tracer == "export" and "multihead_attention" not in [graph.node(v)["op"] for v in graph.nodes]
+    tokens = set().union(*(c.variant.split("-") for c in (fuzz.generate(0, i, "mha") for i in range(120))))
+    assert {"seq", "first", "cross", "padding", "mask"} <= tokens
+    report = fuzz.run(6, seed=0, families=["mha"], certify=False, draws=1, tracer="export")
+    assert report.models == 6 and report.claims > 10
+    _assert_sound(report)
 
 
 def test_block_family_ops_run_as_printed(tmp_path):
@@ -222,7 +245,8 @@ def test_block_family_ops_run_as_printed(tmp_path):
                         theirs.values() if isinstance(theirs, dict) else theirs):
             assert torch.equal(a.nan_to_num(), b.nan_to_num())
     assert {"rope", "rope_tables", "repeat_kv", "repeat_interleave", "split", "chunk", "unflatten", "view",
-            "alibi", "sdpa_gqa", "sdpa_mask", "mha_causal", "rms_hf", "layer_norm_f"} <= used
+            "alibi", "sdpa_gqa", "sdpa_mask", "mha_causal", "rms_hf", "layer_norm_f", "bmm", "bmm_t", "sum",
+            "mean"} <= used
 
 
 def test_a_shared_block_calls_the_same_modules_twice():
@@ -252,6 +276,13 @@ def test_block_quick_tier():
     """30 transformer-block models, raw claims (the inference rules alone): none false, no crash, no hang."""
     report = fuzz.run(30, seed=0, families=["block"], certify=False, draws=1)
     assert report.models == 30 and report.claims > 50
+    _assert_sound(report)
+
+
+def test_block_quick_tier_through_torch_export():
+    """The first 8 transformer blocks traced by ``torch.export`` alone, raw claims: none false."""
+    report = fuzz.run(8, seed=0, families=["block"], certify=False, draws=1, tracer="export")
+    assert report.models == 8 and report.claims > 20
     _assert_sound(report)
 
 

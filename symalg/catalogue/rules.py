@@ -729,11 +729,10 @@ def _parameter_pieces(state: Inference, tensor: str, widths: list[int]) -> tuple
     "unsqueeze": around(lambda self, h: torch.relu(h).unsqueeze(1)),
     "squeeze": around(lambda self, h: torch.relu(h).unsqueeze(1).squeeze(1))})
 def reshape_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """Reshapes (``unsqueeze``, ``squeeze`` too) that keep the sites' axis whole (the axes before it and after it
-    regrouped among themselves:
-    ``flatten(2)`` of a conv's positions, ``(B, T, d) ↔ (B·T, d)``), or flatten it with trailing axes (conv →
-    dense: each channel becomes a block of entries). Anything else splits the axis (into heads: only attention
-    folding keeps per-head structure) and blocks its sites.
+    """Reshapes (``unsqueeze`` and ``squeeze`` too) that keep the sites' axis whole (the axes before it and after
+    it regrouped among themselves: ``flatten(2)`` of a conv's positions, ``(B, T, d) ↔ (B·T, d)``), or flatten it
+    with trailing axes (conv → dense: each channel becomes a block of entries). Anything else splits the axis (into
+    heads: only attention folding keeps per-head structure) and blocks its sites.
 
     The row-major index of an entry is ``(o·d + f)·r + i`` before and after when the axes before the sites' axis
     hold ``o`` entries on both sides and the axis itself is kept: so it moves with the same coordinate ``f``."""

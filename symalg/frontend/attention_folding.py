@@ -531,17 +531,17 @@ def _provenance(graph: nx.DiGraph, name: str, depth: int) -> list[torch.Tensor] 
         return None
     sources = [i for i in data["inputs"] if i is not None]
     if depth and _is_layout(data):
-        inner = _provenance(graph, sources[0], depth - 1)
-        replayed = [_replay(graph, index, (name,)) for index in inner] if inner is not None else [None]
-        if None not in replayed:
+        inner = _provenance(graph, sources[0], depth - 1) or []
+        replayed = [_replay(graph, index, (name,)) for index in inner]
+        if inner and all(index is not None for index in replayed):
             return [index for index in replayed if index is not None]
     elif depth and data["op"] in _ENTRYWISE and sources:
         parts = [_provenance(graph, source, depth - 1) for source in sources]
-        try:
-            return [torch.broadcast_to(index, shape) for part in parts if part is not None for index in part] \
-                if None not in parts else [_index(shape)]
-        except RuntimeError:
-            pass
+        if all(part is not None for part in parts):
+            try:
+                return [torch.broadcast_to(index, shape) for part in parts if part is not None for index in part]
+            except RuntimeError:   # an operand that does not broadcast (no such op runs): the node's own entries
+                pass
     return [_index(shape)]
 
 
