@@ -64,7 +64,9 @@ def raw(model, example, tracer):
     (True, True, True, True, ("padding",)), (True, True, False, True, ("padding", "causal")),
     (False, False, True, True, ("float",)), (True, True, False, True, ("per-head",)),
     (True, True, True, False, ("padding",)),
-])
+], ids=["plain", "seq-first", "no-bias-weights", "per-head-weights", "seq-first-causal-weights", "causal",
+        "padding-weights", "padding-causal", "seq-first-no-bias-float-mask-weights", "per-head-mask",
+        "padding-per-head-weights"])
 def test_export_claims_what_fx_claims_for_multihead_attention(batch_first, bias, need, average, masks):
     """Per-head ``GL(d_k)``, ``GL(d_v)`` on both routes; the key biases translate; the heads permute unless the
     weights are returned per head or a 3-d mask differs per head."""
