@@ -267,8 +267,8 @@ def test_multihead_attention_agrees_on_fx_and_export():
     params = {k: v.detach() for k, v in model.named_parameters()}
     analyses = {route: symalg.derive(symalg.trace(model, (x,), tracer=route)) for route in ("fx", "export")}
     assert _sites(analyses["fx"]) == _sites(analyses["export"])
-    assert {s.label for s in analyses["export"].symmetries} >= {"GL(2) on attention.head0.qk", "S(2) on attention.heads",
-                                                                "Translations(2, bias) on attention.head1.qk"}
+    assert {s.label for s in analyses["export"].symmetries} >= {
+        "GL(2) on attention.head0.qk", "S(2) on attention.heads", "Translations(2, bias) on attention.head1.qk"}
     orbits = {route: analysis.orbit_dimension(params).dimension for route, analysis in analyses.items()}
     assert orbits["fx"] == orbits["export"] > 0
     assert all(symalg.verify(analysis, params=params).passed for analysis in analyses.values())
