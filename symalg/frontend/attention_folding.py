@@ -513,7 +513,7 @@ def _alike(graph: nx.DiGraph, extra: str, scores: tuple[int, ...], queries: _Spl
     return True
 
 
-_ENTRYWISE = frozenset({"add", "sub", "mul", "div", "neg", "masked_fill", "aten.masked_fill", "aten.masked_fill_",
+_ENTRYWISE = frozenset({"add", "sub", "mul", "div", "neg", "masked_fill", "aten.masked_fill_",
                         "aten.where", "aten.zeros_like", "aten.logical_not", "aten.logical_or", "aten.logical_and"})
 """Ops whose every output entry is a fixed function of the entries of their inputs at the same (broadcast)
 position: the masks a model builds (``zeros_like(m).masked_fill_(m, -inf)``, ``causal + padding``)."""

@@ -272,7 +272,8 @@ _ATEN = {
     "group_norm": "group_norm", "rms_norm": "rms_norm", "batch_norm": "batch_norm", "addmm": "addmm",
     "select": "select", "unflatten": "reshape", "expand": "expand",
     "split": "split", "split_with_sizes": "split", "chunk": "chunk", "bmm": "matmul", "baddbmm": "baddbmm",
-    "unsqueeze": "unsqueeze", "squeeze": "squeeze", "mean": "mean", "sum": "sum",
+    "unsqueeze": "unsqueeze", "squeeze": "squeeze", "mean": "mean", "sum": "sum", "masked_fill": "masked_fill",
+    "repeat_interleave": "repeat_interleave",
 }
 _ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
                      "adaptive_avg_pool2d": 2}
