@@ -319,7 +319,8 @@ def _absorb_shifts(state: Inference, node: str, label: Label, weight: str | Weig
     plain = isinstance(tensor, str) and (not isinstance(weight, WeightExpr) or
                                          (weight.rows, weight.cols) == (((tensor, 0),), ((tensor, 1),)))
     if not isinstance(bias, str) or not plain or not isinstance(tensor, str):
-        why = "has no bias" if bias is None else "computes its weight" if plain else "reads a piece of its bias"
+        why = "has no bias" if bias is None else "reads a piece of its bias" if not isinstance(bias, str) else \
+            "computes its weight"
         _refuse_shifts(state, node, label, f"{why} to absorb the shift of an affine sign flip")
         return
     for seg in label.segments:
