@@ -283,3 +283,28 @@ def test_sdpa_enable_gqa_folds_with_its_key_value_heads():
     graph = trace(Native(None), (x(),)).graph
     (name,) = attention_nodes(graph)
     assert graph.nodes[name]["settings"]["kv_heads"] == 2
+
+
+class Merged(nn.Module):
+    """Attention on batch and heads merged, ``(B·H, L, d)`` by ``reshape``, ``torch.bmm`` (BART's layout); ``keys``
+    lays out the keys' instances (``"batch-major"`` as the queries, or ``"head-major"``)."""
+
+    def __init__(self, keys="batch-major"):
+        super().__init__()
+        self.keys = keys
+        self.q, self.k, self.v, self.o = (nn.Linear(D, D) for _ in range(4))
+
+    def forward(self, x):
+        q, k, v = (split_heads(f(x), H).reshape(B * H, L, D // H) for f in (self.q, self.k, self.v))
+        if self.keys == "head-major":   # instance n reads head n // B of batch n % B: not the queries' pairing
+            k = self.k(x).view(B, L, H, D // H).permute(2, 0, 1, 3).reshape(H * B, L, D // H)
+        out = torch.bmm(torch.bmm(q, k.transpose(1, 2)).softmax(-1), v)
+        return self.o(out.view(B, H, L, D // H).transpose(1, 2).reshape(B, L, D))
+
+
+def test_batch_and_heads_merged_fold_when_every_instance_pairs_its_query_and_key_heads():
+    graph = trace(Merged(), (x(),)).graph
+    (name,) = attention_nodes(graph)
+    assert graph.nodes[name]["inputs"] == ("q", "k", "v") and graph.nodes[name]["settings"]["form"] == "explicit"
+    assert ops(graph) == ["input", "linear", "linear", "linear", "attention", "linear", "output"]
+    assert_unchanged(Merged("head-major"))

@@ -75,7 +75,7 @@ def written_rms_norm(graph: nx.DiGraph, x: str, weight: str | None, mean_dim=-1,
                 graph.add_edge(source, name, index=index)
 
     add("pow", "pow", (x, None), {"arg0": None, "arg1": 2})
-    add("mean", "aten.mean", ("pow",), {"arg0": None, "arg1": [mean_dim], "arg2": True}, reduced)
+    add("mean", "mean", ("pow",), {"arg0": None, "arg1": [mean_dim], "arg2": True}, reduced)
     add("add", "add", ("mean", None), {"arg0": None, "arg1": eps}, reduced)
     add("rsqrt", "rsqrt", ("add",), {"arg0": None}, reduced)
     add("mul", "mul", (x, "rsqrt"), {"arg0": None, "arg1": None})
@@ -101,7 +101,7 @@ def test_rms_norm_pass_folds_the_written_out_norm_into_one_node():
     node = folded.nodes["mul_1"]
     assert (node["op"], node["inputs"], node["params"]) == ("rms_norm", ("x", "w"), {"weight": "norm.weight"})
     assert node["settings"] == {"normalized_shape": (4,), "eps": 1e-5}
-    assert node["where"] == "node 'mul_1' (RMS norm written out: pow, aten.mean, add, rsqrt, mul, weight)"
+    assert node["where"] == "node 'mul_1' (RMS norm written out: pow, mean, add, rsqrt, mul, weight)"
     assert sorted(folded.predecessors("mul_1")) == ["w", "x"] and "mul_1" in graph  # the input graph is unchanged
     assert graph.nodes["mul_1"]["op"] == "mul"
 

@@ -201,6 +201,10 @@ BLOCK_PATTERNS = {
     "plain MLP": "mlp", "SwiGLU": "gated-silu", "GeGLU": "gated-gelu", "packed gate-up": "packed-silu",
     "shared blocks": "shared", "absolute positions": "abs-pos", "tied head": "tied", "attention maps": "maps",
     "dict output": "dict", "tuple output": "tuple",
+    # returned maps and how they are read, the bmm layout, eval dropout on the probabilities, the export route
+    "bmm on (B·H, T, d)": "bmm", "dropout on the probabilities": "dropout", "map returned": "map-returned",
+    "map averaged over heads": "map-mean-heads", "map of head 0": "map-head0", "map scaled per head": "map-head-scale",
+    "map summed over keys": "map-sum-keys", "map left merged": "merged", "traced by export": "export",
 }
 
 
@@ -209,6 +213,25 @@ def test_block_family_draws_every_transformer_pattern():
     missing = {name for name, tag in BLOCK_PATTERNS.items()
                if not any(f"-{tag}" in v for v in variants)}
     assert missing == set()
+
+
+def test_attention_families_force_some_models_through_torch_export(tmp_path):
+    """A share of the attention families' models (:data:`fuzz.EXPORTED`) is traced by ``torch.export`` alone (fx
+    traces every generated model, and would hide export's decomposition); the choice leaves the model as it was, the
+    printed reproduction traces the same way, and ``--tracer`` overrides it for a run."""
+    cases = [fuzz.generate(0, i, "mha") for i in range(40)]
+    exported = [c for c in cases if c.tracer == "export"]
+    assert 5 < len(exported) < 25 and all(c.variant.endswith("-export") for c in exported)
+    assert all(c.tracer == "auto" for c in (fuzz.generate(0, i, "mlp") for i in range(40)))
+    case = exported[0]
+    assert "symalg.trace(model, (x,), tracer='export')" in case.source()
+    graph = symalg.trace(*case.build(), tracer=case.tracer)
+    assert graph.tracer == "export" and "multihead_attention" not in [graph.node(v)["op"] for v in graph.nodes]
+    tokens = set().union(*(c.variant.split("-") for c in (fuzz.generate(0, i, "mha") for i in range(120))))
+    assert {"seq", "first", "cross", "padding", "mask"} <= tokens
+    report = fuzz.run(6, seed=0, families=["mha"], certify=False, draws=1, tracer="export")
+    assert report.models == 6 and report.claims > 10
+    _assert_sound(report)
 
 
 def test_block_family_ops_run_as_printed(tmp_path):
@@ -230,7 +253,8 @@ def test_block_family_ops_run_as_printed(tmp_path):
                         theirs.values() if isinstance(theirs, dict) else theirs):
             assert torch.equal(a.nan_to_num(), b.nan_to_num())
     assert {"rope", "rope_tables", "repeat_kv", "repeat_interleave", "split", "chunk", "unflatten", "view",
-            "alibi", "sdpa_gqa", "sdpa_mask", "mha_causal", "rms_hf", "layer_norm_f"} <= used
+            "alibi", "sdpa_gqa", "sdpa_mask", "mha_causal", "rms_hf", "layer_norm_f", "bmm", "bmm_t", "sum",
+            "mean"} <= used
     assert {op for op in fuzz.OPS if op.startswith("rope")} <= used
 
 
@@ -325,6 +349,13 @@ def test_the_shear_family_finds_the_mistakes_the_rules_guard_against(monkeypatch
              if {"neg", "scale"} & set(c.variant.split("-"))]
     false = [c for case in cases[:12] for c in fuzz.check_case(case, certify=False, draws=1).false_claims]
     assert any(c.claim.startswith("Shears") for c in false)
+
+
+def test_block_quick_tier_through_torch_export():
+    """The first 8 transformer blocks traced by ``torch.export`` alone, raw claims: none false."""
+    report = fuzz.run(8, seed=0, families=["block"], certify=False, draws=1, tracer="export")
+    assert report.models == 8 and report.claims > 20
+    _assert_sound(report)
 
 
 @pytest.mark.slow

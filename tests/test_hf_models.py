@@ -203,3 +203,69 @@ def test_export_is_deterministic():
     first, second = (_traced(build, "llama", "keywords") for _ in range(2))
     assert [(v, first.node(v)["op"]) for v in first.nodes] == [(v, second.node(v)["op"]) for v in second.nodes]
     assert list(first.graph.edges) == list(second.graph.edges)
+
+
+EAGER = {  # name: (build with eager attention, groups found with output_attentions=True)
+    "bert": (lambda: _bert(attn_implementation="eager"), sorted([g for g in ATTENTION if g != "S(2)"] + VALUE_BIASES)),
+    "vit": (lambda: transformers.ViTModel(transformers.ViTConfig(image_size=8, patch_size=4, num_channels=3,
+                                                                 hidden_size=16, num_hidden_layers=1,
+                                                                 num_attention_heads=2, intermediate_size=32,
+                                                                 attn_implementation="eager")),
+            sorted([g for g in ATTENTION if g != "S(2)"] + VALUE_BIASES + NORM_GAINS + NORM_BIASES)),
+    "t5": (lambda: transformers.T5EncoderModel(transformers.T5Config(vocab_size=VOCAB, d_model=16, d_kv=8, d_ff=32,
+                                                                     num_layers=1, num_heads=2,
+                                                                     attn_implementation="eager")),
+           MODELS["t5"][2]),
+}
+
+
+@pytest.mark.parametrize("name", list(EAGER))
+def test_returned_attention_probabilities_keep_the_per_head_groups(name, one_thread):
+    """``output_attentions=True`` (eager attention) returns every layer's probabilities ``softmax(Q_h K_hᵀ/√d + M)``:
+    they are invariant under the per-head ``GL(d_k)``, the key biases, ``GL(d_v)`` and the value shears (they do not
+    depend on the values), so those stay; a head
+    permutation permutes their head axis, and as a model output they must not move, so it goes (T5 has none: its
+    position bias differs per head). Certified and verified on every output, the probabilities included."""
+    build, groups = EAGER[name]
+    torch.manual_seed(0)
+    args, kwargs = _inputs(name, "keywords")
+    graph = symalg.from_torch(build().eval(), args, output_attentions=True, **kwargs)
+    assert graph.output_paths[-1] == "attentions.0"
+    analysis = symalg.derive(graph)
+    assert sorted(s.group.name for s in analysis.symmetries) == groups
+    assert all(e.holds for e in analysis.certification)
+    assert any(b.site.endswith(".heads") and "attentions.0" in b.reason for b in analysis.sites.restrictions) \
+        or name == "t5"
+    # ViT's eager softmax computes in float32 (certified to float32 rounding): verified in float32
+    report = symalg.verify(analysis, dtype=torch.float32 if name == "vit" else torch.float64)
+    assert report.passed, report
+
+
+def _gpt2(**options) -> symalg.Analysis:
+    torch.manual_seed(0)
+    (ids,), _ = _inputs("gpt2", "positional")
+    return symalg.derive(symalg.from_torch(MODELS["gpt2"][0]().eval(), input_ids=ids, **options))
+
+
+def test_gpt2_without_its_cache_has_the_attention_groups(one_thread):
+    """GPT-2's packed ``c_attn`` (``addmm``, ``view``, ``split`` into ``q, k, v``) is cut into one site per piece,
+    so with ``use_cache=False`` its attention folds: per-head groups, key biases, value biases moved into
+    ``c_proj.bias`` and head permutations, certified and verified."""
+    analysis = _gpt2(use_cache=False)
+    heads = ["GL(8)"] * 4 + ["S(2)"] + ["Translations(8, bias)"] * 2 + VALUE_BIASES
+    assert sorted(s.group.name for s in analysis.symmetries) == sorted(heads + NORM_GAINS + NORM_BIASES + ["S(64)"])
+    assert {s.label for s in analysis.symmetries} >= {f"GL(8) on h.0.attn.c_attn.head{h}.{p}"
+                                                      for h in (0, 1) for p in ("qk", "vo")}
+    assert symalg.verify(analysis).passed
+
+
+def test_gpt2_with_its_cache_says_why_its_attention_is_not_folded(one_thread):
+    """With the cache (the default), keys and values are outputs: the per-head groups would change them, so nothing
+    of the attention is claimed, and the blocked notes of the head splits name the cache output that stopped the
+    fold and the fix."""
+    analysis = _gpt2()
+    assert sorted(s.group.name for s in analysis.symmetries) == MODELS["gpt2"][2]
+    notes = [str(b) for b in analysis.blocked if "c_attn" in b.site]
+    assert len(notes) == 3 and all("the attention at node 'scaled_dot_product_attention' is not folded: node 'cat' "
+                                   "is also read by the model output" in note and "use_cache=False" in note
+                                   for note in notes), notes

@@ -243,3 +243,33 @@ def test_layers_written_as_real_models_write_them_agree_on_fx_and_export():
         "GL(4) on table", "SignFlips(6) on norm", "PositiveScaling(6, alpha=1) on gain", "SignFlips(6) on gain",
         "SignFlips(5) on weight", "S(6) on conv", "S(5) on weight"]
     assert all(symalg.verify(analysis).passed for analysis in analyses.values())
+
+
+class Attention(nn.Module):
+    """``head(x + attention(x))`` with ``nn.MultiheadAttention``, its averaged weights returned too: fx keeps the
+    module as one node, ``torch.export`` decomposes it (folded back into one attention node)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.attention, self.head = nn.Linear(3, 4), nn.MultiheadAttention(4, 2, batch_first=True), \
+            nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.inp(x)
+        out, weights = self.attention(h, h, h)
+        return self.head(torch.relu(h + out)), weights
+
+
+def test_multihead_attention_agrees_on_fx_and_export():
+    """The same sites (labels, members), conserved quantities and orbit dimension on both routes, and both verify."""
+    torch.manual_seed(0)
+    model = Attention().double().eval()
+    x = torch.randn(2, 5, 3)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    analyses = {route: symalg.derive(symalg.trace(model, (x,), tracer=route)) for route in ("fx", "export")}
+    assert _sites(analyses["fx"]) == _sites(analyses["export"])
+    assert {s.label for s in analyses["export"].symmetries} >= {
+        "GL(2) on attention.head0.qk", "S(2) on attention.heads", "Translations(2, bias) on attention.head1.qk"}
+    orbits = {route: analysis.orbit_dimension(params).dimension for route, analysis in analyses.items()}
+    assert orbits["fx"] == orbits["export"] > 0
+    assert all(symalg.verify(analysis, params=params).passed for analysis in analyses.values())

@@ -4,8 +4,7 @@ axioms over every registered group).
 Each op in ``OP_RULES`` registers a small example model (``register_rule(..., examples=...)``). For
 each: tracing the example yields a graph in which the op appears; deriving it without certification
 (the raw claims of the inference rules) gives claims that all hold numerically on the model; and so
-they do through the ``torch.export`` route, which must agree with fx on the claims (the ops where it
-does not today are listed, with the reason, as expected failures).
+they do through the ``torch.export`` route, which must agree with fx on the claims.
 """
 from __future__ import annotations
 
@@ -60,22 +59,15 @@ def test_raw_claims_hold_through_torch_export(op):
 
 
 EXPORT_ERASES = {"identity": "torch.export drops x.contiguous()",
-                 "pack": "torch.export flattens the returned named tuple"}
+                 "pack": "torch.export flattens the returned named tuple",
+                 "multihead_attention": "torch.export decomposes nn.MultiheadAttention (folded: one attention node)"}
 """Ops that torch.export removes from the graph: the routes must still agree on the claims."""
-
-EXPORT_GAPS = {
-    "getitem": "export decomposes nn.MultiheadAttention into unflatten/select/squeeze, which no rule knows",
-    "multihead_attention": "export decomposes nn.MultiheadAttention into unflatten/select/squeeze, which no rule knows",
-}
-"""Ops whose example the export route analyses differently today (fewer claims: sound, but weaker)."""
-
 
 def _groups(analysis) -> list[str]:
     return sorted(s.group.name for s in analysis.symmetries)
 
 
-@pytest.mark.parametrize("op", [pytest.param(op, marks=pytest.mark.xfail(reason=EXPORT_GAPS[op], strict=True))
-                                if op in EXPORT_GAPS else op for op in OPS])
+@pytest.mark.parametrize("op", OPS)
 def test_fx_and_export_routes_agree_on_the_example(op):
     exported = example_graph(op, tracer="export")
     if op not in EXPORT_ERASES:

@@ -1,6 +1,7 @@
 """Tracer caveats: ``x.T`` on n-D tensors, values read twice by one node, export guard nodes, and
 keyword arguments. Each model's table is derived and every claimed symmetry verified in float64."""
 import math
+import re
 
 import pytest
 import torch
@@ -235,16 +236,19 @@ def test_a_tensor_made_from_a_shape_is_data_not_a_shape_query(tracer):
 
 def test_alibi_made_from_shapes_keeps_the_heads_apart():
     """ALiBi's per-head bias is built from ``arange`` of the scores' shape: attention folding must see it (one
-    bias per head), so the head permutation is not claimed (a false claim the fuzzer found:
-    ``python -m symalg.verification.fuzz --show 0 77 block``)."""
+    bias per head), so the head permutation is not claimed (a false claim the fuzzer found in the block family's
+    first ALiBi model with four heads; ``python -m symalg.verification.fuzz --show 0 INDEX block`` prints it)."""
     from symalg.verification import fuzz
 
-    model, inputs = fuzz.generate(0, 77, "block").build()
+    case = next(c for c in (fuzz.generate(0, i, "block") for i in range(300))
+                if re.match(r"(pre|post)-\w+-hand4-(qkv-)?alibi-", c.variant) and "shared" not in c.variant)
+    model, inputs = case.build()
     graph = symalg.trace(model, inputs)
     (node,) = [v for v in graph.nodes if graph.node(v)["op"] == "attention"]
     assert graph.node(node)["settings"]["heads_alike"] is False
     raw = symalg.derive(graph, certify=False)
-    assert "S(4) on m3.heads" not in [s.label for s in raw.symmetries]
+    assert [s.label for s in raw.symmetries if s.label.startswith("GL")]   # the heads' own groups hold
+    assert not [s.label for s in raw.symmetries if s.label.endswith(".heads")]
     assert symalg.verify(raw).passed
 
 

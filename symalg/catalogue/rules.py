@@ -45,7 +45,7 @@ Rule: TypeAlias = Callable[[Inference, str, NodeData, Inputs], Value]
 _RULES: dict[str, Rule] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
                           "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm", "group_norm",
-                          "batch_norm", "addmm", "expand", "attention"})
+                          "batch_norm", "addmm", "expand", "attention", "split", "chunk"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -262,21 +262,26 @@ def _is_param(label: object) -> TypeGuard[tuple[str, str]]:
 @dataclass(frozen=True)
 class WeightExpr:
     """A weight computed from parameters in ``forward`` (``W + s·B @ A``): the ``(tensor, axis)`` pairs
-    indexing its rows and its columns, and the whole parameters among its summands."""
+    indexing its rows and its columns, and the whole parameters among its summands. A *piece* of a parameter
+    (``W.split(sizes)[i]``, ``b.chunk(3)[i]``, as ``nn.MultiheadAttention`` cuts its in-projection) is its rows
+    ``[start, start + width)`` (no columns for a vector); only a linear map reads one (:func:`_weight`)."""
 
     rows: tuple[tuple[str, int], ...]
     cols: tuple[tuple[str, int], ...]
     plain: tuple[str, ...] = ()
+    start: int = 0
+    width: int | None = None
 
     @property
     def tensors(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t for t, _ in self.rows + self.cols))
 
 
-def _weight(state: Inference, label: Value) -> WeightExpr | None:
-    """``label`` as a matrix-valued weight expression, or ``None`` (a value, a tensor of another rank)."""
+def _weight(state: Inference, label: Value, pieces: bool = False) -> WeightExpr | None:
+    """``label`` as a matrix-valued weight expression, or ``None`` (a value, a tensor of another rank, a piece of a
+    parameter unless ``pieces``)."""
     if isinstance(label, WeightExpr):
-        return label
+        return label if label.cols and (pieces or label.width is None) else None
     if _is_param(label) and len(state.shapes[label[1]]) == 2:
         return WeightExpr(((label[1], 0),), ((label[1], 1),), (label[1],))
     return None
@@ -290,12 +295,15 @@ def _weights(state: Inference, inputs: Inputs) -> list[WeightExpr] | None:
 
 # -- parameterised maps ------------------------------------------------------------------------
 
-def _producer_site(state: Inference, node: str, width: int, weight: str | WeightExpr, bias: str | None) -> int:
-    """A site on the rows of ``weight`` (a parameter name or a :class:`WeightExpr`) and of ``bias``, with
-    the translations a consumer may allow: along ``1`` (whole weight parameters, bias) and of the bias."""
+def _producer_site(state: Inference, node: str, width: int, weight: str | WeightExpr,
+                   bias: str | WeightExpr | None) -> int:
+    """A site on the rows of ``weight`` (a parameter name or a :class:`WeightExpr`) and of ``bias`` (a vector or a
+    piece of one), with the translations a consumer may allow: along ``1`` (whole weight parameters, bias) and of
+    the bias."""
     expr = weight if isinstance(weight, WeightExpr) else WeightExpr(((weight, 0),), (), (weight,))
-    rows = [Binding(t, axis, 0, width, node=node) for t, axis in expr.rows]
-    bias_rows = Binding(bias, 0, 0, width, node=node) if bias else None
+    rows = [Binding(t, axis, expr.start, width, node=node) for t, axis in expr.rows]
+    bias_rows = None if bias is None else Binding(bias, 0, 0, width, node=node) if isinstance(bias, str) else \
+        Binding(bias.rows[0][0], 0, bias.start, width, node=node)
     site = state.new_site(node, width, rows + ([bias_rows] if bias_rows is not None else []))
     translations = state.site(site).translations
     translations += [("T1", node, TranslationFamily("rows", (b,))) for b in rows if b.tensor in expr.plain]
@@ -306,10 +314,10 @@ def _producer_site(state: Inference, node: str, width: int, weight: str | Weight
 
 
 def _read_as_map(state: Inference, node: str, label: Label, weight: str | WeightExpr, feature_dim: int,
-                 bias: str | None = None, why: str = "has no bias") -> None:
+                 bias: str | WeightExpr | None = None, why: str = "has no bias") -> None:
     """A map reads ``label`` on its input axis: bind columns (of every column tensor of a
-    :class:`WeightExpr`). A translation of the input changes the output by ``W t``: a map with a bias and a weight
-    that is one parameter (``bias`` given by the caller where the change is the same at every position) gives it
+    :class:`WeightExpr`). A translation of the input changes the output by ``W t``: a map with a whole bias and a
+    weight that is one parameter (``bias`` given by the caller where the change is the same at every position) gives it
     back (``b ↦ b − W t``, :meth:`~symalg.symbolic.inference.Inference.absorb`); any other map removes it (``why``
     says why there is no ``bias``)."""
     columns = weight.cols if isinstance(weight, WeightExpr) else ((weight, 1),)
@@ -318,12 +326,13 @@ def _read_as_map(state: Inference, node: str, label: Label, weight: str | Weight
                                                  f"sites run along axis {label.dim}", blocked=True)
         label = Label.data(feature_dim)
     plain = _plain_map(state, weight)
-    if bias is not None and plain is not None:
+    if isinstance(bias, str) and plain is not None:
         state.restrict_label(label, ALL - {"T1"}, node, f"{state.where(node)} does not absorb a shift along 1 of "
                                                         "its input")
         state.absorb(label, Absorber(bias, Binding(plain[0], plain[1], 0, 0, role="in", node=node), plain[2], node))
     else:
-        why = why if bias is None else "computes its weight"
+        why = why if bias is None else "reads a piece of its bias" if not isinstance(bias, str) else \
+            "computes its weight"
         state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} {why}: it cannot give back the "
                                                               "change a translation of its input makes")
     for tensor, axis in columns:
@@ -331,24 +340,26 @@ def _read_as_map(state: Inference, node: str, label: Label, weight: str | Weight
 
 
 def _plain_map(state: Inference, weight: str | WeightExpr) -> tuple[str, int, int] | None:
-    """``(tensor, input axis, output axis)`` when the map's weight is one parameter, read as it is or transposed
-    (``addmm``'s ``(in, out)`` weight); ``None`` for a weight computed from several (``W + B @ A``)."""
+    """``(tensor, input axis, output axis)`` when the map's weight is one whole parameter, read as it is or transposed
+    (``addmm``'s ``(in, out)`` weight); ``None`` for a weight computed from several (``W + B @ A``) or a piece."""
     if isinstance(weight, str):
         return weight, 1, 0
-    if len(weight.plain) == 1 and len(weight.rows) == len(weight.cols) == 1:
+    if len(weight.plain) == 1 and len(weight.rows) == len(weight.cols) == 1 and weight.width is None:
         (tensor, rows), (other, cols) = weight.rows[0], weight.cols[0]
         if tensor == other == weight.plain[0] and {rows, cols} == {0, 1} and len(state.shapes[tensor]) == 2:
             return tensor, cols, rows
     return None
 
 
-def _absorb_shifts(state: Inference, node: str, label: Label, weight: str | WeightExpr, bias: str | None) -> None:
+def _absorb_shifts(state: Inference, node: str, label: Label, weight: str | WeightExpr,
+                   bias: str | WeightExpr | None) -> None:
     """A linear map or unpadded convolution reading a value shifted by affine sign flips, ``v ↦ g v + τ``: its
-    bias absorbs ``−W' τ`` (``W'`` the moved weight, summed over the kernel's positions). Without a bias, or
-    with a weight computed in ``forward`` (``B @ A``), the flips go."""
+    bias absorbs ``−W' τ`` (``W'`` the moved weight, summed over the kernel's positions). Without a whole bias, or
+    with a weight computed in ``forward`` (``B @ A``, a piece), the flips go."""
     plain = _plain_map(state, weight)
-    if bias is None or plain is None:
-        why = "has no bias" if bias is None else "computes its weight"
+    if not isinstance(bias, str) or plain is None:
+        why = "has no bias" if bias is None else "reads a piece of its bias" if not isinstance(bias, str) else \
+            "computes its weight"
         _refuse_shifts(state, node, label, f"{why} to absorb the shift of an affine sign flip")
         return
     tensor, axis, out_axis = plain
@@ -383,16 +394,23 @@ def linear_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> 
         weight, bias = data["params"]["weight"], data["params"].get("bias")
         out_features = state.shapes[weight][0]
     else:
-        weight = _weight(state, inputs[1] if len(inputs) > 1 else None)
-        bias = inputs[2][1] if len(inputs) > 2 and _is_param(inputs[2]) else None
-        if weight is None or len(inputs) > 2 and inputs[2] is not None and not _is_param(inputs[2]):
+        weight = _weight(state, inputs[1] if len(inputs) > 1 else None, pieces=True)
+        bias = _bias(state, inputs[2] if len(inputs) > 2 else None)
+        if weight is None or len(inputs) > 2 and inputs[2] is not None and bias is None:
             return unknown_rule(state, node, data, inputs)
         tensor, axis = weight.rows[0]
-        out_features = state.shapes[tensor][axis]
+        out_features = weight.width or state.shapes[tensor][axis]
     return _dense_map(state, node, label, weight, bias, out_features)
 
 
-def _dense_map(state: Inference, node: str, label: Label, weight: str | WeightExpr, bias: str | None,
+def _bias(state: Inference, value: Value) -> str | WeightExpr | None:
+    """A bias operand: a vector parameter, or a piece of one; ``None`` for anything else."""
+    if _is_param(value) and len(state.shapes[value[1]]) == 1:
+        return value[1]
+    return value if isinstance(value, WeightExpr) and not value.cols and value.width is not None else None
+
+
+def _dense_map(state: Inference, node: str, label: Label, weight: str | WeightExpr, bias: str | WeightExpr | None,
                out_features: int) -> Label:
     """``y = W x + b`` on the last axis: the input's sites on the columns of ``W`` (a parameter or a
     :class:`WeightExpr`), a new site on its rows and ``b``."""
@@ -701,12 +719,19 @@ def split_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> V
     read by the split alone: a packed ``qkv`` projection) becomes one site per piece, each moving its slice of
     the map's rows and bias (``W[a:b] ↦ g W[a:b]``), since the pieces are read apart; any other segment straddling
     a cut carries no group.
+
+    A parameter cut along its axis 0 gives its pieces (:class:`WeightExpr`), which a linear map may read as its
+    weight or bias (``nn.MultiheadAttention``'s in-projection under ``torch.export``).
     """
     label = _first(inputs)
     before, pieces = state.shape(data["inputs"][0]), state.shape(node)
-    if before is None or pieces is None or not all(isinstance(p, tuple) for p in pieces):
+    if before is None or pieces is None or not all(isinstance(p, tuple) for p in pieces) or \
+            not isinstance(label, Label) and not _is_param(label):
         return unknown_rule(state, node, data, inputs)
     dim = _normalise(_argument(data, 2, "dim", 0), len(before))
+    if _is_param(label):
+        return _parameter_pieces(state, label[1], [p[0] for p in pieces]) \
+            if dim == -len(before) and len(before) <= 2 else unknown_rule(state, node, data, inputs)
     if not label.segments or dim != label.dim:
         return tuple(label if label.segments else Label.data(-1, p[-1]) for p in pieces)
     cuts = [0]
@@ -738,14 +763,25 @@ def split_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> V
     return tuple(out)
 
 
-@register_rule("flatten", "reshape", examples={
+def _parameter_pieces(state: Inference, tensor: str, widths: list[int]) -> tuple:
+    """The pieces of ``tensor`` cut along its axis 0 into ``widths`` rows each (a matrix's rows and columns, or a
+    vector's entries)."""
+    matrix = len(state.shapes[tensor]) == 2
+    starts = [sum(widths[:i]) for i in range(len(widths))]
+    return tuple(WeightExpr(((tensor, 0),), ((tensor, 1),) if matrix else (), (), start, width)
+                 for start, width in zip(starts, widths))
+
+
+@register_rule("flatten", "reshape", "unsqueeze", "squeeze", examples={
     "flatten": around(lambda self, h: torch.relu(h).flatten(0, 1), shape=(5, 2, 3)),
-    "reshape": around(lambda self, h: torch.relu(h).reshape(-1, 4), shape=(5, 2, 3))})
+    "reshape": around(lambda self, h: torch.relu(h).reshape(-1, 4), shape=(5, 2, 3)),
+    "unsqueeze": around(lambda self, h: torch.relu(h).unsqueeze(1)),
+    "squeeze": around(lambda self, h: torch.relu(h).unsqueeze(1).squeeze(1))})
 def reshape_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """Reshapes that keep the sites' axis whole (the axes before it and after it regrouped among themselves:
-    ``flatten(2)`` of a conv's positions, ``(B, T, d) ↔ (B·T, d)``), or flatten it with trailing axes (conv →
-    dense: each channel becomes a block of entries). Anything else splits the axis (into heads: only attention
-    folding keeps per-head structure) and blocks its sites.
+    """Reshapes (``unsqueeze`` and ``squeeze`` too) that keep the sites' axis whole (the axes before it and after
+    it regrouped among themselves: ``flatten(2)`` of a conv's positions, ``(B, T, d) ↔ (B·T, d)``), or flatten it
+    with trailing axes (conv → dense: each channel becomes a block of entries). Anything else splits the axis (into
+    heads: only attention folding keeps per-head structure) and blocks its sites.
 
     The row-major index of an entry is ``(o·d + f)·r + i`` before and after when the axes before the sites' axis
     hold ``o`` entries on both sides and the axis itself is kept: so it moves with the same coordinate ``f``."""
@@ -772,9 +808,11 @@ def reshape_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) ->
     if after[-1] == merged and _prod(after[:-1]) == _prod(before[:dim]):
         segments = tuple(replace(s, offset=s.offset * trailing, block=s.block * trailing) for s in label.segments)
         return Label(-1, merged, segments)
+    unfolded = data["settings"].get("unfolded")   # why attention folding left this head split (a returned cache)
     state.restrict_label(label, set(), node, f"{state.where(node)} reshapes {before} -> {after}, splitting the "
                                              f"sites' axis {label.dim} (a split into heads keeps per-head structure "
-                                             "only inside folded attention)", blocked=True)
+                                             f"only inside folded attention{'; ' + unfolded if unfolded else ''})",
+                         blocked=True)
     return Label.data()
 
 
@@ -895,6 +933,38 @@ def _drop_axes(state: Inference, node: str, label: Label, dims: list[int], shape
                                                  f"{label.dim} the sites run along", blocked=True)
         return Label.data()
     return Label(-1 - sum(p not in removed for p in range(position + 1, len(shape))), label.size, label.segments)
+
+
+@register_rule("mean", "sum", examples={
+    "mean": around(lambda self, h: torch.relu(h).mean(1), shape=(5, 3, 3)),
+    "sum": around(lambda self, h: self.inner(torch.tanh(h)).sum(-1, keepdim=True), k=1,
+                  inner=lambda: torch.nn.Linear(4, 4))})
+def reduce_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
+    """``x.mean(dims)``, ``x.sum(dims)`` (``keepdim`` or not; every axis without ``dims``): a linear map along the
+    reduced axes. Over other axes than the sites' it commutes with every action on the sites' coordinates
+    (``mean(g x + t) = g mean(x) + t``: the label moves to the remaining axes); over the sites' axis the result is
+    invariant under permutations of the sites' coordinates only (averaged attention weights under head
+    permutations), and no site runs along it."""
+    label = _first(inputs)
+    shape = state.shape(data["inputs"][0]) if data["inputs"] and data["inputs"][0] is not None else None
+    dims, keepdim = _argument(data, 1, "dim"), _argument(data, 2, "keepdim", False)
+    dims = list(dims) if isinstance(dims, (list, tuple)) else [] if dims is None else [dims]
+    if (len(inputs) != 1 or not isinstance(label, Label) or shape is None or not isinstance(keepdim, bool)
+            or not all(_is_index(d) for d in dims)
+            or any(isinstance(v, torch.dtype) for v in data["arguments"].values())):
+        return unknown_rule(state, node, data, inputs)
+    reduced = {d % len(shape) for d in dims} if dims else set(range(len(shape)))
+    if not label.segments:
+        return Label.data()
+    if len(shape) + label.dim in reduced:
+        state.restrict_label(label, {"S"}, node, f"{state.where(node)}: {data['op']} over the axis the sites run "
+                                                 "along")
+        return Label.data()
+    return label if keepdim else _drop_axes(state, node, label, sorted(reduced), shape)
+
+
+def _is_index(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @register_rule("exp", "pow", "log", "sin", "cos", "abs", "sqrt", "rsqrt", "square", examples={
@@ -1179,15 +1249,23 @@ def _group_translations(site: _Site, n: int) -> None:
     site.translations[:] = kept
 
 
+_PASSING = ("reshape", "flatten", "identity")
+"""Ops that pass a value on whole, or block it (:func:`reshape_rule`): between a map and what reads its fresh site."""
+
+
 def _splittable(state: Inference, node: str, data: NodeData, label: Label, channels: int) -> bool:
-    """True when the input is one fresh site: made by the map just before ``node``, read only by it."""
+    """True when the input is one fresh site: made by the map just before ``node`` (or before reshapes keeping the
+    site's axis, GPT-2's ``addmm(...).view(B, T, 3d)``), read only by it."""
     if len(label.segments) != 1 or label.segments[0].width != channels:
         return False
     site = state.site(label.segments[0].site)
     alone = all(state.ties[other.id] != state.ties[site.id] and
                 state.permutation_ties[other.id] != state.permutation_ties[site.id]
                 for other in state.sites if other.id != site.id)
-    return alone and data["inputs"][0] == site.node and state.users(site.node) == [node] and \
+    reader, value = node, data["inputs"][0]
+    while value != site.node and state.graph.nodes[value]["op"] in _PASSING and state.users(value) == [reader]:
+        reader, value = value, state.graph.nodes[value]["inputs"][0]
+    return alone and value == site.node and state.users(site.node) == [reader] and \
         all(b.role == "out" for b in site.bindings)
 
 
@@ -1214,20 +1292,23 @@ def _split_into_groups(state: Inference, node: str, site_id: int, groups: int, n
 
 def _only_into(state: Inference, source: str, node: str) -> bool:
     """``source`` is read by ``node`` alone, possibly through ``split``/``chunk`` and the ``getitem`` of its pieces
-    (a packed ``qkv`` projection cut into ``q, k, v``)."""
+    (a packed ``qkv`` projection cut into ``q, k, v``) and through reshapes (GPT-2's ``addmm`` then ``view``)."""
     users = state.users(source)
     return bool(users) and all(user == node or state.graph.nodes[user]["op"] in ("split", "chunk", "getitem")
-                               and _only_into(state, user, node) for user in users)
+                               + _PASSING and _only_into(state, user, node) for user in users)
 
 
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
                     v: list[Binding], heads_alike: bool = True, key_shifts: bool = True,
                     kv_heads: int | None = None, rotary: Mapping[str, Any] | None = None,
-                    value_shifts: bool = False) -> Label:
+                    value_shifts: bool = False) -> tuple[Label, Label]:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
     heads moving all per-head blocks together (only when the scores of every head are treated alike,
-    ``heads_alike``). ``q, k, v`` are the producers' out-bindings.
+    ``heads_alike``). ``q, k, v`` are the producers' out-bindings. Returns the label of the merged output
+    (``(…, H·d_v)``) and the label of a per-head value's head axis ``-3`` (the attention probabilities
+    ``softmax(s·Q_h K_hᵀ + M)``, ``(…, H, L_q, L_k)``): it carries the head permutations only, since the
+    probabilities are invariant under every ``GL`` and key-bias translation here and do not depend on values.
 
     With ``key_shifts`` (the softmax over keys ignores a per-query constant) each head's key bias translates:
     ``b_k ↦ b_k + t`` adds ``q_iᵀ t`` to every score of query ``i``, the same for all keys ``j``, so
@@ -1294,7 +1375,8 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
         if not heads_alike:
             state.restrict(segment.site, set(), node, f"{state.where(node)}: a mask, bias, temperature or dropout "
                                                       "differs between heads, so permuting the heads changes them")
-    return Label(-1, d_v * heads, tuple(segments + permutations))
+    head_axis = tuple(replace(s, offset=s.offset // d_v, block=s.block // d_v) for s in permutations)
+    return Label(-1, d_v * heads, tuple(segments + permutations)), Label(-3, heads, head_axis)
 
 
 def _rotary_restriction(state: Inference, node: str, rotary: Mapping[str, Any] | None) -> tuple | None:
@@ -1325,6 +1407,8 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
     (training mode) draws a mask per head: heads do not permute, nor does a value bias translate. Per head
     (``average_attn_weights=False``) a head permutation permutes its head axis (``-3``), so the weights carry
     the head site there and whatever reads them (the output, an unknown op) decides whether heads may move.
+    A 3-d ``attn_mask`` (``(B·H, L, S)``, one per head) removes the head permutation; a 2-d one, or a key padding
+    mask ``(B, S)``, is the same for every head.
     """
     settings, params = data["settings"], data["params"]
     if not settings.get("same_embed") or settings.get("bias_kv") or settings.get("add_zero_attn"):
@@ -1348,27 +1432,34 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
         return out
 
     dropout = settings.get("training", True) and settings.get("dropout", 0.0)   # on the attention weights
-    values = attention_sites(state, node, heads, rows(0), rows(d), rows(2 * d), heads_alike=not dropout,
-                             value_shifts=not dropout)
+    masks = [state.shape(mask) for mask in data["inputs"][3:] if mask is not None]
+    heads_alike = not dropout and all(shape is not None and len(shape) < 3 for shape in masks)
+    values, head_axis = attention_sites(state, node, heads, rows(0), rows(d), rows(2 * d), heads_alike=heads_alike,
+                                        value_shifts=not dropout)
     out_weight, out_bias = params["out_proj.weight"], params.get("out_proj.bias")
     _read_as_map(state, node, values, out_weight, -1, out_bias)
     site = _producer_site(state, node, d, out_weight, out_bias)
     per_head = _argument(data, 4, "need_weights", True) and not _argument(data, 6, "average_attn_weights", True)
-    weights = Label(-3, heads, (Segment(values.segments[-1].site, 0, heads),)) if per_head and heads > 1 else \
-        Label.data()
-    return (Label(-1, d, (Segment(site, 0, d),)), weights)
+    return (Label(-1, d, (Segment(site, 0, d),)), head_axis if per_head else Label.data())
 
 
 @register_rule("attention", examples={"attention": around(
     split_heads_attention, shape=(5, 3, 3), query=lambda: torch.nn.Linear(4, 4), key=lambda: torch.nn.Linear(4, 4),
     value=lambda: torch.nn.Linear(4, 4))})
-def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """Hand-written attention folded by :mod:`symalg.frontend.attention_folding`: the first three inputs are the
-    outputs of the ``q``, ``k``, ``v`` maps (each read by nothing else), whose sites are split into heads; the
-    others are the tensors the scores are combined with (masks, biases, temperatures) and the tables of rotary
-    embeddings, which nothing may move."""
+def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
+    """Attention folded by :mod:`symalg.frontend.attention_folding`: the first three inputs are the outputs of the
+    ``q``, ``k``, ``v`` maps (each read by nothing else), whose sites are split into heads; a root read by two or
+    three of them (a packed in-projection) is cut at the ``offsets`` they read from, which must not overlap. The
+    other inputs are the tensors the scores are combined with (masks, biases, temperatures) and the tables of
+    rotary embeddings, which nothing may move.
+
+    Where the attention probabilities are read too (setting ``probabilities``), the result is the pair (output,
+    probabilities): with the heads on axis ``-3`` (``"heads"``) the probabilities carry the head permutations
+    there (see :func:`attention_sites`), and their readers decide whether heads may move; with the heads merged
+    into another axis (``"merged"``) nothing models how they move, so the head permutations go."""
     settings = data["settings"]
     heads = settings["heads"]
+    groups = settings.get("kv_heads", heads)
     for extra in inputs[3:]:
         if isinstance(extra, Label):
             state.restrict_label(extra, set(), node, f"{state.where(node)} combines its scores or rotates its queries "
@@ -1376,21 +1467,34 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
         elif _is_param(extra) or isinstance(extra, WeightExpr):
             for tensor in (extra.tensors if isinstance(extra, WeightExpr) else (extra[1],)):
                 state.opaque.setdefault(tensor, node)
-    sites = []
-    for label in inputs[:3]:
-        if not isinstance(label, Label) or len(label.segments) != 1 or label.segments[0].power != 1:
+    roots = data["inputs"][:3]
+    offsets = settings.get("offsets", (0, 0, 0))
+    widths = (heads * settings["head_dim"], groups * settings["head_dim"], groups * settings["value_head_dim"])
+    sites = {}
+    for root, label in zip(roots, inputs[:3]):
+        segment = label.segments[0] if isinstance(label, Label) and len(label.segments) == 1 else None
+        whole = segment is not None and (segment.offset, segment.width, segment.block) == (0, label.size, 1)
+        if segment is None or segment.power != 1 or not whole:
             return unknown_rule(state, node, data, inputs)
-        sites.append(state.site(label.segments[0].site))
-    if len({s.id for s in sites}) != 3 or not all(_only_into(state, s.node, node) for s in sites):
+        sites[root] = state.site(segment.site)
+    spans = sorted((root, offset, offset + width) for root, offset, width in zip(roots, offsets, widths))
+    overlapping = any(a[0] == b[0] and b[1] < a[2] for a, b in zip(spans, spans[1:]))
+    if overlapping or len({s.id for s in sites.values()}) != len(sites) or \
+            not all(_only_into(state, s.node, node) for s in sites.values()):
         return unknown_rule(state, node, data, inputs)
-    out_bindings = []
-    for site in sites:
+    if any(b.role != "out" for site in sites.values() for b in site.bindings):
+        return unknown_rule(state, node, data, inputs)
+    for site in sites.values():
         site.dissolved = True
-        out_bindings.append([b for b in site.bindings if b.role == "out"])
-        readers = [b for b in site.bindings if b.role != "out"]
-        if readers:
-            return unknown_rule(state, node, data, inputs)
-    q, k, v = out_bindings
-    return attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
-                           key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"),
-                           rotary=settings.get("rotary"), value_shifts=settings.get("value_shifts", False))
+    q, k, v = ([b.restrict(offset, width) for b in sites[root].bindings]
+               for root, offset, width in zip(roots, offsets, widths))
+    output, head_axis = attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
+                                        key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"),
+                                        rotary=settings.get("rotary"), value_shifts=settings.get("value_shifts", False))
+    if "probabilities" not in settings:
+        return output
+    if settings["probabilities"] != "heads":
+        state.restrict_label(head_axis, set(), node, f"{state.where(node)} returns its attention probabilities with "
+                                                     "the heads merged into another axis", blocked=True)
+        return (output, Label.data())
+    return (output, head_axis)

@@ -1,32 +1,42 @@
-"""Fold hand-written multi-head attention into one ``attention`` node of a :class:`~symalg.frontend.tracing.ModelGraph`.
+"""Fold multi-head attention written out op by op into one ``attention`` node of a
+:class:`~symalg.frontend.tracing.ModelGraph`.
 
-A root value ``X`` of shape ``(…, L, d)`` (typically a ``q``, ``k`` or ``v`` linear's output) is *split
-into heads* when ``H·d_k = d`` and
+A root value ``X`` of shape ``(…, F)`` (typically a ``q``, ``k`` or ``v`` linear's output, or a packed
+in-projection read three times) is *split into heads* by a chain of layout ops whose result ``X_split`` has
+shape ``(*I, L, d)``: each *instance* ``n`` (an index of the leading axes ``I``) reads one head ``h(n)`` of ``X``,
+``d`` consecutive feature columns ``[o + h(n)·d, o + (h(n)+1)·d)`` (``o``: the offset of a packed piece), at ``L``
+rows ``r(n, 0), …, r(n, L−1)`` of ``X`` (a row: an index of the axes before the features, in row-major order):
 
-    X_h[…, i, j] = X[…, i, h·d_k + j],   h < H, i < L, j < d_k,
+    X_split[n, i, j] = X[r(n, i), o + h(n)·d + j].
 
-i.e. ``X_h = X.reshape(…, L, H, d_k).transpose(-3, -2)``, of shape ``(…, H, L, d_k)``: head ``h`` holds the
-feature columns ``[h·d_k, (h+1)·d_k)``. Keys and values may have ``G`` heads (``G·d_k = d``) repeated to ``H``,
-each read by ``r = H/G`` consecutive query heads (grouped-query attention): ``X_h = X_{⌊h/r⌋}``, written
+The standard split ``X.view(B, L, H, d).transpose(1, 2)`` has ``I = (B, H)``, ``h(b, h) = h``,
+``r((b, h), i) = b·L + i``; ``nn.MultiheadAttention`` under ``torch.export`` cuts its packed projection
+``(L, B, 3E)`` by ``unflatten``/``unsqueeze``/``transpose``/``squeeze``/``select`` and merges batch and heads
+(``I = (B·H,)``). Keys and values may have ``G`` heads read by ``r = H/G`` consecutive query heads (grouped-query
+attention): the key instance paired with query instance ``n`` reads key/value head ``h(n) // r`` (written
 ``repeat_interleave(r, dim)``, ``x[:, :, None].expand(…, G, r, L, d_k).reshape(…, H, L, d_k)`` or left to
-``sdpa(..., enable_gqa=True)``; the node then has the setting ``kv_heads = G``. Attention per head and the inverse merge
+``sdpa(..., enable_gqa=True)``; the node then has the setting ``kv_heads = G``). Attention per instance and the
+inverse merge
 
-    A_h = softmax(s · Q_h K_hᵀ + M) V_h,   Y[…, i, h·d_v + j] = A_h[…, i, j]
+    A[n] = softmax(s · Q[n] K[n]ᵀ + M) V[n],   Y[r(n, i), h(n)·d_v + j] = A[n, i, j]
 
-(``Y = A.transpose(-3, -2).reshape(…, L_q, H·d_v)``) is written either with
-``F.scaled_dot_product_attention(Q, K, V, ...)`` (any ``attn_mask``, ``is_causal``, ``dropout_p``,
-``scale``) or explicitly: ``Q @ Kᵀ`` (``matmul``), then any chain of *score modifiers*, ``softmax`` over
-the last axis, optionally ``dropout``, then ``@ V``. A modifier combines the scores ``S`` with a number
-(a Python number, or a value computed from shapes only such as ``math.sqrt(q.size(-1))``) or with a tensor
-``E`` computed without the scores: ``S·E``, ``S/E``, ``E/S``, ``S ± E``, ``E − S`` (a learnable temperature, a
-T5 relative-position bias, an additive mask) or ``S.masked_fill(mask, c)`` (a causal mask).
-Such a pattern becomes one node ``attention(q, k, v, *E)`` reading the three roots and the modifiers'
-tensors (the ``sdpa`` mask included), with settings ``heads = H``, ``head_dim = d_k``,
-``value_head_dim = d_v``, ``form`` (``"sdpa"``/``"explicit"``) and two facts about the modifiers:
+(``Y``'s rows in the query root's row order) is written either with ``F.scaled_dot_product_attention(Q, K, V,
+...)`` (any ``attn_mask``, ``is_causal``, ``dropout_p``, ``scale``) or explicitly: ``Q @ Kᵀ`` (``matmul``, ``bmm``,
+or ``baddbmm(E, Q, Kᵀ) = E + Q Kᵀ``), then any chain of *score modifiers*, ``softmax`` over the last axis
+(in a floating dtype of its own too), optionally ``dropout``, ``nn.Identity`` or a cast (HF's ``.to(q.dtype)``),
+then ``@ V``. A modifier combines the scores ``S`` with a number (a Python number, or a value computed from shapes
+only such as ``math.sqrt(q.size(-1))``) or with a tensor ``E`` computed without the scores: ``S·E``, ``S/E``,
+``E/S``, ``S ± E``, ``E − S`` (a learnable temperature, a T5 relative-position bias, an additive mask) or
+``S.masked_fill(mask, c)`` (a causal mask). A chain may also scale by a number (``Q · d^-½``).
+Such a pattern becomes one node ``attention(q, k, v, *E)`` reading the three roots and the modifiers' tensors (the
+``sdpa`` mask included), with settings ``heads = H``, ``head_dim = d_k``, ``value_head_dim = d_v``, ``form``
+(``"sdpa"``/``"explicit"``), ``offsets`` (the first feature column each of ``q, k, v`` reads, where a root is read
+in pieces) and two facts about the modifiers:
 
-- ``heads_alike``: every tensor ``E`` is the same for all heads (its axis ``-3`` is absent or of length 1),
-  so permuting the heads permutes the scores of a per-head ``E`` nowhere, and no dropout acts on the weights
-  (its mask differs between heads);
+- ``heads_alike``: every tensor ``E`` is the same for all heads: instances that read the same rows in different
+  heads read the same entries of ``E`` (decided by replaying ``E``'s own layout chain from its source, so a
+  key-padding mask expanded over the heads is alike), so permuting the heads permutes the scores of a per-head
+  ``E`` nowhere, and no dropout acts on the weights (its mask differs between heads);
 - ``key_shifts``: a per-query constant added to the scores, ``S_ij + c_i``, is still one after every
   modifier (sums, a factor or divisor constant along the keys, ``masked_fill`` with ``-inf``), so the
   softmax over keys ignores it; ``E/S`` and ``masked_fill`` with a finite value do not keep it;
@@ -43,10 +53,11 @@ any function of it and of tensors that do not depend on it, unchanged.
 
 (``add(mul(X, cos), mul(cat(neg(slice(X)), slice(X)), sin))`` as ``torch.export`` writes Hugging Face's
 ``apply_rotary_pos_emb``; ``x[..., :m]``, ``torch.cat((-x2, x1), dim=-1)`` in fx; either operand order of every
-``mul`` and of the ``add``), where ``X`` is the standard split (its head axis ``-3``, its head coordinate ``j``
-along the last axis) and ``cos``, ``sin`` are tensors computed without the attention's inputs that broadcast to
-``X``. ``rotate_half`` is checked exactly, sign included, by replaying it on ``arange(1, n + 1)``; the steps'
-nodes are folded, the tables become further inputs of the node (nothing may move them), and the node gets the
+``mul`` and of the ``add``), where ``X`` is the standard split ``X.view(…, L, H, d_k).transpose(-3, -2)``
+(possibly repeated over the heads; its head axis ``-3``, its head coordinate ``j`` along the last axis, checked by
+replay) and ``cos``, ``sin`` are tensors computed without the attention's inputs that broadcast to ``X``.
+``rotate_half`` is checked exactly, sign included, by replaying it on ``arange(1, n + 1)``; the steps' nodes are
+folded, the tables become further inputs of the node (nothing may move them), and the node gets the
 setting ``rotary = {"queries", "keys": bool, "pairing": "halves", "equal_halves": bool}``. ``equal_halves`` says
 that every table is proven equal on the two halves of the last axis (``cos[…, j] = cos[…, j + m]``): then each
 plane ``(j, j + m)`` is multiplied by the complex number ``cos_j + i sin_j`` and the head's query/key group is
@@ -57,16 +68,23 @@ buffer or anything else is not proven. The tables are ``heads_alike`` when they 
 Interleaved pairs (GPT-J's ``rotate_every_two``) and partial rotary embeddings (GPT-NeoX's ``rotary_ndims``) do not
 match: the heads are not folded and their split blocks the sites.
 
-The layout chains between a root and ``Q``/``Kᵀ``/``V`` (and between ``A`` and ``Y``) are ``reshape``,
-``flatten``, ``unsqueeze``, ``transpose``, ``permute``, ``identity``, ``expand``, ``repeat_interleave`` and
-``getitem`` nodes (whole slices and new axes only), each read by nothing but the next. Such a
-chain moves entries without changing them, so it is checked exactly by *replaying* it on the index
-tensor ``arange(n).reshape(shape of the root)`` (reshapes to their recorded shapes, transposes and
-permutes with their recorded dims) and comparing with the standard split above (transposed on its last
-two axes for ``Kᵀ``) or, for the merge, with ``Y`` computed from ``arange(n).reshape(shape of A)``. The
-recorded shapes come from shape propagation, so nothing is folded without example inputs; nor where any
-check fails, where a folded value has a reader outside the pattern, or where heads, head widths,
-batch axes or key lengths disagree between ``Q``, ``K`` and ``V``: folding never guesses.
+**Returned probabilities.** The probabilities ``P = softmax(…)`` (after the dropout, when there is one, eval mode
+or ``p = 0`` only) may have readers outside the pattern (Hugging Face's ``output_attentions``, the averaged weights
+of ``nn.MultiheadAttention``). Then the node has two results, read through ``getitem`` nodes ``attention_k_output``
+and ``attention_k_probabilities``, and the setting ``probabilities``: ``"heads"`` where the value read outside has
+the heads on axis ``-3`` (``(…, H, L_q, L_k)``, reached from ``P`` by a layout chain, such as export's
+``view(B, H, L, S)`` of ``(B·H, L, S)``, which is folded too), else ``"merged"``.
+
+The layout chains between a root and ``Q``/``Kᵀ``/``V`` (and between ``A`` and ``Y``, ``P`` and its head layout)
+are ``reshape``, ``flatten``, ``unsqueeze``, ``squeeze``, ``transpose``, ``permute``, ``identity``, ``expand``,
+``repeat_interleave``, ``select`` and ``getitem`` nodes (whole slices and new axes only). Such a chain moves
+entries without changing them, so it is checked exactly by *replaying* it on the index tensor
+``arange(n).reshape(shape of the root)`` (reshapes to their recorded shapes, transposes, permutes and selections
+with their recorded arguments) and reading ``r``, ``h`` and the feature columns off the replayed indices. The
+pattern folds only where every head's instances read the same rows (each query row once per head), keys and values
+are paired row by row, and the merge puts every entry of ``A`` where ``Y`` above says. The recorded shapes come from
+shape propagation, so nothing is folded without example inputs; nor where any check fails, or where a folded value
+(but ``Y`` and the probabilities) has a reader outside the pattern: folding never guesses.
 """
 from __future__ import annotations
 
@@ -80,8 +98,8 @@ import torch
 
 __all__ = ["fold_attention", "dropout_active"]
 
-_LAYOUT = frozenset({"reshape", "flatten", "transpose", "permute", "identity", "unsqueeze", "getitem", "expand",
-                     "repeat_interleave"})
+_LAYOUT = frozenset({"reshape", "flatten", "transpose", "permute", "identity", "unsqueeze", "squeeze", "getitem",
+                     "expand", "repeat_interleave", "select"})
 
 _REPLAY_ERRORS = (RuntimeError, IndexError, TypeError, ValueError)
 
@@ -98,19 +116,24 @@ class _Rotary:
     equal_halves: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Split:
-    """A root ``(*lead, length, heads·width)`` split into heads ``(*lead, heads, length, width)`` by ``chain`` (layout
-    nodes, and the outputs of the rotary steps in ``rotations``)."""
+    """A root ``(…, features)`` read by ``chain`` as ``(*I, L, width)``: per instance, its head (``head``, shape
+    ``I``) and the root rows it reads (``rows``, shape ``(*I, L)``); the heads start at feature column ``offset``.
+    ``rotations``: the rotary steps of the chain (each acting on the standard split of the root)."""
 
     root: str
     chain: tuple[str, ...]
-    lead: tuple[int, ...]
-    heads: int
-    length: int
     width: int
-    groups: int
+    offset: int
+    heads: int
+    head: torch.Tensor
+    rows: torch.Tensor
     rotations: tuple[_Rotary, ...] = ()
+
+    @property
+    def length(self) -> int:
+        return self.rows.shape[-1]
 
 
 @dataclass(frozen=True)
@@ -126,9 +149,11 @@ class _Modifier:
 
 @dataclass(frozen=True)
 class _Match:
-    """One attention pattern: the roots, the head layout, the nodes it replaces and the merged output."""
+    """One attention pattern: the roots, the head layout, the nodes it replaces, the merged output and, where they
+    are read outside, the probabilities (the node whose readers read them, and their layout)."""
 
     roots: tuple[str, str, str]
+    offsets: tuple[int, int, int]
     extras: tuple[str, ...]
     heads_alike: bool
     key_shifts: bool
@@ -140,12 +165,24 @@ class _Match:
     form: str
     folded: frozenset[str]
     final: str
+    probabilities: str | None = None
+    layout: str | None = None
     rotary: dict | None = None
+
+
+@dataclass(frozen=True)
+class _Unfolded:
+    """A pattern that matches but for a value read outside it: the nodes of its head splits, and why."""
+
+    nodes: tuple[str, ...]
+    reason: str
 
 
 def dropout_active(data: Mapping[str, Any]) -> bool:
     """A ``dropout`` node (module, ``F.dropout``, ``aten.dropout``) that zeroes entries: ``p > 0`` in training mode
-    (the module's settings, else the call's arguments; ``F.dropout`` trains by default)."""
+    (the module's settings, else the call's arguments; ``F.dropout`` trains by default); any other node is none."""
+    if data.get("op") != "dropout":
+        return False
     arguments, settings = data.get("arguments", {}), data.get("settings", {})
     p = settings.get("p", arguments.get("p", arguments.get("arg1", 0.5)))
     training = settings.get("training", arguments.get("training", arguments.get("arg2", True)))
@@ -158,7 +195,7 @@ def scale_constant(value: object) -> bool:
 
 
 def fold_attention(graph: nx.DiGraph) -> nx.DiGraph:
-    """A pass: a copy of ``graph`` with every hand-written multi-head attention replaced by one ``attention``
+    """A pass: a copy of ``graph`` with every multi-head attention written out replaced by one ``attention``
     node; patterns that do not match exactly (see the module docstring) are left as they are.
     """
     graph = graph.copy()
@@ -167,12 +204,15 @@ def fold_attention(graph: nx.DiGraph) -> nx.DiGraph:
             continue
         op = graph.nodes[name]["op"]
         match = _match_sdpa(graph, name) if op == "sdpa" else _match_explicit(graph, name) if op == "softmax" else None
-        if match is not None:
+        if isinstance(match, _Match):
             _fold(graph, match)
+        elif match is not None:   # the head splits, left as they are, say why (the rules' notes quote it)
+            for node in match.nodes:
+                graph.nodes[node]["settings"] = dict(graph.nodes[node]["settings"], unfolded=match.reason)
     return graph
 
 
-def _match_sdpa(graph: nx.DiGraph, name: str) -> _Match | None:
+def _match_sdpa(graph: nx.DiGraph, name: str) -> _Match | _Unfolded | None:
     """``F.scaled_dot_product_attention(q, k, v, ...)`` with ``q, k, v`` given positionally."""
     data = graph.nodes[name]
     inputs = data["inputs"]
@@ -185,48 +225,68 @@ def _match_sdpa(graph: nx.DiGraph, name: str) -> _Match | None:
                        repeats_keys=data["arguments"].get("enable_gqa") is True, value_shifts=not dropout)
 
 
-def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | None:
+def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | _Unfolded | None:
     """``softmax(c · q @ kᵀ, -1)`` (optionally dropped out) ``@ v``, found from its ``softmax`` node."""
     data = graph.nodes[name]
     shape = data["shape"]
     dim = data["settings"].get("dim", data["arguments"].get("dim", data["arguments"].get("arg1")))
     if (shape is None or not _single_input(data) or isinstance(dim, bool) or dim not in (-1, len(shape) - 1)
-            or any(isinstance(v, torch.dtype) for v in data["arguments"].values())):
-        return None
-    body = {name}
+            or any(isinstance(v, torch.dtype) and not v.is_floating_point for v in data["arguments"].values())):
+        return None    # (a floating dtype, ViT's softmax in float32, changes values by rounding only)
     path = _scores_path(graph, data["inputs"][0])
     if path is None:
         return None
     scores, modifiers = path
-    body |= {m.node for m in modifiers}
-    probabilities = name
-    user = _only_user(graph, probabilities)
-    value_shifts = True
-    if user is not None and graph.nodes[user]["op"] == "dropout" and _single_input(graph.nodes[user]):
-        body.add(user)
-        probabilities = user
-        value_shifts = not dropout_active(graph.nodes[user])
-        user = _only_user(graph, probabilities)
-    if user is None:
+    body = {name, scores} | {m.node for m in modifiers}
+    probabilities, random = name, False
+    while (after := _only_user(graph, probabilities)) is not None and \
+            graph.nodes[after]["op"] in ("dropout", "identity") and _single_input(graph.nodes[after]):
+        probabilities, random = after, random or dropout_active(graph.nodes[after])
+        body.add(probabilities)
+    readers = [u for u in graph.successors(probabilities) if _weighs_values(graph.nodes[u], probabilities)]
+    operands = _scores_operands(graph.nodes[scores])
+    if len(readers) != 1 or operands is None:
         return None
-    first, second = graph.nodes[scores], graph.nodes[user]
-    if (first["op"] != "matmul" or second["op"] != "matmul"
-            or len(first["inputs"]) != 2 or None in first["inputs"]
-            or len(second["inputs"]) != 2 or second["inputs"][0] != probabilities or second["inputs"][1] is None):
+    user = readers[0]
+    outside = set(graph.successors(probabilities)) - {user}
+    if outside and random:
         return None
-    body |= {scores, user}
-    if any(_only_user(graph, n) not in body for n in body - {user}):
+    body.add(user)
+    if any(_only_user(graph, n) not in body for n in body - {user, probabilities}):
         return None
-    q, k = first["inputs"]
-    return _match_core(graph, q, k, second["inputs"][1], user, body, "explicit", modifiers, keys_transposed=True,
-                       value_shifts=value_shifts)
+    q, k = operands
+    return _match_core(graph, q, k, graph.nodes[user]["inputs"][1], user, body, "explicit", modifiers,
+                       keys_transposed=True, probabilities=probabilities if outside else None, value_shifts=not random)
+
+
+def _weighs_values(data: dict, probabilities: str) -> bool:
+    """``probabilities @ v``."""
+    inputs = data["inputs"]
+    return data["op"] == "matmul" and len(inputs) == 2 and inputs[0] == probabilities and inputs[1] is not None
+
+
+def _scores_operands(data: dict) -> tuple[str, str] | None:
+    """``(Q, Kᵀ)`` of ``Q @ Kᵀ`` (``matmul``, ``bmm``) or ``baddbmm(E, Q, Kᵀ)``."""
+    inputs = tuple(data["inputs"])
+    count = {"matmul": 2, "baddbmm": 3}.get(data["op"])
+    if count is None or len(inputs) != count or None in inputs[count - 2:]:
+        return None
+    return inputs[count - 2], inputs[count - 1]
 
 
 def _scores_path(graph: nx.DiGraph, name: str) -> tuple[str, tuple[_Modifier, ...]] | None:
-    """The ``matmul`` computing the scores that reach ``name`` through score modifiers (each read by the next
-    only), and those modifiers; ``None`` where there is no such chain."""
-    if graph.nodes[name]["op"] == "matmul":
+    """The product computing the scores that reach ``name`` through score modifiers (each read by the next
+    only), and those modifiers; ``None`` where there is no such chain. ``baddbmm(E, Q, Kᵀ) = E + Q Kᵀ`` (its
+    factors ``α``, ``β`` numbers) is the product and the modifier ``+ E``."""
+    data = graph.nodes[name]
+    if data["op"] == "matmul":
         return name, ()
+    if data["op"] == "baddbmm":
+        if data["inputs"][:1] == (None,) or not all(scale_constant(v) for k, v in data["arguments"].items()
+                                                    if k in ("beta", "alpha")) \
+                or set(data["arguments"]) - {"arg0", "arg1", "arg2", "beta", "alpha"}:
+            return None
+        return name, (_Modifier(name, name, data["inputs"][0], True),)
     for modifier in _modifier_options(graph, name):
         rest = _scores_path(graph, modifier.scores) if _only_user(graph, modifier.scores) == name else None
         if rest is not None:
@@ -271,62 +331,93 @@ def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
 
 def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[str], form: str,
                 modifiers: tuple[_Modifier, ...], keys_transposed: bool, repeats_keys: bool = False,
-                value_shifts: bool = False) -> _Match | None:
-    """Check the three head splits, their agreement, the output shape and the merge of the heads. With
-    ``repeats_keys`` (``sdpa(..., enable_gqa=True)``) keys and values may have fewer heads, which ``sdpa`` repeats
-    by ``repeat_interleave``."""
+                probabilities: str | None = None, value_shifts: bool = False) -> _Match | _Unfolded | None:
+    """Check the three head splits, their agreement, the output shape, the merge of the heads and, where the
+    ``probabilities`` are read outside, their layout. With ``repeats_keys`` (``sdpa(..., enable_gqa=True)``) keys
+    and values may have fewer heads, which ``sdpa`` repeats by ``repeat_interleave`` along axis ``-3``. A pattern
+    that matches but for another value read outside (keys returned in a cache) is :class:`_Unfolded`."""
     queries, keys, values = _split(graph, q, False), _split(graph, k, keys_transposed), _split(graph, v, False)
     if queries is None or keys is None or values is None or values.rotations:
         return None
-    lead, heads, length = queries.lead, queries.heads, queries.length
-    kv_heads = keys.groups if keys.heads == heads else keys.heads
-    if repeats_keys and keys.heads != heads and (heads % keys.heads or keys.groups != keys.heads):
+    if repeats_keys and keys.heads != queries.heads:
+        keys, values = _repeated(keys, queries.heads), _repeated(values, queries.heads)
+        if keys is None or values is None:
+            return None
+    instances, heads, groups = queries.head.shape, queries.heads, keys.heads
+    if (keys.head.shape != instances or values.head.shape != instances or keys.width != queries.width
+            or values.heads != groups or heads % groups or not torch.equal(values.head, keys.head)
+            or not torch.equal(keys.head, queries.head // (heads // groups))
+            or graph.nodes[keys.root]["shape"][:-1] != graph.nodes[values.root]["shape"][:-1]
+            or not torch.equal(keys.rows, values.rows)
+            or graph.nodes[out]["shape"] != (*instances, queries.length, values.width)):
         return None
-    if (keys.lead != lead or values.lead != lead or (keys.heads != heads and not repeats_keys)
-            or values.heads != keys.heads or queries.groups != heads or keys.groups != values.groups
-            or keys.width != queries.width or keys.length != values.length
-            or graph.nodes[out]["shape"] != (*lead, heads, length, values.width)):
-        return None
-    merge = _merge(graph, out, lead, heads, length, values.width)
-    if merge is None:
+    slots = _slots(queries, keys)
+    merge = _merge(graph, out, queries, values.width)
+    if slots is None or merge is None:
         return None
     rotations = queries.rotations + keys.rotations
-    folded = frozenset(body) | set(queries.chain) | set(keys.chain) | set(values.chain) | set(merge) | {
+    folded = set(body) | set(queries.chain) | set(keys.chain) | set(values.chain) | set(merge) | {
         n for r in rotations for n in r.nodes}
-    final = merge[-1]
+    ends = {merge[-1]}
+    layout = None
+    if probabilities is not None:
+        chain, layout = _probabilities_layout(graph, probabilities, folded, queries, keys.length, slots)
+        folded |= set(chain)
+        probabilities = chain[-1] if chain else probabilities
+        ends.add(probabilities)
     roots = (queries.root, keys.root, values.root)
-    if any(r in folded for r in roots) or any(u not in folded for n in folded - {final} for u in graph.successors(n)):
+    if any(r in folded for r in roots):
         return None
-    extras = tuple(dict.fromkeys([m.extra for m in modifiers if m.extra is not None] +
-                                 [t for r in rotations for t in r.tables]))
+    leaks = [(n, u) for n in sorted(folded - ends) for u in graph.successors(n) if u not in folded]
+    if leaks:
+        node, reader = leaks[0]
+        splits = queries.chain + keys.chain + values.chain
+        return _Unfolded(splits, f"the attention at node {out!r} is not folded: node {node!r} is also read by "
+                                 f"{_reader(graph, node, reader)}")
+    masks = tuple(dict.fromkeys(m.extra for m in modifiers if m.extra is not None))
+    tables = tuple(dict.fromkeys(t for r in rotations for t in r.tables))
+    extras = tuple(dict.fromkeys(masks + tables))
     if any((nx.ancestors(graph, e) | {e}) & (folded | set(roots)) for e in extras):
         return None    # a modifier computed from the scores or the attention's own inputs
-    extra_shapes = [graph.nodes[e]["shape"] for e in extras]
-    if None in extra_shapes:
+    if any(graph.nodes[e]["shape"] is None for e in extras):
         return None
-    heads_alike = value_shifts and all(len(s) < 3 or s[-3] == 1 for s in extra_shapes)   # dropout masks differ
+    scores = (*instances, queries.length, keys.length)
+    heads_alike = value_shifts and all(_alike(graph, e, scores, queries, slots) for e in masks) and all(
+        len(s) < 3 or s[-3] == 1 for s in (graph.nodes[t]["shape"] for t in tables))   # dropout masks differ
     key_shifts = all(m.key_shifts for m in modifiers) and not keys.rotations   # R_j b_k varies with the key j
     rotary = None if not rotations else {
         "queries": bool(queries.rotations), "keys": bool(keys.rotations), "pairing": "halves",
         "equal_halves": all(r.equal_halves for r in rotations)}
-    return _Match(roots, extras, heads_alike, key_shifts, value_shifts, heads, kv_heads, queries.width, values.width,
-                  form, folded, final, rotary)
+    offsets = (queries.offset, keys.offset, values.offset)
+    return _Match(roots, offsets, extras, heads_alike, key_shifts, value_shifts, heads, groups, queries.width,
+                  values.width, form, frozenset(folded), merge[-1], probabilities, layout, rotary)
+
+
+def _reader(graph: nx.DiGraph, node: str, reader: str) -> str:
+    """``reader`` as a note names it: the model output by its path (and hint) where the tracer named it."""
+    data = graph.nodes[reader]
+    names = data["settings"].get("outputs", ())
+    if data["op"] != "output":
+        return f"node {reader!r}"
+    return f"the model output {names[data['inputs'].index(node)]}" if len(names) == len(data["inputs"]) else \
+        "the model output"
 
 
 def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
-    """The longest chain of layout nodes and rotary steps ending at ``name`` that splits its root into heads
-    (``None`` if none does). Each node of the chain is read by the next alone; the input of a rotary step by that
-    step's nodes alone.
+    """The longest chain of layout ops, scalings and rotary steps ending at ``name`` that splits its root into heads
+    (``None`` if none does); a node above ``name`` may have several readers where all of them are layout ops or
+    scalings (the pieces of a packed projection); the input of a rotary step is read by that step's nodes alone.
 
     With ``transposed`` the chain must end in the split's transpose on its last two axes (``Kᵀ``).
     """
     path: list[str] = []
     rotations: dict[str, _Rotary] = {}
-    node, readers = name, None      # readers: who may read ``node`` (None: any one node)
-    while (set(graph.successors(node)) == readers if readers is not None else graph.out_degree(node) == 1):
-        if _is_layout(graph.nodes[node]):
+    node, readers = name, None      # readers: who must read ``node`` (None: layout ops or scalings)
+    while node == name or (set(graph.successors(node)) == readers if readers is not None else
+                           all(_is_step(graph.nodes[u], graph) for u in graph.successors(node))):
+        if _is_step(graph.nodes[node], graph):
             path.append(node)
-            node, readers = graph.nodes[node]["inputs"][0], None
+            node, readers = _operand(graph.nodes[node], graph), None
         elif (rotary := _rotary(graph, node)) is not None:
             path.append(node)
             rotations[node] = rotary
@@ -343,44 +434,89 @@ def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
 
 
 def _check_split(graph: nx.DiGraph, root: str, chain: tuple[str, ...], transposed: bool,
-                 rotations: dict[str, _Rotary]) -> _Split | None:
-    """The split ``chain`` makes of ``root``, checked by replay; a rotary step keeps every entry's place (it mixes
-    entries along the last axis within a head) and must act on the standard split (module docstring)."""
+                 rotations: Mapping[str, _Rotary]) -> _Split | None:
+    """Replay ``chain`` on the root's index tensor and read the instances' heads and rows off it (see the module
+    docstring); ``None`` unless every instance reads ``width`` consecutive columns of one head at fixed rows. A
+    rotary step keeps every entry's place (it mixes entries along the last axis within a head) and must act on the
+    standard split of the root (:func:`_standard_split`)."""
     shape, out = graph.nodes[root]["shape"], graph.nodes[chain[-1]]["shape"]
     if (shape is None or out is None or not all(_is_int(n) for n in (*shape, *out)) or len(shape) < 2
-            or len(out) != len(shape) + 1 or 0 in shape):
+            or len(out) < 3 or 0 in shape):
         return None    # no shape, or the tuple of shapes of a multi-output op (``split``)
-    heads, length, width = (out[-3], out[-1], out[-2]) if transposed else out[-3:]
-    lead = shape[:-2]
-    groups = shape[-1] // width if width else 0
-    if out[:-3] != lead or length != shape[-2] or groups * width != shape[-1] or not groups or heads % groups:
-        return None
-    index = _index(shape)
-    standard = index.reshape(*lead, length, groups, width).transpose(-3, -2)
-    expected = standard.repeat_interleave(heads // groups, -3)
-    if transposed:
-        expected = expected.transpose(-2, -1)
-    replayed: torch.Tensor | None = index
+    replayed: torch.Tensor | None = _index(shape)
     for step in chain:
+        if replayed is None:
+            return None
         if step not in rotations:
-            replayed = _replay(graph, replayed, (step,)) if replayed is not None else None
-            continue
-        repeats = replayed.shape[-3] // groups if replayed is not None and replayed.dim() >= 3 else 0
-        if replayed is None or not repeats or not _same(replayed, standard.repeat_interleave(repeats, -3)):
+            replayed = _replay(graph, replayed, (step,))
+        elif not _standard_split(replayed, shape):
             return None     # a rotary step elsewhere than on the heads' coordinates
-    if replayed is None or not _same(replayed, expected):
+    if replayed is None:
         return None
-    return _Split(root, chain, lead, heads, length, width, groups, tuple(rotations[s] for s in chain if s in rotations))
+    replayed = (replayed.transpose(-2, -1) if transposed else replayed).long()
+    features, width = shape[-1], replayed.shape[-1]
+    rows, columns = replayed // features, replayed % features
+    first = columns[..., :1, :1]
+    if not (bool((columns == first + torch.arange(width)).all()) and bool((rows == rows[..., :1]).all())):
+        return None
+    offset = int(first.min())
+    start = first[..., 0, 0] - offset
+    head = start // width
+    heads = int(head.max()) + 1
+    if bool((start % width).any()) or torch.unique(head).numel() != heads:
+        return None
+    return _Split(root, chain, width, offset, heads, head, rows[..., 0],
+                  tuple(rotations[s] for s in chain if s in rotations))
+
+
+def _standard_split(replayed: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """``replayed`` (indices of a root of ``shape``) is ``root.view(…, L, G, d).transpose(-3, -2)`` with its
+    ``G`` heads repeated ``r`` times each along axis ``-3`` (``d`` its last axis, ``r ≥ 1``)."""
+    width = replayed.shape[-1] if replayed.dim() >= 3 else 0
+    if not width or shape[-1] % width:
+        return False
+    groups = shape[-1] // width
+    standard = _index(shape).reshape(*shape[:-1], groups, width).transpose(-3, -2)
+    repeats = replayed.shape[-3] // groups
+    return repeats > 0 and _same(replayed, standard.repeat_interleave(repeats, -3))
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a, b)
 
 
-def _merge(graph: nx.DiGraph, out: str, lead: tuple, heads: int, length: int, width: int) -> tuple[str, ...] | None:
+def _repeated(split: _Split | None, heads: int) -> _Split | None:
+    """``split`` as ``sdpa(..., enable_gqa=True)`` reads it: its axis ``-3`` (the last instance axis) repeated by
+    ``repeat_interleave`` up to ``heads``."""
+    if split is None or split.head.dim() < 1 or heads % split.head.shape[-1]:
+        return None
+    r = heads // split.head.shape[-1]
+    return _Split(split.root, split.chain, split.width, split.offset, split.heads,
+                  split.head.repeat_interleave(r, -1), split.rows.repeat_interleave(r, -2), split.rotations)
+
+
+def _slots(queries: _Split, keys: _Split) -> torch.Tensor | None:
+    """Every head's instances read the same query and key rows, each query row once per head: the *slot* of an
+    instance (shape ``I``) numbers its rows within its head, so that instances of one slot differ by their head
+    only; ``None`` where the heads read differently."""
+    head = queries.head.reshape(-1)
+    rows = queries.rows.reshape(len(head), -1)
+    reads = torch.cat([rows, keys.rows.reshape(len(head), -1)], 1)
+    slot, reference = torch.empty_like(head), None
+    for h in range(queries.heads):
+        members = (head == h).nonzero().squeeze(1)
+        read, order = torch.unique(reads[members], dim=0, return_inverse=True)
+        once = torch.unique(rows[members]).numel() == rows[members].numel()
+        if not once or (reference is not None and not torch.equal(read, reference)):
+            return None
+        reference, slot[members] = read, order
+    return slot.reshape(queries.head.shape)
+
+
+def _merge(graph: nx.DiGraph, out: str, queries: _Split, width: int) -> tuple[str, ...] | None:
     """The longest layout chain from ``out`` (each node read by the next only) that merges the heads back."""
     index = _index(graph.nodes[out]["shape"])
-    expected = index.transpose(-3, -2).reshape(*lead, length, heads * width)
+    numel = index.numel()
     path, best = [], None
     node = out
     while (user := _only_user(graph, node)) is not None and _is_layout(graph.nodes[user]):
@@ -389,10 +525,108 @@ def _merge(graph: nx.DiGraph, out: str, lead: tuple, heads: int, length: int, wi
             break
         index = replayed
         path.append(user)
-        if index.shape == expected.shape and torch.equal(index, expected):
+        if index.numel() == numel and _merged(index.long(), queries, width):
             best = len(path)
         node = user
     return tuple(path[:best]) if best else None
+
+
+def _merged(merged: torch.Tensor, queries: _Split, width: int) -> bool:
+    """True when the entry ``A[n, i, j]`` (its flat index in ``merged``) sits at ``Y[r(n, i), h(n)·width + j]``."""
+    heads, length = queries.heads, queries.length
+    if merged.dim() < 1 or merged.shape[-1] != heads * width:
+        return False
+    n, i, j = merged // (length * width), merged // width % length, merged % width
+    column = torch.arange(heads * width)
+    row = torch.arange(merged.numel() // merged.shape[-1]).reshape(*merged.shape[:-1], 1)
+    head, rows = queries.head.reshape(-1), queries.rows.reshape(len(queries.head.reshape(-1)), length)
+    return bool((j == column % width).all() and (head[n] == column // width).all() and (rows[n, i] == row).all())
+
+
+def _probabilities_layout(graph: nx.DiGraph, probabilities: str, folded: set[str], queries: _Split, keys: int,
+                          slots: torch.Tensor) -> tuple[tuple[str, ...], str]:
+    """The probabilities ``P`` of shape ``(*I, L_q, L_k)`` read outside the pattern: the longest layout chain from
+    ``P`` (its first node ``P``'s one outside reader, the others read by the next only) after which the heads are
+    axis ``-3``, and ``"heads"``; ``((), "merged")`` where neither ``P`` nor any such chain has them there."""
+    index = _index(graph.nodes[probabilities]["shape"])
+    best: tuple[str, ...] | None = () if _heads_axis(index.long(), queries, keys, slots) else None
+    outside = [u for u in graph.successors(probabilities) if u not in folded]
+    path: list[str] = []
+    user = outside[0] if len(outside) == 1 else None
+    while user is not None and _is_layout(graph.nodes[user]):
+        replayed = _replay(graph, index, (user,))
+        if replayed is None:
+            break
+        index = replayed
+        path.append(user)
+        if index.numel() == slots.numel() * queries.length * keys and _heads_axis(index.long(), queries, keys, slots):
+            best = tuple(path)
+        user = _only_user(graph, user)
+    return (best, "heads") if best is not None else ((), "merged")
+
+
+def _heads_axis(layout: torch.Tensor, queries: _Split, keys: int, slots: torch.Tensor) -> bool:
+    """True when ``layout`` (flat indices of ``P``) is ``(…, H, L_q, L_k)`` with ``P[n, i, s]`` at head ``h(n)``,
+    query ``i``, key ``s``, and the instances along axis ``-3`` differing by their head only (one slot)."""
+    length = queries.length
+    if layout.dim() < 3 or tuple(layout.shape[-3:]) != (queries.heads, length, keys):
+        return False
+    n, i, s = layout // (length * keys), layout // keys % length, layout % keys
+    head, slot = queries.head.reshape(-1)[n], slots.reshape(-1)[n]
+    return bool((i == torch.arange(length)[:, None]).all() and (s == torch.arange(keys)).all()
+                and (head == torch.arange(queries.heads)[:, None, None]).all() and (slot == slot[..., :1, :, :]).all())
+
+
+def _alike(graph: nx.DiGraph, extra: str, scores: tuple[int, ...], queries: _Split, slots: torch.Tensor) -> bool:
+    """True when ``extra``, broadcast to the ``scores``, gives the instances of one slot equal entries: entries with
+    the same provenance (:func:`_provenance`: a key-padding mask viewed, expanded over the heads, reshaped and added
+    to a causal mask) are equal."""
+    provenance = _provenance(graph, extra, _PROVENANCE_DEPTH)
+    if provenance is None:
+        return False
+    head, slot = queries.head.reshape(-1), slots.reshape(-1)
+    first = torch.empty_like(slot)
+    first[slot[head == 0]] = (head == 0).nonzero().squeeze(1)
+    for index in provenance:
+        try:
+            entries = torch.broadcast_to(index, scores).reshape(slots.numel(), -1)
+        except RuntimeError:
+            return False
+        if not torch.equal(entries, entries[first[slot]]):
+            return False
+    return True
+
+
+_ENTRYWISE = frozenset({"add", "sub", "mul", "div", "neg", "masked_fill", "aten.masked_fill_",
+                        "aten.where", "aten.zeros_like", "aten.logical_not", "aten.logical_or", "aten.logical_and"})
+"""Ops whose every output entry is a fixed function of the entries of their inputs at the same (broadcast)
+position: the masks a model builds (``zeros_like(m).masked_fill_(m, -inf)``, ``causal + padding``)."""
+_PROVENANCE_DEPTH = 16
+
+
+def _provenance(graph: nx.DiGraph, name: str, depth: int) -> list[torch.Tensor] | None:
+    """Index tensors of ``name``'s shape naming, per entry, the entries it is computed from: through layout ops
+    (replayed) and entry-wise ops (:data:`_ENTRYWISE`, one tensor per operand, broadcast) up to ``depth`` nodes
+    back; any other node is its own source (``arange``). Two entries with equal provenance are equal. ``None``
+    without shapes."""
+    data = graph.nodes[name]
+    shape = data["shape"]
+    if not isinstance(shape, tuple) or not all(_is_int(n) for n in shape):
+        return None
+    sources = [i for i in data["inputs"] if i is not None]
+    if depth and _is_layout(data):
+        inner = _provenance(graph, sources[0], depth - 1) or []
+        replayed = [_replay(graph, index, (name,)) for index in inner]
+        if inner and all(index is not None for index in replayed):
+            return [index for index in replayed if index is not None]
+    elif depth and data["op"] in _ENTRYWISE and sources:
+        parts = [_provenance(graph, source, depth - 1) for source in sources]
+        if all(part is not None for part in parts):
+            try:
+                return [torch.broadcast_to(index, shape) for part in parts if part is not None for index in part]
+            except RuntimeError:   # an operand that does not broadcast (no such op runs): the node's own entries
+                pass
+    return [_index(shape)]
 
 
 def _index(shape: tuple[int, ...]) -> torch.Tensor:
@@ -402,13 +636,14 @@ def _index(shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> torch.Tensor | None:
-    """Apply a layout chain to ``tensor``; ``None`` where an op cannot be replayed or a shape disagrees."""
+    """Apply a chain of layout ops and scalings to ``tensor``; ``None`` where an op cannot be replayed or a shape
+    disagrees."""
     for name in chain:
         data = graph.nodes[name]
         if data["shape"] is None:
             return None
         try:
-            if data["op"] in ("reshape", "flatten", "unsqueeze"):
+            if data["op"] in ("reshape", "flatten", "unsqueeze", "squeeze"):
                 tensor = tensor.reshape(data["shape"])
             elif data["op"] == "getitem":
                 tensor = tensor[_new_axes(data["arguments"])]
@@ -420,6 +655,8 @@ def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> 
                 tensor = tensor.transpose(*_transpose_dims(data["arguments"]))
             elif data["op"] == "permute":
                 tensor = tensor.permute(_permute_dims(data["arguments"]))
+            elif data["op"] == "select":
+                tensor = tensor.select(*_select(data["arguments"]))
         except _REPLAY_ERRORS:
             return None
         if tuple(tensor.shape) != tuple(data["shape"]):
@@ -443,6 +680,14 @@ def _repeats(arguments: dict[str, object]) -> tuple[int, int]:
     if _is_int(repeats) and _is_int(dim):
         return repeats, dim
     raise ValueError(f"repeat_interleave{(repeats, dim)} not recorded")
+
+
+def _select(arguments: dict[str, object]) -> tuple[int, int]:
+    """``(dim, index)`` of ``x.select(dim, index)``."""
+    dim, index = arguments.get("dim", arguments.get("arg1")), arguments.get("index", arguments.get("arg2"))
+    if _is_int(dim) and _is_int(index):
+        return dim, index
+    raise ValueError(f"select{(dim, index)} not recorded")
 
 
 def _transpose_dims(arguments: dict[str, object]) -> tuple[int, int]:
@@ -480,35 +725,87 @@ def _is_layout(data: dict) -> bool:
             and not any(isinstance(v, torch.dtype) for v in data["arguments"].values()))
 
 
+def _is_step(data: dict, graph: nx.DiGraph) -> bool:
+    """A layout op, a concatenation with empty tensors only (an empty key/value cache), or one tensor times
+    (divided by) a nonzero number, ``q · d^-½``: it scales the scores or the values by that number, which every
+    action commutes with (the last two replayed as the identity)."""
+    inputs, arguments = data["inputs"], data["arguments"]
+    if data["op"] == "cat":
+        shapes = [graph.nodes[i]["shape"] for i in inputs if i is not None]
+        return len(shapes) == len(inputs) > 1 and all(isinstance(shape, tuple) for shape in shapes) and \
+            sum(0 not in shape for shape in shapes) == 1
+    if data["op"] not in ("mul", "div") or len(inputs) != 2 or set(arguments) != {"arg0", "arg1"}:
+        return _is_layout(data)
+    number = 1 if inputs[0] is not None else 0 if data["op"] == "mul" else None   # not c / x
+    return (number is not None and inputs[number] is None and inputs[1 - number] is not None
+            and scale_constant(arguments[f"arg{number}"]) and arguments[f"arg{number}"] != 0)
+
+
+def _operand(data: dict, graph: nx.DiGraph) -> str:
+    """The tensor a step reads (of a concatenation, the one that is not empty)."""
+    return next(i for i in data["inputs"]
+                if i is not None and (data["op"] != "cat" or 0 not in graph.nodes[i]["shape"]))
+
+
 def _only_user(graph: nx.DiGraph, name: str) -> str | None:
     users = list(graph.successors(name))
     return users[0] if len(users) == 1 else None
 
 
 def _fold(graph: nx.DiGraph, match: _Match) -> None:
-    """Put one ``attention`` node where the merged output was; its readers read the new node instead."""
+    """Put one ``attention`` node where the merged output was; its readers read the new node instead (through
+    ``getitem`` nodes ``…_output`` and ``…_probabilities`` where the probabilities are read too). The lowest floating
+    precision a folded op casts to (ViT's ``softmax(..., dtype=torch.float32)``) is its argument ``dtype``, which
+    the certification's tolerance reads."""
     k = 0
     while f"attention_{k}" in graph:
         k += 1
     name = f"attention_{k}"
-    record = {"op": "attention", "kind": "function", "module": None, "params": {}, "buffers": {},
-              "settings": {"heads": match.heads, "head_dim": match.head_dim,
-                           "value_head_dim": match.value_head_dim, "form": match.form,
-                           "heads_alike": match.heads_alike, "key_shifts": match.key_shifts,
-                           "value_shifts": match.value_shifts}
-              | ({"kv_heads": match.kv_heads} if match.kv_heads != match.heads else {})
-              | ({"rotary": match.rotary} if match.rotary else {}),
-              "inputs": match.roots + match.extras, "arguments": {}, "shape": graph.nodes[match.final]["shape"],
-              "where": f"node {name!r} (folded attention)"}
-    users = [(user, dict(graph.edges[match.final, user])) for user in graph.successors(match.final)]
-    for user, _ in users:
+    settings = {"heads": match.heads, "head_dim": match.head_dim, "value_head_dim": match.value_head_dim,
+                "form": match.form, "heads_alike": match.heads_alike, "key_shifts": match.key_shifts,
+                "value_shifts": match.value_shifts}
+    widths = (match.heads * match.head_dim, match.kv_heads * match.head_dim, match.kv_heads * match.value_head_dim)
+    if any(offset or graph.nodes[root]["shape"][-1] != width
+           for root, offset, width in zip(match.roots, match.offsets, widths)):
+        settings["offsets"] = match.offsets
+    if match.kv_heads != match.heads:
+        settings["kv_heads"] = match.kv_heads
+    if match.rotary:
+        settings["rotary"] = match.rotary
+    ends = [match.final] + ([match.probabilities] if match.probabilities is not None else [])
+    shapes = tuple(graph.nodes[end]["shape"] for end in ends)
+    if match.probabilities is not None:
+        settings["probabilities"] = match.layout
+    casts = [v for n in match.folded for v in graph.nodes[n]["arguments"].values()
+             if isinstance(v, torch.dtype) and v.is_floating_point]
+    arguments = {"dtype": max(casts, key=lambda dtype: torch.finfo(dtype).eps)} if casts else {}
+    records = {name: {"op": "attention", "kind": "function", "module": None, "params": {}, "buffers": {},
+                      "settings": settings, "inputs": match.roots + match.extras, "arguments": arguments,
+                      "shape": shapes[0] if len(ends) == 1 else shapes, "where": f"node {name!r} (folded attention)"}}
+    renamed = {match.final: name}
+    if len(ends) > 1:
+        for position, (end, suffix, what) in enumerate(zip(ends, ("output", "probabilities"),
+                                                           ("output", "attention probabilities"))):
+            renamed[end] = f"{name}_{suffix}"
+            records[renamed[end]] = {"op": "getitem", "kind": "function", "module": None, "params": {},
+                                     "buffers": {}, "settings": {}, "inputs": (name, None),
+                                     "arguments": {"arg0": None, "arg1": position}, "shape": shapes[position],
+                                     "where": f"node {renamed[end]!r} (the {what} of folded attention {name!r})"}
+    users = [(end, user, dict(graph.edges[end, user])) for end in ends for user in graph.successors(end)
+             if user not in match.folded]
+    for _, user, _ in users:
         data = graph.nodes[user]
-        data["inputs"] = tuple(name if i == match.final else i for i in data["inputs"])
-    nodes = [(name, record) if n == match.final else (n, d) for n, d in graph.nodes(data=True)
-             if n == match.final or n not in match.folded]
+        data["inputs"] = tuple(renamed.get(i, i) for i in data["inputs"])
+    nodes = []
+    for n, d in graph.nodes(data=True):
+        if n == match.final:
+            nodes += list(records.items())
+        elif n not in match.folded:
+            nodes.append((n, d))
     edges = [(u, v, d) for u, v, d in graph.edges(data=True) if u not in match.folded and v not in match.folded]
-    edges += [(root, name, {"index": i}) for i, root in enumerate(match.roots + match.extras)]
-    edges += [(name, user, d) for user, d in users]
+    edges += [(root, name, {"index": i}) for i, root in reversed(list(enumerate(match.roots + match.extras)))]
+    edges += [(name, getitem, {"index": 0}) for getitem in records if getitem != name]
+    edges += [(renamed[end], user, d) for end, user, d in users]
     attributes = dict(graph.graph)
     graph.clear()
     graph.graph.update(attributes)

@@ -92,7 +92,7 @@ def _squared(graph: nx.DiGraph, name: str) -> str | None:
 def _is_last_axis_mean(data: Mapping[str, Any], ndim: int) -> bool:
     dim = _argument(data["arguments"], 1, "dim")
     dims = list(dim) if isinstance(dim, (list, tuple)) else [dim]
-    return data["op"] in ("mean", "aten.mean") and len(dims) == 1 and isinstance(dims[0], int) and \
+    return data["op"] == "mean" and len(dims) == 1 and isinstance(dims[0], int) and \
         dims[0] % ndim == ndim - 1 and _argument(data["arguments"], 2, "keepdim") is True
 
 

@@ -270,8 +270,10 @@ _ATEN = {
     "max_pool1d": "max_pool", "max_pool2d": "max_pool", "avg_pool1d": "avg_pool", "avg_pool2d": "avg_pool",
     "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool", "conv1d": "conv", "conv2d": "conv",
     "group_norm": "group_norm", "rms_norm": "rms_norm", "batch_norm": "batch_norm", "addmm": "addmm",
-    "select": "select", "unflatten": "reshape", "expand": "expand", "unsqueeze": "unsqueeze",
-    "split": "split", "split_with_sizes": "split", "chunk": "chunk",
+    "select": "select", "unflatten": "reshape", "expand": "expand",
+    "split": "split", "split_with_sizes": "split", "chunk": "chunk", "bmm": "matmul", "baddbmm": "baddbmm",
+    "unsqueeze": "unsqueeze", "squeeze": "squeeze", "mean": "mean", "sum": "sum", "masked_fill": "masked_fill",
+    "repeat_interleave": "repeat_interleave",
 }
 _ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
                      "adaptive_avg_pool2d": 2}

@@ -182,7 +182,7 @@ def compose(state: Mapping[str, torch.Tensor],
     for name in {t for symmetry, _ in claims for t in symmetry.tensors}:
         moved[name] = state[name].detach().clone()
     for symmetry, g in claims:
-        read = (*symmetry.reads, *(column.tensor for _, column, _, _ in symmetry.shifts))   # weights a move reads
+        read = (*symmetry.reads, *(absorber.weight for absorber, _ in symmetry.shifts))   # weights a move reads
         touched = {t: moved[t] for t in (*symmetry.tensors, *read)}
         moved.update(symmetry.apply(touched, g, inplace=True, checked=False))
     return moved

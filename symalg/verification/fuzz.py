@@ -7,7 +7,8 @@
 standalone Python script building the same model with the same values (a failure is a copy-paste
 reproduction).
 
-:func:`run` traces (:func:`symalg.trace`), derives (:func:`derive_claims`, with or without the numerical
+:func:`run` traces (:func:`symalg.trace`: fx first, or ``torch.export`` alone for a share of the attention
+families, :data:`EXPORTED`), derives (:func:`derive_claims`, with or without the numerical
 certification inside ``derive``) and checks every claim ``θ ↦ g·θ`` with
 :func:`symalg.verification.certification.claim_errors`: the worst relative change of any output,
 ``‖F(g·θ, x) − F(θ, x)‖ / ‖F(θ, x)‖``, over group elements near and far from the identity and discrete
@@ -19,6 +20,7 @@ a documented refusal (:class:`symalg.SpecError` or a subclass), a crash (any oth
 Command line::
 
     python -m symalg.verification.fuzz --models 1000 --seed 0 [--start 0] [--families mlp,norm] [--workers 2] [--raw]
+                                       [--tracer auto|fx|export]
     python -m symalg.verification.fuzz --show SEED INDEX [FAMILY]      # the reproduction script of one model
 
 >>> report = run(3, seed=0, families=["mlp"])
@@ -51,7 +53,7 @@ from symalg.ir.graph import ModelGraph
 from symalg.symbolic.derive import Analysis, derive
 from symalg.frontend.tracing import trace
 
-__all__ = ["Case", "FAMILIES", "FuzzReport", "check_case", "derive_claims", "generate",
+__all__ = ["Case", "EXPORTED", "FAMILIES", "FuzzReport", "check_case", "derive_claims", "generate",
            "main", "run"]
 
 
@@ -150,6 +152,9 @@ OPS: dict[str, Op] = {
     "prepend": Op("torch.cat([self.{layer}.weight.expand({batch}, 1, {d}), {0}], 1)",
                   lambda m, x, layer, batch, d: torch.cat([getattr(m, layer).weight.expand(batch, 1, d), x], 1)),
     "select": Op("{0}.select({dim}, {index})", lambda m, x, dim, index: x.select(dim, index)),
+    "sum": Op("{0}.sum({dim})", lambda m, x, dim: x.sum(dim)),
+    "bmm": Op("torch.bmm({0}, {1})", lambda m, a, b: torch.bmm(a, b)),
+    "bmm_t": Op("torch.bmm({0}, {1}.transpose(1, 2))", lambda m, a, b: torch.bmm(a, b.transpose(1, 2))),
     "mha": Op("self.{layer}({0}, {0}, {0}, need_weights={need}, average_attn_weights={average})",
               lambda m, x, layer, need, average: getattr(m, layer)(x, x, x, need_weights=need,
                                                                    average_attn_weights=average)),
@@ -200,6 +205,18 @@ OPS: dict[str, Op] = {
     "sdpa_dropout": Op("F.scaled_dot_product_attention({0}, {1}, {2}, dropout_p={p}, is_causal={causal})",
                        lambda m, q, k, v, p, causal: F.scaled_dot_product_attention(q, k, v, dropout_p=p,
                                                                                      is_causal=causal)),
+    "mha_kv": Op("self.{layer}({0}, {1}, {1}, need_weights={need}, average_attn_weights={average})",
+                  lambda m, x, kv, layer, need, average: getattr(m, layer)(x, kv, kv, need_weights=need,
+                                                                           average_attn_weights=average)),
+    "mha_padding": Op("self.{layer}({0}, {1}, {1}, key_padding_mask=(torch.arange({batch})[:, None] == 0) & "
+                      "(torch.arange({length}) == {length} - 1), need_weights={need}, average_attn_weights={average})",
+                      lambda m, x, kv, layer, batch, length, need, average: getattr(m, layer)(
+                          x, kv, kv, key_padding_mask=(torch.arange(batch)[:, None] == 0) &
+                          (torch.arange(length) == length - 1), need_weights=need, average_attn_weights=average)),
+    "mha_mask": Op("self.{layer}({0}, {1}, {1}, attn_mask=self.{mask}.weight, need_weights={need}, "
+                   "average_attn_weights={average})",
+                   lambda m, x, kv, layer, mask, need, average: getattr(m, layer)(
+                       x, kv, kv, attn_mask=getattr(m, mask).weight, need_weights=need, average_attn_weights=average)),
     "mha_causal": Op("self.{layer}({0}, {0}, {0}, attn_mask=torch.ones({t}, {t}, dtype=torch.bool).triu(1), "
                      "need_weights={need}, average_attn_weights={average})",
                      lambda m, x, layer, t, need, average: getattr(m, layer)(
@@ -301,6 +318,9 @@ class Case:
     input_shape: tuple[int, ...]
     vocab: int = 0
     torch_seed: int = 0
+    tracer: str = "auto"
+    """How :func:`check_case` traces it (:func:`symalg.trace`'s ``tracer``): ``"export"`` for the attention
+    families' export-forced cases, whose ``torch.export`` graphs fx would never hand over."""
 
     @property
     def description(self) -> str:
@@ -339,16 +359,24 @@ class Case:
                   "        elif name.endswith('running_var'):", "            b.uniform_(0.5, 2.0)"]
         lines += [f"model.{name}.eval()" for name, layer in self.layers if not layer.train]
         lines += [f"x = {x}", "", "import symalg", "from symalg.verification.certification import claim_errors",
-                  "analysis = symalg.derive(symalg.trace(model, (x,)))",
+                  f"analysis = symalg.derive(symalg.trace(model, (x,){self._tracer_argument}))",
                   "print([str(e) for e in claim_errors(analysis) if not e.holds])"]
         return "\n".join(lines) + "\n"
+
+    @property
+    def _tracer_argument(self) -> str:
+        return "" if self.tracer == "auto" else f", tracer={self.tracer!r}"
 
 
 class _Builder:
     """Collects layers and steps while a family draws a model."""
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, extra: random.Random | None = None):
         self.rng, self.count = rng, 0
+        self.extra = extra or random.Random(0)
+        """The choices added after a family's first version (a returned map's reader, eval dropout on the
+        probabilities, the ``bmm`` layout) are drawn from their own stream: a model that takes none of them is the
+        one its ``(seed, index)`` always gave, so the reproductions in docs/soundness.md still hold."""
         self.layers: list[tuple[str, Layer]] = []
         self.steps: list[Step] = []
         self.variant: list[str] = []
@@ -371,10 +399,11 @@ class _Builder:
     def twice(self, block: Callable[[str], str], x: str) -> str:
         """``block(block(x))`` with the same modules (weight sharing): the second call replays the first call's
         random choices (same RNG state) and reuses, in turn, the layers the first call added."""
-        state, first, variant = self.rng.getstate(), len(self.layers), list(self.variant)
+        state, extra, first, variant = self.rng.getstate(), self.extra.getstate(), len(self.layers), list(self.variant)
         y = block(x)
         after, variant, self.reuse = self.rng.getstate(), list(self.variant), iter(self.layers[first:])
         self.rng.setstate(state)
+        self.extra.setstate(extra)
         try:
             y = block(y)
         finally:
@@ -582,16 +611,30 @@ def _pooling(b: _Builder) -> _Drawn:
 
 
 def _mha(b: _Builder) -> _Drawn:
-    """``nn.MultiheadAttention``: weights returned or used, averaged or per head."""
-    rng = b.rng
+    """``nn.MultiheadAttention``: weights returned or used, averaged or per head; batch first or not; keys and
+    values from another projection (cross-attention: ``torch.export`` cuts the packed in-projection into pieces),
+    a key padding mask, or a per-head 3-d ``attn_mask`` (which must remove the head permutation)."""
+    rng, extra = b.rng, b.extra
     heads = rng.randint(1, 3)
     d = heads * rng.randint(1, 3)
     need, average = rng.random() < 0.6, rng.random() < 0.5
     b.variant.append(f"heads{heads}-need{need}-avg{average}")
     n, t = b.width(), b.width(2)
     x = b.linear("x", n, d)
-    attn = b.add("MultiheadAttention", d, heads, batch_first=True, bias=rng.random() < 0.8)
-    out, weights = b.ops("mha", x, layer=attn, need=need, average=average, outs=2)
+    batch_first, cross, mask = extra.random() < 0.7, extra.random() < 0.3, extra.choice(["", "", "padding", "mask"])
+    batch, length = (2, t) if batch_first else (t, 2)
+    b.variant += ["seq-first"] * (not batch_first) + ["cross"] * cross + [mask] * bool(mask)
+    kv = b.linear("x", n, d) if cross else x
+    attn = b.add("MultiheadAttention", d, heads, batch_first=batch_first, bias=rng.random() < 0.8)
+    if mask == "padding":
+        out, weights = b.ops("mha_padding", x, kv, layer=attn, batch=batch, length=length, need=need, average=average,
+                             outs=2)
+    elif mask == "mask":   # (B·H, L, S): one mask per head
+        layer = b.add("Conv1d", length, batch * heads, length, bias=False)
+        out, weights = b.ops("mha_mask", x, kv, layer=attn, mask=layer, need=need, average=average, outs=2)
+    else:
+        out, weights = (b.ops("mha_kv", x, kv, layer=attn, need=need, average=average, outs=2) if cross else
+                        b.ops("mha", x, layer=attn, need=need, average=average, outs=2))
     y = b.linear(b.act(out), d, b.width())
     return (2, t, n), 0, y if not need else (y, weights)
 
@@ -914,15 +957,21 @@ def _block_norm(b: _Builder, x: str, shape: tuple) -> str:
     return b.call(b.add(rng.choice(["LayerNorm", "RMSNorm"]), (t, d)), x)
 
 
-def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None]:
+_Map = tuple[str, int, bool]
+"""An attention map: ``(name, heads, merged)``; ``heads`` 0 where it has no head axis (averaged weights), ``merged``
+where batch and heads share axis 0 (``(B·H, T, T)``)."""
+
+
+def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, _Map | None]:
     """Self-attention on ``x`` of ``shape`` ``(B, T, d)``: ``(output, attention map or None)``.
 
     ``nn.MultiheadAttention`` (causal or not, weights averaged or per head), or q/k/v projections (separate,
     or packed and split by ``chunk``/``split``), heads split by ``view``/``reshape``/``unflatten``, grouped
     key/value heads (``repeat_interleave`` or Hugging Face's ``repeat_kv``), q/k norms over the head axis,
     RoPE, then ``F.scaled_dot_product_attention`` (causal, an additive mask parameter, ``enable_gqa``) or
-    ``softmax(q kᵀ/√d_k [· temperature] [+ bias | ALiBi] [causal masked_fill]) v`` written out, whose
-    probabilities are the attention map (for ``sdpa``, at times the merged heads).
+    ``softmax(q kᵀ/√d_k [· temperature] [+ bias | ALiBi] [causal masked_fill]) v`` written out (by ``@`` on
+    ``(B, H, T, d_k)``, or by ``torch.bmm`` on ``(B·H, T, d_k)`` as BART and ``nn.MultiheadAttention`` do), whose
+    probabilities, dropped out in eval mode at times, are the attention map (for ``sdpa``, at times the merged heads).
     """
     rng, (batch, t, d) = b.rng, shape
     kind = rng.choice(["hand", "hand", "sdpa", "mha"])
@@ -933,7 +982,7 @@ def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None
         layer = b.add("MultiheadAttention", d, heads, batch_first=True, bias=rng.random() < 0.7)
         out, weights = (b.ops("mha_causal", x, layer=layer, t=t, need=need, average=average, outs=2) if causal else
                         b.ops("mha", x, layer=layer, need=need, average=average, outs=2))
-        return out, weights if need else None
+        return out, (weights, 0 if average else heads, False) if need else None
     heads = rng.randint(1, 4)
     groups = rng.choice(_divisors(heads)) if rng.random() < 0.4 else heads
     rope = rng.choice(ROPE_KINDS) if rng.random() < 0.3 else None
@@ -966,7 +1015,7 @@ def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None
         return (b.op("repeat_interleave", z, r=r) if rng.random() < 0.5 else
                 b.op("repeat_kv", z, shape=(batch, groups, r, t, dk), merged=(batch, heads, t, dk)))
 
-    attention_map = None
+    attention_map: _Map | None = None
     if kind == "sdpa":
         causal = rng.random() < 0.5
         if groups < heads and rng.random() < 0.5:
@@ -982,22 +1031,33 @@ def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None
                 o = b.op("sdpa", q, k, v, causal=causal)
     else:
         k, v = (repeat(k), repeat(v)) if groups < heads else (k, v)
-        scores = b.op("scale", b.op("matmul_t", q, k), c=dk ** -0.5)
+        merged = b.extra.random() < 0.25
+        if merged:
+            b.variant.append("bmm")
+            q, k, v = (b.op("reshape", z, shape=(batch * heads, t, dk)) for z in (q, k, v))
+        scores = b.op("scale", b.op("bmm_t" if merged else "matmul_t", q, k), c=dk ** -0.5)
         if rng.random() < 0.2:
             b.variant.append("temperature")
             scores = b.op("mul", scores, b.op("param", layer=b.add("Parameter", 1)))
-        position = rng.choice(["none", "none", "bias", "alibi"])
+        position = rng.choice(["none", "none", "bias"] + ([] if merged else ["alibi"]))
         if position == "bias":  # a learned additive (relative-position) bias, per head or shared
             b.variant.append("bias")
-            scores = b.op("add", scores, b.op("param", layer=b.add("Parameter", rng.choice([1, heads]), t, t)))
+            scores = b.op("add", scores, b.op("param", layer=b.add("Parameter", 1 if merged else
+                                                                   rng.choice([1, heads]), t, t)))
         elif position == "alibi":
             b.variant.append("alibi")
             scores = b.op("alibi", scores)
         if rng.random() < 0.5:
             b.variant.append("causal")
             scores = b.op(rng.choice(["causal_fill", "causal_fill_min"]), scores, t=t)
-        attention_map = b.op("softmax", scores, dim=-1)
-        o = b.op("matmul", attention_map, v)
+        probabilities = b.op("softmax", scores, dim=-1)
+        if b.extra.random() < 0.25:   # dropout on the probabilities, in eval mode
+            b.variant.append("dropout")
+            probabilities = b.call(b.add("Dropout", b.extra.choice([0.1, 0.5]), train=False), probabilities)
+        attention_map = (probabilities, heads, merged)
+        o = b.op("bmm" if merged else "matmul", probabilities, v)
+        if merged:
+            o = b.op("reshape", o, shape=(batch, heads, t, dk))
     o = b.op("transpose", o, a=1, b=2)
     merge = rng.choice(["reshape", "view", "flatten"])
     if merge == "flatten":
@@ -1006,7 +1066,7 @@ def _block_attention(b: _Builder, x: str, shape: tuple) -> tuple[str, str | None
         o = b.op(merge, b.op("contiguous", o) if merge == "view" else o, shape=(batch, t, inner))
     if attention_map is None and rng.random() < 0.3:   # the merged heads returned: the value bias cannot move
         b.variant.append("merged")
-        attention_map = o
+        attention_map = (o, 0, False)   # read as it is or summed over its features, never per head
     return b.linear(o, inner, d, rng.random() < 0.6), attention_map
 
 
@@ -1109,10 +1169,32 @@ def _block(b: _Builder) -> _Drawn:
         y = b.op("linear_w", x, layer=embedding)
     else:
         y = b.linear(x, d, b.width())
-    returned = [m for m in maps if m is not None and rng.random() < 0.4]
+    returned = [_read_map(b, m, batch, t) for m in maps if m is not None and rng.random() < 0.4]
     if returned:
         b.variant.append("maps")
     return shape, vocab, (y, *returned) if returned else y
+
+
+def _read_map(b: _Builder, attention_map: _Map, batch: int, t: int) -> str:
+    """What a block returns of an attention map: the map, its sum over the keys, or (per head) its mean over the
+    heads (the only reader a head permutation leaves unchanged), head 0, or the map scaled per head; a merged
+    ``(B·H, T, T)`` map is viewed as ``(B, H, T, T)`` first, at times."""
+    rng = b.extra
+    name, heads, merged = attention_map
+    if merged and rng.random() < 0.5:
+        name, merged = b.op("reshape", name, shape=(batch, heads, t, t)), False
+    kinds = ["returned", "sum-keys"] + (["mean-heads", "head0", "head-scale"] if heads and not merged else [])
+    kind = rng.choice(kinds)
+    b.variant.append(f"map-{kind}" + ("-merged" if merged else ""))
+    if kind == "sum-keys":
+        return b.op("sum", name, dim=-1)
+    if kind == "mean-heads":
+        return b.op("mean", name, dim=1)
+    if kind == "head0":
+        return b.op("token0", name)
+    if kind == "head-scale":
+        return b.op("weight_mul", name, layer=b.add("Conv1d", 1, heads, 1, bias=False))
+    return name
 
 
 def _layers(b: _Builder) -> _Drawn:
@@ -1162,6 +1244,11 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
+EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3}
+"""Families some of whose models are traced by ``torch.export`` alone (with this probability, drawn apart from the
+model), since fx traces every generated model and export decomposes ``nn.MultiheadAttention`` and spells attention
+with ATen ops (``bmm``, ``baddbmm``, ``select``, ``squeeze``) that attention folding must read exactly."""
+
 
 def generate(seed: int, index: int, family: str | None = None) -> Case:
     """The model number ``index`` of ``seed`` (family ``family``, by default the ``index``-th in turn).
@@ -1173,7 +1260,7 @@ def generate(seed: int, index: int, family: str | None = None) -> Case:
     if family not in FAMILIES:
         raise SpecError(f"generate: unknown family {family!r}; known: {', '.join(names)}")
     rng = random.Random(f"{seed}:{index}:{family}")
-    b = _Builder(rng)
+    b = _Builder(rng, random.Random(f"{seed}:{index}:{family}:extra"))
     shape, vocab, result = FAMILIES[family](b)
     outputs = result if isinstance(result, tuple) else (result,)
     kind = "tuple" if len(outputs) > 1 else "tensor"
@@ -1181,9 +1268,12 @@ def generate(seed: int, index: int, family: str | None = None) -> Case:
         hidden = [s.out for s in b.steps if isinstance(s.out, str) and s.out not in outputs]
         outputs += tuple(rng.sample(hidden, min(len(hidden), rng.randint(0, 2))))
         kind = rng.choice(["dict", "tuple"])
-    variant = "-".join(b.variant + ([kind] if kind != "tensor" else [])) or "plain"
+    tracer = "export" if random.Random(f"{seed}:{index}:{family}:tracer").random() < EXPORTED.get(family, 0) \
+        else "auto"
+    variant = "-".join(b.variant + ([kind] if kind != "tensor" else []) + (["export"] if tracer == "export" else [])) \
+        or "plain"
     return Case(seed, index, family, variant, tuple(b.layers), tuple(b.steps), (kind, outputs), shape, vocab,
-                rng.randrange(2 ** 31))
+                rng.randrange(2 ** 31), tracer)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1331,14 +1421,15 @@ def _claim_errors(analysis: Analysis, draws: int, seed: int) -> list[tuple[str, 
 
 
 def check_case(case: Case, certify: bool = True, time_limit: float = 20.0, draws: int = 2,
-               catalogue: Mapping[str, CatalogueEntry] | None = None) -> _Outcome:
-    """Trace, derive (with ``catalogue`` when given) and check one case; never raises (refusals, crashes
-    and hangs are outcomes)."""
+               catalogue: Mapping[str, CatalogueEntry] | None = None, tracer: str | None = None) -> _Outcome:
+    """Trace (by ``tracer`` when given, else as the case says), derive (with ``catalogue`` when given) and check one
+    case; never raises (refusals, crashes and hangs are outcomes)."""
     outcome, start = _Outcome(case.family), time.process_time()
     try:
         with _time_limit(time_limit):
             model, inputs = case.build()
-            analysis, outcome.certified = derive_claims(trace(model, inputs), certify, catalogue), certify
+            graph = trace(model, inputs, tracer=tracer or case.tracer)
+            analysis, outcome.certified = derive_claims(graph, certify, catalogue), certify
             # seeded apart from derive's own certification, so the check draws other elements and inputs
             errors = _claim_errors(analysis, draws, 1 + case.index)
         outcome.claims = len(errors)
@@ -1356,23 +1447,24 @@ def check_case(case: Case, certify: bool = True, time_limit: float = 20.0, draws
     return outcome
 
 
-def _check_index(arguments: tuple[int, int, list[str] | None, bool, float, int]) -> _Outcome:
-    seed, index, families, certify, time_limit, draws = arguments
+def _check_index(arguments: tuple[int, int, list[str] | None, bool, float, int, str | None]) -> _Outcome:
+    seed, index, families, certify, time_limit, draws, tracer = arguments
     family = families[index % len(families)] if families else None
-    return check_case(generate(seed, index, family), certify, time_limit, draws)
+    return check_case(generate(seed, index, family), certify, time_limit, draws, tracer=tracer)
 
 
 def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, time_limit: float = 20.0,
-        certify: bool = True, draws: int = 2, workers: int = 1, start: int = 0) -> FuzzReport:
+        certify: bool = True, draws: int = 2, workers: int = 1, start: int = 0,
+        tracer: str | None = None) -> FuzzReport:
     """Generate ``n_models`` models (indices ``start … start + n_models − 1`` of ``seed``, families in turn)
     and check every claim of each; see the module docstring. ``workers > 1`` checks them in that many
-    processes."""
+    processes; ``tracer`` (``"auto"``, ``"fx"``, ``"export"``) traces every model so, instead of as each says."""
     families = list(families) if families else None
     unknown = [f for f in families or () if f not in FAMILIES]
     if unknown:
         raise SpecError(f"run: unknown families {unknown}; known: {', '.join(FAMILIES)}")
     report, began = FuzzReport(seed), time.perf_counter()
-    jobs = [(seed, i, families, certify, time_limit, draws) for i in range(start, start + n_models)]
+    jobs = [(seed, i, families, certify, time_limit, draws, tracer) for i in range(start, start + n_models)]
     if workers > 1:
         # spawn, not fork: a forked child inherits torch's intra-op thread pool from a parent that already ran
         # models, and can hang in its first matrix product
@@ -1398,6 +1490,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=20.0, help="CPU seconds per model")
     parser.add_argument("--draws", type=int, default=2, help="fresh inputs per claim check")
     parser.add_argument("--raw", action="store_true", help="check derive's raw claims (no certification)")
+    parser.add_argument("--tracer", choices=("auto", "fx", "export"),
+                        help="trace every model so (default: as each model says: fx first, torch.export for the "
+                             "attention families' export-forced cases)")
     parser.add_argument("--show", nargs="+", metavar="SEED INDEX [FAMILY]",
                         help="print the source of one model (generate(SEED, INDEX, FAMILY)) and exit")
     args = parser.parse_args(argv)
@@ -1411,7 +1506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         families = [f for f in args.families.split(",") if f] or None
         torch.set_default_dtype(torch.float64)
         report = run(args.models, args.seed, families, args.time_limit, not args.raw, args.draws, args.workers,
-                     args.start)
+                     args.start, args.tracer)
     except SpecError as error:
         parser.error(str(error))
     print(report.summary())
