@@ -110,7 +110,8 @@ def test_export_folds_multihead_attention_into_one_attention_node(need, average)
     assert len(data["inputs"]) == 3 and graph.nodes[projection]["inputs"][1] == "attention_in_proj_weight"
     assert data["settings"] == {"heads": H, "head_dim": E // H, "value_head_dim": E // H,
                                 "form": "explicit" if need else "sdpa", "heads_alike": True, "key_shifts": True,
-                                "value_shifts": True, "offsets": (0, E, 2 * E)} | ({"probabilities": "heads"} if need else {})
+                                "value_shifts": True,
+                                "offsets": (0, E, 2 * E)} | ({"probabilities": "heads"} if need else {})
     ops = {graph.nodes[v]["op"] for v in graph}
     assert ops.isdisjoint({"matmul", "softmax", "select", "squeeze", "unsqueeze", "sdpa"})
     if need:
@@ -185,7 +186,8 @@ depend on the values)."""
 @pytest.mark.parametrize("tracer", ["fx", "export"])
 def test_returned_probabilities_keep_the_per_head_groups(read, permuted, tracer):
     """The probabilities ``softmax(Q_h K_hᵀ/2)`` are invariant under the per-head ``GL(d_k)``, the key biases,
-    ``GL(d_v)`` and the value shears; their head axis moves under a head permutation, which only their readers may allow."""
+    ``GL(d_v)`` and the value shears; their head axis moves under a head permutation, which only their readers may
+    allow."""
     torch.manual_seed(0)
     model = Returning(read).eval()
     claims, error = raw(model, (torch.randn(B, L, E),), tracer)

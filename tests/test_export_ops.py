@@ -321,14 +321,14 @@ def test_an_embedding_renormalising_its_rows_claims_nothing(tracer):
 @pytest.mark.parametrize("tracer", ROUTES)
 def test_a_dense_layer_with_a_transposed_weight_and_shifts_along_one(tracer, form):
     """``h @ W`` written as GPT-2's ``addmm`` or ``F.linear(h, W.t())`` before a softmax: the layer's outputs permute,
-    and for ``addmm`` its weight and bias shift along ``1`` (``W ↦ W + v 1ᵀ``, ``b ↦ b + t 1``: softmax ignores
-    them), all verified."""
+    and its weight (and ``addmm``'s bias) shift along ``1`` (``W ↦ W + v 1ᵀ``, ``b ↦ b + t 1``: softmax ignores
+    them; the transposed weight is read as the one parameter it is), all verified."""
     from symalg.catalogue.rule_examples import Conv1D
     dense = (Lambda(lambda self, h: self.gpt(h), gpt=Conv1D(8, 8)) if form == "addmm" else
              Lambda(lambda self, h: nn.functional.linear(h, self.w.t()), w=nn.Parameter(torch.randn(8, 8))))
     body = Lambda(lambda self, h: torch.softmax(self.dense(h), -1), dense=dense)
     analysis = verified(Around(body), torch.randn(2, 4, 3), tracer=tracer)
     site = "body.dense.gpt" if form == "addmm" else "body.dense.w"
-    expected = [("stem", "GL(8)"), (site, "S(8)")] + ([(site, "Translations(9, along 1)")] if form == "addmm" else [])
+    expected = [("stem", "GL(8)"), (site, "S(8)"), (site, f"Translations({9 if form == 'addmm' else 8}, along 1)")]
     expected += [("stem", "Shears(8)")] if form == "addmm" else []   # stem's bias into the addmm's (a biased reader)
     assert groups(analysis) == sorted(expected)

@@ -121,18 +121,25 @@ def test_formula_agrees_with_the_structured_and_dense_ranks_on_both_routes(name)
     random θ, for the spec and for the same module traced; all one number."""
     analysis, formula = family(name)
     rng = random.Random(f"differential {name}")
+    closed = 0
     for seed in range(4):
-        widths = {s.name: rng.randint(1, 9 if s.name in FAMILIES[name][1] else 5) for s in analysis.widths}
+        widths = {s.name: rng.randint(1, 9 if s.name in FAMILIES[name][1] else 5)
+                  for s in sorted(analysis.widths, key=lambda s: s.name)}
         concrete = analysis.subs(widths)
         module = symalg.to_module(concrete.architecture, generator=torch.Generator().manual_seed(seed))
         params = dict(module.named_parameters())
         traced = symalg.derive(symalg.trace(module, (torch.randn(6, widths["n"], dtype=torch.float64),)))
         structured, traced_rank = concrete.orbit_dimension(params), traced.orbit_dimension(params)
-        values = [formula_at(formula, widths), int(model_orbit_dimension_formula(concrete)), structured.dimension,
-                  structured.expected, _dense_rank(concrete, params), int(traced.orbit_dimension()),
+        values = [formula_at(formula, widths), structured.dimension, structured.expected, _dense_rank(concrete, params),
                   traced_rank.dimension, _dense_rank(traced, params)]
+        try:   # the structured formula: every site peeled or in closed form (not a stratum of coupled shears)
+            values += [int(model_orbit_dimension_formula(concrete)), int(traced.orbit_dimension())]
+            closed += 1
+        except NotImplementedError as error:
+            assert name == "linear_relu_linear" and "Shears" in str(error), error
         assert len(set(values)) == 1, (widths, values)
         assert not structured.strata and structured.margin > 1
+    assert closed >= 2
 
 
 def test_wide_hidden_layer_example():

@@ -556,16 +556,16 @@ def test_a_singular_matrix_with_a_harmless_diagonal_is_not_certified_full():
 def test_a_gl_site_is_certified_by_qr_and_agrees_with_the_svd(dtype):
     # ranks="qr" takes the certificate at every size ("auto" only from QR_FROM = 256 on: the matrix tests above)
     h = 40
-    model, analysis = two_layer(h, h, h)
+    model, analysis = two_layer(h, h, h, bias=False)   # GL(h) alone (with biases, also the shear of 0.bias)
     auto, svd = (model_orbit_dimension(analysis, dtype=dtype, ranks=r) for r in ("qr", "svd"))
     assert auto.dimension == svd.dimension == auto.expected == h ** 2
     (decision,) = auto.decisions
-    assert decision.certificate == "qr" and "out-regions" in decision.what and decision.shape == (h, h + 1)
+    assert decision.certificate == "qr" and "out-regions" in decision.what and decision.shape == (h, h)
     assert_sound(decision, svd.decisions[0])
     assert auto.margin > (1e6 if dtype == torch.float64 else 1)
-    # a stratum: neuron 4 cut off (its row of W₁ and b₁, its column of W₂): (h − (h − 1))(h − (h − 1)) = 1
+    # a stratum: neuron 4 cut off (its row of W₁, its column of W₂): (h − (h − 1))(h − (h − 1)) = 1
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    params["0.weight"][4], params["0.bias"][4], params["2.weight"][:, 4] = 0, 0, 0
+    params["0.weight"][4], params["2.weight"][:, 4] = 0, 0
     cut = model_orbit_dimension(analysis, params, ranks="qr")
     assert cut.dimension == model_orbit_dimension(analysis, params, ranks="svd").dimension == h ** 2 - 1
     assert [d.rank for d in cut.decisions] == [h - 1, h - 1] and {d.certificate for d in cut.decisions} == {"svd"}

@@ -239,7 +239,7 @@ def test_an_affine_site_orbit_formula_matches_the_numeric_and_dense_ranks():
         assert numeric.dimension == model_orbit_dimension(concrete, params, method="dense").dimension == \
             formula.subs({h: widths["h"], n: widths["n"], m: widths["m"]})
         if widths["h"] > widths["n"] + 1:   # GL(h) not fixed by its own weights: the affine closed form
-            assert numeric.components[0].steps == (f"GL({widths['h']}) on 0 with its shear: ({widths['h']} − "
+            assert numeric.components[0].steps == (f"GL({widths['h']}) on 0 with its translations: ({widths['h']} − "
                                                    f"{widths['n']})({widths['h']} − {widths['m']}) = "
                                                    f"{(widths['h'] - widths['n']) * (widths['h'] - widths['m'])}",)
 

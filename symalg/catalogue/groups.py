@@ -326,9 +326,9 @@ class SiteGroup:
     # -- Lie algebra ----------------------------------------------------------------------------
     def _check_basis_size(self) -> int:
         """The concrete width ``h``, after checking that the basis, ``dim·h²`` entries (``dim·h`` for a
-        diagonal group), fits in :data:`~symalg.frontend.grammar.MAX_ENTRIES`."""
+        diagonal group or a translation vector), fits in :data:`~symalg.frontend.grammar.MAX_ENTRIES`."""
         h = _concrete(self.width)
-        per_element = h if self.element_format == "diagonal" else h * h
+        per_element = h * h if self.element_format == "matrix" else h
         check_entries(int(self.dim) * per_element, f"the Lie-algebra basis of {self.name}")
         return h
 

@@ -78,10 +78,12 @@ by ``torch.func.jacfwd`` and its SVD (refused beyond ``max_bytes``, with the siz
 >>> model = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Identity(), torch.nn.Linear(4, 2)).double()
 >>> analysis = symalg.derive(symalg.trace(model, (torch.randn(5, 2, dtype=torch.float64),)))
 >>> result = model_orbit_dimension(analysis)
->>> result.dimension, result.components[0].detail      # 16 − (4 − rank[W₁ b₁])(4 − rank W₂ᵀ)
-(14, 'GL(4) on 0: (4 − 3)(4 − 2) = 2')
+>>> [s.label for s in analysis.symmetries]             # b₁ ↦ b₁ + t, b₂ ↦ b₂ − W₂ t across the identity
+['GL(4) on 0', 'Shears(4) on 0']
+>>> result.dimension, result.components[0].detail      # 16 + 4 − (4 − rank W₁)(4 − rank W₂ᵀ)
+(16, 'GL(4) on 0 with its translations: (4 − 2)(4 − 2) = 4')
 >>> model_orbit_dimension(analysis, method="dense").dimension, model_orbit_dimension_formula(analysis)
-(14, 14)
+(16, 16)
 """
 from __future__ import annotations
 
@@ -591,7 +593,10 @@ class _Ranks(ABC):
         key = (id(site), tuple(regions))
         if key not in self._directions:
             tensors = list(dict.fromkeys(r[0] for r in regions))
-            J = _jacobian([(site, None)], self.state, tensors, self.max_bytes, f"directions of {site.label}")
+            stacked = site.symmetry.directions(self.state)   # B_i themselves: the Jacobian of t ↦ Σ t_i B_i
+            k = len(next(iter(stacked.values()))) if stacked else site.dim
+            J = torch.cat([stacked[t].reshape(k, -1) if t in stacked else
+                           self.state[t].new_zeros(k, self.state[t].numel()) for t in tensors], 1).T
             rows = torch.cat([_region_mask(self.shapes[t], [r for r in regions if r[0] == t]) for t in tensors])
             what = f"directions of {site.label} on {', '.join(_region_text(r) for r in regions)}"
             self._directions[key] = certified_rank(J[rows.to(J.device)], what, ranks=self.ranks)
@@ -804,7 +809,7 @@ def _as_chain(sites: list[_Site], dropped: AbstractSet[tuple] = frozenset()) -> 
     """``(vertices, arrows, sources, sinks)`` when ``sites`` are ``GL`` sites coupled only through whole
     2-D weights (rows out-bound by one site, columns in-bound by another) into one equioriented path;
     else ``None``. ``arrows[k]`` names the weight from vertex ``k − 1`` to vertex ``k``; ``sources`` and
-    ``sinks`` are each vertex's other out- and in-regions (without the ``dropped`` regions: biases a shear
+    ``sinks`` are each vertex's other out- and in-regions (without the ``dropped`` regions: biases a translation
     frees, :func:`_sheared_gl`)."""
     if len(sites) < 2 or any(s.kind != "GL" or s.self_overlap for s in sites):
         return None
@@ -839,40 +844,41 @@ def _as_chain(sites: list[_Site], dropped: AbstractSet[tuple] = frozenset()) -> 
     shared = set(arrow.values())
     sources = [[b for b in v.moving if b.role == "out" and b.tensor not in shared and b.region not in dropped]
                for v in vertices]
-    sinks = [[b for b in v.moving if b.role != "out" and b.tensor not in shared] for v in vertices]
+    sinks = [[b for b in v.moving if b.role != "out" and b.tensor not in shared and b.region not in dropped]
+             for v in vertices]
     arrows: list[str | None] = [None, *(arrow[v] for v in vertices[1:])]
     return vertices, arrows, sources, sinks
 
 
 def _sheared_gl(sites: list[_Site]) -> tuple[list[_Site], set[tuple], bool] | None:
-    """``(GL sites, translated biases, exact)`` when ``sites`` are ``GL`` sites and shears of their own values: each
-    shear translates out-regions (the bias ``b``) of one ``GL`` site ``v`` and gives the change back in biases
-    read through in-regions of ``v``, which only it moves or which are the bias of another of the ``GL`` sites.
-    A ``GL`` site with such a shear acts as the affine group of the site (kernel elements have ``t = −M b``, see
-    :func:`_affine_closed_form`): ``b`` is no frozen source any more. ``exact`` is false where a shear gives back in
-    the bias of a ``GL`` site that is not sheared itself: the frozen source there is ``b + W c`` (``c`` the sheared
-    offset upstream), one column like ``b`` but another vector, so only the generic count holds. ``None``: not
-    this structure."""
+    """``(GL sites, translated biases, exact)`` when ``sites`` are ``GL`` sites and translations of their own biases:
+    each translation moves whole regions of one ``GL`` site ``v`` (``entries``: a bias ``b``), either plainly (a
+    head's key bias, an in-region of its query/key site) or as a shear of an out-region giving the change back in
+    biases read through in-regions of ``v``, which only it moves or which are the bias of another of the ``GL``
+    sites. A ``GL`` site with such a translation acts as the affine group of the site (kernel elements have
+    ``t = −M b`` or ``t = Mᵀ b``, see :func:`_affine_closed_form`): ``b`` is no frozen region any more. ``exact`` is
+    false where a shear gives back in the bias of a ``GL`` site that is not translated itself: the frozen source
+    there is ``b + W c`` (``c`` the sheared offset upstream), one column like ``b`` but another vector, so only the
+    generic count holds. ``None``: not this structure."""
     gl = [s for s in sites if s.kind == "GL"]
-    shears = [s for s in sites if s.kind == "T" and s.symmetry.sheared]
-    if not gl or not shears or len(gl) + len(shears) != len(sites) or any(s.self_overlap for s in gl):
+    translations = [s for s in sites if s.kind == "T"]
+    if not gl or not translations or len(gl) + len(translations) != len(sites) or any(s.self_overlap for s in gl):
         return None
     outs = {b.region: site for site in gl for b in site.moving if b.role == "out"}
     ins = {b.region: site for site in gl for b in site.moving if b.role == "in"}
     biases = {b.tensor: site for site in gl for b in site.moving if b.role == "out" and b.axis == 0 and
               b.start == 0 and len(site.symmetry.shapes[b.tensor]) == 1}
+    moved = {b.tensor for site in gl for b in site.moving}
     dropped: set[tuple] = set()
     receiving = []
-    for shear in shears:
-        families = shear.symmetry.translations
+    for translation in translations:
+        families = translation.symmetry.translations
         regions = [r.region for f in families for r in f.regions]
-        vertex = {outs.get(r) for r in regions}
         absorbers = [a for f in families for a in f.absorbers]
+        vertex = {outs.get(r) for r in regions} if absorbers else {outs.get(r, ins.get(r)) for r in regions}
         if len(vertex) != 1 or None in vertex or any(f.pattern != "entries" for f in families) or \
-                any(ins.get(a.columns.region) not in vertex for a in absorbers):
-            return None
-        moved = {b.tensor for site in gl for b in site.moving}
-        if any(a.bias in moved and a.bias not in biases for a in absorbers):
+                any(ins.get(a.columns.region) not in vertex for a in absorbers) or \
+                any(a.bias in moved and a.bias not in biases for a in absorbers):
             return None
         dropped |= set(regions)
         receiving += [biases[a.bias] for a in absorbers if a.bias in biases]
@@ -881,16 +887,17 @@ def _sheared_gl(sites: list[_Site]) -> tuple[list[_Site], set[tuple], bool] | No
 
 
 def _affine_closed_form(site: _Site, outs: list[Binding], ins: list[Binding], ranks: _Ranks) -> tuple[int, str]:
-    """Kernel of ``GL(h)`` and a shear of its bias ``b`` into biases only the shear moves (:func:`_sheared_gl`):
-    ``(M, t)`` with ``M F = 0`` on the other out-regions ``F``, ``M b + t = 0``, ``Mᵀ G = 0`` on the in-regions
-    ``G`` (``W M = 0`` for the readers' weights) and ``W t = 0`` in the readers' biases, which follows:
-    ``W t = −W M b = 0``. So ``t = −M b`` and ``dim ker = (h − rank F)(h − rank G)``: the bias no longer constrains
-    ``M``, as if it were no out-region."""
+    """Kernel of ``GL(h)`` and translations of its biases (:func:`_sheared_gl`; ``outs``, ``ins``: the regions but
+    the translated biases). A shear of an out-region bias ``b`` into biases only it moves: ``(M, t)`` with
+    ``M F = 0`` on the other out-regions ``F``, ``M b + t = 0``, ``Mᵀ G = 0`` on the in-regions ``G`` (``W M = 0``
+    for the readers' weights) and ``W t = 0`` in the readers' biases, which follows: ``W t = −W M b = 0``. So
+    ``t = −M b``; a plain translation of an in-region bias (a key bias) gives ``t = Mᵀ b`` alike. Either way
+    ``dim ker = (h − rank F)(h − rank G)`` without the translated biases: they no longer constrain ``M``."""
     h = site.width
-    r_out = ranks.stack_rank(site, outs, "out-regions but the translated bias")
-    r_in = ranks.stack_rank(site, ins, "in-regions") if r_out < h else 0
+    r_out = ranks.stack_rank(site, outs, "out-regions but the translated biases")
+    r_in = ranks.stack_rank(site, ins, "in-regions but the translated biases") if r_out < h else 0
     kernel = (h - r_out) * (h - r_in)
-    return kernel, f"{site.label} with its shear: ({h} − {r_out})({h} − {r_in}) = {kernel}"
+    return kernel, f"{site.label} with its translations: ({h} − {r_out})({h} − {r_in}) = {kernel}"
 
 
 def _region_ranks(component: list[_Site], state: Mapping[str, torch.Tensor], ranks: str
@@ -945,7 +952,9 @@ def _kernel(component: list[_Site], ranks: _Ranks) -> tuple[int | None, str, tup
         elif sheared and len(sheared[0]) == 1:
             (site,) = sheared[0]
             value, line = _affine_closed_form(site, [b for b in site.moving if b.role == "out" and b.region not in
-                                                     dropped], [b for b in site.moving if b.role != "out"], ranks)
+                                                     dropped],
+                                              [b for b in site.moving if b.role != "out" and b.region not in dropped],
+                                              ranks)
             used = _COST[0]
         elif chain is not None and (exact or ranks.generic):
             value = ranks.chain(*chain)
@@ -1134,8 +1143,8 @@ def model_orbit_dimension_formula(analysis: AnalysisLike) -> sp.Integer:
 
     >>> import torch, symalg
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 6), torch.nn.Identity(), torch.nn.Linear(6, 3))
-    >>> model_orbit_dimension_formula(symalg.derive(symalg.trace(model, (torch.randn(4, 2),))))  # 36 − (6 − 3)(6 − 3)
-    27
+    >>> model_orbit_dimension_formula(symalg.derive(symalg.trace(model, (torch.randn(4, 2),))))  # 42 − (6 − 2)(6 − 3)
+    30
     """
     caller = "model_orbit_dimension_formula"
     sites, components, state, shapes = _prepare(analysis, None, None, None, caller, shapes_only=True)
@@ -1164,10 +1173,10 @@ def action_matrix(analysis: AnalysisLike, params: Mapping[str, torch.Tensor], sy
     concrete and ``params`` must match them.
 
     >>> import symalg.numeric.sampling
-    >>> analysis = symalg.derive("linear(2, 3) -> identity -> linear(3, 2)")
+    >>> analysis = symalg.derive("linear(2, 3) -> identity -> linear(3, 2)")   # GL(3) and Shears(3): 9 + 3 rows
     >>> params = symalg.numeric.sampling.random_params(analysis.architecture)
     >>> action_matrix(analysis, params).shape, action_matrix(analysis, params, symmetric=True).shape
-    (torch.Size([9, 17]), torch.Size([6, 17]))
+    (torch.Size([12, 17]), torch.Size([6, 17]))
     """
     caller = "action_matrix"
     sites, _, state, _ = _prepare(analysis, params, None, None, caller)

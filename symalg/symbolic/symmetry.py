@@ -20,10 +20,10 @@ action moves every bound region ``U`` (see :mod:`symalg.bindings`), and its cons
 >>> import torch, symalg
 >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Identity(), torch.nn.Linear(4, 2))
 >>> analysis = symalg.derive(symalg.trace(model, (torch.randn(5, 3),)))
->>> [s.group.name for s in analysis.symmetries]
-['GL(4)']
+>>> [s.group.name for s in analysis.symmetries]     # and the first bias moved into the second (a shear)
+['GL(4)', 'Shears(4)']
 >>> analysis.certified, [e.holds for e in analysis.certification]
-(True, [True])
+(True, [True, True])
 >>> symalg.derive(symalg.trace(model))  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
@@ -334,21 +334,30 @@ class Symmetry:
         """The infinitesimal action ``M·θ`` on the tensors it moves: linear in ``M``, defined for any ``M`` of the
         algebra's shape (unchecked, so that :mod:`symalg.orbit_rank` can differentiate it under ``vmap``)."""
         if self.translations:
-            out: dict[str, torch.Tensor] = {}
-            for index, direction in enumerate(self._basis(params)):
-                for tensor, change in direction.items():
-                    out[tensor] = out.get(tensor, 0) + M[index] * change
-            return out
-        out = {}
+            return {tensor: torch.tensordot(M, D, dims=1) for tensor, D in self.directions(params).items()}
+        out: dict[str, torch.Tensor] = {}
         for b in self.moving_bindings():
             dU = self.group.act_infinitesimally(M, b.unfold(params[b.tensor]), b.role, b.power)
             base = out.get(b.tensor, torch.zeros_like(params[b.tensor]))
             out[b.tensor] = base + b.fold(torch.zeros_like(params[b.tensor]), dU)
         return out
 
-    def _basis(self, params: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-        """Translation directions ``B_i`` (``{tensor: change}``) at the dtype/device of ``params``."""
-        return [direction for family in self.translations for direction in family.directions(params)]
+    def directions(self, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A translation's directions ``B_i`` stacked per tensor, ``{tensor: (k, *shape)}`` (zero where ``B_i`` does
+        not move it), at the dtype/device of ``params`` and, for a shear, at its readers' weights there.
+
+        >>> import torch, symalg
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Identity(), torch.nn.Linear(3, 1))
+        >>> analysis = symalg.derive(symalg.trace(model.double(), (torch.randn(4, 2, dtype=torch.float64),)))
+        >>> shear = next(s for s in analysis.symmetries if s.sheared)          # 0.bias into 2.bias
+        >>> params = dict(model.named_parameters())
+        >>> B = shear.directions(params)
+        >>> B["0.bias"].shape, torch.equal(B["2.bias"][:, 0], -params["2.weight"][0])
+        (torch.Size([3, 3]), True)
+        """
+        listed = [direction for family in self.translations for direction in family.directions(params)]
+        tensors = dict.fromkeys(t for direction in listed for t in direction)
+        return {t: torch.stack([d[t] if t in d else torch.zeros_like(params[t]) for d in listed]) for t in tensors}
 
     # -- symbolic -------------------------------------------------------------------------------
     @cached_property
