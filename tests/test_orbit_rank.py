@@ -576,3 +576,16 @@ def test_bad_rank_method_is_named():
     _, analysis = two_layer(2, 3, 2)
     with pytest.raises(ValueError, match=r"ranks must be one of \('auto', 'qr', 'svd'\), got 'lu'"):
         model_orbit_dimension(analysis, ranks="lu")
+
+
+def test_translation_directions_holding_an_identity_are_full_rank_without_a_factorisation():
+    """A shear of ``0.bias`` (``e_i`` there, ``−W₂ e_i`` on ``2.bias``): restricted to regions that include the bias
+    its directions contain the identity, so their rank is ``h`` at any parameters (certificate ``"identity"``);
+    the structured result still equals the dense rank, at a generic point and with ``W₂`` zero."""
+    model, analysis = two_layer(6, 5, 2)   # GL(5) forced to 0 by [W₁ b₁] of rank 5; the shear alone remains
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    for W2 in (params["2.weight"], torch.zeros_like(params["2.weight"])):
+        params["2.weight"] = W2
+        result = model_orbit_dimension(analysis, params)
+        assert any(d.certificate == "identity" and d.rank == 5 for d in result.decisions)
+        assert result.dimension == model_orbit_dimension(analysis, params, method="dense").dimension == 25 + 5

@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, AbstractSet, Any, Mapping, Protocol, Sequence
@@ -150,7 +151,8 @@ class RankDecision:
     ``certificate`` says how: ``"svd"``, from the computed singular values; ``"qr"``, a full rank certified from
     a QR factorisation without them (:func:`certified_rank`): then ``kept`` is a certified lower bound on the smallest
     singular value and ``threshold`` an upper bound on the rule's, so :attr:`margin` is a lower bound on the
-    margin an SVD would report.
+    margin an SVD would report; ``"identity"``, translation directions that contain the identity (``kept = 1``, a
+    lower bound).
     """
 
     what: str
@@ -396,6 +398,21 @@ def _region_mask(shape: Sequence[int], regions: Sequence[_Region]) -> torch.Tens
     return mask.reshape(-1)
 
 
+def _identity_directions(site: _Site, regions: Sequence[_Region]) -> RankDecision | None:
+    """The rank of a translation's directions restricted to ``regions`` where every family moves the entries of its
+    first region one by one (``e_i`` on a bias) and those regions, distinct, are among ``regions``: the directions
+    contain the identity there, so the rank is ``k`` (every singular value at least 1) at any parameters; else
+    ``None``."""
+    families = site.symmetry.translations
+    sources = [(r.tensor, r.axis, r.start, r.start + r.width * r.block)
+               for f in families for r in f.regions[:1] if f.pattern == "entries"]
+    if not families or len(sources) != len(families) or len(set(sources)) != len(sources) or \
+            not set(sources) <= set(regions):
+        return None
+    what = f"directions of {site.label}: the identity on {', '.join(_region_text(r) for r in sources)}"
+    return RankDecision(what, site.dim, (site.dim, site.dim), 0.0, 1.0, None, site.dim, "identity")
+
+
 def _region_text(region: _Region) -> str:
     tensor, axis, lo, hi = region
     return tensor if axis is None else f"{tensor}[{lo}:{hi}] (axis {axis})"
@@ -587,10 +604,15 @@ class _Ranks(ABC):
         """``dim ker`` of the action of ``sites`` together (``None``: no answer)."""
 
     def directions_rank(self, site: _Site, regions: Sequence[_Region]) -> int:
-        """``rank[B_1 … B_k]`` of a translation's directions, restricted to ``regions`` (of ``site.regions``)."""
+        """``rank[B_1 … B_k]`` of a translation's directions, restricted to ``regions`` (of ``site.regions``). Where
+        every family moves the entries of a region among ``regions`` one by one (a bias: ``e_i`` there), the
+        restricted directions contain the identity, so their rank is ``k`` without computing anything (their smallest
+        singular value is at least 1)."""
         if not regions:
             return 0
         key = (id(site), tuple(regions))
+        if key not in self._directions and (identity := _identity_directions(site, regions)) is not None:
+            self._directions[key] = identity
         if key not in self._directions:
             tensors = list(dict.fromkeys(r[0] for r in regions))
             stacked = site.symmetry.directions(self.state)   # B_i themselves: the Jacobian of t ↦ Σ t_i B_i
@@ -691,6 +713,18 @@ class _Numeric(_Ranks):
 class _Generic(_Ranks):
     generic = True
 
+    def __init__(self, state: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]], max_bytes: float,
+                 directions: dict[tuple[int, tuple[_Region, ...]], RankDecision],
+                 samples: dict[Any, Any] | None = None):
+        super().__init__(state, shapes, max_bytes, directions)
+        self._samples = {} if samples is None else samples   # shared across components: the shears' generic ranks
+
+    def _random(self, tensor: str) -> torch.Tensor:
+        """Seeded random values of ``tensor`` (seeded by its name: the same in every component), generic with
+        probability 1; not kept (at full size they would be as large as the weights)."""
+        generator = torch.Generator().manual_seed(zlib.crc32(tensor.encode()))
+        return torch.randn(self.shapes[tensor], generator=generator, dtype=torch.float64)
+
     def directions_rank(self, site: _Site, regions: Sequence[_Region]) -> int:
         """A translation's directions are constant, so their rank is read at any values: the model's own, or, on
         the ``meta`` device (shapes only), seeded random values of the site's tensors. A shear's directions read
@@ -704,11 +738,11 @@ class _Generic(_Ranks):
         >>> model_orbit_dimension_formula(symalg.derive(graph, loss="cross_entropy", certify=False))  # 4 + 5
         9
         """
-        if site.reads or any(self.state[t].is_meta for t in site.tensors):
-            generator = torch.Generator().manual_seed(0)
-            values = {t: torch.randn(self.shapes[t], generator=generator, dtype=torch.float64)
-                      for t in site.tensors + site.reads}
-            cache = {} if site.reads else self._directions   # a shear's rank at these values is not its rank at θ
+        if _identity_directions(site, regions) is None and (site.reads or any(self.state[t].is_meta
+                                                                               for t in site.tensors)):
+            values = {t: self._random(t) for t in site.tensors + site.reads}
+            # a shear's rank at these values is not its rank at θ: cached apart from the numeric ranks
+            cache = self._samples if site.reads else self._directions
             return _Numeric(values, self.shapes, self.max_bytes, cache, self.ranks).directions_rank(site, regions)
         return super().directions_rank(site, regions)
 
@@ -1108,11 +1142,12 @@ def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Ten
     strata: list[Stratum] = []
     notes: list[str] = []
     decisions: list[RankDecision] = []
+    samples: dict[Any, Any] = {}
     for component in components:
         numeric = _Numeric(state, shapes, max_bytes, directions, ranks)
         kernel, used, steps = _kernel(component, numeric)
         assert kernel is not None, "numeric ranks answer every component"
-        generic, _, _ = _kernel(component, _Generic(state, shapes, max_bytes, directions))
+        generic, _, _ = _kernel(component, _Generic(state, shapes, max_bytes, directions, samples))
         labels = tuple(s.label for s in component)
         dim = sum(s.dim for s in component)
         results.append(ComponentRank(labels, dim, kernel, used, steps, tuple(numeric.decisions), generic))
@@ -1149,8 +1184,10 @@ def model_orbit_dimension_formula(analysis: AnalysisLike) -> sp.Integer:
     caller = "model_orbit_dimension_formula"
     sites, components, state, shapes = _prepare(analysis, None, None, None, caller, shapes_only=True)
     total, missing = sp.Integer(0), []
+    directions: dict[tuple[int, tuple[_Region, ...]], RankDecision] = {}
+    samples: dict[Any, Any] = {}
     for component in components:
-        kernel, _, _ = _kernel(component, _Generic(state, shapes, 4 * _GIB, {}))
+        kernel, _, _ = _kernel(component, _Generic(state, shapes, 4 * _GIB, directions, samples))
         if kernel is None:
             missing.append(", ".join(s.label for s in component))
         else:
