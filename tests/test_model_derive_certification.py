@@ -17,6 +17,7 @@ from symalg.verification.certification import (CERTIFICATION_TOLERANCE, assert_c
                                                sample_elements)
 from symalg.symbolic.derive import derive
 from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
+from test_model_verification import GatedWithTail   # the gated MLP with a tanh tail
 
 
 class SinMLP(nn.Module):
@@ -165,21 +166,10 @@ def test_certification_costs_forward_passes_logarithmic_in_the_number_of_claims(
     assert passes == {1: 2 * (1 + 2 * 2), 5: 2 * (1 + 2 * 7), 20: 2 * (1 + 2 * 11)}
 
 
-class Gated(nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.gate, self.up, self.down = nn.Linear(3, 4), nn.Linear(3, 4), nn.Linear(4, 3)
-        self.tail = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(3, 3), nn.Tanh())], nn.Linear(3, 2))
-
-    def forward(self, x):
-        return self.tail(self.down(torch.tanh(self.gate(x)) * self.up(x)))
-
-
 def test_certification_tells_apart_two_false_claims_whose_composition_holds():
     """The gate and up rows of a gated MLP are permuted together; split in two, each half changes the output, while
     both moved by the same swap do not. Composed in sets that separate every two claims, each half fails alone."""
-    model = Gated().double()
+    model = GatedWithTail().double()
     analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)))
     joint = next(s for s in analysis.symmetries if s.label == "S(4) on gate")
     gate_half = dataclasses.replace(joint, bindings=tuple(b for b in joint.bindings if not b.tensor.startswith("up")))
