@@ -5,7 +5,7 @@ Two-layer networks with ``n = h = m`` at each width of ``--widths`` (default 32,
 * identity site ``linear(n, h) -> identity -> linear(h, m)`` (group ``GL(h)``): the matrix
   ``C = W1 W1ᵀ + b1 b1ᵀ − W2ᵀ W2`` (h × h);
 * ReLU site ``linear(n, h) -> relu -> linear(h, m)`` (positive scaling): the vector
-  ``q = rowsum(W1∘W1) + b1∘b1 − colsum(W2∘W2)`` (length h; lowered as an h × 1 column).
+  ``q = rowsum(W1∘W1) + b1∘b1 − colsum(W2∘W2)`` (length h; returned as a vector of shape ``(h,)``).
 
 Each lowered callable (``q(params)``, i.e. ``q.lowered(params)``, a dict ``{name: value}``) is timed against the
 hand-written torch expression a user would type, on the same tensors (:func:`benchlib.interleaved`): every statement
@@ -147,7 +147,7 @@ def measure(widths, action_width, dtypes, rounds, block_time, actions=True, cloc
             env = dict(globals(), C=C, q=q, P=P)
             check_close(C(P)[C_name], C_hand(P), "C lowered vs hand")
             check_close(C_hand_addmm(P), C_hand(P), "C addmm vs hand")
-            check_close(q(P)[q_name].squeeze(-1), q_hand(P), "q lowered vs hand")
+            check_close(q(P)[q_name], q_hand(P), "q lowered vs hand")
             check_close(q_hand_norm(P), q_hand(P), "q norm vs hand")
             run_case("C (identity site, h x h)", dtype, h,
                      {"lowered": "C(P)", "hand": "C_hand(P)", "hand addmm_": "C_hand_addmm(P)"},

@@ -18,6 +18,11 @@ Usage::
     python benchmarks/bench_verify.py                       # depths 10, 100, 1000 (about 2 min idle)
     python benchmarks/bench_verify.py --depths 10 100 300   # others
     python benchmarks/bench_verify.py --quick               # depths 3 and 12 in this process, seconds
+    python benchmarks/bench_verify.py --orthogonality 1 768 12   # orthogonality checks: regions against folded
+
+``--orthogonality LAYERS D_MODEL HEADS`` times only verify's gradient-orthogonality checks of the transformer of
+``bench_transformer.py`` (:func:`orthogonality`): region by region, as ``verify`` checks, against the folded tangents
+of the parameters' size, CPU time of this process on the same gradient and generators.
 """
 from __future__ import annotations
 
@@ -87,10 +92,45 @@ def run(depths: tuple[int, ...], fresh: bool) -> list[dict]:
     return rows
 
 
+def orthogonality(layers: int = 1, d_model: int = 768, heads: int = 12) -> dict:
+    """CPU time of verify's gradient-orthogonality checks on the transformer of ``bench_transformer.py``: every
+    symmetry with disjoint regions checked region by region (``Symmetry.region_tangent``, what ``verify`` does)
+    against the baseline, the folded ``Symmetry.tangent`` (one tensor of the parameter's size per generator and
+    binding: 64 copies of a packed ``3d × d`` projection per head), on the same gradient and generators."""
+    from bench_transformer import build_model
+
+    import symalg
+    from symalg.verification.checks import check_gradient_orthogonality, gradient_norm, loss_gradients
+
+    model = build_model(layers, d_model, heads).double()
+    x = torch.randn(1, 4, d_model, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    analysis = symalg.derive(symalg.trace(model, (x,)), certify=False)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    grads = loss_gradients(lambda p: (torch.func.functional_call(model, p, (x,)) ** 2).sum(), params)
+    norm = gradient_norm(grads)
+    times = {"regions": 0.0, "folded": 0.0}
+    worst = {"regions": 0.0, "folded": 0.0}
+    checked = [s for s in analysis.symmetries if s.disjoint_regions is not None]
+    for symmetry in checked:
+        basis = symmetry.group.algebra_sample(64, torch.Generator().manual_seed(2), torch.float64, "cpu")
+        unfolded = {b: b.unfold(grads[b.tensor]) for b, *_ in symmetry.disjoint_regions if b.tensor in grads}
+        for path, tangent, against in (("regions", lambda M, s=symmetry: s.region_tangent(params, M), unfolded),
+                                       ("folded", lambda M, s=symmetry: s.tangent(params, M), grads)):
+            _, seconds, result = timed(lambda: check_gradient_orthogonality(
+                symmetry.label, tangent, basis, against, 1e-9, grad_norm=norm, vectorised=True))
+            times[path] += seconds
+            worst[path] = max(worst[path], result.max_error)
+    return {"layers": layers, "d_model": d_model, "symmetries": len(checked), "regions_s": times["regions"],
+            "folded_s": times["folded"], "speed_up": times["folded"] / times["regions"],
+            "worst_cosine_regions": worst["regions"], "worst_cosine_folded": worst["folded"]}
+
+
 def figures(quick: bool = False) -> dict:
-    """The figures of :func:`run` (``quick``: depths 3 and 12 in this process)."""
+    """The figures of :func:`run` (``quick``: depths 3 and 12 in this process) and of :func:`orthogonality`
+    (``quick``: width 48)."""
     torch.set_num_threads(1)
-    return {"depths": run(QUICK_DEPTHS if quick else DEPTHS, fresh=not quick)}
+    return {"depths": run(QUICK_DEPTHS if quick else DEPTHS, fresh=not quick),
+            "orthogonality": orthogonality(d_model=48, heads=4) if quick else orthogonality()}
 
 
 def main(argv=None) -> None:
@@ -98,11 +138,17 @@ def main(argv=None) -> None:
     parser.add_argument("--depths", type=int, nargs="+", help=f"numbers of linear layers (default {DEPTHS})")
     parser.add_argument("--quick", action="store_true", help=f"depths {QUICK_DEPTHS} in this process")
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--orthogonality", type=int, nargs=3, metavar=("LAYERS", "D_MODEL", "HEADS"),
+                        help="only the gradient-orthogonality checks of a transformer, region by region against "
+                             "folded tangents (e.g. 1 768 12)")
     parser.add_argument("--_child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args._child:
         print(json.dumps(measure(args._child)))
+        return
+    if args.orthogonality:
+        print(json.dumps({"machine": machine(), **orthogonality(*args.orthogonality)}, indent=1))
         return
     print(json.dumps(machine()))
     rows = run(tuple(args.depths) if args.depths else QUICK_DEPTHS if args.quick else DEPTHS, fresh=not args.quick)

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
@@ -27,6 +29,12 @@ def test_run_all_quick_writes_every_benchmarks_figures_as_json(tmp_path):
     verify = result["benchmarks"]["bench_verify"]["figures"]["depths"]
     assert [r["depth"] for r in verify] == [3, 9] and all(r["passed"] for r in verify)
     assert all(r["verify_s"] > 0 and r["gradient_ms"] > 0 for r in verify)
+    orthogonality = result["benchmarks"]["bench_verify"]["figures"]["orthogonality"]
+    assert orthogonality["symmetries"] > 0 and orthogonality["regions_s"] > 0
+    assert orthogonality["worst_cosine_regions"] < 1e-9 and orthogonality["worst_cosine_folded"] < 1e-9
+    gpu = result["benchmarks"]["bench_gpu"]["figures"]
+    assert gpu["cuda"] == torch.cuda.is_available()
+    assert all(r["passed"] for r in gpu.get("rows", []) if r["case"].startswith("verify"))
     lowered = result["benchmarks"]["bench_lowered_q"]["figures"]["rows"]
     assert {(r["case"], r["width"]) for r in lowered} >= {("q (ReLU site, h)", 256), ("action GL(h)", 256)}
     spec = result["benchmarks"]["bench_derive"]["figures"]["spec_vs_traced"]

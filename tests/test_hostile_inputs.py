@@ -137,7 +137,7 @@ def test_a_width_named_like_a_chain_bias_is_read_correctly():
     params = _params()
     (q,) = symalg.derive("linear(n, b_1) -> relu -> linear(b_1, m)").conserved_quantities()
     W1, b1, W2 = params["0.weight"], params["0.bias"], params["2.weight"]
-    expected = ((W1 ** 2).sum(1) + b1 ** 2 - (W2 ** 2).sum(0))[:, None]
+    expected = (W1 ** 2).sum(1) + b1 ** 2 - (W2 ** 2).sum(0)
     torch.testing.assert_close(q(params)["q__0"], expected)
 
 

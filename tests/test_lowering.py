@@ -347,8 +347,7 @@ def test_generated_source_is_inspectable():
     assert lines[0] == "def act(params, g_1):"
     assert "    W_1 = params['0.weight']" in lines
     assert "    b_1 = params['0.bias'].unsqueeze(-1)" in lines
-    assert "    h = W_1.shape[-2]" in lines
-    assert "    n = W_1.shape[-1]" in lines
+    assert not any(" = W_1.shape" in line for line in lines)   # no width is read: the code uses none
     assert not any("_like" in line for line in lines)  # no constant matrix: no dtype/device reference
     assert "        '0.weight': torch.matmul(g_1, W_1)," in lines
     assert "        '0.bias': torch.matmul(g_1, b_1).squeeze(-1)," in lines
@@ -576,3 +575,31 @@ def test_evaluate_symbolic_equals_sympy_exact_arithmetic_on_rational_matrices(ex
     reference = reference.xreplace({s: exact[s.name] for s in reference.atoms(sp.MatrixSymbol)}).doit()
     reference = np.array(reference.as_explicit() if isinstance(reference, sp.MatrixExpr) else reference, dtype=float)
     np.testing.assert_allclose(evaluate_symbolic(expr, values), reference, rtol=1e-13, atol=1e-13)
+
+
+def test_a_width_is_read_only_where_the_printed_code_uses_it():
+    f = lower("ones", W * sp.OneMatrix(n, n), {W: "W"})
+    assert "    n = W_1.shape[-1]" in f.source.splitlines() and "h = " not in f.source
+    assert torch.equal(f({"W": torch.ones(4, 3)}), torch.full((4, 3), 3.0))
+
+
+def test_per_unit_columns_are_computed_as_vectors():
+    """q = b∘b + (W∘W)1 − (Vᵀ∘Vᵀ)1 prints with no unsqueeze, keepdim or transpose, and is returned as (..., h)."""
+    V = sp.MatrixSymbol("V", 2, h)
+    q = sp.HadamardPower(b, 2) + sp.HadamardPower(W, 2) * sp.OneMatrix(n, 1) \
+        - sp.HadamardPower(V.T, 2) * sp.OneMatrix(2, 1)
+    f = lower("q", {"q": q}, {W: "W", b: "b", V: "V"}, vector_outputs=["q"], vector_inputs=[b])
+    assert not any(view in f.source for view in ("unsqueeze", "keepdim", "transpose", "squeeze"))
+    values = {"W": torch.randn(5, 4, 3), "b": torch.randn(5, 4), "V": torch.randn(5, 2, 4)}
+    expected = values["b"] ** 2 + (values["W"] ** 2).sum(-1) - (values["V"] ** 2).sum(-2)
+    torch.testing.assert_close(f(values)["q"], expected)
+    as_column = lower("q", {"q": q}, {W: "W", b: "b", V: "V"}, vector_inputs=[b])
+    assert as_column.source.count("unsqueeze") == 1
+    torch.testing.assert_close(as_column(values)["q"], expected.unsqueeze(-1))
+
+
+def test_a_column_that_needs_a_matrix_product_stays_a_column():
+    f = lower("Wb", {"Wb": W.T * b}, {W: "W", b: "b"}, vector_outputs=["Wb"], vector_inputs=[b])
+    assert "params['b'].unsqueeze(-1)" in f.source
+    values = {"W": torch.randn(4, 3), "b": torch.randn(4)}
+    torch.testing.assert_close(f(values)["Wb"], values["W"].T @ values["b"])

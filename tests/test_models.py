@@ -105,7 +105,7 @@ def test_small_cnn_with_batch_norm_and_max_pooling():
     # the flatten binding reads each channel's 2x2 block of fc columns
     expected = params["b2.bias"] ** 2 + params["b2.weight"] ** 2 - \
         (params["fc.weight"].reshape(5, 6, 4) ** 2).sum((0, 2))
-    torch.testing.assert_close(quantities["q_b2"](params)["q_b2"].squeeze(-1), expected)
+    torch.testing.assert_close(quantities["q_b2"](params)["q_b2"], expected)   # per-unit: shape (h,)
 
 
 def test_batch_norm_in_eval_mode_permutes_running_statistics():

@@ -572,6 +572,25 @@ def test_a_gl_site_is_certified_by_qr_and_agrees_with_the_svd(dtype):
     assert len(cut.strata) == 1
 
 
+def test_a_rank_below_full_in_float32_is_decided_again_in_float64():
+    # W₁, W₂ full rank with condition number 1e6: float32's threshold h · eps · σ_max ≈ 5e-6 σ_max hides the smallest
+    # singular values, so float32 alone finds a stratum that is not there (at width 4096 a random weight suffices)
+    h = 64
+    model, analysis = two_layer(h, h, h, bias=False)
+    values = torch.logspace(0, -6, h, dtype=torch.float64)
+    params = {"0.weight": spectrum_matrix(h, h, values, seed=1), "2.weight": spectrum_matrix(h, h, values, seed=2)}
+    low = model_orbit_dimension(analysis, {k: v.float() for k, v in params.items()}, dtype=torch.float32)
+    assert low.dimension == low.expected == h ** 2 and not low.strata
+    assert low == model_orbit_dimension(analysis, params).dimension
+    assert any("decided again in float64" in note for note in low.notes)
+    # a true stratum stays one (a cut-off neuron), and a full rank in float32 is not recomputed
+    params["0.weight"][4], params["2.weight"][:, 4] = 0, 0
+    cut = model_orbit_dimension(analysis, {k: v.float() for k, v in params.items()}, dtype=torch.float32)
+    assert cut.dimension == h ** 2 - 1 and len(cut.strata) == 1
+    random = model_orbit_dimension(analysis, dtype=torch.float32)
+    assert random.dimension == h ** 2 and not random.notes
+
+
 def test_bad_rank_method_is_named():
     _, analysis = two_layer(2, 3, 2)
     with pytest.raises(ValueError, match=r"ranks must be one of \('auto', 'qr', 'svd'\), got 'lu'"):

@@ -2,6 +2,7 @@
 controls that must be caught, the report object, and the exact identities it rests on."""
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 
@@ -652,3 +653,34 @@ def test_angular_momentum_of_a_subalgebra_is_projected_on_it_and_decays():
     assert report.passed, str(report)
     (decay,) = [c for c in report.checks if c.check == "angular_momentum"]
     assert decay.symmetry == j.symmetry.label and decay.passed
+
+
+# -- gradient orthogonality region by region -------------------------------------------------------------------
+def test_region_tangents_give_the_cosines_of_the_full_tangents():
+    """``Symmetry.region_tangent`` (the verifier's path: no tensor of the parameters' size per generator) gives the
+    same inner products and norms as the folded ``tangent``, for every symmetry of an attention block whose regions
+    are disjoint; regions of one tensor along two axes are not, and keep the folded path."""
+    from symalg.verification.checks import _cosines, gradient_norm, loss_gradients
+
+    torch.manual_seed(0)
+    block = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    analysis = symalg.derive(symalg.trace(block, (x,)))
+    params = {k: v.detach() for k, v in block.named_parameters()}
+    grads = loss_gradients(lambda p: (torch.func.functional_call(block, p, (x,)) ** 2).sum(), params)
+    norm = gradient_norm(grads)
+    regional = [s for s in analysis.symmetries if s.disjoint_regions is not None]
+    assert len(regional) >= 8 and any(len(s.disjoint_regions) > 1 for s in regional)
+    for symmetry in regional:
+        basis = symmetry.group.algebra_sample(6, torch.Generator().manual_seed(1), torch.float64, "cpu")
+        full = _cosines(torch.func.vmap(lambda M: symmetry.tangent(params, M))(basis), grads, norm)
+        unfolded = {b: b.unfold(grads[b.tensor]) for b, *_ in symmetry.disjoint_regions}
+        pieces = torch.func.vmap(lambda M: symmetry.region_tangent(params, M))(basis)
+        torch.testing.assert_close(_cosines(pieces, unfolded, norm), full, rtol=1e-10, atol=1e-14)
+    # a square weight bound along its rows and its columns (a site reading what it writes): regions that share entries
+    gl = symalg.derive("linear(4, 4) -> identity -> linear(4, 2)").symmetries[0]
+    rows = next(b for b in gl.bindings if b.tensor == "0.weight")
+    both = dataclasses.replace(gl, bindings=gl.bindings + (dataclasses.replace(rows, axis=1, role="in"),))
+    assert gl.disjoint_regions is not None and both.disjoint_regions is None
+    with pytest.raises(ValueError, match="overlap"):
+        both.region_tangent({"0.weight": torch.zeros(4, 4)}, torch.zeros(4, 4))

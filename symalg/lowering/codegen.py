@@ -164,6 +164,54 @@ class SymalgTorchPrinter(TorchPrinter):
         return super()._print(expr, **kwargs)
 
 
+class _VectorPrinter(SymalgTorchPrinter):
+    """Prints an ``h × 1`` column as a torch vector ``(..., h)`` (see :func:`_vector_form`): ``X 1`` as
+    ``X.sum(-1)`` and ``Yᵀ 1`` as ``Y.sum(-2)``, with no ``keepdim``, ``unsqueeze`` or ``transpose`` views; each view
+    costs a dispatch, which at small widths is a fifth of the arithmetic."""
+
+    def _print_MatMul(self, expr: sp.MatMul) -> str:
+        coefficient, factors = _split_scalars(expr)
+        if len(factors) == 1:
+            result = self._print(factors[0])
+        else:
+            matrix = factors[0]
+            untransposed = _untransposed(matrix)
+            result = (f"{_PRINTER._print(untransposed)}.sum(-2)" if untransposed is not None
+                      else f"{_PRINTER._print(matrix)}.sum(-1)")
+        if coefficient == -1:
+            return f"-{result}"
+        return result if coefficient == 1 else f"{self.parenthesize(coefficient, 40)}*{result}"
+
+
+def _split_scalars(expr: sp.MatMul) -> tuple[sp.Expr, list[sp.MatrixExpr]]:
+    scalars = [a for a in expr.args if not isinstance(a, sp.MatrixExpr)]
+    return sp.Mul(*scalars), [a for a in expr.args if isinstance(a, sp.MatrixExpr)]
+
+
+def _vector_form(expr: sp.Basic, columns: set[sp.MatrixSymbol]) -> bool:
+    """Whether the column ``expr`` prints as a vector: sums, scalar multiples and Hadamard products or powers of the
+    ``columns`` (read as vectors) and of row sums ``A 1`` of matrices ``A`` that use no column.
+
+    >>> b, W = sp.MatrixSymbol("b", 3, 1), sp.MatrixSymbol("W", 3, 2)
+    >>> q = sp.HadamardPower(b, 2) + sp.HadamardPower(W, 2) * sp.OneMatrix(2, 1)
+    >>> _vector_form(q, {b}), _vector_form(W * W.T * b, {b})
+    (True, False)
+    """
+    if isinstance(expr, sp.MatrixSymbol):
+        return expr in columns
+    if isinstance(expr, (sp.MatAdd, sp.HadamardProduct)):
+        return all(_vector_form(term, columns) for term in expr.args)
+    if isinstance(expr, sp.HadamardPower):
+        return _vector_form(expr.base, columns)
+    if isinstance(expr, sp.MatMul):
+        _, factors = _split_scalars(expr)
+        if len(factors) == 1:
+            return _vector_form(factors[0], columns)
+        return (len(factors) == 2 and isinstance(factors[1], sp.OneMatrix) and factors[1].shape[1] == 1
+                and not (factors[0].free_symbols & columns) and isinstance(factors[0], sp.MatrixExpr))
+    return False
+
+
 def _untransposed(expr: sp.MatrixExpr) -> sp.MatrixExpr | None:
     """``Y`` for ``expr = Yᵀ`` or ``expr = Yᵀ∘Yᵀ`` (= ``(Y∘Y)ᵀ``), else None."""
     if isinstance(expr, sp.Transpose):
@@ -174,6 +222,7 @@ def _untransposed(expr: sp.MatrixExpr) -> sp.MatrixExpr | None:
 
 
 _PRINTER = SymalgTorchPrinter({"fully_qualified_modules": True})
+_VECTOR_PRINTER = _VectorPrinter({"fully_qualified_modules": True})
 
 
 def torch_source(expr: sp.Basic) -> str:
@@ -226,22 +275,26 @@ class LoweredFunction:
     the check, which otherwise costs more than the arithmetic of a small quantity."""
 
     def __call__(self, params: Mapping[str, torch.Tensor], *args: torch.Tensor) -> Any:
+        if len(args) != len(self.arg_names):
+            raise TypeError(f"{self.name} takes params and {len(self.arg_names)} more arguments "
+                            f"{list(self.arg_names)}, got {len(args)}")
+        try:   # the shapes of a call already checked: one lookup (the checks cost more than a small quantity)
+            known = tuple([params[name].shape for name in self.param_names]) in self._accepted
+        except (KeyError, AttributeError):
+            known = False
+        if not known:
+            self._check_params(params)
+        return self.fn(params, *args)
+
+    def _check_params(self, params: Mapping[str, torch.Tensor]) -> None:
+        """Raise ``KeyError`` naming the parameters missing from ``params``, ``TypeError`` naming one that is not a
+        tensor, and ``ValueError`` naming one whose trailing shape is not :attr:`param_shapes` (leading batch
+        dimensions are free); torch would otherwise broadcast or fail without the name."""
         missing = [name for name in self.param_names if name not in params]
         if missing:
             raise KeyError(f"{self.name}: parameter(s) {missing} missing from params "
                            f"(it reads {list(self.param_names)})")
-        if len(args) != len(self.arg_names):
-            raise TypeError(f"{self.name} takes params and {len(self.arg_names)} more arguments "
-                            f"{list(self.arg_names)}, got {len(args)}")
-        self._check_shapes(params)
-        return self.fn(params, *args)
-
-    def _check_shapes(self, params: Mapping[str, torch.Tensor]) -> None:
-        """Raise ``ValueError`` naming the parameter whose trailing shape is not :attr:`param_shapes`
-        (leading batch dimensions are free); torch would otherwise broadcast or fail without the name."""
-        shapes = tuple(getattr(params[name], "shape", None) for name in self.param_shapes)
-        if shapes in self._accepted:
-            return
+        shapes = tuple(getattr(params[name], "shape", None) for name in self.param_names)
         bound: dict[sp.Symbol, int] = {}
         for name, expected in self.param_shapes.items():
             value = params[name]
@@ -282,13 +335,19 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     """
     outputs = dict(expr) if isinstance(expr, Mapping) else None
     exprs: list[sp.MatrixExpr] = list(outputs.values()) if outputs is not None else [expr]
+    columns = set(vector_inputs)
+    # Column-valued outputs built only from columns and row sums are computed as torch vectors (their columns read
+    # without unsqueeze), then returned as (..., h, 1) columns, or as vectors where asked.
+    vectors = outputs is not None and bool(columns) and all(_vector_form(e, columns) for e in exprs)
     if outputs is None:
         body = [f"    return {torch_source(expr)}"]
     else:
-        body = ["    return {"]
-        body += [f"        {key!r}: {torch_source(value)}{'.squeeze(-1)' if key in vector_outputs else ''},"
-                 for key, value in outputs.items()]
-        body.append("    }")
+        def output(key: str, value: sp.MatrixExpr) -> str:
+            if vectors:
+                return _VECTOR_PRINTER.doprint(value) + ("" if key in vector_outputs else ".unsqueeze(-1)")
+            return torch_source(value) + (".squeeze(-1)" if key in vector_outputs else "")
+
+        body = ["    return {", *(f"        {key!r}: {output(key, v)}," for key, v in outputs.items()), "    }"]
     needs_like = any("_like" in line for line in body)
     used = set().union(*(e.free_symbols for e in exprs))
     stray = sorted(str(s) for s in used - set(params) - set(args) if isinstance(s, sp.MatrixSymbol))
@@ -304,22 +363,25 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
             inputs.append(symbol)
             missing -= set(symbol.shape)
     lines = [f"def {name}(params{''.join(', ' + identifier(a.name) for a in args)}):"]
-    columns = set(vector_inputs)
     for symbol in to_read:
-        suffix = (read_suffixes or {}).get(symbol, ".unsqueeze(-1)" if symbol in columns else "")
+        suffix = (read_suffixes or {}).get(symbol, ".unsqueeze(-1)" if symbol in columns and not vectors else "")
         lines.append(f"    {identifier(symbol.name)} = params[{params[symbol]!r}]{suffix}")
-    lines += [f"    {identifier(s.name)} = {identifier(s.name)}.unsqueeze(-1)" for s in args if s in columns]
+    lines += [f"    {identifier(s.name)} = {identifier(s.name)}.unsqueeze(-1)" for s in args
+              if s in columns and not vectors]
     bound: set[sp.Symbol] = set()
     taken = {identifier(s.name) for s in inputs} | {"torch", "params", "_like", name}
     clash = sorted({str(w) for s in inputs for w in s.shape if sp.sympify(w).is_Symbol and str(w) in taken})
     if clash:  # `b_1 = W_1.shape[-2]` would overwrite the bias b_1: a wrong value, silently
         raise ValueError(f"lower({name}): width(s) {clash} have the name of a tensor or function the generated code "
                          "uses; rename the width")
+    printed = "\n".join(body)
     for symbol in inputs:
-        for axis, size in enumerate(symbol.shape):
+        axes = symbol.shape[:1] if vectors and symbol in columns else symbol.shape
+        for axis, size in enumerate(axes):
             if sp.sympify(size).is_Symbol and size not in bound:
                 bound.add(size)
-                lines.append(f"    {size} = {identifier(symbol.name)}.shape[{axis - 2}]")
+                if re.search(rf"\b{size}\b", printed):   # widths the printed code reads, not just its shapes
+                    lines.append(f"    {size} = {identifier(symbol.name)}.shape[{axis - len(axes)}]")
     unbound = sorted(str(s) for s in used - bound if not isinstance(s, sp.MatrixSymbol))
     if unbound:
         raise ValueError(f"lower({name}): expression uses {unbound}, which are neither params, args nor widths "

@@ -1162,6 +1162,14 @@ def model_orbit_dimension(analysis: AnalysisLike, params: Mapping[str, torch.Ten
             notes.append(f"{', '.join(labels)}: kernel {kernel} below its generic value {generic} (rounding?)")
     generic_kernels = [c.generic_kernel_dim for c in results]
     expected = None if None in generic_kernels else algebra_dim - sum(k for k in generic_kernels if k is not None)
+    below = [d for d in decisions if d.rank < (min(d.shape) if d.generic is None else d.generic)]
+    if below and torch.finfo(dtype).eps > torch.finfo(torch.float64).eps:
+        # A full rank decided in low precision stands (every kept value clears a threshold that bounds the rounding);
+        # a lower one may be rounding (a random 4096 × 4096 weight has σ_min/σ_max ≈ 1e-4, below float32's
+        # threshold 4096 · eps ≈ 5e-4): decided again in float64.
+        precise = model_orbit_dimension(analysis, params, method, torch.float64, device, max_bytes, ranks)
+        return replace(precise, notes=precise.notes + (
+            f"{len(below)} rank(s) below full in {dtype} ({below[0]}): decided again in float64",))
     return OrbitDimension(algebra_dim - sum(c.kernel_dim for c in results), algebra_dim, "structured",
                           tuple(results), tuple(decisions), expected, tuple(strata), tuple(notes))
 

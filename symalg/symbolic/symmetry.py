@@ -82,8 +82,11 @@ class ConservedQuantity:
 
     @cached_property
     def lowered(self) -> LoweredFunction:
+        # per-unit values (a positive scaling's q, a translation's bias) as torch vectors (..., h); a matrix C stays
+        # h × h, also at h = 1
+        columns = [key for key, expr in self.exprs.items() if self.kind != "matrix" and expr.shape[1] == 1]
         return lower(_python_name(self.name), dict(self.exprs), self.reads, vector_inputs=self.vectors,
-                     read_suffixes=self.suffixes)
+                     vector_outputs=columns, read_suffixes=self.suffixes)
 
     def __call__(self, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The quantity's value at ``params`` (``{name: tensor}``; parameters by name)."""
@@ -340,6 +343,43 @@ class Symmetry:
             dU = self.group.act_infinitesimally(M, b.unfold(params[b.tensor]), b.role, b.power)
             base = out.get(b.tensor, torch.zeros_like(params[b.tensor]))
             out[b.tensor] = base + b.fold(torch.zeros_like(params[b.tensor]), dU)
+        return out
+
+    @cached_property
+    def disjoint_regions(self) -> tuple[tuple[Binding, ...], ...] | None:
+        """The moving bindings grouped by region (one group per region), or None where the tangent is not the sum of
+        its regions' parts: two regions of one tensor that share entries (slices of different axes, or overlapping
+        slices of one), or a translation (its directions are whole tensors)."""
+        if self.translations:
+            return None
+        regions: dict[tuple, list[Binding]] = {}
+        for b in self.moving_bindings():
+            regions.setdefault(b.region, []).append(b)
+        spans: dict[str, list[tuple[int, int, int]]] = {}
+        for b, *_ in regions.values():
+            spans.setdefault(b.tensor, []).append((b.axis, b.start, b.start + b.width * b.block))
+        for listed in spans.values():
+            for i, (axis, start, end) in enumerate(listed):
+                if any(axis != other or start < other_end and other_start < end
+                       for other, other_start, other_end in listed[:i]):
+                    return None
+        return tuple(tuple(bindings) for bindings in regions.values())
+
+    def region_tangent(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[Binding, torch.Tensor]:
+        """``M·θ`` region by region (:attr:`disjoint_regions`, which must not be None): ``{binding: dU}``, ``dU`` the
+        change of ``binding.unfold(θ)`` summed over the bindings of its region. The regions are disjoint, so an inner
+        product or norm of the tangent is the sum over them, and no tensor of the parameters' size is built (a
+        head's region of a packed projection is a small part of it). Linear in ``M``; unchecked, like
+        :meth:`tangent`."""
+        regions = self.disjoint_regions
+        if regions is None:
+            raise ValueError(f"{self.label}: its regions overlap or it translates; use tangent()")
+        out: dict[Binding, torch.Tensor] = {}
+        for bindings in regions:
+            U = bindings[0].unfold(params[bindings[0].tensor])
+            for b in bindings:
+                dU = self.group.act_infinitesimally(M, U, b.role, b.power)
+                out[bindings[0]] = dU if b is bindings[0] else out[bindings[0]] + dU
         return out
 
     def directions(self, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

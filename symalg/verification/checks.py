@@ -135,13 +135,15 @@ def loss_gradients(loss: Loss, params: Params) -> dict[str, torch.Tensor]:
     return {k: torch.zeros_like(v) if g is None else g for (k, v), g in zip(leaves.items(), grads)}
 
 
-def check_gradient_orthogonality(label: str, tangent: Callable[[torch.Tensor], Params],
-                                 basis: torch.Tensor | Sequence[torch.Tensor], grads: Params,
+def check_gradient_orthogonality(label: str, tangent: Callable[[torch.Tensor], Mapping[Any, torch.Tensor]],
+                                 basis: torch.Tensor | Sequence[torch.Tensor], grads: Mapping[Any, torch.Tensor],
                                  tol: float, grad_norm: torch.Tensor | None = None,
                                  vectorised: bool = False) -> CheckResult:
     """``max_M |⟨∇L, M·θ⟩| / (‖∇L‖ ‖M·θ‖)`` over the Lie-algebra elements ``basis``; ``tangent(M)`` returns
     ``{name: M·θ}`` (entries that are not parameters, such as moved buffers, count in ``‖M·θ‖`` only). A zero
-    tangent is orthogonal to everything. ``grad_norm``: ``‖∇L‖`` (:func:`gradient_norm`) when the caller checks many
+    tangent is orthogonal to everything. The keys may be any that ``tangent`` and ``grads`` share, such as disjoint
+    regions of the parameters (``Symmetry.region_tangent``, with ``grads`` unfolded the same way); then ``grad_norm``
+    must be the norm of the whole gradient. ``grad_norm``: ``‖∇L‖`` (:func:`gradient_norm`) when the caller checks many
     symmetries against the same gradient, so that each check costs its own tensors, not all of them. With
     ``vectorised``, ``tangent`` maps the whole stacked basis at once under ``torch.func.vmap`` (a symalg
     ``Symmetry.tangent`` does: out-of-place torch operations only), one call instead of one per element.
@@ -161,7 +163,8 @@ def check_gradient_orthogonality(label: str, tangent: Callable[[torch.Tensor], P
     return CheckResult("gradient_orthogonality", label, worst, tol, f"{len(basis)} generators")
 
 
-def _cosines(moved: Mapping[str, torch.Tensor], grads: Params, grad_norm: torch.Tensor) -> torch.Tensor:
+def _cosines(moved: Mapping[Any, torch.Tensor], grads: Mapping[Any, torch.Tensor], grad_norm: torch.Tensor
+             ) -> torch.Tensor:
     """``|⟨∇L, t_i⟩| / (‖∇L‖ ‖t_i‖)`` for a batch of tangents ``{name: (k, *shape)}``; 0 where ``t_i = 0`` or where
     no tangent entry is a parameter (empty when there is none)."""
     if not moved:

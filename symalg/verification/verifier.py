@@ -366,8 +366,13 @@ def _orthogonality(symmetry: Symmetry, state: Params, grads: Params, grad_norm: 
                    generator: torch.Generator, dtype: torch.dtype, device: str | torch.device, tol: float,
                    max_generators: int) -> CheckResult:
     basis = symmetry.group.algebra_sample(max_generators, generator, dtype, device)
-    return check_gradient_orthogonality(symmetry.label, lambda M: symmetry.tangent(state, M), basis, grads, tol,
-                                        grad_norm=grad_norm, vectorised=True)
+    if symmetry.disjoint_regions is None:
+        return check_gradient_orthogonality(symmetry.label, lambda M: symmetry.tangent(state, M), basis, grads, tol,
+                                            grad_norm=grad_norm, vectorised=True)
+    # region by region: the same inner products and norms without tangents of the parameters' size
+    unfolded = {b: b.unfold(grads[b.tensor]) for b, *_ in symmetry.disjoint_regions if b.tensor in grads}
+    return check_gradient_orthogonality(symmetry.label, lambda M: symmetry.region_tangent(state, M), basis, unfolded,
+                                        tol, grad_norm=grad_norm, vectorised=True)
 
 
 def _drift(symmetry: Symmetry, state: Params, stepped: Params, at_gradient: Params, learning_rate: float,
