@@ -4,9 +4,9 @@ nonlinear and data-dependent actions, loss symmetries, conjugated actions, ensem
 Every application takes an :class:`~symalg.Analysis` (or an action built from one) and never asks which front end
 made it.
 """
-from symalg.applications import (conjugated, conservation_laws, ensembles, flat_minima, loss_symmetries,
+from symalg.applications import (conjugated, conservation_laws, constraint_engineering, ensembles, flat_minima, loss_symmetries,
                                  minima_geometry, mirrors, nonlinear_actions, symmetry_init, teleport, teleport_actions,
                                  teleport_optim)
 
-__all__ = ["conjugated", "conservation_laws", "ensembles", "flat_minima", "loss_symmetries", "minima_geometry",
+__all__ = ["conjugated", "conservation_laws", "constraint_engineering", "ensembles", "flat_minima", "loss_symmetries", "minima_geometry",
            "mirrors", "nonlinear_actions", "symmetry_init", "teleport", "teleport_actions", "teleport_optim"]

@@ -327,13 +327,17 @@ def _grad(loss: Loss, params: Params, batch: object) -> dict[str, torch.Tensor]:
 
 
 def _hvp(loss: Loss, params: Params, batch: object, v: Params) -> dict[str, torch.Tensor]:
-    names = list(params)
-
-    def grad_of(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(torch.func.grad(lambda *ts: loss(dict(zip(names, ts)), batch).mean(), argnums=tuple(
-            range(len(names))))(*tensors))
-    _, out = torch.func.jvp(grad_of, tuple(params[n] for n in names), tuple(v[n] for n in names))
-    return dict(zip(names, out))
+    """``H v`` by double backward, attention on its math kernel (the fused CPU kernels have no second derivative)."""
+    leaves = {t: p.detach().clone().requires_grad_(True) for t, p in params.items()}
+    with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
+        value = loss(leaves, batch).mean()
+    grads = torch.autograd.grad(value, list(leaves.values()), create_graph=True, allow_unused=True)
+    inner = sum(((gr * v[t]).sum() for (t, gr) in zip(leaves, grads) if gr is not None),
+                torch.zeros((), dtype=v[next(iter(v))].dtype))
+    if not inner.requires_grad:
+        return {t: torch.zeros_like(p) for t, p in params.items()}
+    out = torch.autograd.grad(inner, list(leaves.values()), allow_unused=True)
+    return {t: torch.zeros_like(p) if o is None else o for (t, p), o in zip(leaves.items(), out)}
 
 
 def _split(batch: object) -> list[object]:
