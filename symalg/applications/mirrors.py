@@ -46,14 +46,17 @@ __all__ = ["Mirror", "Mirrors", "mirrors", "MirrorCertificate", "certify", "per_
            "weight_decay_threshold", "GDStability", "gd_stability", "Lyapunov", "lyapunov"]
 
 Params = Mapping[str, torch.Tensor]
-Loss = Callable[[Params, object], torch.Tensor]
+Batch = tuple[torch.Tensor, torch.Tensor]
+"""``(x, y)``: inputs and targets, samples along the first axis."""
+Loss = Callable[[Params, Batch], torch.Tensor]
 """``loss(params, batch)``: the per-sample losses of a batch, a vector (see :func:`per_sample_loss`)."""
 
 TOLERANCE = 1e-9
 
 
 def _orthonormal_image(g: torch.Tensor) -> torch.Tensor:
-    """An orthonormal basis ``V`` (``h × k``) of ``im (I − g)``: the eigenvectors of ``Π = (I − g)/2`` (for an orthogonal
+    """An orthonormal basis ``V`` (``h × k``) of ``im (I − g)``: the eigenvectors of ``Π = (I − g)/2`` (for an
+    orthogonal
     involution ``Π = VVᵀ``), or by SVD for an oblique one."""
     eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
     U, s, _ = torch.linalg.svd((eye - g) / 2)
@@ -214,7 +217,7 @@ class Mirror:
         _, regions, _ = self._symbolic
         V = sp.MatrixSymbol("V", *self.basis.shape)
         parts = [latex(V.T * U) + " = 0" for U in regions.values()]
-        return (rf"R = I - 2VV^\top \text{{ on the site }}, \; P = \tfrac12 (I - R), \quad "
+        return (r"R = I - 2VV^\top \text{ on the site }, \; P = \tfrac12 (I - R), \quad "
                 + r", \; ".join(parts))
 
     def __str__(self) -> str:
@@ -301,8 +304,7 @@ activation commutes with c > 0 only, so the sign of ℝ^× is no symmetry here (
             continue
         for name, g in involutions:
             V = _orthonormal_image(g)
-            reason = _check_mirror(symmetry, g, V)
-            found.append(Mirror(symmetry, name, g, V, reason, _classify(V, int(g.shape[0]))))
+            found.append(Mirror(symmetry, name, g, V, _check_mirror(symmetry, g, V), _classify(V, int(g.shape[0]))))
     return Mirrors(tuple(found), tuple(without))
 
 
@@ -310,8 +312,8 @@ activation commutes with c > 0 only, so the sign of ℝ^× is no symmetry here (
 def per_sample_loss(model: torch.nn.Module, loss: str = "mse") -> Loss:
     """``loss(params, (x, y))``: the per-sample losses of ``model`` at ``params`` (``"mse"``: ``Σ_j (f_j − y_j)²``
     per sample; ``"cross_entropy"``), by :func:`torch.func.functional_call`."""
-    def evaluate(params: Params, batch: object) -> torch.Tensor:
-        x, y = batch  # type: ignore[misc]
+    def evaluate(params: Params, batch: Batch) -> torch.Tensor:
+        x, y = batch
         out = torch.func.functional_call(model, dict(params), (x,))
         if loss == "mse":
             return ((out - y) ** 2).reshape(len(out), -1).sum(-1)
@@ -319,14 +321,14 @@ def per_sample_loss(model: torch.nn.Module, loss: str = "mse") -> Loss:
     return evaluate
 
 
-def _grad(loss: Loss, params: Params, batch: object) -> dict[str, torch.Tensor]:
+def _grad(loss: Loss, params: Params, batch: Batch) -> dict[str, torch.Tensor]:
     leaves = {t: p.detach().clone().requires_grad_(True) for t, p in params.items()}
     value = loss(leaves, batch).mean()
     grads = torch.autograd.grad(value, list(leaves.values()), allow_unused=True)
     return {t: torch.zeros_like(p) if gr is None else gr for (t, p), gr in zip(leaves.items(), grads)}
 
 
-def _hvp(loss: Loss, params: Params, batch: object, v: Params) -> dict[str, torch.Tensor]:
+def _hvp(loss: Loss, params: Params, batch: Batch, v: Params) -> dict[str, torch.Tensor]:
     """``H v`` by double backward, attention on its math kernel (the fused CPU kernels have no second derivative)."""
     leaves = {t: p.detach().clone().requires_grad_(True) for t, p in params.items()}
     with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]):
@@ -340,8 +342,8 @@ def _hvp(loss: Loss, params: Params, batch: object, v: Params) -> dict[str, torc
     return {t: torch.zeros_like(p) if o is None else o for (t, p), o in zip(leaves.items(), out)}
 
 
-def _split(batch: object) -> list[object]:
-    x, y = batch  # type: ignore[misc]
+def _split(batch: Batch) -> list[Batch]:
+    x, y = batch
     return [(x[i:i + 1], y[i:i + 1]) for i in range(len(x))]
 
 
@@ -375,7 +377,7 @@ class MirrorCertificate:
         return max(errors + ([self.adam] if self.coordinate_compatible else [])) <= tol
 
 
-def certify(mirror: Mirror, loss: Loss, params: Params, batch: object, lrs: Sequence[float] = (1e-3, 0.1, 0.5),
+def certify(mirror: Mirror, loss: Loss, params: Params, batch: Batch, lrs: Sequence[float] = (1e-3, 0.1, 0.5),
             weight_decays: Sequence[float] = (0.0, 0.1), steps: int = 3) -> MirrorCertificate:
     """Measure the consequences of ``mirror`` (:class:`MirrorCertificate`) for ``loss`` on ``batch`` at ``params``
     (any point: the fixed-set checks start from its projection :meth:`Mirror.fixed_point`). Residuals are relative to
@@ -404,7 +406,8 @@ def certify(mirror: Mirror, loss: Loss, params: Params, batch: object, lrs: Sequ
     gd = sgd = 0.0
     for lr in lrs:
         for gamma in weight_decays:
-            def descend(theta: dict[str, torch.Tensor], t: int, batch_: object | None = None) -> dict[str, torch.Tensor]:
+            def descend(theta: dict[str, torch.Tensor], t: int,
+                        batch_: Batch | None = None) -> dict[str, torch.Tensor]:
                 gr = _grad(loss, theta, batch if batch_ is None else batch_)
                 return {n: theta[n] - lr * (gr[n] + 2 * gamma * theta[n]) for n in theta}
             gd = max(gd, drift(descend))
@@ -426,7 +429,7 @@ def certify(mirror: Mirror, loss: Loss, params: Params, batch: object, lrs: Sequ
 
 
 # -- thresholds --------------------------------------------------------------------------------------------
-def weight_decay_threshold(mirror: Mirror, loss: Loss, params: Params, batch: object) -> float:
+def weight_decay_threshold(mirror: Mirror, loss: Loss, params: Params, batch: Batch) -> float:
     """``γ₀ = max(0, (L_0(θ − Pθ) − L_0(θ)) / ‖Pθ‖²)`` for ``L_γ = L_0 + γ‖θ‖²`` (``L_0`` the mean loss on ``batch``):
     for ``γ > γ₀`` the projection onto the fixed set lowers ``L_γ``, for ``γ < γ₀`` it raises it. (With the other
     common convention ``L_0 + (γ/2)‖θ‖²`` the threshold doubles.)"""
@@ -438,7 +441,7 @@ def weight_decay_threshold(mirror: Mirror, loss: Loss, params: Params, batch: ob
     return max(0.0, float(loss(fixed, batch).mean() - loss(params, batch).mean()) / s2)
 
 
-def _restricted_hessians(mirror: Mirror, loss: Loss, params: Params, batches: Sequence[object],
+def _restricted_hessians(mirror: Mirror, loss: Loss, params: Params, batches: Sequence[Batch],
                          max_rank: int = 512) -> torch.Tensor:
     """``OᵀH_b O`` for each batch ``b`` (``(B, k, k)``), ``O`` built column by column from ``V`` and the regions."""
     rank = mirror.rank()
@@ -489,7 +492,7 @@ class GDStability:
         return bool(((a > 0) & (a < 2)).all())
 
 
-def gd_stability(mirror: Mirror, loss: Loss, params: Params, batch: object, lr: float,
+def gd_stability(mirror: Mirror, loss: Loss, params: Params, batch: Batch, lr: float,
                  weight_decay: float = 0.0) -> GDStability:
     """:class:`GDStability` at the projection of ``params`` onto the fixed set."""
     H = _restricted_hessians(mirror, loss, mirror.fixed_point(params), [batch])[0]
@@ -502,7 +505,8 @@ class Lyapunov:
 
     ``exponent`` the top Lyapunov exponent of the random product (``< 0``: the fixed set attracts SGD in probability),
     estimated over ``steps`` draws with renormalisation; ``commuting`` the exponents ``E_x log|1 − lr(ξ_i(x) + 2γ)|``
-    of the commutation approximation (``ξ_i(x)`` the diagonal of ``H_x`` in the eigenbasis of ``E H_x``), whose maximum
+    of the commutation approximation (``ξ_i(x)`` the diagonal of ``H_x`` in the eigenbasis of a random combination
+    ``Σ r_x H_x``: almost surely the basis all ``H_x`` share when they commute), whose maximum
     is exact when the ``H_x`` commute; ``second_order`` the learning rate above which the paper's second-order rule
     ``lr > −2E[a]/E[a²]`` (``a = ξ + 2γ``, per direction, maximised) predicts collapse: right only while
     ``lr |a| ≪ 1``."""
@@ -512,7 +516,7 @@ class Lyapunov:
     second_order: float
 
 
-def lyapunov(mirror: Mirror, loss: Loss, params: Params, batch: object, lr: float, weight_decay: float = 0.0,
+def lyapunov(mirror: Mirror, loss: Loss, params: Params, batch: Batch, lr: float, weight_decay: float = 0.0,
              steps: int = 20000, generator: torch.Generator | None = None) -> Lyapunov:
     """:class:`Lyapunov` at the projection of ``params`` onto the fixed set, samples of ``batch`` drawn uniformly."""
     H = _restricted_hessians(mirror, loss, mirror.fixed_point(params), _split(batch))
@@ -527,7 +531,8 @@ def lyapunov(mirror: Mirror, loss: Loss, params: Params, batch: object, lr: floa
         n = float(z.norm())
         total += math.log(n)
         z = z / n
-    _, Q = torch.linalg.eigh(H.mean(0))
+    weights = torch.randn(len(H), generator=generator, dtype=H.dtype)
+    _, Q = torch.linalg.eigh(torch.einsum("x,xij->ij", weights, H))   # the common eigenbasis when the H_x commute
     xi = torch.diagonal(Q.T @ H @ Q, dim1=1, dim2=2) + 2 * weight_decay
     commuting = torch.log((1 - lr * xi).abs()).mean(0)
     mean, second = xi.mean(0), (xi * xi).mean(0)

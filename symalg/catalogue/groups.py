@@ -726,7 +726,8 @@ def _random_unit(h: int, generator: torch.Generator | None, dtype: torch.dtype, 
 
 def _orthogonal_mirrors(group: "SiteGroup", limit: int, generator: torch.Generator | None, dtype: torch.dtype,
                         device: Device, ones: bool = False) -> list[tuple[str, torch.Tensor]]:
-    """The orthogonal involutions a ``GL``/``O`` site offers: single-neuron reflections ``I − 2 e_i e_iᵀ`` (transpositions
+    """The orthogonal involutions a ``GL``/``O`` site offers: single-neuron reflections ``I − 2 e_i e_iᵀ``
+    (transpositions
     ``(0 i)`` when the group fixes ``1``), a Householder reflection ``I − 2nnᵀ`` of a random unit ``n`` (``n ⊥ 1``
     when the group fixes ``1``) and the half-turn ``exp(πM/ϑ)`` of a random generator ``M = abᵀ − baᵀ``."""
     h = _concrete(group.width)
@@ -1041,8 +1042,9 @@ class PositiveScaling(SiteGroup):
     alpha: SiteOption = 1  # type: ignore[misc]  # a field of this group, the neutral class constant of the others
     element_format: ClassVar[str] = "diagonal"
     symbol: ClassVar[str] = "PositiveScaling"
-    no_mirror: ClassVar[str] = ("(ℝ_{>0})^h has no element of order two: a positively homogeneous activation commutes "
-                                "with c > 0 only, so the sign of ℝ^× is no symmetry here (only a linear site, GL, has it)")
+    no_mirror: ClassVar[str] = ("(ℝ_{>0})^h has no element of order two: a positively homogeneous activation "
+                                "commutes with c > 0 only, so the sign of ℝ^× is no symmetry here (only a linear site, "
+                                "GL, has it)")
     kind: ClassVar[str] = "PS"
     kinds_it_preserves: ClassVar[frozenset] = frozenset({"PS"})
     site_options: ClassVar[tuple] = ("alpha",)
