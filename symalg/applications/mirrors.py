@@ -54,13 +54,14 @@ Loss = Callable[[Params, Batch], torch.Tensor]
 TOLERANCE = 1e-9
 
 
-def _orthonormal_image(g: torch.Tensor) -> torch.Tensor:
-    """An orthonormal basis ``V`` (``h × k``) of ``im (I − g)``: the eigenvectors of ``Π = (I − g)/2`` (for an
-    orthogonal
-    involution ``Π = VVᵀ``), or by SVD for an oblique one."""
+def _orthonormal_image(g: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """An orthonormal basis ``V`` (``h × k``) of ``im Π``, ``Π = (I − g)/2`` (idempotent for an involution, so
+    ``k = tr Π``): the QR factor of ``Π Ω`` for a Gaussian ``Ω`` (``h × k``), exact almost surely, ``O(h² k)``."""
     eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
-    U, s, _ = torch.linalg.svd((eye - g) / 2)
-    V = U[:, s > 1e-9 * max(float(s.max()), 1.0)]
+    projector = (eye - g) / 2
+    k = round(float(torch.trace(projector)))
+    omega = torch.randn(g.shape[-1], k, generator=generator, dtype=g.dtype).to(g.device)
+    V, _ = torch.linalg.qr(projector @ omega)
     return _tidy(V)
 
 
@@ -264,8 +265,8 @@ def _check_mirror(symmetry: Symmetry, g: torch.Tensor, V: torch.Tensor) -> str |
     moved = symmetry.apply(params, g, checked=False)
     names = list(symmetry.tensors)
     x, rx = _flat(params, names), _flat(moved, names)
-    if abs(float(rx.norm() / x.norm()) - 1) > TOLERANCE or float((g.T @ g - torch.eye(len(g), dtype=g.dtype))
-                                                                   .abs().max()) > TOLERANCE:
+    z = torch.randn(len(g), 4, generator=generator, dtype=g.dtype)
+    if abs(float(rx.norm() / x.norm()) - 1) > TOLERANCE or float((g.T @ (g @ z) - z).norm() / z.norm()) > TOLERANCE:
         return (f"not orthogonal (‖Rθ‖/‖θ‖ = {float(rx.norm() / x.norm()):.4g}): (I − R)/2 is an oblique projection, "
                 "the gradient on its fixed set is fixed by Rᵀ, not R, so GD leaves the set, and weight decay breaks R")
     back = _flat(symmetry.apply(moved, g, checked=False), names)
@@ -294,6 +295,7 @@ activation commutes with c > 0 only, so the sign of ℝ^× is no symmetry here (
                         "(analysis.subs({...}) or analysis.at_widths_of(params))")
     found: list[Mirror] = []
     without: list[tuple[str, str]] = []
+    basis_generator = torch.Generator().manual_seed(4)
     for symmetry in analysis.symmetries:
         group = symmetry.group
         involutions = [] if symmetry.translations or symmetry.acts_on_buffers else group.mirrors(limit, generator)
@@ -303,7 +305,7 @@ activation commutes with c > 0 only, so the sign of ℝ^× is no symmetry here (
             without.append((symmetry.label, reason))
             continue
         for name, g in involutions:
-            V = _orthonormal_image(g)
+            V = _orthonormal_image(g, basis_generator)
             found.append(Mirror(symmetry, name, g, V, _check_mirror(symmetry, g, V), _classify(V, int(g.shape[0]))))
     return Mirrors(tuple(found), tuple(without))
 
@@ -394,7 +396,8 @@ def certify(mirror: Mirror, loss: Loss, params: Params, batch: Batch, lrs: Seque
     names = list(params)
     G = torch.stack([_flat(gr, names) for gr in grads])                       # per-sample gradients
     C = torch.stack([torch.cat([c.reshape(-1) for c in mirror.coordinates(gr).values()]) for gr in grads])
-    fisher = float((G.T @ C).norm() / (G.T @ G).norm().clamp_min(1e-300))    # J O = E[g (Oᵀg)ᵀ]
+    gram = G @ G.T     # ‖J O‖² = Σ (g_x·g_x')(c_x·c_x') and ‖J‖² = Σ (g_x·g_x')², J = E[g gᵀ], c = Oᵀg: n × n only
+    fisher = math.sqrt(float((gram * (C @ C.T)).sum().clamp_min(0))) / max(float(gram.norm()), 1e-300)
     scale = max(_norm(fixed), 1e-300)
 
     def drift(step: Callable[[dict[str, torch.Tensor], int], dict[str, torch.Tensor]]) -> float:
