@@ -78,7 +78,7 @@ def _rank(M: torch.Tensor, tol: float = 1e-3) -> int:
 
 def lowrank(out: Path, quick: bool) -> None:
     d, steps, lr = (20, 6000, 0.04) if quick else (50, 40000, 0.016)
-    mus = [0.0, 0.25, 0.5, 0.75, 1.0]
+    mus = [0.0, 0.05, 0.1, 0.2, 0.5, 1.0]
     noise_std = torch.sqrt(2.0 / torch.arange(1, d + 1))
     ranks, residual_ranks = [], []
     for mu in mus:
