@@ -80,6 +80,7 @@ def lowrank(out: Path, quick: bool) -> None:
     d, steps, lr = (20, 6000, 0.04) if quick else (50, 40000, 0.016)
     mus = [0.0, 0.05, 0.1, 0.2, 0.5, 1.0]
     noise_std = torch.sqrt(2.0 / torch.arange(1, d + 1))
+    eye = torch.eye(d)
     ranks, residual_ranks = [], []
     for mu in mus:
         g = torch.Generator().manual_seed(1)
@@ -90,11 +91,11 @@ def lowrank(out: Path, quick: bool) -> None:
             y = mu * x + (1 - mu) * noise_std * torch.randn(d, generator=g)
             r = W @ (U @ x) - y
             W, U = W - lr * torch.outer(r, U @ x), U - lr * torch.outer(W.T @ r, x)
-            I = torch.eye(d)
-            rr = (I + Wr) @ ((I + Ur) @ x) - y
-            Wr, Ur = Wr - lr * torch.outer(rr, (I + Ur) @ x), Ur - lr * torch.outer((I + Wr).T @ rr, x)
+            A, B = eye + Wr, eye + Ur
+            rr = A @ (B @ x) - y
+            Wr, Ur = Wr - lr * torch.outer(rr, B @ x), Ur - lr * torch.outer(A.T @ rr, x)
         ranks.append(_rank(W @ U))
-        residual_ranks.append(_rank((torch.eye(d) + Wr) @ (torch.eye(d) + Ur)))
+        residual_ranks.append(_rank((eye + Wr) @ (eye + Ur)))
         print(f"lowrank mu={mu} rank_WU={ranks[-1]} rank_residual={residual_ranks[-1]} d={d}")
     print(f"lowrank_min_rank={min(ranks)} lowrank_residual_min_rank={min(residual_ranks)}")
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
