@@ -21,11 +21,15 @@ def _false_mirrors(seed: int, index: int, family: str) -> tuple[int, list[str]]:
     analysis = symalg.derive(symalg.trace(model, inputs, tracer=case.tracer))
     found = symalg.mirrors(analysis, limit=2)
     params = {k: v.detach() for k, v in model.named_parameters()}
+    def run(point: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)                       # the same dropout masks in every pass
+            return _leaves(torch.func.functional_call(model, point, inputs))
     with torch.no_grad():
-        base = _leaves(model(*inputs))
+        base = run(params)
         false = []
         for mirror in found.constraints:
-            moved = _leaves(torch.func.functional_call(model, mirror.reflect(params), inputs))
+            moved = run(mirror.reflect(params))
             error = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(moved, base))
             if error > 1e-8:
                 false.append(f"{case.description}: {mirror.label} changes the output by {error:.2e}")
