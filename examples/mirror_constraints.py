@@ -21,10 +21,10 @@ from pathlib import Path
 
 import matplotlib
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
 from symalg.applications.constraint_engineering import FixedRandomBias, add_gradient_noise
+from symmetry_ensembles import load as load_digits_split
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def sparsity(out: Path, quick: bool) -> None:
     d, steps = (50, 4000) if quick else (200, 30000)
-    lrs = [0.01, 0.03, 0.05, 0.07, 0.1, 0.15]
+    lrs = [0.01, 0.03, 0.05, 0.07, 0.1, 0.15] if quick else [0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05]
     g = torch.Generator().manual_seed(0)
     L = len(lrs)
     lr = torch.tensor(lrs).unsqueeze(1)
@@ -108,12 +108,9 @@ def lowrank(out: Path, quick: bool) -> None:
 
 
 def _digits(seed: int = 0):
-    data = load_digits()
-    x = torch.tensor(data.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(data.target)
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    cut = int(0.75 * len(x))
-    return x[perm[:cut]], y[perm[:cut]], x[perm[cut:]], y[perm[cut:]]
+    """Digits in [0, 1], split 75 % / 25 % (symmetry_ensembles.load), as float32."""
+    xtr, ytr, xte, yte = load_digits_split(seed)
+    return xtr.float(), ytr, xte.float(), yte
 
 
 def correlation(out: Path, quick: bool) -> None:
