@@ -187,6 +187,7 @@ def test_certify_tanh_mirrors_and_adam_compatibility(tanh_traced):
         cert = certify(mirror, loss, params, batch)
         assert cert.holds(1e-10), cert
         assert cert.coordinate_compatible and cert.adam < 1e-12
+        assert cert.symbolic is True            # tanh(−z) = −tanh(z), tanh(Pz) = P tanh(z), proved by SymPy
 
 
 def test_adam_leaves_the_fixed_set_of_a_householder_mirror_but_gd_does_not():

@@ -360,7 +360,10 @@ class MirrorCertificate:
     ``invariance`` max over samples of ``|ℓ(Rθ) − ℓ(θ)|``; ``stationarity`` max over samples of ``‖Oᵀ∇ℓ‖ / ‖∇ℓ‖`` on
     the fixed set; ``gd`` and ``sgd`` the residual ``‖Oᵀθ‖`` after steps from the fixed set (every learning rate and
     weight decay in the grid); ``adam`` the same for Adam, which keeps the set when ``coordinate_compatible``;
-    ``fisher`` ``‖J O‖ / ‖J‖``; ``commutation`` ``‖PHv − HPv‖ / ‖Hv‖`` for random ``v`` on the fixed set.
+    ``fisher`` ``‖J O‖ / ‖J‖``; ``commutation`` ``‖PHv − HPv‖ / ‖Hv‖`` for random ``v`` on the fixed set;
+    ``symbolic`` whether the symbolic checks the group's claim rests on (its activations' identities
+    ``σ(g z) = π(g) σ(z)``, which ``g`` satisfies as an element) are proved: True, False, or None where there are none
+    (a linear site).
     """
 
     mirror: str
@@ -372,9 +375,12 @@ class MirrorCertificate:
     coordinate_compatible: bool
     fisher: float
     commutation: float
+    symbolic: bool | None = None
 
     def holds(self, tol: float = 1e-8) -> bool:
         """Every consequence holds (Adam only where the mirror is coordinate-compatible)."""
+        if self.symbolic is False:
+            return False
         errors = [self.invariance, self.stationarity, self.gd, self.sgd, self.fisher, self.commutation]
         return max(errors + ([self.adam] if self.coordinate_compatible else [])) <= tol
 
@@ -427,8 +433,10 @@ def certify(mirror: Mirror, loss: Loss, params: Params, batch: Batch, lrs: Seque
     Hv = _hvp(loss, fixed, batch, v)
     PHv, HPv = mirror.project(Hv), _hvp(loss, fixed, batch, mirror.project(v))
     commutation = _norm({t: PHv[t] - HPv[t] for t in names}) / max(_norm(Hv), 1e-300)
+    checks = mirror.symmetry.checks
+    symbolic = all(c.proved is True for c in checks) if checks else None
     return MirrorCertificate(mirror.label, invariance, stationarity, gd, sgd, adam, mirror.coordinate_compatible,
-                             fisher, commutation)
+                             fisher, commutation, symbolic)
 
 
 # -- thresholds --------------------------------------------------------------------------------------------
