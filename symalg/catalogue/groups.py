@@ -705,8 +705,13 @@ def checked_inverse(g: torch.Tensor, tol: float) -> tuple[torch.Tensor, str | No
 
 
 def _reflection(h: int, dtype: torch.dtype, device: Device) -> torch.Tensor:
+    return _flip(h, 0, dtype, device)
+
+
+def _flip(h: int, i: int, dtype: torch.dtype, device: Device) -> torch.Tensor:
+    """``diag(1, …, −1, …, 1)``: the reflection of neuron ``i``."""
     g = torch.eye(h, dtype=dtype, device=device)
-    g[0, 0] = -1
+    g[i, i] = -1
     return g
 
 
@@ -740,7 +745,7 @@ def _orthogonal_mirrors(group: "SiteGroup", limit: int, generator: torch.Generat
             n = _unit(eye[0] - eye[i])
             out.append((f"transposition (0 {i})", eye - 2 * torch.outer(n, n)))
     else:
-        out += [(f"reflection of neuron {i}", eye - 2 * torch.outer(eye[i], eye[i])) for i in range(min(h, limit))]
+        out += [(f"reflection of neuron {i}", _flip(h, i, dtype, device)) for i in range(min(h, limit))]
     if h >= (3 if ones else 2):
         n = _random_unit(h, generator, dtype, device, one)
         out.append(("Householder reflection I − 2nnᵀ (random unit n)", eye - 2 * torch.outer(n, n)))
@@ -1369,17 +1374,13 @@ class SignFlips(SiteGroup):
 
     def mirrors(self, limit: int = 4, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
                 device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
-        """The single-neuron flips (an affine involution of the parameters when ``c ≠ 0``)."""
-        return [(f"sign flip of neuron {i}", g) for i, g in enumerate(self.discrete_generators(dtype, device)[:limit])]
+        """The first ``limit`` single-neuron flips (an affine involution of the parameters when ``c ≠ 0``)."""
+        h = _concrete(self.width)
+        return [(f"sign flip of neuron {i}", _flip(h, i, dtype, device)) for i in range(min(h, limit))]
 
     def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         h = _concrete(self.width)
-        flips = []
-        for i in range(h):
-            g = torch.eye(h, dtype=dtype, device=device)
-            g[i, i] = -1
-            flips.append(g)
-        return flips
+        return [_flip(h, i, dtype, device) for i in range(h)]
 
 
 @dataclass(frozen=True)
