@@ -35,6 +35,7 @@ from symalg.symbolic.inference import Blocked
 from symalg.symbolic.symmetry import Symmetry
 from symalg.verification.checks import VerificationReport
 from symalg.verification.verifier import verify
+from symalg.applications.mirrors import mirrors
 
 __all__ = [
     # front ends and the graph they emit
@@ -47,5 +48,7 @@ __all__ = [
     "lower", "LoweredFunction", "verify", "VerificationReport",
     # errors
     "SpecError",
+    # applications
+    "mirrors",
 ]
 __version__ = "0.1.0"

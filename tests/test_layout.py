@@ -57,7 +57,7 @@ def test_no_import_cycle_between_modules():
 
 PUBLIC_API = ["Analysis", "Architecture", "Blocked", "CATALOGUE", "CatalogueEntry", "LoweredFunction", "ModelGraph",
               "Spec", "SpecError", "Symmetry", "VerificationReport", "derive", "from_torch", "lower", "overlay",
-              "parse", "register", "to_graph", "to_module", "trace", "verify"]
+              "parse", "register", "to_graph", "to_module", "trace", "verify", "mirrors"]
 
 
 def test_the_public_api_is_the_curated_list():

@@ -35,6 +35,7 @@ Example
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -429,6 +430,37 @@ class SiteGroup:
         """Generators of the group's discrete part (of the component group for Lie groups)."""
         return []
 
+    no_mirror: ClassVar[str] = ""
+    """Why the group has no involution ``g ≠ I`` (``g² = I``), when it has none: :meth:`mirrors` is then empty."""
+
+    def mirrors(self, limit: int = 4, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
+        """Named involutions ``g`` (``g² = I``, ``g ≠ I``) of the group, at most ``limit`` of each family, in the
+        element format of :meth:`operator` (``h × h``). Orthogonal ones give a mirror of the parameters
+        (:mod:`symalg.applications.mirrors`); a group may list a non-orthogonal one too, which is reported as giving
+        no constraint. Random directions come from ``generator`` (seed 0 when None).
+
+        >>> [name for name, _ in Permutations(3).mirrors()]
+        ['transposition (0 1)', 'transposition (0 2)', 'transposition (1 2)']
+        """
+        return []
+
+    def half_turn(self, M: torch.Tensor) -> torch.Tensor:
+        """``exp(π M / ϑ)`` for a compact generator ``M`` (``M = −Mᵀ``) whose nonzero eigenvalues all have modulus
+        ``ϑ``: a rotation by ``π`` in each of its planes, an orthogonal involution (``−I`` on ``im M``).
+
+        >>> M = Orthogonal(3).algebra_basis()[0]
+        >>> Orthogonal(3).half_turn(3 * M).diagonal().tolist()
+        [-1.0, -1.0, 1.0]
+        """
+        moduli = torch.linalg.eigvals(M).abs()
+        theta = float(moduli.max())
+        nonzero = moduli[moduli > 1e-9 * max(theta, 1e-300)]
+        if theta == 0 or float((nonzero - theta).abs().max()) > 1e-9 * theta:
+            raise ValueError(f"{self.name}: exp(πM/ϑ) is an involution only when every nonzero eigenvalue of M has "
+                             f"the same modulus ϑ; got moduli {sorted(set(round(float(m), 9) for m in moduli))}")
+        return self.exp(math.pi * M / theta)
+
     # -- action on a tensor region --------------------------------------------------------------
     def operator(self, g: torch.Tensor, role: str = "out", power: Power = 1) -> torch.Tensor:
         """The matrix (or diagonal, as a vector) by which ``g`` multiplies a region unfolded to ``h`` rows.
@@ -673,9 +705,58 @@ def checked_inverse(g: torch.Tensor, tol: float) -> tuple[torch.Tensor, str | No
 
 
 def _reflection(h: int, dtype: torch.dtype, device: Device) -> torch.Tensor:
+    return _flip(h, 0, dtype, device)
+
+
+def _flip(h: int, i: int, dtype: torch.dtype, device: Device) -> torch.Tensor:
+    """``diag(1, …, −1, …, 1)``: the reflection of neuron ``i``."""
     g = torch.eye(h, dtype=dtype, device=device)
-    g[0, 0] = -1
+    g[i, i] = -1
     return g
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    return v / torch.linalg.vector_norm(v)
+
+
+def _random_unit(h: int, generator: torch.Generator | None, dtype: torch.dtype, device: Device,
+                 against: torch.Tensor | None = None) -> torch.Tensor:
+    """A random unit vector of ``R^h`` (seed 0 without ``generator``), orthogonal to the unit ``against`` if given."""
+    generator = generator if generator is not None else torch.Generator().manual_seed(0)
+    v = torch.randn(h, generator=generator, dtype=torch.float64).to(dtype=dtype, device=device)
+    if against is not None:
+        v = v - (against @ v) * against
+    return _unit(v)
+
+
+def _orthogonal_mirrors(group: "SiteGroup", limit: int, generator: torch.Generator | None, dtype: torch.dtype,
+                        device: Device, ones: bool = False) -> list[tuple[str, torch.Tensor]]:
+    """The orthogonal involutions a ``GL``/``O`` site offers: single-neuron reflections ``I − 2 e_i e_iᵀ``
+    (transpositions
+    ``(0 i)`` when the group fixes ``1``), a Householder reflection ``I − 2nnᵀ`` of a random unit ``n`` (``n ⊥ 1``
+    when the group fixes ``1``) and the half-turn ``exp(πM/ϑ)`` of a random generator ``M = abᵀ − baᵀ``."""
+    h = _concrete(group.width)
+    generator = generator if generator is not None else torch.Generator().manual_seed(0)
+    eye = torch.eye(h, dtype=dtype, device=device)
+    one = _unit(torch.ones(h, dtype=dtype, device=device)) if ones else None
+    out: list[tuple[str, torch.Tensor]] = []
+    if ones:
+        for i in range(1, min(h, limit + 1)):
+            n = _unit(eye[0] - eye[i])
+            out.append((f"transposition (0 {i})", eye - 2 * torch.outer(n, n)))
+    else:
+        out += [(f"reflection of neuron {i}", _flip(h, i, dtype, device)) for i in range(min(h, limit))]
+    if h >= (3 if ones else 2):
+        n = _random_unit(h, generator, dtype, device, one)
+        out.append(("Householder reflection I − 2nnᵀ (random unit n)", eye - 2 * torch.outer(n, n)))
+    if h >= (4 if ones else 3):
+        a = _random_unit(h, generator, dtype, device, one)
+        b = _random_unit(h, generator, dtype, device, a)
+        if one is not None:
+            b = _unit(b - (one @ b) * one)
+        M = torch.outer(a, b) - torch.outer(b, a)
+        out.append(("half-turn exp(πM/ϑ), M = abᵀ − baᵀ (a random plane)", group.half_turn(M)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -726,6 +807,23 @@ class GeneralLinear(SiteGroup):
 
     def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         return [_reflection(_concrete(self.width), dtype, device)]
+
+    def mirrors(self, limit: int = 4, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
+        """The orthogonal involutions ``I − 2Π`` (``Π`` an orthogonal projection: sign of ``ℝ^×`` at width 1, neuron
+        reflections, a Householder reflection, a half-turn), then an oblique involution ``I − 2uvᵀ`` (``vᵀu = 1``,
+        ``u ∦ v``): an involution of ``GL`` that is not orthogonal.
+
+        >>> [name for name, _ in GeneralLinear(2).mirrors()][-1]
+        'oblique involution I − 2uvᵀ (vᵀu = 1, u ∦ v)'
+        """
+        out = _orthogonal_mirrors(self, limit, generator, dtype, device)
+        h = _concrete(self.width)
+        if h >= 2:
+            eye = torch.eye(h, dtype=dtype, device=device)
+            u, v = eye[0] + eye[1], eye[0]
+            out.append(("oblique involution I − 2uvᵀ (vᵀu = 1, u ∦ v)", eye - 2 * torch.outer(u, v)))
+        return out
 
     def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         return checked_inverse(g, tol)[1]
@@ -814,6 +912,11 @@ class Orthogonal(SiteGroup):
 
     def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         return [_reflection(_concrete(self.width), dtype, device)]
+
+    def mirrors(self, limit: int = 4, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
+        """Neuron reflections, a Householder reflection and a half-turn (every involution of ``O(h)`` is ``I − 2Π``)."""
+        return _orthogonal_mirrors(self, limit, generator, dtype, device)
 
     def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device)
@@ -917,6 +1020,11 @@ class OrthogonalFixingOnes(Orthogonal):
         h = _concrete(self.width)
         return Permutations(h).discrete_generators(dtype, device)[:1]
 
+    def mirrors(self, limit: int = 4, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
+        """Transpositions ``(0 i)``, a Householder reflection and a half-turn, all inside ``1^⊥``."""
+        return _orthogonal_mirrors(self, limit, generator, dtype, device, ones=True)
+
     def _not_an_element(self, g: torch.Tensor, tol: float) -> str | None:
         ones = torch.ones(g.shape[-1], dtype=g.dtype, device=g.device)
         return super()._not_an_element(g, tol) or ("g 1 ≠ 1" if relative_error(g @ ones, ones, floor=1) > tol else None)
@@ -939,6 +1047,9 @@ class PositiveScaling(SiteGroup):
     alpha: SiteOption = 1  # type: ignore[misc]  # a field of this group, the neutral class constant of the others
     element_format: ClassVar[str] = "diagonal"
     symbol: ClassVar[str] = "PositiveScaling"
+    no_mirror: ClassVar[str] = ("(ℝ_{>0})^h has no element of order two: a positively homogeneous activation "
+                                "commutes with c > 0 only, so the sign of ℝ^× is no symmetry here (only a linear site, "
+                                "GL, has it)")
     kind: ClassVar[str] = "PS"
     kinds_it_preserves: ClassVar[frozenset] = frozenset({"PS"})
     site_options: ClassVar[tuple] = ("alpha",)
@@ -1144,6 +1255,13 @@ class ComplexScaling(SiteGroup):
         a, b = _planes(M)
         return _from_planes(a.exp() * b.cos(), a.exp() * b.sin())
 
+    def mirrors(self, limit: int = 4, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
+        """The half-turn ``exp(π J_k) = −I`` on plane ``k`` (``J_k`` its rotation generator), one per plane."""
+        m = _concrete(self.width) // 2
+        rotations = self.algebra_basis(dtype, device)[m:]
+        return [(f"half-turn of plane {k}", self.half_turn(rotations[k])) for k in range(min(m, limit))]
+
     def rep_inverse(self, g: torch.Tensor) -> torch.Tensor:
         a, b = _planes(g)   # 1/z = conj(z)/|z|²
         modulus = a * a + b * b
@@ -1254,14 +1372,15 @@ class SignFlips(SiteGroup):
         unit = ((diagonal.abs() - 1).abs() <= tol).all()
         return None if unit and relative_error(g, signs, floor=1) <= tol else "g must be diagonal with entries ±1"
 
+    def mirrors(self, limit: int = 4, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
+        """The first ``limit`` single-neuron flips (an affine involution of the parameters when ``c ≠ 0``)."""
+        h = _concrete(self.width)
+        return [(f"sign flip of neuron {i}", _flip(h, i, dtype, device)) for i in range(min(h, limit))]
+
     def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         h = _concrete(self.width)
-        flips = []
-        for i in range(h):
-            g = torch.eye(h, dtype=dtype, device=device)
-            g[i, i] = -1
-            flips.append(g)
-        return flips
+        return [_flip(h, i, dtype, device) for i in range(h)]
 
 
 @dataclass(frozen=True)
@@ -1331,6 +1450,18 @@ class Permutations(SiteGroup):
         cycle = eye[list(range(1, h)) + [0]]
         return [swap] if h == 2 else [swap, cycle]
 
+    def mirrors(self, limit: int = 4, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
+        """Transpositions ``(i j)``: the first ``limit`` pairs ``i < j`` (all ``h(h−1)/2`` are mirrors)."""
+        h = _concrete(self.width)
+        eye = torch.eye(h, dtype=dtype, device=device)
+        out = []
+        for i, j in itertools.islice(itertools.combinations(range(h), 2), limit):
+            order = list(range(h))
+            order[i], order[j] = j, i
+            out.append((f"transposition ({i} {j})", eye[order]))
+        return out
+
 
 @dataclass(frozen=True)
 class Translations(SiteGroup):
@@ -1350,6 +1481,8 @@ class Translations(SiteGroup):
     roles: ClassVar[tuple] = ("out",)
     standard_basis: ClassVar[bool] = True
     conserved_kind: ClassVar[str | None] = "linear"
+
+    no_mirror: ClassVar[str] = "ℝ^k is torsion-free: no translation but 0 squares to the identity"
 
     @property
     def acts_monomially(self) -> bool:
