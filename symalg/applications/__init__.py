@@ -5,8 +5,8 @@ Every application takes an :class:`~symalg.Analysis` (or an action built from on
 made it.
 """
 from symalg.applications import (conjugated, conservation_laws, ensembles, flat_minima, loss_symmetries,
-                                 minima_geometry, nonlinear_actions, symmetry_init, teleport, teleport_actions,
-                                 teleport_optim)
+                                 minima_geometry, noether, nonlinear_actions, symmetry_init, teleport,
+                                 teleport_actions, teleport_optim)
 
 __all__ = ["conjugated", "conservation_laws", "ensembles", "flat_minima", "loss_symmetries", "minima_geometry",
-           "nonlinear_actions", "symmetry_init", "teleport", "teleport_actions", "teleport_optim"]
+           "noether", "nonlinear_actions", "symmetry_init", "teleport", "teleport_actions", "teleport_optim"]

@@ -36,7 +36,7 @@ does not commute with the action, which is what Adam breaks.
 >>> from symalg.applications import noether
 >>> analysis = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)")
 >>> [(law.part, law.status) for law in noether.laws(analysis, noether.heavy_ball(2)).laws]
-[('symmetric', 'restriction'), ('antisymmetric', 'exponential decay')]
+[('symmetric', 'restriction'), ('antisymmetric', 'exponential decay'), ('other', 'restriction')]
 >>> noether.nesterov_flow().factor
 t_0**3/t**3
 """
@@ -136,7 +136,7 @@ class Dynamics:
     def kappa(self) -> tuple[Callable[[float], float], Callable[[float], float], Callable[[float], float]]:
         """``(κ₁, κ₂, κ̇₂)`` as Python functions of the time (SymPy's printer on the expressions, never a user
         string)."""
-        return tuple(sp.lambdify(t, e, modules="math") for e in  # type: ignore[return-value]
+        return tuple(sp.lambdify(t, e, modules="math") for e in
                      (self.kappa1, self.kappa2, sp.diff(self.kappa2, t)))
 
     def phi(self, time: float) -> float:
@@ -215,7 +215,7 @@ def momentum_map(symmetry: Symmetry, params: Params, velocity: Params) -> torch.
     >>> analysis = symalg.derive("linear(2, 3, bias=False) -> identity -> linear(3, 2, bias=False)")
     >>> s = analysis.symmetries[0]
     >>> W1, W2 = torch.randn(3, 2, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
-    >>> p = {"layers.0.weight": W1, "layers.2.weight": W2}
+    >>> p = {"0.weight": W1, "2.weight": W2}
     >>> torch.allclose(momentum_map(s, p, p), W1 @ W1.T - W2.T @ W2)   # the balance matrix C
     True
     """
@@ -312,7 +312,8 @@ def _symmetric_law(symmetry: Symmetry, dyn: Dynamics) -> Law:
     quantity = symmetry.conserved
     assert quantity is not None
     if dyn.first_order:
-        return Law(symmetry, dyn, "symmetric", "conserved", f"{quantity.name} = Γ(θ, θ)", quantity.latex(), sp.Integer(1))
+        return Law(symmetry, dyn, "symmetric", "conserved", f"{quantity.name} = Γ(θ, θ)", quantity.latex(),
+                   sp.Integer(1))
     k1, k2 = sp.latex(dyn.kappa1), sp.latex(dyn.kappa2)
     site = escape_latex(symmetry.site)
     relation = (rf"\operatorname{{sym}}\Gamma_{{\mathrm{{{site}}}}}\left(\theta,\ {k2}\,\ddot\theta + {k1}\,\dot\theta"
@@ -750,8 +751,8 @@ class Step:
 def run_scheme(scheme: Scheme, losses: Callable[[int], Loss], params: Params, steps: int,
                velocity: Params | None = None) -> tuple[list[Step], dict[str, torch.Tensor]]:
     """Run ``steps`` steps of ``scheme`` on ``losses(k)`` (the loss of step ``k``: a minibatch loss for SGD) from
-    ``params``; ``(steps taken, final θ)``. The paper's Newtonian scheme starts from ``w_1 = w_0 + √η v₀ −
-    (η/2)∇L(w_0)`` (``t ≈ k√η``)."""
+    ``params``; ``(steps taken, final θ)``. ``velocity`` is the starting momentum buffer of ``momentum``; the paper's
+    Newtonian scheme starts from ``w_1 = w_0 + √η v₀ − (η/2)∇L(w_0)`` (``t ≈ k√η``)."""
     names = list(params)
     theta = {k: v.detach().clone() for k, v in params.items()}
     taken: list[Step] = []
@@ -783,6 +784,11 @@ def run_scheme(scheme: Scheme, losses: Callable[[int], Loss], params: Params, st
     leaves = [theta[k].clone().requires_grad_(True) for k in names]
     optimizer = scheme.optimizer(leaves)
     assert optimizer is not None
+    if velocity is not None:
+        if scheme.kind != "momentum":
+            raise SpecError(f"noether.run_scheme: a starting velocity needs a momentum scheme, not {scheme.kind}")
+        for k, leaf in zip(names, leaves):
+            optimizer.state[leaf]["momentum_buffer"] = velocity[k].detach().clone().to(leaf)
     a = 1 - eta * scheme.weight_decay if scheme.decoupled else 1.0
     for k in range(steps):
         optimizer.zero_grad()
@@ -836,7 +842,7 @@ def _one_step(scheme: Scheme, s: Symmetry, step: Step) -> tuple[list[tuple[str, 
             assert step.new_buffer is not None
             first = step.buffer is None
             Pb = coupled * S if first else scheme.momentum * G(theta, step.buffer) + \
-                (1 - scheme.dampening) * coupled * S   # type: ignore[arg-type]
+                (1 - scheme.dampening) * coupled * S
             X = coupled * S + scheme.momentum * Pb if scheme.nesterov else Pb
             Pn, B = G(new, step.new_buffer), G(d, step.new_buffer)
             out.append(("P' = aΓ(θ,b') − ηΓ(d,b')", Pn, a * Pb - eta * B))
