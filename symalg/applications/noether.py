@@ -80,7 +80,7 @@ class Dynamics:
 
     >>> heavy_ball(0.5).factor
     exp(-0.5*t + 0.5*t_0)
-    >>> dynamics(kappa1=2 / t, kappa2=1).kind
+    >>> dynamics(kappa1=2 / t, kappa2=1, start=1).kind
     'power law decay'
     """
 
@@ -787,8 +787,8 @@ def run_scheme(scheme: Scheme, losses: Callable[[int], Loss], params: Params, st
     if velocity is not None:
         if scheme.kind != "momentum":
             raise SpecError(f"noether.run_scheme: a starting velocity needs a momentum scheme, not {scheme.kind}")
-        for k, leaf in zip(names, leaves):
-            optimizer.state[leaf]["momentum_buffer"] = velocity[k].detach().clone().to(leaf)
+        for name, leaf in zip(names, leaves):
+            optimizer.state[leaf]["momentum_buffer"] = velocity[name].detach().clone().to(leaf)
     a = 1 - eta * scheme.weight_decay if scheme.decoupled else 1.0
     for k in range(steps):
         optimizer.zero_grad()
