@@ -199,3 +199,50 @@ def test_repu_chain_law():
     d2 = sq(run.thetas[-1], "2.weight") - sq(run.thetas[0], "2.weight")
     d4 = sq(run.thetas[-1], "6.weight") - sq(run.thetas[0], "6.weight")
     assert abs(d2) > 1e-4 and abs(d2 - 4 * d4) < 1e-9 * max(1.0, abs(d2))
+
+
+def _two_layer(d: int = 6, h: int = 4):
+    g = torch.Generator().manual_seed(5)
+    return {"0.weight": torch.randn(h, d, generator=g, dtype=torch.float64) / math.sqrt(d),
+            "2.weight": torch.randn(1, h, generator=g, dtype=torch.float64) / math.sqrt(h)}
+
+
+def _finite_loss(n: int, d: int = 6):
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
+    y = x.norm(dim=1, keepdim=True)
+    return lambda p: ((torch.relu(x @ p["0.weight"].T) @ p["2.weight"].T - y) ** 2).mean()
+
+
+def _population_loss(d: int = 6, samples: int = 500):
+    """E (W₂ relu(W₁x) − ‖x‖)² for x ~ N(0, I) through (W₁x, ‖x‖) ~ (S z_{1:h}, ‖z‖), S = (W₁W₁ᵀ)^{1/2}:
+    a Monte-Carlo estimate that depends on W₁ only through W₁W₁ᵀ, so exactly invariant under W₁ ↦ W₁Qᵀ."""
+    z = torch.randn(samples, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    def loss(p):
+        W1 = p["0.weight"]
+        values, vectors = torch.linalg.eigh(W1 @ W1.T)
+        S = vectors @ torch.diag(values.clamp_min(0).sqrt()) @ vectors.T
+        h = W1.shape[0]
+        return ((torch.relu(z[:, :h] @ S.T) @ p["2.weight"].T - z.norm(dim=1, keepdim=True)) ** 2).mean()
+    return loss
+
+
+def test_input_rotation_population_versus_finite_dataset():
+    rotation = noether.InputRotation("0.weight")
+    params = _two_layer()
+    torques = {}
+    for n in (100, 10000):
+        loss = _finite_loss(n)
+        torques[n] = rotation.torque(params, loss_gradients(loss, params))
+    population = _population_loss()
+    assert rotation.torque(params, loss_gradients(population, params)) < 1e-12
+    assert torques[100] > 1e-2 and torques[10000] < torques[100] / 3        # O(1/√n): sampling breaks the law
+    status, latex = rotation.law(noether.heavy_ball(1.0))
+    assert status == "exponential decay" and r"\operatorname{anti}" in latex
+    assert rotation.law(noether.newtonian())[0] == "conserved"
+    v0 = {k: torch.ones_like(v) for k, v in params.items()}
+    for loss, holds in ((population, True), (_finite_loss(100), False)):
+        run = noether.integrate(noether.heavy_ball(1.0), loss, params, v0, 0.5, 100)
+        j0, j1 = (rotation.charge(run.thetas[i], run.velocities[i]) for i in (0, -1))
+        error = float((j1 - math.exp(-0.5) * j0).abs().max() / j0.abs().max())
+        assert (error < 1e-9) if holds else (error > 1e-4), error

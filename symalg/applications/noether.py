@@ -57,7 +57,8 @@ from symalg.verification.checks import CheckResult, loss_gradients, rk4
 
 __all__ = ["t", "t_0", "Dynamics", "gradient_flow", "newtonian", "heavy_ball", "nesterov_flow", "dynamics", "Law",
            "NoetherLaws", "laws", "momentum_map", "charged", "Trajectory", "integrate", "Scheme", "gd", "momentum",
-           "paper_newtonian", "paper_nesterov", "adam", "run_scheme", "check_dynamics", "check_scheme"]
+           "paper_newtonian", "paper_nesterov", "adam", "run_scheme", "check_dynamics", "check_scheme",
+           "InputRotation"]
 
 Params = Mapping[str, torch.Tensor]
 Loss = Callable[[Params], torch.Tensor]
@@ -888,3 +889,50 @@ def check_scheme(symmetries: Sequence[Symmetry], losses: Callable[[int], Loss], 
             detail += f"; Adam breaks Γ(θ, u) = 0 by up to {broken:.2e} (relative to ‖θ‖‖u‖)"
         results.append(CheckResult("noether_scheme", s.label, worst, tol, detail))
     return results
+
+
+# ---------------------------------------------------------------------------------------------
+# data symmetries
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InputRotation:
+    """Rotations of the input, ``x ↦ Qx`` (``Q ∈ O(d)``), seen by a model that reads its input only through the
+    first layer's weight ``W`` (``d_out × d``): ``W ↦ WQᵀ``, generators ``W ↦ WP`` with ``P`` antisymmetric, momentum
+    map ``Γ(θ, v) = Wᵀ V`` (``d × d``).
+
+    **Population loss.** If the joint law of ``(x, y)`` is invariant (``x ~ N(0, I)``, ``y`` a function of ``‖x‖``,
+    ...), ``L(WQᵀ) = L(W)`` and the first-layer charge ``J = anti(Wᵀ Ẇ)`` obeys ``κ₂J̇ + κ₁J = 0``: conserved by
+    Newtonian dynamics, ``e^{−γt}`` under heavy ball, ``(t₀/t)³`` along Nesterov's flow, and ``WᵀẆ`` symmetric along
+    gradient flow (the paper's Table 5). **Finite dataset.** A sample is invariant under no rotation but the few that
+    permute it (a finite group: no generator, no law); the relation becomes ``κ₂J̇ + κ₁J = −τ`` with the *torque*
+    ``τ = anti(Wᵀ ∇_W L)`` (:meth:`torque`), of the order of the sampling error of the loss, ``O(1/√n)`` relative.
+    """
+
+    weight: str
+
+    def momentum_map(self, params: Params, velocity: Params) -> torch.Tensor:
+        W, V = params[self.weight], velocity[self.weight]
+        if W.dim() != 2:
+            raise SpecError(f"noether.InputRotation: {self.weight!r} must be a matrix (d_out × d), got shape "
+                            f"{tuple(W.shape)}")
+        return W.T @ V
+
+    def charge(self, params: Params, velocity: Params) -> torch.Tensor:
+        """``J = anti(Wᵀ V)``."""
+        gamma = self.momentum_map(params, velocity)
+        return (gamma - gamma.T) / 2
+
+    def torque(self, params: Params, grads: Params) -> float:
+        """``‖anti(Wᵀ∇_W L)‖ / (‖W‖ ‖∇_W L‖)``: 0 (to rounding) when the loss is invariant under input rotations."""
+        tau = self.charge(params, grads)
+        scale = float(params[self.weight].norm() * grads[self.weight].norm())
+        return float(tau.norm()) / max(scale, 1e-300)
+
+    def law(self, dyn: Dynamics) -> tuple[str, str]:
+        """``(status, LaTeX)`` of the first-layer law under ``dyn`` for an invariant population."""
+        if dyn.first_order:
+            return "restriction", r"W^{T}\dot W = \dot W^{T} W"
+        phi = dyn.factor
+        status = "conserved" if phi == 1 else dyn.kind
+        charge = r"\operatorname{anti}(W^{T}\dot W)"
+        return status, rf"{charge}(t) = {sp.latex(phi)}\,{charge}(t_0)"
