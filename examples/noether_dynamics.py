@@ -35,7 +35,8 @@ def toy(out, quick: bool) -> None:
     vec = lambda *x: {"w": torch.tensor(x, dtype=torch.float64)}  # noqa: E731
     duration, steps = (10.0, 2000) if quick else (20.0, 20000)
     runs = {"GF": noether.integrate(noether.gradient_flow(), loss, vec(0.1, 0.1, 0.1), None, duration, steps),
-            "ND": noether.integrate(noether.newtonian(), loss, vec(0.5, 0.5, 0.5), vec(-2.0, 1.0, 1.0), duration, steps),
+            "ND": noether.integrate(noether.newtonian(), loss, vec(0.5, 0.5, 0.5), vec(-2.0, 1.0, 1.0), duration,
+                                    steps),
             "NAGF": noether.integrate(noether.nesterov_flow(1.0), loss, vec(0.5, 0.5, 0.5), vec(-2.0, 1.0, 1.0),
                                       duration, steps)}
     J = {name: [torch.linalg.cross(th["w"], v["w"]) for th, v in zip(run.thetas, run.velocities)]
@@ -43,13 +44,16 @@ def toy(out, quick: bool) -> None:
     nag = runs["NAGF"]
     flow = noether.nesterov_flow(1.0)
     law = max(float((j - flow.phi(time) * J["NAGF"][0]).abs().max()) for j, time in zip(J["NAGF"], nag.times))
-    tokens(toy_initial_Jx=float(J["ND"][0][0]), toy_initial_Jy=float(J["ND"][0][1]), toy_initial_Jz=float(J["ND"][0][2]),
+    first = J["ND"][0]
+    tokens(toy_initial_Jx=float(first[0]), toy_initial_Jy=float(first[1]), toy_initial_Jz=float(first[2]),
            toy_gf_angular_max=max(float(j.abs().max()) for j in J["GF"]),
            toy_gf_loss_increase_max=max(b - a for a, b in zip(runs["GF"].losses, runs["GF"].losses[1:])),
            toy_nd_angular_drift=max(float((j - J["ND"][0]).abs().max()) for j in J["ND"]),
-           toy_nd_energy_drift=max(abs(runs["ND"].energy(i) - runs["ND"].energy(0)) for i in range(len(nag.times))),
+           toy_nd_energy_drift=max(abs(runs["ND"].energy(i) - runs["ND"].energy(0))
+                                   for i in range(len(runs["ND"].times))),
            toy_nd_plane_max=max(abs(float(th["w"][1] - th["w"][2])) for th in runs["ND"].thetas),
-           toy_nag_angular_law_error=law, toy_nag_plane_max=max(abs(float(th["w"][1] - th["w"][2])) for th in nag.thetas),
+           toy_nag_angular_law_error=law,
+           toy_nag_plane_max=max(abs(float(th["w"][1] - th["w"][2])) for th in nag.thetas),
            toy_nag_final_radius=float(nag.thetas[-1]["w"].norm()),
            toy_nag_energy_balance_error=max(abs(nag.energy(i) + nag.dissipated[i] - nag.energy(0))
                                             for i in range(len(nag.times))))

@@ -177,7 +177,9 @@ def test_false_laws_fail():
     wrong = noether.momentum(0.1, 0.5)
     steps, _ = noether.run_scheme(noether.momentum(0.1, 0.9), lambda k: loss, params, 5)
     from symalg.applications.noether import _one_step
-    rows, scale = _one_step(wrong, gl, steps[3])
+    step = steps[3]
+    new = {k: step.theta[k] - 0.1 * step.d[k] for k in step.theta}
+    rows, scale = _one_step(wrong, lambda u, w: noether.momentum_map(gl, u, w), step, new)
     assert max(float((a - b).abs().max()) for _, a, b in rows) / scale > 1e-6
 
 
