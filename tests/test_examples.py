@@ -129,3 +129,4 @@ def test_noether_dynamics(tmp_path):
     assert values["chain_nobias_law_error"] < 1e-9 * max(1.0, abs(values["chain_nobias_dW2"]))
     assert values["chain_corrected_law_error"] < 1e-9
     assert values["chain_paper_law_error"] > 1e3 * values["chain_corrected_law_error"]
+    assert values["swish_beta_moved"] > 1e-3 and values["swish_law_error"] < 1e-9
