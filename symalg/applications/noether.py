@@ -602,7 +602,8 @@ def check_dynamics(symmetries: Sequence[Symmetry], loss: Loss, params: Params, g
                 m1 = momentum_map(s, run.thetas[-1], run.velocities[-1])
                 l0 = momentum_map(s, run.thetas[0], run.thetas[0])
                 l1 = momentum_map(s, run.thetas[-1], run.thetas[-1])
-                scale = float(m0.abs().max()) * (end - dyn.start) + float(l0.abs().max())
+                size = {k: v.abs() for k, v in run.thetas[0].items()}   # ℓ sums entries: rounding scales with |θ|
+                scale = float(m0.abs().max()) * (end - dyn.start) + float(momentum_map(s, size, size).abs().max())
                 errors.append(max(_relative(m1 - phi * m0, float(m0.abs().max())),
                                   _relative(l1 - l0 - moved * m0, scale)))
                 moves.append(float((l1 - l0).abs().max()))
