@@ -15,6 +15,15 @@ from symalg.verification.checks import loss_gradients
 SPEC = "linear(3, 4) -> identity -> linear(4, 2)"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The integrations are thousands of tiny ops: on a shared machine extra intra-op threads only spin."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def traced() -> symalg.Analysis:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4),
@@ -118,16 +127,16 @@ def test_toy_angular_momentum_plane_and_energy():
     v0 = {"w": torch.tensor([-2.0, 1.0, 1.0], dtype=torch.float64)}
     start = _rotation_charge(w0, v0)
     assert torch.allclose(start, torch.tensor([0.0, -1.5, 1.5], dtype=torch.float64))
-    newton = noether.integrate(noether.newtonian(), loss, w0, v0, 5.0, 5000)
-    assert torch.allclose(_rotation_charge(newton.thetas[-1], newton.velocities[-1]), start, atol=1e-11)
-    assert abs(newton.energy(-1) - newton.energy(0)) < 1e-9
+    newton = noether.integrate(noether.newtonian(), loss, w0, v0, 3.0, 2000)
+    assert torch.allclose(_rotation_charge(newton.thetas[-1], newton.velocities[-1]), start, atol=1e-10)
+    assert abs(newton.energy(-1) - newton.energy(0)) < 1e-8
     flow = noether.nesterov_flow(start=1.0)
-    nag = noether.integrate(flow, loss, w0, v0, 5.0, 5000)
+    nag = noether.integrate(flow, loss, w0, v0, 3.0, 2000)
     end = _rotation_charge(nag.thetas[-1], nag.velocities[-1])
     assert torch.allclose(end, start * flow.phi(nag.times[-1]), atol=1e-10)
     assert not torch.allclose(end, start, atol=1e-2)                      # negative control: not conserved
     assert max(abs(float(th["w"][1] - th["w"][2])) for th in nag.thetas) < 1e-12
-    assert abs(nag.energy(-1) + nag.dissipated[-1] - nag.energy(0)) < 1e-9
+    assert abs(nag.energy(-1) + nag.dissipated[-1] - nag.energy(0)) < 1e-8
 
 
 def test_discrete_invariants_exact():
@@ -215,7 +224,7 @@ def _finite_loss(n: int, d: int = 6):
     return lambda p: ((torch.relu(x @ p["0.weight"].T) @ p["2.weight"].T - y) ** 2).mean()
 
 
-def _population_loss(d: int = 6, samples: int = 500):
+def _population_loss(d: int = 6, samples: int = 200):
     """E (W₂ relu(W₁x) − ‖x‖)² for x ~ N(0, I) through (W₁x, ‖x‖) ~ (S z_{1:h}, ‖z‖), S = (W₁W₁ᵀ)^{1/2}:
     a Monte-Carlo estimate that depends on W₁ only through W₁W₁ᵀ, so exactly invariant under W₁ ↦ W₁Qᵀ."""
     z = torch.randn(samples, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
