@@ -36,6 +36,12 @@ assertions):
     tensor unfolded by its read suffix, as the lowered code reads it, so the check covers the printed expression.
     Skipped for a quantity reading more than ``symbolic_limit`` entries.
 
+``noether_*`` (only with ``dynamics=``)
+    the laws of a training dynamics or the exact one-step identities of a discrete scheme
+    (:mod:`symalg.applications.noether`): ``noether_decay`` (``J(t) = φ(t) J(t₀)``), ``noether_translation``,
+    ``noether_restriction``, ``noether_energy`` by integration, with tolerances from a run at half the step;
+    ``noether_scheme`` along a real training run (``torch.optim`` as users run it), to rounding (``4096 ε``).
+
 ``orbit_dimension``
     the orbit dimension at the verified parameters, computed with the structure of the action
     (:func:`symalg.numeric.orbit_rank.model_orbit_dimension`), equals its generic formula and the dense
