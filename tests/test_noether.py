@@ -96,6 +96,25 @@ def test_momentum_map_adjoint_and_gradient_zero():
             assert noether.momentum_map(s, params, grads).abs().max() < 1e-12 * grads["0.weight"].norm()
 
 
+def test_translation_schemes():
+    """Batch-norm bias and softmax translations: ℓ = ⟨B, θ⟩ follows each scheme's linear recursion exactly; Adam's
+    update moves it (the breaking term is reported)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU(), torch.nn.Linear(4, 3),
+                                torch.nn.Softmax(-1)).double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(8, 3, dtype=torch.float64),)))
+    schemes = [noether.gd(0.1, weight_decay=0.1), noether.momentum(0.1, 0.9, nesterov=True, weight_decay=0.01),
+               noether.paper_newtonian(0.01), noether.paper_nesterov(0.01), noether.adam(0.01)]
+    report = symalg.verify(analysis, dynamics=schemes + [noether.heavy_ball(1.0)])
+    assert report.passed, [str(c) for c in report.failures]
+    checks = [c for c in report.checks if c.symmetry.startswith("Translations") and c.check.startswith("noether")]
+    assert {c.check for c in checks} == {"noether_scheme", "noether_translation"}
+    assert all("ℓ' from ⟨B, ∇L⟩ = 0" in c.detail and "S'" not in c.detail
+               for c in checks if c.check == "noether_scheme")
+    softmax = [c for c in checks if "adam" in c.detail and "along 1" in c.symmetry]
+    assert float(softmax[0].detail.rsplit("by up to ", 1)[1].split()[0]) > 1e-3
+
+
 def test_orthogonal_group_charges():
     """O(4) of a radial activation has only antisymmetric generators: a decay law, no quantity; its scheme identities
     hold although every projected C is zero (the tolerance is relative to the step's vectors, not to C)."""

@@ -835,9 +835,36 @@ def run_scheme(scheme: Scheme, losses: Callable[[int], Loss], params: Params, st
 
 
 def _exact_symmetries(symmetries: Sequence[Symmetry]) -> list[Symmetry]:
-    """The continuous symmetries with an exact, bilinear momentum map (no translations, shears, affine actions or
-    buffers)."""
-    return [s for s in symmetries if s.group.is_continuous and charged(s) is None and s.group.kind != "T"]
+    """The continuous symmetries with an exact momentum map: bilinear, or a translation's ``⟨B, v⟩`` (no shears,
+    affine actions or buffers)."""
+    return [s for s in symmetries if s.group.is_continuous and charged(s) is None]
+
+
+def _translation_step(scheme: Scheme, ell: Callable[[Params], torch.Tensor], step: Step,
+                      new: Params) -> tuple[list[tuple[str, torch.Tensor, torch.Tensor]], float]:
+    """:func:`_one_step` for a translation, ``ℓ(v) = ⟨B, v⟩`` with ``⟨B, ∇L⟩ = 0``: ``ℓ' = (a − ηλ)ℓ`` (GD),
+    ``⟨B, b'⟩ = μ⟨B, b⟩ + (1−τ)λℓ`` and ``ℓ' = aℓ − η⟨B, d⟩`` (momentum), ``ℓ_{k+2} = 2ℓ_{k+1} − ℓ_k`` (eq. 21),
+    ``ℓ(w_{k+1}) = (1+β_k)ℓ(w_k) − β_kℓ(w_{k−1})`` (eq. 20); Adam's ``⟨B, u⟩`` is not fixed (returned as the
+    breaking term relative to ``ℓ(|θ|)``-scale)."""
+    eta, a = scheme.lr, step.a
+    coupled = 0.0 if scheme.decoupled else scheme.weight_decay
+    value, after = ell(step.theta), ell(new)
+    name = "ℓ' from ⟨B, ∇L⟩ = 0"
+    if scheme.kind == "gd":
+        return [(name, after, (a - eta * coupled) * value)], 0.0
+    if scheme.kind == "momentum":
+        assert step.new_buffer is not None
+        pushed = coupled * value if step.buffer is None else \
+            scheme.momentum * ell(step.buffer) + (1 - scheme.dampening) * coupled * value
+        moved = coupled * value + scheme.momentum * pushed if scheme.nesterov else pushed
+        return [(name, after, a * value - eta * moved), ("⟨B, b'⟩", ell(step.new_buffer), pushed)], 0.0
+    if scheme.kind == "adam":
+        update = ell(step.d)
+        return [(name, after, a * value - eta * update)], float(update.abs().max())
+    assert step.previous is not None
+    if scheme.kind == "paper_newtonian":
+        return [(name, after, 2 * value - ell(step.previous))], 0.0
+    return [(name, after, (1 + step.beta) * value - step.beta * ell(step.previous))], 0.0
 
 
 Pairing = Callable[[Params, Params], torch.Tensor]
@@ -898,7 +925,7 @@ def check_scheme(symmetries: Sequence[Symmetry], losses: Callable[[int], Loss], 
     floor = 4096 * torch.finfo(like.dtype).eps
     exact = _exact_symmetries(symmetries)
     worst, broken, defect = [0.0] * len(exact), [0.0] * len(exact), [0.0] * len(exact)
-    names: list[str] = []
+    names: list[list[str]] = [[] for _ in exact]
     for step in taken:
         new = {k: step.a * step.theta[k] - scheme.lr * step.d[k] for k in step.theta}
         memo: dict[tuple[int, int], list[torch.Tensor]] = {}
@@ -914,19 +941,32 @@ def check_scheme(symmetries: Sequence[Symmetry], losses: Callable[[int], Loss], 
         base = max(_norm(v) for v in vectors if v is not None) ** 2
         at = step.y if step.y is not None else step.theta
         size = _norm(at) * _norm(step.g)
+        absolute = [{k: v.abs() for k, v in x.items()} for x in vectors if x is not None]   # ℓ(|x|) bounds ℓ(x)
         for i in range(len(exact)):
+            defect[i] = max(defect[i], float(pairs(at, step.g)[i].abs().max()) / max(size, 1e-300))
+            if exact[i].group.kind == "T":
+                rows, breaking = _translation_step(scheme, lambda w: pairs(step.theta, w)[i], step, new)
+                magnitudes = [pairs(step.theta, x)[i] for x in absolute]
+                breaking /= max(float(m.abs().max()) for m in magnitudes) if breaking else 1.0
+                broken[i] = max(broken[i], breaking)
+                for name, actual, predicted in rows:
+                    names[i].append(name)
+                    scale = max(float(actual.abs().max()), float(predicted.abs().max()),
+                                *(float(m.abs().max()) for m in magnitudes))
+                    worst[i] = max(worst[i], _relative(actual - predicted, scale))
+                continue
             rows, breaking = _one_step(scheme, lambda u, w: pairs(u, w)[i], step, new)
             broken[i] = max(broken[i], breaking)
-            defect[i] = max(defect[i], float(pairs(at, step.g)[i].abs().max()) / max(size, 1e-300))
             for name, actual, predicted in rows:
-                names.append(name)
+                names[i].append(name)
                 scale = max(base, float(actual.abs().max()), float(predicted.abs().max()))
                 worst[i] = max(worst[i], _relative(actual - predicted, scale))
     results = []
     for i, s in enumerate(exact):
-        detail = f"{scheme.name}, {steps} steps: " + "; ".join(dict.fromkeys(names))
+        detail = f"{scheme.name}, {steps} steps: " + "; ".join(dict.fromkeys(names[i]))
         if scheme.kind == "adam":
-            detail += f"; Adam breaks Γ(θ, u) = 0 by up to {broken[i]:.2e} (relative to ‖θ‖‖u‖)"
+            relative = "ℓ(|x|)" if s.group.kind == "T" else "‖θ‖‖u‖"
+            detail += f"; Adam breaks Γ(θ, u) = 0 by up to {broken[i]:.2e} (relative to {relative})"
         tol = floor + 4 * min(defect[i], TOLERANCES.get(like.dtype, 1e-9))
         detail += f"; symmetry defect of the computed gradient δ = {defect[i]:.1e}"
         results.append(CheckResult("noether_scheme", s.label, worst[i], tol, detail))
