@@ -91,6 +91,12 @@ def mlp(widths, seed: int = 0) -> torch.nn.Sequential:
     return torch.nn.Sequential(*layers).double()
 
 
+def balances(p, layers: int) -> list[float]:
+    """``A_h = ‖W_h‖² + ‖b_h‖² − ‖W_{h+1}‖²`` for ``h = 1 … layers − 1`` (Linear layers at even indices)."""
+    norm = lambda k: float((p[f"{2 * k}.weight"] ** 2).sum())  # noqa: E731
+    return [norm(h) + float((p[f"{2 * h}.bias"] ** 2).sum()) - norm(h + 1) for h in range(layers - 1)]
+
+
 def balance(out, quick: bool) -> None:
     (x, y), _ = digits(0)
     n, widths, steps = (200, (64, 32, 32, 32, 10), 30) if quick else (1000, (64, 200, 200, 200, 10), 400)
@@ -119,6 +125,10 @@ def balance(out, quick: bool) -> None:
         values[f"balance_{name}_identity_error"] = max(c.max_error for c in checks)
         values[f"balance_{name}_identity_tolerance"] = min(c.tolerance for c in checks)
         values[f"balance_{name}_final_loss"] = float(loss(final))
+        if name == "ND":   # the paper's (34): Σ_h |A_h(t)| − Σ_h |A_h(0)| ≤ 4 (L(0) − L*) t², L* ≥ 0, t = k√η
+            sums = [sum(abs(a) for a in balances(s.theta, len(widths) - 1)) for s in taken]
+            values["balance_ND_bound_ratio"] = max((b - sums[0]) / (4 * float(loss(params)) * (k * 0.1) ** 2)
+                                                   for k, b in enumerate(sums) if k)
         ax.plot([a - w2[0] for a in w2], label="Δ‖W₂‖²")
         ax.plot([a - w3[0] for a in w3], label="Δ‖W₃‖²")
         ax.plot([a - series[0] for a in series], label="Δ(‖W₂‖² + ‖b₂‖² − ‖W₃‖²)")

@@ -126,6 +126,7 @@ def test_noether_dynamics(tmp_path):
     for name in ("GD", "ND", "NAGD"):
         assert values[f"balance_{name}_identity_error"] < values[f"balance_{name}_identity_tolerance"] <= 1e-12
     assert values["balance_ND_change"] > 100 * values["balance_GD_change"]   # ND only restricts the balance
+    assert values["balance_ND_bound_ratio"] <= 1                              # the paper's bound (34)
     assert values["chain_nobias_law_error"] < 1e-9 * max(1.0, abs(values["chain_nobias_dW2"]))
     assert values["chain_corrected_law_error"] < 1e-9
     assert values["chain_paper_law_error"] > 1e3 * values["chain_corrected_law_error"]
