@@ -23,6 +23,7 @@ h
 True
 """
 from symalg import applications  # noqa: F401  (the subpackage: symalg.applications.teleport, ...)
+from symalg.applications import noether  # noqa: F401  (symalg.noether: laws of training dynamics)
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry, overlay, register
 from symalg.errors import SpecError
 from symalg.frontend.spec import Spec, from_torch, parse, to_graph, to_module

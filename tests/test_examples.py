@@ -110,3 +110,24 @@ def test_loss_symmetries():
 def test_symmetry_init(tmp_path):
     values = _run("symmetry_init.py", tmp_path)
     assert values["max_function_change"] < 1e-12     # the initialisations differ only by group elements
+
+
+def test_noether_dynamics(tmp_path):
+    """The paper's toy, balance and chain experiments (quick): the laws hold to integrator accuracy, the exact
+    one-step identities to rounding, and the paper's bias-free chain law fails on layers with biases."""
+    values = _run("noether_dynamics.py", tmp_path)
+    for name in ("noether_toy.png", "noether_balance.png", "noether_chain.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert (values["toy_initial_Jy"], values["toy_initial_Jz"]) == (-1.5, 1.5)
+    assert values["toy_gf_angular_max"] < 1e-12 and values["toy_gf_loss_increase_max"] <= 0
+    assert values["toy_nd_angular_drift"] < 1e-9 and values["toy_nd_energy_drift"] < 1e-7
+    assert values["toy_nd_plane_max"] < 1e-12 and values["toy_nag_plane_max"] < 1e-12
+    assert values["toy_nag_angular_law_error"] < 1e-9 and values["toy_nag_energy_balance_error"] < 1e-7
+    for name in ("GD", "ND", "NAGD"):
+        assert values[f"balance_{name}_identity_error"] < values[f"balance_{name}_identity_tolerance"] <= 1e-12
+    assert values["balance_ND_change"] > 100 * values["balance_GD_change"]   # ND only restricts the balance
+    assert values["balance_ND_bound_ratio"] <= 1                              # the paper's bound (34)
+    assert values["chain_nobias_law_error"] < 1e-9 * max(1.0, abs(values["chain_nobias_dW2"]))
+    assert values["chain_corrected_law_error"] < 1e-9
+    assert values["chain_paper_law_error"] > 1e3 * values["chain_corrected_law_error"]
+    assert values["swish_beta_moved"] > 1e-3 and values["swish_law_error"] < 1e-9

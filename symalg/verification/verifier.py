@@ -36,6 +36,12 @@ assertions):
     tensor unfolded by its read suffix, as the lowered code reads it, so the check covers the printed expression.
     Skipped for a quantity reading more than ``symbolic_limit`` entries.
 
+``noether_*`` (only with ``dynamics=``)
+    the laws of a training dynamics or the exact one-step identities of a discrete scheme
+    (:mod:`symalg.applications.noether`): ``noether_decay`` (``J(t) = φ(t) J(t₀)``), ``noether_translation``,
+    ``noether_restriction``, ``noether_energy`` by integration, with tolerances from a run at half the step;
+    ``noether_scheme`` along a real training run (``torch.optim`` as users run it), to rounding (``4096 ε``).
+
 ``orbit_dimension``
     the orbit dimension at the verified parameters, computed with the structure of the action
     (:func:`symalg.numeric.orbit_rank.model_orbit_dimension`), equals its generic formula and the dense
@@ -67,6 +73,7 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
+from symalg.applications import noether
 from symalg.numeric.orbit_rank import model_orbit_dimension
 from symalg.symbolic.derive import Analysis
 from symalg.symbolic.symmetry import Symmetry
@@ -178,7 +185,7 @@ def _concrete(analysis: Analysis, params: Params | None, widths: Mapping[str, in
 def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor | tuple | None = None,
            device: str = "cpu", dtype: torch.dtype = torch.float64, widths: Mapping[str, int] | None = None,
            seed: int = 0, max_generators: int = MAX_GENERATORS, learning_rate: float = 0.1, flow_steps: int = 10,
-           symbolic_limit: int = SYMBOLIC_LIMIT) -> VerificationReport:
+           symbolic_limit: int = SYMBOLIC_LIMIT, dynamics: object = None) -> VerificationReport:
     """Check every symmetry of ``analysis`` numerically by running its model (see the module docstring).
 
     Parameters
@@ -198,6 +205,11 @@ def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor 
     seed : seed of the targets and group elements. ``max_generators``: most Lie-algebra generators checked one by
         one for ``gradient_orthogonality``; ``learning_rate``: the ``gd_drift`` step; ``flow_steps``: RK4 steps of
         ``gradient_flow``; ``symbolic_limit``: most entries a quantity may read for ``lowering``.
+    dynamics : a :class:`~symalg.applications.noether.Dynamics` (its Noether laws checked by integration:
+        :func:`~symalg.applications.noether.check_dynamics`), a :class:`~symalg.applications.noether.Scheme` (its
+        exact one-step identities along a real training run: :func:`~symalg.applications.noether.check_scheme`; a
+        scheme with ``batch`` takes the loss on ``batch`` seeded random rows of the first output per step), or a
+        list of them.
     """
     if not isinstance(analysis, Analysis):
         raise SpecError(f"verify: analysis must be the result of symalg.derive, got {type(analysis).__name__}")
@@ -247,17 +259,29 @@ def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor 
     if not outputs:
         raise SpecError(f"verify: {type(model).__name__} returns no tensor to compare")
     reference = outputs[0][1]
+    classes: torch.Tensor | None = None
+    target: torch.Tensor | None = None
     if cross_entropy:
         classes = torch.randint(reference.shape[-1], reference.shape[:-1], generator=generator).to(device)
     else:
         target = torch.randn(reference.shape, generator=generator, dtype=dtype).to(device)
 
-    def loss_of(outputs: Outputs) -> torch.Tensor:
-        """The loss of the first output (see the module docstring)."""
+    def loss_of(outputs: Outputs, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The loss of the first output (see the module docstring), on the given ``rows`` of it (a minibatch)."""
         output = outputs[0][1]
-        if cross_entropy:
-            return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), classes.reshape(-1))
-        return ((output - target) ** 2).mean()
+        labels, wanted = classes, target
+        if rows is not None:
+            output = output[rows]
+            labels = labels[rows] if labels is not None else None
+            wanted = wanted[rows] if wanted is not None else None
+        if labels is not None:
+            return torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), labels.reshape(-1))
+        assert wanted is not None
+        return ((output - wanted) ** 2).mean()
+
+    def loss_on(rows: torch.Tensor | None) -> Callable[[Params], torch.Tensor]:
+        """The loss as a function of the parameters, on ``rows`` of the first output (all: ``None``)."""
+        return lambda params: loss_of(forward({**state, **params}), rows)
 
     def loss(params: Params) -> torch.Tensor:
         """The loss as a function of the parameters alone (buffers as in ``state``)."""
@@ -284,7 +308,42 @@ def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor 
     with torch.no_grad():
         checks += [_lowering(s, state, tol, symbolic_limit) for s in conserving]
     checks.append(_orbit_dimension(analysis, state))
+    checks += _noether(analysis.symmetries, dynamics, loss_on, reference.shape[0] if reference.dim() else 1, params,
+                       grads, seed)
     return VerificationReport(tuple(checks), dtype, str(device), substituted)
+
+
+def _noether(symmetries: Sequence[Symmetry], dynamics: object,
+             loss_on: Callable[[torch.Tensor | None], Callable[[Params], torch.Tensor]], rows: int, params: Params,
+             grads: Params, seed: int) -> list[CheckResult]:
+    """The checks of ``dynamics=`` (see :func:`verify`)."""
+    if dynamics is None:
+        return []
+    listed = list(dynamics) if isinstance(dynamics, (list, tuple)) else [dynamics]
+    results: list[CheckResult] = []
+    for item in listed:
+        if isinstance(item, noether.Dynamics):
+            results += noether.check_dynamics(symmetries, loss_on(None), params, grads, item,
+                                              torch.Generator().manual_seed(seed))
+        elif isinstance(item, noether.Scheme):
+            results += noether.check_scheme(symmetries, _step_losses(item, loss_on, rows, seed),
+                                            params, item)
+        else:
+            raise SpecError(f"verify: dynamics must be a noether.Dynamics or noether.Scheme (or a list of them), "
+                            f"got {type(item).__name__}")
+    return results
+
+
+def _step_losses(scheme: "noether.Scheme", loss_on: Callable[[torch.Tensor | None], Callable[[Params], torch.Tensor]],
+                 rows: int, seed: int) -> Callable[[int], Callable[[Params], torch.Tensor]]:
+    """The loss of step ``k``: the full loss, or with ``scheme.batch`` the loss on that many rows (first axis) of the
+    first output, drawn from ``seed + k``: a minibatch loss, invariant like the full one."""
+    if scheme.batch is None:
+        return lambda k: loss_on(None)
+    if scheme.batch > rows:
+        raise SpecError(f"verify: batch={scheme.batch} exceeds the {rows} rows of the model's first output")
+    batch = scheme.batch
+    return lambda k: loss_on(torch.randperm(rows, generator=torch.Generator().manual_seed(seed + k))[:batch])
 
 
 DENSE_ORBIT_BYTES = 64 * 2 ** 20
