@@ -23,6 +23,7 @@ h
 True
 """
 from symalg import applications  # noqa: F401  (the subpackage: symalg.applications.teleport, ...)
+from symalg.discovery import discover
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry, overlay, register
 from symalg.errors import SpecError
 from symalg.frontend.spec import Spec, from_torch, parse, to_graph, to_module
@@ -47,5 +48,7 @@ __all__ = [
     "lower", "LoweredFunction", "verify", "VerificationReport",
     # errors
     "SpecError",
+    # discovery of the symmetries the catalogue does not know
+    "discover",
 ]
 __version__ = "0.1.0"
