@@ -264,6 +264,10 @@ class Discovery:
         derived symmetries the ansatz cannot hold (blocks, buffers); ``explained``/``new`` as in the module
         docstring; ``new_generators`` a readable basis of the new directions; ``unconfirmed_labels`` the derived
         symmetries whose fields discovery does not find (with the residual ``unconfirmed_errors``).
+    tangent : ``(discovered, derived, joint)`` ranks of the tangent spaces at a held-out ``θ``: new *fields* may
+        still point along derived directions at every ``θ`` (a translation along ``1`` before a LayerNorm with a
+        coefficient that is any linear function of ``θ``); ``new_tangent = joint − derived`` counts the directions
+        the catalogue misses pointwise.
     """
 
     model: str
@@ -286,6 +290,7 @@ class Discovery:
     new_generators: tuple[Generator, ...]
     unconfirmed_labels: tuple[str, ...]
     unconfirmed_errors: tuple[float, ...]
+    tangent: tuple[int, int, int]
     layout: ParameterLayout = field(repr=False)
 
     @property
@@ -296,6 +301,11 @@ class Discovery:
     @property
     def new(self) -> int:
         return len(self.new_generators)
+
+    @property
+    def new_tangent(self) -> int:
+        """Tangent directions at a generic ``θ`` that discovery finds and the derived symmetries do not span."""
+        return self.tangent[2] - self.tangent[1]
 
     @property
     def confirmed(self) -> bool:
@@ -317,7 +327,9 @@ class Discovery:
         lines.append(f"discovered dimension {self.dimension} ({len(self.symmetries)} pass the finite check, "
                      f"closure error {self.closure_error:.2g}, combination error {self.combination_error:.2g}); "
                      f"{self.rank}")
-        lines.append(f"derived dimension {self.derived_dimension}: explained {self.explained}, new {self.new}"
+        lines.append(f"derived dimension {self.derived_dimension}: explained {self.explained}, new {self.new} "
+                     f"(tangent at a held-out θ: discovered {self.tangent[0]}, derived {self.tangent[1]}, "
+                     f"new {self.new_tangent})"
                      + (f"; outside the ansatz: {', '.join(self.outside)}" if self.outside else ""))
         groups: dict[tuple[str, ...], int] = {}
         for g in self.generators:
@@ -347,6 +359,7 @@ class Discovery:
                 "tolerance": self.tolerance, "confirmed": self.confirmed,
                 "derived_dimension": self.derived_dimension, "derived": list(self.derived_labels),
                 "outside": list(self.outside), "explained": self.explained, "new": self.new,
+                "tangent": {"discovered": self.tangent[0], "derived": self.tangent[1], "new": self.new_tangent},
                 "unconfirmed": [{"symmetry": lab, "residual": err}
                                 for lab, err in zip(self.unconfirmed_labels, self.unconfirmed_errors)],
                 "generators": [g.to_dict() for g in self.generators],
@@ -384,19 +397,32 @@ class _Problem:
         self.generator = torch.Generator().manual_seed(seed)
         self.cross_entropy = analysis.loss == "cross_entropy"
 
-    def sample_inputs(self) -> tuple:
+    def _scale(self) -> float:
+        """A log-uniform scale in ``[10^-0.5, 10]``: samples reach the kinks and saturations of bounded
+        activations (``relu6`` is ``relu`` below 6, ``hardsigmoid`` linear on ``[-3, 3]``), which unit-scale
+        samples would miss and report their scaling as a symmetry."""
+        return float(10 ** (torch.rand((), generator=self.generator, dtype=torch.float64) * 1.5 - 0.5))
+
+    def sample_inputs(self, scale: float | None = None) -> tuple:
         if self.fixed:
             return self.inputs
-        return tuple(torch.randn(x.shape, generator=self.generator, dtype=x.dtype)
+        factor = self._scale() if scale is None else scale
+        return tuple(factor * torch.randn(x.shape, generator=self.generator, dtype=x.dtype)
                      if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in self.inputs)
 
-    def sample_theta(self, layout: ParameterLayout) -> torch.Tensor:
-        """Gaussian parameters at the scale of the model's own (per tensor: their RMS, at least 0.1)."""
+    def sample_theta(self, layout: ParameterLayout, scale: float | None = None) -> torch.Tensor:
+        """Gaussian parameters at the scale of the model's own (per tensor: their RMS, at least 0.1), times a
+        random scale (:meth:`_scale`) or ``scale``."""
+        factor = self._scale() if scale is None else scale
         parts = []
         for n in layout.names:
-            scale = max(float(self.params[n].pow(2).mean().sqrt()), 0.1) if self.params[n].numel() else 1.0
-            parts.append(torch.randn(layout.sizes[n], generator=self.generator, dtype=torch.float64) * scale)
+            own = max(float(self.params[n].pow(2).mean().sqrt()), 0.1) if self.params[n].numel() else 1.0
+            parts.append(torch.randn(layout.sizes[n], generator=self.generator, dtype=torch.float64) * own * factor)
         return torch.cat(parts)
+
+    def heldout(self, layout: ParameterLayout) -> list[tuple[torch.Tensor, tuple]]:
+        """Held-out ``(θ, inputs)`` at the scales ``0.3, 1, 10`` (the finite check's points)."""
+        return [(self.sample_theta(layout, scale), self.sample_inputs(scale)) for scale in (0.3, 1.0, 10.0)]
 
     def outputs(self, layout: ParameterLayout, inputs: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
         """``θ ↦`` every output flattened (``target="function"``) or the per-sample losses of the first output."""
@@ -429,6 +455,30 @@ def _compressed(R: torch.Tensor) -> torch.Tensor:
     return S[keep, None] * Vh[keep]
 
 
+_CHUNK = 16
+"""Samples whose Jacobians are computed in one ``vmap``."""
+
+
+def _jacobians(problem: "_Problem", layout: ParameterLayout, thetas: list[torch.Tensor],
+               inputs: list[tuple]) -> list[torch.Tensor]:
+    """``J(θ_s, x_s)`` for every sample: one ``vmap`` of ``jacrev`` over the samples (network function), else (the
+    loss, whose targets are drawn inside, or a model ``vmap`` cannot run) one ``jacrev`` per sample."""
+    if problem.target == "function":
+        floats = [i for i, x in enumerate(inputs[0]) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+
+        def f(theta: torch.Tensor, *values: torch.Tensor) -> torch.Tensor:
+            xs = list(inputs[0])
+            for i, v in zip(floats, values):
+                xs[i] = v
+            return problem.outputs(layout, tuple(xs))(theta)
+        try:
+            stacked = [torch.stack([inp[i] for inp in inputs]) for i in floats]
+            return list(torch.func.vmap(torch.func.jacrev(f))(torch.stack(thetas), *stacked))
+        except (RuntimeError, ValueError, TypeError, NotImplementedError):
+            pass
+    return [torch.func.jacrev(problem.outputs(layout, x))(theta) for theta, x in zip(thetas, inputs)]
+
+
 def _constraints(problem: "_Problem", layout: ParameterLayout, oversampling: float) -> tuple[torch.Tensor, int]:
     """The stacked constraint rows and the number of samples: each sample's rows (normalised, compressed to their
     row space) until ``oversampling × unknowns`` independent rows per sample are stacked, then again 25% more
@@ -440,14 +490,15 @@ def _constraints(problem: "_Problem", layout: ParameterLayout, oversampling: flo
     target = int(oversampling * n_u) + 10
     while True:
         while count < target:
-            theta = problem.sample_theta(layout)
-            J = torch.func.jacrev(problem.outputs(layout, problem.sample_inputs()))(theta)
-            R = layout.rows(J.reshape(-1, layout.P), theta)
-            norms = R.norm(dim=1, keepdim=True)
-            R = _compressed(R[norms[:, 0] > 0] / norms[norms[:, 0] > 0])
-            samples += 1
-            stacked.append(R)
-            count += max(R.shape[0], 1)
+            thetas = [problem.sample_theta(layout) for _ in range(_CHUNK)]
+            inputs = [problem.sample_inputs() for _ in range(_CHUNK)]
+            for theta, J in zip(thetas, _jacobians(problem, layout, thetas, inputs)):
+                R = layout.rows(J.reshape(-1, layout.P), theta)
+                norms = R.norm(dim=1, keepdim=True)
+                R = _compressed(R[norms[:, 0] > 0] / norms[norms[:, 0] > 0])
+                samples += 1
+                stacked.append(R)
+                count += max(R.shape[0], 1)
         R = torch.cat(stacked)
         now = int(torch.linalg.matrix_rank(R, rtol=1e-10)) if R.shape[0] else 0
         if now == rank or now == n_u or samples > 50 * n_u:
@@ -491,22 +542,25 @@ def _generator(vector: torch.Tensor, layout: ParameterLayout, error: float, expl
 
 
 def _finite_error(problem: _Problem, layout: ParameterLayout, A: torch.Tensor, c: torch.Tensor,
-                  theta: torch.Tensor, inputs: tuple) -> float:
-    """Largest relative change of every output along ``exp(±Ã)`` (``Ã`` scaled to Frobenius norm 1)."""
+                  points: Sequence[tuple[torch.Tensor, tuple]]) -> float:
+    """Largest relative change of every output along ``exp(±Ã)`` (``Ã`` scaled to Frobenius norm 1) from the
+    held-out ``points``."""
     P = layout.P
     M = torch.zeros(P + 1, P + 1, dtype=A.dtype)
     M[:P, :P], M[:P, P] = A, c
     M = M / max(float(torch.linalg.norm(M)), 1e-300)
     problem_target, problem.target = problem.target, "function"
     try:
-        f = problem.outputs(layout, inputs)
-        with torch.no_grad():
-            base = f(theta)
-            worst = 0.0
-            for t in (1.0, -1.0):
-                moved = (torch.linalg.matrix_exp(t * M) @ torch.cat([theta, theta.new_ones(1)]))[:P]
-                worst = max(worst, float(torch.linalg.norm(f(moved) - base) / max(float(torch.linalg.norm(base)),
-                                                                                   1e-300)))
+        worst = 0.0
+        flows = [torch.linalg.matrix_exp(t * M) for t in (1.0, -1.0)]
+        for theta, inputs in points:
+            f = problem.outputs(layout, inputs)
+            with torch.no_grad():
+                base = f(theta)
+                for flow in flows:
+                    moved = (flow @ torch.cat([theta, theta.new_ones(1)]))[:P]
+                    worst = max(worst, float(torch.linalg.norm(f(moved) - base) /
+                                             max(float(torch.linalg.norm(base)), 1e-300)))
     finally:
         problem.target = problem_target
     return worst
@@ -593,7 +647,7 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
                             float(S[r]) if r < S.numel() else None)
     N = Vh[r:]                                                # orthonormal null space, d × n_u
     basis = _rref(N)
-    heldout_theta, heldout_inputs = problem.sample_theta(layout), problem.sample_inputs()
+    heldout = problem.heldout(layout)
 
     # the derived symmetries' span and the decomposition
     labels: list[str] = []
@@ -617,7 +671,7 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
 
     def make(vector: torch.Tensor, explained: float) -> Generator:
         A, c = layout.dense(vector)
-        return _generator(vector, layout, _finite_error(problem, layout, A, c, heldout_theta, heldout_inputs),
+        return _generator(vector, layout, _finite_error(problem, layout, A, c, heldout),
                           explained)
 
     generators = sorted((make(b, e) for b, e in zip(basis, explained_fraction)), key=lambda g: (g.moves, g.reads))
@@ -625,12 +679,22 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     closure = _closure_error(basis, layout, N, seed)
     combination = torch.randn(basis.shape[0], generator=problem.generator, dtype=torch.float64) @ basis \
         if basis.shape[0] else None
-    combination_error = _finite_error(problem, layout, *layout.dense(combination), heldout_theta, heldout_inputs) \
+    combination_error = _finite_error(problem, layout, *layout.dense(combination), heldout) \
         if combination is not None else 0.0
-    name = analysis._name() if hasattr(analysis, "_name") else type(problem.model).__name__
+    theta = heldout[1][0]
+    discovered_tangent = torch.stack([g.field(theta) for g in generators]) if generators else theta[None, :0]
+    derived_tangent = action_matrix(analysis, layout.unflatten(theta)) if compare and any(s.group.is_continuous for s in analysis.symmetries) else \
+        theta.new_zeros(0, layout.P)
+    tangent = tuple(_rank(m) for m in (discovered_tangent, derived_tangent,
+                                       torch.cat([discovered_tangent.reshape(-1, layout.P), derived_tangent])))
+    name = analysis._name()
     return Discovery(name, target, affine, blocks, layout.P, n_u, samples, R.shape[0], decision, tuple(generators),
                      closure, combination_error, tolerance, Eo.shape[0], tuple(labels), tuple(outside), inter,
-                     new_generators, tuple(unconfirmed), tuple(residuals), layout)
+                     new_generators, tuple(unconfirmed), tuple(residuals), tangent, layout)
+
+
+def _rank(matrix: torch.Tensor) -> int:
+    return int(torch.linalg.matrix_rank(matrix, rtol=1e-8)) if matrix.numel() else 0
 
 
 def _closure_error(basis: torch.Tensor, layout: ParameterLayout, N: torch.Tensor, seed: int,
