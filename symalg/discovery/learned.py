@@ -65,7 +65,8 @@ def printed_closure_loss(action: Action, theta: torch.Tensor, h1: torch.Tensor, 
 
 @dataclass(frozen=True)
 class LearnedConfig:
-    """Weights and training settings (module docstring); ``data_dependent()`` gives the papers' other setting."""
+    """Weights and training settings (module docstring); ``data_dependent()`` gives the papers' other setting,
+    whose action network also reads the data (``data_input``)."""
 
     generators: int = 1
     hidden: tuple[int, ...] = (64, 64, 64)
@@ -81,11 +82,12 @@ class LearnedConfig:
     decay_every: int = 1000
     steps: int = 2000
     batch: int = 32
+    data_input: bool = False
 
     @classmethod
     def data_dependent(cls, **changes: object) -> "LearnedConfig":
         """``γ_inv = 1``, ``γ_id = γ_reg = 10``, ``γ_orth = 1``, ``γ_sparse = 0.1``, lr ``1e-3``."""
-        base = dict(invariance=1.0, identity=10.0, nontrivial=10.0, orthogonal=1.0, sparse=0.1)
+        base = dict(invariance=1.0, identity=10.0, nontrivial=10.0, orthogonal=1.0, sparse=0.1, data_input=True)
         return cls(**{**base, **changes})  # type: ignore[arg-type]
 
 
@@ -99,11 +101,12 @@ class ActionNetwork(torch.nn.Module):
         for a, b in zip(sizes[:-1], sizes[1:]):
             layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
         self.mlp = torch.nn.Sequential(*layers[:-1])
-        self.n = n
+        self.n, self.data = n, data
 
     def forward(self, g: torch.Tensor, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         eye = torch.eye(self.n, dtype=g.dtype, device=g.device)
-        return theta + self.mlp(torch.cat([(g - eye).reshape(-1), theta, x.reshape(-1)]))
+        data = x.reshape(-1)[:self.data]
+        return theta + self.mlp(torch.cat([(g - eye).reshape(-1), theta, data]))
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,8 @@ class LearnedDiscovery:
     ``generators`` (``k × n × n``), ``span`` their numerical rank; ``history`` the total loss every 100 steps;
     ``overlap`` the fraction of the learned fields' norm inside the known tangent span at held-out ``θ`` (``None``
     without a known tangent); ``curve_t`` and ``learned_curve``/``random_curve``: the largest held-out relative
-    loss change along ``θ(t) = a_φ(exp(t h), θ, X)`` for learned and random generators (same norm);
+    loss change along ``θ(t) = a_φ(exp(t h), θ, X)`` for the learned generators and along ``θ + t r`` for random
+    directions ``r`` of the same speed ``‖r‖ = ‖ξ_h(θ)‖``;
     ``learned_error``/``random_error`` their maxima over ``|t| ≤ 1``.
     """
 
@@ -167,7 +171,7 @@ def learn(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sample: Ca
     rng = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     theta0, x0 = sample(rng)
-    net = ActionNetwork(n, theta0.numel(), x0.numel(), config.hidden).to(theta0.dtype)
+    net = ActionNetwork(n, theta0.numel(), x0.numel() if config.data_input else 0, config.hidden).to(theta0.dtype)
     h = torch.nn.Parameter(torch.randn(config.generators, n, n, generator=rng, dtype=theta0.dtype) / n)
     optimiser = torch.optim.Adam([*net.parameters(), h], lr=config.lr)
     schedule = torch.optim.lr_scheduler.StepLR(optimiser, config.decay_every, config.decay)
@@ -202,7 +206,7 @@ def learn(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sample: Ca
         optimiser.step()
         schedule.step()
         if step % 100 == 0 or step == config.steps - 1:
-            history.append(float(total))
+            history.append(float(total.detach()))
     return _evaluate(loss, sample, net, h.detach(), tangent, history, rng)
 
 
@@ -212,33 +216,31 @@ def _evaluate(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
               rng: torch.Generator, points: int = 8) -> LearnedDiscovery:
     """Span, overlap with the known tangent, and held-out loss change along ``exp(t h)`` vs random ``h``."""
     span = int(torch.linalg.matrix_rank(h.reshape(h.shape[0], -1), rtol=1e-6)) if h.numel() else 0
-    random_h = torch.randn(h.shape, generator=rng, dtype=h.dtype)
-    random_h = random_h * (h.reshape(h.shape[0], -1).norm(dim=1) /
-                           random_h.reshape(h.shape[0], -1).norm(dim=1).clamp_min(1e-12))[:, None, None]
     ts = tuple(float(t) for t in torch.linspace(-1, 1, 9))
     learned = [0.0] * len(ts)
     randoms = [0.0] * len(ts)
     overlaps = []
-    with torch.no_grad():
-        for _ in range(points):
-            theta, x = sample(rng)
-            base = loss(theta, x)
-            scale = max(float(base.abs()), 1e-12)
+    for _ in range(points):
+        theta, x = sample(rng)
+        base = loss(theta, x).detach()
+        scale = max(float(base.abs()), 1e-12)
+        fields = torch.stack([fundamental_field(lambda g, th: net(g, th, x), theta, g) for g in h]).detach()
+        with torch.no_grad():
             for k, t in enumerate(ts):
-                for gens, out in ((h, learned), (random_h, randoms)):
-                    for g in gens:
-                        moved = net(torch.linalg.matrix_exp(t * g), theta, x)
-                        out[k] = max(out[k], float((loss(moved, x) - base).abs()) / scale)
-            if tangent is not None:
-                basis = tangent(theta)
-                with torch.enable_grad():
-                    fields = torch.stack([fundamental_field(lambda g, th: net(g, th, x), theta, g) for g in h])
-                if basis.numel():
-                    q = torch.linalg.qr(basis.T).Q
-                    inside = (fields @ q) @ q.T
-                    overlaps.append(float(inside.norm() / fields.norm().clamp_min(1e-300)))
-                else:
-                    overlaps.append(0.0)
+                for g, f in zip(h, fields):   # the learned curve, and a random direction of the same speed
+                    moved = net(torch.linalg.matrix_exp(t * g), theta, x)
+                    learned[k] = max(learned[k], float((loss(moved, x) - base).abs()) / scale)
+                    r = torch.randn(theta.shape, generator=rng, dtype=theta.dtype)
+                    r = r * f.norm() / r.norm()
+                    randoms[k] = max(randoms[k], float((loss(theta + t * r, x) - base).abs()) / scale)
+        if tangent is not None:
+            basis = tangent(theta)
+            if basis.numel():
+                q = torch.linalg.qr(basis.T).Q
+                inside = (fields @ q) @ q.T
+                overlaps.append(float(inside.norm() / fields.norm().clamp_min(1e-300)))
+            else:
+                overlaps.append(0.0)
     overlap = sum(overlaps) / len(overlaps) if overlaps else None
     return LearnedDiscovery(h, span, tuple(history), overlap, ts, tuple(learned), tuple(randoms), net)
 
