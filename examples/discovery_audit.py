@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         if row["unconfirmed"]:
             print(f"NOT CONFIRMED: {row['model']}: {row['unconfirmed']}")
-    print(f"{'model':28s} {'P':>4s} {'disc':>5s} {'der':>4s} {'expl':>5s} {'new':>4s} {'newT':>4s}  outside / new moves")
+    print(f"{'model':28s} {'P':>4s} {'disc':>5s} {'der':>4s} {'expl':>5s} {'new':>4s} {'newT':>4s}  "
+          "outside / new moves")
     for r in rows:
         extra = "; ".join(r["outside"] + r["new_moves"])
         print(f"{r['model']:28s} {r['parameters']:4d} {r['discovered']:5d} {r['derived']:4d} {r['explained']:5d} "

@@ -27,20 +27,20 @@ class Skip(torch.nn.Module):
 
 def test_subnetwork_to_network_holds(block):
     lifted = lift(block, "linear(2, 3) -> relu -> linear(3, 2) -> tanh -> linear(2, 1)")
-    assert len(lifted) == 3 and all(l.holds and l.finite_error < 1e-12 for l in lifted)
+    assert len(lifted) == 3 and all(lf.holds and lf.finite_error < 1e-12 for lf in lifted)
 
 
 def test_layer_to_deep_network_by_renaming(block):
     names = {"0.weight": "2.weight", "0.bias": "2.bias", "2.weight": "4.weight", "2.bias": "4.bias"}
     lifted = lift(block, "linear(2, 2) -> tanh -> linear(2, 3) -> relu -> linear(3, 2)", names=names)
-    assert all(l.holds for l in lifted) and {l.moves for l in lifted} == {("2.weight", "2.bias", "4.weight")}
+    assert all(lf.holds for lf in lifted) and {lf.moves for lf in lifted} == {("2.weight", "2.bias", "4.weight")}
     unrenamed = lift(block, "linear(2, 3) -> tanh -> linear(3, 3) -> relu -> linear(3, 2)")
-    assert not any(l.holds for l in unrenamed)          # the same field on the tanh layer: no symmetry there
+    assert not any(lf.holds for lf in unrenamed)          # the same field on the tanh layer: no symmetry there
 
 
 def test_width_h_to_wider(block):
     lifted = lift(block, "linear(2, 7) -> relu -> linear(7, 2)")
-    assert len(lifted) == 3 and all(l.holds for l in lifted)
+    assert len(lifted) == 3 and all(lf.holds for lf in lifted)
     with pytest.raises(symalg.SpecError, match="does not fit"):
         lift(block, "linear(2, 2) -> relu -> linear(2, 2)")
 
@@ -50,8 +50,8 @@ def test_negative_control_another_path_reads_the_lifted_parameters(block):
     names = {"0.weight": "a.weight", "0.bias": "a.bias", "2.weight": "b.weight", "2.bias": "b.bias"}
     model = Skip().double()
     lifted = lift(block, model, data=(torch.randn(5, 2, dtype=torch.float64),), names=names)
-    assert len(lifted) == 3 and not any(l.holds for l in lifted)
-    assert min(l.finite_error for l in lifted) > 1e-3
+    assert len(lifted) == 3 and not any(lf.holds for lf in lifted)
+    assert min(lf.finite_error for lf in lifted) > 1e-3
 
 
 def test_batch_size_to_smaller_batches_and_not_back():
@@ -60,5 +60,5 @@ def test_batch_size_to_smaller_batches_and_not_back():
     two = symalg.discover(spec, data=x[:2], compare=False)
     # W₁'s rows move along the normal x⊥ of the two points, by any affine function of θ (8 + 1 coefficients)
     assert two.dimension == 2 * 9 and two.confirmed
-    assert all(l.holds for l in lift(two, spec, data=x[:1]))  # d → d' < d
-    assert not all(l.holds for l in lift(two, spec, data=x))  # d → d + 1 fails
+    assert all(lf.holds for lf in lift(two, spec, data=x[:1]))  # d → d' < d
+    assert not all(lf.holds for lf in lift(two, spec, data=x))  # d → d + 1 fails

@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import scipy.linalg
 import torch
 from torch.func import functional_call
 
@@ -55,7 +54,6 @@ from symalg.errors import SpecError
 from symalg.frontend.outputs import output_tensors
 from symalg.numeric.orbit_rank import RankDecision, action_matrix
 from symalg.symbolic.derive import Analysis, derive
-from symalg.symbolic.symmetry import Symmetry
 from symalg.verification.verifier import _concrete, _inputs, _model
 
 __all__ = ["Generator", "Discovery", "discover", "ParameterLayout", "bracket"]
@@ -185,7 +183,7 @@ def _blocks(names: Sequence[str], sizes: Mapping[str, int], mode: str, affine: b
     return tuple((r, c) for r, c in every if abs(index[_module(r)] - index[_module(c)]) <= 1)
 
 
-def bracket(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]
+def bracket(x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor]
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Lie bracket of the affine vector fields ``X = Aθ + a`` and ``Y = Bθ + b``:
     ``[X, Y] = DY·X − DX·Y = (BA − AB)θ + (Ba − Ab)``.
@@ -195,7 +193,7 @@ def bracket(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.T
     tensor([[-1.,  0.],
             [ 0.,  1.]])
     """
-    (A, a), (B, b) = a, b
+    (A, a), (B, b) = x, y
     return B @ A - A @ B, B @ a - A @ b
 
 
@@ -320,7 +318,8 @@ class Discovery:
 
     def summary(self) -> str:
         lines = [f"discover({self.model}, target={self.target}, affine={self.affine}, blocks={self.blocks_mode}): "
-                 f"{self.parameters} parameters, {self.unknowns} unknowns, {self.rows} rows from {self.samples} samples"]
+                 f"{self.parameters} parameters, {self.unknowns} unknowns, {self.rows} rows from {self.samples} "
+                 "samples"]
         if self.unconfirmed_labels:
             lines.append("NOT CONFIRMED by discovery (derived, but no invariant field found): " + "; ".join(
                 f"{lab} (residual {err:.2g})" for lab, err in zip(self.unconfirmed_labels, self.unconfirmed_errors)))
@@ -378,7 +377,7 @@ def _analysis(model_or_analysis: object, data: object, widths: Mapping[str, int]
         from symalg.frontend.tracing import trace
         analysis = derive(trace(model_or_analysis, data if isinstance(data, tuple) else (data,)))
     else:
-        analysis = derive(model_or_analysis)  # type: ignore[arg-type]
+        analysis = derive(model_or_analysis)
     return _concrete(analysis, None, widths, "discover")[0]
 
 
@@ -507,15 +506,25 @@ def _constraints(problem: "_Problem", layout: ParameterLayout, oversampling: flo
 
 
 def _rref(N: torch.Tensor) -> torch.Tensor:
-    """A basis of the row space of ``N`` (``d × n``, orthonormal rows) in reduced row-echelon form, pivots by a
-    column-pivoted QR, entries below ``1e-10`` of the largest set to zero."""
-    if N.shape[0] == 0:
-        return N
-    _, _, pivots = scipy.linalg.qr(N.numpy(), pivoting=True, mode="economic")
-    chosen = np.sort(pivots[:N.shape[0]])
-    B = torch.linalg.solve(N[:, chosen], N)
-    B[B.abs() < 1e-10 * B.abs().max()] = 0.0
-    return B
+    """A basis of the row space of ``N`` (``d × n``, independent rows) in reduced row-echelon form: Gauss-Jordan
+    with complete pivoting (each pivot the largest remaining entry), entries below ``1e-10`` of the largest set to
+    zero."""
+    B = N.clone()
+    free = torch.ones(B.shape[1], dtype=torch.bool)
+    pivots = []
+    for k in range(B.shape[0]):
+        rest = B[k:, :].abs() * free
+        flat = int(rest.argmax())
+        row, col = k + flat // B.shape[1], flat % B.shape[1]
+        B[[k, row]] = B[[row, k]]
+        B[k] /= B[k, col].clone()
+        others = torch.arange(B.shape[0]) != k
+        B[others] -= B[others, col:col + 1] * B[k]
+        free[col] = False
+        pivots.append(col)
+    if B.numel():
+        B[B.abs() < 1e-10 * B.abs().max()] = 0.0
+    return B[torch.tensor(pivots).argsort()] if B.shape[0] else B
 
 
 def _orthonormal(M: torch.Tensor, rtol: float = 1e-8, atol: float = 0.0) -> torch.Tensor:
@@ -683,10 +692,10 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
         if combination is not None else 0.0
     theta = heldout[1][0]
     discovered_tangent = torch.stack([g.field(theta) for g in generators]) if generators else theta[None, :0]
-    derived_tangent = action_matrix(analysis, layout.unflatten(theta)) if compare and any(s.group.is_continuous for s in analysis.symmetries) else \
-        theta.new_zeros(0, layout.P)
-    tangent = tuple(_rank(m) for m in (discovered_tangent, derived_tangent,
-                                       torch.cat([discovered_tangent.reshape(-1, layout.P), derived_tangent])))
+    continuous = compare and any(s.group.is_continuous for s in analysis.symmetries)
+    derived_tangent = action_matrix(analysis, layout.unflatten(theta)) if continuous else theta.new_zeros(0, layout.P)
+    tangent = (_rank(discovered_tangent), _rank(derived_tangent),
+               _rank(torch.cat([discovered_tangent.reshape(-1, layout.P), derived_tangent])))
     name = analysis._name()
     return Discovery(name, target, affine, blocks, layout.P, n_u, samples, R.shape[0], decision, tuple(generators),
                      closure, combination_error, tolerance, Eo.shape[0], tuple(labels), tuple(outside), inter,

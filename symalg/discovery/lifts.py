@@ -20,7 +20,7 @@ error on the target and says whether it ``holds``.
 >>> import symalg, torch
 >>> small = symalg.discover("linear(2, 2) -> relu -> linear(2, 1)", compare=False)
 >>> wide = lift(small, "linear(2, 5) -> relu -> linear(5, 1)")
->>> len(wide), all(l.holds for l in wide)
+>>> len(wide), all(lf.holds for lf in wide)
 (2, True)
 """
 from __future__ import annotations
