@@ -29,6 +29,7 @@ def test_reproductions_quick_write_plots_and_figures(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     rows = {r["model"]: r for r in json.loads((tmp_path / "discovery_reproductions.json").read_text())}
     assert (rows["scalar"]["null_space"], rows["scalar"]["derived"]) == (1, 1)       # the rescaling
-    assert (rows["linear-2"]["null_space"], rows["linear-2"]["derived"]) == (4, 4)   # gl(2)
+    # gl(2), and two fields along the kernel of the one-row reader W₂ (no new direction: docs/discovery.md)
+    assert (rows["linear-2"]["null_space"], rows["linear-2"]["derived"], rows["linear-2"]["new_tangent"]) == (6, 4, 0)
     assert all(0.0 <= r["learned_in_derived"] <= 1.0 + 1e-9 for r in rows.values())
     assert all(len(r["learned"]["t"]) == 9 for r in rows.values())

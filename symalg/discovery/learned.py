@@ -5,7 +5,8 @@ A group ``G ⊂ GL(n)`` acts on the parameters through an action network ``a_φ(
 ``h_1, …, h_k ∈ gl(n)``. The infinitesimal action (the fundamental vector field) is
 ``ξ_h(θ) = D_g a_φ|_{g=I}(h)`` (a ``jvp`` in ``g``). Losses (weights ``γ``):
 
-* invariance ``E |⟨∇_θ ℓ(θ, X), ξ_h(θ)⟩|``; identity ``E ‖a_φ(I, θ, X) − θ‖``;
+* invariance ``E |⟨∇_θ ℓ(θ, X), ξ_h(θ)⟩|``; identity ``E ‖a_φ(I, θ, X) − θ‖`` (zero by construction unless
+  ``exact_identity=False``, :class:`ActionNetwork`);
 * closure, **corrected**: for a left action ``a(g₁g₂, θ) = a(g₁, a(g₂, θ))`` the fundamental fields are an
   anti-homomorphism, ``ξ_{[h₁, h₂]} = −[ξ_{h₁}, ξ_{h₂}]`` with the bracket of vector fields
   ``[X, Y] = DY·X − DX·Y``; the loss is ``E ‖Dξ_{h₂}[ξ_{h₁}] − Dξ_{h₁}[ξ_{h₂}] + ξ_{[h₁, h₂]}‖`` over pairs
@@ -22,7 +23,7 @@ closure weight (not given) is ``1`` and ``β`` (not given) ``1``.
 >>> import torch
 >>> theta, h = torch.tensor([1.0, 2.0]), torch.tensor([[0.0, 1.0], [0.0, 0.0]])
 >>> linear = lambda g, th: g @ th                        # a(g, θ) = gθ: a true left action
->>> round(printed_closure_loss(linear, theta, h, h), 3), round(closure_loss(linear, theta, h, h), 3)
+>>> round(printed_closure_loss(linear, theta, h, h), 3), round(float(closure_loss(linear, theta, h, h)), 3)
 (4.0, 0.0)
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ def fundamental_field(action: Action, theta: torch.Tensor, h: torch.Tensor) -> t
     return torch.func.jvp(lambda g: action(g, theta), (eye,), (h,))[1]
 
 
-def closure_loss(action: Action, theta: torch.Tensor, h1: torch.Tensor, h2: torch.Tensor) -> float | torch.Tensor:
+def closure_loss(action: Action, theta: torch.Tensor, h1: torch.Tensor, h2: torch.Tensor) -> torch.Tensor:
     """``‖Dξ_{h₂}(θ)[ξ_{h₁}(θ)] − Dξ_{h₁}(θ)[ξ_{h₂}(θ)] + ξ_{[h₁, h₂]}(θ)‖``: zero for every left action
     (module docstring). Returns a tensor (differentiable in the action's parameters)."""
     x1, x2 = fundamental_field(action, theta, h1), fundamental_field(action, theta, h2)
@@ -72,6 +73,7 @@ class LearnedConfig:
     hidden: tuple[int, ...] = (64, 64, 64)
     invariance: float = 10.0
     identity: float = 1.0
+    exact_identity: bool = True
     closure: float = 1.0
     nontrivial: float = 1.0
     orthogonal: float = 1.0
@@ -92,10 +94,14 @@ class LearnedConfig:
 
 
 class ActionNetwork(torch.nn.Module):
-    """``a_φ(g, θ, X) = θ + MLP([vec(g − I), θ, vec X])`` (``X`` omitted when ``data`` is 0)."""
+    """``a_φ(g, θ, X) = θ + MLP([vec(g − I), θ, vec X]) − MLP([0, θ, vec X])`` (``X`` omitted when ``data`` is 0):
+    the identity axiom ``a(I, θ, X) = θ`` holds by construction (``exact_identity``; without it the last term is
+    dropped and only the identity loss asks for it: after a short training ``a(I, θ)`` is then far enough from
+    ``θ`` to hide every held-out invariance figure)."""
 
-    def __init__(self, n: int, parameters: int, data: int, hidden: tuple[int, ...]):
+    def __init__(self, n: int, parameters: int, data: int, hidden: tuple[int, ...], exact_identity: bool = True):
         super().__init__()
+        self.exact_identity = exact_identity
         sizes = [n * n + parameters + data, *hidden, parameters]
         layers: list[torch.nn.Module] = []
         for a, b in zip(sizes[:-1], sizes[1:]):
@@ -106,7 +112,10 @@ class ActionNetwork(torch.nn.Module):
     def forward(self, g: torch.Tensor, theta: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         eye = torch.eye(self.n, dtype=g.dtype, device=g.device)
         data = x.reshape(-1)[:self.data]
-        return theta + self.mlp(torch.cat([(g - eye).reshape(-1), theta, data]))
+        moved = self.mlp(torch.cat([(g - eye).reshape(-1), theta, data]))
+        if self.exact_identity:
+            moved = moved - self.mlp(torch.cat([torch.zeros_like(eye).reshape(-1), theta, data]))
+        return theta + moved
 
 
 @dataclass(frozen=True)
@@ -171,7 +180,8 @@ def learn(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sample: Ca
     rng = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     theta0, x0 = sample(rng)
-    net = ActionNetwork(n, theta0.numel(), x0.numel() if config.data_input else 0, config.hidden).to(theta0.dtype)
+    net = ActionNetwork(n, theta0.numel(), x0.numel() if config.data_input else 0, config.hidden,
+                        config.exact_identity).to(theta0.dtype)
     h = torch.nn.Parameter(torch.randn(config.generators, n, n, generator=rng, dtype=theta0.dtype) / n)
     optimiser = torch.optim.Adam([*net.parameters(), h], lr=config.lr)
     schedule = torch.optim.lr_scheduler.StepLR(optimiser, config.decay_every, config.decay)
