@@ -171,11 +171,8 @@ def learn(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sample: Ca
     loss : ``ℓ(θ, X)`` for one flat parameter vector and one data batch (a scalar).
     sample : ``generator ↦ (θ, X)``: fresh parameters and data (the papers' random samples).
     n : the size of the group's matrices.
-    tangent : ``θ ↦`` rows spanning the known tangent space at ``θ`` (e.g. :func:`symalg.numeric.orbit_rank.
-        action_matrix` rows), for the overlap.
-
-    Example: the scalar two-layer linear network ``ℓ = (u v x − y)²`` learns the rescaling
-    ``ξ ∝ (−u, v)`` (its overlap with the known tangent ``(−u, v)`` is near 1; a random field's is not).
+    tangent : ``θ ↦`` rows spanning the known tangent space at ``θ`` (e.g. the rows of
+        :func:`~symalg.numeric.orbit_rank.action_matrix`), for the overlap.
     """
     rng = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
