@@ -24,6 +24,7 @@ True
 """
 from symalg import applications  # noqa: F401  (the subpackage: symalg.applications.teleport, ...)
 from symalg.applications import noether  # noqa: F401  (symalg.noether: laws of training dynamics)
+from symalg.discovery import discover
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry, overlay, register
 from symalg.errors import SpecError
 from symalg.frontend.spec import Spec, from_torch, parse, to_graph, to_module
@@ -51,5 +52,7 @@ __all__ = [
     "SpecError",
     # applications
     "mirrors",
+    # discovery of the symmetries the catalogue does not know
+    "discover",
 ]
 __version__ = "0.1.0"

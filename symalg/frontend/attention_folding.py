@@ -358,7 +358,8 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
     rotations = queries.rotations + keys.rotations
     folded = set(body) | set(queries.chain) | set(keys.chain) | set(values.chain) | set(merge) | {
         n for r in rotations for n in r.nodes}
-    ends = {merge[-1]}
+    final = merge[-1] if merge else out
+    ends = {final}
     layout = None
     if probabilities is not None:
         chain, layout = _probabilities_layout(graph, probabilities, folded, queries, keys.length, slots)
@@ -390,7 +391,7 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
         "equal_halves": all(r.equal_halves for r in rotations)}
     offsets = (queries.offset, keys.offset, values.offset)
     return _Match(roots, offsets, extras, heads_alike, key_shifts, value_shifts, heads, groups, queries.width,
-                  values.width, form, frozenset(folded), merge[-1], probabilities, layout, rotary)
+                  values.width, form, frozenset(folded), final, probabilities, layout, rotary)
 
 
 def _reader(graph: nx.DiGraph, node: str, reader: str) -> str:
@@ -430,7 +431,8 @@ def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
         split = _check_split(graph, root, tuple(path[start:]), transposed, rotations)
         if split is not None:
             return split
-    return None
+    # one head, no layout step at all: ``name`` is its own root ``(*I, L, d)`` (``q(x) @ k(x).transpose(-2, -1)``)
+    return None if transposed or path else _check_split(graph, name, (), False, rotations)
 
 
 def _check_split(graph: nx.DiGraph, root: str, chain: tuple[str, ...], transposed: bool,
@@ -439,7 +441,7 @@ def _check_split(graph: nx.DiGraph, root: str, chain: tuple[str, ...], transpose
     docstring); ``None`` unless every instance reads ``width`` consecutive columns of one head at fixed rows. A
     rotary step keeps every entry's place (it mixes entries along the last axis within a head) and must act on the
     standard split of the root (:func:`_standard_split`)."""
-    shape, out = graph.nodes[root]["shape"], graph.nodes[chain[-1]]["shape"]
+    shape, out = graph.nodes[root]["shape"], graph.nodes[chain[-1] if chain else root]["shape"]
     if (shape is None or out is None or not all(_is_int(n) for n in (*shape, *out)) or len(shape) < 2
             or len(out) < 3 or 0 in shape):
         return None    # no shape, or the tuple of shapes of a multi-output op (``split``)
@@ -517,7 +519,8 @@ def _merge(graph: nx.DiGraph, out: str, queries: _Split, width: int) -> tuple[st
     """The longest layout chain from ``out`` (each node read by the next only) that merges the heads back."""
     index = _index(graph.nodes[out]["shape"])
     numel = index.numel()
-    path, best = [], None
+    path: list[str] = []
+    best = 0 if queries.heads == 1 and _merged(index.long(), queries, width) else None   # one head: no merge
     node = out
     while (user := _only_user(graph, node)) is not None and _is_layout(graph.nodes[user]):
         replayed = _replay(graph, index, (user,))
@@ -528,7 +531,7 @@ def _merge(graph: nx.DiGraph, out: str, queries: _Split, width: int) -> tuple[st
         if index.numel() == numel and _merged(index.long(), queries, width):
             best = len(path)
         node = user
-    return tuple(path[:best]) if best else None
+    return tuple(path[:best]) if best is not None else None
 
 
 def _merged(merged: torch.Tensor, queries: _Split, width: int) -> bool:

@@ -648,7 +648,19 @@ def _attention(b: _Builder) -> _Drawn:
     b.variant.append(f"{kind}-heads{heads}")
     q, k, v = (b.linear("x", n, d if kind != "single" else dk) for _ in range(3))
     if kind == "single":
-        o = b.op("matmul", b.op("softmax", b.op("scale", b.op("matmul_t", q, k), c=dk ** -0.5), dim=-1), v)
+        # one head without a head split: written out, with bmm, by sdpa on (B, L, d); near misses where the query
+        # or the key is read again (the output adds it, or it is also the value): QKᵀ is then not all that reads it
+        spelling = b.extra.choice(["", "", "bmm", "sdpa", "query-read", "key-as-value"])
+        b.variant += [f"single-{spelling}"] * bool(spelling)
+        v = k if spelling == "key-as-value" else v
+        if spelling == "sdpa":
+            o = b.op("sdpa", q, k, v, causal=rng.random() < 0.5)
+        elif spelling == "bmm":
+            o = b.op("bmm", b.op("softmax", b.op("scale", b.op("bmm_t", q, k), c=dk ** -0.5), dim=-1), v)
+        else:
+            o = b.op("matmul", b.op("softmax", b.op("scale", b.op("matmul_t", q, k), c=dk ** -0.5), dim=-1), v)
+        if spelling == "query-read":
+            o = b.op("add", o, q)
     else:
         q, k, v = (b.op("transpose", b.op("reshape", z, shape=(batch, t, heads, dk)), a=1, b=2) for z in (q, k, v))
         if kind == "sdpa":

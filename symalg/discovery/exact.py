@@ -1,0 +1,728 @@
+"""Exact linear symmetry discovery: every linear (optionally affine) vector field that leaves a model invariant.
+
+A vector field ``V(θ) = Aθ + c`` on the parameters ``θ ∈ R^P`` is an infinitesimal symmetry of the network
+function when ``J_f(θ, x) V(θ) = 0`` for every ``θ`` and input ``x`` (``J_f`` the Jacobian of every output in
+``θ``): then ``f`` is constant along the flow ``θ(t) = exp(t Ã)(θ, 1)``, ``Ã = [[A, c], [0, 0]]``, exactly, not only
+to first order. The condition is linear in the unknowns ``(A, c)``: at a sample ``(θ_s, x_s)`` output ``o`` gives
+the row ``(J_s[o] ⊗ θ_s, J_s[o])``, since ``J_s[o] (Aθ_s + c) = Σ_ij J_s[o, i] A_ij θ_s[j] + J_s[o] · c``. The
+solutions form a Lie algebra under the bracket of vector fields
+``[Aθ + a, Bθ + b] = (BA − AB)θ + (Ba − Ab)``: :func:`discover` stacks rows from random ``θ_s`` (and random
+inputs, or the given data) until there are more rows than unknowns, takes the null space of the stacked rows
+from its singular values (a certified rank, :func:`~symalg.numeric.orbit_rank.certified_rank`'s rule with a
+relative floor), and checks what the sampling cannot promise: that the null space is closed under the bracket,
+and that each basis field (and a random combination) leaves every output unchanged along ``exp(Ã)`` at
+held-out parameters and inputs (a finite, not infinitesimal, check).
+
+**Structure.** ``A`` is split into blocks ``A[T, T']`` (tensor ``T`` moved in proportion to tensor ``T'``).
+``blocks="all"`` allows every pair (``P²`` unknowns); ``"local"`` only pairs of tensors of the same or of
+neighbouring modules (in the order of ``named_parameters``), which holds every catalogue symmetry of a chain
+of layers (each moves a layer's rows against the next one's columns) at a fraction of the unknowns;
+``"auto"`` (default) takes ``"all"`` up to ``max_unknowns`` and ``"local"`` beyond. A symmetry whose field
+needs a block outside the ansatz (a residual stream read by distant layers, under ``"local"``) is reported
+as outside it, never as missing.
+
+**Readable basis.** The null space is returned in reduced row-echelon form (pivots chosen by a column-pivoted
+QR): each generator has a pivot entry 1 that no other generator has, so ``gl(h)`` comes out as the matrix
+units ``E_ij`` acting on a layer pair and positive scaling as one generator per neuron. Each generator
+lists the tensors it moves and the tensors its field reads.
+
+**Comparison with the derived symmetries.** Each derived continuous symmetry's infinitesimal action
+``M_i·θ`` (:func:`~symalg.numeric.orbit_rank.action_matrix`) is affine in ``θ``; its ``(A_i, c_i)`` are read off
+at ``θ = 0`` and the unit vectors. With ``D`` the discovered span and ``E`` the derived one (in the same
+coordinates): ``explained = dim(D ∩ E)``, ``new = dim D − explained`` (what the catalogue misses, with a
+readable basis of ``D ⊖ E``), and ``unconfirmed``: derived symmetries whose fields do not lie in ``D``, which
+either need a block outside the ansatz or are **claims discovery does not confirm** (the report lists them
+first).
+
+>>> import symalg
+>>> report = symalg.discover("linear(2, 3) -> relu -> linear(3, 1)")
+>>> report.dimension, report.derived_dimension, report.explained, report.new, report.unconfirmed_labels
+(3, 3, 3, 0, ())
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch.func import functional_call
+
+from symalg.errors import SpecError
+from symalg.frontend.outputs import output_tensors
+from symalg.numeric.orbit_rank import RankDecision, action_matrix
+from symalg.symbolic.derive import Analysis, derive
+from symalg.verification.verifier import _concrete, _inputs, _model
+
+__all__ = ["Generator", "Discovery", "discover", "ParameterLayout", "bracket"]
+
+Params = dict[str, torch.Tensor]
+BLOCK_MODES = ("auto", "all", "local")
+MAX_UNKNOWNS = 3000
+"""Largest number of unknowns ``blocks="auto"`` takes as ``"all"`` (a dense SVD of about ``1.3 n × n``)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the parameter layout and the unknowns
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ParameterLayout:
+    """The parameters flattened in ``named_parameters`` order, and the unknowns ``(A blocks, c)``.
+
+    ``blocks`` are ``(row tensor, column tensor)`` pairs: block ``(T, T')`` holds ``A[T, T']`` row-major;
+    the affine part ``c`` (all ``P`` entries) follows when ``affine``.
+    """
+
+    names: tuple[str, ...]
+    shapes: Mapping[str, tuple[int, ...]]
+    blocks: tuple[tuple[str, str], ...]
+    affine: bool
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {n: math.prod(self.shapes[n]) for n in self.names}
+
+    @property
+    def offsets(self) -> dict[str, int]:
+        out, start = {}, 0
+        for n in self.names:
+            out[n] = start
+            start += self.sizes[n]
+        return out
+
+    @property
+    def P(self) -> int:
+        return sum(self.sizes.values())
+
+    @property
+    def block_offsets(self) -> dict[tuple[str, str], int]:
+        out, start = {}, 0
+        for b in self.blocks:
+            out[b] = start
+            start += self.sizes[b[0]] * self.sizes[b[1]]
+        return out
+
+    @property
+    def linear_unknowns(self) -> int:
+        return sum(self.sizes[r] * self.sizes[c] for r, c in self.blocks)
+
+    @property
+    def unknowns(self) -> int:
+        return self.linear_unknowns + (self.P if self.affine else 0)
+
+    def rows(self, J: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """The constraint rows ``(J[o] ⊗ θ restricted to the blocks, J[o])`` of one sample (``J``: ``r × P``)."""
+        size, offset = self.sizes, self.offsets
+        parts = []
+        for r, c in self.blocks:
+            Jr = J[:, offset[r]:offset[r] + size[r]]
+            tc = theta[offset[c]:offset[c] + size[c]]
+            parts.append((Jr[:, :, None] * tc[None, None, :]).reshape(J.shape[0], -1))
+        if self.affine:
+            parts.append(J)
+        return torch.cat(parts, dim=1)
+
+    def dense(self, vector: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(A, c)`` (``P × P`` and ``P``) of one unknown vector."""
+        P, size, offset = self.P, self.sizes, self.offsets
+        A = vector.new_zeros(P, P)
+        for (r, c), start in self.block_offsets.items():
+            block = vector[start:start + size[r] * size[c]].reshape(size[r], size[c])
+            A[offset[r]:offset[r] + size[r], offset[c]:offset[c] + size[c]] = block
+        c_vec = vector[self.linear_unknowns:] if self.affine else vector.new_zeros(P)
+        return A, c_vec
+
+    def vector(self, A: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The unknown vector of ``(A, c)`` and the norm of what lies outside the ansatz (blocks not allowed, or
+        a ``c`` without ``affine``)."""
+        size, offset = self.sizes, self.offsets
+        parts, kept = [], A.new_zeros(A.shape)
+        for r, col in self.blocks:
+            block = A[offset[r]:offset[r] + size[r], offset[col]:offset[col] + size[col]]
+            parts.append(block.reshape(-1))
+            kept[offset[r]:offset[r] + size[r], offset[col]:offset[col] + size[col]] = block
+        outside = torch.linalg.norm(A - kept) ** 2
+        if self.affine:
+            parts.append(c)
+        else:
+            outside = outside + torch.linalg.norm(c) ** 2
+        return torch.cat(parts), float(outside.sqrt())
+
+    def entry(self, index: int) -> str:
+        """``tensor[i, j]`` for a flat parameter index."""
+        for n in self.names:
+            start = self.offsets[n]
+            if index < start + self.sizes[n]:
+                where = np.unravel_index(index - start, self.shapes[n]) if self.shapes[n] else ()
+                return f"{n}[{', '.join(str(int(i)) for i in where)}]"
+        raise IndexError(index)
+
+    def flatten(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([params[n].reshape(-1) for n in self.names])
+
+    def unflatten(self, theta: torch.Tensor) -> Params:
+        size, offset = self.sizes, self.offsets
+        return {n: theta[offset[n]:offset[n] + size[n]].reshape(self.shapes[n]) for n in self.names}
+
+
+def _module(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+def _blocks(names: Sequence[str], sizes: Mapping[str, int], mode: str, affine: bool,
+            max_unknowns: int) -> tuple[tuple[str, str], ...]:
+    """The allowed ``(row, column)`` tensor pairs (module docstring)."""
+    every = tuple((r, c) for r in names for c in names)
+    count = sum(sizes[r] * sizes[c] for r, c in every) + (sum(sizes.values()) if affine else 0)
+    if mode == "all" or (mode == "auto" and count <= max_unknowns):
+        return every
+    modules = list(dict.fromkeys(_module(n) for n in names))
+    index = {m: i for i, m in enumerate(modules)}
+    return tuple((r, c) for r, c in every if abs(index[_module(r)] - index[_module(c)]) <= 1)
+
+
+def bracket(x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor]
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Lie bracket of the affine vector fields ``X = Aθ + a`` and ``Y = Bθ + b``:
+    ``[X, Y] = DY·X − DX·Y = (BA − AB)θ + (Ba − Ab)``.
+
+    >>> A, B = torch.tensor([[0., 1.], [0., 0.]]), torch.tensor([[0., 0.], [1., 0.]])
+    >>> bracket((A, torch.zeros(2)), (B, torch.zeros(2)))[0]
+    tensor([[-1.,  0.],
+            [ 0.,  1.]])
+    """
+    (A, a), (B, b) = x, y
+    return B @ A - A @ B, B @ a - A @ b
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Generator:
+    """One discovered vector field ``V(θ) = Aθ + c`` (a basis element of the discovered algebra).
+
+    ``moves``: the tensors ``V`` changes; ``reads``: the tensors ``V`` depends on; ``terms``: its nonzero entries as
+    ``(moved entry, coefficient, read entry or None for c)``; ``finite_error``: the largest relative change of any
+    output along ``exp(±Ã)`` at held-out parameters and inputs; ``explained``: the fraction of the field (its
+    norm) that the derived symmetries span.
+    """
+
+    A: torch.Tensor = field(repr=False)
+    c: torch.Tensor = field(repr=False)
+    moves: tuple[str, ...]
+    reads: tuple[str, ...]
+    terms: tuple[tuple[str, float, str | None], ...] = field(repr=False)
+    finite_error: float
+    explained: float
+
+    def field(self, theta: torch.Tensor) -> torch.Tensor:
+        """``Aθ + c`` at a flat parameter vector."""
+        return self.A @ theta + self.c
+
+    def latex(self, limit: int = 6) -> str:
+        """The field as ``\\dot\\theta`` equations, its first ``limit`` terms."""
+        def name(entry: str) -> str:
+            tensor, _, index = entry.partition("[")
+            return f"\\theta^{{\\mathtt{{{tensor}}}}}_{{{index.rstrip(']')}}}"
+        pieces = []
+        for moved, coefficient, read in self.terms[:limit]:
+            value = f"{coefficient:+.3g}"
+            pieces.append(f"\\dot{{{name(moved)}}} \\mathrel{{+}}= {value}" + (f"\\,{name(read)}" if read else ""))
+        more = f",\\ \\dots (+{len(self.terms) - limit})" if len(self.terms) > limit else ""
+        return ",\\ ".join(pieces) + more
+
+    def __str__(self) -> str:
+        shown = "; ".join(f"d{m} += {c:+.3g}" + (f"·{r}" if r else "") for m, c, r in self.terms[:4])
+        more = f"; … ({len(self.terms)} terms)" if len(self.terms) > 4 else ""
+        return f"moves {', '.join(self.moves)}: {shown}{more}"
+
+    def to_dict(self) -> dict:
+        return {"moves": list(self.moves), "reads": list(self.reads),
+                "terms": [[m, c, r] for m, c, r in self.terms], "finite_error": self.finite_error,
+                "explained": self.explained}
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What :func:`discover` found (module docstring).
+
+    Attributes
+    ----------
+    model : the model's name; ``target`` ``"function"`` or ``"loss"``; ``affine`` whether ``c`` was allowed;
+        ``blocks_mode`` the block ansatz used and ``unknowns`` its size; ``samples``/``rows`` what was stacked.
+    rank : the :class:`~symalg.numeric.orbit_rank.RankDecision` of the stacked constraints;
+        ``dimension = unknowns − rank``.
+    generators : the readable basis (:class:`Generator`), grouped by the tensors they move.
+    closure_error : the largest relative distance of a bracket of two generators from their span.
+    combination_error : the finite check of a random combination of all generators; ``tolerance`` the bar.
+    derived_dimension : the dimension of the derived symmetries' span inside the ansatz; ``outside`` the labels of
+        derived symmetries the ansatz cannot hold (blocks, buffers); ``explained``/``new`` as in the module
+        docstring; ``new_generators`` a readable basis of the new directions; ``unconfirmed_labels`` the derived
+        symmetries whose fields discovery does not find (with the residual ``unconfirmed_errors``).
+    tangent : ``(discovered, derived, joint)`` ranks of the tangent spaces at a held-out ``θ``: new *fields* may
+        still point along derived directions at every ``θ`` (a translation along ``1`` before a LayerNorm with a
+        coefficient that is any linear function of ``θ``); ``new_tangent = joint − derived`` counts the directions
+        the catalogue misses pointwise.
+    """
+
+    model: str
+    target: str
+    affine: bool
+    blocks_mode: str
+    parameters: int
+    unknowns: int
+    samples: int
+    rows: int
+    rank: RankDecision
+    generators: tuple[Generator, ...]
+    closure_error: float
+    combination_error: float
+    tolerance: float
+    derived_dimension: int
+    derived_labels: tuple[str, ...]
+    outside: tuple[str, ...]
+    explained: int
+    new_generators: tuple[Generator, ...]
+    unconfirmed_labels: tuple[str, ...]
+    unconfirmed_errors: tuple[float, ...]
+    tangent: tuple[int, int, int]
+    layout: ParameterLayout = field(repr=False)
+
+    @property
+    def dimension(self) -> int:
+        """Dimension of the first-order null space (the discovered Lie algebra)."""
+        return len(self.generators)
+
+    @property
+    def new(self) -> int:
+        return len(self.new_generators)
+
+    @property
+    def new_tangent(self) -> int:
+        """Tangent directions at a generic ``θ`` that discovery finds and the derived symmetries do not span."""
+        return self.tangent[2] - self.tangent[1]
+
+    @property
+    def confirmed(self) -> bool:
+        """Every generator and their random combination passed the finite check, and the span is closed."""
+        return all(g.finite_error <= self.tolerance for g in self.generators) and \
+            self.combination_error <= self.tolerance and self.closure_error <= math.sqrt(self.tolerance)
+
+    @property
+    def symmetries(self) -> tuple[Generator, ...]:
+        """The generators that passed the finite invariance check: the ones reported as symmetries."""
+        return tuple(g for g in self.generators if g.finite_error <= self.tolerance)
+
+    def summary(self) -> str:
+        lines = [f"discover({self.model}, target={self.target}, affine={self.affine}, blocks={self.blocks_mode}): "
+                 f"{self.parameters} parameters, {self.unknowns} unknowns, {self.rows} rows from {self.samples} "
+                 "samples"]
+        if self.unconfirmed_labels:
+            lines.append("NOT CONFIRMED by discovery (derived, but no invariant field found): " + "; ".join(
+                f"{lab} (residual {err:.2g})" for lab, err in zip(self.unconfirmed_labels, self.unconfirmed_errors)))
+        lines.append(f"discovered dimension {self.dimension} ({len(self.symmetries)} pass the finite check, "
+                     f"closure error {self.closure_error:.2g}, combination error {self.combination_error:.2g}); "
+                     f"{self.rank}")
+        lines.append(f"derived dimension {self.derived_dimension}: explained {self.explained}, new {self.new} "
+                     f"(tangent at a held-out θ: discovered {self.tangent[0]}, derived {self.tangent[1]}, "
+                     f"new {self.new_tangent})"
+                     + (f"; outside the ansatz: {', '.join(self.outside)}" if self.outside else ""))
+        groups: dict[tuple[str, ...], int] = {}
+        for g in self.generators:
+            groups[g.moves] = groups.get(g.moves, 0) + 1
+        lines += [f"  {count} generator(s) moving {', '.join(moves)}" for moves, count in groups.items()]
+        lines += [f"  new: {g}" for g in self.new_generators[:10]]
+        return "\n".join(lines)
+
+    __str__ = summary
+
+    def latex(self, limit: int = 12) -> str:
+        """A LaTeX ``align*`` of the new directions (or of the basis when none is new) and the dimensions."""
+        shown = self.new_generators or self.generators
+        rows = [f"\\text{{dim}} &= {self.dimension},\\ \\text{{derived}} = {self.derived_dimension},\\ "
+                f"\\text{{explained}} = {self.explained},\\ \\text{{new}} = {self.new}"]
+        rows += [f"h_{{{i}}}: &\\ {g.latex()}" for i, g in enumerate(shown[:limit])]
+        return "\\begin{align*}\n" + " \\\\\n".join(rows) + "\n\\end{align*}"
+
+    def _repr_latex_(self) -> str:
+        return "$" + self.latex().replace("align*", "aligned") + "$"
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "target": self.target, "affine": self.affine, "blocks": self.blocks_mode,
+                "parameters": self.parameters, "unknowns": self.unknowns, "samples": self.samples,
+                "rows": self.rows, "dimension": self.dimension, "rank": self.rank.rank, "gap": self.rank.gap,
+                "closure_error": self.closure_error, "combination_error": self.combination_error,
+                "tolerance": self.tolerance, "confirmed": self.confirmed,
+                "derived_dimension": self.derived_dimension, "derived": list(self.derived_labels),
+                "outside": list(self.outside), "explained": self.explained, "new": self.new,
+                "tangent": {"discovered": self.tangent[0], "derived": self.tangent[1], "new": self.new_tangent},
+                "unconfirmed": [{"symmetry": lab, "residual": err}
+                                for lab, err in zip(self.unconfirmed_labels, self.unconfirmed_errors)],
+                "generators": [g.to_dict() for g in self.generators],
+                "new_generators": [g.to_dict() for g in self.new_generators]}
+
+
+# ---------------------------------------------------------------------------------------------
+# discovery
+# ---------------------------------------------------------------------------------------------
+def _analysis(model_or_analysis: object, data: object, widths: Mapping[str, int] | None) -> Analysis:
+    if isinstance(model_or_analysis, Analysis):
+        analysis = model_or_analysis
+    elif isinstance(model_or_analysis, torch.nn.Module):
+        if data is None:
+            raise SpecError("discover: a torch module is traced on its inputs; pass data=(tensor, ...)")
+        from symalg.frontend.tracing import trace
+        analysis = derive(trace(model_or_analysis, data if isinstance(data, tuple) else (data,)))
+    else:
+        analysis = derive(model_or_analysis)
+    return _concrete(analysis, None, widths, "discover")[0]
+
+
+class _Problem:
+    """The model as a function of its flat parameters, with input and parameter samplers."""
+
+    def __init__(self, analysis: Analysis, data: object, target: str, seed: int):
+        self.model = _model(analysis, None, "cpu", torch.float64)
+        self.inputs = _inputs(analysis, data, torch.float64, "cpu")
+        self.keywords = {k: v.to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                         for k, v in analysis.model_graph.example_kwargs.items()}
+        self.fixed = data is not None
+        self.target = target
+        self.buffers = {k: v.detach() for k, v in self.model.named_buffers()}
+        self.params = {k: v.detach() for k, v in self.model.named_parameters()}
+        self.generator = torch.Generator().manual_seed(seed)
+        self.cross_entropy = analysis.loss == "cross_entropy"
+
+    def _scale(self) -> float:
+        """A log-uniform scale in ``[10^-0.5, 10]``: samples reach the kinks and saturations of bounded
+        activations (``relu6`` is ``relu`` below 6, ``hardsigmoid`` linear on ``[-3, 3]``), which unit-scale
+        samples would miss and report their scaling as a symmetry."""
+        return float(10 ** (torch.rand((), generator=self.generator, dtype=torch.float64) * 1.5 - 0.5))
+
+    def sample_inputs(self, scale: float | None = None) -> tuple:
+        if self.fixed:
+            return self.inputs
+        factor = self._scale() if scale is None else scale
+        return tuple(factor * torch.randn(x.shape, generator=self.generator, dtype=x.dtype)
+                     if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in self.inputs)
+
+    def sample_theta(self, layout: ParameterLayout, scale: float | None = None) -> torch.Tensor:
+        """Gaussian parameters at the scale of the model's own (per tensor: their RMS, at least 0.1), times a
+        random scale (:meth:`_scale`) or ``scale``."""
+        factor = self._scale() if scale is None else scale
+        parts = []
+        for n in layout.names:
+            own = max(float(self.params[n].pow(2).mean().sqrt()), 0.1) if self.params[n].numel() else 1.0
+            parts.append(torch.randn(layout.sizes[n], generator=self.generator, dtype=torch.float64) * own * factor)
+        return torch.cat(parts)
+
+    def heldout(self, layout: ParameterLayout) -> list[tuple[torch.Tensor, tuple]]:
+        """Held-out ``(θ, inputs)`` at the scales ``0.3, 1, 10`` (the finite check's points)."""
+        return [(self.sample_theta(layout, scale), self.sample_inputs(scale)) for scale in (0.3, 1.0, 10.0)]
+
+    def outputs(self, layout: ParameterLayout, inputs: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``θ ↦`` every output flattened (``target="function"``) or the per-sample losses of the first output."""
+        targets: dict[str, torch.Tensor] = {}
+
+        def f(theta: torch.Tensor) -> torch.Tensor:
+            values = {**{k: v.clone() for k, v in self.buffers.items()}, **layout.unflatten(theta)}
+            outs = output_tensors(functional_call(self.model, values, inputs, self.keywords))
+            if self.target == "function":
+                return torch.cat([o.reshape(-1) for _, o in outs if o.is_floating_point()])
+            out = outs[0][1]
+            out = out.reshape(-1, out.shape[-1]) if out.dim() > 1 else out.reshape(-1, 1)
+            if "y" not in targets:
+                targets["y"] = (torch.randint(out.shape[-1], out.shape[:1], generator=self.generator)
+                                if self.cross_entropy else
+                                torch.randn(out.shape, generator=self.generator, dtype=out.dtype))
+            if self.cross_entropy:
+                return torch.nn.functional.cross_entropy(out, targets["y"], reduction="none")
+            return 0.5 * ((out - targets["y"]) ** 2).sum(-1)
+        return f
+
+
+def _compressed(R: torch.Tensor) -> torch.Tensor:
+    """Rows spanning the row space of ``R`` (``S Vh`` of its SVD, singular values above ``1e-12 σ_max``):
+    the constraints of one sample, as many rows as they are independent."""
+    if R.shape[0] == 0:
+        return R
+    _, S, Vh = torch.linalg.svd(R, full_matrices=False)
+    keep = S > 1e-12 * S[0]
+    return S[keep, None] * Vh[keep]
+
+
+_CHUNK = 16
+"""Samples whose Jacobians are computed in one ``vmap``."""
+
+
+def _jacobians(problem: "_Problem", layout: ParameterLayout, thetas: list[torch.Tensor],
+               inputs: list[tuple]) -> list[torch.Tensor]:
+    """``J(θ_s, x_s)`` for every sample: one ``vmap`` of ``jacrev`` over the samples (network function), else (the
+    loss, whose targets are drawn inside, or a model ``vmap`` cannot run) one ``jacrev`` per sample."""
+    if problem.target == "function":
+        floats = [i for i, x in enumerate(inputs[0]) if isinstance(x, torch.Tensor) and x.is_floating_point()]
+
+        def f(theta: torch.Tensor, *values: torch.Tensor) -> torch.Tensor:
+            xs = list(inputs[0])
+            for i, v in zip(floats, values):
+                xs[i] = v
+            return problem.outputs(layout, tuple(xs))(theta)
+        try:
+            stacked = [torch.stack([inp[i] for inp in inputs]) for i in floats]
+            return list(torch.func.vmap(torch.func.jacrev(f))(torch.stack(thetas), *stacked))
+        except (RuntimeError, ValueError, TypeError, NotImplementedError):
+            pass
+    return [torch.func.jacrev(problem.outputs(layout, x))(theta) for theta, x in zip(thetas, inputs)]
+
+
+def _constraints(problem: "_Problem", layout: ParameterLayout, oversampling: float) -> tuple[torch.Tensor, int]:
+    """The stacked constraint rows and the number of samples: each sample's rows (normalised, compressed to their
+    row space) until ``oversampling × unknowns`` independent rows per sample are stacked, then again 25% more
+    samples until the rank stops growing (a sample's rows are often far fewer than its outputs: a linear layer's
+    Jacobian spans ``in + 1`` directions per output, whatever the batch)."""
+    n_u = layout.unknowns
+    stacked: list[torch.Tensor] = []
+    count, samples, rank = 0, 0, -1
+    target = int(oversampling * n_u) + 10
+    while True:
+        while count < target:
+            thetas = [problem.sample_theta(layout) for _ in range(_CHUNK)]
+            inputs = [problem.sample_inputs() for _ in range(_CHUNK)]
+            for theta, J in zip(thetas, _jacobians(problem, layout, thetas, inputs)):
+                R = layout.rows(J.reshape(-1, layout.P), theta)
+                norms = R.norm(dim=1, keepdim=True)
+                R = _compressed(R[norms[:, 0] > 0] / norms[norms[:, 0] > 0])
+                samples += 1
+                stacked.append(R)
+                count += max(R.shape[0], 1)
+        R = torch.cat(stacked)
+        now = int(torch.linalg.matrix_rank(R, rtol=1e-10)) if R.shape[0] else 0
+        if now == rank or now == n_u or samples > 50 * n_u:
+            return R, samples
+        rank, target = now, count + max(count // 4, 10)
+
+
+def _rref(N: torch.Tensor) -> torch.Tensor:
+    """A basis of the row space of ``N`` (``d × n``, independent rows) in reduced row-echelon form: Gauss-Jordan
+    with complete pivoting (each pivot the largest remaining entry), entries below ``1e-10`` of the largest set to
+    zero."""
+    B = N.clone()
+    free = torch.ones(B.shape[1], dtype=torch.bool)
+    pivots = []
+    for k in range(B.shape[0]):
+        rest = B[k:, :].abs() * free
+        flat = int(rest.argmax())
+        row, col = k + flat // B.shape[1], flat % B.shape[1]
+        B[[k, row]] = B[[row, k]]
+        B[k] /= B[k, col].clone()
+        others = torch.arange(B.shape[0]) != k
+        B[others] -= B[others, col:col + 1] * B[k]
+        free[col] = False
+        pivots.append(col)
+    if B.numel():
+        B[B.abs() < 1e-10 * B.abs().max()] = 0.0
+    return B[torch.tensor(pivots).argsort()] if B.shape[0] else B
+
+
+def _orthonormal(M: torch.Tensor, rtol: float = 1e-8, atol: float = 0.0) -> torch.Tensor:
+    """Orthonormal rows spanning the rows of ``M`` (singular values above ``max(rtol · σ_max, atol)``)."""
+    if M.shape[0] == 0:
+        return M
+    _, S, Vh = torch.linalg.svd(M, full_matrices=False)
+    return Vh[S > max(rtol * float(S[0]), atol)] if S.numel() else Vh[:0]
+
+
+def _generator(vector: torch.Tensor, layout: ParameterLayout, error: float, explained: float) -> Generator:
+    A, c = layout.dense(vector)
+    scale = float(torch.linalg.norm(vector))
+    cut = 1e-10 * scale
+    terms: list[tuple[str, float, str | None]] = []
+    rows_i, cols_j = torch.nonzero(A.abs() > cut, as_tuple=True)
+    terms += [(layout.entry(int(i)), float(A[i, j]), layout.entry(int(j))) for i, j in zip(rows_i, cols_j)]
+    terms += [(layout.entry(int(i)), float(c[i]), None) for i in torch.nonzero(c.abs() > cut).reshape(-1)]
+    tensor_of = [n for n in layout.names for _ in range(layout.sizes[n])]
+    moved = sorted({int(i) for i in rows_i} | {int(i) for i in torch.nonzero(c.abs() > cut).reshape(-1)})
+    moves = tuple(dict.fromkeys(tensor_of[i] for i in moved))
+    reads = tuple(dict.fromkeys(tensor_of[int(j)] for j in sorted(set(int(j) for j in cols_j))))
+    return Generator(A, c, moves, reads, tuple(terms), error, explained)
+
+
+def _finite_error(problem: _Problem, layout: ParameterLayout, A: torch.Tensor, c: torch.Tensor,
+                  points: Sequence[tuple[torch.Tensor, tuple]]) -> float:
+    """Largest relative change of every output along ``exp(±Ã)`` (``Ã`` scaled to Frobenius norm 1) from the
+    held-out ``points``."""
+    P = layout.P
+    M = torch.zeros(P + 1, P + 1, dtype=A.dtype)
+    M[:P, :P], M[:P, P] = A, c
+    M = M / max(float(torch.linalg.norm(M)), 1e-300)
+    problem_target, problem.target = problem.target, "function"
+    try:
+        worst = 0.0
+        flows = [torch.linalg.matrix_exp(t * M) for t in (1.0, -1.0)]
+        for theta, inputs in points:
+            f = problem.outputs(layout, inputs)
+            with torch.no_grad():
+                base = f(theta)
+                for flow in flows:
+                    moved = (flow @ torch.cat([theta, theta.new_ones(1)]))[:P]
+                    worst = max(worst, float(torch.linalg.norm(f(moved) - base) /
+                                             max(float(torch.linalg.norm(base)), 1e-300)))
+    finally:
+        problem.target = problem_target
+    return worst
+
+
+def _derived_fields(analysis: Analysis, layout: ParameterLayout, params: Mapping[str, torch.Tensor]
+                    ) -> tuple[list[str], list[torch.Tensor], list[str]]:
+    """``(labels, unknown vectors, outside)``: each derived continuous symmetry's fields ``M_i·θ = A_iθ + c_i``
+    as unknown vectors (one row per generator), read off :func:`action_matrix` at ``θ = 0`` and the unit vectors;
+    symmetries that move buffers or need blocks outside the ansatz go to ``outside``."""
+    labels, vectors, outside = [], [], []
+    P = layout.P
+    for symmetry in analysis.symmetries:
+        if not symmetry.group.is_continuous:
+            continue
+        if symmetry.acts_on_buffers:
+            outside.append(f"{symmetry.label} (moves buffers)")
+            continue
+        one = dataclasses.replace(analysis, symmetries=(symmetry,))
+        zero = {n: torch.zeros_like(v) for n, v in params.items()}
+        base = action_matrix(one, zero)                       # rows: c_i
+        columns = []
+        for j in range(P):
+            unit = torch.zeros(P, dtype=torch.float64)
+            unit[j] = 1.0
+            columns.append(action_matrix(one, layout.unflatten(unit)) - base)   # A_i e_j
+        A_all = torch.stack(columns, dim=-1)                  # (k, P, P)
+        rows, worst = [], 0.0
+        for A, c in zip(A_all, base):
+            vec, out = layout.vector(A, c)
+            worst = max(worst, out / max(float(torch.linalg.norm(A) + torch.linalg.norm(c)), 1e-300))
+            rows.append(vec)
+        if worst > 1e-12:
+            outside.append(f"{symmetry.label} (outside the block ansatz)")
+            continue
+        labels.append(symmetry.label)
+        vectors.append(torch.stack(rows))
+    return labels, vectors, outside
+
+
+def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None, *, target: str = "function",
+             affine: bool = True, blocks: str = "auto", max_unknowns: int = MAX_UNKNOWNS, oversampling: float = 1.3,
+             rtol: float = 1e-9, tolerance: float = 1e-8, widths: Mapping[str, int] | None = None,
+             compare: bool = True, seed: int = 0) -> Discovery:
+    """Every linear (``affine``: affine) vector field leaving the model invariant (module docstring).
+
+    Parameters
+    ----------
+    model_or_analysis : an :class:`~symalg.symbolic.derive.Analysis`, a spec string / ``Spec`` / graph (derived
+        here; symbolic widths at ``widths`` or the verifier's defaults), or a ``torch.nn.Module`` (traced on
+        ``data``).
+    data : the model's inputs (a tensor or a tuple); given, the symmetries are those of the model on these
+        inputs (data-dependent, as in the papers' one-data-point experiments); by default fresh random inputs
+        of the example inputs' shapes at every sample (symmetries of the function).
+    target : ``"function"`` (every output) or ``"loss"`` (the per-sample loss of the first output, targets drawn
+        from ``seed``).
+    blocks : ``"auto"``, ``"all"`` or ``"local"`` (module docstring); ``max_unknowns`` the ``"auto"`` switch.
+    oversampling : rows stacked per unknown; ``rtol`` the relative floor of the rank decision; ``tolerance`` the
+        finite check's bar (relative output change).
+    compare : compare with the derived symmetries (costs ``P + 1`` evaluations of their action).
+    """
+    if target not in ("function", "loss"):
+        raise SpecError(f"discover: target must be 'function' or 'loss', got {target!r}")
+    if blocks not in BLOCK_MODES:
+        raise SpecError(f"discover: blocks must be one of {BLOCK_MODES}, got {blocks!r}")
+    analysis = _analysis(model_or_analysis, data, widths)
+    problem = _Problem(analysis, data, target, seed)
+    names = tuple(n for n, v in problem.params.items() if v.numel())
+    if not names:
+        raise SpecError("discover: the model has no parameters")
+    shapes = {n: tuple(problem.params[n].shape) for n in names}
+    sizes = {n: math.prod(shapes[n]) for n in names}
+    layout = ParameterLayout(names, shapes, _blocks(names, sizes, blocks, affine, max_unknowns), affine)
+    n_u = layout.unknowns
+    if n_u > 4 * max_unknowns:
+        raise SpecError(f"discover: {n_u} unknowns under blocks={blocks!r} (more than 4 × max_unknowns = "
+                        f"{4 * max_unknowns}); discover a subnetwork, or raise max_unknowns")
+    R, samples = _constraints(problem, layout, oversampling)
+    _, S, Vh = torch.linalg.svd(R, full_matrices=True)
+    eps = torch.finfo(S.dtype).eps
+    threshold = max(float(S[0]) * max(R.shape) * eps, float(S[0]) * rtol) if S.numel() else 0.0
+    r = int((S > threshold).sum())
+    decision = RankDecision("constraints", r, tuple(R.shape), threshold, float(S[r - 1]) if r else None,
+                            float(S[r]) if r < S.numel() else None)
+    N = Vh[r:]                                                # orthonormal null space, d × n_u
+    basis = _rref(N)
+    heldout = problem.heldout(layout)
+
+    # the derived symmetries' span and the decomposition
+    labels: list[str] = []
+    outside: list[str] = []
+    vectors: list[torch.Tensor] = []
+    if compare:
+        labels, vectors, outside = _derived_fields(analysis, layout, problem.params)
+    E = torch.cat(vectors) if vectors else torch.zeros(0, n_u, dtype=torch.float64)
+    Eo = _orthonormal(E)
+    unconfirmed, residuals = [], []
+    for label, rows in zip(labels, vectors):
+        residual = rows - (rows @ N.T) @ N
+        error = float(residual.norm() / max(float(rows.norm()), 1e-300))
+        if error > 1e-6:
+            unconfirmed.append(label)
+            residuals.append(error)
+    explained_fraction = [float(((b @ Eo.T) @ Eo).norm() / b.norm()) if Eo.shape[0] else 0.0 for b in basis]
+    inter = N.shape[0] + Eo.shape[0] - _orthonormal(torch.cat([N, Eo])).shape[0] if Eo.shape[0] else 0
+    new_part = N - (N @ Eo.T) @ Eo if Eo.shape[0] else N
+    new_basis = _rref(_orthonormal(new_part, 0.0, 1e-6)) if new_part.shape[0] else new_part
+
+    def make(vector: torch.Tensor, explained: float) -> Generator:
+        A, c = layout.dense(vector)
+        return _generator(vector, layout, _finite_error(problem, layout, A, c, heldout),
+                          explained)
+
+    generators = sorted((make(b, e) for b, e in zip(basis, explained_fraction)), key=lambda g: (g.moves, g.reads))
+    new_generators = tuple(make(b, 0.0) for b in new_basis)
+    closure = _closure_error(basis, layout, N, seed)
+    combination = torch.randn(basis.shape[0], generator=problem.generator, dtype=torch.float64) @ basis \
+        if basis.shape[0] else None
+    combination_error = _finite_error(problem, layout, *layout.dense(combination), heldout) \
+        if combination is not None else 0.0
+    theta = heldout[1][0]
+    discovered_tangent = torch.stack([g.field(theta) for g in generators]) if generators else theta[None, :0]
+    continuous = compare and any(s.group.is_continuous for s in analysis.symmetries)
+    derived_tangent = action_matrix(analysis, layout.unflatten(theta)) if continuous else theta.new_zeros(0, layout.P)
+    tangent = (_rank(discovered_tangent), _rank(derived_tangent),
+               _rank(torch.cat([discovered_tangent.reshape(-1, layout.P), derived_tangent])))
+    name = analysis._name()
+    return Discovery(name, target, affine, blocks, layout.P, n_u, samples, R.shape[0], decision, tuple(generators),
+                     closure, combination_error, tolerance, Eo.shape[0], tuple(labels), tuple(outside), inter,
+                     new_generators, tuple(unconfirmed), tuple(residuals), tangent, layout)
+
+
+def _rank(matrix: torch.Tensor) -> int:
+    return int(torch.linalg.matrix_rank(matrix, rtol=1e-8)) if matrix.numel() else 0
+
+
+def _closure_error(basis: torch.Tensor, layout: ParameterLayout, N: torch.Tensor, seed: int,
+                   max_pairs: int = 200) -> float:
+    """Largest ``‖[X, Y] − proj_span [X, Y]‖ / ‖[X, Y]‖`` over pairs of basis fields (``max_pairs`` at most, drawn
+    by ``seed`` beyond that). A bracket with entries outside the ansatz counts as outside the span."""
+    d = basis.shape[0]
+    pairs = [(i, j) for i in range(d) for j in range(i + 1, d)]
+    if len(pairs) > max_pairs:
+        rng = np.random.default_rng(seed)
+        pairs = [pairs[k] for k in rng.choice(len(pairs), max_pairs, replace=False)]
+    dense = [layout.dense(b) for b in basis]
+    worst = 0.0
+    for i, j in pairs:
+        A, c = bracket(dense[i], dense[j])
+        norm = float(torch.linalg.norm(A) + torch.linalg.norm(c))
+        if norm < 1e-12:
+            continue
+        vec, out = layout.vector(A, c)
+        residual = vec - (vec @ N.T) @ N
+        worst = max(worst, (float(residual.norm()) + out) / norm)
+    return worst

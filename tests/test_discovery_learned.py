@@ -1,0 +1,63 @@
+"""Learned discovery: the corrected closure loss against the printed one, and a short training run's report."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from symalg.discovery.learned import LearnedConfig, closure_loss, learn, printed_closure_loss, two_layer_linear
+
+
+def _pair(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((3,), (3, 3), (3, 3)))
+
+
+def test_corrected_closure_vanishes_on_true_left_actions_where_the_printed_one_does_not():
+    theta, h1, h2 = _pair(0)
+
+    def linear(g, th):
+        return g @ th
+
+    def conjugation(g, th):   # a(g, M) = g M g⁻¹ on M ∈ R^{3×3}: nonlinear in g
+        return (g @ th.reshape(3, 3) @ torch.linalg.inv(g)).reshape(-1)
+    M = torch.randn(9, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    for action, point in ((linear, theta), (conjugation, M)):
+        assert float(closure_loss(action, point, h1, h2)) < 1e-12
+        assert float(closure_loss(action, point, h1, h1)) < 1e-12
+        assert printed_closure_loss(action, point, h1, h1) > 1e-2      # penalises a true action
+        assert printed_closure_loss(action, point, h1, h2) > 1e-2
+
+
+def test_corrected_closure_detects_a_right_action():
+    theta, h1, h2 = _pair(2)
+
+    def right(g, th):   # a(g₁g₂) = a(g₂)∘a(g₁): not a left action
+        return g.T @ th
+    commutator = h1 @ h2 - h2 @ h1
+    assert float(closure_loss(right, theta, h1, h2)) == pytest.approx(2 * float((commutator.T @ theta).norm()))
+
+
+def test_short_training_reports_span_overlap_and_curves():
+    loss, sample, tangent = two_layer_linear(1, 1, 1)
+    config = LearnedConfig(steps=30, hidden=(16, 16), lr=1e-2, batch=8)
+    result = learn(loss, sample, 1, config, tangent=tangent)
+    assert result.generators.shape == (1, 1, 1) and result.span == 1
+    assert len(result.history) == 2 and all(v == v and v < float("inf") for v in result.history)
+    assert result.learned_curve[4] == 0.0 and result.curve_t[4] == 0.0     # a(I, θ) = θ by construction
+    assert 0.0 <= result.overlap <= 1.0 + 1e-12
+    d = json.loads(json.dumps(result.to_dict()))
+    assert d["span"] == 1 and len(d["learned_curve"]) == 9
+    assert "pmatrix" in result.latex()
+
+
+def test_data_dependent_defaults_are_the_papers():
+    config = LearnedConfig.data_dependent()
+    assert (config.invariance, config.identity, config.nontrivial, config.orthogonal, config.sparse) == \
+        (1.0, 10.0, 10.0, 1.0, 0.1)
+    assert config.data_input and not LearnedConfig().data_input
+    default = LearnedConfig()
+    assert (default.invariance, default.identity, default.nontrivial, default.orthogonal, default.sparse,
+            default.lr, default.decay, default.decay_every, default.hidden) == \
+        (10.0, 1.0, 1.0, 1.0, 0.1, 1e-3, 0.6, 1000, (64, 64, 64))
