@@ -10,5 +10,5 @@ from symalg.applications import (conjugated, conservation_laws, constraint_engin
                                  teleport, teleport_actions, teleport_optim)
 
 __all__ = ["conjugated", "conservation_laws", "constraint_engineering", "ensembles", "flat_minima", "loss_symmetries",
-           "minima_geometry", "mirrors", "noether", "nonlinear_actions", "symmetry_init", "teleport", "teleport_actions",
-           "teleport_optim"]
+           "minima_geometry", "mirrors", "noether", "nonlinear_actions", "symmetry_init", "teleport",
+           "teleport_actions", "teleport_optim"]
