@@ -12,7 +12,15 @@ from symalg.applications.mirrors import (certify, gd_stability, lyapunov, per_sa
                                          weight_decay_threshold)
 from symalg.catalogue.groups import ComplexScaling, GeneralLinear, Orthogonal, PositiveScaling, Translations
 
-torch.set_default_dtype(torch.float64)
+
+@pytest.fixture(scope="module", autouse=True)
+def _float64_models():
+    """float64 for this module's module-scoped models too (conftest's per-test default comes after them); restored
+    afterwards, so that no other module sees it."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
