@@ -351,8 +351,10 @@ def test_generated_source_is_inspectable():
     assert not any("_like" in line for line in lines)  # no constant matrix: no dtype/device reference
     assert "        '0.weight': torch.matmul(g_1, W_1)," in lines
     assert "        '0.bias': torch.matmul(g_1, b_1).squeeze(-1)," in lines
-    # the source is the code that runs: recompiling it gives the same function
-    namespace = {"torch": torch}
+    # it opens with the shape guard: one lookup of the shapes of the parameters read
+    assert lines[2] == "        _known = (params['0.weight'].shape, params['0.bias'].shape) in _accepted"
+    # the source is the code that runs: recompiling it (with torch and the guard's objects) gives the same function
+    namespace = {name: f.fn.__globals__[name] for name in ("torch", "_accepted", "_check_params")}
     exec(f.source, namespace)
     params = {"0.weight": torch.randn(4, 3), "0.bias": torch.randn(4)}
     G = torch.randn(4, 4)
@@ -590,12 +592,56 @@ def test_per_unit_columns_are_computed_as_vectors():
         - sp.HadamardPower(V.T, 2) * sp.OneMatrix(2, 1)
     f = lower("q", {"q": q}, {W: "W", b: "b", V: "V"}, vector_outputs=["q"], vector_inputs=[b])
     assert not any(view in f.source for view in ("unsqueeze", "keepdim", "transpose", "squeeze"))
+    # three torch calls fewer than the formula as written: the squares' row and column sums as dot products, the
+    # bias square fused into the sum
+    assert "torch.addcmul((torch.linalg.vecdot(W_1, W_1) - torch.linalg.vecdot(V, V, dim=-2)), b_1, b_1)" in f.source
     values = {"W": torch.randn(5, 4, 3), "b": torch.randn(5, 4), "V": torch.randn(5, 2, 4)}
     expected = values["b"] ** 2 + (values["W"] ** 2).sum(-1) - (values["V"] ** 2).sum(-2)
     torch.testing.assert_close(f(values)["q"], expected)
     as_column = lower("q", {"q": q}, {W: "W", b: "b", V: "V"}, vector_inputs=[b])
     assert as_column.source.count("unsqueeze") == 1
     torch.testing.assert_close(as_column(values)["q"], expected.unsqueeze(-1))
+
+
+def test_fused_sums_keep_signs_coefficients_and_gradients():
+    """``c b∘b`` terms fold into ``torch.addcmul(..., value=c)``, a product ``b∘d`` too; a sum of squares only keeps
+    one term outside; values and gradients are those of the formula."""
+    d = sp.MatrixSymbol("d", h, 1)
+    cases = {"minus": -sp.HadamardPower(b, 2) + sp.HadamardPower(W, 2) * sp.OneMatrix(n, 1),
+             "scaled": sp.Rational(1, 2) * sp.HadamardPower(b, 2) + sp.HadamardProduct(b, d) - 3 * d,
+             "squares": sp.HadamardPower(b, 2) - sp.HadamardPower(d, 2)}
+    f = lower("fused", cases, {W: "W", b: "b", d: "d"}, vector_outputs=list(cases), vector_inputs=[b, d])
+    assert "value=-1" in f.source and "value=0.5" in f.source and f.source.count("torch.addcmul") == 4
+    values = {"W": torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True),
+              "b": torch.randn(2, 4, dtype=torch.float64, requires_grad=True),
+              "d": torch.randn(4, dtype=torch.float64, requires_grad=True)}
+    W_, b_, d_ = values["W"], values["b"], values["d"]
+    expected = {"minus": (W_ ** 2).sum(-1) - b_ ** 2, "scaled": b_ ** 2 / 2 + b_ * d_ - 3 * d_,
+                "squares": b_ ** 2 - d_ ** 2}
+    out = f(values)
+    for key, value in expected.items():
+        torch.testing.assert_close(out[key], value, rtol=1e-14, atol=1e-14)
+        grads = torch.autograd.grad(out[key].sum(), [W_, b_, d_], allow_unused=True, materialize_grads=True)
+        wanted = torch.autograd.grad(value.sum(), [W_, b_, d_], allow_unused=True, materialize_grads=True)
+        for got, want in zip(grads, wanted):
+            torch.testing.assert_close(got, want, rtol=1e-14, atol=1e-14)
+
+
+def test_the_shape_guard_checks_every_new_shape_after_the_first_call():
+    """A call with shapes already checked skips the check; any other shape is checked again, so a broadcastable
+    wrong bias after a good call is still refused by name, and a batch of parameters is accepted."""
+    b4, V = sp.MatrixSymbol("b", 4, 1), sp.MatrixSymbol("V", 2, 4)
+    f = lower("q", {"q": sp.HadamardPower(b4, 2) - sp.HadamardPower(V.T, 2) * sp.OneMatrix(2, 1)},
+              {b4: "b", V: "V"}, vector_outputs=["q"], vector_inputs=[b4])
+    good = {"b": torch.randn(4), "V": torch.randn(2, 4)}
+    f(good)
+    assert f._accepted == {(torch.Size([4]), torch.Size([2, 4]))}
+    with pytest.raises(ValueError, match=r"q: parameter 'b' has shape \(1,\), expected \(\.\.\., 4\)"):
+        f({**good, "b": torch.randn(1)})
+    with pytest.raises(KeyError, match=r"parameter\(s\) \['V'\] missing"):
+        f({"b": good["b"]})
+    assert f({"b": torch.randn(3, 4), "V": torch.randn(3, 2, 4)})["q"].shape == (3, 4)
+    assert len(f._accepted) == 2
 
 
 def test_a_column_that_needs_a_matrix_product_stays_a_column():

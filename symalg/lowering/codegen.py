@@ -30,8 +30,8 @@ import sympy as sp
 import torch
 from sympy.printing.pytorch import TorchPrinter
 
-__all__ = ["SymalgTorchPrinter", "LoweredFunction", "compile_function", "lower", "reads", "torch_source",
-           "evaluate_symbolic"]
+__all__ = ["SymalgTorchPrinter", "LoweredFunction", "check_params", "compile_function", "lower", "reads",
+           "torch_source", "evaluate_symbolic"]
 
 
 def identifier(name: str) -> str:
@@ -165,9 +165,16 @@ class SymalgTorchPrinter(TorchPrinter):
 
 
 class _VectorPrinter(SymalgTorchPrinter):
-    """Prints an ``h × 1`` column as a torch vector ``(..., h)`` (see :func:`_vector_form`): ``X 1`` as
-    ``X.sum(-1)`` and ``Yᵀ 1`` as ``Y.sum(-2)``, with no ``keepdim``, ``unsqueeze`` or ``transpose`` views; each view
-    costs a dispatch, which at small widths is a fifth of the arithmetic."""
+    """Prints an ``h × 1`` column as a torch vector ``(..., h)`` (see :func:`_vector_form`), in fewer torch calls than
+    the plain printer (each call costs a dispatch, which at small widths is a fifth of the arithmetic): ``X 1`` as
+    ``X.sum(-1)`` and ``Yᵀ 1`` as ``Y.sum(-2)``, with no ``keepdim``, ``unsqueeze`` or ``transpose`` views; the row
+    sums of a square ``(A∘A) 1`` as one ``torch.linalg.vecdot(A, A)`` (``dim=-2`` for column sums); and a sum with a
+    square term ``R + c b∘b`` as one ``torch.addcmul(R, b, b, value=c)``.
+
+    >>> W, b = sp.MatrixSymbol("W", 3, 2), sp.MatrixSymbol("b", 3, 1)
+    >>> _VECTOR_PRINTER.doprint(sp.HadamardPower(W, 2) * sp.OneMatrix(2, 1) - sp.HadamardPower(b, 2))
+    'torch.addcmul(torch.linalg.vecdot(W, W), b, b, value=-1)'
+    """
 
     def _print_MatMul(self, expr: sp.MatMul) -> str:
         coefficient, factors = _split_scalars(expr)
@@ -176,11 +183,49 @@ class _VectorPrinter(SymalgTorchPrinter):
         else:
             matrix = factors[0]
             untransposed = _untransposed(matrix)
-            result = (f"{_PRINTER._print(untransposed)}.sum(-2)" if untransposed is not None
-                      else f"{_PRINTER._print(matrix)}.sum(-1)")
+            summed, axis = (untransposed, -2) if untransposed is not None else (matrix, -1)
+            pair = _factor_pair(summed)
+            if pair is not None:
+                left, right = (_PRINTER._print(f) for f in pair)
+                result = f"torch.linalg.vecdot({left}, {right}{', dim=-2' if axis == -2 else ''})"
+            else:
+                result = f"{_PRINTER._print(summed)}.sum({axis})"
         if coefficient == -1:
             return f"-{result}"
         return result if coefficient == 1 else f"{self.parenthesize(coefficient, 40)}*{result}"
+
+    def _print_MatAdd(self, expr: sp.MatAdd) -> str:
+        products: list[tuple[sp.Expr, tuple[sp.MatrixExpr, sp.MatrixExpr]]] = []
+        others: list[sp.MatrixExpr] = []
+        for term in expr.args:
+            coefficient, rest = term.as_coeff_mmul()
+            if isinstance(rest, sp.MatMul) and len(rest.args) == 1:
+                rest = rest.args[0]
+            pair = _factor_pair(rest)
+            if pair is not None and coefficient.is_number and all(isinstance(f, sp.MatrixSymbol) for f in pair):
+                products.append((coefficient, pair))
+            else:
+                others.append(term)
+        if not products:
+            return super()._print_MatAdd(expr)
+        if not others:   # at least one term outside addcmul
+            coefficient, (left, right) = products.pop(0)
+            others.append(coefficient * sp.HadamardProduct(left, right) if left != right
+                          else coefficient * sp.HadamardPower(left, 2))
+        result = (super()._print_MatAdd(sp.MatAdd(*others)) if len(others) > 1 else self._print(others[0]))
+        for coefficient, (left, right) in products:
+            value = "" if coefficient == 1 else f", value={self._print(coefficient)}"
+            result = f"torch.addcmul({result}, {self._print(left)}, {self._print(right)}{value})"
+        return result
+
+
+def _factor_pair(expr: sp.Basic) -> tuple[sp.MatrixExpr, sp.MatrixExpr] | None:
+    """``(A, A)`` for ``A∘A`` (a Hadamard square) and ``(A, B)`` for ``A∘B``, else None."""
+    if isinstance(expr, sp.HadamardPower) and expr.exp == 2:
+        return expr.base, expr.base
+    if isinstance(expr, sp.HadamardProduct) and len(expr.args) == 2:
+        return expr.args[0], expr.args[1]
+    return None
 
 
 def _split_scalars(expr: sp.MatMul) -> tuple[sp.Expr, list[sp.MatrixExpr]]:
@@ -230,12 +275,14 @@ def torch_source(expr: sp.Basic) -> str:
     return _PRINTER.doprint(expr)
 
 
-def compile_function(name: str, source: str, origin: str = "lowered") -> Callable[..., Any]:
+def compile_function(name: str, source: str, origin: str = "lowered",
+                     bindings: Mapping[str, Any] | None = None) -> Callable[..., Any]:
     """The function ``name`` defined by generated ``source``: the one place symalg turns code into a callable.
 
     ``source`` is code symalg printed itself (:func:`torch_source` of SymPy expressions, identifiers from
-    :func:`identifier`), never a user's string; it runs in a namespace holding only ``torch``, and its
-    tracebacks name the file ``<symalg.{origin}.{name}>``.
+    :func:`identifier`), never a user's string; it runs in a namespace holding only ``torch`` and the objects
+    symalg ``bindings`` names (e.g. the shape guard of :func:`lower`), and its tracebacks name the file
+    ``<symalg.{origin}.{name}>``.
 
     >>> f = compile_function("double", "def double(x):\\n    return 2 * x")
     >>> f(torch.ones(2)).tolist()
@@ -243,7 +290,7 @@ def compile_function(name: str, source: str, origin: str = "lowered") -> Callabl
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"compile_function: name must be a Python identifier, got {name!r}")
-    namespace: dict[str, Any] = {"torch": torch}
+    namespace: dict[str, Any] = {"torch": torch, **(bindings or {})}
     exec(compile(source, f"<symalg.{origin}.{name}>", "exec"), namespace)
     if not callable(namespace.get(name)):
         raise ValueError(f"compile_function: the source does not define a function {name!r}")
@@ -271,43 +318,59 @@ class LoweredFunction:
     param_shapes: Mapping[str, tuple[Any, ...]] = field(default_factory=dict, repr=False)
     """Trailing shape each parameter must have (ints, or symbols that must agree across parameters)."""
     _accepted: set[tuple[Any, ...]] = field(default_factory=set, repr=False, compare=False)
-    """The tuples of parameter shapes already checked (at most :data:`ACCEPTED_SHAPES`): a call with known shapes skips
-    the check, which otherwise costs more than the arithmetic of a small quantity."""
+    """The tuples of parameter shapes already checked (at most :data:`ACCEPTED_SHAPES`), read by the shape guard at
+    the top of :attr:`source`."""
 
     def __call__(self, params: Mapping[str, torch.Tensor], *args: torch.Tensor) -> Any:
         if len(args) != len(self.arg_names):
             raise TypeError(f"{self.name} takes params and {len(self.arg_names)} more arguments "
                             f"{list(self.arg_names)}, got {len(args)}")
-        try:   # the shapes of a call already checked: one lookup (the checks cost more than a small quantity)
-            known = tuple([params[name].shape for name in self.param_names]) in self._accepted
-        except (KeyError, AttributeError):
-            known = False
-        if not known:
-            self._check_params(params)
         return self.fn(params, *args)
 
-    def _check_params(self, params: Mapping[str, torch.Tensor]) -> None:
-        """Raise ``KeyError`` naming the parameters missing from ``params``, ``TypeError`` naming one that is not a
-        tensor, and ``ValueError`` naming one whose trailing shape is not :attr:`param_shapes` (leading batch
-        dimensions are free); torch would otherwise broadcast or fail without the name."""
-        missing = [name for name in self.param_names if name not in params]
-        if missing:
-            raise KeyError(f"{self.name}: parameter(s) {missing} missing from params "
-                           f"(it reads {list(self.param_names)})")
-        shapes = tuple(getattr(params[name], "shape", None) for name in self.param_names)
-        bound: dict[sp.Symbol, int] = {}
-        for name, expected in self.param_shapes.items():
-            value = params[name]
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"{self.name}: parameter {name!r} is a {type(value).__name__}, not a tensor")
-            actual = tuple(value.shape[value.dim() - len(expected):]) if value.dim() >= len(expected) else None
-            ok = actual is not None and all(bound.setdefault(e, a) == a if isinstance(e, sp.Symbol) else int(e) == a
-                                            for e, a in zip(expected, actual))
-            if not ok:
-                raise ValueError(f"{self.name}: parameter {name!r} has shape {tuple(value.shape)}, expected "
-                                 f"(..., {', '.join(str(bound.get(e, e)) for e in expected)})")
-        if len(self._accepted) < ACCEPTED_SHAPES:
-            self._accepted.add(shapes)
+
+def check_params(name: str, param_names: Sequence[str], param_shapes: Mapping[str, tuple[Any, ...]],
+                 accepted: set[tuple[Any, ...]], params: Mapping[str, torch.Tensor]) -> None:
+    """The check behind a lowered function's shape guard: raise ``KeyError`` naming the parameters missing from
+    ``params``, ``TypeError`` naming one that is not a tensor, and ``ValueError`` naming one whose trailing shape is
+    not ``param_shapes`` (ints, or symbols that must agree across parameters; leading batch dimensions are free), as
+    torch would otherwise broadcast or fail without the name; else remember the shapes in ``accepted``.
+
+    >>> check_params("q", ["b"], {"b": (3,)}, set(), {"b": torch.ones(2)})
+    Traceback (most recent call last):
+    ValueError: q: parameter 'b' has shape (2,), expected (..., 3)
+    """
+    missing = [p for p in param_names if p not in params]
+    if missing:
+        raise KeyError(f"{name}: parameter(s) {missing} missing from params (it reads {list(param_names)})")
+    bound: dict[sp.Symbol, int] = {}
+    for parameter, expected in param_shapes.items():
+        value = params[parameter]
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name}: parameter {parameter!r} is a {type(value).__name__}, not a tensor")
+        actual = tuple(value.shape[value.dim() - len(expected):]) if value.dim() >= len(expected) else None
+        ok = actual is not None and all(bound.setdefault(e, a) == a if isinstance(e, sp.Symbol) else int(e) == a
+                                        for e, a in zip(expected, actual))
+        if not ok:
+            raise ValueError(f"{name}: parameter {parameter!r} has shape {tuple(value.shape)}, expected "
+                             f"(..., {', '.join(str(bound.get(e, e)) for e in expected)})")
+    if len(accepted) < ACCEPTED_SHAPES:
+        accepted.add(tuple(getattr(params[p], "shape", None) for p in param_names))
+
+
+def _shape_guard(name: str, param_names: tuple[str, ...], param_shapes: Mapping[str, tuple[Any, ...]],
+                 accepted: set[tuple[Any, ...]]) -> tuple[list[str], dict[str, Any]]:
+    """The lines that open a lowered function, and the objects they read: a call whose parameter shapes were checked
+    before costs one set lookup (a check costs more than a small quantity's arithmetic); any other runs
+    ``_check_params``, :func:`check_params` bound to this function."""
+    shapes = "".join(f"params[{p!r}].shape, " for p in param_names)
+    lines = ["    try:   # the shapes of a call already checked: one lookup",
+             f"        _known = ({shapes.rstrip(' ') if len(param_names) == 1 else shapes[:-2]}) in _accepted",
+             "    except (KeyError, AttributeError, TypeError):",
+             "        _known = False",
+             "    if not _known:",
+             "        _check_params(params)   # names a missing, non-tensor or mis-shaped parameter"]
+    return lines, {"_accepted": accepted,
+                   "_check_params": functools.partial(check_params, name, param_names, param_shapes, accepted)}
 
 
 def reads(symbols: Mapping[str, sp.MatrixSymbol]) -> dict[sp.MatrixSymbol, str]:
@@ -391,12 +454,15 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
             raise ValueError(f"lower({name}): a constant matrix needs at least one input for its dtype and device")
         reference = identifier(inputs[0].name)
         lines.append(f"    _like = dict(dtype={reference}.dtype, device={reference}.device)")
-    source = "\n".join(lines + body)
-    function = compile_function(name, source)
     shapes = {params[s]: tuple(s.shape[:1] if s in columns else s.shape)
               for s in to_read if s not in (read_suffixes or {})}
-    return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), function,
-                           tuple(params[s] for s in to_read), shapes)
+    param_names = tuple(params[s] for s in to_read)
+    accepted: set[tuple[Any, ...]] = set()
+    guard, bindings = _shape_guard(name, param_names, shapes, accepted) if param_names else ([], {})
+    source = "\n".join(lines[:1] + guard + lines[1:] + body)
+    function = compile_function(name, source, bindings=bindings)
+    return LoweredFunction(name, source, tuple(identifier(a.name) for a in args), function, param_names, shapes,
+                           accepted)
 
 
 def _explicit_entrywise(expr: sp.Basic) -> sp.Basic:

@@ -90,7 +90,7 @@ class ConservedQuantity:
 
     def __call__(self, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The quantity's value at ``params`` (``{name: tensor}``; parameters by name)."""
-        return self.lowered(params)
+        return self.lowered.fn(params)   # the compiled function itself checks the parameters' shapes
 
     def latex(self) -> str:
         """``Q_M = tr(M C), C = ...`` (matrix), ``Q_m = mᵀ q, q = ...`` (diagonal), ``Q_M = Σ a_i q_i, q = ...``
