@@ -198,6 +198,31 @@ def test_parameter_read_by_an_unknown_op_is_opaque():
     assert any(b.node == "norm" and "fc.weight" in b.reason for b in analysis.blocked)
 
 
+class ProductWeight(nn.Module):
+    """``relu(x (u∘w)ᵀ)`` then a linear layer: the first weight is a product of two parameters, which no rule reads
+    as a layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.u, self.w = nn.Parameter(torch.randn(4, 3)), nn.Parameter(torch.randn(4, 3))
+        self.out = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.out(torch.relu(x @ (self.u * self.w).T))
+
+
+def test_parameters_no_rule_reaches_are_named_in_a_blocked_note():
+    """No site binds ``u`` or ``w`` (their product is not a layer the rules read), so nothing is claimed for them,
+    and each gets a note naming the node that read it, not silence."""
+    analysis = symalg.derive(symalg.trace(ProductWeight(), (torch.randn(6, 3),)))
+    assert not any(b.tensor in ("u", "w") for s in analysis.symmetries for b in s.bindings)
+    notes = {b.site: b for b in analysis.blocked}
+    for tensor in ("u", "w"):
+        assert notes[tensor].node == "mul"
+        assert f"no symmetry moves {tensor}: it is read by node 'mul'" in notes[tensor].reason
+    assert "blocked: u (node mul): no symmetry moves u" in str(analysis)
+
+
 def test_sigmoid_sign_flips_shift_the_next_bias():
     model = nn.Sequential(nn.Linear(3, 5), nn.Sigmoid(), nn.Linear(5, 4), nn.Sigmoid(), nn.Flatten(), nn.Linear(4, 2))
     x = torch.randn(6, 3)

@@ -465,9 +465,8 @@ def solve(state: Inference) -> ModelSites:
     for site in state.sites:
         for tensor in dict.fromkeys(b.tensor for b in site.bindings if b.tensor in state.opaque):
             node = state.opaque[tensor]
-            why = "which returns it as a model output" if state.graph.nodes[node]["op"] == "output" else \
-                "an op the catalogue does not know"
-            state.restrict(site.id, set(), node, f"{tensor} is also read by {state.where(node)}, {why}", blocked=True)
+            state.restrict(site.id, set(), node, f"{tensor} is also read by {_opaque_reader(state, node)}",
+                           blocked=True)
     live = [s for s in state.sites if not s.dissolved]
     groups: dict[int, list[_Site]] = {}
     for site in live:
@@ -535,8 +534,22 @@ def solve(state: Inference) -> ModelSites:
         checks = tuple(dict.fromkeys(record for site in members for record in site.checks))
         permutations.append(PermutationClass(member_classes[0].name, members[0].width,
                                              tuple(c.name for c in member_classes), tuple(moved), checks))
+    bound = {b.tensor for site in state.sites for b in site.bindings}
+    for tensor, node in state.opaque.items():   # read only where no rule reaches: no site, but the reason is said
+        if tensor not in bound:
+            blocked.append(Blocked(node, tensor, f"no symmetry moves {tensor}: it is read by "
+                                                 f"{_opaque_reader(state, node)}"))
     return ModelSites(tuple(c for c in classes if c.kinds), tuple(permutations), tuple(blocked),
                       tuple(restrictions), state.labels)
+
+
+def _opaque_reader(state: Inference, node: str) -> str:
+    """``node`` and why it pins the parameters it reads (an output, or an op no rule reads as a layer)."""
+    if state.graph.nodes[node]["op"] == "output":
+        return f"{state.where(node)}, which returns it as a model output"
+    why = ("which no catalogue rule handles on these inputs (an unknown op, or a known op on inputs its rule does "
+           "not cover, such as a product of two parameters)")
+    return f"{state.where(node)}, {why}"
 
 
 def _absorbed(state: Inference, name: str, translations: tuple, absorbers: list[Absorber], bindings: list[Binding],
