@@ -815,8 +815,11 @@ def run_scheme(scheme: Scheme, losses: Callable[[int], Loss], params: Params, st
         current = dict(zip(names, leaves))
         value = losses(k)(current)
         value.backward()
+        for p in leaves:   # a parameter the loss does not read has gradient 0 (torch would skip it: no buffer)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         before = {n: p.detach().clone() for n, p in current.items()}
-        g = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in current.items()}
+        g = {n: p.grad.detach().clone() for n, p in current.items()}
         buffer = {n: optimizer.state[p]["momentum_buffer"].clone() if "momentum_buffer" in optimizer.state[p]
                   else None for n, p in current.items()} if scheme.kind == "momentum" else None
         with torch.no_grad():
