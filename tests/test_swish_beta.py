@@ -189,3 +189,33 @@ def test_other_pre_activation_and_beta_read_elsewhere():
     assert not {"PS", "SF"} & {s.group.kind for s in twice.symmetries}, labels(twice)
     assert any("beta is also read by node 'pow" in n for n in notes(twice)), notes(twice)
     assert symalg.verify(derive(Other())).passed
+
+
+# -- the fuzzer's swish family ---------------------------------------------------------------------------------------
+
+def test_fuzz_family_draws_every_variant_and_its_raw_claims_hold():
+    from symalg.verification import fuzz
+    tokens = set().union(*(fuzz.generate(0, i, "swish").variant.split("-") for i in range(300)))
+    assert {"plain", "shared", "scalar", "time_axis", "constant", "shifted", "squared", "other", "tanh", "beta_read",
+            "product_read", "mul", "mul_fn", "mul_method", "sigmoid", "sigmoid_method", "act"} <= tokens
+    report = fuzz.run(60, seed=0, families=["swish"], certify=False, draws=1)
+    assert report.models == 60 and not report.crashes and not report.hangs and not report.refusals
+    assert report.claims > 60 and not report.false_claims, report.summary()
+
+
+def test_fuzz_family_finds_an_unbound_beta(monkeypatch):
+    """The rule with β left out of the action (the neurons scaled, β not): the family's plain models report false
+    scaling claims."""
+    from fractions import Fraction
+
+    from symalg.catalogue import rules
+    from symalg.verification import fuzz
+
+    def unbound(state, node, data, inputs):
+        state.restrict_label(inputs[0], {"PS", "SF", "S"}, node, "β not bound")
+        return inputs[0].map_segments(center=Fraction(0), translates=False)
+
+    monkeypatch.setitem(rules._RULES, "swish_beta", unbound)
+    cases = [c for c in (fuzz.generate(0, i, "swish") for i in range(40)) if c.variant.startswith("plain")]
+    false = [c for case in cases[:6] for c in fuzz.check_case(case, certify=False, draws=1).false_claims]
+    assert any(c.claim.startswith("PositiveScaling") for c in false)

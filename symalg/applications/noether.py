@@ -815,11 +815,12 @@ def run_scheme(scheme: Scheme, losses: Callable[[int], Loss], params: Params, st
         current = dict(zip(names, leaves))
         value = losses(k)(current)
         value.backward()
-        for p in leaves:   # a parameter the loss does not read has gradient 0 (torch would skip it: no buffer)
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+        # a parameter the loss does not read has gradient 0 (torch would skip it and keep no momentum buffer)
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in leaves]
+        for p, grad in zip(leaves, grads):
+            p.grad = grad
         before = {n: p.detach().clone() for n, p in current.items()}
-        g = {n: p.grad.detach().clone() for n, p in current.items()}
+        g = {n: grad.detach().clone() for n, grad in zip(names, grads)}
         buffer = {n: optimizer.state[p]["momentum_buffer"].clone() if "momentum_buffer" in optimizer.state[p]
                   else None for n, p in current.items()} if scheme.kind == "momentum" else None
         with torch.no_grad():

@@ -613,7 +613,16 @@ def scale_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> V
     if len(scaled) == 1 and numbers and numerator and not _tensor_constant(state, node):
         value = scaled[0]
         return value.map_segments(translates=False) if isinstance(value, Label) else _weight(state, value) or value
-    return multiply(state, node, data, inputs) or unknown_rule(state, node, data, inputs)
+    product = multiply(state, node, data, inputs)
+    if product is not None:
+        return product
+    parameters = [i[1] for i in inputs if _is_param(i)]
+    for label in (i for i in inputs if isinstance(i, Label) and parameters):
+        state.restrict_label(label, set(), node, f"{state.where(node)} multiplies the value by the parameter "
+                             f"{parameters[0]} elementwise, which is modelled only inside z ⊙ sigmoid(β ⊙ z) (swish "
+                             "with a trainable β, both products reading z, nothing else reading β ⊙ z or the sigmoid)",
+                             blocked=True)
+    return unknown_rule(state, node, data, inputs)
 
 
 @register_rule("swish_beta", examples={"swish_beta": around(

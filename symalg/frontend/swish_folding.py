@@ -46,8 +46,10 @@ def fold_swish_beta(graph: nx.DiGraph) -> nx.DiGraph:
     return graph
 
 
-def _operands(data: Mapping[str, Any]) -> list[str | None]:
-    return list(data["inputs"]) if data["op"] == "mul" and len(data["inputs"]) == 2 else []
+def _operands(data: Mapping[str, Any]) -> list[str]:
+    """The two operands of a product of two tensors (no number among them), else ``[]``."""
+    inputs = list(data["inputs"])
+    return inputs if data["op"] == "mul" and len(inputs) == 2 and None not in inputs else []
 
 
 def _only_user(graph: nx.DiGraph, name: str) -> str | None:
@@ -64,10 +66,10 @@ def _match(graph: nx.DiGraph, sigmoid: str) -> tuple[str, str, str, str] | None:
         return None
     inner = sources[0]
     factors, others = _operands(graph.nodes[inner]), _operands(graph.nodes[outer])
-    if None in factors or None in others or sigmoid not in others or others.count(sigmoid) != 1:
+    if not factors or others.count(sigmoid) != 1:
         return None
     z = others[1 - others.index(sigmoid)]
-    params = [f for f in factors if f is not None and graph.nodes[f]["kind"] == "param"]
+    params = [f for f in factors if graph.nodes[f]["kind"] == "param"]
     if len(params) != 1 or z == params[0] or sorted(factors) != sorted([z, params[0]]):
         return None
     return z, params[0], inner, outer
