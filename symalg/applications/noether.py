@@ -571,10 +571,11 @@ def check_dynamics(symmetries: Sequence[Symmetry], loss: Loss, params: Params, g
     kappa1, kappa2, _ = dyn.kappa()
 
     def restriction(theta: Params, v: Params, time: torch.Tensor) -> torch.Tensor:
-        """``Γ_sym(θ̇, θ̇) − (κ₁/κ₂) sym Γ(θ, θ̇)`` of every symmetric law, flattened and concatenated."""
+        """``Γ_sym(θ̇, θ̇) − (κ₁/κ₂) sym Γ(θ, θ̇)`` of every symmetric law, flattened and concatenated: one momentum
+        map, ``sym Γ(θ̇ − (κ₁/κ₂)θ, θ̇)``, since ``Γ`` is bilinear for these symmetries (``M·θ`` linear in ``θ``)."""
         ratio = kappa1(float(time)) / kappa2(float(time))
-        pairs = zip(sym, momentum_maps(sym, v, v), momentum_maps(sym, theta, v))
-        return torch.cat([(_sym(s, vv) - ratio * _sym(s, p)).reshape(-1) for s, vv, p in pairs])
+        at = {k: v[k] - ratio * theta[k] for k in theta}
+        return torch.cat([_sym(s, p).reshape(-1) for s, p in zip(sym, momentum_maps(sym, at, v))])
 
     integrands = {"restriction": restriction} if sym else {}
     offsets = [0]
