@@ -967,6 +967,10 @@ def check_scheme(symmetries: Sequence[Symmetry], losses: Callable[[int], Loss], 
         vectors = [step.theta, new, {k: scheme.lr * v for k, v in step.d.items()}, step.buffer, step.new_buffer,
                    step.previous]
         absolute = [{k: v.abs() for k, v in x.items()} for x in vectors if x is not None]   # ℓ(|x|) bounds ℓ(x)
+        # ⟨B, ∇L⟩ = 0 holds up to the rounding of the whole backward pass, which scales with the largest gradient
+        # entry of the model, not with the (possibly zero) gradient of the translated region: max|g| ℓ(1) bounds it
+        largest = max(float(v.abs().max()) for v in step.g.values())
+        absolute.append({k: torch.full_like(v, largest) for k, v in step.g.items()})
         paired = [x for x in (step.theta, new, step.d, step.g, step.buffer, step.new_buffer, step.previous) + (
             tuple(absolute) if any(s.group.kind == "T" for s in exact) else ()) if x is not None]
 
