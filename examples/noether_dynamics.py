@@ -12,7 +12,7 @@
 3. **Chain law**: 64-200-200-200-200-10 with ReLU, RePU(2), RePU(2), ReLU (spec front end: ``relu_pow(alpha=2)``),
    gradient flow (RK4) on 1000 digits, MSE to one-hot targets. The paper's ``Δ‖W₂‖² = p^k Δ‖W₄‖²`` (``p^k = 4``) holds
    without biases; with biases the law is ``Δ(‖W₂‖² + ‖b₂‖²) + 2Δ‖b₃‖² = 4Δ‖W₄‖²``. Both are printed.
-4. **Swish with trainable β** (hand-written module, :func:`swish`): the per-neuron law of eq. (37).
+4. **Swish with trainable β** (:func:`swish`): the per-neuron law of eq. (37), derived by symalg from the traced module.
 
 Prints ``key=value`` tokens; saves ``noether_toy.png``, ``noether_balance.png``, ``noether_chain.png``.
 Run: ``python examples/noether_dynamics.py [--quick] [--out DIR]``.
@@ -192,25 +192,41 @@ def chain(out, quick: bool) -> None:
     plt.close(fig)
 
 
+class SwishNet(torch.nn.Module):
+    """``fc2(z ⊙ σ(β ⊙ z))``, ``z = fc1(x)``, with a trainable β per neuron."""
+
+    def __init__(self, n: int, h: int, m: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(n, h), torch.nn.Linear(h, m, bias=False)
+        self.beta = torch.nn.Parameter(1 + torch.rand(h))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.fc1(x)
+        return self.fc2(z * torch.sigmoid(self.beta * z))
+
+
 def swish(quick: bool) -> None:
-    """Swish with a trainable β per neuron, ``W₂ (z ⊙ σ(β ⊙ z))``, ``z = W₁x + b₁``: under ``(W₁, b₁, β, W₂) ↦
-    (cW₁, cb₁, β/c, W₂/c)`` per neuron the output is unchanged, so gradient flow keeps
-    ``‖W₁‖² + ‖b₁‖² − ‖β‖² − ‖W₂‖²`` per neuron (the paper's eq. 37). Checked by integration on a hand-written
-    module (not a catalogue entry: symalg does not derive it)."""
+    """Swish with a trainable β per neuron: symalg derives ``PositiveScaling`` with ``β ↦ β/c`` from the traced
+    module, and its conserved quantity ``q = ‖W₁[i]‖² + b₁ᵢ² − βᵢ² − ‖W₂[:, i]‖²`` (the paper's eq. 37) is
+    checked along gradient flow."""
     (x, y), _ = digits(0)
     x, target = x[:200], F.one_hot(y[:200], 10).double()
-    g = torch.Generator().manual_seed(2)
-    h = 16
-    params = {"W1": torch.randn(h, 64, generator=g, dtype=torch.float64) / 8, "b1": torch.randn(h, generator=g,
-              dtype=torch.float64), "beta": 1 + torch.rand(h, generator=g, dtype=torch.float64),
-              "W2": torch.randn(10, h, generator=g, dtype=torch.float64) / 4}
+    g, h = torch.Generator().manual_seed(2), 16
+    model = SwishNet(64, h, 10).double()
+    params = {"fc1.weight": torch.randn(h, 64, generator=g, dtype=torch.float64) / 8,   # larger than torch's default
+              "fc1.bias": torch.randn(h, generator=g, dtype=torch.float64),            # so that β moves visibly
+              "beta": 1 + torch.rand(h, generator=g, dtype=torch.float64),
+              "fc2.weight": torch.randn(10, h, generator=g, dtype=torch.float64) / 4}
+    model.load_state_dict(params)
+    analysis = symalg.derive(symalg.trace(model, (x[:8],)))
+    quantity = next(s for s in analysis.symmetries if s.group.kind == "PS").conserved
+    assert quantity is not None
 
     def loss(p):
-        z = x @ p["W1"].T + p["b1"]
-        return ((z * torch.sigmoid(p["beta"] * z)) @ p["W2"].T - target).pow(2).mean()
+        return (torch.func.functional_call(model, p, (x,)) - target).pow(2).mean()
 
     def per_neuron(p):
-        return (p["W1"] ** 2).sum(1) + p["b1"] ** 2 - p["beta"] ** 2 - (p["W2"] ** 2).sum(0)
+        return next(iter(quantity(p).values()))
 
     run = noether.integrate(noether.gradient_flow(), loss, params, None, 1.0 if quick else 5.0, 200 if quick else 1000)
     drift = float((per_neuron(run.thetas[-1]) - per_neuron(run.thetas[0])).abs().max())

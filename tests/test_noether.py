@@ -115,6 +115,37 @@ def test_translation_schemes():
     assert float(softmax[0].detail.rsplit("by up to ", 1)[1].split()[0]) > 1e-3
 
 
+def test_translation_scheme_tolerance_is_the_whole_gradients_rounding():
+    """``nn.MultiheadAttention`` starts ``in_proj_bias`` at zero, so the key-bias translation's ``ℓ(θ) = 0`` and its
+    ``⟨B, ∇L⟩`` is the backward pass's rounding (about 1e-19) on a region whose own entries are of that size: the
+    check's scale is the rounding of the whole gradient (``max|g| ℓ(1)``), so GD and momentum pass; a loss with a term
+    linear in the key bias breaks the translation and fails by orders of magnitude."""
+    torch.manual_seed(0)
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.out = torch.nn.MultiheadAttention(8, 2, batch_first=True), torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.out(self.attn(x, x, x, need_weights=False)[0])
+
+    model = Attention().double()
+    x = torch.randn(2, 3, 8, dtype=torch.float64)
+    analysis = symalg.derive(symalg.trace(model, (x,)))
+    keys = [s for s in analysis.symmetries if s.group.kind == "T" and s.label.startswith("Translations(4, bias)")]
+    assert len(keys) == 2
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    assert float(params["attn.in_proj_bias"].abs().max()) == 0.0
+    loss = lambda p: (torch.func.functional_call(model, p, (x,)) ** 2).mean()  # noqa: E731
+    for scheme in (noether.gd(0.01), noether.momentum(0.01, 0.9)):
+        results = noether.check_scheme(keys, lambda k: loss, params, scheme, steps=4)
+        assert results and all(r.passed for r in results), [str(r) for r in results]
+    broken = lambda p: loss(p) + 0.1 * p["attn.in_proj_bias"][8:16].sum()  # noqa: E731  (the key bias)
+    results = noether.check_scheme(keys, lambda k: broken, params, noether.gd(0.01), steps=4)
+    assert all(r.max_error > 1e3 * r.tolerance for r in results), [str(r) for r in results]
+
+
 def test_orthogonal_group_charges():
     """O(4) of a radial activation has only antisymmetric generators: a decay law, no quantity; its scheme identities
     hold although every projected C is zero (the tolerance is relative to the step's vectors, not to C)."""

@@ -246,6 +246,35 @@ def momentum_maps(symmetries: Sequence[Symmetry], params: Params, velocity: Para
     return [torch.zeros_like(M) if g is None else g for M, g in zip(elements, gammas)]
 
 
+def momentum_maps_batched(symmetries: Sequence[Symmetry], params: Params,
+                          velocities: Sequence[Params]) -> list[list[torch.Tensor]]:
+    """``[momentum_maps(symmetries, params, w) for w in velocities]`` with one tangent and one batched backward pass
+    (``Γ(θ, w)`` is linear in ``w``: the vector-Jacobian products of the tangent ``M ↦ M·θ`` with every ``w``).
+
+    >>> import torch, symalg
+    >>> s = symalg.derive("linear(2, 3) -> relu -> linear(3, 2)").symmetries[0]
+    >>> p = {k: torch.randn(v, dtype=torch.float64) for k, v in [("0.weight", (3, 2)), ("0.bias", (3,)),
+    ...      ("2.weight", (2, 3)), ("2.bias", (2,))]}
+    >>> w = {k: torch.randn_like(v) for k, v in p.items()}
+    >>> batched = momentum_maps_batched([s], p, [p, w])
+    >>> all(torch.allclose(batched[j][0], momentum_map(s, p, v)) for j, v in enumerate([p, w]))
+    True
+    """
+    like = next(iter(params.values()))
+    elements = [_zero_element(s, like).requires_grad_(True) for s in symmetries]
+    with torch.enable_grad():
+        outputs, products = [], []
+        for symmetry, M in zip(symmetries, elements):
+            for k, v in symmetry.tangent(params, M).items():
+                if v.requires_grad:
+                    outputs.append(v)
+                    products.append(torch.stack([w[k].detach().to(v).expand_as(v) for w in velocities]))
+        grads = torch.autograd.grad(outputs, elements, products, is_grads_batched=True, allow_unused=True) \
+            if outputs else (None,) * len(elements)
+    return [[torch.zeros_like(M) if g is None else g[j] for M, g in zip(elements, grads)]
+            for j in range(len(velocities))]
+
+
 def _adjoint(x: torch.Tensor) -> torch.Tensor:
     """``Γ(w, u)`` from ``Γ(u, w)``: the transpose for matrix groups, itself for diagonal ones."""
     return x.transpose(-1, -2) if x.dim() >= 2 else x
@@ -571,10 +600,11 @@ def check_dynamics(symmetries: Sequence[Symmetry], loss: Loss, params: Params, g
     kappa1, kappa2, _ = dyn.kappa()
 
     def restriction(theta: Params, v: Params, time: torch.Tensor) -> torch.Tensor:
-        """``Γ_sym(θ̇, θ̇) − (κ₁/κ₂) sym Γ(θ, θ̇)`` of every symmetric law, flattened and concatenated."""
+        """``Γ_sym(θ̇, θ̇) − (κ₁/κ₂) sym Γ(θ, θ̇)`` of every symmetric law, flattened and concatenated: one momentum
+        map, ``sym Γ(θ̇ − (κ₁/κ₂)θ, θ̇)``, since ``Γ`` is bilinear for these symmetries (``M·θ`` linear in ``θ``)."""
         ratio = kappa1(float(time)) / kappa2(float(time))
-        pairs = zip(sym, momentum_maps(sym, v, v), momentum_maps(sym, theta, v))
-        return torch.cat([(_sym(s, vv) - ratio * _sym(s, p)).reshape(-1) for s, vv, p in pairs])
+        at = {k: v[k] - ratio * theta[k] for k in theta}
+        return torch.cat([_sym(s, p).reshape(-1) for s, p in zip(sym, momentum_maps(sym, at, v))])
 
     integrands = {"restriction": restriction} if sym else {}
     offsets = [0]
@@ -815,8 +845,12 @@ def run_scheme(scheme: Scheme, losses: Callable[[int], Loss], params: Params, st
         current = dict(zip(names, leaves))
         value = losses(k)(current)
         value.backward()
+        # a parameter the loss does not read has gradient 0 (torch would skip it and keep no momentum buffer)
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in leaves]
+        for p, grad in zip(leaves, grads):
+            p.grad = grad
         before = {n: p.detach().clone() for n, p in current.items()}
-        g = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)) for n, p in current.items()}
+        g = {n: grad.detach().clone() for n, grad in zip(names, grads)}
         buffer = {n: optimizer.state[p]["momentum_buffer"].clone() if "momentum_buffer" in optimizer.state[p]
                   else None for n, p in current.items()} if scheme.kind == "momentum" else None
         with torch.no_grad():
@@ -930,18 +964,28 @@ def check_scheme(symmetries: Sequence[Symmetry], losses: Callable[[int], Loss], 
         new = {k: step.a * step.theta[k] - scheme.lr * step.d[k] for k in step.theta}
         memo: dict[tuple[int, int], list[torch.Tensor]] = {}
 
-        def pairs(u: Params, w: Params) -> list[torch.Tensor]:
-            key = (id(u), id(w))
-            if key not in memo:
-                memo[key] = [_project(s, m) for s, m in zip(exact, momentum_maps(exact, u, w))]
-            return memo[key]
-
         vectors = [step.theta, new, {k: scheme.lr * v for k, v in step.d.items()}, step.buffer, step.new_buffer,
                    step.previous]
+        absolute = [{k: v.abs() for k, v in x.items()} for x in vectors if x is not None]   # ℓ(|x|) bounds ℓ(x)
+        # ⟨B, ∇L⟩ = 0 holds up to the rounding of the whole backward pass, which scales with the largest gradient
+        # entry of the model, not with the (possibly zero) gradient of the translated region: max|g| ℓ(1) bounds it
+        largest = max(float(v.abs().max()) for v in step.g.values())
+        absolute.append({k: torch.full_like(v, largest) for k, v in step.g.items()})
+        paired = [x for x in (step.theta, new, step.d, step.g, step.buffer, step.new_buffer, step.previous) + (
+            tuple(absolute) if any(s.group.kind == "T" for s in exact) else ()) if x is not None]
+
+        def pairs(u: Params, w: Params) -> list[torch.Tensor]:
+            """``Γ(u, w)`` projected, for every exact symmetry; the first request at ``u`` computes it with every
+            vector of the step at once (one batched backward pass)."""
+            if (id(u), id(w)) not in memo:
+                batch = [x for x in paired if (id(u), id(x)) not in memo] + ([] if any(x is w for x in paired) else [w])
+                for x, maps in zip(batch, momentum_maps_batched(exact, u, batch)):
+                    memo[(id(u), id(x))] = [_project(s, m) for s, m in zip(exact, maps)]
+            return memo[(id(u), id(w))]
+
         base = max(_norm(v) for v in vectors if v is not None) ** 2
         at = step.y if step.y is not None else step.theta
         size = _norm(at) * _norm(step.g)
-        absolute = [{k: v.abs() for k, v in x.items()} for x in vectors if x is not None]   # ℓ(|x|) bounds ℓ(x)
         for i in range(len(exact)):
             defect[i] = max(defect[i], float(pairs(at, step.g)[i].abs().max()) / max(size, 1e-300))
             if exact[i].group.kind == "T":

@@ -45,7 +45,7 @@ Rule: TypeAlias = Callable[[Inference, str, NodeData, Inputs], Value]
 _RULES: dict[str, Rule] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
                           "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm", "group_norm",
-                          "batch_norm", "addmm", "expand", "attention", "split", "chunk"})
+                          "batch_norm", "addmm", "expand", "attention", "split", "chunk", "swish_beta"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -613,7 +613,46 @@ def scale_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> V
     if len(scaled) == 1 and numbers and numerator and not _tensor_constant(state, node):
         value = scaled[0]
         return value.map_segments(translates=False) if isinstance(value, Label) else _weight(state, value) or value
-    return multiply(state, node, data, inputs) or unknown_rule(state, node, data, inputs)
+    product = multiply(state, node, data, inputs)
+    if product is not None:
+        return product
+    parameters = [i[1] for i in inputs if _is_param(i)]
+    for label in (i for i in inputs if isinstance(i, Label) and parameters):
+        state.restrict_label(label, set(), node, f"{state.where(node)} multiplies the value by the parameter "
+                             f"{parameters[0]} elementwise, which is modelled only inside z ⊙ sigmoid(β ⊙ z) (swish "
+                             "with a trainable β, both products reading z, nothing else reading β ⊙ z or the sigmoid)",
+                             blocked=True)
+    return unknown_rule(state, node, data, inputs)
+
+
+@register_rule("swish_beta", examples={"swish_beta": around(
+    lambda self, h: h * torch.sigmoid(self.beta * h), beta=lambda: torch.nn.Parameter(torch.rand(4) + 0.5))})
+def swish_beta_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
+    """Swish with a trainable ``β`` (``a = z ⊙ sigmoid(β ⊙ z)``, folded by :mod:`symalg.frontend.swish_folding`).
+    For every invertible diagonal ``d``, ``(d z) ⊙ sigmoid((d⁻¹β) ⊙ (d z)) = d a``: ``β`` is read against the
+    sites of ``z`` (an in-binding of ``z``'s power ``p``, ``β ↦ d^{-p} β``), the sites keep positive scalings, sign
+    flips and permutations (which move ``β`` with them), and ``a`` carries ``z``'s segments. Per neuron, with
+    ``z = W₁x + b₁``, ``y = W₂a``: ``q_i = ‖W₁[i]‖² + b₁ᵢ² − βᵢ² − ‖W₂[:, i]‖²``. A ``β`` constant along the sites'
+    axis (one ``β`` shared by the layer) cannot follow one neuron's scale: only permutations pass and ``β`` is moved
+    by nothing (a blocked note names the node)."""
+    label, beta = (inputs[0], inputs[1]) if len(inputs) == 2 else (None, None)
+    shapes = [state.shape(source) for source in data["inputs"][:1]] + [state.shape(node)]
+    if not isinstance(label, Label) or not _is_param(beta) or None in shapes or shapes[0] != shapes[1]:
+        return unknown_rule(state, node, data, inputs)
+    tensor, where = beta[1], state.where(node)
+    shape = state.shapes[tensor]
+    axis = len(shape) + label.dim
+    if axis < 0 or shape[axis] == 1 and label.size != 1:
+        state.opaque.setdefault(tensor, node)
+        state.restrict_label(label, {"S"}, node, f"{where} reads one β ({tensor} of shape {tuple(shape)}) for every "
+                                                 f"coordinate of the sites' axis {label.dim}: a neuron's scale or "
+                                                 "sign would change the β of all (only permutations pass)",
+                             blocked=True)
+    else:
+        state.restrict_label(label, DIAGONAL, node, f"{where} (swish with trainable β) is equivariant only under "
+                                                    "diagonal maps (β ↦ d⁻¹β) and permutations")
+        state.bind_reader(label, tensor, axis, node, role="in")
+    return label.map_segments(invariant=frozenset(), center=Fraction(0), translates=False)
 
 
 def _same_shape(state: Inference, data: NodeData) -> bool:

@@ -56,6 +56,7 @@ from symalg.errors import SpecError
 from symalg.frontend.attention_folding import fold_attention as fold_attention_pass
 from symalg.frontend.outputs import output_hint, output_tensors
 from symalg.frontend.rms_norm_folding import fold_rms_norm
+from symalg.frontend.swish_folding import fold_swish_beta
 from symalg.ir.graph import ModelGraph
 from symalg.frontend.canonical import IN_PLACE_FUNCTIONS, IN_PLACE_METHODS, call_activation, module_activation, \
     opaque_module_name
@@ -729,7 +730,7 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
     _drop_shape_queries(graph)
     shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
     buffer_shapes = {name: tuple(b.shape) for name, b in model.named_buffers()}
-    graph = fold_rms_norm(graph)
+    graph = fold_swish_beta(fold_rms_norm(graph))
     if fold_attention:
         graph = fold_attention_pass(graph)
     return ModelGraph(graph, shapes, buffer_shapes, model, example_inputs, tracer, aliases,

@@ -217,6 +217,9 @@ OPS: dict[str, Op] = {
                    "average_attn_weights={average})",
                    lambda m, x, kv, layer, mask, need, average: getattr(m, layer)(
                        x, kv, kv, attn_mask=getattr(m, mask).weight, need_weights=need, average_attn_weights=average)),
+    "sigmoid": Op("torch.sigmoid({0})", lambda m, x: torch.sigmoid(x)),
+    "sigmoid_method": Op("{0}.sigmoid()", lambda m, x: x.sigmoid()),
+    "shift": Op("{0} + {c}", lambda m, x, c: x + c),
     "mha_causal": Op("self.{layer}({0}, {0}, {0}, attn_mask=torch.ones({t}, {t}, dtype=torch.bool).triu(1), "
                      "need_weights={need}, average_attn_weights={average})",
                      lambda m, x, layer, t, need, average: getattr(m, layer)(
@@ -1248,11 +1251,57 @@ def _layers(b: _Builder) -> _Drawn:
     return (batch, t, n), 0, b.linear(x, d, b.width())
 
 
+def _swish(b: _Builder) -> _Drawn:
+    """Swish with a trainable per-neuron ``β``, ``lin(z ⊙ σ(β ⊙ z))``, ``z = lin(x)``, on ``(B, n)`` or ``(B, T, n)``,
+    with the products spelled ``*``, ``torch.mul`` or ``.mul`` in either order and the sigmoid as ``torch.sigmoid``,
+    ``F.sigmoid`` or ``.sigmoid()``; one ``β`` shared by two such layers; and near misses that must claim no scaling of
+    ``β``: a scalar ``β`` (shape ``()`` or ``(1,)``), ``β`` along the time axis (``(T, 1)``), a number instead of
+    ``β``, ``σ(β z + c)``, ``σ(β z z)``, ``σ(β z')`` of another layer's ``z'``, ``tanh`` for the sigmoid, ``β`` also
+    added to the output, the product ``β z`` also read outside the sigmoid."""
+    rng = b.rng
+    n, h, m = b.width(), b.width(), b.width()
+    shape = (rng.randint(2, 5), n) if rng.random() < 0.6 else (2, b.width(2), n)
+    variant = rng.choice(["plain"] * 4 + ["shared", "scalar", "time_axis", "constant", "shifted", "squared", "other",
+                          "tanh", "beta_read", "product_read"])
+    if variant == "time_axis" and len(shape) == 2:
+        variant = "scalar"
+    spell = rng.choice(["mul", "mul_fn", "mul_method"])
+    sigmoid = rng.choice(["sigmoid", "sigmoid_method", "act"])
+    b.variant += [variant, spell, sigmoid]
+    beta_shape = {"scalar": rng.choice([(), (1,)]), "time_axis": (shape[1], 1)}.get(variant, (h,))
+    beta = None if variant == "constant" else b.op("param", layer=b.add("Parameter", *beta_shape))
+
+    def product(u: str, v: str) -> str:
+        return b.op(spell, u, v) if rng.random() < 0.5 else b.op(spell, v, u)
+
+    def swish(z: str, x: str, n_in: int) -> str:
+        if beta is None:
+            argument = b.op("scale", z, c=1.5)
+        else:
+            argument = product(beta, b.linear(x, n_in, h) if variant == "other" else z)
+        if variant == "shifted":
+            argument = b.op("shift", argument, c=0.5)
+        elif variant == "squared":
+            argument = product(argument, z)
+        gate = b.op("act", argument, name="tanh") if variant == "tanh" else \
+            b.op("act", argument, name="sigmoid") if sigmoid == "act" else b.op(sigmoid, argument)
+        out = product(z, gate)
+        if variant == "product_read":
+            out = b.op("add", out, argument)
+        return b.op("add", out, beta) if variant == "beta_read" and beta is not None else out
+
+    a = swish(b.linear("x", n, h), "x", n)
+    if variant == "shared":
+        a = swish(b.linear(a, h, h), a, h)
+    return shape, 0, b.linear(a, h, m)
+
+
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "scores": _scores, "embedding": _embedding, "concat": _concat,
     "shared": _shared, "albert": _albert, "block": _block, "layers": _layers, "shear": _shear,
     "outputs": _mlp,  # an MLP that generate() always makes return a dict or tuple, hidden values included
+    "swish": _swish,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
