@@ -29,7 +29,8 @@ Every step lowers or keeps ``J`` and moves nothing else, so ``‖θ_A − θ_B'�
 
 **Activation matching** fits ``g`` to the site values instead: ``Z_A, Z_B ∈ R^{N×h}`` read from the module named by
 the symmetry's site (the layer writing the site; its output moves by ``z ↦ g z``): ``S``: assignment on
-``Z_Aᵀ Z_B``; ``PS``: ``d_i = ⟨a_i, b_i⟩/‖b_i‖²`` (kept at 1 when not positive); ``O``: Procrustes on ``Z_Bᵀ Z_A``;
+``Z_Aᵀ Z_B``; ``PS``: ``d_i = ‖a_i‖/‖b_i‖``, equal magnitudes (the least-squares ``⟨a_i, b_i⟩/‖b_i‖²`` goes to 0 for a
+poorly matched unit and multiplies its readers by ``1/d_i``); ``O``: Procrustes on ``Z_Bᵀ Z_A``;
 ``GL``: least squares ``g = argmin ‖Z_A − Z_B gᵀ‖`` (needs rank ``Z_B = h``). A symmetry whose site is no module
 (a head's query/key map, head permutations), or whose values are rank deficient, falls back to weight matching,
 and :attr:`Alignment.methods` says so.
@@ -236,8 +237,9 @@ def _activation_element(kind: str, za: torch.Tensor, zb: torch.Tensor) -> torch.
     if kind == "S":
         return _permutation(za.mT @ zb)
     if kind == "PS":
-        d = (za * zb).sum(0) / (zb * zb).sum(0).clamp_min(torch.finfo(zb.dtype).tiny)
-        return torch.where(d > 0, d, torch.ones_like(d))
+        tiny = torch.finfo(zb.dtype).tiny
+        na, nb = za.norm(dim=0), zb.norm(dim=0)
+        return torch.where((na > tiny) & (nb > tiny), na / nb.clamp_min(tiny), torch.ones_like(na))
     if int(torch.linalg.matrix_rank(zb)) < zb.shape[1]:
         return None
     if kind == "O":
