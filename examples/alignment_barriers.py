@@ -15,7 +15,8 @@ Usage::
 
     python3 examples/alignment_barriers.py [--quick] [--out DIR]
 
-Prints a table and ``key=value`` tokens; writes ``alignment_barriers.png`` into ``--out`` (default ``examples/output/``).
+Prints a table and ``key=value`` tokens; writes ``alignment_barriers.png`` into ``--out``
+(default ``examples/output/``).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The approximate action of [Zhao2026] §3.4.1 and the barrier propositions of §3.3 (``symalg.applications.mode_connectivity``).
+"""The approximate action of [Zhao2026] §3.4.1 and the barrier propositions of §3.3 (``mode_connectivity``).
 
 (a) Prop. 3.4.1 on random trained sigmoid networks ``U σ(VX)``, ``m, h, n, k`` drawn from ``2…max_width``:
     ``‖F − F'‖ ≤ ‖F‖`` for ``(U', V') = g·(U, V)`` (eq. 3.6) with a random ``g``; exact (rank ``σ(gVX) = k``) cases.
@@ -146,10 +146,12 @@ def main() -> None:
             r = curve_experiment(k, scale, 2 if args.quick else 5, 400 if args.quick else 3000, gen, ts)
             curves[(k, scale)] = r
             tag = f"k{k}_c{str(scale).replace('.', '_')}"
-            print(f"curve_{tag}_batch_max={float(r['curve'].max()):.3e} curve_{tag}_batch_start={float(r['curve'][0]):.3e} "
-                  f"chord_{tag}_batch_max={float(r['chord'].max()):.3e} curve_{tag}_test_max={float(r['curve_test'].max()):.3e} "
-                  f"chord_{tag}_test_max={float(r['chord_test'].max()):.3e} sgd_{tag}_batch={float(r['start_loss']):.3e} "
-                  f"sgd_{tag}_test={float(r['start_loss_test']):.3e} gamma0_{tag}_relative_shift={float(r['start_shift']):.3e}")
+            fields = {"curve_batch_max": float(r["curve"].max()), "curve_batch_start": float(r["curve"][0]),
+                      "chord_batch_max": float(r["chord"].max()), "curve_test_max": float(r["curve_test"].max()),
+                      "chord_test_max": float(r["chord_test"].max()), "sgd_batch": float(r["start_loss"]),
+                      "sgd_test": float(r["start_loss_test"]), "gamma0_relative_shift": float(r["start_shift"])}
+            print(" ".join(f"{key.split('_', 1)[0]}_{tag}_{key.split('_', 1)[1]}={value:.3e}"
+                           for key, value in fields.items()))
 
     ms = [10.0, 100.0, 1000.0, 10000.0]
     ratios, limit = prop_3_3_4(gen, ms)
@@ -158,7 +160,8 @@ def main() -> None:
     a, b = torch.randn(3, 3, generator=gen, dtype=F64), torch.randn(3, 3, generator=gen, dtype=F64)
     betas = [1.0, 2.0, 5.0, 20.0, 100.0]
     exits = [(beta, mc.orbit_exit_lower_bound(a, b, beta), mc.orbit_exit_distance(a, b, beta)) for beta in betas]
-    print(" ".join(f"p335_beta{int(beta)}_lower={lo:.4f} p335_beta{int(beta)}_numeric={d:.4f}" for beta, lo, d in exits))
+    print(" ".join(f"p335_beta{int(beta)}_lower={lo:.4f} p335_beta{int(beta)}_numeric={d:.4f}"
+                   for beta, lo, d in exits))
     eye = torch.eye(3, dtype=F64)
     print(f"p335_identity_beta5_lower={mc.orbit_exit_lower_bound(eye, eye, 5.0):.6f} "
           f"p335_identity_beta5_numeric={mc.orbit_exit_distance(eye, eye, 5.0):.6f}")

@@ -75,7 +75,7 @@ ALIGNABLE = ("S", "PS", "O", "GL")
 
 PRESETS: dict[str, tuple[str, ...]] = {"none": (), "permutation": ("S",), "permutation+scaling": ("S", "PS"),
                                        "permutation+scaling+GL/O": ("S", "PS", "O", "GL")}
-"""The group sets compared in ``docs/alignment.md``: no alignment, git re-basin, plus ReLU scalings, plus linear maps."""
+"""The group sets compared in ``docs/alignment.md``: none, git re-basin, plus ReLU scalings, plus linear maps."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def _selected(analysis: Analysis, kinds: Sequence[str]) -> list[Symmetry]:
         raise ValueError(f"kinds: {unknown} cannot be aligned; choose from {ALIGNABLE}")
     order = {k: i for i, k in enumerate(kinds)}
     chosen = [s for s in analysis.symmetries if s.group.kind in order]
-    return sorted(chosen, key=lambda s: order[s.group.kind])
+    return sorted(chosen, key=lambda s: order[str(s.group.kind)])
 
 
 def _regions(sym: Symmetry, params: Params) -> list[tuple[torch.Tensor, str, float]]:
@@ -262,7 +262,7 @@ def activation_matching(analysis: Analysis, model: nn.Module, params_a: Params, 
         g = None
         if sym.site in modules:
             za, zb = _site_values(model, a, x, sym.site), _site_values(model, b, x, sym.site)
-            g = _activation_element(sym.group.kind, za, zb) if za.shape[1] == width else None
+            g = _activation_element(str(sym.group.kind), za, zb) if za.shape[1] == width else None
         methods[sym.label] = "activations" if g is not None else "weights"
         if g is None:
             g = _weight_element(sym, a, b, gl_steps)

@@ -136,7 +136,7 @@ def _phi_minimum(a: float, b: float, c: float) -> float:
 
 
 def orbit_exit_lower_bound(w1: torch.Tensor, w2: torch.Tensor, beta: float) -> float:
-    """Lower bound on the Frobenius distance from ``c(W₁, W₂)``, ``c = (β + β⁻¹)/2``, to ``S = {(Ŵ₁, Ŵ₂): Ŵ₁Ŵ₂ = W₁W₂}``.
+    """Lower bound on the Frobenius distance from ``c(W₁, W₂)``, ``c = (β + β⁻¹)/2``, to ``S = {Ŵ: Ŵ₁Ŵ₂ = W₁W₂}``.
 
     ``S = {(W₁g⁻¹, gW₂)}`` (``W₁`` invertible), so ``dist² = min_g ‖W₁(cI − g⁻¹)‖² + ‖(cI − g)W₂‖²``
     ``≥ a²‖cI − g⁻¹‖² + b²‖cI − g‖²`` (``a, b`` the smallest singular values) ``≥ Σ_i a²(c − 1/s_i)² + b²(c − s_i)²``
