@@ -149,7 +149,11 @@ def main() -> None:
             fields = {"curve_batch_max": float(r["curve"].max()), "curve_batch_start": float(r["curve"][0]),
                       "chord_batch_max": float(r["chord"].max()), "curve_test_max": float(r["curve_test"].max()),
                       "chord_test_max": float(r["chord_test"].max()), "sgd_batch": float(r["start_loss"]),
-                      "sgd_test": float(r["start_loss_test"]), "gamma0_relative_shift": float(r["start_shift"])}
+                      "sgd_test": float(r["start_loss_test"]), "gamma0_relative_shift": float(r["start_shift"]),
+                      "curve_batch_drift": float((r["curve"] - r["start_loss"]).abs().max()),
+                      "curve_test_mean": float(r["curve_test"].mean()),
+                      "chord_test_mean": float(r["chord_test"].mean()),
+                      "chord_batch_mean": float(r["chord"].mean())}
             print(" ".join(f"{key.split('_', 1)[0]}_{tag}_{key.split('_', 1)[1]}={value:.3e}"
                            for key, value in fields.items()))
 
