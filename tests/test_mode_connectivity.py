@@ -99,7 +99,7 @@ def test_prop_335_lower_bound_and_growth():
     assert mc.orbit_exit_lower_bound(a, b, 1.0) == pytest.approx(0.0, abs=1e-9)
     bounds = []
     for beta in (2.0, 10.0, 50.0):
-        lower, numeric = mc.orbit_exit_lower_bound(a, b, beta), mc.orbit_exit_distance(a, b, beta)
+        lower, numeric = mc.orbit_exit_lower_bound(a, b, beta), mc.orbit_exit_distance(a, b, beta, starts=1)
         assert lower <= numeric * (1 + 1e-9)
         bounds.append(lower)
     assert bounds[2] / bounds[1] == pytest.approx(
@@ -116,8 +116,8 @@ def test_prop_336_bound_holds_and_is_attained():
     c = 10.0
     bound = mc.bounded_orbit_barrier(features, w_prev, w_last, y, c, 1.0)
     n_prev, n_last = float(torch.linalg.matrix_norm(w_prev, 2)), float(torch.linalg.matrix_norm(w_last, 2))
-    alphas = torch.linspace(0, 1, 201).tolist()
-    for m in torch.exp(torch.linspace(math.log(n_last / c), math.log(c / n_prev), 15)).tolist():
+    alphas = torch.linspace(0, 1, 41).tolist()
+    for m in torch.exp(torch.linspace(math.log(n_last / c), math.log(c / n_prev), 7)).tolist():
         worst = max(float(homogeneous_segment_loss(features, w_last, None, y, m, 1.0, a)) for a in alphas)
         assert worst <= bound * (1 + 1e-9)
     end = max(float(homogeneous_segment_loss(features, w_last, None, y, m, 1.0, 0.5))
