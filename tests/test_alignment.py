@@ -148,6 +148,35 @@ def test_attention_gl_scrambling_is_undone(attention_case):
     assert _relative_change(model, b, aligned.params, tokens) < 1e-10
 
 
+class LoRA(nn.Module):
+    """``out(relu(base x + B A x))``: the rank-2 adapter has ``GL(2)`` on ``A``'s output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base, self.a, self.b = nn.Linear(6, 5), nn.Linear(6, 2, bias=False), nn.Linear(2, 5, bias=False)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.base(x) + self.b(self.a(x))))
+
+
+def test_lora_rank_gl_is_aligned_by_weights_and_by_activations():
+    torch.manual_seed(8)
+    model, x = LoRA().double(), torch.randn(30, 6, dtype=F64)
+    analysis = symalg.derive(symalg.trace(model, (x,)))
+    lora = [s for s in analysis.symmetries if s.group.kind == "GL"]
+    assert [s.site for s in lora] == ["a"]
+    a = _params(model)
+    g = torch.tensor([[1.5, 0.4], [-0.3, 0.7]], dtype=F64)
+    b = _scrambled(analysis, lora[0].apply(a, g), ("S", "PS"), seed=9)
+    by_weights = al.weight_matching(analysis, a, b, sweeps=12)
+    by_activations = al.activation_matching(analysis, model, a, b, x)
+    assert by_activations.methods[lora[0].label] == "activations"
+    for aligned in (by_weights, by_activations):
+        assert al.weight_distance(a, aligned.params) < 1e-4 * al.weight_distance(a, b)
+        assert _relative_change(model, b, aligned.params, x) < 1e-12
+
+
 def test_unknown_kind_is_refused(mlp_case):
     _, _, analysis = mlp_case
     with pytest.raises(ValueError, match="cannot be aligned"):
