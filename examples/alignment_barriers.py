@@ -148,14 +148,14 @@ def token(name: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 pairs, width 12, 60 steps (the default: 3 pairs, "
+    parser.add_argument("--quick", action="store_true", help="2 pairs, width 12, 60 steps (the default: 5 pairs, "
                         "width 32, 600 steps)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.set_default_dtype(F64)
     torch.set_num_threads(1)
-    pairs, steps, points = (2, 60, 6) if args.quick else (3, 600, 11)
+    pairs, steps, points = (2, 60, 6) if args.quick else (5, 600, 11)
     mlp_out = compare(lambda: mlp(12 if args.quick else 32), digits(), pairs, steps, 1e-2, points)
     tokens, targets = sort_task(2048, 0)
     test_tokens, test_targets = sort_task(512, 1)

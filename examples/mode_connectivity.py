@@ -185,6 +185,7 @@ def main() -> None:
             axes[0, 1].plot(ts, r["curve_test"], label=f"γ held-out, k={k}")
             axes[0, 1].plot(ts, r["chord_test"], "--", label=f"chord held-out, k={k}")
             axes[0, 1].plot(ts, r["curve"], ":", label=f"γ batch, k={k}")
+            axes[0, 1].plot(ts, r["chord"], "-.", label=f"chord batch, k={k}")
     axes[0, 1].set(title="loss along γ and the chord (|C| scale 2)", xlabel="t", yscale="log")
     axes[0, 1].legend(fontsize=7)
     axes[1, 0].loglog(ms, ratios, "o-", label="min_P L(½)/m²")
