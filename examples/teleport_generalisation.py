@@ -9,8 +9,8 @@ mini-batches in turn (2000 images each in [Zhao2026]; digits has 1437 training i
 * ``Sharpness`` (eq. 5.1 less the loss; displacements 0.05, 0.1 and 2×8 directions), 10 steps per batch;
 * ``Curvature`` (eq. 5.2, ``k = 1`` random curve), 1 step per batch.
 
-Action: the exact symmetries ``symalg.derive`` finds (positive scalings at the two LeakyReLU sites, logit
-translations), which keep the loss on every input, so the validation loss right after the teleport is unchanged
+Action: the exact symmetries ``symalg.derive`` finds (the positive scalings at the two LeakyReLU sites, 32 + 10
+coordinates), which keep the loss on every input, so the validation loss right after the teleport is unchanged
 (the data-dependent ``GL`` action of [Zhao2026] keeps it only on the teleport batch, which Sec. 5.3 notes acts like
 a warm restart). Steps: the normalised step of ``Teleporter`` (``lr=None``, ``‖Δ‖ = 1`` halved by the line search,
 total length ≤ 1) instead of the fixed rate 5e-2, whose effect depends on the objective's scale (sharpness ≈ 1e-4
