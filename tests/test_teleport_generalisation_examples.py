@@ -47,3 +47,13 @@ def test_identical_protocol_correlations_are_defined(tmp_path):
     assert v["models"] == 6
     for key in ("phi_val_loss_pearson", "sharpness_val_loss_pearson", "curvature_k1_val_loss_pearson"):
         assert math.isfinite(v[key]) and -1 <= v[key] <= 1, key
+
+
+def test_curvature_intuition_example_finds_both_curves_dip_then_rise(tmp_path):
+    v = _run("curvature_intuition.py", tmp_path)
+    for curve in ("parabola", "circle"):
+        assert v[f"{curve}_min"] < 2 / math.pi - 0.02 and 1 < v[f"{curve}_argmin"] < 2.5, curve
+        assert abs(v[f"{curve}_remainder4"]) < 0.03, curve                # the κ² limit is right to fourth order
+    assert v["circle_min"] < v["parabola_min"] - 0.05
+    assert v["circle_at_100"] > 0.98                                      # → 1: the circle shrinks to w₀
+    assert 2 / math.pi < v["parabola_at_100"] < 0.5 + 1 / math.pi         # → 1/2 + 1/π: the parabola to a ray

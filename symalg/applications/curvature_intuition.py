@@ -35,12 +35,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy import integrate
 
 __all__ = ["CURVES", "curve_distance", "expected_shift_distance", "small_curvature_limit"]
 
 CURVES = ("parabola", "circle")
 """The curves of eq. 5.3: ``γ₁(t) = (t, (κ/2) t²)`` and the circle of radius ``1/κ`` tangent to the x-axis at 0."""
+
+_NODES, _WEIGHTS = np.polynomial.legendre.leggauss(48)
 
 
 def _check(curvature: float, r: float, curve: str) -> None:
@@ -50,61 +51,67 @@ def _check(curvature: float, r: float, curve: str) -> None:
         raise ValueError(f"curvature must be finite and r a finite positive number, got κ={curvature!r}, r={r!r}")
 
 
+def _distances(x: np.ndarray, y: np.ndarray, curvature: float, curve: str) -> np.ndarray:
+    """Vectorised :func:`curve_distance`. The parabola's cubic is solved through the eigenvalues of its companion
+    matrices; the real part of every root is a candidate (any ``t`` bounds the distance from above and the nearest
+    point is a real root, so the minimum over the candidates is the distance)."""
+    if curvature == 0:
+        return np.abs(y)
+    if curve == "circle":
+        radius = 1 / curvature
+        return np.abs(np.hypot(x, y - radius) - abs(radius))
+    k = curvature / 2
+    companion = np.zeros((x.size, 3, 3))
+    companion[:, 1, 0] = companion[:, 2, 1] = 1.0
+    companion[:, 0, 2] = x / (2 * k * k)                       # t³ + p t + q = 0, q = −x/(2k²), p = (1 − 2ky)/(2k²)
+    companion[:, 1, 2] = -(1 - 2 * k * y) / (2 * k * k)
+    t = np.linalg.eigvals(companion).real
+    return np.min(np.hypot(t - x[:, None], k * t * t - y[:, None]), axis=1)
+
+
 def curve_distance(x: float, y: float, curvature: float, curve: str = "parabola") -> float:
     """``dist((x, y), γ)`` (eq. 5.4) to the curve ``curve`` of curvature ``curvature`` at the origin.
 
     Circle: ``| ‖w − c‖ − 1/|κ| |``, ``c = (0, 1/κ)``. Parabola ``y = k t²`` (``k = κ/2``): the nearest point solves
     ``d/dt [(t − x)² + (kt² − y)²] = 0``, i.e. the cubic ``2k² t³ + (1 − 2ky) t − x = 0``; the minimum over its
-    real roots.
+    roots.
 
     >>> curve_distance(0.0, 4.0, 1.0, "circle"), curve_distance(0.0, -1.0, 0.5, "parabola")
     (2.0, 1.0)
     """
     _check(curvature, 1.0, curve)
-    if curvature == 0:
-        return abs(y)
-    if curve == "circle":
-        radius = 1 / curvature
-        return abs(math.hypot(x, y - radius) - abs(radius))
-    k = curvature / 2
-    roots = np.roots([2 * k * k, 0.0, 1 - 2 * k * y, -x])
-    real = roots.real[np.abs(roots.imag) <= 1e-9 * (1 + np.abs(roots))]
-    t = real if real.size else roots.real[np.argmin(np.abs(roots.imag))][None]
-    return float(np.min(np.hypot(t - x, k * t * t - y)))
+    return float(_distances(np.array([float(x)]), np.array([float(y)]), curvature, curve)[0])
 
 
-def _crossings(curvature: float, r: float, curve: str) -> list[float]:
-    """Angles in ``(0, 2π)`` where ``S_r`` meets the curve (the kinks of the integrand), for ``κ ≥ 0``."""
-    if curvature == 0:
-        return [math.pi]
-    if curve == "circle":
-        if curvature * r > 2:                       # the circle lies inside S_r
-            return []
-        s = curvature * r / 2                       # r² − 2rR sin θ = 0
-    else:
-        a = curvature * r / 2                       # sin θ = a cos²θ  →  a s² + s − a = 0
-        s = (math.sqrt(1 + 4 * a * a) - 1) / (2 * a)
-    first = math.asin(min(s, 1.0))
-    return sorted({first, math.pi - first} - {0.0})
+def _breaks(curvature: float, r: float, curve: str) -> list[float]:
+    """Angles in ``[0, 2π]`` where the integrand is not smooth, for ``κ ≥ 0``: where ``S_r`` crosses the curve (the
+    kinks of ``|·|``) and ``θ = π/2`` (the parabola's nearest point jumps across its axis there; the circle's
+    distance is not smooth at its centre), plus the ends."""
+    cuts = {0.0, math.pi / 2, math.pi, 2 * math.pi}
+    if curvature > 0 and not (curve == "circle" and curvature * r > 2):      # a circle inside S_r: no crossing
+        a = curvature * r / 2
+        s = a if curve == "circle" else (math.sqrt(1 + 4 * a * a) - 1) / (2 * a)   # sin θ at the crossing
+        first = math.asin(min(s, 1.0))
+        cuts |= {first, math.pi - first}
+    return sorted(cuts)
 
 
-def expected_shift_distance(curvature: float, r: float = 1.0, curve: str = "parabola") -> float:
-    """``E_{w∈S_r}[dist(w, γ)]`` of eq. 5.5 by adaptive quadrature (scipy ``quad``, split at the angles where ``S_r``
-    crosses the curve, where the integrand has kinks; absolute error ≲ 1e-12·r). Even in ``curvature``.
+def expected_shift_distance(curvature: float, r: float = 1.0, curve: str = "parabola", panels: int = 16) -> float:
+    """``E_{w∈S_r}[dist(w, γ)]`` of eq. 5.5 by composite 48-point Gauss–Legendre quadrature, ``panels`` panels on
+    each arc between the angles where the integrand is not smooth (so every panel integrates an analytic function:
+    error ≲ 1e-12·r for ``κr ≤ 1e4``, against 4× the panels). Even in ``curvature``.
 
     >>> [round(expected_shift_distance(k, curve=c), 4) for c in CURVES for k in (0.5, 2.0)]
     [0.631, 0.614, 0.6296, 0.5635]
     """
     _check(curvature, r, curve)
     kappa = abs(curvature)
-    cuts = [0.0, *_crossings(kappa, r, curve), 2 * math.pi]
-
-    def integrand(theta: float) -> float:
-        return curve_distance(r * math.cos(theta), r * math.sin(theta), kappa, curve)
-
-    total = sum(integrate.quad(integrand, a, b, limit=200, epsabs=1e-13 * r, epsrel=1e-12)[0]
-                for a, b in zip(cuts[:-1], cuts[1:]))
-    return total / (2 * math.pi)
+    cuts = np.array(_breaks(kappa, r, curve))
+    edges = np.concatenate([np.linspace(a, b, panels + 1)[:-1] for a, b in zip(cuts[:-1], cuts[1:])] + [cuts[-1:]])
+    middle, half = (edges[1:] + edges[:-1]) / 2, (edges[1:] - edges[:-1]) / 2
+    theta = (middle[:, None] + half[:, None] * _NODES).ravel()
+    weights = (half[:, None] * _WEIGHTS).ravel()
+    return float(weights @ _distances(r * np.cos(theta), r * np.sin(theta), kappa, curve)) / (2 * math.pi)
 
 
 def small_curvature_limit(curvature: float, r: float = 1.0) -> float:
