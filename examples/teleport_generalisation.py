@@ -33,7 +33,7 @@ from torch.nn import functional as F
 import symalg
 from symalg.applications.teleport import Curvature, Sharpness, Teleporter, as_action
 from symalg.applications.teleport_optim import Schedule, TeleportingOptimizer, model_loss
-from teleport_common import batches, classifier, digits, parse_args, tokens
+from teleport_common import classifier, digits, forever, mean_sd, parse_args, runs_option, tokens, train_epoch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -43,12 +43,6 @@ OPTIMIZERS = {"SGD": lambda p: torch.optim.SGD(p, lr=0.05), "AdaGrad": lambda p:
 OBJECTIVES = {"sharpness": (Sharpness(), 10), "curvature": (Curvature(curves=1), 1)}
 """Objective and ascent steps per batch (Sec. 5.3: 10 for sharpness, 1 for curvature)."""
 DIRECTIONS = ("increase", "decrease")
-
-
-def forever(x, y, size, generator):
-    """Shuffled mini-batches of ``size``, epoch after epoch."""
-    while True:
-        yield from batches(x, y, size, generator)
 
 
 def run(name, objective, direction, seed, train, val, epochs, at, teleport_batches, teleport_size):
@@ -66,11 +60,7 @@ def run(name, objective, direction, seed, train, val, epochs, at, teleport_batch
     generator = torch.Generator().manual_seed(seed + 2)
     curve = []
     for _ in range(epochs):
-        for xb, yb in batches(x, y, 20, generator):
-            opt.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
-            opt.step()
-        opt.end_epoch()
+        train_epoch(opt, model, x, y, generator)
         with torch.no_grad():
             curve.append((float(F.cross_entropy(model(x), y)), float(F.cross_entropy(model(xv), yv))))
     params = {n: p.detach() for n, p in model.named_parameters()}
@@ -81,14 +71,8 @@ def run(name, objective, direction, seed, train, val, epochs, at, teleport_batch
     return curve, opt.results, final
 
 
-def spread(values):
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def main() -> None:
-    def options(parser):
-        parser.add_argument("--runs", type=int, default=None, help="seeds per setting (default 5; --quick 1)")
-    args = parse_args(__doc__, options)
+    args = parse_args(__doc__, runs_option(1))
     train, val = digits()
     epochs, at, tb, ts = (4, 2, 1, 200) if args.quick else (40, 20, 5, 500)
     runs = args.runs or (1 if args.quick else 5)
@@ -101,7 +85,7 @@ def main() -> None:
         for objective, direction in [(None, None)] + [(o, d) for o in OBJECTIVES for d in DIRECTIONS]:
             out = [run(name, objective, direction, seed, train, val, epochs, at, tb, ts) for seed in range(runs)]
             curves = [c for c, _, _ in out]
-            val_end, train_end = spread([c[-1][1] for c in curves]), spread([c[-1][0] for c in curves])
+            val_end, train_end = mean_sd([c[-1][1] for c in curves]), mean_sd([c[-1][0] for c in curves])
             mean_val = [statistics.mean(c[e][1] for c in curves) for e in range(epochs)]
             label = "no teleport" if objective is None else f"{objective} {direction}"
             ax.plot(range(1, epochs + 1), mean_val, label=label, linestyle="--" if objective is None else "-")
@@ -110,7 +94,7 @@ def main() -> None:
                       f"{tag}_train_loss": train_end[0]}
             row = f"{name:9} {objective or '-':10} {direction or '-':9} {val_end[0]:9.4f} ± {val_end[1]:.4f} " \
                   f"{train_end[0]:9.4f} ± {train_end[1]:.4f}"
-            ends = {key: spread([f[key] for _, _, f in out]) for key in OBJECTIVES}
+            ends = {key: mean_sd([f[key] for _, _, f in out]) for key in OBJECTIVES}
             values.update({f"{tag}_{key}_at_end": v[0] for key, v in ends.items()})
             if objective is None:
                 row += "".join(f"   {key} at end {v[0]:.4g} ± {v[1]:.2g}" for key, v in ends.items())

@@ -27,7 +27,7 @@ import torch
 
 from symalg.applications.teleport import GradNorm, MetricGradNorm, Teleporter, optimizer_metric
 from symalg.applications.teleport_optim import Schedule, TeleportingOptimizer
-from teleport_common import parse_args, tokens
+from teleport_common import mean_sd, parse_args, runs_option, tokens
 from teleport_leaky_relu import pair_action, problem
 
 matplotlib.use("Agg")
@@ -73,14 +73,8 @@ def run(kind, setting, seed, steps):
     return losses, opt.results
 
 
-def mean_sd(values):
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def main() -> None:
-    def options(parser):
-        parser.add_argument("--runs", type=int, default=None, help="seeds per setting (default 5; --quick 2)")
-    args = parse_args(__doc__, options)
+    args = parse_args(__doc__, runs_option(2))
     steps = 100 if args.quick else 300
     runs = args.runs or (2 if args.quick else 5)
     marks = [m for m in (10, 50, 100) if m < steps] + [steps]

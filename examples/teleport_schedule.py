@@ -28,8 +28,7 @@ from torch.nn import functional as F
 import symalg
 from symalg.applications.teleport import GradNorm, Teleporter, as_action
 from symalg.applications.teleport_optim import Schedule, TeleportingOptimizer, model_loss
-from teleport_common import batches, classifier, digits, parse_args, tokens
-from teleport_generalisation import forever
+from teleport_common import classifier, digits, forever, mean_sd, parse_args, runs_option, tokens, train_epoch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -65,23 +64,13 @@ def run(seed, at, n_batches, train, val, epochs):
         opt.teleport()
     generator = torch.Generator().manual_seed(seed + 2)
     for _ in range(epochs):
-        for xb, yb in batches(x, y, 20, generator):
-            opt.zero_grad()
-            F.cross_entropy(model(xb), yb).backward()
-            opt.step()
-        opt.end_epoch()
+        train_epoch(opt, model, x, y, generator)
         curve.append(losses())
     return curve, opt.results
 
 
-def mean_sd(values):
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def main() -> None:
-    def options(parser):
-        parser.add_argument("--runs", type=int, default=None, help="seeds per setting (default 5; --quick 1)")
-    args = parse_args(__doc__, options)
+    args = parse_args(__doc__, runs_option(1))
     epochs = 4 if args.quick else 25
     runs = args.runs or (1 if args.quick else 5)
     marks = [m for m in (2, 5, 10) if m < epochs] + [epochs]
