@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 from pathlib import Path
 from typing import Callable
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 
 def parse_args(doc: str, extra: Callable[[argparse.ArgumentParser], object] | None = None) -> argparse.Namespace:
@@ -57,3 +59,33 @@ def batches(x: torch.Tensor, y: torch.Tensor, size: int, generator: torch.Genera
     for start in range(0, len(y), size):
         idx = order[start:start + size]
         yield x[idx], y[idx]
+
+
+def forever(x: torch.Tensor, y: torch.Tensor, size: int, generator: torch.Generator):
+    """Shuffled mini-batches of ``size``, epoch after epoch."""
+    while True:
+        yield from batches(x, y, size, generator)
+
+
+def train_epoch(optimizer, model: nn.Module, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator,
+                size: int = 20) -> None:
+    """One epoch of cross-entropy mini-batch steps of ``optimizer`` (a ``TeleportingOptimizer`` counts the epoch)."""
+    for xb, yb in batches(x, y, size, generator):
+        optimizer.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        optimizer.step()
+    if hasattr(optimizer, "end_epoch"):
+        optimizer.end_epoch()
+
+
+def runs_option(quick_runs: int) -> Callable[[argparse.ArgumentParser], object]:
+    """The ``--runs N`` option (seeds per setting; default 5 as in [Zhao2026], ``quick_runs`` with ``--quick``)."""
+    def add(parser: argparse.ArgumentParser) -> object:
+        return parser.add_argument("--runs", type=int, default=None,
+                                   help=f"seeds per setting (default 5; --quick {quick_runs})")
+    return add
+
+
+def mean_sd(values) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
