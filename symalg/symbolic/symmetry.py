@@ -259,7 +259,8 @@ class Symmetry:
     @cached_property
     def tensors(self) -> tuple[str, ...]:
         """Names of the tensors the action moves."""
-        names = [b.tensor for b in self.bindings if self.group.kind not in b.invariant] + [r.tensor for f in self.translations for r in f.regions] + \
+        names = [b.tensor for b in self.bindings if self.group.kind not in b.invariant] + \
+            [r.tensor for f in self.translations for r in f.regions] + \
             [a.bias for a in self._absorbers()]  # readers' biases absorbing a shift or a translation
         return tuple(dict.fromkeys(names))
 
