@@ -82,7 +82,8 @@ def _problem(spec: str, point: torch.Tensor | None):
     return analysis, loss, sample, unflatten
 
 
-def reproduce(name: str, steps: int, seed: int = 0) -> dict:
+def reproduce(name: str, steps: int, seed: int = 0, **options: object) -> dict:
+    """One reproduction; ``options`` change the :class:`LearnedConfig` (``normalise``, ``finite``, ``lr``)."""
     spec, n, one_point = SPECS[name]
     torch.manual_seed(seed)
     point = torch.randn(1, int(spec.split("(")[1].split(",")[0]), dtype=torch.float64) if one_point else None
@@ -96,9 +97,10 @@ def reproduce(name: str, steps: int, seed: int = 0) -> dict:
     def discovered(theta: torch.Tensor) -> torch.Tensor:
         return torch.stack([g.field(theta) for g in exact.generators]) if exact.generators else theta[None, :0]
     generators = min(max(exact.dimension, 1), 3)
-    config = LearnedConfig(generators=generators, steps=steps, hidden=(64, 64, 64), lr=1e-3 if steps >= 1000 else 1e-2)
+    lr = options.pop("lr", None) or (1e-3 if steps >= 1000 else 1e-2)
+    config = LearnedConfig(generators=generators, steps=steps, hidden=(64, 64, 64), lr=lr, **options)
     if one_point:
-        config = LearnedConfig.data_dependent(generators=generators, steps=steps, lr=config.lr)
+        config = LearnedConfig.data_dependent(generators=generators, steps=steps, lr=lr, **options)
     result = learn(loss, sample, n, config, tangent=derived, seed=seed)
     # the learned fields against the exact discovered tangent (what is new but real)
     rng = torch.Generator().manual_seed(seed + 1)
@@ -162,17 +164,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="two models, 40 steps")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--out", default=".")
+    parser.add_argument("--models", default="", help=f"comma-separated, of: {', '.join(SPECS)}")
+    parser.add_argument("--normalise", action="store_true", help="invariance as |cos∠(∇ℓ, ξ)| (LearnedConfig)")
+    parser.add_argument("--finite", type=float, default=0.0, help="weight of the finite invariance term")
+    parser.add_argument("--lr", type=float, default=None)
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    names = ["scalar", "linear-2"] if args.quick else list(SPECS)
-    rows = [reproduce(name, 40 if args.quick else args.steps) for name in names]
+    names = [m for m in args.models.split(",") if m] or (["scalar", "linear-2"] if args.quick else list(SPECS))
+    options = {"normalise": args.normalise, "finite": args.finite, "lr": args.lr}
+    rows = [reproduce(name, 40 if args.quick else args.steps, **options) for name in names]
     print(f"{'model':10s} {'P':>3s} {'null':>4s} {'der':>4s} {'new':>4s} {'newT':>4s} {'learned∈der':>11s} "
           f"{'learned∈exact':>13s} {'learned err':>11s} {'random err':>10s}")
     for r in rows:
         print(f"{r['model']:10s} {r['parameters']:3d} {r['null_space']:4d} {r['derived']:4d} {r['new']:4d} "
               f"{r['new_tangent']:4d} {r['learned_in_derived']:11.3f} {r['learned_in_exact']:13.3f} "
               f"{r['learned']['learned_error']:11.3g} {r['learned']['random_error']:10.3g}")
-    if not args.quick:
+    if not args.quick and not args.models:
         t = transformer_exact()
         rows.append(t)
         print(f"transformer: P {t['parameters']}, null space {t['null_space']}, derived {t['derived']}, new "

@@ -12,15 +12,17 @@ from symalg.discovery.exact import bracket
 
 
 class SquareAbs(torch.nn.Module):
-    """``W₂ (z ⊙ |z|)``: homogeneous of degree 2 through ``abs``, an op the catalogue does not know."""
+    """``W₂ (z ⊙ |z|)`` written ``z ⊙ √(z ⊙ z)``: homogeneous of degree 2 through ``sqrt``, which the catalogue knows
+    as pointwise only (``|z|`` itself is an entry)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spelled_abs: bool = False) -> None:
         super().__init__()
+        self.spelled_abs = spelled_abs
         self.a, self.b = torch.nn.Linear(2, 3), torch.nn.Linear(3, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = self.a(x)
-        return self.b(z * z.abs())
+        return self.b(z * (z.abs() if self.spelled_abs else (z * z).sqrt()))
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,7 @@ def test_unknown_op_symmetry_is_discovered_as_new_and_survives_finite_check():
     torch.manual_seed(0)
     model = SquareAbs().double()
     analysis = symalg.derive(symalg.trace(model, (torch.randn(6, 2, dtype=torch.float64),)))
-    assert not [s for s in analysis.symmetries if s.group.is_continuous]   # abs blocks the catalogue
+    assert not [s for s in analysis.symmetries if s.group.is_continuous]   # sqrt blocks the catalogue
     r = symalg.discover(analysis)
     assert (r.dimension, r.derived_dimension, r.new, r.new_tangent) == (3, 0, 3, 3)
     assert all(g.finite_error < 1e-10 for g in r.symmetries) and len(r.symmetries) == 3
@@ -96,6 +98,8 @@ def test_unknown_op_symmetry_is_discovered_as_new_and_survives_finite_check():
     d = json.loads(json.dumps(r.to_dict()))
     assert d["new"] == 3 and d["tangent"]["new"] == 3 and len(d["new_generators"]) == 3
     assert r.latex().startswith("\\begin{align*}") and "a.weight" in r.latex()
+    spelled = symalg.discover(SquareAbs(spelled_abs=True).double(), (torch.randn(6, 2, dtype=torch.float64),))
+    assert (spelled.dimension, spelled.derived_dimension, spelled.new) == (3, 3, 0)   # |z| is catalogued
 
 
 def test_a_false_claim_is_reported_as_not_confirmed():

@@ -18,7 +18,10 @@ def test_audit_quick_confirms_every_derived_symmetry(tmp_path):
     assert all(not r["unconfirmed"] and r["confirmed"] for r in rows.values())
     assert (rows["relu"]["discovered"], rows["relu"]["derived"]) == (3, 3)
     assert (rows["identity"]["discovered"], rows["identity"]["explained"]) == (12, 12)
-    assert rows["x*|x| (unknown op)"]["new_tangent"] == 3 and rows["x*|x| (unknown op)"]["derived"] == 0
+    assert rows["x*sqrt(x*x) (unknown op)"]["new_tangent"] == 3 and rows["x*sqrt(x*x) (unknown op)"]["derived"] == 0
+    generated = [r for name, r in rows.items() if name.startswith("g")]   # the generated grid's first three
+    assert [r["model"] for r in generated] == ["g0 mlp/identity", "g1 residual/relu", "g2 norm/leaky_relu"]
+    assert all(r["discovered"] >= r["derived"] > 0 and r["explained"] == r["derived"] for r in generated)
 
 
 def test_reproductions_quick_write_plots_and_figures(tmp_path):

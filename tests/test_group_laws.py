@@ -366,7 +366,7 @@ def test_a_diagonal_operator_is_offered_as_the_vector_it_multiplies_rows_by(grou
         for role in group.roles:
             diagonal = mover.diagonal(role, Fraction(1))
             U = _region(5, group)
-            assert (diagonal is not None) == (group.kind in ("PS", "SF"))
+            assert (diagonal is not None) == (group.kind in ("PS", "SF", "EF"))
             if diagonal is not None:
                 assert relative_error(diagonal[:, None] * U, group.act(g, U, role)) < TOL
 

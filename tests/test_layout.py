@@ -76,7 +76,7 @@ def test_every_other_top_level_attribute_is_a_subpackage():
 
 
 GROUP_CLASSES = ("GeneralLinear", "Orthogonal", "OrthogonalFixingOnes", "Permutations", "PositiveScaling", "SignFlips",
-                 "Translations")
+                 "EvenFlips", "Translations")
 """The concrete group classes (checking that an argument is a ``SiteGroup`` at all is input validation)."""
 
 

@@ -33,14 +33,14 @@ import torch
 import torch.nn.functional as F
 from sympy.printing.printer import Printer
 
-from symalg.catalogue.groups import (GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips, SiteGroup,
-                                     SiteOption, SiteWidth)
+from symalg.catalogue.groups import (EvenFlips, GeneralLinear, Orthogonal, Permutations, PositiveScaling, SignFlips,
+                                     SiteGroup, SiteOption, SiteWidth)
 from symalg.frontend.grammar import parse_number
 
 nn = torch.nn
 
 __all__ = ["CATALOGUE", "CatalogueEntry", "Spellings", "register", "overlay", "declare_linear", "declare_homogeneous",
-           "declare_leaky", "declare_odd", "declare_pointwise", "declare_radial", "exact"]
+           "declare_leaky", "declare_odd", "declare_even_homogeneous", "declare_pointwise", "declare_radial", "exact"]
 
 
 def exact(value: object) -> sp.Expr:
@@ -245,6 +245,13 @@ def declare_odd(center: SiteOption = 0) -> GroupDeclaration:
     return lambda width, **_: (SignFlips(width, sp.sympify(center)), Permutations(width))
 
 
+def declare_even_homogeneous() -> GroupDeclaration:
+    """Even and positively homogeneous of degree 1, ``σ(c z) = |c| σ(z)`` for ``c ≠ 0`` (``|z|``): positive scaling
+    (the continuous part; readers move by ``c⁻¹``) and the sign flips of the input alone (:class:`EvenFlips`:
+    ``σ(−z) = σ(z)``, the readers stay), with the permutations."""
+    return lambda width, **_: (PositiveScaling(width), EvenFlips(width), Permutations(width))
+
+
 def declare_pointwise() -> GroupDeclaration:
     """Any pointwise activation: neuron permutations and nothing more."""
     return lambda width, **_: (Permutations(width),)
@@ -414,6 +421,14 @@ def _tanh(z: sp.Expr) -> sp.Expr:
     aten=("aten.sigmoid.default", "aten.sigmoid_.default")))
 def _sigmoid(z: sp.Expr) -> sp.Expr:
     return sigmoid(z)
+
+
+@register("abs", declare_even_homogeneous(), spellings=Spellings(
+    functions=(torch.abs, torch.abs_, torch.absolute),
+    methods=("abs", "abs_", "absolute", "absolute_"),
+    aten=("aten.abs.default", "aten.abs_.default")))
+def _abs(z: sp.Expr) -> sp.Expr:
+    return sp.Abs(z)
 
 
 def _only_at(**settings: object) -> Callable[[Mapping[str, object]], dict[str, object] | None]:

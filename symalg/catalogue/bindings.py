@@ -52,6 +52,9 @@ class Binding:
     buffer: bool = False
     diagonal: bool = False
     node: str = ""
+    invariant: frozenset = frozenset()
+    """Kinds that leave the region where it is: a reader of an even activation's output under the flips of its input
+    (:class:`~symalg.catalogue.groups.EvenFlips`)."""
 
     @property
     def region(self) -> tuple:

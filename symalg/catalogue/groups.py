@@ -48,7 +48,8 @@ from symalg.frontend.grammar import check_entries, refuse_text
 from symalg.numeric.linalg import relative_error
 
 __all__ = ["matrix_exp", "matrix_exp_pair", "group_classes", "Mover", "SiteGroup", "GeneralLinear", "Orthogonal",
-           "OrthogonalFixingOnes", "PositiveScaling", "ComplexScaling", "SignFlips", "Permutations", "Translations",
+           "OrthogonalFixingOnes", "PositiveScaling", "ComplexScaling", "SignFlips", "EvenFlips", "Permutations",
+           "Translations",
            "Shears", "checked_inverse"]
 
 
@@ -165,7 +166,7 @@ def group_classes() -> dict[str, type[SiteGroup]]:
     """``{kind: class}`` of every registered group class (each subclass of :class:`SiteGroup` setting ``kind``).
 
     >>> sorted(group_classes())
-    ['C', 'GL', 'O', 'O1', 'PS', 'S', 'SF', 'T']
+    ['C', 'EF', 'GL', 'O', 'O1', 'PS', 'S', 'SF', 'T']
     """
     return dict(_CLASSES)
 
@@ -250,6 +251,9 @@ class SiteGroup:
     infinitesimal_detail: ClassVar[str] = ""
     width_multiple: ClassVar[int] = 1
     """The group exists on sites whose width is a multiple of this (2 for groups acting on planes)."""
+    output_invariant: ClassVar[bool] = False
+    """The activation's output does not move under the group (an even activation's flips act on its input only):
+    the values after it are invariant under the group's kind, and the regions reading them stay."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -623,6 +627,10 @@ class SiteGroup:
     def shift_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr | None:
         return None
 
+    def reader_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr:
+        """The matrix by which ``g`` multiplies a region reading the site, unfolded (``π(g)⁻ᵀ``), symbolically."""
+        return self.rep_inverse_expr(g).T
+
     def site_action(self, g: sp.MatrixExpr, w_in: sp.MatrixExpr | None = None, b_in: sp.MatrixExpr | None = None,
                     w_out: sp.MatrixExpr | None = None, b_out: sp.MatrixExpr | None = None) -> dict[str, sp.MatrixExpr]:
         """The action by role: ``W_in ↦ g W_in``, ``b_in ↦ g b_in``, ``W_out ↦ W_out π(g)⁻¹`` and, for an
@@ -770,7 +778,7 @@ class GeneralLinear(SiteGroup):
     symbol: ClassVar[str] = "GL"
     discrete_description: ClassVar[str] = "reflection diag(-1, 1, ..., 1)"
     kind: ClassVar[str] = "GL"
-    kinds_it_preserves: ClassVar[frozenset] = frozenset({"GL", "O", "O1", "C", "PS", "SF", "S"})
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"GL", "O", "O1", "C", "PS", "SF", "EF", "S"})
     standard_basis: ClassVar[bool] = True
     conserved_kind: ClassVar[str] = "matrix"
     infinitesimal_statement: ClassVar[str] = "dσ(z)[M z] = M σ(z) (σ linear)"
@@ -859,7 +867,7 @@ class Orthogonal(SiteGroup):
     discrete_description: ClassVar[str] = "reflection diag(-1, 1, ..., 1)"
     kind: ClassVar[str] = "O"
     has_angular_momentum: ClassVar[bool] = True
-    kinds_it_preserves: ClassVar[frozenset] = frozenset({"O", "O1", "SF", "S"})
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"O", "O1", "SF", "EF", "S"})
     orthogonal: ClassVar[bool] = True
     infinitesimal_statement: ClassVar[str] = "dσ(z)[A z] = A σ(z), A antisymmetric"
     infinitesimal_detail: ClassVar[str] = "d‖z‖[A z] = zᵀA z / ‖z‖ = 0"
@@ -1381,6 +1389,61 @@ class SignFlips(SiteGroup):
     def discrete_generators(self, dtype: torch.dtype = torch.float64, device: Device = "cpu") -> list[torch.Tensor]:
         h = _concrete(self.width)
         return [_flip(h, i, dtype, device) for i in range(h)]
+
+
+@dataclass(frozen=True)
+class EvenFlips(SignFlips):
+    """``(Z_2)^h`` flipping the sign of single neurons' *inputs* of an even activation, ``σ(−z) = σ(z)`` (``|z|``).
+
+    The declared identity is ``σ(g z) = σ(z)`` for ``g = diag(±1)``: the flips move what writes the site (rows of
+    ``W_in``, ``b_in``) and any reader of the activation's input, by ``g`` as :class:`SignFlips` do, while the
+    activation's output does not move (:attr:`output_invariant`: inference marks the values after the activation
+    invariant under ``EF``, and the regions reading them stay). Discrete: no Lie algebra, no conserved quantity
+    (the continuous part of ``|α z| = |α| |z|`` is :class:`PositiveScaling`, declared next to it).
+
+    >>> G = EvenFlips(3)
+    >>> G.name, G.dim, G.kind, len(G.discrete_generators())
+    ('EvenFlips(3)', 0, 'EF', 3)
+    """
+
+    symbol: ClassVar[str] = "EvenFlips"
+    discrete_description: ClassVar[str] = "the {h} single-neuron sign flips of the activation's input"
+    kind: ClassVar[str] = "EF"
+    kinds_it_preserves: ClassVar[frozenset] = frozenset({"EF"})
+    site_options: ClassVar[tuple] = ()
+    output_invariant: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.center != 0:
+            raise ValueError(f"EvenFlips({self.width}): an even activation's flips have no center (got {self.center})")
+
+    def rep(self, g: torch.Tensor) -> torch.Tensor:
+        """``π(g) = I``: the activation's output does not move (:meth:`operator` still moves its input's readers)."""
+        return torch.eye(g.shape[-1], dtype=g.dtype, device=g.device).expand_as(g)
+
+    def rep_inverse(self, g: torch.Tensor) -> torch.Tensor:
+        return self.rep(g)
+
+    def rep_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr:
+        return sp.Identity(sp.sympify(self.width))
+
+    def rep_inverse_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr:
+        return sp.Identity(sp.sympify(self.width))
+
+    def reader_expr(self, g: sp.MatrixExpr) -> sp.MatrixExpr:
+        return g   # a region reading the activation's input; readers of its output do not move
+
+    def pointwise_identity(self, sigma: Pointwise) -> tuple[str, list[sp.Expr]] | None:
+        p = sp.Symbol("p", positive=True)
+        return "σ(−z) = σ(z)", [sigma(-z) - sigma(z) for z in (p, -p, sp.Integer(0))]
+
+    @property
+    def name(self) -> str:
+        return f"EvenFlips({self.width})"
+
+    def latex(self) -> str:
+        return rf"(\mathbb{{Z}}_2)^{{{sp.latex(sp.sympify(self.width))}}}_{{\mathrm{{even}}}}"
 
 
 @dataclass(frozen=True)

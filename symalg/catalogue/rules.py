@@ -8,7 +8,7 @@ catalogue (:mod:`symalg.catalogue`), and an op nobody declared is handled by :fu
 which keeps only the kinds under which its inputs are invariant.
 
 >>> sorted(OP_RULES)[:4]
-['abs', 'add', 'addmm', 'attention']
+['add', 'addmm', 'attention', 'avg_pool']
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from symalg.catalogue.products import multiply
 from symalg.frontend.attention_folding import dropout_active
 from symalg.catalogue.rule_examples import Conv1D, Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
-from symalg.symbolic.inference import ALL, GRANTED, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
+from symalg.symbolic.inference import ALL, EVEN, GRANTED, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
 
 __all__ = ["OP_RULES", "OVERLAYABLE", "RULE_EXAMPLES", "WEIGHT_RULES", "WeightExpr", "register_rule",
            "activation_rule", "unknown_rule"]
@@ -52,7 +52,7 @@ OP_RULES = MappingProxyType(_RULES)
 
 DIAGONAL = frozenset({"PS", "SF", "S"})
 
-OVERLAYABLE = frozenset({"exp", "log", "sin", "cos", "abs", "sqrt", "rsqrt", "square", "neg", "identity"})
+OVERLAYABLE = frozenset({"exp", "log", "sin", "cos", "sqrt", "rsqrt", "square", "neg", "identity"})
 """Ops computing a fixed function of their one input: an overlay catalogue entry of the same name
 describes such an op and replaces its rule (``overlay({"sin": CatalogueEntry("sin", sp.sin, declare_odd())})``
 claims sign flips at a traced ``torch.sin``); an overlay entry named like any other op rule is refused."""
@@ -154,6 +154,7 @@ def activation_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
     params = entry.resolve({k: v for k, v in data["settings"].items() if k in entry.defaults})
     groups = entry.site_groups(label.size or 2, **params)     # the width only names the groups in notes
     kinds, alpha, center, disproved, claimed = set(), Fraction(1), Fraction(0), {}, []
+    unmoved: set = set()   # kinds under which the output does not move (an even activation's input flips)
     for group in groups:
         checks = symbolic_checks(entry, group, tuple(sorted(params.items())))
         reason = disproof(data["op"], group, checks)
@@ -166,6 +167,8 @@ def activation_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
             alpha = _fraction(group.homogeneity)
         if group.affine:
             center = _fraction(group.center)
+        if group.output_invariant:
+            unmoved |= group.kinds_it_preserves
     if entry.radial and label.dim != -1 and label.segments:
         state.restrict_label(label, set(), node, f"{state.where(node)}: radial activation on a non-last axis",
                              blocked=True)
@@ -177,7 +180,7 @@ def activation_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
     for segment in label.segments:   # the checks behind every claim this activation allows on the site
         state.site(segment.site).checks.append((node, data["op"], tuple(claimed)))
     return Label(label.dim, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, s.power * alpha,
-                                                      s.invariant, center) for s in label.segments))
+                                                      s.invariant | unmoved, center) for s in label.segments))
 
 
 def unknown_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
@@ -366,7 +369,8 @@ def _absorb_shifts(state: Inference, node: str, label: Label, weight: str | Weig
     for seg in label.segments:
         if not seg.center:
             continue
-        column = Binding(tensor, axis, seg.offset, seg.width, seg.block, "in", seg.power, node=node)
+        column = Binding(tensor, axis, seg.offset, seg.width, seg.block, "in", seg.power, node=node,
+                         invariant=seg.unmoved())
         state.site(seg.site).shifts.append((Absorber(bias, column, out_axis, node), seg.center))
 
 
@@ -500,7 +504,8 @@ def _diagonal_map(state: Inference, node: str, label: Label, scale: str | None, 
         bindings = [Binding(t, axis, seg.offset, seg.width, seg.block, diagonal=True, node=node)
                     for t in (scale, shift) if t]
         if scale:
-            reader = Binding(scale, axis, seg.offset, seg.width, seg.block, "in", seg.power, diagonal=True, node=node)
+            reader = Binding(scale, axis, seg.offset, seg.width, seg.block, "in", seg.power, diagonal=True, node=node,
+                             invariant=seg.unmoved())
             if seg.site >= 0:
                 state.bind(seg.site, reader)
             else:
@@ -580,6 +585,10 @@ def add_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Val
             state.restrict(x.site, ALL - {"PS"}, node, f"{state.where(node)} adds values of different scaling "
                                                        f"powers {x.power} and {y.power}")
         state.restrict(x.site, ALL - TRANSLATIONS, node, f"{state.where(node)}: a sum does not absorb translations")
+        mixed = (x.invariant ^ y.invariant) & EVEN
+        if mixed:
+            state.restrict(x.site, ALL - mixed, node, f"{state.where(node)} adds a value an even activation's input "
+                                                      "flips leave alone to one they move")
         segments.append(Segment(x.site, x.offset, x.width, x.block, x.power, x.invariant & y.invariant))
     return Label(a.dim, a.size, tuple(segments))
 
@@ -1006,10 +1015,10 @@ def _is_index(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@register_rule("exp", "pow", "log", "sin", "cos", "abs", "sqrt", "rsqrt", "square", examples={
+@register_rule("exp", "pow", "log", "sin", "cos", "sqrt", "rsqrt", "square", examples={
     "exp": around(lambda self, h: torch.exp(h)), "pow": around(lambda self, h: h ** 3),
     "log": around(lambda self, h: torch.log(h * h + 1)), "sin": around(lambda self, h: torch.sin(h)),
-    "cos": around(lambda self, h: torch.cos(h)), "abs": around(lambda self, h: torch.abs(h)),
+    "cos": around(lambda self, h: torch.cos(h)),
     "sqrt": around(lambda self, h: torch.sqrt(h * h + 1)), "rsqrt": around(lambda self, h: torch.rsqrt(h * h + 1)),
     "square": around(lambda self, h: h.square())})
 def elementwise_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
@@ -1141,10 +1150,10 @@ def batch_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
     if not batch_statistics:
         for seg in label.segments:
             mean = Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out", seg.power,
-                           buffer=True, node=node)
+                           buffer=True, node=node, invariant=seg.unmoved())
             state.bind(seg.site, mean)
             state.bind(seg.site, Binding(buffers["running_var"], 0, seg.offset, seg.width, seg.block, "out",
-                                         2 * seg.power, buffer=True, node=node))
+                                         2 * seg.power, buffer=True, node=node, invariant=seg.unmoved()))
             site = state.site(seg.site)
             if seg.block != 1:
                 state.restrict(seg.site, ALL - {"T"}, node, f"{state.where(node)}: channels in blocks", blocked=True)
@@ -1154,9 +1163,9 @@ def batch_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
     elif "running_mean" in buffers:
         for seg in label.segments:
             state.bind(seg.site, Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out",
-                                         Fraction(0), buffer=True, diagonal=True, node=node))
+                                         Fraction(0), buffer=True, diagonal=True, node=node, invariant=seg.unmoved()))
             state.bind(seg.site, Binding(buffers["running_var"], 0, seg.offset, seg.width, seg.block, "out",
-                                         Fraction(0), buffer=True, diagonal=True, node=node))
+                                         Fraction(0), buffer=True, diagonal=True, node=node, invariant=seg.unmoved()))
     normalised = Label(channel, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, Fraction(0),
                                                           s.invariant | {"T"}) for s in label.segments))
     if not settings.get("affine", "weight" in data["params"]):

@@ -56,7 +56,7 @@ from symalg.numeric.orbit_rank import RankDecision, action_matrix
 from symalg.symbolic.derive import Analysis, derive
 from symalg.verification.verifier import _concrete, _inputs, _model
 
-__all__ = ["Generator", "Discovery", "discover", "ParameterLayout", "bracket"]
+__all__ = ["Generator", "Discovery", "discover", "ParameterLayout", "NullSpaceCertificate", "bracket"]
 
 Params = dict[str, torch.Tensor]
 BLOCK_MODES = ("auto", "all", "local")
@@ -262,6 +262,7 @@ class Discovery:
         derived symmetries the ansatz cannot hold (blocks, buffers); ``explained``/``new`` as in the module
         docstring; ``new_generators`` a readable basis of the new directions; ``unconfirmed_labels`` the derived
         symmetries whose fields discovery does not find (with the residual ``unconfirmed_errors``).
+    certificate : the null-space solver's :class:`NullSpaceCertificate` (residual and completeness floor).
     tangent : ``(discovered, derived, joint)`` ranks of the tangent spaces at a held-out ``θ``: new *fields* may
         still point along derived directions at every ``θ`` (a translation along ``1`` before a LayerNorm with a
         coefficient that is any linear function of ``θ``); ``new_tangent = joint − derived`` counts the directions
@@ -290,6 +291,7 @@ class Discovery:
     unconfirmed_errors: tuple[float, ...]
     tangent: tuple[int, int, int]
     layout: ParameterLayout = field(repr=False)
+    certificate: NullSpaceCertificate | None = None
 
     @property
     def dimension(self) -> int:
@@ -362,7 +364,8 @@ class Discovery:
                 "unconfirmed": [{"symmetry": lab, "residual": err}
                                 for lab, err in zip(self.unconfirmed_labels, self.unconfirmed_errors)],
                 "generators": [g.to_dict() for g in self.generators],
-                "new_generators": [g.to_dict() for g in self.new_generators]}
+                "new_generators": [g.to_dict() for g in self.new_generators],
+                "certificate": dataclasses.asdict(self.certificate) if self.certificate else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -478,7 +481,8 @@ def _jacobians(problem: "_Problem", layout: ParameterLayout, thetas: list[torch.
     return [torch.func.jacrev(problem.outputs(layout, x))(theta) for theta, x in zip(thetas, inputs)]
 
 
-def _constraints(problem: "_Problem", layout: ParameterLayout, oversampling: float) -> tuple[torch.Tensor, int]:
+def _constraints(problem: "_Problem", layout: ParameterLayout, oversampling: float,
+                 rank_of: Callable[[torch.Tensor], int]) -> tuple[torch.Tensor, int]:
     """The stacked constraint rows and the number of samples: each sample's rows (normalised, compressed to their
     row space) until ``oversampling × unknowns`` independent rows per sample are stacked, then again 25% more
     samples until the rank stops growing (a sample's rows are often far fewer than its outputs: a linear layer's
@@ -499,10 +503,109 @@ def _constraints(problem: "_Problem", layout: ParameterLayout, oversampling: flo
                 stacked.append(R)
                 count += max(R.shape[0], 1)
         R = torch.cat(stacked)
-        now = int(torch.linalg.matrix_rank(R, rtol=1e-10)) if R.shape[0] else 0
+        now = rank_of(R) if R.shape[0] else 0
         if now == rank or now == n_u or samples > 50 * n_u:
             return R, samples
         rank, target = now, count + max(count // 4, 10)
+
+
+SOLVERS = ("auto", "svd", "gram")
+GRAM_ABOVE = 1500
+"""Unknowns above which ``solver="auto"`` takes the Gram solver (:func:`_gram_null_space`) instead of the SVD."""
+CANDIDATE = 1e-8
+"""The Gram solver's first cut, relative to ``λ_max(RᵀR)``: eigenvalues below it (singular values below ``10⁻⁴ σ_max``)
+span the candidate space the second stage decides in."""
+
+
+@dataclass(frozen=True)
+class NullSpaceCertificate:
+    """What the solver guarantees about the returned null space ``N`` (orthonormal rows) of the stacked rows ``R``.
+
+    ``residual = ‖R Nᵀ‖₂ / σ_max(R)``, computed: each returned direction is a null direction to this relative
+    tolerance. ``floor``: a lower bound on ``‖R v‖ / σ_max`` for every unit ``v`` orthogonal to the space the solver
+    searched (every ``v`` for the SVD; the candidate space of the Gram solver, whose complement has eigenvalues of
+    ``RᵀR`` at least ``λ_{k+1} − δ``, Weyl's bound with ``δ = (m + n) ε λ_max`` the rounding of ``RᵀR`` and of
+    ``eigh``): when ``floor`` exceeds the rank threshold, no null direction was missed outside the searched space,
+    and inside it the SVD of ``R V`` decides. ``solver`` ``"svd"`` or ``"gram"``; ``candidates`` the searched
+    space's dimension.
+    """
+
+    solver: str
+    residual: float
+    floor: float
+    threshold: float
+    candidates: int
+
+    @property
+    def complete(self) -> bool:
+        """No direction outside the searched space has ``‖R v‖ ≤ threshold``."""
+        return self.floor > self.threshold
+
+
+def _threshold(sigma_max: float, shape: tuple[int, ...], rtol: float) -> float:
+    """The rank rule: singular values above ``max(σ_max · max(shape) · ε, σ_max · rtol)`` count."""
+    return max(sigma_max * max(shape) * torch.finfo(torch.float64).eps, sigma_max * rtol)
+
+
+def _svd_null_space(R: torch.Tensor, rtol: float) -> tuple[torch.Tensor, RankDecision, NullSpaceCertificate]:
+    """The null space of ``R`` from its full SVD (the reference: ``O(m n²)`` time, ``m n + n²`` memory)."""
+    _, S, Vh = torch.linalg.svd(R, full_matrices=True)
+    sigma = float(S[0]) if S.numel() else 0.0
+    threshold = _threshold(sigma, tuple(R.shape), rtol) if S.numel() else 0.0
+    r = int((S > threshold).sum())
+    decision = RankDecision("constraints", r, tuple(R.shape), threshold, float(S[r - 1]) if r else None,
+                            float(S[r]) if r < S.numel() else None)
+    N = Vh[r:]
+    residual = float(torch.linalg.matrix_norm(R @ N.T, ord=2)) / sigma if N.shape[0] and sigma else 0.0
+    return N, decision, NullSpaceCertificate("svd", residual, math.inf, threshold / sigma if sigma else 0.0,
+                                             R.shape[1])
+
+
+def _gram(R: torch.Tensor, block: int = 4096) -> torch.Tensor:
+    """``RᵀR`` accumulated over blocks of rows (no ``m × n`` temporary beyond ``R`` itself)."""
+    G = R.new_zeros(R.shape[1], R.shape[1])
+    for rows in R.split(block):
+        G.addmm_(rows.T, rows)
+    return G
+
+
+def _gram_rank(R: torch.Tensor) -> int:
+    """The rank the sampling loop watches, from the eigenvalues of ``RᵀR`` (``σ > 10⁻⁷ σ_max``): ``eigvalsh`` of an
+    ``n × n`` matrix instead of the SVD of the ``m × n`` rows."""
+    lam = torch.linalg.eigvalsh(_gram(R))
+    return int((lam > 1e-14 * float(lam[-1])).sum()) if lam.numel() and float(lam[-1]) > 0 else 0
+
+
+def _gram_null_space(R: torch.Tensor, rtol: float) -> tuple[torch.Tensor, RankDecision, NullSpaceCertificate]:
+    """The null space of ``R`` in two stages: ``eigh(RᵀR)`` (one symmetric eigenproblem, ``n × n``) keeps the
+    eigenvectors ``V`` with ``λ ≤ CANDIDATE · λ_max``; the SVD of the thin ``R V`` (``m × k``, ``k`` the candidates)
+    then applies the same rank rule as the dense SVD to singular values of ``R`` itself, which squaring would lose
+    below ``√ε σ_max``. A null vector's component outside ``span V`` along an eigenvector of eigenvalue ``λ_j`` is
+    ``|E_j|/λ_j`` (``E`` the rounding of ``RᵀR``), so it adds ``≲ ε σ_max / √CANDIDATE ≈ 2·10⁻¹²·σ_max`` to ``‖R v‖``:
+    far below the rank threshold. :class:`NullSpaceCertificate` records the computed residual and the floor."""
+    m, n = R.shape
+    G = _gram(R)
+    lam, V = torch.linalg.eigh(G)
+    lam_max = float(lam[-1]) if lam.numel() else 0.0
+    if lam_max <= 0:
+        return _svd_null_space(R, rtol)
+    sigma = math.sqrt(lam_max)
+    threshold = _threshold(sigma, (m, n), rtol)
+    k = int((lam <= CANDIDATE * lam_max).sum())
+    Vc = V[:, :k]
+    _, S, Vh = torch.linalg.svd(R @ Vc, full_matrices=True) if k else (None, lam[:0], Vc.T)
+    small = S <= threshold
+    d = int(small.sum()) + (k - S.numel())                     # singular values of R V that are not listed are 0
+    N = Vh[k - d:] @ Vc.T if d else Vc.T[:0]
+    above = [float(S[~small].min())] if bool((~small).any()) else []
+    if k < n:
+        above.append(math.sqrt(max(float(lam[k]), 0.0)))
+    dropped = float(S[small].max()) if bool(small.any()) else (0.0 if d else None)
+    decision = RankDecision("constraints", n - d, (m, n), threshold, min(above) if above else None, dropped)
+    residual = float(torch.linalg.matrix_norm(R @ N.T, ord=2)) / sigma if d else 0.0
+    delta = (m + n) * torch.finfo(torch.float64).eps * lam_max
+    floor = math.sqrt(max(float(lam[k]) - delta, 0.0)) / sigma if k < n else math.inf
+    return N, decision, NullSpaceCertificate("gram", residual, floor, threshold / sigma, k)
 
 
 def _rref(N: torch.Tensor) -> torch.Tensor:
@@ -613,7 +716,7 @@ def _derived_fields(analysis: Analysis, layout: ParameterLayout, params: Mapping
 def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None, *, target: str = "function",
              affine: bool = True, blocks: str = "auto", max_unknowns: int = MAX_UNKNOWNS, oversampling: float = 1.3,
              rtol: float = 1e-9, tolerance: float = 1e-8, widths: Mapping[str, int] | None = None,
-             compare: bool = True, seed: int = 0) -> Discovery:
+             compare: bool = True, seed: int = 0, solver: str = "auto") -> Discovery:
     """Every linear (``affine``: affine) vector field leaving the model invariant (module docstring).
 
     Parameters
@@ -630,11 +733,16 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     oversampling : rows stacked per unknown; ``rtol`` the relative floor of the rank decision; ``tolerance`` the
         finite check's bar (relative output change).
     compare : compare with the derived symmetries (costs ``P + 1`` evaluations of their action).
+    solver : ``"svd"`` (the dense SVD of the stacked rows), ``"gram"`` (:func:`_gram_null_space`: ``eigh`` of ``RᵀR``,
+        then the SVD of the thin ``R V`` on the candidates; the sampling loop's rank from ``eigvalsh``), or ``"auto"``
+        (the Gram solver above :data:`GRAM_ABOVE` unknowns). ``report.certificate`` says what either guarantees.
     """
     if target not in ("function", "loss"):
         raise SpecError(f"discover: target must be 'function' or 'loss', got {target!r}")
     if blocks not in BLOCK_MODES:
         raise SpecError(f"discover: blocks must be one of {BLOCK_MODES}, got {blocks!r}")
+    if solver not in SOLVERS:
+        raise SpecError(f"discover: solver must be one of {SOLVERS}, got {solver!r}")
     analysis = _analysis(model_or_analysis, data, widths)
     problem = _Problem(analysis, data, target, seed)
     names = tuple(n for n, v in problem.params.items() if v.numel())
@@ -647,14 +755,10 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     if n_u > 4 * max_unknowns:
         raise SpecError(f"discover: {n_u} unknowns under blocks={blocks!r} (more than 4 × max_unknowns = "
                         f"{4 * max_unknowns}); discover a subnetwork, or raise max_unknowns")
-    R, samples = _constraints(problem, layout, oversampling)
-    _, S, Vh = torch.linalg.svd(R, full_matrices=True)
-    eps = torch.finfo(S.dtype).eps
-    threshold = max(float(S[0]) * max(R.shape) * eps, float(S[0]) * rtol) if S.numel() else 0.0
-    r = int((S > threshold).sum())
-    decision = RankDecision("constraints", r, tuple(R.shape), threshold, float(S[r - 1]) if r else None,
-                            float(S[r]) if r < S.numel() else None)
-    N = Vh[r:]                                                # orthonormal null space, d × n_u
+    gram = solver == "gram" or solver == "auto" and n_u > GRAM_ABOVE
+    R, samples = _constraints(problem, layout, oversampling,
+                              _gram_rank if gram else lambda M: int(torch.linalg.matrix_rank(M, rtol=1e-10)))
+    N, decision, certificate = (_gram_null_space if gram else _svd_null_space)(R, rtol)   # N: d × n_u, orthonormal
     basis = _rref(N)
     heldout = problem.heldout(layout)
 
@@ -699,7 +803,7 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     name = analysis._name()
     return Discovery(name, target, affine, blocks, layout.P, n_u, samples, R.shape[0], decision, tuple(generators),
                      closure, combination_error, tolerance, Eo.shape[0], tuple(labels), tuple(outside), inter,
-                     new_generators, tuple(unconfirmed), tuple(residuals), tangent, layout)
+                     new_generators, tuple(unconfirmed), tuple(residuals), tangent, layout, certificate)
 
 
 def _rank(matrix: torch.Tensor) -> int:

@@ -85,6 +85,13 @@ class LearnedConfig:
     steps: int = 2000
     batch: int = 32
     data_input: bool = False
+    normalise: bool = False
+    """Invariance as ``|cos∠(∇ℓ, ξ_h)|`` instead of ``|⟨∇ℓ, ξ_h⟩|``: scale-free, so that samples with a large gradient
+    do not dominate and the non-triviality term (which fixes ``‖ξ_h‖ = β``) does not trade against it."""
+    finite: float = 0.0
+    """Weight of the finite invariance ``|ℓ(a_φ(exp(t h), θ)) − ℓ(θ)| / (|ℓ(θ)| + 1)`` at one ``t ~ U[−1, 1]`` per
+    sample and generator: what the held-out curves measure, which the first-order terms leave to the network's
+    curvature."""
 
     @classmethod
     def data_dependent(cls, **changes: object) -> "LearnedConfig":
@@ -191,7 +198,17 @@ def learn(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sample: Ca
         action: Action = lambda g, th: net(g, th, x)  # noqa: E731
         grad = torch.func.grad(lambda th: loss(th, x))(theta)
         fields = [fundamental_field(action, theta, gens[i]) for i in range(k)]
-        out = config.invariance * sum((grad @ f).abs() for f in fields)
+        if config.normalise:
+            scale = [grad.norm() * f.norm() + 1e-12 for f in fields]
+            out = config.invariance * sum((grad @ f).abs() / c for f, c in zip(fields, scale))
+        else:
+            out = config.invariance * sum((grad @ f).abs() for f in fields)
+        if config.finite:
+            base = loss(theta, x)
+            for i in range(k):
+                t = 2 * torch.rand((), dtype=theta.dtype) - 1
+                moved = net(torch.linalg.matrix_exp(t * gens[i]), theta, x)
+                out = out + config.finite * (loss(moved, x) - base).abs() / (base.abs() + 1)
         out = out + config.identity * torch.linalg.norm(net(eye, theta, x) - theta)
         out = out + config.nontrivial * sum((config.beta - torch.linalg.norm(f)).abs() for f in fields)
         for i in range(k):
@@ -199,7 +216,7 @@ def learn(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sample: Ca
                 out = out + config.closure * closure_loss(action, theta, gens[i], gens[j])
         return out
 
-    batched = torch.func.vmap(terms, in_dims=(0, 0, None), randomness="same")
+    batched = torch.func.vmap(terms, in_dims=(0, 0, None), randomness="different")
     for step in range(config.steps):
         drawn = [sample(rng) for _ in range(config.batch)]
         thetas, xs = torch.stack([d[0] for d in drawn]), torch.stack([d[1] for d in drawn])

@@ -59,7 +59,7 @@ from symalg.ir.graph import ModelGraph
 __all__ = ["Blocked", "Segment", "Label", "SiteClass", "PermutationClass", "ModelSites", "Inference", "solve", "KINDS",
            "GRANTED", "owner", "site_stem"]
 
-KINDS = ("GL", "O", "O1", "C", "PS", "SF", "S", "T", "T1")
+KINDS = ("GL", "O", "O1", "C", "PS", "SF", "EF", "S", "T", "T1")
 GRANTED = frozenset({"C"})
 """Kinds a site carries only where the rule making it grants them (``C``: a head's query/key planes under rotary
 embeddings, :func:`~symalg.catalogue.rules.attention_sites`); any restriction not naming them removes them."""
@@ -71,6 +71,10 @@ ALL = frozenset(KINDS) - GRANTED
 DIAGONAL_MOVES = frozenset({"PS", "SF"})
 """Kinds that rescale the diagonal of a diagonal map reading the site (a norm's gain absorbs them)."""
 TRANSLATIONS = frozenset({"T", "T1"})
+EVEN = frozenset({"EF"})
+"""Kinds that move an even activation's input only (``|z|``'s flips): the values after the activation are invariant
+under them (:attr:`Segment.invariant`), the regions reading those values record it (:attr:`Binding.invariant`) and
+stay, and a site keeps them only where an activation claiming them acts on it."""
 LAYER_PARAMETERS = frozenset({"weight", "bias", "in_proj_weight", "in_proj_bias"})
 """A layer's own parameters (``nn.Linear``, ``nn.Conv2d``, norms, ``nn.MultiheadAttention``...): a site they
 produce is named after the layer."""
@@ -141,6 +145,10 @@ class Segment:
 
     def acts_trivially(self) -> frozenset:
         return self.invariant | ({"PS"} if self.power == 0 else set())
+
+    def unmoved(self) -> frozenset:
+        """The kinds of :data:`EVEN` the value is invariant under: a region reading it records them and stays."""
+        return self.invariant & EVEN
 
 
 @dataclass(frozen=True)
@@ -303,7 +311,8 @@ class Inference:
         data and are pinned."""
         covered = 0
         for seg in sorted(label.segments, key=lambda s: s.offset):
-            self.bind(seg.site, Binding(tensor, axis, seg.offset, seg.width, seg.block, role, seg.power, node=node))
+            self.bind(seg.site, Binding(tensor, axis, seg.offset, seg.width, seg.block, role, seg.power, node=node,
+                                        invariant=seg.unmoved()))
             if width_less(covered, seg.offset):
                 self.pin(Binding(tensor, axis, covered, seg.offset - covered, node=node), node)
             covered = width_max(covered, seg.offset + seg.width * seg.block)
@@ -414,6 +423,9 @@ def _shared_regions(state: Inference) -> None:
                 state.restrict(site_id, {"O", "O1", "S", "SF"}, binding.node,
                                f"{first.tensor} is read and written along the same axis by {sorted(nodes)} (tied "
                                "weights): only orthogonal actions keep it one tensor", blocked=True)
+            if binding.invariant != first.invariant:
+                state.restrict(site_id, ALL - (binding.invariant ^ first.invariant), binding.node,
+                               f"{first.tensor} reads both an even activation's input and its output", blocked=True)
             if binding.power != first.power:
                 state.restrict(site_id, ALL - {"PS"}, binding.node,
                                f"{first.tensor} is used at different scaling powers by {sorted(nodes)}", blocked=True)
@@ -501,6 +513,9 @@ def solve(state: Inference) -> ModelSites:
             allowed.discard("SF")
             restrictions.append(Blocked(shifts[0][0].node, name,
                                         "SF removed: a bias absorbing a sign flip's shift is shared"))
+        if allowed & EVEN and not any(kind in kinds for site in members for _, _, groups in site.checks
+                                      for kinds, _ in groups for kind in allowed & EVEN):
+            allowed -= EVEN   # no even activation acts on the site: nothing to flip
         reader_powers = {b.power for b in bindings if b.role == "in"}
         alpha = reader_powers.pop() if len(reader_powers) == 1 else Fraction(1)
         kinds = _maximal(allowed, {t[0] for t in translations})
@@ -624,6 +639,6 @@ def _maximal(allowed: set, translations: set) -> tuple[str, ...]:
     elif "C" in allowed:
         kinds = ["C"]
     else:
-        kinds = [k for k in ("PS", "SF") if k in allowed]
+        kinds = [k for k in ("PS", "SF", "EF") if k in allowed]
     kinds += [k for k in ("T", "T1") if k in translations]
     return tuple(kinds)

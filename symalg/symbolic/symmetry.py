@@ -253,13 +253,14 @@ class Symmetry:
 
     @property
     def acts_on_buffers(self) -> bool:
-        return any(b.buffer and self.group.moves_region(b.power) for b in self.bindings) or \
+        return any(b.buffer for b in self._moving_bindings) or \
             any(f.moves_buffers for f in self.translations)
 
     @cached_property
     def tensors(self) -> tuple[str, ...]:
         """Names of the tensors the action moves."""
-        names = [b.tensor for b in self.bindings] + [r.tensor for f in self.translations for r in f.regions] + \
+        names = [b.tensor for b in self.bindings if self.group.kind not in b.invariant] + \
+            [r.tensor for f in self.translations for r in f.regions] + \
             [a.bias for a in self._absorbers()]  # readers' biases absorbing a shift or a translation
         return tuple(dict.fromkeys(names))
 
@@ -281,12 +282,13 @@ class Symmetry:
     def moving_bindings(self) -> list[Binding]:
         """The bindings the action moves: a group permuting entries moves a diagonal map's region once
         (``permutes_entries``); positive scaling leaves regions of power 0 (the readers of a normalised value)
-        where they are (``moves_region``)."""
+        where they are (``moves_region``), and an even activation's input flips the readers of its output
+        (``Binding.invariant``)."""
         return list(self._moving_bindings)
 
     @cached_property
     def _moving_bindings(self) -> tuple[Binding, ...]:
-        moving = [b for b in self.bindings if self.group.moves_region(b.power)]
+        moving = [b for b in self.bindings if self.group.moves_region(b.power) and self.group.kind not in b.invariant]
         if not self.group.permutes_entries:
             return tuple(moving)
         first: dict = {}
@@ -466,7 +468,7 @@ class Symmetry:
                 power = sp.Rational(b.power.numerator, b.power.denominator) * (1 if b.role == "out" else -1)
                 A = sp.DiagMatrix(G) if power == 1 else sp.DiagMatrix(sp.HadamardPower(G, power))
             else:  # a reader's unfolded region moves by π(g)⁻ᵀ (π(g) = g here)
-                A = self.group.as_operator(G) if b.role == "out" else self.group.rep_inverse_expr(G).T
+                A = self.group.as_operator(G) if b.role == "out" else self.group.reader_expr(G)
             current = images.get(key, key)
             moved = A * (current.T if transposed else current)
             images[key] = moved.T if transposed else moved

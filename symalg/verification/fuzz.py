@@ -115,6 +115,14 @@ OPS: dict[str, Op] = {
     "layer": Op("self.{layer}({0})", lambda m, x, layer: getattr(m, layer)(x)),
     "act": Op("F.{name}({0})", lambda m, x, name: getattr(F, name)(x)),
     "add": Op("{0} + {1}", lambda m, a, b: a + b),
+    "abs": Op("torch.abs({0})", lambda m, x: torch.abs(x)),
+    "abs_method": Op("{0}.abs()", lambda m, x: x.abs()),
+    "absolute": Op("torch.absolute({0})", lambda m, x: torch.absolute(x)),
+    "abs_plus": Op("{0}.abs() + {0}", lambda m, x: x.abs() + x),
+    "abs_times": Op("{0} * {0}.abs()", lambda m, x: x * x.abs()),
+    "abs_shifted": Op("({0} - 0.5).abs()", lambda m, x: (x - 0.5).abs()),
+    "abs_sigmoid": Op("torch.sigmoid({0}.abs())", lambda m, x: torch.sigmoid(x.abs())),
+    "tanh_abs": Op("torch.tanh({0}).abs()", lambda m, x: torch.tanh(x).abs()),
     "mul": Op("{0} * {1}", lambda m, a, b: a * b),
     "mul_fn": Op("torch.mul({0}, {1})", lambda m, a, b: torch.mul(a, b)),
     "mul_method": Op("{0}.mul({1})", lambda m, a, b: a.mul(b)),
@@ -385,6 +393,8 @@ class _Builder:
         self.variant: list[str] = []
 
         self.reuse: Iterator[tuple[str, Layer]] | None = None   # inside twice(): the first call's layers
+        self.evens: random.Random | None = None
+        """Set by the ``even`` family: the stream drawing ``|·|`` and its near misses in place of activations."""
 
     def width(self, low: int = 1) -> int:
         return self.rng.randint(low, 6)
@@ -403,10 +413,13 @@ class _Builder:
         """``block(block(x))`` with the same modules (weight sharing): the second call replays the first call's
         random choices (same RNG state) and reuses, in turn, the layers the first call added."""
         state, extra, first, variant = self.rng.getstate(), self.extra.getstate(), len(self.layers), list(self.variant)
+        evens = self.evens.getstate() if self.evens is not None else None
         y = block(x)
         after, variant, self.reuse = self.rng.getstate(), list(self.variant), iter(self.layers[first:])
         self.rng.setstate(state)
         self.extra.setstate(extra)
+        if self.evens is not None and evens is not None:
+            self.evens.setstate(evens)
         try:
             y = block(y)
         finally:
@@ -440,6 +453,10 @@ class _Builder:
                                                    "softplus", "elu", "identity", "hardtanh", "hardsigmoid",
                                                    "hardswish", "relu6", "mish", "selu")) -> str:
         name = self.rng.choice(names)
+        if self.evens is not None and self.evens.random() < 0.7:
+            even = self.evens.choice(EVEN_OPS)
+            self.variant.append(even)
+            return self.op(even, x)
         return x if name == "identity" else self.op("act", x, name=name)
 
     def norm(self, x: str, shape: tuple[int, ...]) -> str:
@@ -1294,6 +1311,19 @@ def _swish(b: _Builder) -> _Drawn:
     if variant == "shared":
         a = swish(b.linear(a, h, h), a, h)
     return shape, 0, b.linear(a, h, m)
+EVEN_OPS = ("abs", "abs", "abs_method", "absolute", "abs_plus", "abs_times", "abs_shifted", "abs_sigmoid", "tanh_abs")
+"""What the ``even`` family draws in place of an activation: ``|z|`` in its three spellings, and near misses where its
+input-side sign flips must go (``|z| + z`` reads the input again, ``z ⊙ |z|`` is odd, ``|z − ½|`` is not even in
+``z``) or where only they hold (``σ(|z|)``: no scaling; ``|tanh z|``, which the rules need not find)."""
+
+
+def _even(b: _Builder) -> _Drawn:
+    """A model of another family (MLP, residual, norm, conv, pooling, gated, shared, outputs) whose activations are,
+    70 % of the time, ``|z|`` or a near miss of it (:data:`EVEN_OPS`, drawn from their own stream)."""
+    base = b.rng.choice(["mlp", "mlp", "residual", "norm", "conv", "pooling", "gated", "shared", "concat"])
+    b.evens = random.Random(b.rng.random())
+    b.variant.append(base)
+    return FAMILIES[base](b)
 
 
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
@@ -1302,6 +1332,7 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "shared": _shared, "albert": _albert, "block": _block, "layers": _layers, "shear": _shear,
     "outputs": _mlp,  # an MLP that generate() always makes return a dict or tuple, hidden values included
     "swish": _swish,
+    "even": _even,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
