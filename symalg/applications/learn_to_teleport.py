@@ -134,7 +134,7 @@ def tangent_coordinates(action: Action, params: Params, u: Mapping[str, torch.Te
         if not terms:
             return torch.zeros_like(zero).detach()
         needs = any(v.requires_grad for v in u.values())
-        (c,) = torch.autograd.grad(sum(terms), zero, create_graph=needs, allow_unused=True)
+        (c,) = torch.autograd.grad(torch.stack(terms).sum(), zero, create_graph=needs, allow_unused=True)
     return torch.zeros_like(zero).detach() if c is None else c
 
 
@@ -205,7 +205,9 @@ class MetaOptimizer(nn.Module):
 
     ``update_scale``: ``f_t = update_scale·m₁(∇_t)``; ``lr``: the base rate of ``"lr+tele"``; ``group_scale``:
     ``u = group_scale·m₂(∇_t)``; ``radius``: the bound on ``‖c‖`` per step (each ``g_t`` then has condition number
-    at most ``e^{2·radius}`` on an orthonormal algebra basis); ``second_order``: keep ``∇_t`` differentiable while
+    at most ``e^{2·radius}`` on an orthonormal algebra basis; the default 0.01 keeps the product over a
+    100-step trajectory within ``Σ‖c_t‖ ≤ 1``, the whole-teleport trust region ``TRAINING_RADIUS`` of
+    :mod:`~symalg.applications.teleport_optim`); ``second_order``: keep ``∇_t`` differentiable while
     training (``False``: detach it, as [Andrychowicz2016] does; the teleport's benefit — a larger ``∇_{t+1}`` —
     then reaches the meta-gradient only through ``L(θ + f)``). ``m₂``'s output layer starts at zero, so an
     untrained meta-optimiser does not teleport (``g_t = I``): random group elements compound over a trajectory
@@ -214,7 +216,7 @@ class MetaOptimizer(nn.Module):
     """
 
     def __init__(self, mode: str = "update+tele", hidden: int = 300, layers: int = 2, update_scale: float = 0.1,
-                 lr: float = 3e-4, group_scale: float = 0.01, radius: float = 0.1, second_order: bool = True) -> None:
+                 lr: float = 3e-4, group_scale: float = 0.01, radius: float = 0.01, second_order: bool = True) -> None:
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"MetaOptimizer: mode {mode!r} is not one of {MODES}")
@@ -225,6 +227,7 @@ class MetaOptimizer(nn.Module):
         if self.m2 is not None:        # g_t = I until the meta-gradient moves it
             nn.init.zeros_(self.m2.head.weight)
             nn.init.zeros_(self.m2.head.bias)
+        self._adam: torch.optim.Optimizer | None = None
 
     @property
     def teleports(self) -> bool:
@@ -279,6 +282,16 @@ class MetaOptimizer(nn.Module):
                 info.teleport_change = abs(after - before) / max(abs(before), 1e-300)
             return result, new_state, info
 
+    def adam(self, lrs: tuple[float, float]) -> torch.optim.Optimizer:
+        """Adam over ``m₁`` (rate ``lrs[0]``) and ``m₂`` (``lrs[1]``), made on the first call and kept, so that its
+        moments persist across :func:`meta_train` calls."""
+        if self._adam is None:
+            groups = [{"params": list(self.m1.parameters()), "lr": lrs[0]}]
+            if self.m2 is not None:
+                groups.append({"params": list(self.m2.parameters()), "lr": lrs[1]})
+            self._adam = torch.optim.Adam(groups)
+        return self._adam
+
     @staticmethod
     def _split(flat: torch.Tensor, task: Task) -> list[torch.Tensor]:
         out, start = [], 0
@@ -307,14 +320,9 @@ def meta_train(meta: MetaOptimizer, tasks: Iterable[Task], steps: int = 100, unr
     ``unroll`` steps one Adam step on ``m₁`` (rate ``lrs[0]``) and ``m₂`` (``lrs[1]``) from the mean loss of the
     window's iterates ``θ_{t+1} … θ_{t+unroll}``, then parameters and states are detached (truncated BPTT).
     A window whose loss is not finite ends the trajectory without an update. Adam's state persists across calls
-    through ``meta._adam``."""
+    (:meth:`MetaOptimizer.adam`)."""
     log = log if log is not None else MetaTrainLog()
-    if not hasattr(meta, "_adam"):
-        groups = [{"params": list(meta.m1.parameters()), "lr": lrs[0]}]
-        if meta.m2 is not None:
-            groups.append({"params": list(meta.m2.parameters()), "lr": lrs[1]})
-        meta._adam = torch.optim.Adam(groups)
-    adam: torch.optim.Optimizer = meta._adam
+    adam = meta.adam(lrs)
     for task in tasks:
         start = time.perf_counter()
         params: dict[str, torch.Tensor] = {n: v.detach() for n, v in task.params.items()}
