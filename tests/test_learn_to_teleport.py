@@ -137,14 +137,14 @@ def test_gd_baseline_and_stable_rate():
 @pytest.mark.parametrize("mode", MODES)
 def test_meta_training_lowers_the_meta_loss_on_held_out_trajectories(mode):
     # a tiny seeded task family (size 5, 12 steps, unroll 4, 4 training trajectories): the mean loss over two
-    # held-out trajectories drops (measured: to 0.61 / 0.58 / 0.94 of the untrained value for update+tele / update /
-    # lr+tele; the learned-rate mode adapts one scalar, so it moves least)
+    # held-out trajectories drops (measured: to 0.61 / 0.58 of the untrained value for update+tele / update; the
+    # learned-rate mode adapts one scalar, log lr, whose meta rate is raised to 0.1 so that 12 windows move it: 0.33)
     torch.manual_seed(0)
     meta = MetaOptimizer(mode, hidden=16)
     held_out = [leaky_relu_task(s, size=5) for s in range(2)]
     before = evaluate(meta, held_out, steps=12).losses.mean()
     log = meta_train(meta, [leaky_relu_task(100 + s, size=5) for s in range(4)], steps=12, unroll=4,
-                     lrs=(1e-2, 1e-2))
+                     lrs=(1e-1 if mode == "lr+tele" else 1e-2, 1e-2))
     after = evaluate(meta, held_out, steps=12).losses.mean()
     assert not any(log.diverged) and len(log.seconds) == len(log.meta_losses) == 4
     assert after < 0.97 * before
