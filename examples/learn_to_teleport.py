@@ -7,7 +7,8 @@ trajectories:
 - ``GD``: gradient descent at the printed rate 3e-4, and at the largest rate of a grid that does not diverge
   (``tuned``: every loss finite and never above the start over the trajectory);
 - ``LSTM(update)``: ``m₁`` only (``g_t = I``); ``LSTM(update,tele)``: ``m₁`` and ``m₂``;
-  ``LSTM(lr,tele)``: ``m₂`` and a learned learning rate.
+  ``LSTM(lr,tele)``: ``m₂`` and a learned learning rate;
+- the ablation ``LSTM(update,tele), g_t = I``: the ``m₁`` trained with ``m₂``, run without its group elements.
 
 Sizes (``--size``: the run's settings, printed at the start):
 
@@ -90,6 +91,13 @@ def main() -> None:
         tokens.update({f"{mode}_final": result.mean[-1], f"{mode}_final_std": result.std[-1],
                        f"{mode}_s_per_traj": float(np.mean(log.seconds)), f"{mode}_s_per_step": result.seconds_per_step,
                        f"{mode}_diverged": sum(log.diverged)})
+        if mode == "update+tele":            # ablation: the same trained m₁ with g_t = I
+            plain = MetaOptimizer("update", hidden=hidden)
+            plain.m1 = meta.m1
+            ablated = evaluate(plain, test, steps)
+            curves["LSTM(update,tele), g_t = I"] = ablated
+            tokens.update({"update+tele_without_g_final": ablated.mean[-1],
+                           "update+tele_without_g_final_std": ablated.std[-1]})
         print(f"{label}: meta-loss first/last trajectory {log.meta_losses[0]:.4g} / {log.meta_losses[-1]:.4g}, "
               f"test final {result.mean[-1]:.4g} ± {result.std[-1]:.2g}", flush=True)
     tokens["max_teleport_change"] = worst
