@@ -1197,7 +1197,9 @@ def layer_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
     state.restrict_label(label, {"O1", "S", "T1"}, node, f"{state.where(node)}: layer norm")
     _whole_vector_shifts(state, node, label, "the layer norm", k)
     normalised = label.map_segments(invariant=frozenset({"T1"}), power=Fraction(1))
-    if weight is None:
+    if weight is None:   # a bias alone (F.layer_norm(x, s, None, b)) is added to the value: it moves with the site
+        if bias is not None:
+            state.bind_reader(normalised, bias, 0, node, role="out")
         return normalised
     dim = label.dim if label.segments else -1
     return _diagonal_map(state, node, Label(dim, label.size, normalised.segments), weight, bias, dim, k + dim)
