@@ -1225,9 +1225,11 @@ def _zero_sum_readers(state: Inference, node: str, data: NodeData, bias: str | N
     >>> [s.group.name for s in symalg.derive(symalg.trace(model, (torch.randn(5, 4),))).symmetries]
     ['Translations(3, along 1)']
     """
-    shape = _normalized_shape(data)
-    why = f"it normalises over {len(shape)} axes, and a map reads one of them, whose slices need not sum to zero" \
-        if len(shape) > 1 else "its bias makes its output sum to 1ᵀβ, not 0" if bias is not None else ""
+    k, shape = len(_normalized_shape(data)), state.shape(data["inputs"][0])
+    if not shape:
+        return
+    why = f"it normalises over {k} axes, and a map reads one of them, whose slices need not sum to zero" \
+        if k > 1 else "its bias makes its output sum to 1ᵀβ, not 0" if bias is not None else ""
     for reader in state.graph.successors(node):
         site = state.new_site(node, shape[-1], name=f"{reader}.columns", allowed={"T1"})
         state.zero_sums[(node, reader)] = site
