@@ -94,7 +94,9 @@ def test_layer_norm_over_time_after_a_transpose(affine):
     # (the old claim) changes the output, and sign flips survive only without the norm's bias.
     model = Norm(nn.Linear(4, 4), nn.LayerNorm(5, elementwise_affine=affine), nn.Linear(5, 3), transpose=True)
     analysis = certified(model, torch.randn(6, 5, 4))
-    assert claims(analysis) == [("body", "Translations(4, bias)")]
+    # without a gain the head reads a zero-sum vector: its rows shift along 1 (W ↦ W + c 1ᵀ)
+    assert claims(analysis) == [("body", "Translations(4, bias)")] + \
+        ([] if affine else [("head.columns", "Translations(3, along 1)")])
     reasons = blocked_at(analysis, "norm")
     assert any("layer norm works along axes [-1], but the sites run along axis -2: only " +
                ("S, T" if affine else "S, SF, T") + " pass" in r for r in reasons)
@@ -178,7 +180,8 @@ def test_layer_norm_after_cat_claims_no_per_slice_shift(affine):
     expected = [("a", "S(2)"), ("c", "S(3)"), ("norm", "PositiveScaling(2, alpha=1)"), ("norm", "Shears(2)"),
                 ("norm", "SignFlips(2)"), ("norm#2", "PositiveScaling(3, alpha=1)"), ("norm#2", "Shears(3)"),
                 ("norm#2", "SignFlips(3)")] \
-        if affine else [("a", "O(2)_1"), ("c", "O(3)_1")]  # O1 on a slice keeps the global mean and centred norm
+        if affine else [("a", "O(2)_1"), ("c", "O(3)_1"),   # O1 on a slice keeps the global mean and centred norm
+                        ("head.columns", "Translations(2, along 1)")]   # the head reads the whole zero-sum vector
     assert claims(analysis) == expected
     notes = [b for b in analysis.blocked if b.node == "norm" and "shift along 1 of one of them" in b.reason]
     assert sorted(b.site for b in notes) == ["a", "c"]

@@ -400,6 +400,8 @@ def linear_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> 
     else:
         weight = _weight(state, inputs[1] if len(inputs) > 1 else None, pieces=True)
         bias = _bias(state, inputs[2] if len(inputs) > 2 else None)
+    _shift_reader_rows(state, node, data, weight)
+    if data["kind"] != "module":
         if weight is None or len(inputs) > 2 and inputs[2] is not None and bias is None:
             return unknown_rule(state, node, data, inputs)
         tensor, axis = weight.rows[0]
@@ -1187,13 +1189,17 @@ def layer_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
         return unknown_rule(state, node, data, inputs)
     k = len(_normalized_shape(data))
     weight, bias = data["params"].get("weight"), data["params"].get("bias")
+    if weight is None:
+        _zero_sum_readers(state, node, data, bias)
     if _across_sites(state, node, label, tuple(range(-k, 0)), {"S", "T"} | ({"SF"} if bias is None else set()),
                      "layer norm"):
         return label.map_segments(invariant=frozenset({"T"}))
     state.restrict_label(label, {"O1", "S", "T1"}, node, f"{state.where(node)}: layer norm")
     _whole_vector_shifts(state, node, label, "the layer norm", k)
     normalised = label.map_segments(invariant=frozenset({"T1"}), power=Fraction(1))
-    if weight is None:
+    if weight is None:   # a bias alone (F.layer_norm(x, s, None, b)) is added to the value: it moves with the site
+        if bias is not None:
+            state.bind_reader(normalised, bias, 0, node, role="out")
         return normalised
     dim = label.dim if label.segments else -1
     return _diagonal_map(state, node, Label(dim, label.size, normalised.segments), weight, bias, dim, k + dim)
@@ -1203,6 +1209,50 @@ def _normalized_shape(data: NodeData) -> tuple[int, ...]:
     """A layer or RMS norm's ``normalized_shape`` as a tuple (a module's setting, or ``F.layer_norm(x, 4)``'s int)."""
     shape = data["settings"]["normalized_shape"]
     return tuple(shape) if isinstance(shape, (list, tuple)) else (shape,)
+
+
+def _zero_sum_readers(state: Inference, node: str, data: NodeData, bias: str | None) -> None:
+    """A gain-free layer norm's output ``n`` sums to zero over the normalised axis, ``1ᵀn = 0``, so a linear map
+    reading all of it may add ``c 1ᵀ`` to its weight: ``(W + c 1ᵀ) n = W n`` for every ``c`` (one entry per output
+    row; gradient flow conserves the row sums ``W 1``). Every node reading ``n`` gets a site for that shift (kind
+    ``T1``, pattern ``"rows"`` on the weight's columns), which :func:`_shift_reader_rows` fills for a linear map; any
+    other reader (an activation, a dropout, a sum, a concatenation, a slice, a reshape) gets a note naming it. A norm
+    over several axes (a map reads the last, whose slices need not sum to zero) or with a bias (``1ᵀ(n + β) = 1ᵀβ``:
+    the reader's bias would have to give back ``c·1ᵀβ``, a shear conserving nothing) keeps none.
+
+    >>> import symalg, torch
+    >>> model = torch.nn.Sequential(torch.nn.LayerNorm(4, elementwise_affine=False), torch.nn.Linear(4, 3))
+    >>> [s.group.name for s in symalg.derive(symalg.trace(model, (torch.randn(5, 4),))).symmetries]
+    ['Translations(3, along 1)']
+    """
+    k, shape = len(_normalized_shape(data)), state.shape(data["inputs"][0])
+    if not shape:
+        return
+    why = f"it normalises over {k} axes, and a map reads one of them, whose slices need not sum to zero" \
+        if k > 1 else "its bias makes its output sum to 1ᵀβ, not 0" if bias is not None else ""
+    for reader in state.graph.successors(node):
+        site = state.new_site(node, shape[-1], name=f"{reader}.columns", allowed={"T1"})
+        state.zero_sums[(node, reader)] = site
+        if why:
+            state.restrict(site, set(), node, f"{state.where(node)} has no gain, but {why}")
+        elif state.graph.nodes[reader]["op"] != "linear":
+            state.restrict(site, set(), reader, f"{state.where(reader)} reads the output of the gain-free layer norm "
+                                                f"{node!r} and is no linear map: no shift of a reader's rows along 1")
+
+
+def _shift_reader_rows(state: Inference, node: str, data: NodeData, weight: str | WeightExpr | None) -> None:
+    """A linear map reading a gain-free layer norm's output (:func:`_zero_sum_readers`) as its input: its weight's
+    columns shift together, ``W ↦ W + c 1ᵀ``, when the weight is one whole parameter read as it is."""
+    for (norm, reader), site in state.zero_sums.items():
+        if reader != node:
+            continue
+        plain = _plain_map(state, weight) if weight is not None else None
+        if data["inputs"][0] != norm or plain is None or plain[1:] != (1, 0):
+            state.restrict(site, set(), node, f"{state.where(node)} reads the output of the gain-free layer norm "
+                                              f"{norm!r} but not as the input of one whole weight", blocked=True)
+            continue
+        columns = Binding(plain[0], 1, 0, state.shapes[plain[0]][1], role="in", node=node)
+        state.site(site).translations.append(("T1", node, TranslationFamily("rows", (columns,))))
 
 
 def _whole_vector_shifts(state: Inference, node: str, label: Label, what: str, axes: int = 1) -> None:

@@ -278,6 +278,9 @@ class Inference:
         self.pinned: list[tuple[Binding, str]] = []
         """``(region, node)``: tensor regions ``node`` reads against values nothing acts on (see :meth:`pin`)."""
         self.shapes = model_graph.shapes
+        self.zero_sums: dict[tuple[str, str], int] = {}
+        """``{(norm, reader): site}``: a site per node reading a gain-free layer norm's output, for the shift of the
+        reader's rows along ``1`` (``rules._zero_sum_readers``)."""
 
     # -- sites ----------------------------------------------------------------------------------
     def new_site(self, node: str, width: int, bindings: Iterable[Binding] = (), name: str | None = None,

@@ -208,6 +208,9 @@ OPS: dict[str, Op] = {
                    lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                               enable_gqa=True)),
     "neg": Op("-{0}", lambda m, x: -x),
+    "layer_norm_bare": Op("F.layer_norm({0}, ({d},))", lambda m, x, d: F.layer_norm(x, (d,))),
+    "layer_norm_bias": Op("F.layer_norm({0}, ({d},), None, self.{bias})",
+                          lambda m, x, d, bias: F.layer_norm(x, (d,), None, getattr(m, bias))),
     "dropout_fn": Op("F.dropout({0}, {p}, training={training})",
                      lambda m, x, p, training: F.dropout(x, p, training=training)),
     "sdpa_dropout": Op("F.scaled_dot_product_attention({0}, {1}, {2}, dropout_p={p}, is_causal={causal})",
@@ -1317,6 +1320,54 @@ input-side sign flips must go (``|z| + z`` reads the input again, ``z ⊙ |z|`` 
 ``z``) or where only they hold (``σ(|z|)``: no scaling; ``|tanh z|``, which the rules need not find)."""
 
 
+def _zero_sum(b: _Builder) -> _Drawn:
+    """lin → [act] → a norm → [an op] → a reader → [act → lin]: a linear map reading the whole output of a gain-free
+    LayerNorm (``nn.LayerNorm(d, elementwise_affine=False)``, ``F.layer_norm(x, (d,))``) may add ``c 1ᵀ`` to its
+    weight. Near misses: a gain, a bias alone, RMSNorm, a LayerNorm over ``(T, d)``; an activation, dropout (train or
+    eval), a residual sum, a concatenation, a slice or a transpose between; a reader whose weight another call shares
+    or that reads the norm through ``F.linear`` without a bias."""
+    rng = b.rng
+    n, d, m = b.width(), b.width(2), b.width()
+    shape = (rng.randint(2, 4), n) if rng.random() < 0.4 else (2, b.width(2), n)
+    x = b.linear("x", n, d)
+    x = b.act(x) if rng.random() < 0.3 else x
+    norm = rng.choice(["plain", "plain", "bare", "bias", "gain", "rms", "two_axes"])
+    norm = "plain" if norm == "two_axes" and len(shape) == 2 else norm
+    between = rng.choice(["none", "none", "none", "relu", "dropout", "dropout-eval", "add", "cat", "slice",
+                          "transpose"])
+    between = "none" if between == "transpose" and len(shape) == 2 else between
+    b.variant += [norm, between]
+    if norm in ("plain", "gain", "rms", "two_axes"):
+        cls, size = ("RMSNorm" if norm == "rms" else "LayerNorm"), ((shape[1], d) if norm == "two_axes" else d)
+        y = b.call(b.add(cls, size, elementwise_affine=norm == "gain", **({"bias": rng.random() < 0.5}
+                                                                          if norm == "gain" else {})), x)
+    else:
+        y = b.op("layer_norm_bare", x, d=d) if norm == "bare" else \
+            b.op("layer_norm_bias", x, d=d, bias=b.add("Parameter", d))
+    width = {"cat": 2 * d, "slice": d - 1, "transpose": shape[1]}.get(between, d)
+    if between == "relu":
+        y = b.act(y, ["relu"])
+    elif between.startswith("dropout"):
+        y = b.call(b.add("Dropout", 0.5, train=between == "dropout"), y)
+    elif between in ("add", "cat"):
+        y = b.op("add", y, x) if between == "add" else b.op("cat", y, x, dim=-1)
+    elif between == "slice":
+        y = b.ops("split", y, sizes=[d - 1, 1], outs=2)[0]
+    elif between == "transpose":
+        y = b.op("transpose", y, a=1, b=-1)
+    reader = rng.choice(["module", "module", "linear_w", "shared"])
+    b.variant.append(reader)
+    if reader == "linear_w":
+        out = b.op("linear_w", y, layer=b.add("Linear", width, m, bias=False))
+    elif reader == "shared":
+        layer = b.add("Linear", width, m, bias=rng.random() < 0.7)
+        other = b.act(b.linear("x", n, width))
+        out = b.op("add", b.call(layer, y), b.call(layer, other))
+    else:
+        out = b.linear(y, width, m)
+    return shape, 0, b.linear(b.act(out), m, b.width()) if rng.random() < 0.5 else out
+
+
 def _even(b: _Builder) -> _Drawn:
     """A model of another family (MLP, residual, norm, conv, pooling, gated, shared, outputs) whose activations are,
     70 % of the time, ``|z|`` or a near miss of it (:data:`EVEN_OPS`, drawn from their own stream)."""
@@ -1333,6 +1384,7 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "outputs": _mlp,  # an MLP that generate() always makes return a dict or tuple, hidden values included
     "swish": _swish,
     "even": _even,
+    "zero_sum": _zero_sum,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
