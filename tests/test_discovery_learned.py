@@ -6,7 +6,8 @@ import json
 import pytest
 import torch
 
-from symalg.discovery.learned import LearnedConfig, closure_loss, learn, printed_closure_loss, two_layer_linear
+from symalg.discovery.learned import (LearnedConfig, closure_loss, fundamental_field, learn, printed_closure_loss,
+                                      two_layer_linear)
 
 
 def _pair(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -61,3 +62,42 @@ def test_data_dependent_defaults_are_the_papers():
     assert (default.invariance, default.identity, default.nontrivial, default.orthogonal, default.sparse,
             default.lr, default.decay, default.decay_every, default.hidden) == \
         (10.0, 1.0, 1.0, 1.0, 0.1, 1e-3, 0.6, 1000, (64, 64, 64))
+
+
+
+def _scalar_run(**options: object) -> tuple[float, float, float]:
+    """Train on ``ℓ = (y − u v x)²`` (seed 0, 150 steps) and return the held-out mean over 64 fresh ``(θ, X)`` of
+    ``max_{|t|≤1} |ℓ(θ(t)) − ℓ(θ)| / (|ℓ(θ)| + 1)`` along the learned curve and along a random direction of the same
+    speed, and the overlap with the derived tangent ``(−u, v)``."""
+    loss, sample, tangent = two_layer_linear(1, 1, 1)
+    config = LearnedConfig(steps=150, hidden=(16, 16), lr=1e-2, batch=8, **options)  # type: ignore[arg-type]
+    result = learn(loss, sample, 1, config, tangent=tangent, seed=0)
+    rng = torch.Generator().manual_seed(123)
+    ts = torch.linspace(-1, 1, 9, dtype=torch.float64)
+    learned = random = 0.0
+    for _ in range(64):
+        theta, x = sample(rng)
+        base, h = loss(theta, x), result.generators[0]
+        speed = fundamental_field(lambda g, th: result.network(g, th, x), theta, h).norm()
+        r = torch.randn(theta.shape, generator=rng, dtype=theta.dtype)
+        r = r * speed / r.norm()
+        with torch.no_grad():
+            learned += max(float((loss(result.network(torch.linalg.matrix_exp(t * h), theta, x), x) - base).abs()
+                                 / (base.abs() + 1)) for t in ts)
+            random += max(float((loss(theta + t * r, x) - base).abs() / (base.abs() + 1)) for t in ts)
+    assert result.overlap is not None
+    return learned / 64, random / 64, result.overlap
+
+
+@pytest.mark.parametrize("finite", [0.0, 10.0])
+def test_normalised_invariance_beats_random_directions_on_the_scalar_network(finite):
+    # measured (seed 0): normalise alone 0.247 vs 0.751 random, overlap 0.98; with finite 10: 0.018 vs 0.038,
+    # overlap 0.97. The papers' weights shrink the field (both errors < 1e-3) with overlap 0.81: they fail here
+    learned, random, overlap = _scalar_run(normalise=True, finite=finite)
+    assert learned < 0.6 * random
+    assert overlap > 0.93
+
+
+def test_the_papers_weights_leave_the_field_misaligned():
+    learned, random, overlap = _scalar_run()
+    assert overlap < 0.9 and learned < 1e-2 and random < 1e-2     # short, barely aligned fields

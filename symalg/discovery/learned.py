@@ -106,13 +106,14 @@ class ActionNetwork(torch.nn.Module):
     dropped and only the identity loss asks for it: after a short training ``a(I, θ)`` is then far enough from
     ``θ`` to hide every held-out invariance figure)."""
 
-    def __init__(self, n: int, parameters: int, data: int, hidden: tuple[int, ...], exact_identity: bool = True):
+    def __init__(self, n: int, parameters: int, data: int, hidden: tuple[int, ...], exact_identity: bool = True,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         self.exact_identity = exact_identity
         sizes = [n * n + parameters + data, *hidden, parameters]
         layers: list[torch.nn.Module] = []
         for a, b in zip(sizes[:-1], sizes[1:]):
-            layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
+            layers += [torch.nn.Linear(a, b, dtype=dtype), torch.nn.Tanh()]
         self.mlp = torch.nn.Sequential(*layers[:-1])
         self.n, self.data = n, data
 
@@ -185,7 +186,7 @@ def learn(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], sample: Ca
     torch.manual_seed(seed)
     theta0, x0 = sample(rng)
     net = ActionNetwork(n, theta0.numel(), x0.numel() if config.data_input else 0, config.hidden,
-                        config.exact_identity).to(theta0.dtype)
+                        config.exact_identity, theta0.dtype)   # initialised in θ's dtype, whatever the default
     h = torch.nn.Parameter(torch.randn(config.generators, n, n, generator=rng, dtype=theta0.dtype) / n)
     optimiser = torch.optim.Adam([*net.parameters(), h], lr=config.lr)
     schedule = torch.optim.lr_scheduler.StepLR(optimiser, config.decay_every, config.decay)
