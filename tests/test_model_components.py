@@ -59,8 +59,10 @@ def test_layer_norm_without_gain_has_orthogonal_maps_fixing_ones():
     analysis = analyse(model, torch.randn(7, 3))
     # Theory: LN(g z) = g LN(z) for orthogonal g with g1 = 1 (the mean and the centred norm are kept):
     # O(6)_1 of dimension 5·4/2 = 10 on fc1's rows and fc2's columns; LN ignores shifts along 1, so
-    # fc1 may add 1vᵀ to its weight and 1 to its bias (3 + 1 translations). S(6) ⊂ O(6)_1.
-    assert sorted(analysis.table()) == [("fc1", "O(6)_1", 10), ("fc1", "Translations(4, along 1)", 4)]
+    # fc1 may add 1vᵀ to its weight and 1 to its bias (3 + 1 translations). S(6) ⊂ O(6)_1. The output n sums to zero
+    # (1ᵀn = 0), so fc2 may add c1ᵀ to its weight (2 translations).
+    assert sorted(analysis.table()) == [("fc1", "O(6)_1", 10), ("fc1", "Translations(4, along 1)", 4),
+                                        ("fc2.columns", "Translations(2, along 1)", 2)]
     # a general orthogonal map (a sign flip does not fix 1) is no symmetry
     model = model.double()
     x = torch.randn(7, 3, dtype=torch.float64)

@@ -387,25 +387,39 @@ def test_eval_mode_batch_norm_translations_move_the_running_mean():
 
 
 class GainFreeStream(nn.Module):
-    """A residual stream read only through LayerNorms without gain: O(d) fixing the all-ones vector."""
+    """A residual stream read only through LayerNorms without gain: O(d) fixing the all-ones vector. With
+    ``readers="linear"`` the maps reading the norms are ``nn.Linear``, so their rows may also move along ``1ᵀ``
+    (the norm's output sums to zero); ``"addmm"`` reads them by ``torch.addmm(b, x, Wᵀ)``, which keeps ``O(d)_1``
+    alone."""
 
-    def __init__(self, n, d, h, bias):
+    def __init__(self, n, d, h, bias, readers="addmm"):
         super().__init__()
         self.embed, self.head = nn.Linear(n, d, bias=bias), nn.Linear(d, 2, bias=bias)
         self.ln1, self.ln2 = (nn.LayerNorm(d, elementwise_affine=False) for _ in range(2))
         self.up, self.down = nn.Linear(d, h), nn.Linear(h, d, bias=bias)
+        self.readers = readers
+
+    def read(self, layer, x):
+        if self.readers == "linear":
+            return layer(x)
+        return torch.addmm(layer.bias, x, layer.weight.T) if layer.bias is not None else torch.mm(x, layer.weight.T)
 
     def forward(self, x):
         x = self.embed(x)
-        x = x + self.down(F.relu(self.up(self.ln1(x))))
-        return self.head(self.ln2(x))
+        x = x + self.down(F.relu(self.read(self.up, self.ln1(x))))
+        return self.read(self.head, self.ln2(x))
 
 
 # (1, 9, 1): dim O(9)_1 = 28, f = 9 − rank[embed rows, up columns, down rows, head columns | 1] = 9 − 6 = 3,
 # kernel so(3): 28 − 3 + 1 (the ReLU scaling) = 26
-@pytest.mark.parametrize("n, d, h, bias, expected", [(3, 6, 4, True, 14), (1, 9, 1, False, 26), (2, 9, 2, False, 30),
-                                                     (8, 5, 3, True, 9)])
+ORTHOGONAL_STREAMS = [(3, 6, 4, True, 14), (1, 9, 1, False, 26), (2, 9, 2, False, 30), (8, 5, 3, True, 9)]
+
+
+@pytest.mark.parametrize("n, d, h, bias, expected", [case for case in ORTHOGONAL_STREAMS if case[3]])
 def test_orthogonal_group_fixing_ones_has_a_closed_form(n, d, h, bias, expected):
+    """``O(d)_1`` alone (the norms read by ``torch.addmm``, which gets no row shift): the closed form. The bias-free
+    streams are in the next test: a bias-free ``torch.mm`` reader of a norm blocks the site, and ``nn.Linear``
+    readers bring their row shifts."""
     torch.manual_seed(n + d)
     model = GainFreeStream(n, d, h, bias).double()
     analysis = symalg.derive(symalg.trace(model, (torch.randn(4, n, dtype=torch.float64),)))
@@ -414,6 +428,20 @@ def test_orthogonal_group_fixing_ones_has_a_closed_form(n, d, h, bias, expected)
     assert {c.method for c in result.components} == {"closed form"}
     assert result.dimension == model_orbit_dimension(analysis, method="dense").dimension
     assert result.dimension == model_orbit_dimension_formula(analysis) == result.expected == expected
+
+
+@pytest.mark.parametrize("n, d, h, bias, expected", ORTHOGONAL_STREAMS)
+def test_linear_readers_of_a_gain_free_norm_add_their_row_shifts_to_the_orbit(n, d, h, bias, expected):
+    """``nn.Linear`` readers of the two norms: each may add ``c 1ᵀ`` to its weight (``h`` and 2 directions), which no
+    other symmetry's tangent reaches (``W Aᵀ = c1ᵀ`` with ``A`` antisymmetric, ``A1 = 0`` forces ``c = 0``; a ReLU
+    scaling moves rows along themselves), so the orbit grows by ``h + 2``; no closed form covers the two together,
+    and the structured rank equals the dense one."""
+    torch.manual_seed(n + d)
+    model = GainFreeStream(n, d, h, bias, readers="linear").double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(4, n, dtype=torch.float64),)))
+    assert {"up.columns", "head.columns"} <= {s.site for s in analysis.symmetries if s.group.kind == "T"}
+    result = model_orbit_dimension(analysis)
+    assert result.dimension == model_orbit_dimension(analysis, method="dense").dimension == expected + h + 2
 
 
 def test_a_group_kind_it_does_not_know_falls_back_to_a_dense_rank_over_its_component():
