@@ -96,6 +96,8 @@ from typing import Any, Mapping, TypeGuard
 import networkx as nx
 import torch
 
+from symalg.ir.graph import only_user
+
 __all__ = ["fold_attention", "dropout_active"]
 
 _LAYOUT = frozenset({"reshape", "flatten", "transpose", "permute", "identity", "unsqueeze", "squeeze", "getitem",
@@ -239,7 +241,7 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | _Unfolded | None:
     scores, modifiers = path
     body = {name, scores} | {m.node for m in modifiers}
     probabilities, random = name, False
-    while (after := _only_user(graph, probabilities)) is not None and \
+    while (after := only_user(graph, probabilities)) is not None and \
             graph.nodes[after]["op"] in ("dropout", "identity") and _single_input(graph.nodes[after]):
         probabilities, random = after, random or dropout_active(graph.nodes[after])
         body.add(probabilities)
@@ -252,7 +254,7 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | _Unfolded | None:
     if outside and random:
         return None
     body.add(user)
-    if any(_only_user(graph, n) not in body for n in body - {user, probabilities}):
+    if any(only_user(graph, n) not in body for n in body - {user, probabilities}):
         return None
     q, k = operands
     return _match_core(graph, q, k, graph.nodes[user]["inputs"][1], user, body, "explicit", modifiers,
@@ -288,7 +290,7 @@ def _scores_path(graph: nx.DiGraph, name: str) -> tuple[str, tuple[_Modifier, ..
             return None
         return name, (_Modifier(name, name, data["inputs"][0], True),)
     for modifier in _modifier_options(graph, name):
-        rest = _scores_path(graph, modifier.scores) if _only_user(graph, modifier.scores) == name else None
+        rest = _scores_path(graph, modifier.scores) if only_user(graph, modifier.scores) == name else None
         if rest is not None:
             return rest[0], (modifier,) + rest[1]
     return None
@@ -522,7 +524,7 @@ def _merge(graph: nx.DiGraph, out: str, queries: _Split, width: int) -> tuple[st
     path: list[str] = []
     best = 0 if queries.heads == 1 and _merged(index.long(), queries, width) else None   # one head: no merge
     node = out
-    while (user := _only_user(graph, node)) is not None and _is_layout(graph.nodes[user]):
+    while (user := only_user(graph, node)) is not None and _is_layout(graph.nodes[user]):
         replayed = _replay(graph, index, (user,))
         if replayed is None:
             break
@@ -564,7 +566,7 @@ def _probabilities_layout(graph: nx.DiGraph, probabilities: str, folded: set[str
         path.append(user)
         if index.numel() == slots.numel() * queries.length * keys and _heads_axis(index.long(), queries, keys, slots):
             best = tuple(path)
-        user = _only_user(graph, user)
+        user = only_user(graph, user)
     return (best, "heads") if best is not None else ((), "merged")
 
 
@@ -748,11 +750,6 @@ def _operand(data: dict, graph: nx.DiGraph) -> str:
     """The tensor a step reads (of a concatenation, the one that is not empty)."""
     return next(i for i in data["inputs"]
                 if i is not None and (data["op"] != "cat" or 0 not in graph.nodes[i]["shape"]))
-
-
-def _only_user(graph: nx.DiGraph, name: str) -> str | None:
-    users = list(graph.successors(name))
-    return users[0] if len(users) == 1 else None
 
 
 def _fold(graph: nx.DiGraph, match: _Match) -> None:

@@ -30,6 +30,9 @@ from typing import Any, Mapping
 
 import networkx as nx
 
+from symalg.ir.graph import only_user
+
+
 __all__ = ["fold_rms_norm"]
 
 
@@ -47,11 +50,6 @@ def fold_rms_norm(graph: nx.DiGraph) -> nx.DiGraph:
 
 def _users(graph: nx.DiGraph, name: str) -> list[str]:
     return list(graph.successors(name))
-
-
-def _only_user(graph: nx.DiGraph, name: str) -> str | None:
-    users = _users(graph, name)
-    return users[0] if len(users) == 1 else None
 
 
 def _sources(data: Mapping[str, Any]) -> list[str]:
@@ -100,7 +98,7 @@ def _match(graph: nx.DiGraph, rsqrt: str) -> tuple[str, str | None, float, int, 
     """``(x, weight node or None, eps, d, last node, nodes to remove)`` of the pattern around ``rsqrt``, else
     ``None``."""
     sources = _sources(graph.nodes[rsqrt])
-    if len(sources) != 1 or _only_user(graph, sources[0]) != rsqrt:
+    if len(sources) != 1 or only_user(graph, sources[0]) != rsqrt:
         return None
     add = graph.nodes[sources[0]]
     eps = _number(add["arguments"])
@@ -108,12 +106,12 @@ def _match(graph: nx.DiGraph, rsqrt: str) -> tuple[str, str | None, float, int, 
         return None
     mean = _sources(add)[0]
     shape = graph.nodes[mean]["shape"]
-    if not shape or _only_user(graph, mean) != sources[0] or len(_sources(graph.nodes[mean])) != 1 or \
+    if not shape or only_user(graph, mean) != sources[0] or len(_sources(graph.nodes[mean])) != 1 or \
             not _is_last_axis_mean(graph.nodes[mean], len(shape)):
         return None
     square = _sources(graph.nodes[mean])[0]
-    base = _squared(graph, square) if _only_user(graph, square) == mean else None
-    product = _only_user(graph, rsqrt)
+    base = _squared(graph, square) if only_user(graph, square) == mean else None
+    product = only_user(graph, rsqrt)
     if base is None or product is None or graph.nodes[product]["op"] != "mul" or \
             len(graph.nodes[product]["inputs"]) != 2:
         return None
@@ -130,9 +128,9 @@ def _match(graph: nx.DiGraph, rsqrt: str) -> tuple[str, str | None, float, int, 
         removed.append(cast)
         reader = cast
     tail = [product]
-    while (following := _only_user(graph, tail[-1])) is not None and _is_cast(graph.nodes[following]):
+    while (following := only_user(graph, tail[-1])) is not None and _is_cast(graph.nodes[following]):
         tail.append(following)
-    scale = _only_user(graph, tail[-1])
+    scale = only_user(graph, tail[-1])
     if scale is not None and graph.nodes[scale]["op"] == "mul" and len(graph.nodes[scale]["inputs"]) == 2:
         other = [i for i in graph.nodes[scale]["inputs"] if i != tail[-1]]
         if len(other) == 1 and other[0] is not None and graph.nodes[other[0]]["kind"] == "param" and \

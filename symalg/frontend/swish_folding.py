@@ -31,6 +31,9 @@ from typing import Any, Mapping
 
 import networkx as nx
 
+from symalg.ir.graph import only_user
+
+
 __all__ = ["fold_swish_beta"]
 
 
@@ -52,17 +55,12 @@ def _operands(data: Mapping[str, Any]) -> list[str]:
     return inputs if data["op"] == "mul" and len(inputs) == 2 and None not in inputs else []
 
 
-def _only_user(graph: nx.DiGraph, name: str) -> str | None:
-    users = list(graph.successors(name))
-    return users[0] if len(users) == 1 else None
-
-
 def _match(graph: nx.DiGraph, sigmoid: str) -> tuple[str, str, str, str] | None:
     """``(z, β node, inner product, outer product)`` of the pattern around ``sigmoid``, else ``None``."""
     sources = [i for i in graph.nodes[sigmoid]["inputs"] if i is not None]
-    outer = _only_user(graph, sigmoid)
+    outer = only_user(graph, sigmoid)
     if len(sources) != 1 or len(graph.nodes[sigmoid]["inputs"]) != 1 or outer is None or \
-            _only_user(graph, sources[0]) != sigmoid:
+            only_user(graph, sources[0]) != sigmoid:
         return None
     inner = sources[0]
     factors, others = _operands(graph.nodes[inner]), _operands(graph.nodes[outer])

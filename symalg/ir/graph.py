@@ -44,7 +44,14 @@ import torch
 
 from symalg.errors import SpecError
 
-__all__ = ["ModelGraph"]
+__all__ = ["ModelGraph", "only_user"]
+
+
+def only_user(graph: nx.DiGraph, name: str) -> str | None:
+    """The one node reading ``name`` in ``graph``, or ``None`` when none or several do (what a fold pass needs to
+    know before it may swallow ``name`` into a pattern)."""
+    users = list(graph.successors(name))
+    return users[0] if len(users) == 1 else None
 
 
 @dataclass(frozen=True, eq=False)
