@@ -187,17 +187,21 @@ def unknown_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) ->
     """An op nobody declared: every site it reads keeps only the kinds its input is invariant under, and
     every parameter it reads becomes opaque (no action may move it)."""
     for label in inputs:
-        if _is_param(label) or isinstance(label, WeightExpr):
-            for tensor in (label.tensors if isinstance(label, WeightExpr) else (label[1],)):
-                state.opaque.setdefault(tensor, node)
-        elif isinstance(label, Label):
-            state.restrict_label(label, set(), node, f"{state.where(node)}: op {data['op']!r} is not in the "
-                                                     "equivariance catalogue", blocked=True)
-        elif isinstance(label, tuple):
-            for item in label:
-                state.restrict_label(item, set(), node, f"{state.where(node)}: op {data['op']!r} is unknown",
-                                     blocked=True)
+        _freeze(state, node, label, f"{state.where(node)}: op {data['op']!r} is not in the equivariance catalogue")
     return Label.data()
+
+
+def _freeze(state: Inference, node: str, label: object, reason: str) -> None:
+    """Nothing ``label`` stands for may move: its sites keep only the kinds acting trivially on it (``reason`` in the
+    blocked note), a parameter (or a weight computed from parameters) becomes opaque; nested tuples alike."""
+    if _is_param(label) or isinstance(label, WeightExpr):
+        for tensor in (label.tensors if isinstance(label, WeightExpr) else (label[1],)):
+            state.opaque.setdefault(tensor, node)
+    elif isinstance(label, Label):
+        state.restrict_label(label, set(), node, reason, blocked=True)
+    elif isinstance(label, tuple):
+        for item in label:
+            _freeze(state, node, item, reason)
 
 
 @register_rule("input", "constant", "buffer", examples={
@@ -1397,7 +1401,7 @@ def _only_into(state: Inference, source: str, node: str) -> bool:
 
 
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
-                    v: list[Binding], heads_alike: bool = True, key_shifts: bool = True,
+                    v: list[Binding] | None, heads_alike: bool = True, key_shifts: bool = True,
                     kv_heads: int | None = None, rotary: Mapping[str, Any] | None = None,
                     value_shifts: bool = False) -> tuple[Label, Label]:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
@@ -1407,6 +1411,10 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
     (``(…, H·d_v)``) and the label of a per-head value's head axis ``-3`` (the attention probabilities
     ``softmax(s·Q_h K_hᵀ + M)``, ``(…, H, L_q, L_k)``): it carries the head permutations only, since the
     probabilities are invariant under every ``GL`` and key-bias translation here and do not depend on values.
+
+    ``v = None``: the values are not a map's output (``softmax(q kᵀ) σ(v x)``, or a value read elsewhere too), so
+    nothing models how they move: only the ``qk`` sites are made (the probabilities do not depend on the values),
+    no head may move (that would pair a head's scores with another head's values) and the output is data.
 
     With ``key_shifts`` (the softmax over keys ignores a per-query constant) each head's key bias translates:
     ``b_k ↦ b_k + t`` adds ``q_iᵀ t`` to every score of query ``i``, the same for all keys ``j``, so
@@ -1437,11 +1445,10 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
     groups = heads if kv_heads is None else kv_heads
     r = heads // groups
     d_k = q[0].width // heads
-    d_v = v[0].width // groups
-    stem = site_stem([b.tensor for b in q + k + v], node)  # the attention module's path (``attn``)
+    stem = site_stem([b.tensor for b in q + k + (v or [])], node)  # the attention module's path (``attn``)
     key_biases = [b for b in k if len(state.shapes[b.tensor]) == 1] if key_shifts else []
     rotation = _rotary_restriction(state, node, rotary)
-    value_biases = [b for b in v if len(state.shapes[b.tensor]) == 1] if value_shifts else []
+    value_biases = [b for b in v or () if len(state.shapes[b.tensor]) == 1] if value_shifts else []
     segments = []
     for g in range(groups):
         members = range(g * r, (g + 1) * r)
@@ -1453,11 +1460,17 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
                                            for b in key_biases)
         if rotation is not None:
             state.restrict(qk, rotation[0], node, rotation[1], blocked=rotation[2])
+        if v is None:
+            continue
+        d_v = v[0].width // groups
         site = state.new_site(node, d_v, [b.restrict(g * d_v, d_v) for b in v], name=f"{name}.vo",
                               allowed=(ALL - TRANSLATIONS) | ({"T"} if value_biases else set()))
         state.site(site).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(g * d_v, d_v),)))
                                              for b in value_biases)
         segments += [Segment(site, h * d_v, d_v) for h in members]
+    if v is None:
+        return Label.data(), Label(-3, heads, ())
+    d_v = v[0].width // groups
     permutations = []
     if r > 1:
         for g in range(groups):
@@ -1541,6 +1554,27 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
     return (Label(-1, d, (Segment(site, 0, d),)), head_axis if per_head else Label.data())
 
 
+def _map_outputs(state: Inference, node: str, pieces: Sequence[tuple[str, object, int, int]]) -> dict | None:
+    """The sites of the attention roots ``pieces`` (``(root, label, offset, width)``), when each is the whole output
+    of linear maps (out-bindings only, power 1) read by ``node`` alone, distinct roots have distinct sites, and
+    pieces of one packed root do not overlap; else ``None``."""
+    sites = {}
+    for root, label, _, _ in pieces:
+        if not isinstance(label, Label) or len(label.segments) != 1:
+            return None
+        segment = label.segments[0]
+        if segment.power != 1 or (segment.offset, segment.width, segment.block) != (0, label.size, 1):
+            return None
+        sites[root] = state.site(segment.site)
+    spans = sorted((root, offset, offset + width) for root, _, offset, width in pieces)
+    overlapping = any(a[0] == b[0] and b[1] < a[2] for a, b in zip(spans, spans[1:]))
+    if overlapping or len({s.id for s in sites.values()}) != len(sites) or \
+            not all(_only_into(state, s.node, node) for s in sites.values()) or \
+            any(b.role != "out" for site in sites.values() for b in site.bindings):
+        return None
+    return sites
+
+
 @register_rule("attention", examples={"attention": around(
     split_heads_attention, shape=(5, 3, 3), query=lambda: torch.nn.Linear(4, 4), key=lambda: torch.nn.Linear(4, 4),
     value=lambda: torch.nn.Linear(4, 4))})
@@ -1568,24 +1602,20 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
     roots = data["inputs"][:3]
     offsets = settings.get("offsets", (0, 0, 0))
     widths = (heads * settings["head_dim"], groups * settings["head_dim"], groups * settings["value_head_dim"])
-    sites = {}
-    for root, label in zip(roots, inputs[:3]):
-        segment = label.segments[0] if isinstance(label, Label) and len(label.segments) == 1 else None
-        whole = segment is not None and (segment.offset, segment.width, segment.block) == (0, label.size, 1)
-        if segment is None or segment.power != 1 or not whole:
+    pieces = list(zip(roots, inputs[:3], offsets, widths))
+    sites = _map_outputs(state, node, pieces)
+    value = inputs[2]
+    if sites is None:   # the values may come through an op: the scores alone keep their symmetries
+        sites = _map_outputs(state, node, pieces[:2]) if roots[2] not in roots[:2] else None
+        moved = {s.id for s in sites.values()} if sites is not None else set()
+        if sites is None or isinstance(value, Label) and any(seg.site in moved for seg in value.segments):
             return unknown_rule(state, node, data, inputs)
-        sites[root] = state.site(segment.site)
-    spans = sorted((root, offset, offset + width) for root, offset, width in zip(roots, offsets, widths))
-    overlapping = any(a[0] == b[0] and b[1] < a[2] for a, b in zip(spans, spans[1:]))
-    if overlapping or len({s.id for s in sites.values()}) != len(sites) or \
-            not all(_only_into(state, s.node, node) for s in sites.values()):
-        return unknown_rule(state, node, data, inputs)
-    if any(b.role != "out" for site in sites.values() for b in site.bindings):
-        return unknown_rule(state, node, data, inputs)
+        _freeze(state, node, value, f"{state.where(node)}: its values are not a linear map's output read by the "
+                                    "attention alone, so the value/output maps and the heads keep no symmetry")
     for site in sites.values():
         site.dissolved = True
-    q, k, v = ([b.restrict(offset, width) for b in sites[root].bindings]
-               for root, offset, width in zip(roots, offsets, widths))
+    q, k = ([b.restrict(offset, width) for b in sites[root].bindings] for root, _, offset, width in pieces[:2])
+    v = [b.restrict(offsets[2], widths[2]) for b in sites[roots[2]].bindings] if roots[2] in sites else None
     output, head_axis = attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
                                         key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"),
                                         rotary=settings.get("rotary"), value_shifts=settings.get("value_shifts", False))

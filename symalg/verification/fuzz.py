@@ -663,13 +663,20 @@ def _mha(b: _Builder) -> _Drawn:
 
 
 def _attention(b: _Builder) -> _Drawn:
-    """Hand-written single/multi-head attention, or ``F.scaled_dot_product_attention``."""
+    """Hand-written single/multi-head attention, or ``F.scaled_dot_product_attention``; at times the values pass
+    through an activation (before or after the head split: the scores keep their ``GL``, nothing else), and the near
+    misses where the value map's output is read again, or the values are computed from the queries."""
     rng = b.rng
     heads, dk = rng.randint(1, 3), rng.randint(1, 3)
     d, n, t, batch = heads * dk, b.width(), b.width(2), 2
     kind = rng.choice(["single", "multi", "sdpa"]) if heads > 1 else rng.choice(["single", "sdpa"])
     b.variant.append(f"{kind}-heads{heads}")
     q, k, v = (b.linear("x", n, d if kind != "single" else dk) for _ in range(3))
+    value = b.extra.choice(["", "", "", "act", "read", "query"] + ["act-split"] * (kind != "single"))
+    b.variant += [f"value-{value}"] * bool(value)
+    mapped = v
+    if value in ("act", "query"):
+        v = b.act(q if value == "query" else v)
     if kind == "single":
         # one head without a head split: written out, with bmm, by sdpa on (B, L, d); near misses where the query
         # or the key is read again (the output adds it, or it is also the value): QKᵀ is then not all that reads it
@@ -686,12 +693,16 @@ def _attention(b: _Builder) -> _Drawn:
             o = b.op("add", o, q)
     else:
         q, k, v = (b.op("transpose", b.op("reshape", z, shape=(batch, t, heads, dk)), a=1, b=2) for z in (q, k, v))
+        if value == "act-split":
+            v = b.act(v)
         if kind == "sdpa":
             o = b.op("sdpa", q, k, v, causal=rng.random() < 0.5)
         else:
             o = b.op("matmul", b.op("softmax", b.op("scale", b.op("matmul_t", q, k), c=dk ** -0.5), dim=-1), v)
         o = b.op("reshape", b.op("transpose", o, a=1, b=2), shape=(batch, t, d))
         dk = d
+    if value == "read":
+        o = b.op("add", o, mapped)
     return (batch, t, n), 0, b.linear(o, dk, b.width())
 
 
