@@ -318,7 +318,9 @@ SHEAR_PATTERNS = {
     # the readers
     "a biased linear": "linear", "two linears": "two", "an unbiased linear": "unbiased", "addmm": "addmm",
     "the residual sum": "residual", "returned": "returned", "a shared linear": "shared",
-    "a linear and a norm": "normed",
+    "a linear and a norm": "normed", "x + u, u the biased reader's output": "stream-add", "u + x": "stream-first",
+    "u − x": "stream-sub_first", "x − u": "stream-sub", "torch.add(x, u, alpha=c)": "stream-alpha",
+    "an activation reading x + u": "stream-act", "an unbiased map reading x + u": "stream-unbiased",
     "no value bias": "vbiasFalse", "no output bias": "obiasFalse", "merged heads returned": "returned",
     "causal -inf": "causal_fill", "finfo.min": "causal_fill_min", "finite fill": "finite", "sdpa dropout": "p0.3",
     "attention in training": "train", "pre-norm": "pre-ln",

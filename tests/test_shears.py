@@ -4,8 +4,10 @@
 ``b ↦ b − W t`` cancels. symalg claims it for a norm's bias (a LayerNorm read by biased linears: pre-LN blocks), a
 linear's bias across an identity site, and each attention head's value bias (rows of the attention weights sum to
 1, so ``P(V + 1tᵀ) = PV + 1tᵀ``), and nowhere a reader cannot give the change back (no bias, a sign change or a
-scale in between, the residual stream, the output, dropout on the attention weights). Each test derives without
-certification (the rules alone), checks every claim on every output, and names the node of each refusal.
+scale in between, the residual stream, the output, dropout on the attention weights). A biased map's output summed
+with the raw input (a residual stream nothing else moves) carries its shift on to the sum's readers. Each test
+derives without certification (the rules alone), checks every claim on every output, and names the node of each
+refusal.
 """
 import math
 
@@ -223,6 +225,42 @@ def test_a_linear_bias_across_an_identity_site_is_sheared_and_the_spec_agrees():
     assert [s.label for s in spec.symmetries] == ["GL(h) on 0", "Shears(h) on 0"]
     assert symalg.derive("linear(n, h) -> identity -> linear(h, m, bias=False)").symmetries[-1].label == \
         "GL(h) on 0"
+
+
+class Stream(nn.Module):
+    """``c(s)`` with ``s = x ∘ b(tanh(a x))``: a biased map's output summed with the raw input, which nothing moves
+    (``form``: ``x + u``, ``u + x``, ``u − x``; near misses ``x − u``, ``torch.add(x, u, alpha=2)``), read by ``c``
+    (biased or not, through ``relu`` or not)."""
+
+    def __init__(self, form="add", reader_bias=True, act=False):
+        super().__init__()
+        self.form, self.act = form, act
+        self.a, self.b, self.c = nn.Linear(2, 3), nn.Linear(3, 2), nn.Linear(2, 1, bias=reader_bias)
+
+    def forward(self, x):
+        u = self.b(torch.tanh(self.a(x)))
+        s = {"add": lambda: x + u, "first": lambda: u + x, "sub_first": lambda: u - x, "sub": lambda: x - u,
+             "alpha": lambda: torch.add(x, u, alpha=2.0)}[self.form]()
+        return self.c(torch.relu(s) if self.act else s)
+
+
+@pytest.mark.parametrize("form", ["add", "first", "sub_first"])
+def test_a_bias_summed_with_the_raw_input_moves_into_the_readers_bias(form):
+    torch.manual_seed(0)
+    analysis = analyse(Stream(form), torch.randn(6, 2))
+    found = shear(analysis, "b")
+    assert found.tensors == ("b.bias", "c.bias")
+    report = symalg.verify(analysis)
+    assert report.passed, report.summary()
+
+
+@pytest.mark.parametrize("options, node", [({"form": "sub"}, "sub"), ({"form": "alpha"}, "add"),
+                                           ({"reader_bias": False}, "c"), ({"act": True}, "relu")])
+def test_a_sum_with_the_raw_input_is_not_sheared_where_the_shift_arrives_changed_or_is_not_given_back(options, node):
+    torch.manual_seed(0)
+    analysis = analyse(Stream(**options), torch.randn(6, 2))
+    assert not any(s.sheared for s in analysis.symmetries)
+    assert notes(analysis, node)
 
 
 def test_an_affine_site_orbit_formula_matches_the_numeric_and_dense_ranks():

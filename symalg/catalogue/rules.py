@@ -575,9 +575,15 @@ def add_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Val
         return label
     if len(labels) == 2 and not (labels[0].segments and labels[1].segments):
         a, b = labels
-        state.restrict_label(a if a.segments else b, set(), node,
+        moved = a if a.segments else b
+        # a translation of the moved summand translates the sum alike (readers' biases may give it back); under
+        # ``a − b`` or ``torch.add(a, b, alpha=c)`` it would arrive negated or scaled, so only ``a + b`` and the
+        # first operand of ``a − b`` keep it
+        plain = data["arguments"].get("alpha", 1) == 1 and (data["op"] == "add" or moved is inputs[0])
+        kept = {"T"} if plain else set()
+        state.restrict_label(moved, kept, node,
                              f"{state.where(node)} adds a value nothing acts on (model input or unknown op)")
-        return a if a.segments else b
+        return moved
     if len(labels) != 2 or not _same_layout(*labels):
         for label in labels:
             state.restrict_label(label, set(), node, f"{state.where(node)}: summands with different site layouts",

@@ -208,6 +208,8 @@ OPS: dict[str, Op] = {
                    lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                               enable_gqa=True)),
     "neg": Op("-{0}", lambda m, x: -x),
+    "sub": Op("{0} - {1}", lambda m, a, b: a - b),
+    "add_alpha": Op("torch.add({0}, {1}, alpha={alpha})", lambda m, a, b, alpha: torch.add(a, b, alpha=alpha)),
     "layer_norm_bare": Op("F.layer_norm({0}, ({d},))", lambda m, x, d: F.layer_norm(x, (d,))),
     "layer_norm_bias": Op("F.layer_norm({0}, ({d},), None, self.{bias})",
                           lambda m, x, d, bias: F.layer_norm(x, (d,), None, getattr(m, bias))),
@@ -848,7 +850,9 @@ def _shear(b: _Builder) -> _Drawn:
     ``F.layer_norm``, an eval batch norm) or a linear's output through identity-like ops (``nn.Identity``, dropout
     on or off, a reshape, a transpose there and back, ``torch.cat`` with itself) or ops that change the shift
     (``-y``, ``y * c``, an activation), read by one or two biased or unbiased linears, ``addmm``, a linear shared
-    with another input, a linear and a norm, the residual sum, the output; or attention (:func:`_shear_attention`)
+    with another input, a linear and a norm, the residual sum, the output, a biased linear whose output is summed
+    with the raw input (``x + u``, ``u + x``, ``u − x``; near misses ``x − u``, ``torch.add(x, u, alpha=c)``, an
+    activation or an unbiased map reading the sum); or attention (:func:`_shear_attention`)
     whose value bias moves into the output projection's bias."""
     rng = b.rng
     n, d = b.width(), b.width()
@@ -892,9 +896,19 @@ def _shear(b: _Builder) -> _Drawn:
         y = b.act(y, ("relu", "tanh", "gelu"))
     m = b.width()
     readers = rng.choice(["linear", "linear", "two", "unbiased", "addmm", "residual", "returned", "shared",
-                          "normed"])
+                          "normed", "stream"])
     b.variant.append(readers)
-    if readers == "addmm" and len(shape) == 3:
+    if readers == "stream":   # a biased map's output summed with the raw input (nothing acts on it), then read
+        spelling = b.extra.choice(["add", "add", "first", "sub", "sub_first", "alpha", "act", "unbiased"])
+        b.variant.append(spelling)
+        u = b.linear(y, width, n, True)
+        stream = (b.op("sub", "x", u) if spelling == "sub" else b.op("sub", u, "x") if spelling == "sub_first" else
+                  b.op("add", u, "x") if spelling == "first" else
+                  b.op("add_alpha", "x", u, alpha=b.extra.choice([2.0, -1.0])) if spelling == "alpha" else
+                  b.op("add", "x", u))
+        stream = b.act(stream, ("relu", "tanh", "gelu")) if spelling == "act" else stream
+        out = b.linear(stream, n, m, spelling != "unbiased")
+    elif readers == "addmm" and len(shape) == 3:
         out = b.op("addmm", y, layer=b.add("Linear", width, m), n=width, shape=shape[:-1] + (m,))
     elif readers == "two":
         out = b.op("add", b.linear(y, width, m, rng.random() < 0.8), b.linear(y, width, m, rng.random() < 0.8))
