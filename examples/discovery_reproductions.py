@@ -156,8 +156,10 @@ def plot(rows: list[dict], out: str) -> list[str]:
     fig, axes = plt.subplots(1, len(firsts), figsize=(3.2 * len(firsts), 2.8), squeeze=False)
     for ax, row in zip(axes[0], firsts):
         learned = row["learned"]
+        moved = [i for i, t in enumerate(learned["t"]) if t]      # t = 0 changes nothing (a(I, θ) = θ)
         for key, label in CURVES:
-            ax.semilogy(learned["t"], [max(v, 1e-16) for v in learned[key]], label=label)
+            ax.semilogy([learned["t"][i] for i in moved], [max(learned[key][i], 1e-300) for i in moved], ".-",
+                        label=label)
         ax.set_title(f"{row['model']} (seed {row['seed']})")
         ax.set_xlabel("t")
     axes[0][0].set_ylabel("held-out |Δℓ| / (|ℓ| + 1)")
