@@ -15,6 +15,7 @@ Run: ``python benchmarks/bench_learned_discovery.py [--quick]``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -52,7 +53,7 @@ def figures(quick: bool = False, threads: int = 1) -> dict:
 def _row(name: str, quick: bool) -> dict:
     loss, sample, n, config = discovery_reproductions.problem(name, steps=1, generators=3, normalise=True,
                                                               finite=10.0)
-    config = LearnedConfig(**{**config.__dict__, "batch": 8 if quick else 32})
+    config = dataclasses.replace(config, batch=8 if quick else 32)
     rng = torch.Generator().manual_seed(0)
     draws = [[sample(rng) for _ in range(config.batch)] for _ in range(3 if quick else 6)]
     batches = [(torch.stack([d[0] for d in b]), torch.stack([d[1] for d in b]),

@@ -18,7 +18,9 @@ A group ``G ⊂ GL(n)`` acts on the parameters through an action network ``a_φ(
 
 Defaults are the papers' data-independent setting: ``γ_inv = 10``, ``γ_id = γ_reg = γ_orth = 1``,
 ``γ_sparse = 0.1``, learning rate ``1e-3`` decayed ``× 0.6`` every 1000 steps, MLP hidden ``64-64-64``; the
-closure weight (not given) is ``1`` and ``β`` (not given) ``1``.
+closure weight (not given) is ``1`` and ``β`` (not given) ``1``. :func:`training_loss` evaluates all of it for a
+batch in closed form (:meth:`ActionNetwork.jets`); :func:`reference_training_loss` is the same sum written with
+per-sample ``jvp`` s, the definition it is tested against.
 
 >>> import torch
 >>> theta, h = torch.tensor([1.0, 2.0]), torch.tensor([[0.0, 1.0], [0.0, 0.0]])
