@@ -30,9 +30,10 @@ def test_reproductions_quick_write_plots_and_figures(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     for name in ("discovery_curves.png", "discovery_generators.png"):
         assert (tmp_path / name).stat().st_size > 0
-    rows = {r["model"]: r for r in json.loads((tmp_path / "discovery_reproductions.json").read_text())}
+    rows = {r["model"]: r for r in json.loads((tmp_path / "discovery_reproductions.json").read_text())["runs"]}
     assert (rows["scalar"]["null_space"], rows["scalar"]["derived"]) == (1, 1)       # the rescaling
     # gl(2), and two fields along the kernel of the one-row reader W₂ (no new direction: docs/discovery.md)
     assert (rows["linear-2"]["null_space"], rows["linear-2"]["derived"], rows["linear-2"]["new_tangent"]) == (6, 4, 0)
     assert all(0.0 <= r["learned_in_derived"] <= 1.0 + 1e-9 for r in rows.values())
-    assert all(len(r["learned"]["t"]) == 9 for r in rows.values())
+    assert all(len(r["learned"]["t"]) == 9 and len(r["learned"]["tangent_curve"]) == 9 for r in rows.values())
+    assert all(0.0 <= r["new_fraction"] <= r["learned_in_exact"] + 1e-9 for r in rows.values())
