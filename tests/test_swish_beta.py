@@ -1,8 +1,9 @@
 """Swish with a trainable per-neuron β, ``W₂ (z ⊙ σ(β ⊙ z)) + b₂``, ``z = W₁x + b₁``: symalg derives
 ``(ℝ^×)^h`` (positive scalings and sign flips, ``β ↦ d⁻¹β``) from traced modules, certifies and verifies it, and
 its conserved quantity ``‖W₁[i]‖² + b₁ᵢ² − βᵢ² − ‖W₂[:, i]‖²`` prints, lowers and holds along gradient flow; the
-Noether laws of other dynamics follow. Near misses (a fixed or shared β, β on another axis, a shifted or another
-argument of the sigmoid, tanh, β read elsewhere) claim no scaling, even uncertified, and say which node blocked."""
+Noether laws of other dynamics follow; any other pointwise gate (``z ⊙ tanh(β ⊙ z)``, …) alike. Near misses (a fixed
+or shared β, β on another axis, a shifted or another argument of the sigmoid, a gate that is not pointwise, β read
+elsewhere) claim no scaling, even uncertified, and say which node blocked."""
 from __future__ import annotations
 
 import pytest
@@ -156,7 +157,8 @@ NEAR_MISSES = {
     "beta on another axis": (dict(beta_shape=(4, 1)), "reads one β"),
     "shifted argument": (dict(gate=lambda beta, z: beta * z + 0.5), "node 'mul'"),
     "squared argument": (dict(gate=lambda beta, z: beta * z * z), "node 'mul'"),
-    "tanh": (dict(act=torch.tanh), "node 'mul'"),
+    "softmax gate": (dict(act=lambda u: torch.softmax(u, -1)), "node 'mul'"),
+    "cumsum gate": (dict(act=lambda u: u.cumsum(-1)), "node 'mul'"),
 }
 
 
@@ -170,6 +172,25 @@ def test_near_misses_claim_no_scaling(name):
         assert not {"PS", "SF"} & {s.group.kind for s in analysis.symmetries}, labels(analysis)
         assert any(note in n and n.startswith("fc1 ") for n in notes(analysis)), notes(analysis)
     assert symalg.verify(analysis).passed
+
+
+@pytest.mark.parametrize("act", [torch.tanh, torch.nn.functional.gelu, torch.relu, torch.nn.Softplus()],
+                         ids=["tanh", "gelu", "relu", "softplus"])
+def test_any_pointwise_gate_is_folded_and_keeps_the_scalings_moving_beta(act):
+    """``z ⊙ f(β ⊙ z)``: ``(d z) ⊙ f((d⁻¹β) ⊙ (d z)) = d (z ⊙ f(β ⊙ z))`` for every pointwise ``f``."""
+    model = Swish(act=act)
+    raw = derive(model, certify=False)
+    (node,) = [v for v in raw.model_graph.nodes if raw.model_graph.node(v)["op"] == "swish_beta"]
+    assert raw.model_graph.node(node)["settings"]["gate"] in ("tanh", "gelu", "relu", "softplus")
+    scaling = next(s for s in raw.symmetries if s.group.kind == "PS")
+    assert "beta" in scaling.tensors
+    d = torch.tensor([2.0, 0.5, 3.0, 1.5])
+    params = dict(model.named_parameters())
+    moved = scaling.apply(params, d)
+    assert torch.allclose(moved["beta"], params["beta"] / d)
+    x = torch.randn(8, 3)
+    assert torch.allclose(torch.func.functional_call(model, moved, (x,)), model(x), atol=1e-12)
+    assert symalg.verify(raw).passed
 
 
 def test_other_pre_activation_and_beta_read_elsewhere():
@@ -196,8 +217,9 @@ def test_other_pre_activation_and_beta_read_elsewhere():
 def test_fuzz_family_draws_every_variant_and_its_raw_claims_hold():
     from symalg.verification import fuzz
     tokens = set().union(*(fuzz.generate(0, i, "swish").variant.split("-") for i in range(300)))
-    assert {"plain", "shared", "scalar", "time_axis", "constant", "shifted", "squared", "other", "tanh", "beta_read",
-            "product_read", "mul", "mul_fn", "mul_method", "sigmoid", "sigmoid_method", "act"} <= tokens
+    assert {"plain", "shared", "scalar", "time_axis", "constant", "shifted", "squared", "other", "gate", "tanh", "gelu",
+            "softmax", "cumsum", "beta_read", "product_read", "mul", "mul_fn", "mul_method", "sigmoid",
+            "sigmoid_method", "act"} <= tokens
     report = fuzz.run(60, seed=0, families=["swish"], certify=False, draws=1)
     assert report.models == 60 and not report.crashes and not report.hangs and not report.refusals
     assert report.claims > 60 and not report.false_claims, report.summary()

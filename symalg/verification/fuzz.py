@@ -209,6 +209,7 @@ OPS: dict[str, Op] = {
                                                                               enable_gqa=True)),
     "neg": Op("-{0}", lambda m, x: -x),
     "sub": Op("{0} - {1}", lambda m, a, b: a - b),
+    "cumsum": Op("{0}.cumsum(-1)", lambda m, x: x.cumsum(-1)),
     "add_alpha": Op("torch.add({0}, {1}, alpha={alpha})", lambda m, a, b, alpha: torch.add(a, b, alpha=alpha)),
     "layer_norm_bare": Op("F.layer_norm({0}, ({d},))", lambda m, x, d: F.layer_norm(x, (d,))),
     "layer_norm_bias": Op("F.layer_norm({0}, ({d},), None, self.{bias})",
@@ -1299,15 +1300,18 @@ def _layers(b: _Builder) -> _Drawn:
 def _swish(b: _Builder) -> _Drawn:
     """Swish with a trainable per-neuron ``β``, ``lin(z ⊙ σ(β ⊙ z))``, ``z = lin(x)``, on ``(B, n)`` or ``(B, T, n)``,
     with the products spelled ``*``, ``torch.mul`` or ``.mul`` in either order and the sigmoid as ``torch.sigmoid``,
-    ``F.sigmoid`` or ``.sigmoid()``; one ``β`` shared by two such layers; and near misses that must claim no scaling of
-    ``β``: a scalar ``β`` (shape ``()`` or ``(1,)``), ``β`` along the time axis (``(T, 1)``), a number instead of
-    ``β``, ``σ(β z + c)``, ``σ(β z z)``, ``σ(β z')`` of another layer's ``z'``, ``tanh`` for the sigmoid, ``β`` also
-    added to the output, the product ``β z`` also read outside the sigmoid."""
+    ``F.sigmoid`` or ``.sigmoid()``, or another pointwise gate (``tanh``, ``gelu``, ``relu``, …); one ``β`` shared
+    by two such layers; and near misses that must claim no scaling of ``β``: a scalar ``β`` (shape ``()`` or
+    ``(1,)``), ``β`` along the time axis (``(T, 1)``), a number instead of ``β``, ``σ(β z + c)``, ``σ(β z z)``,
+    ``σ(β z')`` of another layer's ``z'``, ``softmax`` or ``cumsum`` (not pointwise; ``z ⊙ g(β ⊙ z)`` keeps the
+    scalings for any ``g``, since its argument does not move, but the permutations only for a ``g`` that commutes
+    with them, which ``cumsum`` does not) for the sigmoid, ``β`` also added to the output, the product ``β z`` also
+    read outside the sigmoid."""
     rng = b.rng
     n, h, m = b.width(), b.width(), b.width()
     shape = (rng.randint(2, 5), n) if rng.random() < 0.6 else (2, b.width(2), n)
     variant = rng.choice(["plain"] * 4 + ["shared", "scalar", "time_axis", "constant", "shifted", "squared", "other",
-                          "tanh", "beta_read", "product_read"])
+                          "gate", "gate", "softmax", "cumsum", "beta_read", "product_read"])
     if variant == "time_axis" and len(shape) == 2:
         variant = "scalar"
     spell = rng.choice(["mul", "mul_fn", "mul_method"])
@@ -1328,8 +1332,14 @@ def _swish(b: _Builder) -> _Drawn:
             argument = b.op("shift", argument, c=0.5)
         elif variant == "squared":
             argument = product(argument, z)
-        gate = b.op("act", argument, name="tanh") if variant == "tanh" else \
-            b.op("act", argument, name="sigmoid") if sigmoid == "act" else b.op(sigmoid, argument)
+        if variant == "gate":
+            name = b.extra.choice(["tanh", "gelu", "relu", "softplus", "elu", "leaky_relu", "hardtanh", "mish", "selu"])
+            b.variant.append(name)
+            gate = b.op("act", argument, name=name)
+        elif variant in ("softmax", "cumsum"):
+            gate = b.op("softmax", argument, dim=-1) if variant == "softmax" else b.op("cumsum", argument)
+        else:
+            gate = b.op("act", argument, name="sigmoid") if sigmoid == "act" else b.op(sigmoid, argument)
         out = product(z, gate)
         if variant == "product_read":
             out = b.op("add", out, argument)
