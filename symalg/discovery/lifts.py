@@ -31,7 +31,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from symalg.discovery.exact import Discovery, ParameterLayout, _analysis, _finite_error, _Problem
+from symalg.discovery.exact import Discovery, ParameterLayout, _analysis, _finite_error, _Problem, dense_flow
 from symalg.errors import SpecError
 
 __all__ = ["Lift", "lift", "embed"]
@@ -96,7 +96,7 @@ def lift(report: Discovery, target: object, data: torch.Tensor | tuple | None = 
     lifted = []
     for g in report.generators:
         A, c = embed(g.A, g.c, report.layout, layout, names)
-        error = _finite_error(problem, layout, A, c, points)
+        error = _finite_error(problem, layout, dense_flow(A, c), points)
         moves = tuple(dict.fromkeys((names or {}).get(m, m) for m in g.moves))
         lifted.append(Lift(A, c, moves, error, error <= bar))
     return lifted
