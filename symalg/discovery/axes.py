@@ -271,7 +271,7 @@ class AxesLayout:
         k = values[0].shape[0]
         out = values[0].new_zeros(k, self.unknowns)
         residual = values[0].new_zeros(k)
-        norm = sum(v.pow(2).sum(1) for v in values)
+        norm = torch.stack([v.pow(2).sum(1) for v in values]).sum(0)
         eye = torch.eye(self.P, dtype=values[0].dtype)
         for t in self.names:
             own = [p for p in self.pieces if p.tensor == t]

@@ -17,9 +17,11 @@ held-out parameters and inputs (a finite, not infinitesimal, check).
 ``blocks="all"`` allows every pair (``P²`` unknowns); ``"local"`` only pairs of tensors of the same or of
 neighbouring modules (in the order of ``named_parameters``), which holds every catalogue symmetry of a chain
 of layers (each moves a layer's rows against the next one's columns) at a fraction of the unknowns;
-``"auto"`` (default) takes ``"all"`` up to ``max_unknowns`` and ``"local"`` beyond. A symmetry whose field
-needs a block outside the ansatz (a residual stream read by distant layers, under ``"local"``) is reported
-as outside it, never as missing.
+``"axes"`` (:mod:`symalg.discovery.axes`) one matrix per axis of each tensor, contractions of one tensor into
+another's shape and ``c`` (unknowns ``≈ Σ_T Σ_a n_a² + P``: no ``P × P`` matrix anywhere on that path); ``"auto"``
+(default) takes ``"all"``, then ``"local"`` up to ``max_unknowns``, then ``"axes"``. A symmetry whose field needs a
+block outside the ansatz (a residual stream read by distant layers, under ``"local"``) is reported as outside it,
+never as missing.
 
 **Readable basis.** The null space is returned in reduced row-echelon form (pivots chosen by a column-pivoted
 QR): each generator has a pivot entry 1 that no other generator has, so ``gl(h)`` comes out as the matrix
@@ -463,7 +465,7 @@ class _Problem:
         return tuple(factor * torch.randn(x.shape, generator=self.generator, dtype=x.dtype)
                      if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in self.inputs)
 
-    def sample_theta(self, layout: ParameterLayout, scale: float | None = None) -> torch.Tensor:
+    def sample_theta(self, layout: Layout, scale: float | None = None) -> torch.Tensor:
         """Gaussian parameters at the scale of the model's own (per tensor: their RMS, at least 0.1), times a
         random scale (:meth:`_scale`) or ``scale``."""
         factor = self._scale() if scale is None else scale
@@ -473,11 +475,11 @@ class _Problem:
             parts.append(torch.randn(layout.sizes[n], generator=self.generator, dtype=torch.float64) * own * factor)
         return torch.cat(parts)
 
-    def heldout(self, layout: ParameterLayout) -> list[tuple[torch.Tensor, tuple]]:
+    def heldout(self, layout: Layout) -> list[tuple[torch.Tensor, tuple]]:
         """Held-out ``(θ, inputs)`` at the scales ``0.3, 1, 10`` (the finite check's points)."""
         return [(self.sample_theta(layout, scale), self.sample_inputs(scale)) for scale in (0.3, 1.0, 10.0)]
 
-    def outputs(self, layout: ParameterLayout, inputs: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
+    def outputs(self, layout: Layout, inputs: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
         """``θ ↦`` every output flattened (``target="function"``) or the per-sample losses of the first output."""
         targets: dict[str, torch.Tensor] = {}
 
@@ -512,7 +514,7 @@ _CHUNK = 16
 """Samples whose Jacobians are computed in one ``vmap``."""
 
 
-def _jacobians(problem: "_Problem", layout: ParameterLayout, thetas: list[torch.Tensor],
+def _jacobians(problem: "_Problem", layout: Layout, thetas: list[torch.Tensor],
                inputs: list[tuple]) -> list[torch.Tensor]:
     """``J(θ_s, x_s)`` for every sample: one ``vmap`` of ``jacrev`` over the samples (network function), else (the
     loss, whose targets are drawn inside, or a model ``vmap`` cannot run) one ``jacrev`` per sample."""
@@ -878,7 +880,8 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
         of the example inputs' shapes at every sample (symmetries of the function).
     target : ``"function"`` (every output) or ``"loss"`` (the per-sample loss of the first output, targets drawn
         from ``seed``).
-    blocks : ``"auto"``, ``"all"`` or ``"local"`` (module docstring); ``max_unknowns`` the ``"auto"`` switch.
+    blocks : ``"auto"``, ``"all"``, ``"local"`` or ``"axes"`` (module docstring); ``max_unknowns`` the ``"auto"``
+        switch (the refusal is above ``4 × max_unknowns`` for every ansatz).
     oversampling : rows stacked per unknown; ``rtol`` the relative floor of the rank decision; ``tolerance`` the
         finite check's bar (relative output change).
     compare : compare with the derived symmetries (costs ``P + 1`` evaluations of their action).
@@ -916,8 +919,8 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     outside: list[str] = []
     vectors: list[torch.Tensor] = []
     if compare:
-        labels, vectors, outside = (_fitted_fields if mode == "axes" else _derived_fields)(
-            analysis, layout, problem)
+        labels, vectors, outside = _fitted_fields(analysis, layout, problem) if isinstance(layout, AxesLayout) \
+            else _derived_fields(analysis, layout, problem)
     E = torch.cat(vectors) if vectors else torch.zeros(0, n_u, dtype=torch.float64)
     Eo = _orthonormal(E)
     unconfirmed, residuals = [], []
@@ -938,7 +941,8 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
 
     generators = sorted((make(b, e) for b, e in zip(basis, explained_fraction)), key=lambda g: (g.moves, g.reads))
     new_generators = tuple(make(b, 0.0) for b in new_basis)
-    closure = (_sampled_closure_error if mode == "axes" else _closure_error)(basis, layout, N, seed)
+    closure = _sampled_closure_error(basis, layout, N, seed) if isinstance(layout, AxesLayout) else \
+        _closure_error(basis, layout, N, seed)
     combination = torch.randn(basis.shape[0], generator=problem.generator, dtype=torch.float64) @ basis \
         if basis.shape[0] else None
     combination_error = _finite_error(problem, layout, _layout_flow(layout, combination), heldout) \
