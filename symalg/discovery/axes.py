@@ -7,7 +7,8 @@
 
 ``L ×_a T`` multiplying the axis ``a`` of ``T`` by ``L`` (``n_a × n_a``) and ``S ×_a v`` contracting the axis ``a`` of
 another tensor ``S`` with ``v`` (``S`` with that axis removed must have ``T``'s shape). The unknowns grow like
-``Σ_T Σ_a n_a² + P``, not ``P²``: ``linear(2, h) -> act -> linear(h, 2)`` has ``≈ 2h²`` instead of ``25h²``.
+``Σ_T Σ_a n_a² + P``, not ``P²``: ``linear(2, h) -> act -> linear(h, 2)`` has ``3h² + 7h + 16`` instead of
+``(5h + 2)² + 5h + 2``.
 
 What it holds: every catalogue symmetry that moves tensors by linear maps of their axes (a site's ``GL``/``O``/
 positive scaling/permutation generators move a writer's rows, its bias and a reader's columns; attention's
