@@ -29,7 +29,7 @@ import symalg
 from symalg.discovery import exact
 
 WIDTHS = {"quick": (2,), "full": (2, 3, 4, 6, 8)}
-AXES_WIDTHS = {"quick": ((3, True),), "full": ((4, True), (8, True), (16, False), (24, False), (32, False))}
+AXES_WIDTHS = {"quick": ((2, True),), "full": ((4, True), (8, True), (16, False), (24, False), (32, False))}
 """``(width, with the dense baseline)`` of the axes-ansatz rows."""
 SOLVER_WIDTHS = {"quick": (3,), "full": (3, 5, 7, 9)}
 
@@ -87,8 +87,7 @@ def _stacked_rows(spec: str) -> tuple[int, torch.Tensor]:
     shapes = {n: tuple(problem.params[n].shape) for n in names}
     sizes = {n: math.prod(shapes[n]) for n in names}
     layout = exact.ParameterLayout(names, shapes, exact._blocks(names, sizes, "all", True, 10 ** 9), True)
-    R, _ = exact._constraints(problem, layout, 1.3, exact._gram_rank)
-    return layout.P, R
+    return layout.P, exact._constraints(problem, layout, 1.3, stack=True).matrix()
 
 
 def _solver_row(spec: str) -> dict:
