@@ -66,8 +66,48 @@ def _dims(shape: tuple[int, ...]) -> tuple[int, ...]:
     return shape if shape else (1,)
 
 
+class FlatParameters:
+    """The parameters ``names`` (of ``shapes``) flattened in that order: sizes, offsets, ``P`` and the conversions
+    (shared by the layouts of :mod:`symalg.discovery.exact` and :class:`AxesLayout`)."""
+
+    names: tuple[str, ...]
+    shapes: Mapping[str, tuple[int, ...]]
+
+    @cached_property
+    def sizes(self) -> dict[str, int]:
+        return {n: math.prod(self.shapes[n]) for n in self.names}
+
+    @cached_property
+    def offsets(self) -> dict[str, int]:
+        out, start = {}, 0
+        for n in self.names:
+            out[n] = start
+            start += self.sizes[n]
+        return out
+
+    @cached_property
+    def P(self) -> int:
+        return sum(self.sizes.values())
+
+    def flatten(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([params[n].reshape(-1) for n in self.names])
+
+    def unflatten(self, theta: torch.Tensor) -> Params:
+        size, offset = self.sizes, self.offsets
+        return {n: theta[offset[n]:offset[n] + size[n]].reshape(self.shapes[n]) for n in self.names}
+
+    def entry(self, index: int) -> str:
+        """``tensor[i, j]`` for a flat parameter index."""
+        for n in self.names:
+            start = self.offsets[n]
+            if index < start + self.sizes[n]:
+                where = np.unravel_index(index - start, self.shapes[n]) if self.shapes[n] else ()
+                return f"{n}[{', '.join(str(int(i)) for i in where)}]"
+        raise IndexError(index)
+
+
 @dataclass(frozen=True)
-class AxesLayout:
+class AxesLayout(FlatParameters):
     """The parameters flattened in ``named_parameters`` order and the unknowns of the axes ansatz (module docstring)."""
 
     names: tuple[str, ...]
@@ -103,42 +143,9 @@ class AxesLayout:
                 add("shift", t, t, 0, math.prod(shapes[t]))
         return AxesLayout(tuple(names), dict(shapes), affine, tuple(pieces))
 
-    # -- the parameters ------------------------------------------------------------------------------------------
-    @cached_property
-    def sizes(self) -> dict[str, int]:
-        return {n: math.prod(self.shapes[n]) for n in self.names}
-
-    @cached_property
-    def offsets(self) -> dict[str, int]:
-        out, start = {}, 0
-        for n in self.names:
-            out[n] = start
-            start += self.sizes[n]
-        return out
-
-    @cached_property
-    def P(self) -> int:
-        return sum(self.sizes.values())
-
     @cached_property
     def unknowns(self) -> int:
         return self.pieces[-1].start + self.pieces[-1].size if self.pieces else 0
-
-    def flatten(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([params[n].reshape(-1) for n in self.names])
-
-    def unflatten(self, theta: torch.Tensor) -> Params:
-        size, offset = self.sizes, self.offsets
-        return {n: theta[offset[n]:offset[n] + size[n]].reshape(self.shapes[n]) for n in self.names}
-
-    def entry(self, index: int) -> str:
-        """``tensor[i, j]`` for a flat parameter index."""
-        for n in self.names:
-            start = self.offsets[n]
-            if index < start + self.sizes[n]:
-                where = np.unravel_index(index - start, self.shapes[n]) if self.shapes[n] else ()
-                return f"{n}[{', '.join(str(int(i)) for i in where)}]"
-        raise IndexError(index)
 
     # -- the ansatz ----------------------------------------------------------------------------------------------
     def _view(self, theta: torch.Tensor, name: str) -> torch.Tensor:

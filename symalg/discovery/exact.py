@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from symalg.discovery.axes import AxesLayout
+from symalg.discovery.axes import AxesLayout, FlatParameters
 from symalg.errors import SpecError
 from symalg.frontend.outputs import output_tensors
 from symalg.numeric.orbit_rank import RankDecision, action_matrix
@@ -71,7 +71,7 @@ MAX_UNKNOWNS = 3000
 # the parameter layout and the unknowns
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ParameterLayout:
+class ParameterLayout(FlatParameters):
     """The parameters flattened in ``named_parameters`` order, and the unknowns ``(A blocks, c)``.
 
     ``blocks`` are ``(row tensor, column tensor)`` pairs: block ``(T, T')`` holds ``A[T, T']`` row-major;
@@ -82,22 +82,6 @@ class ParameterLayout:
     shapes: Mapping[str, tuple[int, ...]]
     blocks: tuple[tuple[str, str], ...]
     affine: bool
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        return {n: math.prod(self.shapes[n]) for n in self.names}
-
-    @property
-    def offsets(self) -> dict[str, int]:
-        out, start = {}, 0
-        for n in self.names:
-            out[n] = start
-            start += self.sizes[n]
-        return out
-
-    @property
-    def P(self) -> int:
-        return sum(self.sizes.values())
 
     @property
     def block_offsets(self) -> dict[tuple[str, str], int]:
@@ -152,22 +136,6 @@ class ParameterLayout:
         else:
             outside = outside + torch.linalg.norm(c) ** 2
         return torch.cat(parts), float(outside.sqrt())
-
-    def entry(self, index: int) -> str:
-        """``tensor[i, j]`` for a flat parameter index."""
-        for n in self.names:
-            start = self.offsets[n]
-            if index < start + self.sizes[n]:
-                where = np.unravel_index(index - start, self.shapes[n]) if self.shapes[n] else ()
-                return f"{n}[{', '.join(str(int(i)) for i in where)}]"
-        raise IndexError(index)
-
-    def flatten(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([params[n].reshape(-1) for n in self.names])
-
-    def unflatten(self, theta: torch.Tensor) -> Params:
-        size, offset = self.sizes, self.offsets
-        return {n: theta[offset[n]:offset[n] + size[n]].reshape(self.shapes[n]) for n in self.names}
 
     def field(self, vector: torch.Tensor, theta: torch.Tensor, constant: float = 1.0) -> torch.Tensor:
         """``Aθ + constant · c`` of one unknown vector."""
@@ -804,63 +772,60 @@ def _finite_error(problem: _Problem, layout: Layout, flow: Flow,
     return worst
 
 
-def _derived_fields(analysis: Analysis, layout: ParameterLayout, problem: _Problem
-                    ) -> tuple[list[str], list[torch.Tensor], list[str]]:
-    """``(labels, unknown vectors, outside)``: each derived continuous symmetry's fields ``M_i·θ = A_iθ + c_i``
-    as unknown vectors (one row per generator), read off :func:`action_matrix` at ``θ = 0`` and the unit vectors;
-    symmetries that move buffers or need blocks outside the ansatz go to ``outside``."""
-    labels, vectors, outside = [], [], []
-    P, params = layout.P, problem.params
-    for symmetry in analysis.symmetries:
-        if not symmetry.group.is_continuous:
-            continue
-        if symmetry.acts_on_buffers:
-            outside.append(f"{symmetry.label} (moves buffers)")
-            continue
-        one = dataclasses.replace(analysis, symmetries=(symmetry,))
-        zero = {n: torch.zeros_like(v) for n, v in params.items()}
-        base = action_matrix(one, zero)                       # rows: c_i
-        columns = []
-        for j in range(P):
-            unit = torch.zeros(P, dtype=torch.float64)
-            unit[j] = 1.0
-            columns.append(action_matrix(one, layout.unflatten(unit)) - base)   # A_i e_j
-        A_all = torch.stack(columns, dim=-1)                  # (k, P, P)
+Fit = Callable[[Analysis], tuple[torch.Tensor, bool]]
+"""A derived symmetry (an analysis with that one symmetry) ↦ its generators' unknown vectors and whether their
+fields lie outside the ansatz."""
+
+
+def _block_fit(layout: ParameterLayout, problem: _Problem) -> Fit:
+    """Fields read off :func:`action_matrix` at ``θ = 0`` (``c_i``) and the unit vectors (``A_i e_j``); outside when
+    an entry lies in a block the ansatz does not allow (relative ``10⁻¹²``)."""
+    P = layout.P
+
+    def fit(one: Analysis) -> tuple[torch.Tensor, bool]:
+        base = action_matrix(one, {n: torch.zeros_like(v) for n, v in problem.params.items()})       # rows: c_i
+        columns = [action_matrix(one, layout.unflatten(unit)) - base for unit in torch.eye(P, dtype=torch.float64)]
         rows, worst = [], 0.0
-        for A, c in zip(A_all, base):
+        for A, c in zip(torch.stack(columns, dim=-1), base):                     # A: the P × P A_i
             vec, out = layout.vector(A, c)
             worst = max(worst, out / max(float(torch.linalg.norm(A) + torch.linalg.norm(c)), 1e-300))
             rows.append(vec)
-        if worst > 1e-12:
-            outside.append(f"{symmetry.label} (outside the block ansatz)")
-            continue
-        labels.append(symmetry.label)
-        vectors.append(torch.stack(rows))
-    return labels, vectors, outside
+        return torch.stack(rows), worst > 1e-12
+    return fit
 
 
-def _fitted_fields(analysis: Analysis, layout: AxesLayout, problem: _Problem
-                   ) -> tuple[list[str], list[torch.Tensor], list[str]]:
-    """:func:`_derived_fields` for the axes ansatz without ``P × P`` matrices: each derived symmetry's fields
-    ``M_i·θ`` at :meth:`~AxesLayout.points_needed` random ``θ`` (:func:`action_matrix`), fitted by
-    :meth:`AxesLayout.fit` (least squares per moved tensor); a residual above ``10⁻⁸`` puts the symmetry under
-    ``outside``."""
-    labels, vectors, outside = [], [], []
+def _axes_fit(layout: AxesLayout, problem: _Problem) -> Fit:
+    """Fields ``M_i·θ`` at :meth:`~AxesLayout.points_needed` random ``θ`` (:func:`action_matrix`), fitted by
+    :meth:`AxesLayout.fit` (least squares per moved tensor, no ``P × P`` matrix); outside above a relative residual
+    of ``10⁻⁸``."""
     points = [problem.sample_theta(layout, 1.0) for _ in range(layout.points_needed())]
+
+    def fit(one: Analysis) -> tuple[torch.Tensor, bool]:
+        fitted, residual = layout.fit(points, [action_matrix(one, layout.unflatten(theta)) for theta in points])
+        return fitted, float(residual.max()) > 1e-8
+    return fit
+
+
+def _derived_fields(analysis: Analysis, layout: Layout, problem: _Problem
+                    ) -> tuple[list[str], list[torch.Tensor], list[str]]:
+    """``(labels, unknown vectors, outside)``: each derived continuous symmetry's fields ``M_i·θ = A_iθ + c_i``
+    as unknown vectors (one row per generator, :func:`_block_fit` or :func:`_axes_fit`); symmetries that move
+    buffers or whose fields lie outside the ansatz go to ``outside``."""
+    labels, vectors, outside = [], [], []
+    fit = _axes_fit(layout, problem) if isinstance(layout, AxesLayout) else _block_fit(layout, problem)
+    kind = "axes" if isinstance(layout, AxesLayout) else "block"
     for symmetry in analysis.symmetries:
         if not symmetry.group.is_continuous:
             continue
         if symmetry.acts_on_buffers:
             outside.append(f"{symmetry.label} (moves buffers)")
             continue
-        one = dataclasses.replace(analysis, symmetries=(symmetry,))
-        values = [action_matrix(one, layout.unflatten(theta)) for theta in points]
-        fitted, residual = layout.fit(points, values)
-        if float(residual.max()) > 1e-8:
-            outside.append(f"{symmetry.label} (outside the axes ansatz)")
+        rows, out = fit(dataclasses.replace(analysis, symmetries=(symmetry,)))
+        if out:
+            outside.append(f"{symmetry.label} (outside the {kind} ansatz)")
             continue
         labels.append(symmetry.label)
-        vectors.append(fitted)
+        vectors.append(rows)
     return labels, vectors, outside
 
 
@@ -919,8 +884,7 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     outside: list[str] = []
     vectors: list[torch.Tensor] = []
     if compare:
-        labels, vectors, outside = _fitted_fields(analysis, layout, problem) if isinstance(layout, AxesLayout) \
-            else _derived_fields(analysis, layout, problem)
+        labels, vectors, outside = _derived_fields(analysis, layout, problem)
     E = torch.cat(vectors) if vectors else torch.zeros(0, n_u, dtype=torch.float64)
     Eo = _orthonormal(E)
     unconfirmed, residuals = [], []
