@@ -10,6 +10,9 @@ The null-space solvers are compared on the same stacked rows in the same run (``
 (``solver="svd"``, the baseline) against the Gram solver (``"gram"``: ``eigh`` of ``RᵀR``, then the SVD of the
 thin ``R V`` on the candidates), timing the solve alone and the sampling loop's rank test with each, and checking
 that both return the same space (largest principal angle) with the Gram solver's certificate.
+The axes ansatz (``scaling_rows``): ``blocks="axes"`` (unknowns ``≈ Σ_T Σ_a n_a² + P``) at widths up to 32, with the
+dense ``blocks="all"`` baseline in the same run at the widths where it fits (a time ratio and the same dimension),
+each run with the comparison with the derived symmetries and the finite checks.
 Run: ``python benchmarks/bench_discovery.py [--quick]``.
 """
 from __future__ import annotations
@@ -26,6 +29,8 @@ import symalg
 from symalg.discovery import exact
 
 WIDTHS = {"quick": (2,), "full": (2, 3, 4, 6, 8)}
+AXES_WIDTHS = {"quick": ((2, True),), "full": ((4, True), (8, True), (16, False), (24, False), (32, False))}
+"""``(width, with the dense baseline)`` of the axes-ansatz rows."""
 SOLVER_WIDTHS = {"quick": (3,), "full": (3, 5, 7, 9)}
 
 
@@ -46,6 +51,34 @@ def _row(spec: str, blocks: str) -> dict:
             "ratio_to_derive": bare_s / derive_s}
 
 
+def _timed(analysis: object, blocks: str) -> tuple[symalg.discovery.Discovery, float]:
+    start = time.perf_counter()
+    report = symalg.discover(analysis, blocks=blocks)
+    return report, time.perf_counter() - start
+
+
+def _scaling_row(act: str, h: int, baseline: bool) -> dict:
+    """``discover(blocks="axes")`` and, with ``baseline``, ``"all"`` on ``linear(2, h) -> act -> linear(h, 2)``."""
+    spec = f"linear(2, {h}) -> {act} -> linear({h}, 2)"
+    analysis = symalg.derive(spec)
+    axes, axes_s = _timed(analysis, "axes")
+    row = {"spec": spec, "parameters": axes.parameters, "axes_unknowns": axes.unknowns, "samples": axes.samples,
+           "rows": axes.rows, "dimension": axes.dimension, "derived": axes.derived_dimension,
+           "explained": axes.explained, "new": axes.new, "outside": len(axes.outside), "confirmed": axes.confirmed,
+           "complete": bool(axes.certificate and axes.certificate.complete), "axes_s": axes_s}
+    if baseline:
+        dense, dense_s = _timed(analysis, "all")
+        row.update(all_unknowns=dense.unknowns, all_dimension=dense.dimension, all_s=dense_s,
+                   ratio=dense_s / axes_s)
+    return row
+
+
+def scaling_rows(quick: bool = False) -> list[dict]:
+    """The axes ansatz against the dense baseline (module docstring)."""
+    return [_scaling_row(act, h, baseline) for h, baseline in AXES_WIDTHS["quick" if quick else "full"]
+            for act in ("relu", "identity")]
+
+
 def _stacked_rows(spec: str) -> tuple[int, torch.Tensor]:
     """The rows ``discover(spec, blocks="all")`` stacks (the sampling loop run to its end once)."""
     analysis = symalg.derive(spec)
@@ -54,8 +87,7 @@ def _stacked_rows(spec: str) -> tuple[int, torch.Tensor]:
     shapes = {n: tuple(problem.params[n].shape) for n in names}
     sizes = {n: math.prod(shapes[n]) for n in names}
     layout = exact.ParameterLayout(names, shapes, exact._blocks(names, sizes, "all", True, 10 ** 9), True)
-    R, _ = exact._constraints(problem, layout, 1.3, exact._gram_rank)
-    return layout.P, R
+    return layout.P, exact._constraints(problem, layout, 1.3, stack=True).matrix()
 
 
 def _solver_row(spec: str) -> dict:
@@ -94,7 +126,7 @@ def figures(quick: bool = False) -> dict:
     if not quick:
         rows.append(_row("linear(2, 4) -> relu -> linear(4, 4) -> relu -> linear(4, 4) -> relu -> linear(4, 2)",
                          "local"))
-    return {"rows": rows, "solver_rows": solver_rows}
+    return {"rows": rows, "solver_rows": solver_rows, "scaling_rows": scaling_rows(quick)}
 
 
 def main() -> None:
@@ -119,6 +151,13 @@ def main() -> None:
               f"{r['dimension_svd']:3d}/{r['dimension_gram']:<3d} {r['sin_largest_angle']:8.1e} {r['svd_s']:7.2f} "
               f"{r['gram_s']:7.2f} {r['speedup']:5.1f} {r['svd_rank_s']:10.2f} {r['gram_rank_s']:11.2f} "
               f"{r['residual_gram']:8.1e} {r['floor_gram']:7.1e}")
+    print(f"\n{'axes ansatz vs all blocks':44s} {'P':>4s} {'axes n':>7s} {'dim':>4s} {'der':>4s} {'axes s':>8s} "
+          f"{'all n':>7s} {'all dim':>7s} {'all s':>8s} {'×':>6s}")
+    for r in result["scaling_rows"]:
+        dense = (f"{r['all_unknowns']:7d} {r['all_dimension']:7d} {r['all_s']:8.2f} {r['ratio']:6.1f}"
+                 if "all_s" in r else "")
+        print(f"{r['spec']:44s} {r['parameters']:4d} {r['axes_unknowns']:7d} {r['dimension']:4d} {r['derived']:4d} "
+              f"{r['axes_s']:8.2f} {dense}")
 
 
 if __name__ == "__main__":

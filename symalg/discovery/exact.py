@@ -17,9 +17,11 @@ held-out parameters and inputs (a finite, not infinitesimal, check).
 ``blocks="all"`` allows every pair (``P²`` unknowns); ``"local"`` only pairs of tensors of the same or of
 neighbouring modules (in the order of ``named_parameters``), which holds every catalogue symmetry of a chain
 of layers (each moves a layer's rows against the next one's columns) at a fraction of the unknowns;
-``"auto"`` (default) takes ``"all"`` up to ``max_unknowns`` and ``"local"`` beyond. A symmetry whose field
-needs a block outside the ansatz (a residual stream read by distant layers, under ``"local"``) is reported
-as outside it, never as missing.
+``"axes"`` (:mod:`symalg.discovery.axes`) one matrix per axis of each tensor, contractions of one tensor into
+another's shape and ``c`` (unknowns ``≈ Σ_T Σ_a n_a² + P``: no ``P × P`` matrix anywhere on that path); ``"auto"``
+(default) takes ``"all"``, then ``"local"`` up to ``max_unknowns``, then ``"axes"``. A symmetry whose field needs a
+block outside the ansatz (a residual stream read by distant layers, under ``"local"``) is reported as outside it,
+never as missing.
 
 **Readable basis.** The null space is returned in reduced row-echelon form (pivots chosen by a column-pivoted
 QR): each generator has a pivot entry 1 that no other generator has, so ``gl(h)`` comes out as the matrix
@@ -44,12 +46,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 import torch
 from torch.func import functional_call
 
+from symalg.discovery.axes import AxesLayout, FlatParameters
 from symalg.errors import SpecError
 from symalg.frontend.outputs import output_tensors
 from symalg.numeric.orbit_rank import RankDecision, action_matrix
@@ -59,7 +62,7 @@ from symalg.verification.verifier import _concrete, _inputs, _model
 __all__ = ["Generator", "Discovery", "discover", "ParameterLayout", "NullSpaceCertificate", "bracket"]
 
 Params = dict[str, torch.Tensor]
-BLOCK_MODES = ("auto", "all", "local")
+BLOCK_MODES = ("auto", "all", "local", "axes")
 MAX_UNKNOWNS = 3000
 """Largest number of unknowns ``blocks="auto"`` takes as ``"all"`` (a dense SVD of about ``1.3 n × n``)."""
 
@@ -68,7 +71,7 @@ MAX_UNKNOWNS = 3000
 # the parameter layout and the unknowns
 # ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class ParameterLayout:
+class ParameterLayout(FlatParameters):
     """The parameters flattened in ``named_parameters`` order, and the unknowns ``(A blocks, c)``.
 
     ``blocks`` are ``(row tensor, column tensor)`` pairs: block ``(T, T')`` holds ``A[T, T']`` row-major;
@@ -79,22 +82,6 @@ class ParameterLayout:
     shapes: Mapping[str, tuple[int, ...]]
     blocks: tuple[tuple[str, str], ...]
     affine: bool
-
-    @property
-    def sizes(self) -> dict[str, int]:
-        return {n: math.prod(self.shapes[n]) for n in self.names}
-
-    @property
-    def offsets(self) -> dict[str, int]:
-        out, start = {}, 0
-        for n in self.names:
-            out[n] = start
-            start += self.sizes[n]
-        return out
-
-    @property
-    def P(self) -> int:
-        return sum(self.sizes.values())
 
     @property
     def block_offsets(self) -> dict[tuple[str, str], int]:
@@ -150,21 +137,34 @@ class ParameterLayout:
             outside = outside + torch.linalg.norm(c) ** 2
         return torch.cat(parts), float(outside.sqrt())
 
-    def entry(self, index: int) -> str:
-        """``tensor[i, j]`` for a flat parameter index."""
-        for n in self.names:
-            start = self.offsets[n]
-            if index < start + self.sizes[n]:
-                where = np.unravel_index(index - start, self.shapes[n]) if self.shapes[n] else ()
-                return f"{n}[{', '.join(str(int(i)) for i in where)}]"
-        raise IndexError(index)
+    def field(self, vector: torch.Tensor, theta: torch.Tensor, constant: float = 1.0) -> torch.Tensor:
+        """``Aθ + constant · c`` of one unknown vector."""
+        A, c = self.dense(vector)
+        return A @ theta + constant * c
 
-    def flatten(self, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([params[n].reshape(-1) for n in self.names])
+    def normalised(self, vector: torch.Tensor) -> torch.Tensor:
+        """``vector`` scaled to ``‖Ã‖_F = 1`` (``Ã = [[A, c], [0, 0]]``; its entries are the unknowns)."""
+        return vector / max(float(torch.linalg.norm(vector)), 1e-300)
 
-    def unflatten(self, theta: torch.Tensor) -> Params:
-        size, offset = self.sizes, self.offsets
-        return {n: theta[offset[n]:offset[n] + size[n]].reshape(self.shapes[n]) for n in self.names}
+    def flow(self, vector: torch.Tensor, theta: torch.Tensor, t: float) -> torch.Tensor:
+        """``exp(t Ã)(θ, 1)`` by ``matrix_exp`` of the dense ``(P + 1) × (P + 1)`` matrix."""
+        A, c = self.dense(vector)
+        M = torch.zeros(self.P + 1, self.P + 1, dtype=A.dtype)
+        M[:self.P, :self.P], M[:self.P, self.P] = A, c
+        return (torch.linalg.matrix_exp(t * M) @ torch.cat([theta, theta.new_ones(1)]))[:self.P]
+
+    def terms(self, vector: torch.Tensor, cut: float) -> Iterator[tuple[str, str, float, str | None]]:
+        """``(moved tensor, moved entry, coefficient, read entry or None for c)`` for each entry above ``cut``."""
+        A, c = self.dense(vector)
+        tensor_of = [n for n in self.names for _ in range(self.sizes[n])]
+        for i, j in zip(*torch.nonzero(A.abs() > cut, as_tuple=True)):
+            yield tensor_of[int(i)], self.entry(int(i)), float(A[i, j]), self.entry(int(j))
+        for i in torch.nonzero(c.abs() > cut).reshape(-1).tolist():
+            yield tensor_of[i], self.entry(i), float(c[i]), None
+
+
+Layout = Union[ParameterLayout, AxesLayout]
+"""A layout of the unknowns: dense blocks (``"all"``/``"local"``) or the axes ansatz (:mod:`symalg.discovery.axes`)."""
 
 
 def _module(name: str) -> str:
@@ -181,6 +181,18 @@ def _blocks(names: Sequence[str], sizes: Mapping[str, int], mode: str, affine: b
     modules = list(dict.fromkeys(_module(n) for n in names))
     index = {m: i for i, m in enumerate(modules)}
     return tuple((r, c) for r, c in every if abs(index[_module(r)] - index[_module(c)]) <= 1)
+
+
+def _layout(names: Sequence[str], shapes: Mapping[str, tuple[int, ...]], mode: str, affine: bool,
+            max_unknowns: int) -> tuple[Layout, str]:
+    """The layout of ``mode`` and the mode taken: ``"auto"`` is ``"all"``, then ``"local"`` up to ``max_unknowns``,
+    then ``"axes"``."""
+    if mode != "axes":
+        sizes = {n: math.prod(shapes[n]) for n in names}
+        dense = ParameterLayout(tuple(names), shapes, _blocks(names, sizes, mode, affine, max_unknowns), affine)
+        if mode != "auto" or dense.unknowns <= max_unknowns:
+            return dense, mode
+    return AxesLayout.build(names, shapes, affine), "axes"
 
 
 def bracket(x: tuple[torch.Tensor, torch.Tensor], y: tuple[torch.Tensor, torch.Tensor]
@@ -210,17 +222,26 @@ class Generator:
     norm) that the derived symmetries span.
     """
 
-    A: torch.Tensor = field(repr=False)
-    c: torch.Tensor = field(repr=False)
+    vector: torch.Tensor = field(repr=False)
+    layout: "Layout" = field(repr=False)
     moves: tuple[str, ...]
     reads: tuple[str, ...]
     terms: tuple[tuple[str, float, str | None], ...] = field(repr=False)
     finite_error: float
     explained: float
 
+    @property
+    def A(self) -> torch.Tensor:
+        """The dense ``P × P`` linear part (built on demand: small models only under ``blocks="axes"``)."""
+        return self.layout.dense(self.vector)[0]
+
+    @property
+    def c(self) -> torch.Tensor:
+        return self.layout.field(self.vector, self.vector.new_zeros(self.layout.P))
+
     def field(self, theta: torch.Tensor) -> torch.Tensor:
         """``Aθ + c`` at a flat parameter vector."""
-        return self.A @ theta + self.c
+        return self.layout.field(self.vector, theta)
 
     def latex(self, limit: int = 6) -> str:
         """The field as ``\\dot\\theta`` equations, its first ``limit`` terms."""
@@ -290,7 +311,7 @@ class Discovery:
     unconfirmed_labels: tuple[str, ...]
     unconfirmed_errors: tuple[float, ...]
     tangent: tuple[int, int, int]
-    layout: ParameterLayout = field(repr=False)
+    layout: Layout = field(repr=False)
     certificate: NullSpaceCertificate | None = None
 
     @property
@@ -412,7 +433,7 @@ class _Problem:
         return tuple(factor * torch.randn(x.shape, generator=self.generator, dtype=x.dtype)
                      if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in self.inputs)
 
-    def sample_theta(self, layout: ParameterLayout, scale: float | None = None) -> torch.Tensor:
+    def sample_theta(self, layout: Layout, scale: float | None = None) -> torch.Tensor:
         """Gaussian parameters at the scale of the model's own (per tensor: their RMS, at least 0.1), times a
         random scale (:meth:`_scale`) or ``scale``."""
         factor = self._scale() if scale is None else scale
@@ -422,11 +443,11 @@ class _Problem:
             parts.append(torch.randn(layout.sizes[n], generator=self.generator, dtype=torch.float64) * own * factor)
         return torch.cat(parts)
 
-    def heldout(self, layout: ParameterLayout) -> list[tuple[torch.Tensor, tuple]]:
+    def heldout(self, layout: Layout) -> list[tuple[torch.Tensor, tuple]]:
         """Held-out ``(θ, inputs)`` at the scales ``0.3, 1, 10`` (the finite check's points)."""
         return [(self.sample_theta(layout, scale), self.sample_inputs(scale)) for scale in (0.3, 1.0, 10.0)]
 
-    def outputs(self, layout: ParameterLayout, inputs: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
+    def outputs(self, layout: Layout, inputs: tuple) -> Callable[[torch.Tensor], torch.Tensor]:
         """``θ ↦`` every output flattened (``target="function"``) or the per-sample losses of the first output."""
         targets: dict[str, torch.Tensor] = {}
 
@@ -461,7 +482,7 @@ _CHUNK = 16
 """Samples whose Jacobians are computed in one ``vmap``."""
 
 
-def _jacobians(problem: "_Problem", layout: ParameterLayout, thetas: list[torch.Tensor],
+def _jacobians(problem: "_Problem", layout: Layout, thetas: list[torch.Tensor],
                inputs: list[tuple]) -> list[torch.Tensor]:
     """``J(θ_s, x_s)`` for every sample: one ``vmap`` of ``jacrev`` over the samples (network function), else (the
     loss, whose targets are drawn inside, or a model ``vmap`` cannot run) one ``jacrev`` per sample."""
@@ -481,32 +502,87 @@ def _jacobians(problem: "_Problem", layout: ParameterLayout, thetas: list[torch.
     return [torch.func.jacrev(problem.outputs(layout, x))(theta) for theta, x in zip(thetas, inputs)]
 
 
-def _constraints(problem: "_Problem", layout: ParameterLayout, oversampling: float,
-                 rank_of: Callable[[torch.Tensor], int]) -> tuple[torch.Tensor, int]:
-    """The stacked constraint rows and the number of samples: each sample's rows (normalised, compressed to their
-    row space) until ``oversampling × unknowns`` independent rows per sample are stacked, then again 25% more
+def _sample_rows(problem: "_Problem", layout: Layout, thetas: list[torch.Tensor], inputs: list[tuple]
+                 ) -> tuple[list[torch.Tensor], list[int]]:
+    """Each sample's constraint rows (normalised, zero rows dropped) and the rank of its Jacobian, which bounds the
+    independent rows it brings (an SVD of the small ``r × P`` Jacobian, not of the ``r × unknowns`` rows)."""
+    rows, ranks = [], []
+    for theta, J in zip(thetas, _jacobians(problem, layout, thetas, inputs)):
+        J = J.reshape(-1, layout.P)
+        R = layout.rows(J, theta)
+        norms = R.norm(dim=1)
+        rows.append(R[norms > 0] / norms[norms > 0, None])
+        ranks.append(int(torch.linalg.matrix_rank(J, rtol=1e-12)) if J.numel() else 0)
+    return rows, ranks
+
+
+class _Rows:
+    """The constraint rows of the sampled ``(θ_s, x_s)``, built chunk by chunk (:data:`_CHUNK` samples).
+
+    ``stack=True`` (the SVD solver) keeps the rows, each sample's compressed to its row space (:func:`_compressed`).
+    ``stack=False`` (the Gram solver) never stacks them: ``RᵀR`` is accumulated per chunk and the chunks' draws
+    (their ``θ_s`` and inputs) are kept, so :meth:`times` recomputes ``R V`` for the second stage chunk by chunk: the
+    memory is ``n²`` (the Gram matrix) instead of ``m n``, at the price of computing the Jacobians twice.
+    """
+
+    def __init__(self, problem: "_Problem", layout: Layout, stack: bool):
+        self.problem, self.layout, self.stack = problem, layout, stack
+        self.stacked: list[torch.Tensor] = []
+        self.draws: list[tuple[list[torch.Tensor], list[tuple]]] = []
+        self.gram = torch.zeros(0 if stack else layout.unknowns, 0 if stack else layout.unknowns,
+                                dtype=torch.float64)
+        self.m = self.samples = self.count = 0
+
+    def add_chunk(self) -> None:
+        thetas = [self.problem.sample_theta(self.layout) for _ in range(_CHUNK)]
+        inputs = [self.problem.sample_inputs() for _ in range(_CHUNK)]
+        rows, ranks = _sample_rows(self.problem, self.layout, thetas, inputs)
+        self.samples += len(rows)
+        if self.stack:
+            rows = [_compressed(R) for R in rows]
+            self.stacked += rows
+            self.count += sum(max(R.shape[0], 1) for R in rows)
+        else:
+            chunk = torch.cat(rows)
+            self.gram.addmm_(chunk.T, chunk)
+            self.draws.append((thetas, inputs))
+            self.count += sum(max(r, 1) for r in ranks)
+        self.m += sum(R.shape[0] for R in rows)
+
+    def matrix(self) -> torch.Tensor:
+        """The stacked rows (``stack=True``)."""
+        return torch.cat(self.stacked) if self.stacked else torch.zeros(0, self.layout.unknowns, dtype=torch.float64)
+
+    def rank(self) -> int:
+        """The rank the sampling loop watches: ``matrix_rank`` of the rows, or (Gram) the eigenvalues of ``RᵀR``
+        above ``10⁻¹⁴ λ_max`` (:func:`_gram_rank`)."""
+        if self.stack:
+            R = self.matrix()
+            return int(torch.linalg.matrix_rank(R, rtol=1e-10)) if R.shape[0] else 0
+        return _eigen_rank(torch.linalg.eigvalsh(self.gram))
+
+    def times(self, V: torch.Tensor) -> torch.Tensor:
+        """``R V`` (``m × k``), recomputing the rows of the kept draws (Gram) or from the stacked rows."""
+        if self.stack:
+            return self.matrix() @ V
+        return torch.cat([torch.cat(_sample_rows(self.problem, self.layout, thetas, inputs)[0]) @ V
+                          for thetas, inputs in self.draws])
+
+
+def _constraints(problem: "_Problem", layout: Layout, oversampling: float, stack: bool) -> _Rows:
+    """Sample until ``oversampling × unknowns`` independent rows (estimated per sample) are in, then again 25% more
     samples until the rank stops growing (a sample's rows are often far fewer than its outputs: a linear layer's
     Jacobian spans ``in + 1`` directions per output, whatever the batch)."""
     n_u = layout.unknowns
-    stacked: list[torch.Tensor] = []
-    count, samples, rank = 0, 0, -1
-    target = int(oversampling * n_u) + 10
+    rows = _Rows(problem, layout, stack)
+    rank, target = -1, int(oversampling * n_u) + 10
     while True:
-        while count < target:
-            thetas = [problem.sample_theta(layout) for _ in range(_CHUNK)]
-            inputs = [problem.sample_inputs() for _ in range(_CHUNK)]
-            for theta, J in zip(thetas, _jacobians(problem, layout, thetas, inputs)):
-                R = layout.rows(J.reshape(-1, layout.P), theta)
-                norms = R.norm(dim=1, keepdim=True)
-                R = _compressed(R[norms[:, 0] > 0] / norms[norms[:, 0] > 0])
-                samples += 1
-                stacked.append(R)
-                count += max(R.shape[0], 1)
-        R = torch.cat(stacked)
-        now = rank_of(R) if R.shape[0] else 0
-        if now == rank or now == n_u or samples > 50 * n_u:
-            return R, samples
-        rank, target = now, count + max(count // 4, 10)
+        while rows.count < target:
+            rows.add_chunk()
+        now = rows.rank()
+        if now == rank or now == n_u or rows.samples > 50 * n_u:
+            return rows
+        rank, target = now, rows.count + max(rows.count // 4, 10)
 
 
 SOLVERS = ("auto", "svd", "gram")
@@ -569,31 +645,42 @@ def _gram(R: torch.Tensor, block: int = 4096) -> torch.Tensor:
     return G
 
 
-def _gram_rank(R: torch.Tensor) -> int:
-    """The rank the sampling loop watches, from the eigenvalues of ``RᵀR`` (``σ > 10⁻⁷ σ_max``): ``eigvalsh`` of an
-    ``n × n`` matrix instead of the SVD of the ``m × n`` rows."""
-    lam = torch.linalg.eigvalsh(_gram(R))
+def _eigen_rank(lam: torch.Tensor) -> int:
+    """The eigenvalues of ``RᵀR`` above ``10⁻¹⁴ λ_max`` (``σ > 10⁻⁷ σ_max``)."""
     return int((lam > 1e-14 * float(lam[-1])).sum()) if lam.numel() and float(lam[-1]) > 0 else 0
 
 
+def _gram_rank(R: torch.Tensor) -> int:
+    """The rank the sampling loop watches, from the eigenvalues of ``RᵀR``: ``eigvalsh`` of an ``n × n`` matrix
+    instead of the SVD of the ``m × n`` rows."""
+    return _eigen_rank(torch.linalg.eigvalsh(_gram(R)))
+
+
 def _gram_null_space(R: torch.Tensor, rtol: float) -> tuple[torch.Tensor, RankDecision, NullSpaceCertificate]:
+    """:func:`_gram_null_space_of` on stacked rows."""
+    return _gram_null_space_of(_gram(R), R.shape[0], lambda V: R @ V, rtol)
+
+
+def _gram_null_space_of(G: torch.Tensor, m: int, times: Callable[[torch.Tensor], torch.Tensor], rtol: float
+                        ) -> tuple[torch.Tensor, RankDecision, NullSpaceCertificate]:
     """The null space of ``R`` in two stages: ``eigh(RᵀR)`` (one symmetric eigenproblem, ``n × n``) keeps the
     eigenvectors ``V`` with ``λ ≤ CANDIDATE · λ_max``; the SVD of the thin ``R V`` (``m × k``, ``k`` the candidates)
     then applies the same rank rule as the dense SVD to singular values of ``R`` itself, which squaring would lose
     below ``√ε σ_max``. A null vector's component outside ``span V`` along an eigenvector of eigenvalue ``λ_j`` is
     ``|E_j|/λ_j`` (``E`` the rounding of ``RᵀR``), so it adds ``≲ ε σ_max / √CANDIDATE ≈ 2·10⁻¹²·σ_max`` to ``‖R v‖``:
     far below the rank threshold. :class:`NullSpaceCertificate` records the computed residual and the floor."""
-    m, n = R.shape
-    G = _gram(R)
+    n = G.shape[0]
     lam, V = torch.linalg.eigh(G)
     lam_max = float(lam[-1]) if lam.numel() else 0.0
-    if lam_max <= 0:
-        return _svd_null_space(R, rtol)
+    if lam_max <= 0:                                            # no constraint: every direction is null
+        return (torch.eye(n, dtype=G.dtype), RankDecision("constraints", 0, (m, n), 0.0, None, None),
+                NullSpaceCertificate("gram", 0.0, math.inf, 0.0, n))
     sigma = math.sqrt(lam_max)
     threshold = _threshold(sigma, (m, n), rtol)
     k = int((lam <= CANDIDATE * lam_max).sum())
     Vc = V[:, :k]
-    _, S, Vh = torch.linalg.svd(R @ Vc, full_matrices=True) if k else (None, lam[:0], Vc.T)
+    RV = times(Vc) if k else None
+    _, S, Vh = torch.linalg.svd(RV, full_matrices=True) if RV is not None else (None, lam[:0], Vc.T)
     small = S <= threshold
     d = int(small.sum()) + (k - S.numel())                     # singular values of R V that are not listed are 0
     N = Vh[k - d:] @ Vc.T if d else Vc.T[:0]
@@ -602,7 +689,7 @@ def _gram_null_space(R: torch.Tensor, rtol: float) -> tuple[torch.Tensor, RankDe
         above.append(math.sqrt(max(float(lam[k]), 0.0)))
     dropped = float(S[small].max()) if bool(small.any()) else (0.0 if d else None)
     decision = RankDecision("constraints", n - d, (m, n), threshold, min(above) if above else None, dropped)
-    residual = float(torch.linalg.matrix_norm(R @ N.T, ord=2)) / sigma if d else 0.0
+    residual = float(torch.linalg.matrix_norm(RV @ (Vc.T @ N.T), ord=2)) / sigma if d and RV is not None else 0.0
     delta = (m + n) * torch.finfo(torch.float64).eps * lam_max
     floor = math.sqrt(max(float(lam[k]) - delta, 0.0)) / sigma if k < n else math.inf
     return N, decision, NullSpaceCertificate("gram", residual, floor, threshold / sigma, k)
@@ -638,39 +725,46 @@ def _orthonormal(M: torch.Tensor, rtol: float = 1e-8, atol: float = 0.0) -> torc
     return Vh[S > max(rtol * float(S[0]), atol)] if S.numel() else Vh[:0]
 
 
-def _generator(vector: torch.Tensor, layout: ParameterLayout, error: float, explained: float) -> Generator:
-    A, c = layout.dense(vector)
-    scale = float(torch.linalg.norm(vector))
-    cut = 1e-10 * scale
-    terms: list[tuple[str, float, str | None]] = []
-    rows_i, cols_j = torch.nonzero(A.abs() > cut, as_tuple=True)
-    terms += [(layout.entry(int(i)), float(A[i, j]), layout.entry(int(j))) for i, j in zip(rows_i, cols_j)]
-    terms += [(layout.entry(int(i)), float(c[i]), None) for i in torch.nonzero(c.abs() > cut).reshape(-1)]
-    tensor_of = [n for n in layout.names for _ in range(layout.sizes[n])]
-    moved = sorted({int(i) for i in rows_i} | {int(i) for i in torch.nonzero(c.abs() > cut).reshape(-1)})
-    moves = tuple(dict.fromkeys(tensor_of[i] for i in moved))
-    reads = tuple(dict.fromkeys(tensor_of[int(j)] for j in sorted(set(int(j) for j in cols_j))))
-    return Generator(A, c, moves, reads, tuple(terms), error, explained)
+def _generator(vector: torch.Tensor, layout: Layout, error: float, explained: float) -> Generator:
+    terms = list(layout.terms(vector, 1e-10 * float(torch.linalg.norm(vector))))
+    moved = {t for t, _, _, _ in terms}
+    read = {r.partition("[")[0] for _, _, _, r in terms if r is not None}
+    moves, reads = tuple(n for n in layout.names if n in moved), tuple(n for n in layout.names if n in read)
+    return Generator(vector, layout, moves, reads, tuple((m, v, r) for _, m, v, r in terms), error, explained)
 
 
-def _finite_error(problem: _Problem, layout: ParameterLayout, A: torch.Tensor, c: torch.Tensor,
-                  points: Sequence[tuple[torch.Tensor, tuple]]) -> float:
-    """Largest relative change of every output along ``exp(±Ã)`` (``Ã`` scaled to Frobenius norm 1) from the
-    held-out ``points``."""
-    P = layout.P
+Flow = Callable[[torch.Tensor, float], torch.Tensor]
+"""``(θ, t) ↦ exp(t Ã)(θ, 1)``."""
+
+
+def dense_flow(A: torch.Tensor, c: torch.Tensor) -> Flow:
+    """The flow of ``Aθ + c`` with ``Ã = [[A, c], [0, 0]]`` scaled to Frobenius norm 1, by ``matrix_exp``."""
+    P = A.shape[0]
     M = torch.zeros(P + 1, P + 1, dtype=A.dtype)
     M[:P, :P], M[:P, P] = A, c
     M = M / max(float(torch.linalg.norm(M)), 1e-300)
+    return lambda theta, t: (torch.linalg.matrix_exp(t * M) @ torch.cat([theta, theta.new_ones(1)]))[:P]
+
+
+def _layout_flow(layout: Layout, vector: torch.Tensor) -> Flow:
+    """The flow of one unknown vector, scaled by ``layout.normalised`` (Frobenius norm 1 for dense blocks, an
+    operator-norm bound 1 for the axes ansatz)."""
+    unit = layout.normalised(vector)
+    return lambda theta, t: layout.flow(unit, theta, t)
+
+
+def _finite_error(problem: _Problem, layout: Layout, flow: Flow,
+                  points: Sequence[tuple[torch.Tensor, tuple]]) -> float:
+    """Largest relative change of every output along ``flow`` at ``t = ±1`` from the held-out ``points``."""
     problem_target, problem.target = problem.target, "function"
     try:
         worst = 0.0
-        flows = [torch.linalg.matrix_exp(t * M) for t in (1.0, -1.0)]
         for theta, inputs in points:
             f = problem.outputs(layout, inputs)
             with torch.no_grad():
                 base = f(theta)
-                for flow in flows:
-                    moved = (flow @ torch.cat([theta, theta.new_ones(1)]))[:P]
+                for t in (1.0, -1.0):
+                    moved = flow(theta, t)
                     worst = max(worst, float(torch.linalg.norm(f(moved) - base) /
                                              max(float(torch.linalg.norm(base)), 1e-300)))
     finally:
@@ -678,38 +772,60 @@ def _finite_error(problem: _Problem, layout: ParameterLayout, A: torch.Tensor, c
     return worst
 
 
-def _derived_fields(analysis: Analysis, layout: ParameterLayout, params: Mapping[str, torch.Tensor]
+Fit = Callable[[Analysis], tuple[torch.Tensor, bool]]
+"""A derived symmetry (an analysis with that one symmetry) ↦ its generators' unknown vectors and whether their
+fields lie outside the ansatz."""
+
+
+def _block_fit(layout: ParameterLayout, problem: _Problem) -> Fit:
+    """Fields read off :func:`action_matrix` at ``θ = 0`` (``c_i``) and the unit vectors (``A_i e_j``); outside when
+    an entry lies in a block the ansatz does not allow (relative ``10⁻¹²``)."""
+    P = layout.P
+
+    def fit(one: Analysis) -> tuple[torch.Tensor, bool]:
+        base = action_matrix(one, {n: torch.zeros_like(v) for n, v in problem.params.items()})       # rows: c_i
+        columns = [action_matrix(one, layout.unflatten(unit)) - base for unit in torch.eye(P, dtype=torch.float64)]
+        rows, worst = [], 0.0
+        for A, c in zip(torch.stack(columns, dim=-1), base):                     # A: the P × P A_i
+            vec, out = layout.vector(A, c)
+            worst = max(worst, out / max(float(torch.linalg.norm(A) + torch.linalg.norm(c)), 1e-300))
+            rows.append(vec)
+        return torch.stack(rows), worst > 1e-12
+    return fit
+
+
+def _axes_fit(layout: AxesLayout, problem: _Problem) -> Fit:
+    """Fields ``M_i·θ`` at :meth:`~AxesLayout.points_needed` random ``θ`` (:func:`action_matrix`), fitted by
+    :meth:`AxesLayout.fit` (least squares per moved tensor, no ``P × P`` matrix); outside above a relative residual
+    of ``10⁻⁸``."""
+    points = [problem.sample_theta(layout, 1.0) for _ in range(layout.points_needed())]
+
+    def fit(one: Analysis) -> tuple[torch.Tensor, bool]:
+        fitted, residual = layout.fit(points, [action_matrix(one, layout.unflatten(theta)) for theta in points])
+        return fitted, float(residual.max()) > 1e-8
+    return fit
+
+
+def _derived_fields(analysis: Analysis, layout: Layout, problem: _Problem
                     ) -> tuple[list[str], list[torch.Tensor], list[str]]:
     """``(labels, unknown vectors, outside)``: each derived continuous symmetry's fields ``M_i·θ = A_iθ + c_i``
-    as unknown vectors (one row per generator), read off :func:`action_matrix` at ``θ = 0`` and the unit vectors;
-    symmetries that move buffers or need blocks outside the ansatz go to ``outside``."""
+    as unknown vectors (one row per generator, :func:`_block_fit` or :func:`_axes_fit`); symmetries that move
+    buffers or whose fields lie outside the ansatz go to ``outside``."""
     labels, vectors, outside = [], [], []
-    P = layout.P
+    fit = _axes_fit(layout, problem) if isinstance(layout, AxesLayout) else _block_fit(layout, problem)
+    kind = "axes" if isinstance(layout, AxesLayout) else "block"
     for symmetry in analysis.symmetries:
         if not symmetry.group.is_continuous:
             continue
         if symmetry.acts_on_buffers:
             outside.append(f"{symmetry.label} (moves buffers)")
             continue
-        one = dataclasses.replace(analysis, symmetries=(symmetry,))
-        zero = {n: torch.zeros_like(v) for n, v in params.items()}
-        base = action_matrix(one, zero)                       # rows: c_i
-        columns = []
-        for j in range(P):
-            unit = torch.zeros(P, dtype=torch.float64)
-            unit[j] = 1.0
-            columns.append(action_matrix(one, layout.unflatten(unit)) - base)   # A_i e_j
-        A_all = torch.stack(columns, dim=-1)                  # (k, P, P)
-        rows, worst = [], 0.0
-        for A, c in zip(A_all, base):
-            vec, out = layout.vector(A, c)
-            worst = max(worst, out / max(float(torch.linalg.norm(A) + torch.linalg.norm(c)), 1e-300))
-            rows.append(vec)
-        if worst > 1e-12:
-            outside.append(f"{symmetry.label} (outside the block ansatz)")
+        rows, out = fit(dataclasses.replace(analysis, symmetries=(symmetry,)))
+        if out:
+            outside.append(f"{symmetry.label} (outside the {kind} ansatz)")
             continue
         labels.append(symmetry.label)
-        vectors.append(torch.stack(rows))
+        vectors.append(rows)
     return labels, vectors, outside
 
 
@@ -729,13 +845,15 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
         of the example inputs' shapes at every sample (symmetries of the function).
     target : ``"function"`` (every output) or ``"loss"`` (the per-sample loss of the first output, targets drawn
         from ``seed``).
-    blocks : ``"auto"``, ``"all"`` or ``"local"`` (module docstring); ``max_unknowns`` the ``"auto"`` switch.
+    blocks : ``"auto"``, ``"all"``, ``"local"`` or ``"axes"`` (module docstring); ``max_unknowns`` the ``"auto"``
+        switch (the refusal is above ``4 × max_unknowns`` for every ansatz).
     oversampling : rows stacked per unknown; ``rtol`` the relative floor of the rank decision; ``tolerance`` the
         finite check's bar (relative output change).
     compare : compare with the derived symmetries (costs ``P + 1`` evaluations of their action).
     solver : ``"svd"`` (the dense SVD of the stacked rows), ``"gram"`` (:func:`_gram_null_space`: ``eigh`` of ``RᵀR``,
         then the SVD of the thin ``R V`` on the candidates; the sampling loop's rank from ``eigvalsh``), or ``"auto"``
-        (the Gram solver above :data:`GRAM_ABOVE` unknowns). ``report.certificate`` says what either guarantees.
+        (the Gram solver above :data:`GRAM_ABOVE` unknowns and for ``blocks="axes"``). ``report.certificate`` says what
+        either guarantees.
     """
     if target not in ("function", "loss"):
         raise SpecError(f"discover: target must be 'function' or 'loss', got {target!r}")
@@ -749,16 +867,15 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     if not names:
         raise SpecError("discover: the model has no parameters")
     shapes = {n: tuple(problem.params[n].shape) for n in names}
-    sizes = {n: math.prod(shapes[n]) for n in names}
-    layout = ParameterLayout(names, shapes, _blocks(names, sizes, blocks, affine, max_unknowns), affine)
+    layout, mode = _layout(names, shapes, blocks, affine, max_unknowns)
     n_u = layout.unknowns
     if n_u > 4 * max_unknowns:
-        raise SpecError(f"discover: {n_u} unknowns under blocks={blocks!r} (more than 4 × max_unknowns = "
+        raise SpecError(f"discover: {n_u} unknowns under blocks={mode!r} (more than 4 × max_unknowns = "
                         f"{4 * max_unknowns}); discover a subnetwork, or raise max_unknowns")
-    gram = solver == "gram" or solver == "auto" and n_u > GRAM_ABOVE
-    R, samples = _constraints(problem, layout, oversampling,
-                              _gram_rank if gram else lambda M: int(torch.linalg.matrix_rank(M, rtol=1e-10)))
-    N, decision, certificate = (_gram_null_space if gram else _svd_null_space)(R, rtol)   # N: d × n_u, orthonormal
+    gram = solver == "gram" or solver == "auto" and (n_u > GRAM_ABOVE or mode == "axes")
+    sampled = _constraints(problem, layout, oversampling, stack=not gram)
+    N, decision, certificate = _gram_null_space_of(sampled.gram, sampled.m, sampled.times, rtol) if gram else \
+        _svd_null_space(sampled.matrix(), rtol)                                           # N: d × n_u, orthonormal
     basis = _rref(N)
     heldout = problem.heldout(layout)
 
@@ -767,7 +884,7 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     outside: list[str] = []
     vectors: list[torch.Tensor] = []
     if compare:
-        labels, vectors, outside = _derived_fields(analysis, layout, problem.params)
+        labels, vectors, outside = _derived_fields(analysis, layout, problem)
     E = torch.cat(vectors) if vectors else torch.zeros(0, n_u, dtype=torch.float64)
     Eo = _orthonormal(E)
     unconfirmed, residuals = [], []
@@ -783,16 +900,16 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     new_basis = _rref(_orthonormal(new_part, 0.0, 1e-6)) if new_part.shape[0] else new_part
 
     def make(vector: torch.Tensor, explained: float) -> Generator:
-        A, c = layout.dense(vector)
-        return _generator(vector, layout, _finite_error(problem, layout, A, c, heldout),
+        return _generator(vector, layout, _finite_error(problem, layout, _layout_flow(layout, vector), heldout),
                           explained)
 
     generators = sorted((make(b, e) for b, e in zip(basis, explained_fraction)), key=lambda g: (g.moves, g.reads))
     new_generators = tuple(make(b, 0.0) for b in new_basis)
-    closure = _closure_error(basis, layout, N, seed)
+    closure = _sampled_closure_error(basis, layout, N, seed) if isinstance(layout, AxesLayout) else \
+        _closure_error(basis, layout, N, seed)
     combination = torch.randn(basis.shape[0], generator=problem.generator, dtype=torch.float64) @ basis \
         if basis.shape[0] else None
-    combination_error = _finite_error(problem, layout, *layout.dense(combination), heldout) \
+    combination_error = _finite_error(problem, layout, _layout_flow(layout, combination), heldout) \
         if combination is not None else 0.0
     theta = heldout[1][0]
     discovered_tangent = torch.stack([g.field(theta) for g in generators]) if generators else theta[None, :0]
@@ -801,7 +918,7 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     tangent = (_rank(discovered_tangent), _rank(derived_tangent),
                _rank(torch.cat([discovered_tangent.reshape(-1, layout.P), derived_tangent])))
     name = analysis._name()
-    return Discovery(name, target, affine, blocks, layout.P, n_u, samples, R.shape[0], decision, tuple(generators),
+    return Discovery(name, target, affine, mode, layout.P, n_u, sampled.samples, sampled.m, decision, tuple(generators),
                      closure, combination_error, tolerance, Eo.shape[0], tuple(labels), tuple(outside), inter,
                      new_generators, tuple(unconfirmed), tuple(residuals), tangent, layout, certificate)
 
@@ -810,15 +927,46 @@ def _rank(matrix: torch.Tensor) -> int:
     return int(torch.linalg.matrix_rank(matrix, rtol=1e-8)) if matrix.numel() else 0
 
 
-def _closure_error(basis: torch.Tensor, layout: ParameterLayout, N: torch.Tensor, seed: int,
-                   max_pairs: int = 200) -> float:
-    """Largest ``‖[X, Y] − proj_span [X, Y]‖ / ‖[X, Y]‖`` over pairs of basis fields (``max_pairs`` at most, drawn
-    by ``seed`` beyond that). A bracket with entries outside the ansatz counts as outside the span."""
-    d = basis.shape[0]
+def _pairs(d: int, seed: int, max_pairs: int) -> list[tuple[int, int]]:
+    """The pairs ``i < j < d``, ``max_pairs`` of them drawn by ``seed`` when there are more."""
     pairs = [(i, j) for i in range(d) for j in range(i + 1, d)]
     if len(pairs) > max_pairs:
         rng = np.random.default_rng(seed)
         pairs = [pairs[k] for k in rng.choice(len(pairs), max_pairs, replace=False)]
+    return pairs
+
+
+def _sampled_closure_error(basis: torch.Tensor, layout: Layout, N: torch.Tensor, seed: int,
+                           max_pairs: int = 200) -> float:
+    """:func:`_closure_error` without ``P × P`` matrices: the bracket ``[X, Y](θ) = A_Y X(θ) − A_X Y(θ)`` (``A_X``
+    the linear part, applied as a field with ``c`` off) evaluated at ``q`` random points, ``qP ≥ d + 1``, and
+    projected on the span of the basis fields' values there. A bracket in the span has residual 0 (up to
+    rounding); one outside it keeps a residual unless its values at the random points happen to fall in that span,
+    a set of measure zero once ``qP > d``: a randomized check, not a proof (the finite check stands on its own)."""
+    d = basis.shape[0]
+    if d < 2:
+        return 0.0
+    rng = torch.Generator().manual_seed(seed)
+    q = math.ceil((d + 1) / layout.P) + 2
+    points = torch.randn(q, layout.P, generator=rng, dtype=torch.float64)
+    fields = [layout.field(b, points) for b in basis]
+    values = torch.stack([f.reshape(-1) for f in fields])
+    span = _orthonormal(values, 1e-12)
+    worst = 0.0
+    for i, j in _pairs(d, seed, max_pairs):
+        z = (layout.field(basis[j], fields[i], 0.0) - layout.field(basis[i], fields[j], 0.0)).reshape(-1)
+        norm = float(z.norm())
+        if norm < 1e-12 * float(values[i].norm() * values[j].norm()):
+            continue
+        worst = max(worst, float((z - (z @ span.T) @ span).norm()) / norm)
+    return worst
+
+
+def _closure_error(basis: torch.Tensor, layout: ParameterLayout, N: torch.Tensor, seed: int,
+                   max_pairs: int = 200) -> float:
+    """Largest ``‖[X, Y] − proj_span [X, Y]‖ / ‖[X, Y]‖`` over pairs of basis fields (``max_pairs`` at most, drawn
+    by ``seed`` beyond that). A bracket with entries outside the ansatz counts as outside the span."""
+    pairs = _pairs(basis.shape[0], seed, max_pairs)
     dense = [layout.dense(b) for b in basis]
     worst = 0.0
     for i, j in pairs:

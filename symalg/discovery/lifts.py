@@ -31,7 +31,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from symalg.discovery.exact import Discovery, ParameterLayout, _analysis, _finite_error, _Problem
+from symalg.discovery.exact import Discovery, Layout, ParameterLayout, _analysis, _finite_error, _Problem, dense_flow
 from symalg.errors import SpecError
 
 __all__ = ["Lift", "lift", "embed"]
@@ -52,7 +52,7 @@ class Lift:
         return {"moves": list(self.moves), "finite_error": self.finite_error, "holds": self.holds}
 
 
-def _index_map(source: ParameterLayout, target: ParameterLayout, names: Mapping[str, str]) -> np.ndarray:
+def _index_map(source: Layout, target: ParameterLayout, names: Mapping[str, str]) -> np.ndarray:
     """For every flat source entry, the flat target entry with the renamed tensor and the same multi-index."""
     out = np.empty(source.P, dtype=np.int64)
     offsets = target.offsets
@@ -70,7 +70,7 @@ def _index_map(source: ParameterLayout, target: ParameterLayout, names: Mapping[
     return out
 
 
-def embed(A: torch.Tensor, c: torch.Tensor, source: ParameterLayout, target: ParameterLayout,
+def embed(A: torch.Tensor, c: torch.Tensor, source: Layout, target: ParameterLayout,
           names: Mapping[str, str] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The field ``Aθ + c`` of ``source`` as a field of ``target``: tensors renamed by ``names``, entries at the same
     indices, zero on every other target entry."""
@@ -96,7 +96,7 @@ def lift(report: Discovery, target: object, data: torch.Tensor | tuple | None = 
     lifted = []
     for g in report.generators:
         A, c = embed(g.A, g.c, report.layout, layout, names)
-        error = _finite_error(problem, layout, A, c, points)
+        error = _finite_error(problem, layout, dense_flow(A, c), points)
         moves = tuple(dict.fromkeys((names or {}).get(m, m) for m in g.moves))
         lifted.append(Lift(A, c, moves, error, error <= bar))
     return lifted
