@@ -60,7 +60,8 @@ def test_a_false_claim_is_blocked_with_its_measured_error_and_disappears_everywh
     note, _ = analysis.blocked
     assert (note.node, note.site) == ("fc1", "fc1")
     assert note.reason == (f"GL(4) failed numerical certification: relative error {error.error:.1e} on output "
-                           f"'output' under {error.element}")
+                           f"'output' under {error.element} at {error.point}")
+    assert error.point == "the model's parameters, inputs (6, 3)"   # fails at the first point already
     assert note in analysis.sites.blocked
     assert all("GL" not in c.kinds for c in analysis.sites.classes)
     assert model_orbit_dimension_formula(analysis) == 0 and model_orbit_dimension(analysis).dimension == 0
@@ -150,9 +151,10 @@ def relu_mlp(depth: int) -> nn.Module:
 
 
 def test_certification_costs_forward_passes_logarithmic_in_the_number_of_claims():
-    # 2 draws x (1 reference + 1 pass per set of each round): rounds = most test elements of one group (S(4): 2
-    # discrete generators; PositiveScaling: 2 elements), non-empty sets per round: 2 claims one by one, 10 claims in
-    # 7 sets (two base-4 digits), 40 in 11 (three digits)
+    # 1 pass to find the generic point, 1 for the batch size it accepts (the feature axis is refused inside the first
+    # layer: no pass completes), 1 backward pass for the sensitivities, and at each of the 2 points 1 reference, 1 pass
+    # per scale of exp(M) (each claim its own draw: all composed) and, for S(4)'s 2 discrete generators, 1 pass per
+    # separating set of the d permutation claims: d one by one for d <= 2, else ceil(log2(d + 1)) (5: 3, 20: 5)
     passes = {}
     for depth in (1, 5, 20):
         model = relu_mlp(depth)
@@ -163,7 +165,7 @@ def test_certification_costs_forward_passes_logarithmic_in_the_number_of_claims(
         assert len(analysis.symmetries) == 2 * depth
         assert all(e.error <= CERTIFICATION_TOLERANCE for e in analysis.certification)
         passes[depth] = len(calls)          # certification runs a copy of the module, hooks included
-    assert passes == {1: 2 * (1 + 2 * 2), 5: 2 * (1 + 2 * 7), 20: 2 * (1 + 2 * 11)}
+    assert passes == {1: 3 + 2 * (1 + 2 + 2 * 1), 5: 3 + 2 * (1 + 2 + 2 * 3), 20: 3 + 2 * (1 + 2 + 2 * 5)}
 
 
 def test_certification_tells_apart_two_false_claims_whose_composition_holds():

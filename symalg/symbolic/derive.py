@@ -37,7 +37,7 @@ from symalg.symbolic.engine import infer_model
 from symalg.symbolic.inference import Blocked, ModelSites, check_loss
 from symalg.symbolic.orbit import independent_conserved_formula, orbit_dimension_formula
 from symalg.symbolic.symmetry import AngularMomentum, ConservedQuantity, Symmetry, _group, _number
-from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
+from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, certify as certify_claims
 
 __all__ = ["Analysis", "derive"]
 
@@ -56,6 +56,9 @@ class Analysis:
     certification : the measured error of every inferred claim, kept or removed
         (:class:`~symalg.verification.certification.ClaimError`), or ``None`` when nothing was run (``certify=False``,
         or symbolic widths: there is no model to run, and the claims rest on the symbolic checks).
+    certification_points : where the claims were checked (parameters and input shapes,
+        :attr:`~symalg.verification.certification.Certificate.points`); ``certification_notes``: the input shapes the
+        model refused and anything else certification could not do.
     """
 
     model_graph: ModelGraph
@@ -66,6 +69,8 @@ class Analysis:
     catalogue: Mapping = field(default_factory=lambda: CATALOGUE, repr=False)
     strict: bool = True
     certification: tuple[ClaimError, ...] | None = field(default=None, repr=False)
+    certification_points: tuple[str, ...] = field(default=(), repr=False)
+    certification_notes: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def certified(self) -> bool:
@@ -181,7 +186,10 @@ class Analysis:
             "blocked": [{"node": b.node, "site": b.site, "reason": b.reason} for b in self.blocked],
             "orbit_dimension": orbit,
             "certification": None if self.certification is None else [
-                {"symmetry": e.symmetry.label, "error": e.error, "holds": e.holds} for e in self.certification],
+                {"symmetry": e.symmetry.label, "error": e.error, "holds": e.holds, "point": e.point,
+                 "sensitivity": e.sensitivity, "certifiable": e.certifiable} for e in self.certification],
+            "certification_points": list(self.certification_points),
+            "certification_notes": list(self.certification_notes),
         }
 
     def _name(self) -> str:
@@ -204,11 +212,15 @@ class Analysis:
                    "certify=False: the symmetries above are inferred, not checked numerically")
             return f"certification: none ({why})"
         kept = [e.error for e in self.certification if e.holds]
-        failed = len(self.certification) - len(kept)
+        failed = sum(not e.error <= e.tolerance for e in self.certification)
+        blind = len(self.certification) - len(kept) - failed
         tolerance = max((e.tolerance for e in self.certification), default=CERTIFICATION_TOLERANCE)
         return (f"certification: {len(kept)} of {len(self.certification)} claims hold numerically (worst relative "
                 f"error {max(kept, default=0.0):.1e}, tolerance {tolerance:.0e})"
-                + (f"; {failed} failed (blocked)" if failed else ""))
+                + (f"; {failed} failed (blocked)" if failed else "")
+                + (f"; {blind} not certifiable here (blocked)" if blind else "")
+                + "".join(f"\n  checked at {point}" for point in self.certification_points)
+                + "".join(f"\n  {note}" for note in self.certification_notes))
 
 
 def _check_arguments(catalogue: object, strict: object, loss: object, certify: object) -> None:
@@ -237,10 +249,11 @@ def derive(model: ModelGraph | str | Spec | Architecture | nx.DiGraph, catalogue
     along ``1``). ``catalogue``: the activation entries (default: the spec's own, else the built-in one).
     ``strict``: a declared group that a symbolic check disproves is blocked, not claimed (``False`` keeps it,
     e.g. to watch the verifier fail). ``certify``: check every claim numerically on the model first
-    (:func:`~symalg.verification.certification.claim_errors`: ``max_x,g |F(g·θ, x) − F(θ, x)| / |F(θ, x)|`` over
-    every output, group elements near and far from the identity, discrete generators, fresh inputs, buffers
-    included, float64); a claim above :data:`~symalg.verification.certification.CERTIFICATION_TOLERANCE` becomes a
-    ``Blocked`` note "failed numerical certification". A traced model needs its example inputs for that; a spec
+    (:func:`~symalg.verification.certification.certify`: ``max_x,g |F(g·θ, x) − F(θ, x)| / |F(θ, x)|`` over
+    every output, group elements near and far from the identity, discrete generators, fresh inputs of the example's
+    and of other shapes, the model's parameters and a generic point, buffers included, float64); a claim above
+    :data:`~symalg.verification.certification.CERTIFICATION_TOLERANCE` becomes a ``Blocked`` note "failed numerical
+    certification", and one whose tensors the outputs hardly react to a note "not certifiable here". A traced model needs its example inputs for that; a spec
     at concrete widths runs its generated module; a spec with symbolic widths has nothing to run (its claims
     rest on the symbolic checks, ``certification`` is ``None``). Arguments of the wrong type raise ``SpecError``
     naming the argument.
@@ -296,13 +309,14 @@ def _certified(analysis: Analysis, origins: Mapping) -> Analysis:
     """``analysis`` without the claims that fail :func:`~symalg.verification.certification.claim_errors`: they leave
     ``symmetries`` and ``sites`` (their kind, translations, shifts or permutation class), hence every
     conserved quantity, orbit dimension and table, and become blocked notes with their measured error."""
-    errors = tuple(claim_errors(analysis))
+    certificate = certify_claims(analysis)
+    errors = certificate.errors
+    analysis = replace(analysis, certification=errors, certification_points=certificate.points,
+                       certification_notes=certificate.notes)
     failed = [e for e in errors if not e.holds]
     if not failed:
-        return replace(analysis, certification=errors)
-    notes = tuple(Blocked(e.symmetry.site, e.symmetry.site,
-                          f"{e.symmetry.group.name} failed numerical certification: relative error {e.error:.1e} on "
-                          f"output {e.output!r} under {e.element}") for e in failed)
+        return analysis
+    notes = tuple(Blocked(e.symmetry.site, e.symmetry.site, f"{e.symmetry.group.name} {e.reason}") for e in failed)
     gone = {origins[e.symmetry] for e in failed}
     sites = analysis.sites
     classes = tuple(replace(c, kinds=tuple(k for k in c.kinds if ("class", c.name, k) not in gone),

@@ -1,41 +1,62 @@
 """Numerical certification of claimed symmetries on the model itself.
 
-A claim ``θ ↦ g·θ`` holds when ``F(g·θ, x) = F(θ, x)`` for every output of ``F``, every input ``x`` and
-every ``g`` of the group. :func:`claim_errors` measures the worst relative change of any output over
+A claim ``θ ↦ g·θ`` is about the architecture: ``F(g·θ, x) = F(θ, x)`` for every output of ``F``, every input ``x``
+of every shape the model takes, every parameter point ``θ`` and every ``g`` of the group. :func:`certify` measures
+the worst relative change of any output over
 
-* test elements of each group (:meth:`~symalg.catalogue.groups.SiteGroup.sample`): ``exp(M)`` with ``‖M‖`` near
-  ``10⁻³`` and ``1``, every discrete generator (random sign patterns for wide ``SignFlips``), and an element of
-  another component; drawn anew for each draw of inputs;
-* fresh inputs drawn like the example inputs (:func:`fresh_inputs`), several draws;
-* the model's parameters **and buffers** (eval-mode running statistics move with some actions), in
-  float64, with stochastic ops (dropout) drawing the same noise for ``θ`` and ``g·θ``.
+* **points** (:class:`Point`): the model's own parameters **and buffers** on fresh inputs shaped like the example
+  inputs, then a *generic* point (:func:`generic_state`: noise on every parameter and persistent buffer, so that
+  special values such as ``p = 1``, a zero-initialised head or a layer scale of ``10⁻⁶`` are left) on inputs of
+  *other shapes* (:func:`shape_variants`: another batch size, other sequence lengths and spatial sizes; a shape
+  the model refuses is recorded, not an error);
+* test elements of each group: ``exp(M)`` with ``‖M‖`` near ``10⁻³`` and ``1``, drawn **for each claim on its
+  own**, every discrete generator and an element of another component
+  (:meth:`~symalg.catalogue.groups.SiteGroup.sample`, shared by the claims of one group), drawn anew at each point;
+* float64, with stochastic ops (dropout) drawing the same noise for ``θ`` and ``g·θ``.
 
 With ``loss="cross_entropy"`` the first output is the logits and is compared after ``softmax`` (the
 loss's own invariance); every other output is compared as it is.
 
-Claims are checked together: the composition of symmetries is a symmetry, so one forward pass checks a whole
-set of claims composed. The sets of a round separate every two claims (:func:`check_in_separating_sets`:
-``4⌈log₄ n⌉`` passes for ``n`` claims), so two false claims whose composition holds (one tie split in two, moved
-by the same discrete generator) are never certified together; a failing set is halved until its failing claims
-stand alone. The verdict is one relative error per claim (:class:`ClaimError`): the worst error of the composed
-sets it passed in, or its own error where it failed alone.
+**Composition.** The composition of symmetries is a symmetry, so one forward pass checks a set of claims composed.
+Two false claims could hide each other in a set (one tie split in two). For the continuous elements each claim
+draws its own ``exp(M)``: two false claims cancel only for a null set of draws, so all of them are checked in
+**one** pass. The discrete elements are shared by the claims of a group, so they are checked in sets that
+separate every two claims (:func:`separating_sets`: ``⌈log₂(n + 1)⌉`` passes for ``n`` claims). A failing set is
+halved until its failing claims stand alone (:func:`check_in_separating_sets`).
+
+**Sensitivity.** A check that passes because the outputs ignore the parameters proves nothing. At the generic point
+one backward pass gives every tensor's sensitivity ``σ_t = rms(t) ‖∂s/∂t‖`` (``s`` a random projection of the
+outputs, each normalised to its largest entry): about the relative change of the outputs under a random relative
+perturbation of ``t`` of size one, a perturbation that is not in any group. A claim whose tensors all have
+``σ < SENSITIVITY_FACTOR · tolerance`` is *not certifiable here* (:attr:`ClaimError.certifiable`), and so not
+certified.
+
+The verdict is one :class:`ClaimError` per claim: the worst error over every point and element, where it was
+measured, and the claim's sensitivity; :class:`Certificate` adds the points checked and the shapes refused.
+
+The model runs with its tensors bound in place (:class:`_Bound`: a pass re-binds only the tensors a set moves,
+not every tensor as ``functional_call`` does).
 
 >>> import torch, symalg
 >>> model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).double()
->>> analysis = symalg.derive(symalg.trace(model, (torch.randn(5, 3, dtype=torch.float64),)))
+>>> analysis = symalg.derive(symalg.trace(model, (torch.randn(5, 3, dtype=torch.float64),)), certify=False)
 >>> [e.holds for e in claim_errors(analysis)]
 [True, True]
+>>> certificate = certify(analysis)
+>>> certificate.points
+("the model's parameters, inputs (5, 3)", 'generic parameters, inputs (1, 3)')
+>>> certificate.notes[0][:75]
+'input shapes the model refused (not checked): axis 1: 3 → 2 (RuntimeError: '
 """
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, overload
 
 import torch
-from torch.func import functional_call
-
-from symalg.catalogue.groups import Device, SiteGroup
+from symalg.catalogue.bindings import TranslationFamily
+from symalg.catalogue.groups import SAMPLE_SCALES, Device, SiteGroup
 from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
 from symalg.ir.graph import ModelGraph
@@ -44,9 +65,10 @@ from symalg.numeric.linalg import relative_error
 if TYPE_CHECKING:  # for the annotation only
     from symalg.symbolic.symmetry import Symmetry
 
-__all__ = ["ClaimError", "CERTIFICATION_TOLERANCE", "certification_tolerance", "assert_claims_hold", "claim_errors",
-           "check_in_separating_sets", "compose", "fresh_inputs", "output_change", "sample_elements",
-           "separating_sets"]
+__all__ = ["Certificate", "ClaimError", "CERTIFICATION_TOLERANCE", "GENERIC_NOISE", "Point", "SENSITIVITY_FACTOR",
+           "certification_tolerance", "assert_claims_hold", "certify", "claim_errors", "check_in_separating_sets",
+           "compose", "fresh_inputs", "generic_state", "output_change", "sample_elements", "separating_sets",
+           "shape_variants"]
 
 CERTIFICATION_TOLERANCE = 1e-8
 """Largest relative change of any output (float64) a certified claim may cause; false claims found by
@@ -76,7 +98,7 @@ def certification_tolerance(graph: ModelGraph) -> float:
     return max(CERTIFICATION_TOLERANCE, rounding)
 
 class Certifiable(Protocol):
-    """What :func:`claim_errors` reads of an analysis (a :class:`~symalg.symbolic.derive.Analysis`; that module
+    """What :func:`certify` reads of an analysis (a :class:`~symalg.symbolic.derive.Analysis`; that module
     imports this one, so certification names the surface it uses)."""
 
     @property
@@ -87,9 +109,18 @@ class Certifiable(Protocol):
     def loss(self) -> str: ...
 
 
+GENERIC_NOISE = 0.5
+"""The generic point's noise, relative to each tensor's root mean square (:func:`generic_state`)."""
+
+SENSITIVITY_FACTOR = 10.0
+"""A claim is certifiable where a random perturbation of its tensors of their own size, which is not in the group,
+changes the outputs by at least this many tolerances (:attr:`ClaimError.certifiable`)."""
+
+
 @dataclass(frozen=True)
 class ClaimError:
-    """The worst relative output change one claim caused: ``error`` under ``element`` on ``output``."""
+    """The worst relative output change one claim caused: ``error`` under ``element`` on ``output`` at ``point``;
+    ``sensitivity`` is the largest :math:`σ_t` of its tensors (module docstring), ``inf`` where not measured."""
 
     symmetry: Symmetry
     error: float
@@ -97,13 +128,58 @@ class ClaimError:
     output: str = ""
     tolerance: float = CERTIFICATION_TOLERANCE
     """The model's :func:`certification_tolerance`."""
+    point: str = ""
+    sensitivity: float = float("inf")
+
+    @property
+    def certifiable(self) -> bool:
+        """The outputs react to the claim's tensors: ``sensitivity ≥ SENSITIVITY_FACTOR · tolerance``."""
+        return self.sensitivity >= SENSITIVITY_FACTOR * self.tolerance
 
     @property
     def holds(self) -> bool:
-        return self.error <= self.tolerance
+        """Certified: the claim kept every output within the tolerance, and the check could have seen it fail."""
+        return self.error <= self.tolerance and self.certifiable
+
+    @property
+    def reason(self) -> str:
+        """Why the claim is not certified ("" when it is)."""
+        if not self.error <= self.tolerance:
+            where = f" at {self.point}" if self.point else ""
+            return (f"failed numerical certification: relative error {self.error:.1e} on output {self.output!r} "
+                    f"under {self.element}{where}")
+        if not self.certifiable:
+            return (f"not certifiable here: a random perturbation of its tensors that is not in the group changes "
+                    f"the outputs by about {self.sensitivity:.1e} (relative), under {SENSITIVITY_FACTOR:g} times the "
+                    f"tolerance {self.tolerance:.0e}, so the check cannot tell it from a symmetry")
+        return ""
 
     def __str__(self) -> str:
-        return f"{self.symmetry.label}: relative error {self.error:.2e} on output {self.output!r} under {self.element}"
+        if self.error <= self.tolerance and not self.certifiable:
+            return f"{self.symmetry.label}: {self.reason}"
+        where = f" at {self.point}" if self.point else ""
+        return f"{self.symmetry.label}: relative error {self.error:.2e} on output {self.output!r} under {self.element}" \
+            f"{where}"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One place the claims are checked at: parameters and buffers (``state``) and inputs."""
+
+    label: str
+    state: Mapping[str, torch.Tensor]
+    inputs: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The verdict of :func:`certify`: one :class:`ClaimError` per claim, the points checked
+    (:attr:`Point.label`) and notes (input shapes the model refused, a generic point that could not be had)."""
+
+    errors: tuple[ClaimError, ...]
+    points: tuple[str, ...]
+    notes: tuple[str, ...] = ()
 
 
 def sample_elements(group: SiteGroup, generator: torch.Generator, dtype: torch.dtype = torch.float64,
@@ -111,56 +187,184 @@ def sample_elements(group: SiteGroup, generator: torch.Generator, dtype: torch.d
     """The test elements of ``group``: :meth:`~symalg.catalogue.groups.SiteGroup.sample` (every discrete generator,
     ``exp(M)`` near and far from the identity, another component; random sign patterns for wide sign flips).
     A group whose elements are dense ``h × h`` matrices is refused above the entry limit of the grammar."""
+    _check_size(group)
+    return group.sample(generator, dtype, device)
+
+
+def _check_size(group: SiteGroup) -> None:
     if group.element_format == "matrix":
         width = int(group.width)
         check_entries(width ** 2, f"a group acting on a site of width {width} (its {width}×{width} matrices)")
-    return group.sample(generator, dtype, device)
 
 
 @overload
 def fresh_inputs(example_inputs: Mapping[str, Any], generator: torch.Generator, dtype: torch.dtype = ...,
-                 device: Device = ...) -> dict[str, Any]: ...
+                 device: Device = ..., shapes: Mapping[Any, tuple[int, ...]] | None = ...) -> dict[str, Any]: ...
 @overload
 def fresh_inputs(example_inputs: Sequence[Any], generator: torch.Generator, dtype: torch.dtype = ...,
-                 device: Device = ...) -> tuple[Any, ...]: ...
+                 device: Device = ..., shapes: Mapping[Any, tuple[int, ...]] | None = ...) -> tuple[Any, ...]: ...
 def fresh_inputs(example_inputs: Sequence[Any] | Mapping[str, Any], generator: torch.Generator,
-                 dtype: torch.dtype = torch.float64, device: Device = "cpu") -> tuple[Any, ...] | dict[str, Any]:
-    """Inputs shaped like ``example_inputs`` (a sequence of positional inputs, or a mapping of keyword inputs:
-    the same kind comes back), drawn anew: floating tensors from ``N(0, s²)`` with ``s`` the example's standard
-    deviation (1 when it has none); integer tensors (token ids) uniformly between the example's minimum and
-    maximum; booleans (masks) and non-tensors (``use_cache=False``) kept as given.
+                 dtype: torch.dtype = torch.float64, device: Device = "cpu",
+                 shapes: Mapping[Any, tuple[int, ...]] | None = None) -> tuple[Any, ...] | dict[str, Any]:
+    """Inputs like ``example_inputs`` (a sequence of positional inputs, or a mapping of keyword inputs: the same
+    kind comes back), drawn anew: floating tensors from ``N(0, s²)`` with ``s`` the example's standard deviation
+    (1 when it has none); integer tensors (token ids) uniformly between the example's minimum and maximum; booleans
+    (masks) and non-tensors (``use_cache=False``) kept as given. ``shapes`` (by position or keyword) draws those
+    inputs at other shapes; a boolean mask drawn at another shape must be constant (it is filled with its value).
 
     >>> fresh_inputs({"ids": torch.tensor([3, 5]), "use_cache": False}, torch.Generator().manual_seed(0))["use_cache"]
     False
+    >>> fresh_inputs((torch.zeros(4, 3),), torch.Generator(), shapes={0: (1, 3)})[0].shape
+    torch.Size([1, 3])
     """
+    shapes = shapes or {}
     if isinstance(example_inputs, Mapping):
-        return {k: _fresh(x, generator, dtype, device) for k, x in example_inputs.items()}
-    return tuple(_fresh(x, generator, dtype, device) for x in example_inputs)
+        return {k: _fresh(x, generator, dtype, device, shapes.get(k)) for k, x in example_inputs.items()}
+    return tuple(_fresh(x, generator, dtype, device, shapes.get(i)) for i, x in enumerate(example_inputs))
 
 
-def _fresh(x: object, generator: torch.Generator, dtype: torch.dtype, device: Device) -> object:
-    """One input drawn anew like ``x`` (see :func:`fresh_inputs`)."""
-    if not isinstance(x, torch.Tensor) or x.dtype == torch.bool or x.numel() == 0:
-        return x.to(device) if isinstance(x, torch.Tensor) else x
+def _fresh(x: object, generator: torch.Generator, dtype: torch.dtype, device: Device,
+           shape: tuple[int, ...] | None = None) -> object:
+    """One input drawn anew like ``x`` (see :func:`fresh_inputs`), at ``shape`` when given."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    size = tuple(x.shape) if shape is None else shape
+    if x.dtype == torch.bool or x.numel() == 0:
+        if shape is None or size == tuple(x.shape):
+            return x.to(device)
+        if x.numel() == 0 or not bool((x == x.flatten()[0]).all()):
+            raise ValueError(f"a boolean mask of shape {tuple(x.shape)} that is not constant cannot be drawn at "
+                             f"shape {size}")
+        return torch.full(size, bool(x.flatten()[0]), device=device)
     if torch.is_floating_point(x):
         scale = x.double().std().item() if x.numel() > 1 else 1.0
         scale = scale if scale > 0 and scale == scale else 1.0
-        return (scale * torch.randn(x.shape, generator=generator, dtype=torch.float64)).to(device, dtype)
+        return (scale * torch.randn(size, generator=generator, dtype=torch.float64)).to(device, dtype)
     low, high = int(x.min()), int(x.max())
-    return torch.randint(low, high + 1, x.shape, generator=generator, dtype=x.dtype).to(device)
+    return torch.randint(low, high + 1, size, generator=generator, dtype=x.dtype).to(device)
 
 
-def _forward(model: torch.nn.Module, state: Mapping[str, torch.Tensor], inputs: tuple[Any, ...],
-             kwargs: Mapping[str, Any], parameters: set[str], seed: int,
-             device: Device = "cpu") -> list[tuple[str, torch.Tensor]]:
-    """All outputs of ``model`` at ``state`` (buffers copied: training-mode statistics update copies), with the
-    random number generators seeded so that stochastic ops draw the same noise at every call: on the CPU its
-    generator alone (``torch.manual_seed`` also seeds every accelerator's, through a lazy call that records a
-    stack trace: 2 ms, more than the forward pass of a small model)."""
-    values = {k: v if k in parameters else v.clone() for k, v in state.items()}
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        (torch.default_generator.manual_seed if torch.device(device).type == "cpu" else torch.manual_seed)(seed)
-        return output_tensors(functional_call(model, values, inputs, dict(kwargs)))
+def shape_variants(example_inputs: Sequence[Any],
+                   example_kwargs: Mapping[str, Any]) -> list[tuple[str, int, dict[Any, tuple[int, ...]]]]:
+    """Other input shapes to certify at: ``[(label, axis, {input: shape}), ...]``, one per axis class.
+
+    Axes of the tensor inputs are classed by ``(axis, size)`` (``input_ids`` and ``attention_mask`` of shape
+    ``(2, 7)`` share the classes ``(0, 2)`` and ``(1, 7)``), and each class is changed on every input at once: axis 0
+    (the batch) to 1 (to 2 from 1), any other axis to ``size − 1`` (to ``size + 1`` from 1 or 2). Feature axes are
+    among them; the model refuses those, which :func:`certify` records.
+
+    >>> [(label, shapes) for label, _, shapes in shape_variants((torch.zeros(8, 3),), {})]
+    [('axis 0: 8 → 1', {0: (1, 3)}), ('axis 1: 3 → 2', {0: (8, 2)})]
+    """
+    tensors: dict[Any, tuple[int, ...]] = {i: tuple(x.shape) for i, x in enumerate(example_inputs)
+                                           if isinstance(x, torch.Tensor)}
+    tensors.update({k: tuple(x.shape) for k, x in example_kwargs.items() if isinstance(x, torch.Tensor)})
+    classes = dict.fromkeys((axis, size) for shape in tensors.values() for axis, size in enumerate(shape))
+    variants = []
+    for axis, size in classes:
+        new = (1 if size > 1 else 2) if axis == 0 else (size - 1 if size > 2 else size + 1)
+        shapes = {key: tuple(new if a == axis and s == size else s for a, s in enumerate(shape))
+                  for key, shape in tensors.items() if len(shape) > axis and shape[axis] == size}
+        variants.append((f"axis {axis}: {size} → {new}", axis, shapes))
+    return variants
+
+
+def generic_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], generator: torch.Generator,
+                  noise: float = GENERIC_NOISE) -> dict[str, torch.Tensor]:
+    """``state`` moved to a generic point by independent noise ``N(0, s²)`` on every floating parameter and
+    persistent buffer: ``s = max(noise · rms(t), √(2 / fan_in))`` for a parameter of two axes or more (``fan_in``
+    its entries per row: the He scale, so that the signal of a deep network neither dies nor explodes and every
+    layer's tensors reach the outputs), ``s = noise · max(rms(t), ρ / 10)`` for the others (``ρ`` the median of the
+    parameters' rms). Equal entries (``p = 1``), zeros (a zero-initialised head) and tiny constants (a layer scale of
+    ``10⁻⁶``) leave their special values; a tensor with positive entries only (a running variance, a gain) stays
+    positive (``|t + ε|``). Non-persistent buffers are constants of the architecture (causal masks, rotary tables)
+    and stay, as do integer and boolean tensors and tensors with non-finite entries.
+
+    >>> layer = torch.nn.Linear(2, 2).double()
+    >>> _ = torch.nn.init.zeros_(layer.weight)
+    >>> bool(generic_state(layer, dict(layer.named_parameters()), torch.Generator())["weight"].abs().min() > 0)
+    True
+    """
+    constants = {f"{prefix}.{name}" if prefix else name for prefix, module in model.named_modules()
+                 for name in module._non_persistent_buffers_set}
+    parameters = {name for name, _ in model.named_parameters()}
+    scales = sorted(_rms(p) for p in model.parameters() if p.is_floating_point() and p.numel())
+    reference = scales[len(scales) // 2] if scales and scales[len(scales) // 2] > 0 else 1.0
+    moved = dict(state)
+    for name, t in state.items():
+        if name in constants or not t.is_floating_point() or t.numel() == 0 or not bool(t.isfinite().all()):
+            continue
+        if name in parameters and t.dim() >= 2:
+            scale = max(noise * _rms(t), (2 * t.shape[0] / t.numel()) ** 0.5)
+        else:
+            scale = noise * max(_rms(t), reference / 10)
+        eps = scale * torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.device, t.dtype)
+        moved[name] = (t + eps).abs() if bool((t > 0).all()) else t + eps
+    return moved
+
+
+def _rms(t: torch.Tensor) -> float:
+    return float(t.detach().double().pow(2).mean().sqrt()) if t.numel() else 0.0
+
+
+class _Bound:
+    """A model (the certification's own copy) run at tensors bound into its modules in place: ``run(changes)``
+    binds the changed tensors under every name they have (tied weights included), runs, and binds the previous
+    ones back, so a pass costs the tensors it moves, not all of them (``functional_call`` re-binds every tensor).
+    Buffers are bound as copies in training mode (running statistics update them in place), and stochastic ops are
+    seeded so that every pass of one point draws the same noise: on the CPU its generator alone
+    (``torch.manual_seed`` also seeds every accelerator's, through a lazy call that records a stack trace: 2 ms,
+    more than the forward pass of a small model)."""
+
+    def __init__(self, model: torch.nn.Module, device: Device) -> None:
+        self.model, self.device = model, device
+        self.places: dict[str, list[tuple[torch.nn.Module, str, bool]]] = {}
+        owner: dict[int, str] = {}
+        named = [(n, t, True) for n, t in model.named_parameters(remove_duplicate=False)] + \
+                [(n, t, False) for n, t in model.named_buffers(remove_duplicate=False)]
+        for name, tensor, is_parameter in named:
+            prefix, _, attribute = name.rpartition(".")
+            canonical = owner.setdefault(id(tensor), name)
+            self.places.setdefault(canonical, []).append((model.get_submodule(prefix), attribute, is_parameter))
+        self.buffers = [name for name, _ in model.named_buffers()]
+        self.parameters = {name for name, _ in model.named_parameters()}
+        self.training = any(m.training for m in model.modules())
+        self.current: dict[str, torch.Tensor] = {}
+
+    def bind(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Bind ``values`` (by the names of ``named_parameters``/``named_buffers``) for the passes to come."""
+        for name, value in values.items():
+            for module, attribute, is_parameter in self.places[name]:
+                (module._parameters if is_parameter else module._buffers)[attribute] = value
+            self.current[name] = value
+
+    def run(self, changes: Mapping[str, torch.Tensor], inputs: tuple[Any, ...], kwargs: Mapping[str, Any],
+            seed: int, grad: bool = False) -> list[tuple[str, torch.Tensor]]:
+        """Every output (:func:`~symalg.frontend.outputs.output_tensors`) with ``changes`` bound for this pass
+        (with autograd recording only where ``grad``)."""
+        if self.training:
+            changes = {**{b: self.current[b].clone() for b in self.buffers}, **changes}
+        previous = {name: self.current[name] for name in changes}
+        self.bind(changes)
+        try:
+            with torch.random.fork_rng(devices=[]), torch.set_grad_enabled(grad):
+                (torch.default_generator.manual_seed if torch.device(self.device).type == "cpu"
+                 else torch.manual_seed)(seed)
+                return output_tensors(self.model(*inputs, **kwargs))
+        finally:
+            self.bind(previous)
+
+
+def _changes(state: Mapping[str, torch.Tensor],
+             claims: Sequence[tuple[Symmetry, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The tensors of ``state`` that ``claims`` move, moved (see :func:`compose`)."""
+    moved = {name: state[name].detach().clone() for name in {t for symmetry, _ in claims for t in symmetry.tensors}}
+    for symmetry, g in claims:
+        read = (*symmetry.reads, *(absorber.weight for absorber, _ in symmetry.shifts))   # weights a move reads
+        touched = {t: moved[t] if t in moved else state[t] for t in (*symmetry.tensors, *read)}
+        moved.update({t: v for t, v in symmetry.apply(touched, g, inplace=True, checked=False).items()
+                      if t in symmetry.tensors})
+    return moved
 
 
 def compose(state: Mapping[str, torch.Tensor],
@@ -178,14 +382,7 @@ def compose(state: Mapping[str, torch.Tensor],
     >>> torch.equal(moved["0.bias"], 2 * state["0.bias"]), moved["2.bias"] is state["2.bias"]
     (True, True)
     """
-    moved = dict(state)
-    for name in {t for symmetry, _ in claims for t in symmetry.tensors}:
-        moved[name] = state[name].detach().clone()
-    for symmetry, g in claims:
-        read = (*symmetry.reads, *(absorber.weight for absorber, _ in symmetry.shifts))   # weights a move reads
-        touched = {t: moved[t] for t in (*symmetry.tensors, *read)}
-        moved.update(symmetry.apply(touched, g, inplace=True, checked=False))
-    return moved
+    return {**state, **_changes(state, claims)}
 
 
 def output_change(moved: Sequence[tuple[str, torch.Tensor]], reference: Sequence[tuple[str, torch.Tensor]],
@@ -219,42 +416,34 @@ def output_change(moved: Sequence[tuple[str, torch.Tensor]], reference: Sequence
     return worst, where
 
 
-SPLIT_BASE = 4
-"""Claims are composed in ``SPLIT_BASE`` sets per digit of their positions written in this base
-(:func:`check_in_separating_sets`): ``4 log₄ n`` forward passes and ``n log₄ n`` moves per round, the fewest in all
-for a deep model (base 2: as many passes, twice the moves)."""
-
-
 def separating_sets(count: int) -> list[list[int]]:
-    """Sets of the positions ``0 … count − 1`` such that any two positions lie apart in some set: the positions
-    sharing each digit value, for every digit of their base-:data:`SPLIT_BASE` numerals (at most ``4⌈log₄ n⌉``
-    sets, the empty ones left out), or the positions one by one where that is no more sets.
+    """Sets of the positions ``0 … count − 1`` such that every position lies in some set and any two positions lie
+    apart in some set: for each binary digit of ``position + 1``, the positions where it is one
+    (``⌈log₂(count + 1)⌉`` sets), or the positions one by one where that is no more sets.
 
     >>> separating_sets(3)
-    [[0], [1], [2]]
+    [[0, 2], [1, 2]]
     >>> [len(s) for s in separating_sets(20)], all(any((i in s) != (j in s) for s in separating_sets(20))
     ...                                            for i in range(20) for j in range(i))
-    ([5, 5, 5, 5, 8, 4, 4, 4, 16, 4], True)
+    ([10, 10, 9, 8, 5], True)
     """
-    digits = 1
-    while SPLIT_BASE ** digits < count:
-        digits += 1
-    if count <= SPLIT_BASE * digits:
+    digits = count.bit_length()
+    if count <= digits:
         return [[i] for i in range(count)]
-    sets = [[i for i in range(count) if i // SPLIT_BASE ** digit % SPLIT_BASE == value]
-            for digit in range(digits) for value in range(SPLIT_BASE)]
-    return [members for members in sets if members]
+    return [[i for i in range(count) if (i + 1) >> digit & 1] for digit in range(digits)]
 
 
 def check_in_separating_sets(count: int, change: Callable[[list[int]], tuple[float, str]], tolerance: float,
-                             record: Callable[[list[int], float, str], None]) -> set[int]:
-    """Check ``count`` claims composed in :func:`separating_sets`; return the positions of those that fail alone.
+                             record: Callable[[list[int], float, str], None],
+                             sets: Sequence[list[int]] | None = None) -> set[int]:
+    """Check ``count`` claims composed in ``sets`` (default :func:`separating_sets`); return the positions of those
+    that fail alone.
 
     ``change(members)`` is the error (and where it was measured) with the claims at ``members`` composed. A set within
     ``tolerance`` holds for every member; a failing set is halved until its failing claims stand alone, and a claim
     that failed alone leaves the later sets. ``record(members, error, where)`` is called for every set that passed
-    and for every claim that failed alone (``members`` of one). Any two claims lie apart in some set, so two false
-    claims whose composition holds cannot pass together.
+    and for every claim that failed alone (``members`` of one). With the default sets any two claims lie apart in
+    some set, so two false claims whose composition holds cannot pass together.
     """
     failed: set[int] = set()
 
@@ -271,72 +460,279 @@ def check_in_separating_sets(count: int, change: Callable[[list[int]], tuple[flo
             failed.add(members[0])
         record(members, error, where)
 
-    for members in separating_sets(count):
-        settle(members)
+    for members in separating_sets(count) if sets is None else sets:
+        settle(list(members))
     return failed
 
 
-def claim_errors(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, draws: int = 2, seed: int = 0,
-                 device: Device = "cpu", symmetries: Sequence[Symmetry] | None = None) -> list[ClaimError]:
-    """Worst relative output change of every claim of a traced ``analysis`` (see the module docstring).
+def certify(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, draws: int = 2, seed: int = 0,
+            device: Device = "cpu", symmetries: Sequence[Symmetry] | None = None) -> Certificate:
+    """Check every claim of a traced ``analysis`` at several points (see the module docstring).
 
-    ``inputs`` default to the example inputs the model was traced with (fresh inputs are drawn like
-    them, ``draws`` times; the keyword example inputs are drawn afresh the same way and always passed);
-    ``symmetries`` default to all the analysis claims. Parameters and buffers are the model's own, in float64
-    on ``device``.
+    ``inputs`` default to the example inputs the model was traced with; the keyword example inputs are always
+    passed, drawn afresh like them. The points are the model's own parameters on inputs shaped like those, then
+    (``draws ≥ 2``) the generic point on each accepted other shape (:func:`shape_variants`: the batch axis alone,
+    then the other axes the model accepts, together), and the generic point on the example's shapes until there are
+    ``draws`` points. ``symmetries`` default to all the analysis claims. Parameters and buffers are the model's own,
+    in float64 on ``device``; the caller's model is never changed.
     """
     claims = list(analysis.symmetries if symmetries is None else symmetries)
     graph = analysis.model_graph
     inputs = graph.example_inputs if inputs is None else inputs
     if inputs is None:
-        raise ValueError("claim_errors: the model was traced without example_inputs; pass inputs=(tensor, ...)")
+        raise ValueError("certify: the model was traced without example_inputs; pass inputs=(tensor, ...)")
     if graph.model is None:
-        raise ValueError("claim_errors: the model graph carries no model to run")
+        raise ValueError("certify: the model graph carries no model to run")
+    for s in claims:
+        _check_size(s.group)
     dtype = torch.float64
-    model = graph.model
-    if any((t.is_floating_point() and t.dtype != dtype) or t.device != torch.device(device)
-           for t in (*model.parameters(), *model.buffers())):
-        model = copy.deepcopy(model).to(device=device, dtype=dtype)   # the caller's model stays as it is
-    parameters = {k for k, _ in model.named_parameters()}
+    model = copy.deepcopy(graph.model).to(device=device, dtype=dtype)   # bound in place: the caller's stays
     state = {**{k: v.detach() for k, v in model.named_parameters()},
              **{k: v.detach() for k, v in model.named_buffers()}}
+    bound = _Bound(model, device)
+    bound.bind(state)
     generator = torch.Generator().manual_seed(seed)
     cross_entropy = analysis.loss == "cross_entropy"
     tolerance = certification_tolerance(graph)
-    worst = {id(s): ClaimError(s, 0.0, tolerance=tolerance) for s in claims}
-    for draw in range(draws):
-        # fresh elements per draw; equal groups share them (S(3072) of every layer: one pair)
-        by_group: dict[SiteGroup, list[tuple[str, torch.Tensor]]] = {}
-        for s in claims:
-            if s.group not in by_group:
-                by_group[s.group] = s.group.sample(generator, dtype, device)
-        elements = {id(s): by_group[s.group] for s in claims}
-        rounds = max((len(e) for e in elements.values()), default=0)
-        x = fresh_inputs(inputs, generator, dtype, device)
-        keywords = fresh_inputs(graph.example_kwargs, generator, dtype, device)
-        reference = _forward(model, state, x, keywords, parameters, seed + draw, device)
-
-        for r in range(rounds):
-            chosen = [(s, elements[id(s)][r]) for s in claims if r < len(elements[id(s)])]
-
+    points, notes = _points(bound, state, inputs, graph.example_kwargs, draws, generator, seed, dtype, device)
+    worst = {i: ClaimError(s, 0.0, tolerance=tolerance) for i, s in enumerate(claims)}
+    failed: set[int] = set()
+    for number, point in enumerate(points):
+        bound.bind(point.state)
+        reference = bound.run({}, point.inputs, point.kwargs, seed + number)
+        for elements, separate in _rounds(claims, generator, dtype, device, exclude=failed):
             def change(members: list[int]) -> tuple[float, str]:
-                moved = compose(state, [(chosen[i][0], chosen[i][1][1]) for i in members])
-                return output_change(_forward(model, moved, x, keywords, parameters, seed + draw, device), reference,
+                moved = _changes(point.state, [(claims[elements[i][0]], elements[i][2]) for i in members])
+                return output_change(bound.run(moved, point.inputs, point.kwargs, seed + number), reference,
                                      cross_entropy)
 
             def record(members: list[int], error: float, output: str) -> None:
                 others = f" composed with {len(members) - 1} other claims" if len(members) > 1 else ""
                 for i in members:
-                    symmetry, (element, _) = chosen[i]
-                    if error > worst[id(symmetry)].error:
-                        worst[id(symmetry)] = ClaimError(symmetry, error, element + others, output, tolerance)
+                    index, label, _ = elements[i]
+                    if error > worst[index].error or (error == worst[index].error == 0.0 and not worst[index].point):
+                        worst[index] = replace(worst[index], error=error, element=label + others, output=output,
+                                               point=point.label)
 
-            check_in_separating_sets(len(chosen), change, tolerance, record)
-    return [worst[id(s)] for s in claims]
+            alone = check_in_separating_sets(len(elements), change, tolerance, record,
+                                             None if separate else [list(range(len(elements)))])
+            failed.update(elements[i][0] for i in alone)
+    # sensitivity at the generic parameters, on the inputs of the example's shapes (the most data)
+    sensitive = replace(points[0], state=points[-1].state)
+    bound.bind(sensitive.state)
+    sensitivity, why = _sensitivities(bound, sensitive, claims, cross_entropy, generator, seed)
+    if why:
+        notes += (why,)
+    errors = tuple(replace(worst[i], sensitivity=sensitivity[i]) for i in range(len(claims)))
+    return Certificate(errors, tuple(p.label for p in points), notes)
+
+
+def claim_errors(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, draws: int = 2, seed: int = 0,
+                 device: Device = "cpu", symmetries: Sequence[Symmetry] | None = None) -> list[ClaimError]:
+    """The :class:`ClaimError` of every claim of a traced ``analysis``: :func:`certify`'s errors."""
+    return list(certify(analysis, inputs, draws, seed, device, symmetries).errors)
+
+
+def _shapes_label(inputs: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    shapes = [tuple(x.shape) for x in (*inputs, *kwargs.values()) if isinstance(x, torch.Tensor)]
+    return ", ".join(str(s) if len(s) != 1 else f"({s[0]},)" for s in shapes) or "no tensor inputs"
+
+
+def _points(bound: _Bound, state: Mapping[str, torch.Tensor], inputs: tuple[Any, ...], kwargs: Mapping[str, Any],
+            draws: int, generator: torch.Generator, seed: int, dtype: torch.dtype,
+            device: Device) -> tuple[list[Point], tuple[str, ...]]:
+    """The points of :func:`certify` and its notes: the shapes refused, or no generic point with finite outputs."""
+    def point(label: str, at: Mapping[str, torch.Tensor], shapes: Mapping[Any, tuple[int, ...]] | None) -> Point:
+        x = fresh_inputs(inputs, generator, dtype, device, shapes)
+        k = fresh_inputs(kwargs, generator, dtype, device, shapes)
+        return Point(f"{label}, inputs {_shapes_label(x, k)}", at, x, k)
+
+    points = [point("the model's parameters", state, None)]
+    if draws < 2:
+        return points, ()
+    notes: list[str] = []
+    generic = _generic_point(bound, state, points[0], generator, seed)
+    if generic is None:
+        notes.append("no generic parameter point with finite outputs was found: the claims are checked at the "
+                     "model's parameters only")
+        generic = state
+    accepted: list[tuple[int, dict[Any, tuple[int, ...]]]] = []
+    refused: list[str] = []
+    for label, axis, shapes in shape_variants(inputs, kwargs):
+        problem = _refusal(bound, generic, inputs, kwargs, shapes, generator, seed, dtype, device)
+        (refused.append(f"{label} ({problem})") if problem else accepted.append((axis, shapes)))
+    if refused:
+        notes.append("input shapes the model refused (not checked): " + "; ".join(refused))
+    batch = [shapes for axis, shapes in accepted if axis == 0]
+    others = [shapes for axis, shapes in accepted if axis != 0]
+    variants = batch[:1]
+    if others:
+        together = _combined(inputs, kwargs, others)
+        fine = not _refusal(bound, generic, inputs, kwargs, together, generator, seed, dtype, device)
+        variants.append(together if fine else others[0])
+    for shapes in variants:
+        points.append(point("generic parameters", generic, shapes))
+    while len(points) < draws:
+        points.append(point("generic parameters", generic, None))
+    if not variants:
+        notes.append("no other input shape was accepted: the claims are checked at the example's shapes only")
+    return points, tuple(notes)
+
+
+def _combined(inputs: tuple[Any, ...], kwargs: Mapping[str, Any],
+              variants: Sequence[Mapping[Any, tuple[int, ...]]]) -> dict[Any, tuple[int, ...]]:
+    """The shapes with every axis that one of ``variants`` changes changed."""
+    example = {**dict(enumerate(inputs)), **kwargs}
+    together: dict[Any, list[int]] = {}
+    for variant in variants:
+        for key, shape in variant.items():
+            new = together.setdefault(key, list(example[key].shape))
+            for axis, (old, size) in enumerate(zip(example[key].shape, shape)):
+                if old != size:
+                    new[axis] = size
+    return {key: tuple(shape) for key, shape in together.items()}
+
+
+def _refusal(bound: _Bound, at: Mapping[str, torch.Tensor], inputs: tuple[Any, ...], kwargs: Mapping[str, Any],
+             shapes: Mapping[Any, tuple[int, ...]], generator: torch.Generator, seed: int, dtype: torch.dtype,
+             device: Device) -> str:
+    """Why the model refuses inputs at ``shapes`` ("" when it runs them with finite outputs)."""
+    try:
+        x = fresh_inputs(inputs, generator, dtype, device, shapes)
+        k = fresh_inputs(kwargs, generator, dtype, device, shapes)
+        bound.bind(at)
+        outputs = bound.run({}, x, k, seed)
+    except Exception as error:  # the model's own refusal of the shape, whatever it raises
+        return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    if not all(bool(y.isfinite().all()) for _, y in outputs if y.is_floating_point()):
+        return "non-finite outputs"
+    return ""
+
+
+def _generic_point(bound: _Bound, state: Mapping[str, torch.Tensor], reference: Point, generator: torch.Generator,
+                   seed: int) -> dict[str, torch.Tensor] | None:
+    """:func:`generic_state` at the noise :data:`GENERIC_NOISE`, or ten and a hundred times less where the outputs
+    are not finite there (a parameter under a square root); None where none is finite."""
+    for noise in (GENERIC_NOISE, GENERIC_NOISE / 10, GENERIC_NOISE / 100):
+        generic = generic_state(bound.model, state, generator, noise)
+        bound.bind(generic)
+        try:
+            outputs = bound.run({}, reference.inputs, reference.kwargs, seed)
+        except Exception:  # a parameter point the model refuses: try nearer the model's own
+            continue
+        if all(bool(y.isfinite().all()) for _, y in outputs if y.is_floating_point()):
+            return generic
+    return None
+
+
+def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch.dtype, device: Device,
+            exclude: set[int]) -> list[tuple[list[tuple[int, str, torch.Tensor]], bool]]:
+    """The rounds of one point: ``([(claim, label, g), ...], separate)``. One round per scale of ``exp(M)``, each
+    claim with its own draw (``separate`` False: all composed in one pass); then one round per discrete element
+    (discrete generators, another component, random sign patterns), shared by the claims of one group
+    (``separate`` True: :func:`separating_sets`)."""
+    continuous: list[list[tuple[int, str, torch.Tensor]]] = [[] for _ in SAMPLE_SCALES]
+    shared: dict[SiteGroup, list[tuple[str, torch.Tensor]]] = {}
+    discrete: list[list[tuple[int, str, torch.Tensor]]] = []
+    for i, s in enumerate(claims):
+        if i in exclude:
+            continue
+        group = s.group
+        if group.is_continuous:
+            for r, scale in enumerate(SAMPLE_SCALES):
+                M = group.random_algebra_element(scale, generator, dtype, device)
+                continuous[r].append((i, f"exp(M), |M| = {scale:g}", group.exp(M)))
+        if group not in shared:
+            shared[group] = [(label, g) for label, g in group.sample(generator, dtype, device, SAMPLE_SCALES[-1:])
+                             if not label.startswith("exp(M)")]
+        for r, (label, g) in enumerate(shared[group]):
+            if r == len(discrete):
+                discrete.append([])
+            discrete[r].append((i, label, g))
+    return [(r, False) for r in continuous if r] + [(r, True) for r in discrete]
+
+
+def _sensitivities(bound: _Bound, point: Point, claims: Sequence[Symmetry], cross_entropy: bool,
+                   generator: torch.Generator, seed: int) -> tuple[list[float], str]:
+    """Each claim's sensitivity at ``point`` and a note: the largest ``σ_t`` of its tensors (module docstring), ``inf``
+    where every perturbation of the entries it moves lies in its group (:func:`_frees_its_entries`).
+
+    ``σ_t = rms(t) ‖∂s/∂t‖`` for ``s = Σ_k ⟨r_k, y_k⟩ / (√n_k max|y_k|)`` over the floating outputs ``y_k`` (``n_k``
+    entries, random ``r_k ~ N(0, 1)``) is about the relative output change under ``t ↦ t + rms(t) ξ`` with
+    ``ξ ~ N(0, 1)``: one backward pass for every parameter. A claim that moves buffers alone (running statistics,
+    which autograd does not differentiate in training mode), or every claim where the backward pass fails, is measured
+    by that perturbation itself, one forward pass each."""
+    parameters = {t for s in claims for t in s.tensors if isinstance(bound.current.get(t), torch.Tensor)
+                  and t in bound.parameters and point.state[t].is_floating_point()}
+    leaves = {t: point.state[t].detach().clone().requires_grad_(True) for t in sorted(parameters)}
+    note = ""
+    try:
+        with torch.enable_grad():
+            outputs = bound.run(leaves, point.inputs, point.kwargs, seed, grad=True)
+            total = torch.zeros((), dtype=torch.float64, device=bound.device)
+            for index, (_, y) in enumerate(outputs):
+                if not y.is_floating_point() or not y.requires_grad:
+                    continue
+                y = y.softmax(-1) if cross_entropy and index == 0 else y
+                y = torch.where(y.isfinite(), y, torch.zeros_like(y))
+                scale = y.detach().abs().max().clamp_min(torch.finfo(y.dtype).tiny) * y.numel() ** 0.5
+                r = torch.randn(y.shape, generator=generator, dtype=torch.float64).to(y.device, y.dtype)
+                total = total + (r * y).sum() / scale
+            grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True) if total.requires_grad \
+                else (None,) * len(leaves)
+        sigma = {t: _rms(leaf) * float(g.double().norm()) if g is not None else 0.0
+                 for (t, leaf), g in zip(leaves.items(), grads)}
+    except Exception as error:  # an op without a derivative: each claim measured by a perturbation instead
+        note = f"sensitivity measured by perturbation ({type(error).__name__}: {str(error).splitlines()[0]})"
+        sigma = {}
+    reference: list[tuple[str, torch.Tensor]] = []
+    result = []
+    for s in claims:
+        if _frees_its_entries(s, point.state):
+            result.append(float("inf"))
+        elif any(t in sigma for t in s.tensors):
+            result.append(max(sigma.get(t, 0.0) for t in s.tensors))
+        else:
+            reference = reference or bound.run({}, point.inputs, point.kwargs, seed)
+            result.append(_perturbed_change(bound, point, s.tensors, reference, cross_entropy, generator, seed))
+    return result, note
+
+
+def _frees_its_entries(symmetry: Symmetry, state: Mapping[str, torch.Tensor]) -> bool:
+    """Every change of the entries ``symmetry`` moves is in its group: translations of single regions, not sheared,
+    each either entry by entry (a bias, or a head's part of it, that the outputs ignore) or of a region of one entry
+    (a one-channel group's bias under group norm, a one-row weight). No perturbation of those entries lies outside the
+    group, so the sensitivity control has nothing to measure: the check itself measures that the outputs ignore them.
+    """
+    def frees(family: TranslationFamily) -> bool:
+        if family.absorbers or len(family.regions) != 1:
+            return False
+        if family.pattern == "entries":
+            return True
+        if family.pattern == "ones":
+            return sum(int(d.count_nonzero()) for d in family.directions(state)[0].values()) == 1
+        return family.regions[0].width * family.regions[0].block == 1   # "rows": one row
+
+    return bool(symmetry.translations) and not symmetry.shifts and all(frees(f) for f in symmetry.translations)
+
+
+PERTURBATION = 1e-4
+"""The relative size of the perturbation that measures a sensitivity without autograd (:func:`_perturbed_change`)."""
+
+
+def _perturbed_change(bound: _Bound, point: Point, tensors: Sequence[str], reference: list[tuple[str, torch.Tensor]],
+                      cross_entropy: bool, generator: torch.Generator, seed: int) -> float:
+    """The relative output change under ``t ↦ t + ε rms(t) ξ`` of ``tensors`` (``ε =`` :data:`PERTURBATION`), over
+    ``ε``: the sensitivity of :func:`_sensitivities` measured by one forward pass."""
+    moved = {t: point.state[t] + PERTURBATION * _rms(point.state[t]) *
+             torch.randn(point.state[t].shape, generator=generator, dtype=torch.float64).to(point.state[t])
+             for t in tensors if point.state[t].is_floating_point()}
+    error, _ = output_change(bound.run(moved, point.inputs, point.kwargs, seed), reference, cross_entropy)
+    return error / PERTURBATION
 
 
 def assert_claims_hold(analysis: Certifiable, **options: Any) -> None:
-    """Raise ``AssertionError`` listing every claim of ``analysis`` that changes an output
+    """Raise ``AssertionError`` listing every claim of ``analysis`` that changes an output or cannot be certified
     (:func:`claim_errors` with ``options``); for tests of inference rules, on ``derive(..., certify=False)``."""
     failures = [str(e) for e in claim_errors(analysis, **options) if not e.holds]
     if failures:
