@@ -253,7 +253,8 @@ def derive(model: ModelGraph | str | Spec | Architecture | nx.DiGraph, catalogue
     every output, group elements near and far from the identity, discrete generators, fresh inputs of the example's
     and of other shapes, the model's parameters and a generic point, buffers included, float64); a claim above
     :data:`~symalg.verification.certification.CERTIFICATION_TOLERANCE` becomes a ``Blocked`` note "failed numerical
-    certification", and one whose tensors the outputs hardly react to a note "not certifiable here". A traced model needs its example inputs for that; a spec
+    certification", and one whose tensors the outputs hardly react to a note "not certifiable here". A traced model
+    needs its example inputs for that; a spec
     at concrete widths runs its generated module; a spec with symbolic widths has nothing to run (its claims
     rest on the symbolic checks, ``certification`` is ``None``). Arguments of the wrong type raise ``SpecError``
     naming the argument.

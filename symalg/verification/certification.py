@@ -158,8 +158,8 @@ class ClaimError:
         if self.error <= self.tolerance and not self.certifiable:
             return f"{self.symmetry.label}: {self.reason}"
         where = f" at {self.point}" if self.point else ""
-        return f"{self.symmetry.label}: relative error {self.error:.2e} on output {self.output!r} under {self.element}" \
-            f"{where}"
+        return (f"{self.symmetry.label}: relative error {self.error:.2e} on output {self.output!r} under "
+                f"{self.element}{where}")
 
 
 @dataclass(frozen=True)
@@ -335,7 +335,8 @@ class _Bound:
         """Bind ``values`` (by the names of ``named_parameters``/``named_buffers``) for the passes to come."""
         for name, value in values.items():
             for module, attribute, is_parameter in self.places[name]:
-                (module._parameters if is_parameter else module._buffers)[attribute] = value
+                # a plain tensor where a Parameter was: modules read their tensors through these dicts
+                (module._parameters if is_parameter else module._buffers)[attribute] = value  # type: ignore[assignment]
             self.current[name] = value
 
     def run(self, changes: Mapping[str, torch.Tensor], inputs: tuple[Any, ...], kwargs: Mapping[str, Any],
@@ -551,11 +552,11 @@ def _points(bound: _Bound, state: Mapping[str, torch.Tensor], inputs: tuple[Any,
     if draws < 2:
         return points, ()
     notes: list[str] = []
-    generic = _generic_point(bound, state, points[0], generator, seed)
-    if generic is None:
+    found = _generic_point(bound, state, points[0], generator, seed)
+    if found is None:
         notes.append("no generic parameter point with finite outputs was found: the claims are checked at the "
                      "model's parameters only")
-        generic = state
+    generic = state if found is None else found
     accepted: list[tuple[int, dict[Any, tuple[int, ...]]]] = []
     refused: list[str] = []
     for label, axis, shapes in shape_variants(inputs, kwargs):
@@ -582,7 +583,7 @@ def _points(bound: _Bound, state: Mapping[str, torch.Tensor], inputs: tuple[Any,
 def _combined(inputs: tuple[Any, ...], kwargs: Mapping[str, Any],
               variants: Sequence[Mapping[Any, tuple[int, ...]]]) -> dict[Any, tuple[int, ...]]:
     """The shapes with every axis that one of ``variants`` changes changed."""
-    example = {**dict(enumerate(inputs)), **kwargs}
+    example: dict[Any, Any] = {**dict(enumerate(inputs)), **kwargs}
     together: dict[Any, list[int]] = {}
     for variant in variants:
         for key, shape in variant.items():
