@@ -329,7 +329,13 @@ class _Bound:
         self.buffers = [name for name, _ in model.named_buffers()]
         self.parameters = {name for name, _ in model.named_parameters()}
         self.training = any(m.training for m in model.modules())
-        self.current: dict[str, torch.Tensor] = {}
+        self.originals = {name: places[0][0]._parameters[places[0][1]] if places[0][2] else
+                          places[0][0]._buffers[places[0][1]] for name, places in self.places.items()}
+        self.current = {name: t for name, t in self.originals.items() if t is not None}
+
+    def restore(self) -> None:
+        """The model's own tensors (parameters as ``Parameter`` objects) back in its modules."""
+        self.bind({name: t for name, t in self.originals.items() if t is not None})
 
     def bind(self, values: Mapping[str, torch.Tensor]) -> None:
         """Bind ``values`` (by the names of ``named_parameters``/``named_buffers``) for the passes to come."""
@@ -487,20 +493,32 @@ def certify(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, draws:
     for s in claims:
         _check_size(s.group)
     dtype = torch.float64
-    model = copy.deepcopy(graph.model).to(device=device, dtype=dtype)   # bound in place: the caller's stays
-    state = {**{k: v.detach() for k, v in model.named_parameters()},
-             **{k: v.detach() for k, v in model.named_buffers()}}
+    model = graph.model
+    if any((t.is_floating_point() and t.dtype != dtype) or t.device != torch.device(device)
+           for t in (*model.parameters(), *model.buffers())):
+        model = copy.deepcopy(model).to(device=device, dtype=dtype)   # the caller's model stays as it is
     bound = _Bound(model, device)
-    bound.bind(state)
+    try:
+        return _certify(bound, claims, inputs, graph.example_kwargs, draws, seed, device,
+                        analysis.loss == "cross_entropy", certification_tolerance(graph))
+    finally:
+        bound.restore()   # the model's own tensors back in its modules
+
+
+def _certify(bound: _Bound, claims: Sequence[Symmetry], inputs: tuple[Any, ...], kwargs: Mapping[str, Any],
+             draws: int, seed: int, device: Device, cross_entropy: bool, tolerance: float) -> Certificate:
+    """:func:`certify` on a model bound in place."""
+    dtype = torch.float64
+    state = {name: t.detach() for name, t in bound.originals.items() if t is not None}
     generator = torch.Generator().manual_seed(seed)
-    cross_entropy = analysis.loss == "cross_entropy"
-    tolerance = certification_tolerance(graph)
-    points, notes = _points(bound, state, inputs, graph.example_kwargs, draws, generator, seed, dtype, device)
+    points, notes = _points(bound, state, inputs, kwargs, draws, generator, seed, dtype, device)
     worst = {i: ClaimError(s, 0.0, tolerance=tolerance) for i, s in enumerate(claims)}
     failed: set[int] = set()
     for number, point in enumerate(points):
         bound.bind(point.state)
         reference = bound.run({}, point.inputs, point.kwargs, seed + number)
+        # pairs are separated at the generic point; at the model's own point every round is one composed pass
+        separating = number > 0 or len(points) == 1
         for elements, separate in _rounds(claims, generator, dtype, device, exclude=failed):
             def change(members: list[int]) -> tuple[float, str]:
                 moved = _changes(point.state, [(claims[elements[i][0]], elements[i][2]) for i in members])
@@ -516,7 +534,7 @@ def certify(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, draws:
                                                point=point.label)
 
             alone = check_in_separating_sets(len(elements), change, tolerance, record,
-                                             None if separate else [list(range(len(elements)))])
+                                             None if separate and separating else [list(range(len(elements)))])
             failed.update(elements[i][0] for i in alone)
     # sensitivity at the generic parameters, on the inputs of the example's shapes (the most data)
     sensitive = replace(points[0], state=points[-1].state)
