@@ -274,8 +274,8 @@ def generic_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], gen
     """``state`` moved to a generic point by independent noise ``N(0, s²)`` on every floating parameter and
     persistent buffer: ``s = max(noise · rms(t), √(2 / fan_in))`` for a parameter of two axes or more (``fan_in``
     its entries per row: the He scale, so that the signal of a deep network neither dies nor explodes and every
-    layer's tensors reach the outputs), ``s = noise · max(rms(t), ρ / 10)`` for the others (``ρ`` the median of the
-    parameters' rms). Equal entries (``p = 1``), zeros (a zero-initialised head) and tiny constants (a layer scale of
+    layer's tensors reach the outputs), ``s = noise · max(rms(t), ρ / 10)`` for the others (``ρ`` the median rms of
+    the parameters of two axes or more, 1 where there are none). Equal entries (``p = 1``), zeros (a zero-initialised head) and tiny constants (a layer scale of
     ``10⁻⁶``) leave their special values; a tensor with positive entries only (a running variance, a gain) stays
     positive (``|t + ε|``). Non-persistent buffers are constants of the architecture (causal masks, rotary tables)
     and stay, as do integer and boolean tensors and tensors with non-finite entries.
@@ -288,7 +288,7 @@ def generic_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], gen
     constants = {f"{prefix}.{name}" if prefix else name for prefix, module in model.named_modules()
                  for name in module._non_persistent_buffers_set}
     parameters = {name for name, _ in model.named_parameters()}
-    scales = sorted(_rms(p) for p in model.parameters() if p.is_floating_point() and p.numel())
+    scales = sorted(_rms(p) for p in model.parameters() if p.is_floating_point() and p.dim() >= 2)
     reference = scales[len(scales) // 2] if scales and scales[len(scales) // 2] > 0 else 1.0
     moved = dict(state)
     for name, t in state.items():
