@@ -275,10 +275,11 @@ def generic_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], gen
     persistent buffer: ``s = max(noise · rms(t), √(2 / fan_in))`` for a parameter of two axes or more (``fan_in``
     its entries per row: the He scale, so that the signal of a deep network neither dies nor explodes and every
     layer's tensors reach the outputs), ``s = noise · max(rms(t), ρ / 10)`` for the others (``ρ`` the median rms of
-    the parameters of two axes or more, 1 where there are none). Equal entries (``p = 1``), zeros (a zero-initialised head) and tiny constants (a layer scale of
-    ``10⁻⁶``) leave their special values; a tensor with positive entries only (a running variance, a gain) stays
-    positive (``|t + ε|``). Non-persistent buffers are constants of the architecture (causal masks, rotary tables)
-    and stay, as do integer and boolean tensors and tensors with non-finite entries.
+    the parameters of two axes or more, 1 where there are none). Equal entries (``p = 1``), zeros (a zero-initialised
+    head) and tiny constants (a layer scale of ``10⁻⁶``) leave their special values; a tensor with positive entries
+    only (a running variance, a gain) stays positive (``|t + ε|``). Non-persistent buffers are constants of the
+    architecture (causal masks, rotary tables) and stay, as do integer and boolean tensors and tensors with
+    non-finite entries.
 
     >>> layer = torch.nn.Linear(2, 2).double()
     >>> _ = torch.nn.init.zeros_(layer.weight)
