@@ -48,13 +48,39 @@ def test_a_claim_true_for_one_batch_size_only_is_not_certified():
 
 def test_other_shapes_are_drawn_per_axis_class_and_refusals_recorded():
     ids, mask = torch.zeros(2, 7, dtype=torch.long), torch.ones(2, 7, dtype=torch.bool)
-    variants = {label: shapes for label, _, shapes in shape_variants((ids,), {"attention_mask": mask})}
+    variants = {label: shapes for label, _, _, shapes in shape_variants((ids,), {"attention_mask": mask})}
     assert variants == {"axis 0: 2 → 1": {0: (1, 7), "attention_mask": (1, 7)},
-                        "axis 1: 7 → 6": {0: (2, 6), "attention_mask": (2, 6)}}
+                        "axis 0: 2 → 3": {0: (3, 7), "attention_mask": (3, 7)},
+                        "axis 1: 7 → 6": {0: (2, 6), "attention_mask": (2, 6)},
+                        "axis 1: 7 → 8": {0: (2, 8), "attention_mask": (2, 8)}}
     model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).double()
     certificate = certify(symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)), certify=False))
-    assert certificate.points == ("the model's parameters, inputs (6, 3)", "generic parameters, inputs (1, 3)")
-    assert "axis 1: 3 → 2 (RuntimeError" in certificate.notes[0]
+    assert certificate.points == ("the model's parameters, inputs (6, 3)", "generic parameters, inputs (1, 3)",
+                                  "generic parameters, inputs (7, 3)")
+    assert "axis 1: 3 → 2 (RuntimeError" in certificate.notes[0] and "axis 1: 3 → 4 (RuntimeError" in certificate.notes[0]
+
+
+class Sequence(nn.Module):
+    """An MLP over the last axis of ``(B, T, n)`` that branches on the sequence length ``T``."""
+
+    def __init__(self, threshold):
+        super().__init__()
+        self.fc1, self.fc2, self.threshold = nn.Linear(3, 5), nn.Linear(5, 2), threshold
+
+    def forward(self, x):
+        z = self.fc1(x)
+        return self.fc2(torch.relu(z) if x.shape[1] <= self.threshold else torch.tanh(z))
+
+
+@pytest.mark.parametrize("threshold, traced", [(3, "SignFlips(5) on fc1"),                  # T = 4 → 3 flips it
+                                               (4, "PositiveScaling(5, alpha=1) on fc1")])  # T = 4 → 5 flips it
+def test_a_claim_true_for_one_sequence_length_only_is_not_certified(threshold, traced):
+    torch.manual_seed(0)
+    graph = symalg.trace(Sequence(threshold).double(), (torch.randn(2, 4, 3, dtype=torch.float64),))
+    analysis = symalg.derive(graph)
+    assert [s.label for s in analysis.symmetries] == ["S(5) on fc1"]
+    failed, = [e for e in analysis.certification if not e.holds]
+    assert failed.symmetry.label == traced and failed.error > 1e-3
 
 
 class Swish(nn.Module):

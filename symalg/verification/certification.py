@@ -7,8 +7,8 @@ the worst relative change of any output over
 * **points** (:class:`Point`): the model's own parameters **and buffers** on fresh inputs shaped like the example
   inputs, then a *generic* point (:func:`generic_state`: noise on every parameter and persistent buffer, so that
   special values such as ``p = 1``, a zero-initialised head or a layer scale of ``10⁻⁶`` are left) on inputs of
-  *other shapes* (:func:`shape_variants`: another batch size, other sequence lengths and spatial sizes; a shape
-  the model refuses is recorded, not an error);
+  *other shapes* (:func:`shape_variants`: a batch of one and of ``B + 1``, sequence lengths and spatial sizes one
+  less and one more; a shape the model refuses is recorded, not an error);
 * test elements of each group: ``exp(M)`` with ``‖M‖`` near ``10⁻³`` and ``1``, drawn **for each claim on its
   own**, every discrete generator and an element of another component
   (:meth:`~symalg.catalogue.groups.SiteGroup.sample`, shared by the claims of one group), drawn anew at each point;
@@ -20,9 +20,10 @@ loss's own invariance); every other output is compared as it is.
 **Composition.** The composition of symmetries is a symmetry, so one forward pass checks a set of claims composed.
 Two false claims could hide each other in a set (one tie split in two). For the continuous elements each claim
 draws its own ``exp(M)``: two false claims cancel only for a null set of draws, so all of them are checked in
-**one** pass. The discrete elements are shared by the claims of a group, so they are checked in sets that
-separate every two claims (:func:`separating_sets`: ``⌈log₂(n + 1)⌉`` passes for ``n`` claims). A failing set is
-halved until its failing claims stand alone (:func:`check_in_separating_sets`).
+**one** pass. The discrete elements are shared by the claims of a group, so at the first generic point they are
+checked in sets that separate every two claims (:func:`separating_sets`: ``⌈log₂(n + 1)⌉`` passes for ``n``
+claims); at the other points all in one pass. A failing set is halved until its failing claims stand alone
+(:func:`check_in_separating_sets`).
 
 **Sensitivity.** A check that passes because the outputs ignore the parameters proves nothing. At the generic point
 one backward pass gives every tensor's sensitivity ``σ_t = rms(t) ‖∂s/∂t‖`` (``s`` a random projection of the
@@ -44,7 +45,7 @@ not every tensor as ``functional_call`` does).
 [True, True]
 >>> certificate = certify(analysis)
 >>> certificate.points
-("the model's parameters, inputs (5, 3)", 'generic parameters, inputs (1, 3)')
+("the model's parameters, inputs (5, 3)", 'generic parameters, inputs (1, 3)', 'generic parameters, inputs (6, 3)')
 >>> certificate.notes[0][:75]
 'input shapes the model refused (not checked): axis 1: 3 → 2 (RuntimeError: '
 """
@@ -170,6 +171,8 @@ class Point:
     state: Mapping[str, torch.Tensor]
     inputs: tuple[Any, ...]
     kwargs: Mapping[str, Any]
+    separate: bool = False
+    """Check the shared discrete elements in sets separating every two claims (else all composed in one pass)."""
 
 
 @dataclass(frozen=True)
@@ -245,16 +248,19 @@ def _fresh(x: object, generator: torch.Generator, dtype: torch.dtype, device: De
 
 
 def shape_variants(example_inputs: Sequence[Any],
-                   example_kwargs: Mapping[str, Any]) -> list[tuple[str, int, dict[Any, tuple[int, ...]]]]:
-    """Other input shapes to certify at: ``[(label, axis, {input: shape}), ...]``, one per axis class.
+                   example_kwargs: Mapping[str, Any]) -> list[tuple[str, int, int, dict[Any, tuple[int, ...]]]]:
+    """Other input shapes to certify at: ``[(label, axis, step, {input: shape}), ...]``, two per axis class.
 
     Axes of the tensor inputs are classed by ``(axis, size)`` (``input_ids`` and ``attention_mask`` of shape
     ``(2, 7)`` share the classes ``(0, 2)`` and ``(1, 7)``), and each class is changed on every input at once: axis 0
-    (the batch) to 1 (to 2 from 1), any other axis to ``size − 1`` (to ``size + 1`` from 1 or 2). Feature axes are
-    among them; the model refuses those, which :func:`certify` records.
+    (the batch) to 1 and to ``size + 1`` (``step`` −1 and +1; 2 and 3 from 1), any other axis to ``size − 1`` (from
+    2 on) and ``size + 1``. A branch on a size next to the example's (``B > 1``, ``T >= 8``, ``B % 2``) is taken the
+    other way by one of them. Feature axes are among them; the model refuses those, which :func:`certify` records.
 
-    >>> [(label, shapes) for label, _, shapes in shape_variants((torch.zeros(8, 3),), {})]
-    [('axis 0: 8 → 1', {0: (1, 3)}), ('axis 1: 3 → 2', {0: (8, 2)})]
+    >>> [(label, shapes) for label, _, _, shapes in shape_variants((torch.zeros(8, 3),), {})]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [('axis 0: 8 → 1', {0: (1, 3)}), ('axis 0: 8 → 9', {0: (9, 3)}), ('axis 1: 3 → 2', {0: (8, 2)}),
+     ('axis 1: 3 → 4', {0: (8, 4)})]
     """
     tensors: dict[Any, tuple[int, ...]] = {i: tuple(x.shape) for i, x in enumerate(example_inputs)
                                            if isinstance(x, torch.Tensor)}
@@ -262,10 +268,14 @@ def shape_variants(example_inputs: Sequence[Any],
     classes = dict.fromkeys((axis, size) for shape in tensors.values() for axis, size in enumerate(shape))
     variants = []
     for axis, size in classes:
-        new = (1 if size > 1 else 2) if axis == 0 else (size - 1 if size > 2 else size + 1)
-        shapes = {key: tuple(new if a == axis and s == size else s for a, s in enumerate(shape))
-                  for key, shape in tensors.items() if len(shape) > axis and shape[axis] == size}
-        variants.append((f"axis {axis}: {size} → {new}", axis, shapes))
+        if axis == 0:
+            sizes = [(-1, 1), (1, size + 1)] if size > 1 else [(-1, 2), (1, 3)]
+        else:
+            sizes = ([(-1, size - 1)] if size > 1 else []) + [(1, size + 1)]
+        for step, new in sizes:
+            shapes = {key: tuple(new if a == axis and s == size else s for a, s in enumerate(shape))
+                      for key, shape in tensors.items() if len(shape) > axis and shape[axis] == size}
+            variants.append((f"axis {axis}: {size} → {new}", axis, step, shapes))
     return variants
 
 
@@ -518,8 +528,6 @@ def _certify(bound: _Bound, claims: Sequence[Symmetry], inputs: tuple[Any, ...],
     for number, point in enumerate(points):
         bound.bind(point.state)
         reference = bound.run({}, point.inputs, point.kwargs, seed + number)
-        # pairs are separated at the generic point; at the model's own point every round is one composed pass
-        separating = number > 0 or len(points) == 1
         for elements, separate in _rounds(claims, generator, dtype, device, exclude=failed):
             def change(members: list[int]) -> tuple[float, str]:
                 moved = _changes(point.state, [(claims[elements[i][0]], elements[i][2]) for i in members])
@@ -535,7 +543,7 @@ def _certify(bound: _Bound, claims: Sequence[Symmetry], inputs: tuple[Any, ...],
                                                point=point.label)
 
             alone = check_in_separating_sets(len(elements), change, tolerance, record,
-                                             None if separate and separating else [list(range(len(elements)))])
+                                             None if separate and point.separate else [list(range(len(elements)))])
             failed.update(elements[i][0] for i in alone)
     # sensitivity at the generic parameters, on the inputs of the example's shapes (the most data)
     sensitive = replace(points[0], state=points[-1].state)
@@ -561,39 +569,47 @@ def _shapes_label(inputs: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
 def _points(bound: _Bound, state: Mapping[str, torch.Tensor], inputs: tuple[Any, ...], kwargs: Mapping[str, Any],
             draws: int, generator: torch.Generator, seed: int, dtype: torch.dtype,
             device: Device) -> tuple[list[Point], tuple[str, ...]]:
-    """The points of :func:`certify` and its notes: the shapes refused, or no generic point with finite outputs."""
-    def point(label: str, at: Mapping[str, torch.Tensor], shapes: Mapping[Any, tuple[int, ...]] | None) -> Point:
+    """The points of :func:`certify` and its notes (the shapes refused; no generic point with finite outputs).
+
+    The model's own parameters on the example's shapes; then, with ``draws ≥ 2``, the generic point on the first
+    accepted shape variant (the batch of one, where accepted), where pairs of claims are separated
+    (:attr:`Point.separate`), and on the other accepted variants: the batch of ``B + 1``, and every other axis the
+    model accepts at ``size − 1``, then at ``size + 1``, together (each alone where the model refuses them together);
+    then the generic point on the example's shapes until there are ``draws`` points."""
+    def point(label: str, at: Mapping[str, torch.Tensor], shapes: Mapping[Any, tuple[int, ...]] | None,
+              separate: bool = False) -> Point:
         x = fresh_inputs(inputs, generator, dtype, device, shapes)
         k = fresh_inputs(kwargs, generator, dtype, device, shapes)
-        return Point(f"{label}, inputs {_shapes_label(x, k)}", at, x, k)
+        return Point(f"{label}, inputs {_shapes_label(x, k)}", at, x, k, separate)
 
-    points = [point("the model's parameters", state, None)]
     if draws < 2:
-        return points, ()
+        return [point("the model's parameters", state, None, separate=True)], ()
+    points = [point("the model's parameters", state, None)]
     notes: list[str] = []
     found = _generic_point(bound, state, points[0], generator, seed)
     if found is None:
         notes.append("no generic parameter point with finite outputs was found: the claims are checked at the "
                      "model's parameters only")
     generic = state if found is None else found
-    accepted: list[tuple[int, dict[Any, tuple[int, ...]]]] = []
+    accepted: list[tuple[int, int, dict[Any, tuple[int, ...]]]] = []
     refused: list[str] = []
-    for label, axis, shapes in shape_variants(inputs, kwargs):
+    for label, axis, step, shapes in shape_variants(inputs, kwargs):
         problem = _refusal(bound, generic, inputs, kwargs, shapes, generator, seed, dtype, device)
-        (refused.append(f"{label} ({problem})") if problem else accepted.append((axis, shapes)))
+        (refused.append(f"{label} ({problem})") if problem else accepted.append((axis, step, shapes)))
     if refused:
         notes.append("input shapes the model refused (not checked): " + "; ".join(refused))
-    batch = [shapes for axis, shapes in accepted if axis == 0]
-    others = [shapes for axis, shapes in accepted if axis != 0]
-    variants = batch[:1]
-    if others:
+    variants = [shapes for axis, _, shapes in accepted if axis == 0]
+    for direction in (-1, 1):
+        others = [shapes for axis, step, shapes in accepted if axis != 0 and step == direction]
         together = _combined(inputs, kwargs, others)
-        fine = not _refusal(bound, generic, inputs, kwargs, together, generator, seed, dtype, device)
-        variants.append(together if fine else others[0])
-    for shapes in variants:
-        points.append(point("generic parameters", generic, shapes))
+        if len(others) > 1 and _refusal(bound, generic, inputs, kwargs, together, generator, seed, dtype, device):
+            variants += others
+        elif others:
+            variants.append(together)
+    for number, shapes in enumerate(variants):
+        points.append(point("generic parameters", generic, shapes, separate=number == 0))
     while len(points) < draws:
-        points.append(point("generic parameters", generic, None))
+        points.append(point("generic parameters", generic, None, separate=len(points) == 1))
     if not variants:
         notes.append("no other input shape was accepted: the claims are checked at the example's shapes only")
     return points, tuple(notes)
