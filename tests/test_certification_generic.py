@@ -57,7 +57,8 @@ def test_other_shapes_are_drawn_per_axis_class_and_refusals_recorded():
     certificate = certify(symalg.derive(symalg.trace(model, (torch.randn(6, 3, dtype=torch.float64),)), certify=False))
     assert certificate.points == ("the model's parameters, inputs (6, 3)", "generic parameters, inputs (1, 3)",
                                   "generic parameters, inputs (7, 3)")
-    assert "axis 1: 3 → 2 (RuntimeError" in certificate.notes[0] and "axis 1: 3 → 4 (RuntimeError" in certificate.notes[0]
+    assert "axis 1: 3 → 2 (RuntimeError" in certificate.notes[0]
+    assert "axis 1: 3 → 4 (RuntimeError" in certificate.notes[0]
 
 
 class Sequence(nn.Module):
