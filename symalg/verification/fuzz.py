@@ -111,6 +111,11 @@ class Op:
     fn: Callable[..., Any]
 
 
+COMPARISONS: dict[str, Callable[[int, int], bool]] = {
+    ">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+    "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
+"""The comparisons a shape branch (op ``branch``) may print."""
+
 OPS: dict[str, Op] = {
     "layer": Op("self.{layer}({0})", lambda m, x, layer: getattr(m, layer)(x)),
     "act": Op("F.{name}({0})", lambda m, x, name: getattr(F, name)(x)),
@@ -234,6 +239,9 @@ OPS: dict[str, Op] = {
     "sigmoid": Op("torch.sigmoid({0})", lambda m, x: torch.sigmoid(x)),
     "sigmoid_method": Op("{0}.sigmoid()", lambda m, x: x.sigmoid()),
     "shift": Op("{0} + {c}", lambda m, x, c: x + c),
+    "branch": Op("F.{a}({0}) if {0}.shape[{axis}] {cmp} {k} else F.{b}({0})",
+                 lambda m, x, a, b, axis, cmp, k: getattr(F, a)(x) if COMPARISONS[cmp](x.shape[axis], k)
+                 else getattr(F, b)(x)),
     "mha_causal": Op("self.{layer}({0}, {0}, {0}, attn_mask=torch.ones({t}, {t}, dtype=torch.bool).triu(1), "
                      "need_weights={need}, average_attn_weights={average})",
                      lambda m, x, layer, t, need, average: getattr(m, layer)(
@@ -338,6 +346,8 @@ class Case:
     tracer: str = "auto"
     """How :func:`check_case` traces it (:func:`symalg.trace`'s ``tracer``): ``"export"`` for the attention
     families' export-forced cases, whose ``torch.export`` graphs fx would never hand over."""
+    special: tuple[tuple[str, float], ...] = ()
+    """Parameters set to special values after :func:`randomize` (the ``special`` family): ``(name, value)``."""
 
     @property
     def description(self) -> str:
@@ -349,6 +359,9 @@ class Case:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.torch_seed)
             model = randomize(FuzzModel(self.layers, self.steps, self.output).double())
+            with torch.no_grad():
+                for name, value in self.special:
+                    model.get_parameter(name).fill_(value)
             for name, layer in self.layers:
                 if not layer.train:
                     getattr(model, name).eval()
@@ -374,6 +387,7 @@ class Case:
                   "        nn.init.normal_(p, std=0.7)", "    for name, b in model.named_buffers():",
                   "        if name.endswith('running_mean'):", "            b.normal_()",
                   "        elif name.endswith('running_var'):", "            b.uniform_(0.5, 2.0)"]
+        lines += [f"    model.get_parameter({name!r}).fill_({value!r})" for name, value in self.special]
         lines += [f"model.{name}.eval()" for name, layer in self.layers if not layer.train]
         lines += [f"x = {x}", "", "import symalg", "from symalg.verification.certification import claim_errors",
                   f"analysis = symalg.derive(symalg.trace(model, (x,){self._tracer_argument}))",
@@ -1349,6 +1363,49 @@ def _swish(b: _Builder) -> _Drawn:
     if variant == "shared":
         a = swish(b.linear(a, h, h), a, h)
     return shape, 0, b.linear(a, h, m)
+BRANCH_ACTIVATIONS = ("relu", "leaky_relu", "tanh", "sigmoid", "gelu", "silu", "hardtanh", "softplus", "elu")
+BRANCH_NAMES = {">": "gt", ">=": "ge", "<": "lt", "<=": "le", "==": "eq", "!=": "ne"}
+
+
+def _branch(b: _Builder) -> _Drawn:
+    """``lin(F.a(z) if x.shape[axis] cmp k else F.b(z))``, ``z = lin(x)``: an activation chosen by an input size (fx
+    cannot trace the branch; ``torch.export`` specialises the graph to the example's sizes), on the batch axis of
+    ``(B, n)`` or the batch or sequence axis of ``(B, T, n)``, the threshold next to the example's size so that the
+    sizes certification tries (a batch of one and of ``B + 1``, ``T ∓ 1``) take the other branch. Near misses that
+    keep their claims: the same activation both ways, ReLU and leaky ReLU (the same groups)."""
+    rng = b.rng
+    n, h, m = b.width(), b.width(2), b.width()
+    shape = (rng.randint(2, 5), n) if rng.random() < 0.5 else (rng.randint(2, 3), rng.randint(2, 5), n)
+    axis = rng.choice([0] if len(shape) == 2 else [0, 1])
+    size, cmp = shape[axis], rng.choice(list(COMPARISONS))
+    k = {">": size - 1, ">=": size, "<": size + 1, "<=": size, "==": size, "!=": size + 1}[cmp]
+    kind = rng.choice(["two"] * 4 + ["same", "homogeneous"])
+    first = "relu" if kind == "homogeneous" else rng.choice(BRANCH_ACTIVATIONS)
+    second = {"same": first, "homogeneous": "leaky_relu"}.get(kind) or rng.choice(BRANCH_ACTIVATIONS)
+    b.variant += [f"axis{axis}", BRANCH_NAMES[cmp], first, second]
+    z = b.op("branch", b.linear("x", n, h), a=first, b=second, axis=axis, cmp=cmp, k=k)
+    return shape, 0, b.linear(z, h, m)
+
+
+SPECIALISED_FAMILIES = frozenset({"branch"})
+"""Families whose trace holds for the example's sizes only: their raw claims (``certify=False``) are the rules' on the
+branch traced and are checked at those sizes; certified claims at every size certification tries."""
+
+SPECIAL_BASES = ("mlp", "swish", "gated", "residual", "shear", "norm", "even")
+SPECIAL_VALUES = (1.0, 1.0, 0.0, 0.0, 1e-6, 0.5)
+"""Values :func:`generate` sets parameters of the ``special`` family to: equal entries (the usual initialisation of
+gains and of swish's ``β``), zeros (a zero-initialised head or bias), a tiny layer scale, a shared constant."""
+
+
+def _special(b: _Builder) -> _Drawn:
+    """A model of one of :data:`SPECIAL_BASES` whose parameters :func:`generate` partly sets to special values
+    (:data:`SPECIAL_VALUES`), where a false claim can leave the outputs unchanged: certification must check the
+    claims at a generic point as well."""
+    base = b.rng.choice(SPECIAL_BASES)
+    b.variant.append(base)
+    return FAMILIES[base](b)
+
+
 EVEN_OPS = ("abs", "abs", "abs_method", "absolute", "abs_plus", "abs_times", "abs_shifted", "abs_sigmoid", "tanh_abs")
 """What the ``even`` family draws in place of an activation: ``|z|`` in its three spellings, and near misses where its
 input-side sign flips must go (``|z| + z`` reads the input again, ``z ⊙ |z|`` is odd, ``|z − ½|`` is not even in
@@ -1420,6 +1477,8 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "swish": _swish,
     "even": _even,
     "zero_sum": _zero_sum,
+    "branch": _branch,
+    "special": _special,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
@@ -1449,10 +1508,17 @@ def generate(seed: int, index: int, family: str | None = None) -> Case:
         kind = rng.choice(["dict", "tuple"])
     tracer = "export" if random.Random(f"{seed}:{index}:{family}:tracer").random() < EXPORTED.get(family, 0) \
         else "auto"
-    variant = "-".join(b.variant + ([kind] if kind != "tensor" else []) + (["export"] if tracer == "export" else [])) \
-        or "plain"
+    special = _special_values(b, random.Random(f"{seed}:{index}:{family}:special")) if family == "special" else ()
+    variant = "-".join(b.variant + ([kind] if kind != "tensor" else []) + (["export"] if tracer == "export" else [])
+                       + [f"{name}={value:g}" for name, value in special]) or "plain"
     return Case(seed, index, family, variant, tuple(b.layers), tuple(b.steps), (kind, outputs), shape, vocab,
-                rng.randrange(2 ** 31), tracer)
+                rng.randrange(2 ** 31), tracer, special)
+
+
+def _special_values(b: _Builder, rng: random.Random) -> tuple[tuple[str, float], ...]:
+    """One or two floating parameters of the drawn model and the special values they get (:data:`SPECIAL_VALUES`)."""
+    names = [name for name, _ in FuzzModel(b.layers, b.steps, ("tensor", ("x",))).named_parameters()]
+    return tuple((name, rng.choice(SPECIAL_VALUES)) for name in rng.sample(names, min(len(names), rng.randint(1, 2))))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1609,8 +1675,10 @@ def check_case(case: Case, certify: bool = True, time_limit: float = 20.0, draws
             model, inputs = case.build()
             graph = trace(model, inputs, tracer=tracer or case.tracer)
             analysis, outcome.certified = derive_claims(graph, certify, catalogue), certify
-            # seeded apart from derive's own certification, so the check draws other elements and inputs
-            errors = _claim_errors(analysis, draws, 1 + case.index)
+            # seeded apart from derive's own certification, so the check draws other elements and inputs; raw claims of
+            # a shape-branching model are the rules' on the branch the trace took, so they are checked at its shapes
+            raw_branch = not certify and case.family in SPECIALISED_FAMILIES
+            errors = _claim_errors(analysis, 1 if raw_branch else draws, 1 + case.index)
         outcome.claims = len(errors)
         outcome.false_claims = [FalseClaim(case.description, case.family, *e) for e in errors
                                 if not e[1] <= CERTIFICATION_TOLERANCE]
