@@ -377,36 +377,40 @@ def _changes(state: Mapping[str, torch.Tensor],
              claims: Sequence[tuple[Symmetry, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """The tensors of ``state`` that ``claims`` move, moved (see :func:`compose`).
 
-    A composition of symmetries in any order is a symmetry, so the claims that only scale their regions (every
-    moving binding diagonal: positive scalings, sign flips without shift) go first, their factors multiplied region
-    by region and each region scaled once; the others follow in turn, each seeing the tensors it touches."""
+    A composition of symmetries in any order is a symmetry, so the claims are composed kind by kind, each region moved
+    once per kind: first those that only scale their regions (every moving binding diagonal, as positive scalings),
+    their factors multiplied region by region; then the permutations, their indices composed region by region in
+    turn (``U[i₁][i₂] = U[i₁[i₂]]``); then the others in turn, each seeing the tensors it touches."""
     moved = {name: state[name].detach().clone() for name in {t for symmetry, _ in claims for t in symmetry.tensors}}
     factors: dict[tuple, tuple[Binding, torch.Tensor]] = {}
+    indices: dict[tuple, tuple[Binding, torch.Tensor]] = {}
     others = []
     for symmetry, g in claims:
-        scaled = _scalings(symmetry, g)
-        if scaled is None:
+        plain = not (symmetry.translations or symmetry.shifts)
+        if plain and symmetry.group.element_format == "diagonal":
+            move = symmetry.group.mover(g, checked=False)
+            for b in symmetry.moving_bindings():
+                diagonal = move.diagonal(b.role, b.power)
+                assert diagonal is not None, f"{symmetry.label}: a diagonal element moves {b.region} by a diagonal"
+                first, product = factors.get(b.region, (b, None))
+                factors[b.region] = (first, diagonal if product is None else product * diagonal)
+        elif plain and symmetry.group.permutes_entries:
+            index = g.argmax(-1)
+            for b in symmetry.moving_bindings():
+                first, composed = indices.get(b.region, (b, None))
+                indices[b.region] = (first, index if composed is None else composed[index])
+        else:
             others.append((symmetry, g))
-        for binding, diagonal in scaled or ():
-            first, product = factors.get(binding.region, (binding, None))
-            factors[binding.region] = (first, diagonal if product is None else product * diagonal)
     for binding, diagonal in factors.values():
         binding.scale(moved[binding.tensor], diagonal, inplace=True)
+    for binding, index in indices.values():
+        binding.fold(moved[binding.tensor], binding.unfold(moved[binding.tensor])[index], inplace=True)
     for symmetry, g in others:
         read = (*symmetry.reads, *(absorber.weight for absorber, _ in symmetry.shifts))   # weights a move reads
         touched = {t: moved[t] if t in moved else state[t] for t in (*symmetry.tensors, *read)}
         moved.update({t: v for t, v in symmetry.apply(touched, g, inplace=True, checked=False).items()
                       if t in symmetry.tensors})
     return moved
-
-
-def _scalings(symmetry: Symmetry, g: torch.Tensor) -> list[tuple[Binding, torch.Tensor]] | None:
-    """``[(binding, factors), ...]`` where ``g`` moves every region of ``symmetry`` by a diagonal, else None."""
-    if symmetry.translations or symmetry.shifts:
-        return None
-    move = symmetry.group.mover(g, checked=False)
-    scaled = [(b, move.diagonal(b.role, b.power)) for b in symmetry.moving_bindings()]
-    return None if any(d is None for _, d in scaled) else scaled  # type: ignore[return-value]
 
 
 def compose(state: Mapping[str, torch.Tensor],
