@@ -114,8 +114,11 @@ def _narrowed(guard: sp.Basic, symbol: sp.Symbol, low: float, high: float) -> tu
     form one range (``s0 > 1``; ``s0 ≠ 1`` where the range starts above 1; ``Min(16, s0) = s0``), else ``None``."""
     if not isinstance(guard, sp.core.relational.Relational):
         return None
-    plain = sp.sympify(str(guard), locals={str(symbol): symbol})  # torch's own Min, Mod, ...: SymPy's, to solve
-    allowed = sp.solveset(plain, symbol, domain=sp.S.Reals).intersect(sp.Interval(low, high))
+    try:
+        plain = sp.sympify(str(guard), locals={str(symbol): symbol})  # torch's own Min, Mod, ...: SymPy's, to solve
+        allowed = sp.solveset(plain, symbol, domain=sp.S.Reals).intersect(sp.Interval(low, high))
+    except (sp.SympifyError, TypeError, ValueError, NotImplementedError):  # a guard SymPy cannot read: kept as text
+        return None
     if not isinstance(allowed, sp.Interval):
         return None
     least, greatest = allowed.inf, allowed.sup

@@ -2,7 +2,8 @@
 
 :func:`trace` runs ``torch.fx`` symbolic tracing, keeping torch's own layers (``nn.Linear``,
 ``nn.MultiheadAttention``, norm layers, ...) as single nodes, and falls back to ``torch.export`` when
-fx cannot trace the model (the graph keeps fx's reason); if both fail the error says why and where. Example
+fx cannot trace the model (the graph keeps fx's reason, and the input shapes the exported graph holds for); if
+both fail the error says why and where. Example
 inputs are positional and keyword (``trace(model, input_ids=ids, use_cache=False)``), and every tensor the
 model returns is an output (:mod:`symalg.frontend.outputs`). Every spelling of an op
 (``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu()``, ``x.relu_()``) becomes one canonical name, and
@@ -681,7 +682,9 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
     tracer : ``"auto"`` (fx, then ``torch.export`` when fx fails), ``"fx"`` (no fallback) or
         ``"export"`` (``torch.export`` only, which needs example inputs): both routes give the same
         canonical ops, so forcing one checks that they agree. The graph records which one ran and, for the
-        fallback, fx's failure (``ModelGraph.tracer_note``).
+        fallback, fx's failure (``ModelGraph.tracer_note``); an exported graph also records the input shapes it
+        holds for (``ModelGraph.shape_note``, ``specialised_axes``, ``dynamic_axes``:
+        :mod:`~symalg.frontend.export_shapes`), read off a second export with every input axis dynamic.
     **example_kwargs : keyword example inputs, as the model takes them
         (``input_ids=ids, attention_mask=mask``): tensors are inputs like the positional ones; ``None``,
         booleans, numbers and strings (``use_cache=False``) are constants the trace is specialised on. They are
