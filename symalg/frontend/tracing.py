@@ -2,7 +2,8 @@
 
 :func:`trace` runs ``torch.fx`` symbolic tracing, keeping torch's own layers (``nn.Linear``,
 ``nn.MultiheadAttention``, norm layers, ...) as single nodes, and falls back to ``torch.export`` when
-fx cannot trace the model (the graph keeps fx's reason); if both fail the error says why and where. Example
+fx cannot trace the model (the graph keeps fx's reason, and the input shapes the exported graph holds for); if
+both fail the error says why and where. Example
 inputs are positional and keyword (``trace(model, input_ids=ids, use_cache=False)``), and every tensor the
 model returns is an output (:mod:`symalg.frontend.outputs`). Every spelling of an op
 (``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu()``, ``x.relu_()``) becomes one canonical name, and
@@ -54,6 +55,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 from symalg.catalogue.activations import CATALOGUE
 from symalg.errors import SpecError
 from symalg.frontend.attention_folding import fold_attention as fold_attention_pass
+from symalg.frontend.export_shapes import InputShapes, export_dynamic, input_shapes, static_shapes
 from symalg.frontend.outputs import output_hint, output_tensors
 from symalg.frontend.rms_norm_folding import fold_rms_norm
 from symalg.frontend.swish_folding import fold_swish_beta
@@ -224,10 +226,20 @@ def _flat_outputs(model: nn.Module) -> nn.Module:
     return flat
 
 
-def _export_graph(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> torch.fx.GraphModule:
-    """``torch.export``'s graph (non-strict: the model's Python runs as written, on fake tensors)."""
-    exported = torch.export.export(_flat_outputs(model), tuple(args), dict(kwargs), strict=False)
-    return exported.module()
+def _export_graph(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> tuple[torch.fx.GraphModule,
+                                                                                        InputShapes]:
+    """``torch.export``'s graph at the example's shapes (non-strict: the model's Python runs as written, on fake
+    tensors) and the input shapes it holds for, read off an export at dynamic shapes
+    (:func:`~symalg.frontend.export_shapes.export_dynamic`; where that one fails, every axis is fixed). The static
+    graph is the one analysed: the dynamic one computes sizes in the graph (``sym_size``), which slices and
+    selections read differently."""
+    flat = _flat_outputs(model)
+    static = torch.export.export(flat, tuple(args), dict(kwargs), strict=False)
+    try:
+        dynamic = export_dynamic(flat, tuple(args), dict(kwargs))
+    except Exception as error:  # export's own failure at dynamic shapes: the graph holds at the example's only
+        return static.module(), static_shapes(static, _failure(error))
+    return static.module(), input_shapes(dynamic)
 
 
 def _failure(error: Exception) -> str:
@@ -235,8 +247,9 @@ def _failure(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
 
 
-def _exported(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> torch.fx.GraphModule:
-    """``torch.export``'s graph of ``model``, or a :class:`SpecError` with export's reason."""
+def _exported(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> tuple[torch.fx.GraphModule, InputShapes]:
+    """``torch.export``'s graph of ``model`` and the input shapes it holds for, or a :class:`SpecError` with export's
+    reason."""
     try:
         return _export_graph(model, args, kwargs)
     except Exception as error:  # export's own failure, reported with its first line
@@ -244,17 +257,19 @@ def _exported(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> to
 
 
 def _traced(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object],
-            tracer: str) -> tuple[torch.fx.GraphModule, str, str]:
-    """``(graph, tracer used, why)``: fx's graph, else (``tracer="auto"`` with example inputs) export's, with
-    fx's failure as the reason; the error names both failures."""
+            tracer: str) -> tuple[torch.fx.GraphModule, str, str, InputShapes]:
+    """``(graph, tracer used, why, input shapes it holds for)``: fx's graph (which records ops, not sizes: every
+    shape), else (``tracer="auto"`` with example inputs) export's, with fx's failure as the reason; the error names
+    both failures."""
     try:
-        return _fx_graph(model, _constants(model, args, kwargs)), "fx", ""
+        return _fx_graph(model, _constants(model, args, kwargs)), "fx", "", InputShapes((), ())
     except Exception as fx_error:  # fx's own failure, reported with the export one below
         if tracer == "fx" or args is None:
             hint = "" if tracer == "fx" else "; pass example_inputs to try torch.export instead"
             raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__}: {fx_error}{hint}") from None
         try:
-            return _export_graph(model, args, kwargs), "export", f"torch.fx failed ({_failure(fx_error)})"
+            gm, shapes = _export_graph(model, args, kwargs)
+            return gm, "export", f"torch.fx failed ({_failure(fx_error)})", shapes
         except Exception as export_error:
             raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__} ({_failure(fx_error)}) "
                             f"and torch.export failed too ({_failure(export_error)})") from None
@@ -667,7 +682,9 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
     tracer : ``"auto"`` (fx, then ``torch.export`` when fx fails), ``"fx"`` (no fallback) or
         ``"export"`` (``torch.export`` only, which needs example inputs): both routes give the same
         canonical ops, so forcing one checks that they agree. The graph records which one ran and, for the
-        fallback, fx's failure (``ModelGraph.tracer_note``).
+        fallback, fx's failure (``ModelGraph.tracer_note``); an exported graph also records the input shapes it
+        holds for (``ModelGraph.shape_note``, ``specialised_axes``, ``dynamic_axes``:
+        :mod:`~symalg.frontend.export_shapes`), read off a second export with every input axis dynamic.
     **example_kwargs : keyword example inputs, as the model takes them
         (``input_ids=ids, attention_mask=mask``): tensors are inputs like the positional ones; ``None``,
         booleans, numbers and strings (``use_cache=False``) are constants the trace is specialised on. They are
@@ -702,9 +719,9 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
         _check_example_inputs(model, example_inputs, example_kwargs)
         paths = _run_example(model, example_inputs, example_kwargs)
     if tracer == "export" and example_inputs is not None:  # (export without example inputs is refused above)
-        gm, tracer, note = _exported(model, example_inputs, example_kwargs), "export", ""
+        (gm, holds_for), tracer, note = _exported(model, example_inputs, example_kwargs), "export", ""
     else:
-        gm, tracer, note = _traced(model, example_inputs, example_kwargs, tracer)
+        gm, tracer, note, holds_for = _traced(model, example_inputs, example_kwargs, tracer)
     _drop_guards(gm)
     _redirect_in_place(gm)
     if example_inputs is not None and tracer == "fx":
@@ -734,7 +751,9 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
     if fold_attention:
         graph = fold_attention_pass(graph)
     return ModelGraph(graph, shapes, buffer_shapes, model, example_inputs, tracer, aliases,
-                      example_kwargs=dict(example_kwargs), tracer_note=note, output_paths=paths)
+                      example_kwargs=dict(example_kwargs), tracer_note=note, output_paths=paths,
+                      shape_note=holds_for.note(), specialised_axes=holds_for.fixed,
+                      dynamic_axes=holds_for.dynamic)
 
 
 _SHAPE_ARITHMETIC = frozenset({"getitem", "add", "sub", "mul", "div", "floordiv", "mod", "pow", "neg", "sqrt"})

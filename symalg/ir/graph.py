@@ -67,6 +67,13 @@ class ModelGraph:
     fx failure when ``torch.export`` was the fallback, ``""`` when fx traced or the spec emitted the graph);
     ``output_paths``: the path of every tensor the model returned on its example inputs
     (:func:`~symalg.frontend.outputs.output_tensors`: ``last_hidden_state``, ``past_key_values.layers.0.keys``).
+
+    The input shapes the graph holds for (``torch.export`` records sizes; fx records ops, and its graph holds for
+    every shape): ``specialised_axes``, ``(input, axis, size)`` of every tensor-input axis that export kept at the
+    example's size; ``dynamic_axes``, ``(input, axis, size symbol, least size, greatest size or None)`` of every
+    other axis (axes sharing a symbol have one size); ``shape_note``, those shapes in words when they are not
+    every shape (``"the graph holds for x of shape (s0, 3) with s0 ≥ 2"``: a branch on ``x.shape[0] > 1`` was
+    traced), ``""`` otherwise. Claims certified on the example's shapes say nothing about other shapes.
     """
 
     graph: nx.DiGraph
@@ -80,6 +87,9 @@ class ModelGraph:
     example_kwargs: Mapping[str, object] = field(default_factory=dict, repr=False)
     tracer_note: str = ""
     output_paths: tuple[str, ...] = ()
+    shape_note: str = ""
+    specialised_axes: tuple[tuple[str, int, int], ...] = ()
+    dynamic_axes: tuple[tuple[str, int, str, int, int | None], ...] = ()
 
     @property
     def nodes(self) -> list[str]:

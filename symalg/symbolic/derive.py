@@ -169,7 +169,8 @@ class Analysis:
 
     def to_dict(self) -> dict:
         """A JSON-serialisable summary: model, loss, tracer (``"fx"``, ``"export"``, ``"spec"``) and why it ran
-        (``tracer_note``: fx's failure when ``torch.export`` was the fallback), the paths of the outputs,
+        (``tracer_note``: fx's failure when ``torch.export`` was the fallback), the input shapes its graph holds for
+        (``shape_note``: ``""`` for every shape), the paths of the outputs,
         symmetries (group, site, dimension, tensors moved, conserved quantity), blocked notes, orbit dimension
         and certification."""
         try:
@@ -178,7 +179,8 @@ class Analysis:
             orbit = f"no closed form: {error}"
         return {
             "model": self._name(), "loss": self.loss, "tracer": self.model_graph.tracer,
-            "tracer_note": self.model_graph.tracer_note, "outputs": list(self.model_graph.output_paths),
+            "tracer_note": self.model_graph.tracer_note, "shape_note": self.model_graph.shape_note,
+            "outputs": list(self.model_graph.output_paths),
             "symmetries": [{"group": s.group.name, "site": s.site, "members": list(s.members),
                             "dimension": str(s.group.dim),
                             "continuous": bool(s.group.is_continuous), "tensors": list(s.tensors),

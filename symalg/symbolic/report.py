@@ -84,13 +84,16 @@ SHOWN_BASIS_MAX = 64
 
 def describe(analysis: Analysed) -> str:
     """Plain-text report of any analysis (its ``str``): the tracer of a traced model (and why, for the fallback),
-    its outputs and a note on each key/value cache among them, symmetries with the tensor regions they move and
+    the input shapes its graph holds for when not every shape (``torch.export``'s specialisations and guards), its
+    outputs and a note on each key/value cache among them, symmetries with the tensor regions they move and
     how, blocked notes (a group removed by an op nobody declared, a disproved declaration, a failed certification),
     restrictions (why a site's group is no larger: the activation's equivariance, a missing bias, the fixed
     output), orbit dimension, conserved quantities, certification."""
     graph = analysis.model_graph
     traced = [] if graph.tracer == "spec" else [f"tracer: {graph.tracer}" + (f" ({graph.tracer_note})"
                                                                               if graph.tracer_note else "")]
+    if graph.shape_note:  # claims certified on the example's shapes say nothing about the others
+        traced.append(f"shapes: {graph.shape_note}")
     if len(graph.output_paths) > 1:  # every output is fixed: say which they are
         traced.append(f"outputs: {', '.join(graph.output_paths)}")
     traced += sorted({f"note: {path.split('.')[0]} is an output{output_hint(path)}"
