@@ -221,6 +221,8 @@ class Analysis:
                 f"error {max(kept, default=0.0):.1e}, tolerance {tolerance:.0e})"
                 + (f"; {failed} failed (blocked)" if failed else "")
                 + (f"; {blind} not certifiable here (blocked)" if blind else "")
+                + (f"\n  traced graph: {self.model_graph.shape_note} (the claims are checked beyond it)"
+                   if self.model_graph.shape_note else "")
                 + "".join(f"\n  checked at {point}" for point in self.certification_points)
                 + "".join(f"\n  {note}" for note in self.certification_notes))
 
