@@ -1040,7 +1040,17 @@ def elementwise_rule(state: Inference, node: str, data: NodeData, inputs: Inputs
     if any(isinstance(i, Label) and i.segments for i in inputs[1:]) or any(_is_param(i) for i in inputs):
         return unknown_rule(state, node, data, inputs)
     state.restrict_label(label, {"S"}, node, f"{state.where(node)} ({data['op']}) is pointwise")
-    return label.map_segments(power=Fraction(1), invariant=frozenset())
+    return _pointwise_image(label)
+
+
+def _pointwise_image(label: Label) -> Label:
+    """The label of ``f(z)``, ``f`` pointwise, once the sites of ``z`` keep only permutations and the kinds leaving
+    ``z`` unchanged (:meth:`~symalg.symbolic.inference.Segment.acts_trivially`): those leave ``f(z)`` unchanged too
+    (``|z|³`` under the sign flips of ``z``, ``sin`` of a batch norm's output under its translations and scalings),
+    so a reader must not move for them (power 0 where scalings act trivially, 1 otherwise)."""
+    return Label(label.dim, label.size, tuple(
+        replace(s, power=Fraction(0 if "PS" in s.acts_trivially() else 1), center=Fraction(0))
+        for s in label.segments))
 
 
 @register_rule("pow", examples={"pow": around(lambda self, h: torch.relu(h) ** (self.p.abs() + 1),
@@ -1062,7 +1072,7 @@ def power_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> L
     where, source = state.where(node), data["inputs"][1]
     if source is None:
         state.restrict_label(label, {"S"}, node, f"{where} (pow) is pointwise")
-        return label.map_segments(power=Fraction(1), invariant=frozenset())
+        return _pointwise_image(label)
     shape = state.shape(data["inputs"][0])
     unit = _unit_exponent(state, node, source, label) if shape == state.shape(node) else None
     if unit is not None:
@@ -1075,7 +1085,7 @@ def power_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> L
                              f"{tensor}, which permutations move with the sites; a positive scaling d would leave "
                              "d_j^(e_j) for the readers to absorb, a power that depends on a parameter, which no "
                              "binding models", blocked=True)
-        return label.map_segments(power=Fraction(1), invariant=frozenset())
+        return _pointwise_image(label)
     tensors = _exponent_parameters(state, source)
     for tensor in tensors:
         state.opaque.setdefault(tensor, node)
@@ -1090,7 +1100,7 @@ def power_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> L
         return Label.data(label.dim)
     state.restrict_label(label, {"S"}, node, f"{where} (pow) is pointwise, with one exponent for every coordinate "
                                              f"of the sites' axis {label.dim}")
-    return label.map_segments(power=Fraction(1), invariant=frozenset())
+    return _pointwise_image(label)
 
 
 def _unit_exponent(state: Inference, node: str, source: str, label: Label) -> tuple[str, tuple[str, ...]] | None:
