@@ -2,6 +2,7 @@
 the sites' permutations, a shared one is held fixed, any other exponent varying along the sites blocks them."""
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Callable
 
 import pytest
@@ -86,10 +87,15 @@ def test_shared_scalar_exponent_keeps_permutations_without_moving_it():
     assert "p" not in _moved(analysis) and max(_perturbed_errors(analysis)) < 1e-8
 
 
-@pytest.mark.parametrize("exponent", [2, 3, 0.5])
-def test_number_exponent_keeps_permutations(exponent):
+@pytest.mark.parametrize("exponent, alpha", [(2, Fraction(2)), (3, Fraction(3)), (0.5, Fraction(1, 2)),
+                                             (1.5, Fraction(3, 2)), (0.1, None)])
+def test_number_exponent_keeps_permutations_and_positive_scaling_of_power_alpha(exponent, alpha):
+    """``(d z)^α = d^α z^α`` for ``d > 0``: the readers absorb ``d^{-α}`` (as ``relu_pow(α)``); a float that is no
+    small fraction (``0.1``) keeps the permutations only."""
     analysis = _analysis(lambda z, p: torch.relu(z) ** exponent, torch.randn(4))
-    assert "Permutations" in [type(s.group).__name__ for s in analysis.symmetries]
+    groups = {type(s.group).__name__: s.group for s in analysis.symmetries}
+    assert "Permutations" in groups
+    assert (groups["PositiveScaling"].alpha if "PositiveScaling" in groups else None) == alpha
     assert max(e.error for e in claim_errors(analysis)) < 1e-8
 
 
@@ -143,3 +149,11 @@ def test_pointwise_function_of_a_batch_norm_keeps_its_translations_invariant():
     analysis = symalg.derive(symalg.trace(Net().double(), (torch.randn(6, 3),)), certify=False)
     assert "Translations" in [type(s.group).__name__ for s in analysis.symmetries]
     assert max(e.error for e in claim_errors(analysis)) < 1e-8
+
+
+def test_bare_scalar_exponent_is_held_fixed_with_a_note_naming_the_node():
+    analysis = _analysis(lambda z, p: torch.relu(z) ** p, torch.tensor(2.0))
+    assert [type(s.group).__name__ for s in analysis.symmetries] == ["Permutations"]
+    assert max(_perturbed_errors(analysis)) < 1e-8
+    (note,) = [b for b in analysis.blocked if b.site == "p"]
+    assert note.node == "pow_1" and "exponent is computed from it and held fixed" in note.reason

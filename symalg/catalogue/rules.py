@@ -1056,8 +1056,10 @@ def _pointwise_image(label: Label) -> Label:
 @register_rule("pow", examples={"pow": around(lambda self, h: torch.relu(h) ** (self.p.abs() + 1),
                                                p=lambda: torch.nn.Parameter(torch.randn(4)))})
 def power_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """``z ** e`` for a value ``z`` on sites: pointwise, so permutations are all that may pass, and only where they
-    carry the exponent along. A number ``e`` (``z ** 3``) is the same at every coordinate. A tensor ``e`` is
+    """``z ** e`` for a value ``z`` on sites: pointwise, so permutations pass where they carry the exponent along. A
+    number ``e`` (``z ** 3``) is the same at every coordinate, and a positive one of small denominator
+    (:func:`_positive_rational`) keeps positive scalings too, ``(d z)^α = d^α z^α``: the value's power times ``α``,
+    as ``relu_pow(α)``. A tensor ``e`` is
     held fixed (every parameter it is computed from is pinned) and passes permutations when it is constant along
     the sites' axis (one exponent shared by the layer); an exponent computed coordinate by coordinate from one
     parameter ``p`` running along the sites' axis, ``e = f(p)`` (``p``, ``|p| + 1``, ``softplus(p)``, ``exp(p)``:
@@ -1071,8 +1073,13 @@ def power_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> L
         return unknown_rule(state, node, data, inputs)
     where, source = state.where(node), data["inputs"][1]
     if source is None:
-        state.restrict_label(label, {"S"}, node, f"{where} (pow) is pointwise")
-        return _pointwise_image(label)
+        alpha = _positive_rational(_argument(data, 1, "exponent"))
+        if alpha is None:
+            state.restrict_label(label, {"S"}, node, f"{where} (pow) is pointwise")
+            return _pointwise_image(label)
+        state.restrict_label(label, {"S", "PS"}, node, f"{where} (pow {alpha}) is positively homogeneous")
+        return Label(label.dim, label.size, tuple(replace(s, power=s.power * alpha, center=Fraction(0))
+                                                  for s in label.segments))
     shape = state.shape(data["inputs"][0])
     unit = _unit_exponent(state, node, source, label) if shape == state.shape(node) else None
     if unit is not None:
@@ -1101,6 +1108,20 @@ def power_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> L
     state.restrict_label(label, {"S"}, node, f"{where} (pow) is pointwise, with one exponent for every coordinate "
                                              f"of the sites' axis {label.dim}")
     return _pointwise_image(label)
+
+
+def _positive_rational(number: object) -> Fraction | None:
+    """A positive number exponent ``α`` as an exact fraction of denominator at most 1000 (``2``, ``0.5``, ``1.5``),
+    under which ``(d z)^α = d^α z^α`` for every ``d > 0``; ``None`` for any other (``0.1`` is no such float, ``-1``
+    no positive power, ``True`` no number).
+
+    >>> _positive_rational(2), _positive_rational(1.5), _positive_rational(0.1), _positive_rational(-1)
+    (Fraction(2, 1), Fraction(3, 2), None, None)
+    """
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number < float("inf"):
+        return None
+    exact = Fraction(number)
+    return exact if exact.limit_denominator(1000) == exact else None
 
 
 def _unit_exponent(state: Inference, node: str, source: str, label: Label) -> tuple[str, tuple[str, ...]] | None:

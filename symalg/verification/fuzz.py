@@ -1452,7 +1452,7 @@ def _power(b: _Builder) -> _Drawn:
     def power(z: str) -> str:
         g = b.op("abs_method", z) if base == "abs" else b.op("act", z, name=base)
         if exponent == "number":
-            return b.op("pow_number", g, c=rng.choice([2, 3, 0.5, 1.5]))
+            return b.op("pow_number", g, c=rng.choice([2, 3, 0.5, 1.5, 0.1]))
         e = {"softplus": lambda: b.op("act", p, name="softplus"), "exp": lambda: b.op("exp", p),
              "bare": lambda: p, "data": lambda: positive("x"), "bias": lambda: positive(b.op("bias", layer=first)),
              "two_params": lambda: b.op("add", b.op("abs_method", p), b.op("act", other, name="softplus")),
