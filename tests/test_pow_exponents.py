@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import symalg
+from symalg.verification import fuzz
 from symalg.verification.certification import claim_errors
 
 SPELLINGS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -157,3 +158,17 @@ def test_bare_scalar_exponent_is_held_fixed_with_a_note_naming_the_node():
     assert max(_perturbed_errors(analysis)) < 1e-8
     (note,) = [b for b in analysis.blocked if b.site == "p"]
     assert note.node == "pow_1" and "exponent is computed from it and held fixed" in note.reason
+
+
+def test_power_family_raw_models_make_no_false_claim_and_move_p():
+    """60 raw models of the fuzzer's ``power`` family: every claim holds, and some permutations move ``p``."""
+    report = fuzz.run(60, seed=0, families=["power"], certify=False, draws=1)
+    assert not report.false_claims and not report.crashes and not report.hangs
+    moved = 0
+    for index in range(60):
+        case = fuzz.generate(0, index, "power")
+        if case.variant.split("-")[0] in ("abs1", "softplus", "exp", "bare"):
+            model, inputs = case.build()
+            analysis = symalg.derive(symalg.trace(model, inputs), certify=False)
+            moved += any(b.tensor == "m0" for s in analysis.symmetries for b in s.bindings)
+    assert moved >= 10
