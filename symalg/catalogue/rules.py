@@ -1056,18 +1056,18 @@ def _pointwise_image(label: Label) -> Label:
 @register_rule("pow", examples={"pow": around(lambda self, h: torch.relu(h) ** (self.p.abs() + 1),
                                                p=lambda: torch.nn.Parameter(torch.randn(4)))})
 def power_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
-    """``z ** e`` for a value ``z`` on sites: pointwise, so permutations pass where they carry the exponent along. A
-    number ``e`` (``z ** 3``) is the same at every coordinate, and a positive one of small denominator
-    (:func:`_positive_rational`) keeps positive scalings too, ``(d z)^α = d^α z^α``: the value's power times ``α``,
-    as ``relu_pow(α)``. A tensor ``e`` is
-    held fixed (every parameter it is computed from is pinned) and passes permutations when it is constant along
-    the sites' axis (one exponent shared by the layer); an exponent computed coordinate by coordinate from one
-    parameter ``p`` running along the sites' axis, ``e = f(p)`` (``p``, ``|p| + 1``, ``softplus(p)``, ``exp(p)``:
-    pointwise steps and numbers only, nothing else reading ``p`` or the steps; :func:`_unit_exponent`), moves
-    with them: ``(P z)^{f(P p)} = P (z^{f(p)})``. A scaling would need the readers to absorb ``d_j^{f(p_j)}``, a
-    power that depends on a parameter, which no binding models: a blocked note names the node and ``p``. Any
-    other exponent that varies along the sites' axis (a data tensor, a parameter with other readers) blocks the
-    sites, with a note naming the node and the parameters."""
+    """``z ** e`` for a value ``z`` on sites: pointwise, so permutations pass where they carry the exponent along.
+
+    A number ``e`` (``z ** 3``) is the same at every coordinate; a positive one of small denominator
+    (:func:`_positive_rational`) keeps positive scalings too, ``(d z)^α = d^α z^α``: the value's power times ``α``, as
+    ``relu_pow(α)``. An exponent computed coordinate by coordinate from one parameter ``p`` running along the sites'
+    axis, ``e = f(p)`` (``p``, ``|p| + 1``, ``softplus(p)``, ``exp(p)``: pointwise steps and numbers only, nothing
+    else reading ``p`` or the steps; :func:`_unit_exponent`) moves with them, ``(P z)^{f(P p)} = P (z^{f(p)})``; a
+    scaling would need the readers to absorb ``d_j^{f(p_j)}``, a power that depends on a parameter, which no binding
+    models: a blocked note names the node and ``p``. Any other tensor ``e`` is held fixed (every parameter and buffer
+    it is computed from is pinned) and passes permutations when it is constant along the sites' axis (one exponent
+    for the layer); one varying along it (a data tensor, a parameter with other readers) blocks the sites, with a
+    note naming the node and the parameters."""
     label, exponent = (inputs[0], inputs[1]) if len(inputs) == 2 else (None, None)
     if not isinstance(label, Label) or not label.segments or isinstance(exponent, Label) and exponent.segments:
         return unknown_rule(state, node, data, inputs)
