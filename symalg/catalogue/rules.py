@@ -25,6 +25,7 @@ from symalg.catalogue.groups import GeneralLinear
 from symalg.catalogue.bindings import Absorber, Binding, TranslationFamily
 from symalg.catalogue.products import multiply
 from symalg.frontend.attention_folding import dropout_active
+from symalg.ir.graph import only_user
 from symalg.catalogue.rule_examples import Conv1D, Example, RadialBasis, around, model_example, split_heads_attention
 from symalg.symbolic.checks import disproof, symbolic_checks
 from symalg.symbolic.inference import ALL, EVEN, GRANTED, TRANSLATIONS, Inference, Label, Segment, _Site, site_stem
@@ -43,9 +44,9 @@ Rule: TypeAlias = Callable[[Inference, str, NodeData, Inputs], Value]
 """``rule(state, node, data, inputs)``: the value of the node's output."""
 
 _RULES: dict[str, Rule] = {}
-WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
-                          "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm", "group_norm",
-                          "batch_norm", "addmm", "expand", "attention", "split", "chunk", "swish_beta"})
+WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "pow", "matmul",
+                          "transpose", "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm",
+                          "group_norm", "batch_norm", "addmm", "expand", "attention", "split", "chunk", "swish_beta"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -1027,8 +1028,8 @@ def _is_index(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@register_rule("exp", "pow", "log", "sin", "cos", "sqrt", "rsqrt", "square", examples={
-    "exp": around(lambda self, h: torch.exp(h)), "pow": around(lambda self, h: h ** 3),
+@register_rule("exp", "log", "sin", "cos", "sqrt", "rsqrt", "square", examples={
+    "exp": around(lambda self, h: torch.exp(h)),
     "log": around(lambda self, h: torch.log(h * h + 1)), "sin": around(lambda self, h: torch.sin(h)),
     "cos": around(lambda self, h: torch.cos(h)),
     "sqrt": around(lambda self, h: torch.sqrt(h * h + 1)), "rsqrt": around(lambda self, h: torch.rsqrt(h * h + 1)),
@@ -1039,7 +1040,134 @@ def elementwise_rule(state: Inference, node: str, data: NodeData, inputs: Inputs
     if any(isinstance(i, Label) and i.segments for i in inputs[1:]) or any(_is_param(i) for i in inputs):
         return unknown_rule(state, node, data, inputs)
     state.restrict_label(label, {"S"}, node, f"{state.where(node)} ({data['op']}) is pointwise")
-    return label.map_segments(power=Fraction(1), invariant=frozenset())
+    return _pointwise_image(label)
+
+
+def _pointwise_image(label: Label) -> Label:
+    """The label of ``f(z)``, ``f`` pointwise, once the sites of ``z`` keep only permutations and the kinds leaving
+    ``z`` unchanged (:meth:`~symalg.symbolic.inference.Segment.acts_trivially`): those leave ``f(z)`` unchanged too
+    (``|z|³`` under the sign flips of ``z``, ``sin`` of a batch norm's output under its translations and scalings),
+    so a reader must not move for them (power 0 where scalings act trivially, 1 otherwise)."""
+    return Label(label.dim, label.size, tuple(
+        replace(s, power=Fraction(0 if "PS" in s.acts_trivially() else 1), center=Fraction(0))
+        for s in label.segments))
+
+
+@register_rule("pow", examples={"pow": around(lambda self, h: torch.relu(h) ** (self.p.abs() + 1),
+                                               p=lambda: torch.nn.Parameter(torch.randn(4)))})
+def power_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
+    """``z ** e`` for a value ``z`` on sites: pointwise, so permutations pass where they carry the exponent along.
+
+    A number ``e`` (``z ** 3``) is the same at every coordinate; a positive one of small denominator
+    (:func:`_positive_rational`) keeps positive scalings too, ``(d z)^α = d^α z^α``: the value's power times ``α``, as
+    ``relu_pow(α)``. An exponent computed coordinate by coordinate from one parameter ``p`` running along the sites'
+    axis, ``e = f(p)`` (``p``, ``|p| + 1``, ``softplus(p)``, ``exp(p)``: pointwise steps and numbers only, nothing
+    else reading ``p`` or the steps; :func:`_unit_exponent`) moves with them, ``(P z)^{f(P p)} = P (z^{f(p)})``; a
+    scaling would need the readers to absorb ``d_j^{f(p_j)}``, a power that depends on a parameter, which no binding
+    models: a blocked note names the node and ``p``. Any other tensor ``e`` is held fixed (every parameter and buffer
+    it is computed from is pinned) and passes permutations when it is constant along the sites' axis (one exponent
+    for the layer); one varying along it (a data tensor, a parameter with other readers) blocks the sites, with a
+    note naming the node and the parameters."""
+    label, exponent = (inputs[0], inputs[1]) if len(inputs) == 2 else (None, None)
+    if not isinstance(label, Label) or not label.segments or isinstance(exponent, Label) and exponent.segments:
+        return unknown_rule(state, node, data, inputs)
+    where, source = state.where(node), data["inputs"][1]
+    if source is None:
+        alpha = _positive_rational(_argument(data, 1, "exponent"))
+        if alpha is None:
+            state.restrict_label(label, {"S"}, node, f"{where} (pow) is pointwise")
+            return _pointwise_image(label)
+        state.restrict_label(label, {"S", "PS"}, node, f"{where} (pow {alpha}) is positively homogeneous")
+        return Label(label.dim, label.size, tuple(replace(s, power=s.power * alpha, center=Fraction(0))
+                                                  for s in label.segments))
+    shape = state.shape(data["inputs"][0])
+    unit = _unit_exponent(state, node, source, label) if shape == state.shape(node) else None
+    if unit is not None:
+        tensor, steps = unit
+        for step in steps:   # the steps pinned p as an unknown op's operand; they read it coordinate by coordinate
+            if state.opaque.get(tensor) == step:
+                del state.opaque[tensor]
+        state.bind_reader(label, tensor, len(state.shapes[tensor]) + label.dim, node, role="out")
+        state.restrict_label(label, {"S"}, node, f"{where} raises the value to a per-unit exponent e computed from "
+                             f"{tensor}, which permutations move with the sites; a positive scaling d would leave "
+                             "d_j^(e_j) for the readers to absorb, a power that depends on a parameter, which no "
+                             "binding models", blocked=True)
+        return _pointwise_image(label)
+    tensors = _exponent_parameters(state, source)
+    for tensor in tensors:
+        state.opaque.setdefault(tensor, node)
+    shared = state.shape(source)
+    varies = shape is None or shared is None or (len(shared) + label.dim >= 0 and shared[label.dim] != 1
+                                                 and shape[label.dim] != 1)
+    if varies:
+        what = f"computed from {', '.join(tensors)}" if tensors else "nothing moves (a model input, a fixed tensor)"
+        state.restrict_label(label, set(), node, f"{where} raises the value to an exponent {what}, which varies along "
+                             f"the sites' axis {label.dim} (a permutation of the sites would have to move it)",
+                             blocked=True)
+        return Label.data(label.dim)
+    state.restrict_label(label, {"S"}, node, f"{where} (pow) is pointwise, with one exponent for every coordinate "
+                                             f"of the sites' axis {label.dim}")
+    return _pointwise_image(label)
+
+
+def _positive_rational(number: object) -> Fraction | None:
+    """A positive number exponent ``α`` as an exact fraction of denominator at most 1000 (``2``, ``0.5``, ``1.5``),
+    under which ``(d z)^α = d^α z^α`` for every ``d > 0``; ``None`` for any other (``0.1`` is no such float, ``-1``
+    no positive power, ``True`` no number).
+
+    >>> _positive_rational(2), _positive_rational(1.5), _positive_rational(0.1), _positive_rational(-1)
+    (Fraction(2, 1), Fraction(3, 2), None, None)
+    """
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number < float("inf"):
+        return None
+    exact = Fraction(number)
+    return exact if exact.limit_denominator(1000) == exact else None
+
+
+def _unit_exponent(state: Inference, node: str, source: str, label: Label) -> tuple[str, tuple[str, ...]] | None:
+    """``(p, steps)`` when the exponent ``node`` reads from ``source`` is ``f(p)``: a parameter ``p`` of the same
+    length as ``label``'s axis along it, read by one node only, then ``steps`` (from ``source`` back), each a
+    pointwise op of one tensor (numbers aside) read by the next step alone; else ``None``."""
+    graph, steps, user = state.graph, [], node
+    while graph.nodes[source]["kind"] != "param":
+        step = graph.nodes[source]
+        operands = [i for i in step["inputs"] if i is not None]
+        if len(operands) != 1 or not _pointwise(step) or only_user(graph, source) != user:
+            return None
+        steps.append(source)
+        user, source = source, operands[0]
+    tensor = graph.nodes[source]["params"]["value"]
+    readers = [v for v, d in graph.nodes(data=True) if tensor in d.get("params", {}).values()]
+    shape = state.shapes[tensor]
+    axis = len(shape) + label.dim
+    if readers != [source] or only_user(graph, source) != user or axis < 0 or shape[axis] != label.size:
+        return None
+    return tensor, tuple(steps)
+
+
+def _pointwise(data: NodeData) -> bool:
+    """An op acting on each coordinate alone and alike: a function the rules treat as pointwise, arithmetic (with
+    numbers: the caller counts the tensor operands), or a built-in catalogue activation without parameters."""
+    entry = CATALOGUE.get(data["op"])
+    return (data["op"] in OVERLAYABLE | {"add", "sub", "mul", "div", "pow"}
+            or entry is not None and not entry.radial and not data.get("params"))
+
+
+def _exponent_parameters(state: Inference, source: str) -> tuple[str, ...]:
+    """The parameters and buffers the value at ``source`` is computed from, through values no site runs along
+    (a value on sites answers for itself: its rules restricted what may move it)."""
+    found: dict[str, None] = {}
+    stack, seen = [source], set()
+    while stack:
+        name = stack.pop()
+        value = state.labels.get(name)
+        if name in seen or isinstance(value, Label) and value.segments:
+            continue
+        seen.add(name)
+        data = state.graph.nodes[name]
+        found.update(dict.fromkeys([*data.get("params", {}).values(), *data.get("buffers", {}).values()]))
+        stack += [i for i in data["inputs"] if i is not None]
+    return tuple(found)
 
 
 @register_rule("cdist", examples={"cdist": model_example(

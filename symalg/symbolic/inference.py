@@ -565,6 +565,8 @@ def _opaque_reader(state: Inference, node: str) -> str:
     """``node`` and why it pins the parameters it reads (an output, or an op no rule reads as a layer)."""
     if state.graph.nodes[node]["op"] == "output":
         return f"{state.where(node)}, which returns it as a model output"
+    if state.graph.nodes[node]["op"] == "pow":
+        return f"{state.where(node)}, whose exponent is computed from it and held fixed"
     why = ("which no catalogue rule handles on these inputs (an unknown op, or a known op on inputs its rule does "
            "not cover, such as a product of two parameters)")
     return f"{state.where(node)}, {why}"

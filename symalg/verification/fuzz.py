@@ -242,6 +242,13 @@ OPS: dict[str, Op] = {
     "branch": Op("F.{a}({0}) if {0}.shape[{axis}] {cmp} {k} else F.{b}({0})",
                  lambda m, x, a, b, axis, cmp, k: getattr(F, a)(x) if COMPARISONS[cmp](x.shape[axis], k)
                  else getattr(F, b)(x)),
+    "exp": Op("{0}.exp()", lambda m, x: x.exp()),
+    "flip": Op("{0}.flip(-1)", lambda m, x: x.flip(-1)),
+    "bias": Op("self.{layer}.bias", lambda m, layer: getattr(m, layer).bias),
+    "pow": Op("{0} ** {1}", lambda m, a, b: a ** b),
+    "pow_method": Op("{0}.pow({1})", lambda m, a, b: a.pow(b)),
+    "pow_fn": Op("torch.pow({0}, {1})", lambda m, a, b: torch.pow(a, b)),
+    "pow_number": Op("{0} ** {c}", lambda m, x, c: x ** c),
     "mha_causal": Op("self.{layer}({0}, {0}, {0}, attn_mask=torch.ones({t}, {t}, dtype=torch.bool).triu(1), "
                      "need_weights={need}, average_attn_weights={average})",
                      lambda m, x, layer, t, need, average: getattr(m, layer)(
@@ -1391,7 +1398,7 @@ SPECIALISED_FAMILIES = frozenset({"branch"})
 """Families whose trace holds for the example's sizes only: their raw claims (``certify=False``) are the rules' on the
 branch traced and are checked at those sizes; certified claims at every size certification tries."""
 
-SPECIAL_BASES = ("mlp", "swish", "gated", "residual", "shear", "norm", "even")
+SPECIAL_BASES = ("mlp", "swish", "gated", "residual", "shear", "norm", "even", "power")
 SPECIAL_VALUES = (1.0, 1.0, 0.0, 0.0, 1e-6, 0.5)
 """Values :func:`generate` sets parameters of the ``special`` family to: equal entries (the usual initialisation of
 gains and of swish's ``β``), zeros (a zero-initialised head or bias), a tiny layer scale, a shared constant."""
@@ -1469,6 +1476,58 @@ def _even(b: _Builder) -> _Drawn:
     return FAMILIES[base](b)
 
 
+POWER_EXPONENTS = ("abs1", "abs1", "softplus", "softplus", "exp", "exp", "bare", "scalar", "time_axis", "number",
+                   "data", "p_read", "step_read", "bias", "two_params", "cumsum", "flip", "shared")
+"""The exponents the ``power`` family draws (see :func:`_power`)."""
+
+
+def _power(b: _Builder) -> _Drawn:
+    """``lin(g(z) ** e)``, ``z = lin(x)``, on ``(B, n)`` or ``(B, T, n)``, a positive base ``g`` (``relu``,
+    ``softplus``, ``sigmoid``, ``|·|``), the power spelled ``**``, ``.pow`` or ``torch.pow``, and an exponent
+    computed from a per-unit parameter ``p`` (``|p| + 1``, ``softplus(p)``, ``exp(p)``, ``p`` itself: the sites'
+    permutations must move ``p``, no scaling may be claimed) or a near miss: a scalar ``p`` or one along the time
+    axis (``(T, 1)``: permutations hold without moving it), a number, the input (``|x| + 1``, one entry per unit),
+    ``p`` or ``e`` also read elsewhere, the layer's own bias, two parameters, ``cumsum`` or ``flip`` (not
+    pointwise: moving ``p`` does not move ``e``), one ``p`` shared by two such layers."""
+    rng = b.rng
+    n, h, m = b.width(), b.width(), b.width()
+    exponent = rng.choice(POWER_EXPONENTS)
+    shape = (rng.randint(2, 5), n) if rng.random() < 0.6 else (2, b.width(2), n)
+    if exponent == "time_axis" and len(shape) == 2:
+        exponent = "scalar"
+    if exponent == "data":
+        h = n
+    base = rng.choice(["softplus", "sigmoid"] if exponent == "bare" else ["relu", "softplus", "sigmoid", "abs"])
+    spell = rng.choice(["pow", "pow_method", "pow_fn"])
+    b.variant += [exponent, base, spell]
+    p_shape = {"scalar": rng.choice([(), (1,)]), "time_axis": (shape[1], 1)}.get(exponent, (h,))
+    p = b.op("param", layer=b.add("Parameter", *p_shape))
+
+    def positive(u: str) -> str:
+        return b.op("shift", b.op("abs_method", u), c=1.0)
+
+    def power(z: str) -> str:
+        g = b.op("abs_method", z) if base == "abs" else b.op("act", z, name=base)
+        if exponent == "number":
+            return b.op("pow_number", g, c=rng.choice([2, 3, 0.5, 1.5, 0.1]))
+        e = {"softplus": lambda: b.op("act", p, name="softplus"), "exp": lambda: b.op("exp", p),
+             "bare": lambda: p, "data": lambda: positive("x"), "bias": lambda: positive(b.op("bias", layer=first)),
+             "two_params": lambda: b.op("add", b.op("abs_method", p), b.op("act", other, name="softplus")),
+             "cumsum": lambda: positive(b.op("cumsum", p)), "flip": lambda: positive(b.op("flip", p)),
+             }.get(exponent, lambda: positive(p))()
+        a = b.op(spell, g, e)
+        if exponent == "step_read":
+            a = b.op("add", a, e)   # |p| + 1 read again, outside the power
+        return b.op("add", a, p) if exponent == "p_read" else a
+
+    other = b.op("param", layer=b.add("Parameter", h)) if exponent == "two_params" else ""
+    first = b.add("Linear", n, h)
+    a = power(b.call(first, "x"))
+    if exponent == "shared":
+        a = power(b.linear(a, h, h))
+    return shape, 0, b.linear(a, h, m)
+
+
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "scores": _scores, "embedding": _embedding, "concat": _concat,
@@ -1477,6 +1536,7 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "swish": _swish,
     "even": _even,
     "zero_sum": _zero_sum,
+    "power": _power,
     "branch": _branch,
     "special": _special,
 }
