@@ -44,7 +44,7 @@ if HERE not in sys.path:
 BENCHMARKS = ("bench_verify", "bench_derive", "bench_lowered_q", "bench_transformer", "bench_conservation_laws",
               "bench_hf_models", "census", "bench_orbit_rank", "bench_teleport", "bench_scaling",
               "bench_teleport_defaults", "bench_gpu", "bench_mirrors", "bench_noether", "bench_discovery",
-              "bench_alignment", "bench_learn_to_teleport", "bench_learned_discovery")
+              "bench_alignment", "bench_learn_to_teleport", "bench_learned_discovery", "bench_certify")
 """The benchmark modules, in the order they run (and of the sections of docs/benchmarks.md)."""
 
 

@@ -373,43 +373,60 @@ class _Bound:
             self.bind(previous)
 
 
-def _changes(state: Mapping[str, torch.Tensor],
-             claims: Sequence[tuple[Symmetry, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The tensors of ``state`` that ``claims`` move, moved (see :func:`compose`).
+@dataclass(frozen=True)
+class _Move:
+    """One claim moved by one element, prepared once for all the passes that compose it (:func:`_changes`):
+    ``factors`` where every region it moves is scaled by a diagonal (positive scalings), ``indices`` where it is
+    permuted (permutations), else neither (the claim's own ``apply`` at each pass)."""
+
+    symmetry: Symmetry
+    g: torch.Tensor
+    factors: tuple[tuple[Binding, torch.Tensor], ...] | None = None
+    indices: tuple[tuple[Binding, torch.Tensor], ...] | None = None
+
+    @classmethod
+    def of(cls, symmetry: Symmetry, g: torch.Tensor) -> "_Move":
+        if symmetry.translations or symmetry.shifts:
+            return cls(symmetry, g)
+        if symmetry.group.element_format == "diagonal":
+            move = symmetry.group.mover(g, checked=False)
+            factors = tuple((b, move.diagonal(b.role, b.power)) for b in symmetry.moving_bindings())
+            if all(d is not None for _, d in factors):
+                return cls(symmetry, g, factors=factors)  # type: ignore[arg-type]
+        if symmetry.group.permutes_entries:
+            index = g.argmax(-1)
+            return cls(symmetry, g, indices=tuple((b, index) for b in symmetry.moving_bindings()))
+        return cls(symmetry, g)
+
+
+def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[str, torch.Tensor]:
+    """The tensors of ``state`` that ``moves`` move, moved (see :func:`compose`).
 
     A composition of symmetries in any order is a symmetry, so the claims are composed kind by kind, each region moved
-    once per kind: first those that only scale their regions (every moving binding diagonal, as positive scalings),
-    their factors multiplied region by region; then the permutations, their indices composed region by region in
-    turn (``U[i₁][i₂] = U[i₁[i₂]]``); then the others in turn, each seeing the tensors it touches."""
-    moved = {name: state[name].detach().clone() for name in {t for symmetry, _ in claims for t in symmetry.tensors}}
+    once per kind: first those that only scale their regions, their factors multiplied region by region; then the
+    permutations, their indices composed region by region in turn (``U[i₁][i₂] = U[i₁[i₂]]``); then the others in
+    turn, each seeing the tensors it touches."""
+    moved = {name: state[name].detach().clone() for name in {t for m in moves for t in m.symmetry.tensors}}
     factors: dict[tuple, tuple[Binding, torch.Tensor]] = {}
     indices: dict[tuple, tuple[Binding, torch.Tensor]] = {}
-    others = []
-    for symmetry, g in claims:
-        plain = not (symmetry.translations or symmetry.shifts)
-        if plain and symmetry.group.element_format == "diagonal":
-            move = symmetry.group.mover(g, checked=False)
-            for b in symmetry.moving_bindings():
-                diagonal = move.diagonal(b.role, b.power)
-                assert diagonal is not None, f"{symmetry.label}: a diagonal element moves {b.region} by a diagonal"
-                first, product = factors.get(b.region, (b, None))
-                factors[b.region] = (first, diagonal if product is None else product * diagonal)
-        elif plain and symmetry.group.permutes_entries:
-            index = g.argmax(-1)
-            for b in symmetry.moving_bindings():
-                first, composed = indices.get(b.region, (b, None))
-                indices[b.region] = (first, index if composed is None else composed[index])
-        else:
-            others.append((symmetry, g))
+    for m in moves:
+        for b, diagonal in m.factors or ():
+            first, product = factors.get(b.region, (b, None))
+            factors[b.region] = (first, diagonal if product is None else product * diagonal)
+        for b, index in m.indices or ():
+            first, composed = indices.get(b.region, (b, None))
+            indices[b.region] = (first, index if composed is None else composed[index])
     for binding, diagonal in factors.values():
         binding.scale(moved[binding.tensor], diagonal, inplace=True)
     for binding, index in indices.values():
         binding.fold(moved[binding.tensor], binding.unfold(moved[binding.tensor])[index], inplace=True)
-    for symmetry, g in others:
-        read = (*symmetry.reads, *(absorber.weight for absorber, _ in symmetry.shifts))   # weights a move reads
-        touched = {t: moved[t] if t in moved else state[t] for t in (*symmetry.tensors, *read)}
-        moved.update({t: v for t, v in symmetry.apply(touched, g, inplace=True, checked=False).items()
-                      if t in symmetry.tensors})
+    for m in moves:
+        if m.factors is None and m.indices is None:
+            symmetry = m.symmetry
+            read = (*symmetry.reads, *(absorber.weight for absorber, _ in symmetry.shifts))   # weights a move reads
+            touched = {t: moved[t] if t in moved else state[t] for t in (*symmetry.tensors, *read)}
+            moved.update({t: v for t, v in symmetry.apply(touched, m.g, inplace=True, checked=False).items()
+                          if t in symmetry.tensors})
     return moved
 
 
@@ -428,7 +445,7 @@ def compose(state: Mapping[str, torch.Tensor],
     >>> torch.equal(moved["0.bias"], 2 * state["0.bias"]), moved["2.bias"] is state["2.bias"]
     (True, True)
     """
-    return {**state, **_changes(state, claims)}
+    return {**state, **_changes(state, [_Move.of(symmetry, g) for symmetry, g in claims])}
 
 
 def output_change(moved: Sequence[tuple[str, torch.Tensor]], reference: Sequence[tuple[str, torch.Tensor]],
@@ -558,7 +575,7 @@ def _certify(bound: _Bound, claims: Sequence[Symmetry], inputs: tuple[Any, ...],
         reference = bound.run({}, point.inputs, point.kwargs, seed + number)
         for elements, separate in _rounds(claims, generator, dtype, device, exclude=failed):
             def change(members: list[int]) -> tuple[float, str]:
-                moved = _changes(point.state, [(claims[elements[i][0]], elements[i][2]) for i in members])
+                moved = _changes(point.state, [elements[i][2] for i in members])
                 return output_change(bound.run(moved, point.inputs, point.kwargs, seed + number), reference,
                                      cross_entropy)
 
@@ -690,14 +707,14 @@ def _generic_point(bound: _Bound, state: Mapping[str, torch.Tensor], reference: 
 
 
 def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch.dtype, device: Device,
-            exclude: set[int]) -> list[tuple[list[tuple[int, str, torch.Tensor]], bool]]:
-    """The rounds of one point: ``([(claim, label, g), ...], separate)``. One round per scale of ``exp(M)``, each
+            exclude: set[int]) -> list[tuple[list[tuple[int, str, _Move]], bool]]:
+    """The rounds of one point: ``([(claim, label, move), ...], separate)``. One round per scale of ``exp(M)``, each
     claim with its own draw (``separate`` False: all composed in one pass); then one round per discrete element
     (discrete generators, another component, random sign patterns), shared by the claims of one group
     (``separate`` True: :func:`separating_sets`)."""
-    continuous: list[list[tuple[int, str, torch.Tensor]]] = [[] for _ in SAMPLE_SCALES]
+    continuous: list[list[tuple[int, str, _Move]]] = [[] for _ in SAMPLE_SCALES]
     shared: dict[SiteGroup, list[tuple[str, torch.Tensor]]] = {}
-    discrete: list[list[tuple[int, str, torch.Tensor]]] = []
+    discrete: list[list[tuple[int, str, _Move]]] = []
     for i, s in enumerate(claims):
         if i in exclude:
             continue
@@ -705,14 +722,14 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
         if group.is_continuous:
             for r, scale in enumerate(SAMPLE_SCALES):
                 M = group.random_algebra_element(scale, generator, dtype, device)
-                continuous[r].append((i, f"exp(M), |M| = {scale:g}", group.exp(M)))
+                continuous[r].append((i, f"exp(M), |M| = {scale:g}", _Move.of(s, group.exp(M))))
         if group not in shared:
             shared[group] = [(label, g) for label, g in group.sample(generator, dtype, device, SAMPLE_SCALES[-1:])
                              if not label.startswith("exp(M)")]
         for r, (label, g) in enumerate(shared[group]):
             if r == len(discrete):
                 discrete.append([])
-            discrete[r].append((i, label, g))
+            discrete[r].append((i, label, _Move.of(s, g)))
     return [(r, False) for r in continuous if r] + [(r, True) for r in discrete]
 
 
