@@ -9,8 +9,8 @@ the worst relative change of any output over
   special values such as ``p = 1``, a zero-initialised head or a layer scale of ``10⁻⁶`` are left) on inputs of
   *other shapes* (:func:`shape_variants`: a batch of one and of ``B + 1``, sequence lengths and spatial sizes one
   less and one more; a shape the model refuses is recorded, not an error);
-* test elements of each group: ``exp(M)`` with ``‖M‖`` near ``10⁻³`` and ``1``, drawn **for each claim on its
-  own**, every discrete generator and an element of another component
+* test elements of each group: ``exp(M)`` with ``‖M‖`` near ``1`` (and ``10⁻³`` at the first generic point), drawn
+  **for each claim on its own**, every discrete generator and an element of another component
   (:meth:`~symalg.catalogue.groups.SiteGroup.sample`, shared by the claims of one group), drawn anew at each point;
 * float64, with stochastic ops (dropout) drawing the same noise for ``θ`` and ``g·θ``.
 
@@ -381,8 +381,9 @@ class _Move:
 
     symmetry: Symmetry
     g: torch.Tensor
-    factors: tuple[tuple[Binding, torch.Tensor], ...] | None = None
-    indices: tuple[tuple[Binding, torch.Tensor], ...] | None = None
+    factors: tuple[tuple[tuple, Binding, torch.Tensor], ...] | None = None
+    indices: tuple[tuple[tuple, Binding, torch.Tensor], ...] | None = None
+    """``(region, binding, factors or index)`` for each region moved."""
 
     @classmethod
     def of(cls, symmetry: Symmetry, g: torch.Tensor) -> "_Move":
@@ -390,12 +391,12 @@ class _Move:
             return cls(symmetry, g)
         if symmetry.group.element_format == "diagonal":
             move = symmetry.group.mover(g, checked=False)
-            factors = tuple((b, move.diagonal(b.role, b.power)) for b in symmetry.moving_bindings())
-            if all(d is not None for _, d in factors):
+            factors = tuple((b.region, b, move.diagonal(b.role, b.power)) for b in symmetry.moving_bindings())
+            if all(d is not None for *_, d in factors):
                 return cls(symmetry, g, factors=factors)  # type: ignore[arg-type]
         if symmetry.group.permutes_entries:
             index = g.argmax(-1)
-            return cls(symmetry, g, indices=tuple((b, index) for b in symmetry.moving_bindings()))
+            return cls(symmetry, g, indices=tuple((b.region, b, index) for b in symmetry.moving_bindings()))
         return cls(symmetry, g)
 
 
@@ -410,12 +411,12 @@ def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[
     factors: dict[tuple, tuple[Binding, torch.Tensor]] = {}
     indices: dict[tuple, tuple[Binding, torch.Tensor]] = {}
     for m in moves:
-        for b, diagonal in m.factors or ():
-            first, product = factors.get(b.region, (b, None))
-            factors[b.region] = (first, diagonal if product is None else product * diagonal)
-        for b, index in m.indices or ():
-            first, composed = indices.get(b.region, (b, None))
-            indices[b.region] = (first, index if composed is None else composed[index])
+        for region, b, diagonal in m.factors or ():
+            first, product = factors.get(region, (b, None))
+            factors[region] = (first, diagonal if product is None else product * diagonal)
+        for region, b, index in m.indices or ():
+            first, composed = indices.get(region, (b, None))
+            indices[region] = (first, index if composed is None else composed[index])
     for binding, diagonal in factors.values():
         binding.scale(moved[binding.tensor], diagonal, inplace=True)
     for binding, index in indices.values():
@@ -573,7 +574,8 @@ def _certify(bound: _Bound, claims: Sequence[Symmetry], inputs: tuple[Any, ...],
     for number, point in enumerate(points):
         bound.bind(point.state)
         reference = bound.run({}, point.inputs, point.kwargs, seed + number)
-        for elements, separate in _rounds(claims, generator, dtype, device, exclude=failed):
+        scales = SAMPLE_SCALES if point.separate else SAMPLE_SCALES[-1:]   # near the identity: once, with the pairs
+        for elements, separate in _rounds(claims, generator, dtype, device, failed, scales):
             def change(members: list[int]) -> tuple[float, str]:
                 moved = _changes(point.state, [elements[i][2] for i in members])
                 return output_change(bound.run(moved, point.inputs, point.kwargs, seed + number), reference,
@@ -707,12 +709,12 @@ def _generic_point(bound: _Bound, state: Mapping[str, torch.Tensor], reference: 
 
 
 def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch.dtype, device: Device,
-            exclude: set[int]) -> list[tuple[list[tuple[int, str, _Move]], bool]]:
+            exclude: set[int], scales: Sequence[float]) -> list[tuple[list[tuple[int, str, _Move]], bool]]:
     """The rounds of one point: ``([(claim, label, move), ...], separate)``. One round per scale of ``exp(M)``, each
     claim with its own draw (``separate`` False: all composed in one pass); then one round per discrete element
     (discrete generators, another component, random sign patterns), shared by the claims of one group
     (``separate`` True: :func:`separating_sets`)."""
-    continuous: list[list[tuple[int, str, _Move]]] = [[] for _ in SAMPLE_SCALES]
+    continuous: list[list[tuple[int, str, _Move]]] = [[] for _ in scales]
     shared: dict[SiteGroup, list[tuple[str, torch.Tensor]]] = {}
     discrete: list[list[tuple[int, str, _Move]]] = []
     for i, s in enumerate(claims):
@@ -720,7 +722,7 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
             continue
         group = s.group
         if group.is_continuous:
-            for r, scale in enumerate(SAMPLE_SCALES):
+            for r, scale in enumerate(scales):
                 M = group.random_algebra_element(scale, generator, dtype, device)
                 continuous[r].append((i, f"exp(M), |M| = {scale:g}", _Move.of(s, group.exp(M))))
         if group not in shared:
