@@ -9,20 +9,7 @@ from torch import nn
 
 import symalg
 from symalg.verification.certification import certify, claim_errors, generic_state, shape_variants
-
-
-class Branchy(nn.Module):
-    """ReLU for batches of two or more, a non-homogeneous activation for one example: fx cannot trace the branch,
-    torch.export specialises it to the example's batch size."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(3, 5), nn.Linear(5, 2)
-
-    def forward(self, x):
-        z = self.fc1(x)
-        h = torch.relu(z) if x.shape[0] > 1 else torch.tanh(z) + 0.1 * z.pow(2)
-        return self.fc2(h)
+from test_shape_specialisation import Branchy   # ReLU for batches of two or more, tanh(z) + 0.1 z² for one example
 
 
 def test_a_claim_true_for_one_batch_size_only_is_not_certified():
