@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, ov
 
 import torch
 from symalg.catalogue.bindings import Binding, TranslationFamily
-from symalg.catalogue.groups import SAMPLE_SCALES, Device, SiteGroup
+from symalg.catalogue.groups import (SAMPLE_SCALES, SIGN_FLIP_GENERATORS, SIGN_FLIP_SAMPLES, Device, SignFlips,
+                                    SiteGroup)
 from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
 from symalg.ir.graph import ModelGraph
@@ -386,6 +387,12 @@ class _Move:
     """``(region, binding, factors or index)`` for each region moved."""
 
     @classmethod
+    def scaled(cls, symmetry: Symmetry, signs: torch.Tensor) -> "_Move":
+        """Sign flips given by their pattern ``signs`` (every region, in and out, multiplied by it), without the
+        dense ``diag(signs)`` of a wide layer."""
+        return cls(symmetry, signs, factors=tuple((b.region, b, signs) for b in symmetry.moving_bindings()))
+
+    @classmethod
     def of(cls, symmetry: Symmetry, g: torch.Tensor) -> "_Move":
         if symmetry.translations or symmetry.shifts:
             return cls(symmetry, g)
@@ -618,11 +625,11 @@ def _points(bound: _Bound, state: Mapping[str, torch.Tensor], inputs: tuple[Any,
             device: Device) -> tuple[list[Point], tuple[str, ...]]:
     """The points of :func:`certify` and its notes (the shapes refused; no generic point with finite outputs).
 
-    The model's own parameters on the example's shapes; then, with ``draws ≥ 2``, the generic point on the first
-    accepted shape variant (the batch of one, where accepted), where pairs of claims are separated
-    (:attr:`Point.separate`), and on the other accepted variants: the batch of ``B + 1``, and every other axis the
-    model accepts at ``size − 1``, then at ``size + 1``, together (each alone where the model refuses them together);
-    then the generic point on the example's shapes until there are ``draws`` points."""
+    The model's own parameters on the example's shapes; then, with ``draws ≥ 2``, the generic point on the accepted
+    shape variants one way together (a batch of one, every other axis the model accepts at ``size − 1``), where pairs
+    of claims are separated (:attr:`Point.separate`), and the other way together (``B + 1``, ``size + 1``); each
+    variant alone where the model refuses them together; then the generic point on the example's shapes until there
+    are ``draws`` points."""
     def point(label: str, at: Mapping[str, torch.Tensor], shapes: Mapping[Any, tuple[int, ...]] | None,
               separate: bool = False) -> Point:
         x = fresh_inputs(inputs, generator, dtype, device, shapes)
@@ -645,13 +652,13 @@ def _points(bound: _Bound, state: Mapping[str, torch.Tensor], inputs: tuple[Any,
         (refused.append(f"{label} ({problem})") if problem else accepted.append((axis, step, shapes)))
     if refused:
         notes.append("input shapes the model refused (not checked): " + "; ".join(refused))
-    variants = [shapes for axis, _, shapes in accepted if axis == 0]
-    for direction in (-1, 1):
-        others = [shapes for axis, step, shapes in accepted if axis != 0 and step == direction]
-        together = _combined(inputs, kwargs, others)
-        if len(others) > 1 and _refusal(bound, generic, inputs, kwargs, together, generator, seed, dtype, device):
-            variants += others
-        elif others:
+    variants: list[dict[Any, tuple[int, ...]]] = []
+    for direction in (-1, 1):   # every accepted change one way together (each alone where the model refuses that)
+        changes = [shapes for _, step, shapes in accepted if step == direction]
+        together = _combined(inputs, kwargs, changes)
+        if len(changes) > 1 and _refusal(bound, generic, inputs, kwargs, together, generator, seed, dtype, device):
+            variants += changes
+        elif changes:
             variants.append(together)
     for number, shapes in enumerate(variants):
         points.append(point("generic parameters", generic, shapes, separate=number == 0))
@@ -710,29 +717,49 @@ def _generic_point(bound: _Bound, state: Mapping[str, torch.Tensor], reference: 
 
 def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch.dtype, device: Device,
             exclude: set[int], scales: Sequence[float]) -> list[tuple[list[tuple[int, str, _Move]], bool]]:
-    """The rounds of one point: ``([(claim, label, move), ...], separate)``. One round per scale of ``exp(M)``, each
-    claim with its own draw (``separate`` False: all composed in one pass); then one round per discrete element
-    (discrete generators, another component, random sign patterns), shared by the claims of one group
-    (``separate`` True: :func:`separating_sets`)."""
-    continuous: list[list[tuple[int, str, _Move]]] = [[] for _ in scales]
+    """The rounds of one point: ``([(claim, label, move), ...], separate)``.
+
+    Each claim draws its own random elements: ``exp(M)`` at each of ``scales``, the other component (a discrete
+    generator times ``exp(M)``) and, for wide sign flips, :data:`~symalg.catalogue.groups.SIGN_FLIP_SAMPLES` random
+    sign patterns: two false claims cancel only on a null (or ``2⁻ʰ``) set of draws, so each such round is composed
+    in one pass (``separate`` False). The discrete generators (a transposition and a cycle, single flips, a
+    reflection) are the same for every claim of a group: one round each, ``separate`` True
+    (:func:`separating_sets`)."""
+    own: list[list[tuple[int, str, _Move]]] = []
     shared: dict[SiteGroup, list[tuple[str, torch.Tensor]]] = {}
-    discrete: list[list[tuple[int, str, _Move]]] = []
+    common: list[list[tuple[int, str, _Move]]] = []
+
+    def add(rounds: list[list[tuple[int, str, _Move]]], r: int, entry: tuple[int, str, _Move]) -> None:
+        while len(rounds) <= r:
+            rounds.append([])
+        rounds[r].append(entry)
+
     for i, s in enumerate(claims):
         if i in exclude:
             continue
-        group = s.group
+        group, r = s.group, 0
         if group.is_continuous:
-            for r, scale in enumerate(scales):
+            for scale in scales:
                 M = group.random_algebra_element(scale, generator, dtype, device)
-                continuous[r].append((i, f"exp(M), |M| = {scale:g}", _Move.of(s, group.exp(M))))
+                add(own, r, (i, f"exp(M), |M| = {scale:g}", _Move.of(s, group.exp(M))))
+                r += 1
+        if isinstance(group, SignFlips) and not s.shifts and int(group.width) > SIGN_FLIP_GENERATORS:
+            for k in range(SIGN_FLIP_SAMPLES):
+                signs = (2 * torch.randint(0, 2, (int(group.width),), generator=generator) - 1).to(device, dtype)
+                add(own, r, (i, f"random sign pattern {k}", _Move.scaled(s, signs)))
+                r += 1
+            continue
         if group not in shared:
             shared[group] = [(label, g) for label, g in group.sample(generator, dtype, device, SAMPLE_SCALES[-1:])
-                             if not label.startswith("exp(M)")]
-        for r, (label, g) in enumerate(shared[group]):
-            if r == len(discrete):
-                discrete.append([])
-            discrete[r].append((i, label, _Move.of(s, g)))
-    return [(r, False) for r in continuous if r] + [(r, True) for r in discrete]
+                             if label.startswith(("discrete generator", "random sign pattern"))
+                             and "times" not in label]
+        if group.is_continuous and shared[group]:   # another component: the first generator times exp(M)
+            far = group.exp(group.random_algebra_element(SAMPLE_SCALES[-1], generator, dtype, device))
+            add(own, r, (i, f"discrete generator 0 times exp(M), |M| = {SAMPLE_SCALES[-1]:g}",
+                         _Move.of(s, group.compose(shared[group][0][1], far))))
+        for k, (label, g) in enumerate(shared[group]):
+            add(common, k, (i, label, _Move.of(s, g)))
+    return [(r, False) for r in own] + [(r, True) for r in common]
 
 
 def _sensitivities(bound: _Bound, point: Point, claims: Sequence[Symmetry], cross_entropy: bool,
