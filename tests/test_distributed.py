@@ -58,6 +58,7 @@ def _check(rank, model, wrap):
 
 
 def _fsdp(rank, path):
+    torch.set_num_threads(1)   # a forked worker with the parent's thread pool can hang in a threaded matmul
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=WORLD)
     try:
         mesh = init_device_mesh("cpu", (WORLD,))
@@ -80,6 +81,7 @@ def _fsdp(rank, path):
 
 
 def _ddp(rank, path):
+    torch.set_num_threads(1)   # a forked worker with the parent's thread pool can hang in a threaded matmul
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=WORLD)
     try:
         model, _ = _model()
