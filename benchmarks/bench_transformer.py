@@ -16,8 +16,9 @@ Stages, each timed on its own with ``time.perf_counter``:
 * ``trace``      ``symalg.trace(model, (x,))`` (torch.fx + shape propagation)
 * ``derive``     ``symalg.derive(graph, certify=False)`` (site inference, groups, bindings)
 * ``certify``    ``symalg.verification.certification.claim_errors(analysis)``: the numerical certification that
-                 ``symalg.derive(graph)`` adds by default (float64 copy of the model, fresh inputs,
-                 every claim's test elements); reported as a ratio against ``trace + derive``
+                 ``symalg.derive(graph)`` adds by default (float64, the model's parameters and a generic point,
+                 inputs of the example's and of other shapes, every claim's test elements, the sensitivity
+                 control); reported as a ratio against ``trace + derive``
 * ``conserved``  ``[s.conserved for s in analysis.symmetries]`` (building the SymPy expressions)
 * ``lower``      ``q.lowered`` for every conserved quantity that is not ``None`` (torch code)
 * ``evaluate``   calling every lowered quantity once on the model's parameters (a sanity check that
