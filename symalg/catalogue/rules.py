@@ -730,10 +730,14 @@ def identity_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -
     "dropout": around(lambda self, h: self.drop(torch.relu(h)), drop=lambda: torch.nn.Dropout(0.25))})
 def dropout_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Dropout is the identity in eval mode (``p = 0`` likewise); in training its random mask
-    commutes only with diagonal actions."""
+    commutes only with diagonal actions: a blocked note names the node (the rest holds in distribution only)."""
     label = _first(inputs)
     if dropout_active(data):
-        state.restrict_label(label, {"PS", "SF"}, node, f"{state.where(node)}: dropout in training mode")
+        state.restrict_label(label, {"PS", "SF"}, node, f"{state.where(node)}: dropout in training mode: its random "
+                             "mask drops units independently, so for the same draw an action mixing or shifting units "
+                             "(permutations, GL, O, translations) changes which values are dropped; only per-unit "
+                             "scalings and sign flips commute with it (model.eval() makes it the identity)",
+                             blocked=True)
     return label
 
 
@@ -887,10 +891,13 @@ def _prod(values: Iterable[int]) -> int:
     "transpose": around(lambda self, h: torch.relu(h).transpose(0, 1), shape=(5, 2, 3)),
     "permute": around(lambda self, h: torch.relu(h).permute(1, 0, 2), shape=(5, 2, 3))})
 def transpose_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
-    """Moving axes moves the feature axis with them; transposing a weight swaps its rows and columns."""
+    """Moving axes moves the feature axis with them; transposing a weight swaps its rows and columns. A parameter
+    of another rank (a stack of expert weights ``(E, out, in)``) is read like by an unknown op."""
     weight = _weight(state, inputs[0]) if inputs else None
     if weight is not None:
         return WeightExpr(weight.cols, weight.rows, weight.plain)
+    if inputs and (_is_param(inputs[0]) or isinstance(inputs[0], WeightExpr)):
+        return unknown_rule(state, node, data, inputs)
     label = _first(inputs)
     if not label.segments:
         return label

@@ -147,10 +147,13 @@ def _module_settings(module: nn.Module) -> dict:
 
 
 class _Tracer(torch.fx.Tracer):
-    """fx tracer keeping torch's own modules (except containers) as single nodes."""
+    """fx tracer keeping torch's own modules (except containers and modules with forward hooks) as single
+    nodes: a hook (the hook-based ``torch.nn.utils.weight_norm`` computing ``weight`` from ``weight_g`` and
+    ``weight_v``) is traced with the forward it changes."""
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
-        if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+        if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) or module._forward_pre_hooks \
+                or module._forward_hooks:
             return False
         return isinstance(module, Activation) or super().is_leaf_module(module, qualified_name)
 
@@ -202,9 +205,17 @@ def _constants(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object
 
 
 def _fx_graph(model: nn.Module, constants: Mapping[str, object]) -> torch.fx.GraphModule:
-    """fx's graph of ``model``, specialised on the constant keyword inputs (``use_cache=False``)."""
+    """fx's graph of ``model``, specialised on the constant keyword inputs (``use_cache=False``). A forward hook
+    may set a plain tensor attribute (weight_norm's ``weight``): it would hold fx's proxy after the trace, so its
+    value before the trace is put back."""
+    hooked = [(module, {k: v for k, v in vars(module).items() if isinstance(v, torch.Tensor)})
+              for module in model.modules() if module._forward_pre_hooks or module._forward_hooks]
     tracer = _Tracer()
-    graph = tracer.trace(model, concrete_args=dict(constants) or None)
+    try:
+        graph = tracer.trace(model, concrete_args=dict(constants) or None)
+    finally:
+        for module, attributes in hooked:
+            vars(module).update(attributes)
     return torch.fx.GraphModule(tracer.root, graph)
 
 
@@ -554,16 +565,27 @@ def _redirect_in_place(gm: torch.fx.GraphModule) -> None:
 
 
 def _check_modules(model: nn.Module) -> None:
-    """Refuse lazy modules not initialised yet and parameters with no entries (a layer of width 0 has no neuron
-    for a group to move: ``nn.Linear(3, 0)`` would give a site of width 0), naming the module."""
+    """Refuse lazy modules not initialised yet, TorchScript modules (compiled code neither tracer reads),
+    complex parameters (symalg's groups act over the reals) and parameters with no entries (a layer of width 0
+    has no neuron for a group to move: ``nn.Linear(3, 0)`` would give a site of width 0), naming the module."""
     module: nn.Module  # named_modules is unannotated in torch
     for name, module in model.named_modules():
         where = f"module {name!r} ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
         if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
             raise SpecError(f"{where}: lazy module not initialised yet; run one forward pass first")
+        if isinstance(module, torch.jit.ScriptModule):
+            scripted = f"module {name!r}" if name else "the model"
+            raise SpecError(f"trace: {scripted} ({module.original_name}) is a TorchScript module (torch.jit.script "
+                            "or torch.jit.trace): its compiled code is opaque to torch.fx and torch.export, and "
+                            "nothing about it can be proven; pass the original nn.Module instead")
         for role, parameter in module.named_parameters(recurse=False):
+            qualified = '.'.join(filter(None, (name, role)))
+            if parameter.is_complex():
+                raise SpecError(f"trace: parameter {qualified!r} of {where} is complex ({parameter.dtype}): complex "
+                                "parameters are not supported (symalg derives symmetries over the reals; split a "
+                                "complex weight into real and imaginary parameters)")
             if parameter.numel() == 0:
-                raise SpecError(f"trace: parameter {'.'.join(filter(None, (name, role)))!r} of {where} has shape "
+                raise SpecError(f"trace: parameter {qualified!r} of {where} has shape "
                                 f"{tuple(parameter.shape)}: a layer of width 0 has no symmetry to derive; remove "
                                 "it or give it a positive width")
 
@@ -589,6 +611,9 @@ def _check_example_inputs(model: nn.Module, args: tuple, kwargs: Mapping[str, ob
     for name, value in named:
         if isinstance(value, torch.Tensor) and value.numel() == 0:
             raise SpecError(f"trace: {name} is empty (shape {tuple(value.shape)})")
+        if isinstance(value, torch.Tensor) and value.is_complex():
+            raise SpecError(f"trace: {name} is complex ({value.dtype}): complex inputs are not supported (symalg "
+                            "derives symmetries over the reals; pass torch.view_as_real(x) to a real model)")
         if isinstance(value, torch.Tensor) and value.is_floating_point() and not value.is_meta \
                 and not value.isfinite().all():  # meta tensors have shapes only
             raise SpecError(f"trace: {name} has non-finite entries (NaN or inf)")

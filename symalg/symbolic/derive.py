@@ -296,7 +296,12 @@ def _certified(analysis: Analysis, origins: Mapping) -> Analysis:
     """``analysis`` without the claims that fail :func:`~symalg.verification.certification.claim_errors`: they leave
     ``symmetries`` and ``sites`` (their kind, translations, shifts or permutation class), hence every
     conserved quantity, orbit dimension and table, and become blocked notes with their measured error."""
-    errors = tuple(claim_errors(analysis))
+    try:
+        errors = tuple(claim_errors(analysis))
+    except Exception as error:  # the model itself fails in float64 (an op for float32 only): torch's message
+        raise SpecError(f"derive: certification runs {type(analysis.model_graph.model).__name__} in float64 on "
+                        f"fresh inputs, and it failed: {type(error).__name__}: {error}; make the model run in "
+                        "float64, or pass certify=False for uncertified claims") from None
     failed = [e for e in errors if not e.holds]
     if not failed:
         return replace(analysis, certification=errors)
