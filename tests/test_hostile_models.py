@@ -168,3 +168,22 @@ def test_functional_dropout_in_training_mode_is_named_under_both_tracers():
         analysis = symalg.derive(symalg.trace(Functional().double(), (_x(5, 3),), tracer=tracer))
         assert _certified(analysis) == ["PositiveScaling(4, alpha=1) on fc"]
         assert any("dropout in training mode" in b.reason and b.site == "fc" for b in analysis.blocked), tracer
+
+
+def test_attention_dropout_in_training_mode_is_named_in_a_blocked_note():
+    """``nn.MultiheadAttention(dropout=0.25)`` in training mode: its head permutations go, and the blocked note says
+    that the dropout on each head's attention weights is why (it used to be a restriction naming masks, biases,
+    temperatures or dropout alike)."""
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, dropout=0.25, batch_first=True)
+
+        def forward(self, x):
+            return self.attn(x, x, x, need_weights=False)[0]
+
+    torch.manual_seed(0)
+    analysis = symalg.derive(symalg.trace(Attention().double().train(), (_x(2, 5, 8),)))
+    assert "S(2) on attn.heads" not in _certified(analysis)
+    (note,) = [str(b) for b in analysis.blocked if b.site == "attn.heads"]
+    assert "dropout in training mode (p=0.25) draws a random mask on each head's attention weights" in note

@@ -1416,7 +1416,7 @@ def _only_into(state: Inference, source: str, node: str) -> bool:
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
                     v: list[Binding] | None, heads_alike: bool = True, key_shifts: bool = True,
                     kv_heads: int | None = None, rotary: Mapping[str, Any] | None = None,
-                    value_shifts: bool = False) -> tuple[Label, Label]:
+                    value_shifts: bool = False, apart: str = "") -> tuple[Label, Label]:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
     heads moving all per-head blocks together (only when the scores of every head are treated alike,
@@ -1496,9 +1496,10 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
                                allowed={"S"})
         permutations.append(Segment(whole, 0, groups, r * d_v))
     for segment in permutations:
-        if not heads_alike:
-            state.restrict(segment.site, set(), node, f"{state.where(node)}: a mask, bias, temperature or dropout "
-                                                      "differs between heads, so permuting the heads changes them")
+        if not heads_alike:   # ``apart``: the named op that makes the heads differ (a blocked note)
+            why = apart or "a mask, bias, temperature or dropout differs between heads"
+            state.restrict(segment.site, set(), node, f"{state.where(node)}: {why}, so permuting the heads changes "
+                                                      "them", blocked=bool(apart))
     head_axis = tuple(replace(s, offset=s.offset // d_v, block=s.block // d_v) for s in permutations)
     return Label(-1, d_v * heads, tuple(segments + permutations)), Label(-3, heads, head_axis)
 
@@ -1558,8 +1559,10 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
     dropout = settings.get("training", True) and settings.get("dropout", 0.0)   # on the attention weights
     masks = [state.shape(mask) for mask in data["inputs"][3:] if mask is not None]
     heads_alike = not dropout and all(shape is not None and len(shape) < 3 for shape in masks)
+    apart = f"dropout in training mode (p={dropout}) draws a random mask on each head's attention weights" \
+        if dropout else ""
     values, head_axis = attention_sites(state, node, heads, rows(0), rows(d), rows(2 * d), heads_alike=heads_alike,
-                                        value_shifts=not dropout)
+                                        value_shifts=not dropout, apart=apart)
     out_weight, out_bias = params["out_proj.weight"], params.get("out_proj.bias")
     _read_as_map(state, node, values, out_weight, -1, out_bias)
     site = _producer_site(state, node, d, out_weight, out_bias)
