@@ -41,23 +41,44 @@ def _old_weight_norm(module: nn.Module) -> None:
 
 
 @pytest.mark.parametrize("tracer", ["auto", "fx", "export"])
-def test_hook_based_weight_norm_is_traced_with_its_hook_and_certifies(tracer):
-    """Used to raise ``KeyError: 'weight'`` in the linear rule (fx kept ``fc`` as one node with no ``weight``).
-    Now the hook is traced with the forward it changes: ``_weight_norm(v, g)`` is an unknown op naming
-    ``weight_g``/``weight_v``, ``fc``'s site keeps nothing, and the next site keeps what the parametrized form
-    keeps; every claim certifies, and ``fc.weight`` is a tensor again after the trace."""
+@pytest.mark.parametrize("reparametrise", [_old_weight_norm, nn.utils.parametrizations.weight_norm],
+                         ids=["hook", "parametrization"])
+def test_weight_norm_is_traced_with_its_hook_and_its_claims_hold(reparametrise, tracer):
+    """The hook-based form used to raise ``KeyError: 'weight'`` in the linear rule (fx kept ``fc`` as one node with
+    no ``weight``), and fx kept the parametrized form as an unknown node with no note. Both are now traced into:
+    ``_weight_norm(v, g, 0) = g v/‖v‖`` moves its rows with ``g`` and ``v`` by scalings and permutations (a sign flip
+    of both leaves it as it is). The raw claims hold, and ``fc.weight`` is a tensor again after the trace."""
     torch.manual_seed(0)
-    model = _Deep(_old_weight_norm).double()
-    analysis = symalg.derive(symalg.trace(model, (_x(5, 3),), tracer=tracer))
+    model = _Deep(reparametrise).double()
+    analysis = symalg.derive(symalg.trace(model, (_x(5, 3),), tracer=tracer), certify=False)
+    assert _certified(analysis) == ["PositiveScaling(4, alpha=1) on fc", "S(4) on fc", "S(5) on mid",
+                                    "SignFlips(5) on mid"]
+    scaling = next(s for s in analysis.symmetries if s.label == "PositiveScaling(4, alpha=1) on fc")
+    assert {"fc.weight_g", "fc.weight_v"} <= set(scaling.tensors) or \
+        {"fc.parametrizations.weight.original0", "fc.parametrizations.weight.original1"} <= set(scaling.tensors)
+    assert any("SF removed" in b.reason and "weight norm per row" in b.reason for b in analysis.sites.restrictions)
+    assert type(model.fc.weight) is torch.Tensor
+
+
+def test_the_columns_of_a_weight_normalised_layer_keep_the_orthogonal_group():
+    """``v ↦ v Oᵀ`` keeps every row's norm: a plain linear layer feeding a weight-normalised one keeps ``O(4)``
+    (not ``GL(4)``, which would change the norms)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 2)).double()
+    _old_weight_norm(model[1])
+    analysis = symalg.derive(symalg.trace(model, (_x(5, 3),)), certify=False)
+    assert "O(4) on 0" in _certified(analysis)
+
+
+@pytest.mark.parametrize("dim", [None, 1])
+def test_weight_norm_over_the_whole_weight_or_the_columns_is_unknown_and_named(dim):
+    """Only the norm per row (``dim=0``, the default) is modelled: another ``dim`` is an unknown op naming ``g``."""
+    torch.manual_seed(0)
+    model = _Deep(lambda m: nn.utils.parametrizations.weight_norm(m, dim=dim)).double()
+    analysis = symalg.derive(symalg.trace(model, (_x(5, 3),)), certify=False)
     assert _certified(analysis) == ["S(5) on mid", "SignFlips(5) on mid"]
     notes = [str(b) for b in analysis.blocked]
-    assert any(n.startswith("fc.weight_v (node _weight_norm)") for n in notes), notes
-    assert any(n.startswith("fc.weight_g (node _weight_norm)") for n in notes), notes
-    assert type(model.fc.weight) is torch.Tensor
-    torch.manual_seed(0)
-    parametrized = _Deep(nn.utils.parametrizations.weight_norm).double()
-    assert _certified(symalg.derive(symalg.trace(parametrized, (_x(5, 3),), tracer=tracer))) == \
-        ["S(5) on mid", "SignFlips(5) on mid"]
+    assert any(n.startswith("fc.parametrizations.weight.original0 (node _weight_norm)") for n in notes), notes
 
 
 def test_a_forward_hook_on_a_torch_module_is_part_of_the_analysis():

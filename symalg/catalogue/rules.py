@@ -45,7 +45,7 @@ Rule: TypeAlias = Callable[[Inference, str, NodeData, Inputs], Value]
 _RULES: dict[str, Rule] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "matmul", "transpose",
                           "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm", "group_norm",
-                          "batch_norm", "addmm", "expand", "attention", "split", "chunk", "swish_beta"})
+                          "batch_norm", "addmm", "expand", "attention", "split", "chunk", "swish_beta", "weight_norm"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -278,6 +278,16 @@ class WeightExpr:
     plain: tuple[str, ...] = ()
     start: int = 0
     width: int | None = None
+    row_kinds: frozenset[str] = ALL
+    """The kinds that may move its rows (a weight-normalised ``g v/‖v‖``: scalings and permutations) ..."""
+    col_kinds: frozenset[str] = ALL
+    """... and its columns (orthogonal maps, permutations and sign flips keep every row's norm)."""
+    why: str = ""
+    """Why they are restricted (the blocked note's reason)."""
+
+    def transposed(self) -> "WeightExpr":
+        return WeightExpr(self.cols, self.rows, self.plain, row_kinds=self.col_kinds, col_kinds=self.row_kinds,
+                          why=self.why)
 
     @property
     def tensors(self) -> tuple[str, ...]:
@@ -312,6 +322,8 @@ def _producer_site(state: Inference, node: str, width: int, weight: str | Weight
     bias_rows = None if bias is None else Binding(bias, 0, 0, width, node=node) if isinstance(bias, str) else \
         Binding(bias.rows[0][0], 0, bias.start, width, node=node)
     site = state.new_site(node, width, rows + ([bias_rows] if bias_rows is not None else []))
+    if expr.row_kinds != ALL:
+        state.restrict(site, expr.row_kinds, node, f"{state.where(node)}: {expr.why}")
     translations = state.site(site).translations
     translations += [("T1", node, TranslationFamily("rows", (b,))) for b in rows if b.tensor in expr.plain]
     if bias_rows is not None:
@@ -342,6 +354,8 @@ def _read_as_map(state: Inference, node: str, label: Label, weight: str | Weight
             "computes its weight"
         state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} {why}: it cannot give back the "
                                                               "change a translation of its input makes")
+    if isinstance(weight, WeightExpr) and weight.col_kinds != ALL:
+        state.restrict_label(label, weight.col_kinds, node, f"{state.where(node)}: {weight.why}")
     for tensor, axis in columns:
         state.bind_reader(label, tensor, axis, node)
 
@@ -441,7 +455,7 @@ def addmm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> L
     weight = _weight(state, weight)
     if not isinstance(value, Label) or weight is None or not _is_param(bias) or len(state.shapes[bias[1]]) != 1:
         return unknown_rule(state, node, data, inputs)
-    transposed = WeightExpr(weight.cols, weight.rows, weight.plain)
+    transposed = weight.transposed()
     tensor, axis = transposed.rows[0]
     return _dense_map(state, node, value, transposed, bias[1], state.shapes[tensor][axis])
 
@@ -563,7 +577,9 @@ def add_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Val
     weights = _weights(state, inputs)
     if len(inputs) == 2 and weights is not None and _same_shape(state, data):
         first, second = weights
-        return WeightExpr(first.rows + second.rows, first.cols + second.cols, first.plain + second.plain)
+        return WeightExpr(first.rows + second.rows, first.cols + second.cols, first.plain + second.plain,
+                          row_kinds=first.row_kinds & second.row_kinds, col_kinds=first.col_kinds & second.col_kinds,
+                          why="; ".join(filter(None, (first.why, second.why))))
     if len(labels) == 1 and not params:
         (label,) = labels
         state.restrict_label(label, {"S"} if constants else set(), node,
@@ -696,8 +712,10 @@ def matmul_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> 
     tensor, axis = left.cols[0]
     width = state.shapes[tensor][axis]
     state.new_site(node, width, [Binding(t, a, 0, width, role="in", node=node) for t, a in left.cols] +
-                   [Binding(t, a, 0, width, node=node) for t, a in right.rows], allowed=ALL - TRANSLATIONS)
-    return WeightExpr(left.rows, right.cols)
+                   [Binding(t, a, 0, width, node=node) for t, a in right.rows],
+                   allowed=(ALL - TRANSLATIONS) & left.col_kinds & right.row_kinds)
+    return WeightExpr(left.rows, right.cols, row_kinds=left.row_kinds, col_kinds=right.col_kinds,
+                      why="; ".join(filter(None, (left.why, right.why))))
 
 
 def _tensor_constant(state: Inference, node: str) -> bool:
@@ -887,6 +905,27 @@ def _prod(values: Iterable[int]) -> int:
     return result
 
 
+@register_rule("weight_norm", examples={
+    "weight_norm": around(lambda self, h: torch.nn.functional.linear(torch.relu(h), torch._weight_norm(self.v, self.g,
+                                                                                                      0)),
+                          v=lambda: torch.nn.Parameter(torch.randn(4, 4)),
+                          g=lambda: torch.nn.Parameter(torch.randn(4, 1)))})
+def weight_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
+    """``_weight_norm(v, g, 0) = g v/‖v‖`` with a norm per row (``nn.utils.weight_norm``'s hook on a linear layer): a
+    weight whose rows move with those of ``v`` and ``g`` by scalings (``(d g)(d v)/‖d v‖ = d W``) and permutations
+    only (a sign flip of both leaves ``W`` as it is), and whose columns move with ``v``'s by maps keeping every row's
+    norm (orthogonal maps, permutations, sign flips). Other ``dim``s and shapes are unknown."""
+    v, g = (list(inputs) + [None, None])[:2]
+    dim = _argument(data, 2, "dim", 0)
+    if not (_is_param(v) and _is_param(g) and dim == 0 and len(state.shapes[v[1]]) == 2
+            and state.shapes[g[1]] == (state.shapes[v[1]][0], 1)):
+        return unknown_rule(state, node, data, inputs)
+    return WeightExpr(((v[1], 0), (g[1], 0)), ((v[1], 1),), row_kinds=frozenset({"PS", "S", "T", "T1"}),
+                      col_kinds=frozenset({"O", "O1", "S", "SF", "EF"}),
+                      why=f"reads the weight {state.where(node)} computes as g v/‖v‖ (weight norm per row): its rows "
+                          "move by scalings and permutations only, its columns by maps keeping every row's norm")
+
+
 @register_rule("transpose", "permute", examples={
     "transpose": around(lambda self, h: torch.relu(h).transpose(0, 1), shape=(5, 2, 3)),
     "permute": around(lambda self, h: torch.relu(h).permute(1, 0, 2), shape=(5, 2, 3))})
@@ -895,7 +934,7 @@ def transpose_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
     of another rank (a stack of expert weights ``(E, out, in)``) is read like by an unknown op."""
     weight = _weight(state, inputs[0]) if inputs else None
     if weight is not None:
-        return WeightExpr(weight.cols, weight.rows, weight.plain)
+        return weight.transposed()
     if inputs and (_is_param(inputs[0]) or isinstance(inputs[0], WeightExpr)):
         return unknown_rule(state, node, data, inputs)
     label = _first(inputs)

@@ -91,7 +91,7 @@ _FUNCTIONS: dict[object, str] = {
     F.adaptive_avg_pool2d: "avg_pool", operator.getitem: "getitem", torch.transpose: "transpose",
     torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding", F.conv1d: "conv", F.conv2d: "conv",
     F.group_norm: "group_norm", F.batch_norm: "batch_norm", torch.addmm: "addmm", torch.select: "select",
-    torch.unflatten: "reshape",
+    torch.unflatten: "reshape", torch._weight_norm: "weight_norm",
 }
 """Structural functions (activation functions are spelled by their catalogue entries)."""
 
@@ -147,13 +147,14 @@ def _module_settings(module: nn.Module) -> dict:
 
 
 class _Tracer(torch.fx.Tracer):
-    """fx tracer keeping torch's own modules (except containers and modules with forward hooks) as single
-    nodes: a hook (the hook-based ``torch.nn.utils.weight_norm`` computing ``weight`` from ``weight_g`` and
-    ``weight_v``) is traced with the forward it changes."""
+    """fx tracer keeping torch's own modules (except containers, modules with forward hooks and parametrized
+    modules) as single nodes: a hook (the hook-based ``torch.nn.utils.weight_norm`` computing ``weight`` from
+    ``weight_g`` and ``weight_v``) or a parametrization is traced with the forward it changes."""
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
         if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) or module._forward_pre_hooks \
-                or module._forward_hooks:
+                or module._forward_hooks or nn.utils.parametrize.is_parametrized(module) \
+                or type(module).__module__ == "torch.nn.utils.parametrizations":   # computes a weight (_WeightNorm)
             return False
         return isinstance(module, Activation) or super().is_leaf_module(module, qualified_name)
 
@@ -285,7 +286,7 @@ _ATEN = {
     "select": "select", "unflatten": "reshape", "expand": "expand",
     "split": "split", "split_with_sizes": "split", "chunk": "chunk", "bmm": "matmul", "baddbmm": "baddbmm",
     "unsqueeze": "unsqueeze", "squeeze": "squeeze", "mean": "mean", "sum": "sum", "masked_fill": "masked_fill",
-    "repeat_interleave": "repeat_interleave",
+    "repeat_interleave": "repeat_interleave", "_weight_norm": "weight_norm",
 }
 _ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
                      "adaptive_avg_pool2d": 2}
