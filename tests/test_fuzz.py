@@ -372,3 +372,18 @@ def test_slow_tier_ten_thousand_models():
     report = fuzz.run(10_000, seed=0, certify=True, workers=2)
     assert report.models == 10_000
     _assert_sound(report)
+
+
+def test_hostile_model_families_draw_their_patterns_and_end_in_checked_claims_or_refusals():
+    """``weight_norm`` (hook-based weight norm and eval spectral norm, every dim), ``scripted`` (one module scripted:
+    always refused) and ``complex`` (a complex parameter: refused; FFTs inside or at the output: checked), no crash."""
+    tokens = {family: set().union(*(fuzz.generate(0, i, family).variant.split("-") for i in range(40)))
+              for family in ("weight_norm", "scripted", "complex")}
+    assert {"weight_norm", "weight_norm_all", "weight_norm_in", "spectral_norm", "plain"} <= tokens["weight_norm"]
+    assert {"first", "activation", "norm", "last"} <= tokens["scripted"]
+    assert {"param", "fft_abs", "rfft", "fft_out"} <= tokens["complex"]
+    report = fuzz.run(30, seed=0, families=["weight_norm", "scripted", "complex"], certify=False, draws=1)
+    assert not report.crashes and not report.hangs and not report.false_claims, report.summary()
+    figures = report.families
+    assert figures["scripted"].refusals == 10 and figures["weight_norm"].refusals == 0
+    assert figures["weight_norm"].claims > 0 and figures["complex"].claims > 0 and figures["complex"].refusals > 0

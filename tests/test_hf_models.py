@@ -269,3 +269,42 @@ def test_gpt2_with_its_cache_says_why_its_attention_is_not_folded(one_thread):
     assert len(notes) == 3 and all("the attention at node 'scaled_dot_product_attention' is not folded: node 'cat' "
                                    "is also read by the model output" in note and "use_cache=False" in note
                                    for note in notes), notes
+
+
+MOE = {  # name: (build, claims certified today; the routing and the experts blocked)
+    "mixtral": (lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=16)),
+                ["ComplexScaling(8)", "GL(8)", "PositiveScaling(16, alpha=1)", "S(2)", "SignFlips(16)",
+                 "Translations(16, along 1)"]),
+    "qwen2_moe": (lambda: transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, moe_intermediate_size=8,
+        shared_expert_intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        num_experts=4, num_experts_per_tok=2, max_position_embeddings=16)),
+                  ["ComplexScaling(8)", "GL(8)", "PositiveScaling(16, alpha=1)", "PositiveScaling(16, alpha=1)",
+                   "S(16)", "S(2)", "SignFlips(16)", "SignFlips(16)", "Translations(16, along 1)"]),
+}
+
+
+@pytest.mark.parametrize("name", list(MOE))
+def test_mixture_of_experts_models_derive_with_their_routing_blocked(name, one_thread):
+    """Mixtral and Qwen2-MoE used to crash the transpose rule (``'tuple' object has no attribute 'segments'``):
+    their experts are 3-d stacks ``(E, out, in)`` transposed for ``grouped_mm``. Such a parameter is now read as by
+    an unknown op (a blocked note names it); the router's top-k blocks its permutations, naming the node. Their
+    default experts run ``grouped_mm``, float32 only, so derive's float64 certification is refused with torch's
+    message; the claims certify on the same weights with the float64 ``batched_mm`` experts."""
+    torch.manual_seed(0)
+    model = MOE[name][0]().float().eval()   # (the tests default to float64)
+    (ids,), _ = _inputs(name, "positional")
+    graph = symalg.from_torch(model, ids, use_cache=False)
+    with pytest.raises(symalg.SpecError, match=r"certification runs .*ForCausalLM in float64 .*failed: RuntimeError"):
+        symalg.derive(graph)
+    analysis = symalg.derive(graph, certify=False)
+    assert sorted(s.group.name for s in analysis.symmetries) == MOE[name][1]
+    notes = {b.node: str(b) for b in analysis.blocked}
+    assert "S removed" in notes["topk"] and "model.layers.0.mlp.gate" in notes["topk"]
+    for node, expert in (("transpose_4", "gate_up_proj"), ("transpose_5", "down_proj")):
+        assert notes[node].startswith(f"model.layers.0.mlp.experts.{expert} (node {node}): no symmetry moves")
+    model.config._experts_implementation = "batched_mm"   # the same experts, computed in float64
+    errors = claim_errors(analysis)
+    assert len(errors) == len(analysis.symmetries) and all(e.holds for e in errors), errors

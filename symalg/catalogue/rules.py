@@ -46,7 +46,8 @@ Rule: TypeAlias = Callable[[Inference, str, NodeData, Inputs], Value]
 _RULES: dict[str, Rule] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "pow", "matmul",
                           "transpose", "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm",
-                          "group_norm", "batch_norm", "addmm", "expand", "attention", "split", "chunk", "swish_beta"})
+                          "group_norm", "batch_norm", "addmm", "expand", "attention", "split", "chunk", "swish_beta",
+                          "weight_norm"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""
@@ -279,6 +280,16 @@ class WeightExpr:
     plain: tuple[str, ...] = ()
     start: int = 0
     width: int | None = None
+    row_kinds: frozenset[str] = ALL
+    """The kinds that may move its rows (a weight-normalised ``g v/‖v‖``: scalings and permutations) ..."""
+    col_kinds: frozenset[str] = ALL
+    """... and its columns (orthogonal maps, permutations and sign flips keep every row's norm)."""
+    why: str = ""
+    """Why they are restricted (the blocked note's reason)."""
+
+    def transposed(self) -> "WeightExpr":
+        return WeightExpr(self.cols, self.rows, self.plain, row_kinds=self.col_kinds, col_kinds=self.row_kinds,
+                          why=self.why)
 
     @property
     def tensors(self) -> tuple[str, ...]:
@@ -313,6 +324,8 @@ def _producer_site(state: Inference, node: str, width: int, weight: str | Weight
     bias_rows = None if bias is None else Binding(bias, 0, 0, width, node=node) if isinstance(bias, str) else \
         Binding(bias.rows[0][0], 0, bias.start, width, node=node)
     site = state.new_site(node, width, rows + ([bias_rows] if bias_rows is not None else []))
+    if expr.row_kinds != ALL:
+        state.restrict(site, expr.row_kinds, node, f"{state.where(node)}: {expr.why}")
     translations = state.site(site).translations
     translations += [("T1", node, TranslationFamily("rows", (b,))) for b in rows if b.tensor in expr.plain]
     if bias_rows is not None:
@@ -343,6 +356,8 @@ def _read_as_map(state: Inference, node: str, label: Label, weight: str | Weight
             "computes its weight"
         state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} {why}: it cannot give back the "
                                                               "change a translation of its input makes")
+    if isinstance(weight, WeightExpr) and weight.col_kinds != ALL:
+        state.restrict_label(label, weight.col_kinds, node, f"{state.where(node)}: {weight.why}")
     for tensor, axis in columns:
         state.bind_reader(label, tensor, axis, node)
 
@@ -442,7 +457,7 @@ def addmm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> L
     weight = _weight(state, weight)
     if not isinstance(value, Label) or weight is None or not _is_param(bias) or len(state.shapes[bias[1]]) != 1:
         return unknown_rule(state, node, data, inputs)
-    transposed = WeightExpr(weight.cols, weight.rows, weight.plain)
+    transposed = weight.transposed()
     tensor, axis = transposed.rows[0]
     return _dense_map(state, node, value, transposed, bias[1], state.shapes[tensor][axis])
 
@@ -564,7 +579,9 @@ def add_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Val
     weights = _weights(state, inputs)
     if len(inputs) == 2 and weights is not None and _same_shape(state, data):
         first, second = weights
-        return WeightExpr(first.rows + second.rows, first.cols + second.cols, first.plain + second.plain)
+        return WeightExpr(first.rows + second.rows, first.cols + second.cols, first.plain + second.plain,
+                          row_kinds=first.row_kinds & second.row_kinds, col_kinds=first.col_kinds & second.col_kinds,
+                          why="; ".join(filter(None, (first.why, second.why))))
     if len(labels) == 1 and not params:
         (label,) = labels
         state.restrict_label(label, {"S"} if constants else set(), node,
@@ -697,8 +714,10 @@ def matmul_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> 
     tensor, axis = left.cols[0]
     width = state.shapes[tensor][axis]
     state.new_site(node, width, [Binding(t, a, 0, width, role="in", node=node) for t, a in left.cols] +
-                   [Binding(t, a, 0, width, node=node) for t, a in right.rows], allowed=ALL - TRANSLATIONS)
-    return WeightExpr(left.rows, right.cols)
+                   [Binding(t, a, 0, width, node=node) for t, a in right.rows],
+                   allowed=(ALL - TRANSLATIONS) & left.col_kinds & right.row_kinds)
+    return WeightExpr(left.rows, right.cols, row_kinds=left.row_kinds, col_kinds=right.col_kinds,
+                      why="; ".join(filter(None, (left.why, right.why))))
 
 
 def _tensor_constant(state: Inference, node: str) -> bool:
@@ -731,10 +750,14 @@ def identity_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -
     "dropout": around(lambda self, h: self.drop(torch.relu(h)), drop=lambda: torch.nn.Dropout(0.25))})
 def dropout_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """Dropout is the identity in eval mode (``p = 0`` likewise); in training its random mask
-    commutes only with diagonal actions."""
+    commutes only with diagonal actions: a blocked note names the node (the rest holds in distribution only)."""
     label = _first(inputs)
     if dropout_active(data):
-        state.restrict_label(label, {"PS", "SF"}, node, f"{state.where(node)}: dropout in training mode")
+        state.restrict_label(label, {"PS", "SF"}, node, f"{state.where(node)}: dropout in training mode: its random "
+                             "mask drops units independently, so for the same draw an action mixing or shifting units "
+                             "(permutations, GL, O, translations) changes which values are dropped; only per-unit "
+                             "scalings and sign flips commute with it (model.eval() makes it the identity)",
+                             blocked=True)
     return label
 
 
@@ -884,14 +907,38 @@ def _prod(values: Iterable[int]) -> int:
     return result
 
 
+@register_rule("weight_norm", examples={
+    "weight_norm": around(lambda self, h: torch.nn.functional.linear(torch.relu(h), torch._weight_norm(self.v, self.g,
+                                                                                                      0)),
+                          v=lambda: torch.nn.Parameter(torch.randn(4, 4)),
+                          g=lambda: torch.nn.Parameter(torch.randn(4, 1)))})
+def weight_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
+    """``_weight_norm(v, g, 0) = g v/‖v‖`` with a norm per row (``nn.utils.weight_norm``'s hook on a linear layer): a
+    weight whose rows move with those of ``v`` and ``g`` by scalings (``(d g)(d v)/‖d v‖ = d W``) and permutations
+    only (a sign flip of both leaves ``W`` as it is), and whose columns move with ``v``'s by maps keeping every row's
+    norm (orthogonal maps, permutations, sign flips). Other ``dim``s and shapes are unknown."""
+    v, g = (list(inputs) + [None, None])[:2]
+    dim = _argument(data, 2, "dim", 0)
+    if not (_is_param(v) and _is_param(g) and dim == 0 and len(state.shapes[v[1]]) == 2
+            and state.shapes[g[1]] == (state.shapes[v[1]][0], 1)):
+        return unknown_rule(state, node, data, inputs)
+    return WeightExpr(((v[1], 0), (g[1], 0)), ((v[1], 1),), row_kinds=frozenset({"PS", "S", "T", "T1"}),
+                      col_kinds=frozenset({"O", "O1", "S", "SF", "EF"}),
+                      why=f"reads the weight {state.where(node)} computes as g v/‖v‖ (weight norm per row): its rows "
+                          "move by scalings and permutations only, its columns by maps keeping every row's norm")
+
+
 @register_rule("transpose", "permute", examples={
     "transpose": around(lambda self, h: torch.relu(h).transpose(0, 1), shape=(5, 2, 3)),
     "permute": around(lambda self, h: torch.relu(h).permute(1, 0, 2), shape=(5, 2, 3))})
 def transpose_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
-    """Moving axes moves the feature axis with them; transposing a weight swaps its rows and columns."""
+    """Moving axes moves the feature axis with them; transposing a weight swaps its rows and columns. A parameter
+    of another rank (a stack of expert weights ``(E, out, in)``) is read like by an unknown op."""
     weight = _weight(state, inputs[0]) if inputs else None
     if weight is not None:
-        return WeightExpr(weight.cols, weight.rows, weight.plain)
+        return weight.transposed()
+    if inputs and (_is_param(inputs[0]) or isinstance(inputs[0], WeightExpr)):
+        return unknown_rule(state, node, data, inputs)
     label = _first(inputs)
     if not label.segments:
         return label
@@ -1537,7 +1584,7 @@ def _only_into(state: Inference, source: str, node: str) -> bool:
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
                     v: list[Binding] | None, heads_alike: bool = True, key_shifts: bool = True,
                     kv_heads: int | None = None, rotary: Mapping[str, Any] | None = None,
-                    value_shifts: bool = False) -> tuple[Label, Label]:
+                    value_shifts: bool = False, apart: str = "") -> tuple[Label, Label]:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
     heads moving all per-head blocks together (only when the scores of every head are treated alike,
@@ -1617,9 +1664,10 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
                                allowed={"S"})
         permutations.append(Segment(whole, 0, groups, r * d_v))
     for segment in permutations:
-        if not heads_alike:
-            state.restrict(segment.site, set(), node, f"{state.where(node)}: a mask, bias, temperature or dropout "
-                                                      "differs between heads, so permuting the heads changes them")
+        if not heads_alike:   # ``apart``: the named op that makes the heads differ (a blocked note)
+            why = apart or "a mask, bias, temperature or dropout differs between heads"
+            state.restrict(segment.site, set(), node, f"{state.where(node)}: {why}, so permuting the heads changes "
+                                                      "them", blocked=bool(apart))
     head_axis = tuple(replace(s, offset=s.offset // d_v, block=s.block // d_v) for s in permutations)
     return Label(-1, d_v * heads, tuple(segments + permutations)), Label(-3, heads, head_axis)
 
@@ -1679,8 +1727,10 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
     dropout = settings.get("training", True) and settings.get("dropout", 0.0)   # on the attention weights
     masks = [state.shape(mask) for mask in data["inputs"][3:] if mask is not None]
     heads_alike = not dropout and all(shape is not None and len(shape) < 3 for shape in masks)
+    apart = f"dropout in training mode (p={dropout}) draws a random mask on each head's attention weights" \
+        if dropout else ""
     values, head_axis = attention_sites(state, node, heads, rows(0), rows(d), rows(2 * d), heads_alike=heads_alike,
-                                        value_shifts=not dropout)
+                                        value_shifts=not dropout, apart=apart)
     out_weight, out_bias = params["out_proj.weight"], params.get("out_proj.bias")
     _read_as_map(state, node, values, out_weight, -1, out_bias)
     site = _producer_site(state, node, d, out_weight, out_bias)

@@ -93,7 +93,7 @@ _FUNCTIONS: dict[object, str] = {
     F.adaptive_avg_pool2d: "avg_pool", operator.getitem: "getitem", torch.transpose: "transpose",
     torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding", F.conv1d: "conv", F.conv2d: "conv",
     F.group_norm: "group_norm", F.batch_norm: "batch_norm", torch.addmm: "addmm", torch.select: "select",
-    torch.unflatten: "reshape",
+    torch.unflatten: "reshape", torch._weight_norm: "weight_norm",
 }
 """Structural functions (activation functions are spelled by their catalogue entries)."""
 
@@ -149,10 +149,14 @@ def _module_settings(module: nn.Module) -> dict:
 
 
 class _Tracer(torch.fx.Tracer):
-    """fx tracer keeping torch's own modules (except containers) as single nodes."""
+    """fx tracer keeping torch's own modules (except containers, modules with forward hooks and parametrized
+    modules) as single nodes: a hook (the hook-based ``torch.nn.utils.weight_norm`` computing ``weight`` from
+    ``weight_g`` and ``weight_v``) or a parametrization is traced with the forward it changes."""
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
-        if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+        if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) or module._forward_pre_hooks \
+                or module._forward_hooks or nn.utils.parametrize.is_parametrized(module) \
+                or type(module).__module__ == "torch.nn.utils.parametrizations":   # computes a weight (_WeightNorm)
             return False
         return isinstance(module, Activation) or super().is_leaf_module(module, qualified_name)
 
@@ -204,9 +208,17 @@ def _constants(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object
 
 
 def _fx_graph(model: nn.Module, constants: Mapping[str, object]) -> torch.fx.GraphModule:
-    """fx's graph of ``model``, specialised on the constant keyword inputs (``use_cache=False``)."""
+    """fx's graph of ``model``, specialised on the constant keyword inputs (``use_cache=False``). A forward hook
+    may set a plain tensor attribute (weight_norm's ``weight``): it would hold fx's proxy after the trace, so its
+    value before the trace is put back."""
+    hooked = [(module, {k: v for k, v in vars(module).items() if isinstance(v, torch.Tensor)})
+              for module in model.modules() if module._forward_pre_hooks or module._forward_hooks]
     tracer = _Tracer()
-    graph = tracer.trace(model, concrete_args=dict(constants) or None)
+    try:
+        graph = tracer.trace(model, concrete_args=dict(constants) or None)
+    finally:
+        for module, attributes in hooked:
+            vars(module).update(attributes)
     return torch.fx.GraphModule(tracer.root, graph)
 
 
@@ -289,7 +301,7 @@ _ATEN = {
     "select": "select", "unflatten": "reshape", "expand": "expand",
     "split": "split", "split_with_sizes": "split", "chunk": "chunk", "bmm": "matmul", "baddbmm": "baddbmm",
     "unsqueeze": "unsqueeze", "squeeze": "squeeze", "mean": "mean", "sum": "sum", "masked_fill": "masked_fill",
-    "repeat_interleave": "repeat_interleave",
+    "repeat_interleave": "repeat_interleave", "_weight_norm": "weight_norm",
 }
 _ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
                      "adaptive_avg_pool2d": 2}
@@ -569,16 +581,27 @@ def _redirect_in_place(gm: torch.fx.GraphModule) -> None:
 
 
 def _check_modules(model: nn.Module) -> None:
-    """Refuse lazy modules not initialised yet and parameters with no entries (a layer of width 0 has no neuron
-    for a group to move: ``nn.Linear(3, 0)`` would give a site of width 0), naming the module."""
+    """Refuse lazy modules not initialised yet, TorchScript modules (compiled code neither tracer reads),
+    complex parameters (symalg's groups act over the reals) and parameters with no entries (a layer of width 0
+    has no neuron for a group to move: ``nn.Linear(3, 0)`` would give a site of width 0), naming the module."""
     module: nn.Module  # named_modules is unannotated in torch
     for name, module in model.named_modules():
         where = f"module {name!r} ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
         if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params():
             raise SpecError(f"{where}: lazy module not initialised yet; run one forward pass first")
+        if isinstance(module, torch.jit.ScriptModule):
+            scripted = f"module {name!r}" if name else "the model"
+            raise SpecError(f"trace: {scripted} ({module.original_name}) is a TorchScript module (torch.jit.script "
+                            "or torch.jit.trace): its compiled code is opaque to torch.fx and torch.export, and "
+                            "nothing about it can be proven; pass the original nn.Module instead")
         for role, parameter in module.named_parameters(recurse=False):
+            qualified = '.'.join(filter(None, (name, role)))
+            if parameter.is_complex():
+                raise SpecError(f"trace: parameter {qualified!r} of {where} is complex ({parameter.dtype}): complex "
+                                "parameters are not supported (symalg derives symmetries over the reals; split a "
+                                "complex weight into real and imaginary parameters)")
             if parameter.numel() == 0:
-                raise SpecError(f"trace: parameter {'.'.join(filter(None, (name, role)))!r} of {where} has shape "
+                raise SpecError(f"trace: parameter {qualified!r} of {where} has shape "
                                 f"{tuple(parameter.shape)}: a layer of width 0 has no symmetry to derive; remove "
                                 "it or give it a positive width")
 
@@ -604,6 +627,9 @@ def _check_example_inputs(model: nn.Module, args: tuple, kwargs: Mapping[str, ob
     for name, value in named:
         if isinstance(value, torch.Tensor) and value.numel() == 0:
             raise SpecError(f"trace: {name} is empty (shape {tuple(value.shape)})")
+        if isinstance(value, torch.Tensor) and value.is_complex():
+            raise SpecError(f"trace: {name} is complex ({value.dtype}): complex inputs are not supported (symalg "
+                            "derives symmetries over the reals; pass torch.view_as_real(x) to a real model)")
         if isinstance(value, torch.Tensor) and value.is_floating_point() and not value.is_meta \
                 and not value.isfinite().all():  # meta tensors have shapes only
             raise SpecError(f"trace: {name} has non-finite entries (NaN or inf)")

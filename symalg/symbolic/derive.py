@@ -314,7 +314,12 @@ def _certified(analysis: Analysis, origins: Mapping) -> Analysis:
     """``analysis`` without the claims that fail :func:`~symalg.verification.certification.claim_errors`: they leave
     ``symmetries`` and ``sites`` (their kind, translations, shifts or permutation class), hence every
     conserved quantity, orbit dimension and table, and become blocked notes with their measured error."""
-    certificate = certify_claims(analysis)
+    try:
+        certificate = certify_claims(analysis)
+    except Exception as error:  # the model itself fails in float64 (an op for float32 only): torch's message
+        raise SpecError(f"derive: certification runs {type(analysis.model_graph.model).__name__} in float64 on "
+                        f"fresh inputs, and it failed: {type(error).__name__}: {error}; make the model run in "
+                        "float64, or pass certify=False for uncertified claims") from None
     errors = certificate.errors
     analysis = replace(analysis, certification=errors, certification_points=certificate.points,
                        certification_notes=certificate.notes)

@@ -37,10 +37,11 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, Callable, Iterator, Mapping, NoReturn, Sequence
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -237,6 +238,12 @@ OPS: dict[str, Op] = {
                    lambda m, x, kv, layer, mask, need, average: getattr(m, layer)(
                        x, kv, kv, attn_mask=getattr(m, mask).weight, need_weights=need, average_attn_weights=average)),
     "sigmoid": Op("torch.sigmoid({0})", lambda m, x: torch.sigmoid(x)),
+    "to_complex": Op("{0}.to(torch.complex128)", lambda m, x: x.to(torch.complex128)),
+    "real": Op("torch.real({0})", lambda m, x: torch.real(x)),
+    "fft": Op("torch.fft.fft({0})", lambda m, x: torch.fft.fft(x)),
+    "fft_abs": Op("torch.fft.fft({0}).abs()", lambda m, x: torch.fft.fft(x).abs()),
+    "rfft_real": Op("torch.view_as_real(torch.fft.rfft({0})).flatten(-2)",
+                    lambda m, x: torch.view_as_real(torch.fft.rfft(x)).flatten(-2)),
     "sigmoid_method": Op("{0}.sigmoid()", lambda m, x: x.sigmoid()),
     "shift": Op("{0} + {c}", lambda m, x, c: x + c),
     "branch": Op("F.{a}({0}) if {0}.shape[{axis}] {cmp} {k} else F.{b}({0})",
@@ -257,25 +264,53 @@ OPS: dict[str, Op] = {
 }
 
 
+def _weight_norm(module: nn.Module, dim: int | None) -> nn.Module:
+    """The hook-based ``nn.utils.weight_norm`` (deprecated; its warning silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return nn.utils.weight_norm(module, dim=cast(int, dim))   # None: over the whole weight (torch's stub: int)
+
+
+def _script(module: nn.Module) -> nn.Module:
+    """``torch.jit.script(module)`` (deprecated; its warning silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(module)
+
+
+WRAPS: dict[str, tuple[str, Callable[[nn.Module], nn.Module]]] = {
+    "weight_norm": ("nn.utils.weight_norm({})", lambda m: _weight_norm(m, 0)),
+    "weight_norm_all": ("nn.utils.weight_norm({}, dim=None)", lambda m: _weight_norm(m, None)),
+    "weight_norm_in": ("nn.utils.weight_norm({}, dim=1)", lambda m: _weight_norm(m, 1)),
+    "spectral_norm": ("nn.utils.spectral_norm({})", nn.utils.spectral_norm),
+    "script": ("torch.jit.script({})", _script),
+}
+"""What a :class:`Layer` may be wrapped in: ``(template, function)``, the template printing the call around the
+module's source."""
+
+
 @dataclass(frozen=True)
 class Layer:
-    """``nn.<cls>(*args, **kwargs)``, in eval mode when ``train`` is false; ``Layer("Parameter", shape)`` is
-    ``nn.Parameter(torch.zeros(shape))`` (given its values by :func:`randomize`)."""
+    """``nn.<cls>(*args, **kwargs)``, in eval mode when ``train`` is false, wrapped in ``WRAPS[wrap]`` when given;
+    ``Layer("Parameter", shape)`` is ``nn.Parameter(torch.zeros(shape))`` (given its values by :func:`randomize`)."""
 
     cls: str
     args: tuple[Any, ...]
     kwargs: tuple[tuple[str, Any], ...] = ()
     train: bool = True
+    wrap: str = ""
 
     def make(self) -> nn.Module | nn.Parameter:
         if self.cls == "Parameter":
             return nn.Parameter(torch.zeros(self.args))
-        return getattr(nn, self.cls)(*self.args, **dict(self.kwargs))
+        module = getattr(nn, self.cls)(*self.args, **dict(self.kwargs))
+        return WRAPS[self.wrap][1](module) if self.wrap else module
 
     def source(self) -> str:
         if self.cls == "Parameter":
             return f"nn.Parameter(torch.zeros({self.args!r}))"
-        return f"nn.{self.cls}({', '.join([repr(a) for a in self.args] + [f'{k}={v!r}' for k, v in self.kwargs])})"
+        module = f"nn.{self.cls}({', '.join([repr(a) for a in self.args] + [f'{k}={v!r}' for k, v in self.kwargs])})"
+        return WRAPS[self.wrap][0].format(module) if self.wrap else module
 
 
 @dataclass(frozen=True)
@@ -426,8 +461,8 @@ class _Builder:
     def width(self, low: int = 1) -> int:
         return self.rng.randint(low, 6)
 
-    def add(self, cls: str, *args: Any, train: bool = True, **kwargs: Any) -> str:
-        layer = Layer(cls, args, tuple(kwargs.items()), train)
+    def add(self, cls: str, *args: Any, train: bool = True, wrap: str = "", **kwargs: Any) -> str:
+        layer = Layer(cls, args, tuple(kwargs.items()), train, wrap)
         if self.reuse is not None:  # inside the second call of twice(): the first call's layer, in turn
             name, first = next(self.reuse)
             assert first == layer, (first, layer)
@@ -1438,8 +1473,8 @@ def _zero_sum(b: _Builder) -> _Drawn:
     b.variant += [norm, between]
     if norm in ("plain", "gain", "rms", "two_axes"):
         cls, size = ("RMSNorm" if norm == "rms" else "LayerNorm"), ((shape[1], d) if norm == "two_axes" else d)
-        y = b.call(b.add(cls, size, elementwise_affine=norm == "gain", **({"bias": rng.random() < 0.5}
-                                                                          if norm == "gain" else {})), x)
+        bias: dict[str, Any] = {"bias": rng.random() < 0.5} if norm == "gain" else {}
+        y = b.call(b.add(cls, size, elementwise_affine=norm == "gain", **bias), x)
     else:
         y = b.op("layer_norm_bare", x, d=d) if norm == "bare" else \
             b.op("layer_norm_bias", x, d=d, bias=b.add("Parameter", d))
@@ -1528,6 +1563,59 @@ def _power(b: _Builder) -> _Drawn:
     return shape, 0, b.linear(a, h, m)
 
 
+def _weight_norm_family(b: _Builder) -> _Drawn:
+    """An MLP on ``(B, n)`` or ``(B, T, n)`` whose linear layers are (at least one, each other with probability 1/2)
+    reparametrised by the hook-based ``nn.utils.weight_norm`` (``weight = g v / ‖v‖`` per row, per column or over
+    the whole weight) or, in eval mode, ``nn.utils.spectral_norm``: the forward pre-hook computes ``weight`` before
+    every call, and the tracer must see it."""
+    rng, n, m = b.rng, b.width(), b.width()
+    shape = (rng.randint(2, 5), n) if rng.random() < 0.7 else (rng.randint(2, 3), b.width(), n)
+    depth = rng.randint(2, 4)
+    widths = [n] + [b.width() for _ in range(depth - 1)] + [m]
+    forced = rng.randrange(depth)
+    x = "x"
+    for i, (a, c) in enumerate(zip(widths, widths[1:])):
+        wrap = rng.choice(["weight_norm", "weight_norm", "weight_norm_all", "weight_norm_in", "spectral_norm"]) \
+            if i == forced or rng.random() < 0.5 else ""
+        b.variant.append(wrap or "plain")
+        x = b.call(b.add("Linear", a, c, bias=rng.random() < 0.8, train=wrap != "spectral_norm", wrap=wrap), x)
+        x = b.act(x) if i < depth - 1 else x
+    return shape, 0, x
+
+
+def _scripted(b: _Builder) -> _Drawn:
+    """An MLP one of whose modules (the first or the last linear layer, the activation module, a LayerNorm) is
+    ``torch.jit.script``-ed: compiled code neither tracer reads, so every model is a refusal naming the module."""
+    rng, n, h, m = b.rng, b.width(), b.width(), b.width()
+    shape = (rng.randint(2, 5), n)
+    which = rng.choice(["first", "activation", "norm", "last"])
+    b.variant.append(which)
+    x = b.call(b.add("Linear", n, h, wrap="script" if which == "first" else ""), "x")
+    if which == "norm":
+        x = b.call(b.add("LayerNorm", h, wrap="script"), x)
+    x = b.call(b.add(rng.choice(["ReLU", "Tanh", "GELU", "SiLU"]), wrap="script" if which == "activation" else ""), x)
+    return shape, 0, b.call(b.add("Linear", h, m, wrap="script" if which == "last" else ""), x)
+
+
+def _complex(b: _Builder) -> _Drawn:
+    """Complex values: a complex linear layer (``dtype=torch.complex128``) on the input made complex, its real part
+    read on (a refusal naming the parameter); or a real model with an FFT inside (``|fft(h)|``, ``rfft`` read as
+    real pairs) or returning one (``fft(h)``, a complex output): the FFT is an unknown op, the rest must hold."""
+    rng, n, h, m = b.rng, b.width(), b.width(2), b.width()
+    shape = (rng.randint(2, 5), n) if rng.random() < 0.7 else (rng.randint(2, 3), b.width(), n)
+    kind = rng.choice(["param", "fft_abs", "rfft", "fft_out"])
+    b.variant.append(kind)
+    if kind == "param":
+        z = b.call(b.add("Linear", n, h, dtype=torch.complex128), b.op("to_complex", "x"))
+        return shape, 0, b.linear(b.act(b.op("real", z)), h, m)
+    x = b.act(b.mlp("x", n, h, rng.randint(2, 3)))
+    if kind == "fft_abs":
+        return shape, 0, b.linear(b.op("fft_abs", x), h, m)
+    if kind == "rfft":
+        return shape, 0, b.linear(b.op("rfft_real", x), 2 * (h // 2 + 1), m)
+    return shape, 0, b.op("fft", b.linear(x, h, m))
+
+
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "scores": _scores, "embedding": _embedding, "concat": _concat,
@@ -1539,6 +1627,9 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "power": _power,
     "branch": _branch,
     "special": _special,
+    "weight_norm": _weight_norm_family,
+    "scripted": _scripted,
+    "complex": _complex,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
