@@ -200,3 +200,24 @@ def test_certification_leaves_the_callers_model_as_it_was():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert [id(p) for p in model.parameters()] == parameters
     assert all(isinstance(p, nn.Parameter) for p in model.parameters())
+
+
+class NoGrad(nn.Module):
+    """A block computed under ``torch.no_grad`` beside one that is not: autograd reaches no tensor of the block's
+    claims, the outputs do."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.skip = nn.Linear(3, 4), nn.Linear(4, 2), nn.Linear(3, 2)
+
+    def forward(self, x):
+        with torch.no_grad():
+            y = self.fc2(torch.relu(self.fc1(x)))
+        return y + self.skip(x)
+
+
+def test_tensors_autograd_does_not_reach_are_measured_by_perturbation():
+    torch.manual_seed(0)
+    analysis = symalg.derive(symalg.trace(NoGrad().double(), (torch.randn(6, 3, dtype=torch.float64),)))
+    assert sorted(s.label for s in analysis.symmetries) == ["PositiveScaling(4, alpha=1) on fc1", "S(4) on fc1"]
+    assert all(e.holds and e.sensitivity > 1e-3 for e in analysis.certification)

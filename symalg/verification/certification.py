@@ -769,9 +769,9 @@ def _sensitivities(bound: _Bound, point: Point, claims: Sequence[Symmetry], cros
 
     ``σ_t = rms(t) ‖∂s/∂t‖`` for ``s = Σ_k ⟨r_k, y_k⟩ / (√n_k max|y_k|)`` over the floating outputs ``y_k`` (``n_k``
     entries, random ``r_k ~ N(0, 1)``) is about the relative output change under ``t ↦ t + rms(t) ξ`` with
-    ``ξ ~ N(0, 1)``: one backward pass for every parameter. A claim that moves buffers alone (running statistics,
-    which autograd does not differentiate in training mode), or every claim where the backward pass fails, is measured
-    by that perturbation itself, one forward pass each."""
+    ``ξ ~ N(0, 1)``: one backward pass for every parameter. A claim none of whose tensors autograd reaches (buffers
+    alone, as running statistics in training mode; parameters read through ``detach``), or every claim where the
+    backward pass fails, is measured by that perturbation itself, one forward pass each."""
     parameters = {t for s in claims for t in s.tensors if isinstance(bound.current.get(t), torch.Tensor)
                   and t in bound.parameters and point.state[t].is_floating_point()}
     leaves = {t: point.state[t].detach().clone().requires_grad_(True) for t in sorted(parameters)}
@@ -790,8 +790,9 @@ def _sensitivities(bound: _Bound, point: Point, claims: Sequence[Symmetry], cros
                 total = total + (r * y).sum() / scale
             grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True) if total.requires_grad \
                 else (None,) * len(leaves)
-        sigma = {t: _rms(leaf) * float(g.double().norm()) if g is not None else 0.0
-                 for (t, leaf), g in zip(leaves.items(), grads)}
+        # a tensor autograd does not reach (read through detach, no_grad, an integer cast) is measured by perturbation
+        sigma = {t: _rms(leaf) * float(g.double().norm()) for (t, leaf), g in zip(leaves.items(), grads)
+                 if g is not None}
     except Exception as error:  # an op without a derivative: each claim measured by a perturbation instead
         note = f"sensitivity measured by perturbation ({type(error).__name__}: {str(error).splitlines()[0]})"
         sigma = {}
