@@ -9,21 +9,22 @@ the worst relative change of any output over
   special values such as ``p = 1``, a zero-initialised head or a layer scale of ``10⁻⁶`` are left) on inputs of
   *other shapes* (:func:`shape_variants`: a batch of one and of ``B + 1``, sequence lengths and spatial sizes one
   less and one more; a shape the model refuses is recorded, not an error);
-* test elements of each group: ``exp(M)`` with ``‖M‖`` near ``1`` (and ``10⁻³`` at the first generic point), drawn
-  **for each claim on its own**, every discrete generator and an element of another component
-  (:meth:`~symalg.catalogue.groups.SiteGroup.sample`, shared by the claims of one group), drawn anew at each point;
+* test elements of each group, drawn anew at each point: ``exp(M)`` with ``‖M‖`` near ``1`` (and ``10⁻³`` at the
+  first generic point), an element of another component (the first discrete generator times ``exp(M)``) and, for
+  wide sign flips, random sign patterns, all drawn **for each claim on its own**; every discrete generator
+  (:meth:`~symalg.catalogue.groups.SiteGroup.sample`), shared by the claims of one group;
 * float64, with stochastic ops (dropout) drawing the same noise for ``θ`` and ``g·θ``.
 
 With ``loss="cross_entropy"`` the first output is the logits and is compared after ``softmax`` (the
 loss's own invariance); every other output is compared as it is.
 
 **Composition.** The composition of symmetries is a symmetry, so one forward pass checks a set of claims composed.
-Two false claims could hide each other in a set (one tie split in two). For the continuous elements each claim
-draws its own ``exp(M)``: two false claims cancel only for a null set of draws, so all of them are checked in
-**one** pass. The discrete elements are shared by the claims of a group, so at the first generic point they are
-checked in sets that separate every two claims (:func:`separating_sets`: ``⌈log₂(n + 1)⌉`` passes for ``n``
+Two false claims could hide each other in a set (one tie split in two, moved by the same element). The elements each
+claim draws on its own cancel only for a null set of draws (``2⁻ʰ`` for sign patterns), so each such round is **one**
+pass for all claims. The discrete generators are shared by the claims of a group, so at the first generic point they
+are checked in sets that separate every two claims (:func:`separating_sets`: ``⌈log₂(n + 1)⌉`` passes for ``n``
 claims); at the other points all in one pass. A failing set is halved until its failing claims stand alone
-(:func:`check_in_separating_sets`).
+(:func:`check_in_separating_sets`). Within a pass the claims are composed kind by kind (:func:`_changes`).
 
 **Sensitivity.** A check that passes because the outputs ignore the parameters proves nothing. At the generic point
 one backward pass gives every tensor's sensitivity ``σ_t = rms(t) ‖∂s/∂t‖`` (``s`` a random projection of the
@@ -56,6 +57,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, overload
 
 import torch
+
 from symalg.catalogue.bindings import Binding, TranslationFamily
 from symalg.catalogue.groups import (SAMPLE_SCALES, SIGN_FLIP_GENERATORS, SIGN_FLIP_SAMPLES, Device, SignFlips,
                                     SiteGroup)
