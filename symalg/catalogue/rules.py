@@ -916,7 +916,7 @@ def weight_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs
     """``_weight_norm(v, g, 0) = g v/‖v‖`` with a norm per row (``nn.utils.weight_norm``'s hook on a linear layer): a
     weight whose rows move with those of ``v`` and ``g`` by scalings (``(d g)(d v)/‖d v‖ = d W``) and permutations
     only (a sign flip of both leaves ``W`` as it is), and whose columns move with ``v``'s by maps keeping every row's
-    norm (orthogonal maps, permutations, sign flips). Other ``dim``s and shapes are unknown."""
+    norm (orthogonal maps, permutations, sign flips). Other ``dim`` values and shapes are unknown."""
     v, g = (list(inputs) + [None, None])[:2]
     dim = _argument(data, 2, "dim", 0)
     if not (_is_param(v) and _is_param(g) and dim == 0 and len(state.shapes[v[1]]) == 2
