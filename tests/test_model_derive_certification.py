@@ -152,7 +152,8 @@ def relu_mlp(depth: int) -> nn.Module:
 
 def test_certification_costs_forward_passes_logarithmic_in_the_number_of_claims():
     # 1 pass to find the generic point, 2 for the batch sizes it accepts (1 and 7; the feature axis is refused inside
-    # the first layer: no pass completes), 1 backward pass for the sensitivities; at each of the 3 points (the model's
+    # the first layer: no pass completes), 2 backward passes for the sensitivities (at the model's parameters and at
+    # the generic ones); at each of the 3 points (the model's
     # parameters, the generic point at batches of 1 and of 7) 1 reference and 1 pass per scale of exp(M) (each claim its
     # own draw: all composed; |M| = 1e-3 at batch 1 only); for S(4)'s 2 discrete generators 1 composed pass at the
     # model's parameters and at batch 7, and at batch 1 1 pass per separating set of the d permutation claims: d one by
@@ -167,7 +168,7 @@ def test_certification_costs_forward_passes_logarithmic_in_the_number_of_claims(
         assert len(analysis.symmetries) == 2 * depth
         assert all(e.error <= CERTIFICATION_TOLERANCE for e in analysis.certification)
         passes[depth] = len(calls)          # certification runs a copy of the module, hooks included
-    assert passes == {1: 4 + 4 + (1 + 2 + 2 * 1) + 4, 5: 4 + 4 + (1 + 2 + 2 * 3) + 4, 20: 4 + 4 + (1 + 2 + 2 * 5) + 4}
+    assert passes == {1: 5 + 4 + (1 + 2 + 2 * 1) + 4, 5: 5 + 4 + (1 + 2 + 2 * 3) + 4, 20: 5 + 4 + (1 + 2 + 2 * 5) + 4}
 
 
 def test_certification_tells_apart_two_false_claims_whose_composition_holds():

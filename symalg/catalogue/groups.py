@@ -559,6 +559,12 @@ class SiteGroup:
                                  self.compose(discrete[0], far)))
         return elements
 
+    def random_diagonals(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                         device: Device = "cpu") -> torch.Tensor | None:
+        """Where :meth:`sample` draws random elements that act by a diagonal (wide sign flips), as many new ones as
+        their diagonals, stacked ``(k, h)``, without the dense matrices; None for every other group."""
+        return None
+
     def compose(self, g1: torch.Tensor, g2: torch.Tensor) -> torch.Tensor:
         """The product ``g1 g2`` in the element format."""
         return g1 @ g2
@@ -1336,10 +1342,19 @@ class SignFlips(SiteGroup):
                device: Device = "cpu", scales: Sequence[float] = SAMPLE_SCALES) -> list[tuple[str, torch.Tensor]]:
         """The ``h`` single-neuron flips; wider than :data:`SIGN_FLIP_GENERATORS`, :data:`SIGN_FLIP_SAMPLES`
         uniformly random sign patterns ``diag(±1)`` instead (``h`` forward passes and ``h`` dense matrices)."""
-        if _concrete(self.width) <= SIGN_FLIP_GENERATORS:
+        signs = self.random_diagonals(generator, dtype)
+        if signs is None:
             return super().sample(generator, dtype, device, scales)
-        signs = torch.randint(0, 2, (SIGN_FLIP_SAMPLES, int(self.width)), generator=generator).to(dtype) * 2 - 1
         return [(f"random sign pattern {i}", torch.diag(s).to(device)) for i, s in enumerate(signs)]
+
+    def random_diagonals(self, generator: torch.Generator | None = None, dtype: torch.dtype = torch.float64,
+                         device: Device = "cpu") -> torch.Tensor | None:
+        """:data:`SIGN_FLIP_SAMPLES` uniformly random sign patterns ``(k, h)`` when wider than
+        :data:`SIGN_FLIP_GENERATORS` (what :meth:`sample` draws), else None."""
+        if _concrete(self.width) <= SIGN_FLIP_GENERATORS:
+            return None
+        signs = torch.randint(0, 2, (SIGN_FLIP_SAMPLES, int(self.width)), generator=generator).to(dtype) * 2 - 1
+        return signs.to(device)
 
     def pointwise_identity(self, sigma: Pointwise) -> tuple[str, list[sp.Expr]] | None:
         p = sp.Symbol("p", positive=True)

@@ -26,12 +26,12 @@ are checked in sets that separate every two claims (:func:`separating_sets`: ``�
 claims); at the other points all in one pass. A failing set is halved until its failing claims stand alone
 (:func:`check_in_separating_sets`). Within a pass the claims are composed kind by kind (:func:`_changes`).
 
-**Sensitivity.** A check that passes because the outputs ignore the parameters proves nothing. At the generic point
-one backward pass gives every tensor's sensitivity ``σ_t = rms(t) ‖∂s/∂t‖`` (``s`` a random projection of the
-outputs, each normalised to its largest entry): about the relative change of the outputs under a random relative
-perturbation of ``t`` of size one, a perturbation that is not in any group. A claim whose tensors all have
-``σ < SENSITIVITY_FACTOR · tolerance`` is *not certifiable here* (:attr:`ClaimError.certifiable`), and so not
-certified.
+**Sensitivity.** A check that passes because the outputs ignore the parameters proves nothing. At the model's and
+at the generic parameters one backward pass each gives every tensor's sensitivity ``σ_t = rms(t) ‖∂s/∂t‖`` (``s`` a
+random projection of the outputs, each normalised to its largest entry): about the relative change of the outputs
+under a random relative perturbation of ``t`` of size one, a perturbation that is not in any group. A claim whose
+tensors all have ``σ < SENSITIVITY_FACTOR · tolerance`` at both points is *not certifiable here*
+(:attr:`ClaimError.certifiable`), and so not certified.
 
 The verdict is one :class:`ClaimError` per claim: the worst error over every point and element, where it was
 measured, and the claim's sensitivity; :class:`Certificate` adds the points checked and the shapes refused.
@@ -59,8 +59,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, ov
 import torch
 
 from symalg.catalogue.bindings import Binding, TranslationFamily
-from symalg.catalogue.groups import (SAMPLE_SCALES, SIGN_FLIP_GENERATORS, SIGN_FLIP_SAMPLES, Device, SignFlips,
-                                    SiteGroup)
+from symalg.catalogue.groups import SAMPLE_SCALES, Device, SiteGroup
 from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
 from symalg.ir.graph import ModelGraph
@@ -390,8 +389,8 @@ class _Move:
 
     @classmethod
     def scaled(cls, symmetry: Symmetry, signs: torch.Tensor) -> "_Move":
-        """Sign flips given by their pattern ``signs`` (every region, in and out, multiplied by it), without the
-        dense ``diag(signs)`` of a wide layer."""
+        """Sign flips given by their pattern ``signs`` (:meth:`~symalg.catalogue.groups.SiteGroup.random_diagonals`:
+        every region, in and out, multiplied by it), without the dense ``diag(signs)`` of a wide layer."""
         return cls(symmetry, signs, factors=tuple((b.region, b, signs) for b in symmetry.moving_bindings()))
 
     @classmethod
@@ -571,20 +570,28 @@ def certify(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, draws:
         bound.restore()   # the model's own tensors back in its modules
 
 
+RETRIES = 2
+"""Further generic points drawn for the claims the outputs cannot see at the first ones (a ReLU layer dead for every
+input drawn, as a unit of width one often is at random parameters): each is checked and measured there too."""
+
+
 def _certify(bound: _Bound, claims: Sequence[Symmetry], inputs: tuple[Any, ...], kwargs: Mapping[str, Any],
              draws: int, seed: int, device: Device, cross_entropy: bool, tolerance: float) -> Certificate:
     """:func:`certify` on a model bound in place."""
     dtype = torch.float64
     state = {name: t.detach() for name, t in bound.originals.items() if t is not None}
     generator = torch.Generator().manual_seed(seed)
-    points, notes = _points(bound, state, inputs, kwargs, draws, generator, seed, dtype, device)
+    points, first_notes = _points(bound, state, inputs, kwargs, draws, generator, seed, dtype, device)
+    notes = list(first_notes)
     worst = {i: ClaimError(s, 0.0, tolerance=tolerance) for i, s in enumerate(claims)}
     failed: set[int] = set()
-    for number, point in enumerate(points):
+
+    def check(point: Point, number: int, exclude: set[int]) -> None:
+        """Every claim not in ``exclude`` at ``point`` (the failing ones join ``failed``)."""
         bound.bind(point.state)
         reference = bound.run({}, point.inputs, point.kwargs, seed + number)
         scales = SAMPLE_SCALES if point.separate else SAMPLE_SCALES[-1:]   # near the identity: once, with the pairs
-        for elements, separate in _rounds(claims, generator, dtype, device, failed, scales):
+        for elements, separate in _rounds(claims, generator, dtype, device, exclude, scales):
             def change(members: list[int]) -> tuple[float, str]:
                 moved = _changes(point.state, [elements[i][2] for i in members])
                 return output_change(bound.run(moved, point.inputs, point.kwargs, seed + number), reference,
@@ -601,14 +608,34 @@ def _certify(bound: _Bound, claims: Sequence[Symmetry], inputs: tuple[Any, ...],
             alone = check_in_separating_sets(len(elements), change, tolerance, record,
                                              None if separate and point.separate else [list(range(len(elements)))])
             failed.update(elements[i][0] for i in alone)
-    # sensitivity at the generic parameters, on the inputs of the example's shapes (the most data)
-    sensitive = replace(points[0], state=points[-1].state)
-    bound.bind(sensitive.state)
-    sensitivity, why = _sensitivities(bound, sensitive, claims, cross_entropy, generator, seed)
-    if why:
-        notes += (why,)
+
+    def measure(at: Mapping[str, torch.Tensor], which: list[int]) -> None:
+        """The sensitivities of the claims ``which`` at ``at``, on inputs of the example's shapes; each claim keeps
+        its largest (it held wherever it was checked, so the outputs reacting at one point make the check there
+        meaningful)."""
+        bound.bind(at)
+        measured, why = _sensitivities(bound, replace(points[0], state=at), [claims[i] for i in which],
+                                       cross_entropy, generator, seed)
+        for i, sigma in zip(which, measured):
+            sensitivity[i] = max(sensitivity[i], sigma)
+        notes.extend([why] if why and why not in notes else [])
+
+    for number, point in enumerate(points):
+        check(point, number, failed)
+    sensitivity = [0.0] * len(claims)
+    for at in {id(p.state): p.state for p in (points[0], points[-1])}.values():
+        measure(at, list(range(len(claims))))
+    for _ in range(RETRIES if draws > 1 else 0):
+        blind = [i for i in range(len(claims)) if i not in failed and sensitivity[i] < SENSITIVITY_FACTOR * tolerance]
+        found = _generic_point(bound, state, points[0], generator, seed) if blind else None
+        if found is None:
+            break
+        points.append(Point(points[0].label.replace("the model's parameters", "generic parameters (another draw)"),
+                            found, points[0].inputs, points[0].kwargs, separate=True))
+        check(points[-1], len(points) - 1, set(range(len(claims))) - set(blind) | failed)
+        measure(found, [i for i in blind if i not in failed])
     errors = tuple(replace(worst[i], sensitivity=sensitivity[i]) for i in range(len(claims)))
-    return Certificate(errors, tuple(p.label for p in points), notes)
+    return Certificate(errors, tuple(p.label for p in points), tuple(notes))
 
 
 def claim_errors(analysis: Certifiable, inputs: tuple[Any, ...] | None = None, draws: int = 2, seed: int = 0,
@@ -745,9 +772,9 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
                 M = group.random_algebra_element(scale, generator, dtype, device)
                 add(own, r, (i, f"exp(M), |M| = {scale:g}", _Move.of(s, group.exp(M))))
                 r += 1
-        if isinstance(group, SignFlips) and not s.shifts and int(group.width) > SIGN_FLIP_GENERATORS:
-            for k in range(SIGN_FLIP_SAMPLES):
-                signs = (2 * torch.randint(0, 2, (int(group.width),), generator=generator) - 1).to(device, dtype)
+        patterns = None if s.shifts else group.random_diagonals(generator, dtype, device)
+        if patterns is not None:
+            for k, signs in enumerate(patterns):
                 add(own, r, (i, f"random sign pattern {k}", _Move.scaled(s, signs)))
                 r += 1
             continue
