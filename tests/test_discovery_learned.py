@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from symalg.discovery.learned import (ActionNetwork, LearnedConfig, closure_loss, fundamental_field, learn,
-                                      printed_closure_loss, reference_training_loss, training_loss,
-                                      two_layer_linear)
+from symalg.discovery.learned import (ActionNetwork, LearnedConfig, closure_loss, fundamental_field,
+                                      generator_regularisers, learn, printed_closure_loss, reference_training_loss,
+                                      training_loss, two_layer_linear)
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +39,20 @@ def test_corrected_closure_vanishes_on_true_left_actions_where_the_printed_one_d
         assert float(closure_loss(action, point, h1, h1)) < 1e-12
         assert printed_closure_loss(action, point, h1, h1) > 1e-2      # penalises a true action
         assert printed_closure_loss(action, point, h1, h2) > 1e-2
+
+
+def test_orthogonality_term_is_minimised_by_orthogonal_generators_where_the_printed_signed_sum_is_not():
+    """[Zhao2024] eq. 10 prints ``Σ cos(h_i, h_j)``: anti-aligned generators (one group) score −1 < 0 = orthogonal;
+    the corrected ``Σ |cos|`` scores them 1 > 0 and its minimum over the angle is at the right angle."""
+    cfg = LearnedConfig(sparse=0.0)
+    angles = torch.linspace(0, torch.pi, 181, dtype=torch.float64)
+    basis = torch.eye(4, dtype=torch.float64).reshape(4, 2, 2)
+    pairs = [torch.stack([basis[1], torch.cos(a) * basis[1] + torch.sin(a) * basis[2]]) for a in angles]
+    corrected = torch.stack([generator_regularisers(h, cfg) for h in pairs])
+    signed = torch.stack([(h[0] * h[1]).sum() / (h[0].norm() * h[1].norm()) for h in pairs])
+    assert float(angles[corrected.argmin()]) == pytest.approx(torch.pi / 2, abs=1e-12)
+    assert float(corrected.min()) < 1e-15 and float(corrected[-1]) == pytest.approx(1.0)
+    assert float(angles[signed.argmin()]) == pytest.approx(torch.pi) and float(signed.min()) == pytest.approx(-1.0)
 
 
 def test_corrected_closure_detects_a_right_action():
