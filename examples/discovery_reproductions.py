@@ -44,32 +44,39 @@ SPECS = {
     "sigmoid": ("linear(3, 3, bias=False) -> sigmoid -> linear(3, 1, bias=False)", 3, True),
     "tanh": ("linear(2, 2, bias=False) -> tanh -> linear(2, 2, bias=False) -> tanh -> linear(2, 1, bias=False)", 2,
              True),
-    "transformer": ("TinyTransformer (traced module)", 2, False),
+    "transformer": ("TinyTransformer (traced module): the printed linear FFN, no FFN residual", 2, False),
+    "transformer-relu": ("TinyTransformer(relu=True) (traced module): residual ReLU FFN with biases", 2, False),
 }
 
 
 class TinyTransformer(torch.nn.Module):
-    """``z = x + softmax(q kᵀ/√d) v``, ``y = z + W₂ relu(W₁ z)``; one head, ``d = 2``, ``d_ff = 4``."""
+    """The printed model ([Zhao2026] Sec. 6.5.5): ``z = x + softmax(q kᵀ/√d) v``, ``y = W₂ W₁ z`` (a linear FFN
+    without bias and without a residual; printed ``Z W₂ W₁``, whose shapes compose only as ``Z W₁ W₂``); one head,
+    ``d = 2``, ``d_ff = 4``: ``3·d² + 2·d·d_ff = 28`` parameters, not the printed ``p = 32``.
 
-    def __init__(self, d: int = 2, ff: int = 4):
+    ``relu=True`` is the variant measured before (``y = z + W₂ relu(W₁ z + b₁) + b₂``, 34 parameters)."""
+
+    def __init__(self, d: int = 2, ff: int = 4, relu: bool = False):
         super().__init__()
+        self.relu = relu
         self.q, self.k, self.v = (torch.nn.Linear(d, d, bias=False) for _ in range(3))
-        self.up, self.down = torch.nn.Linear(d, ff), torch.nn.Linear(ff, d)
+        self.up, self.down = torch.nn.Linear(d, ff, bias=relu), torch.nn.Linear(ff, d, bias=relu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scores = self.q(x) @ self.k(x).transpose(-2, -1) / 2 ** 0.5
         z = x + torch.softmax(scores, -1) @ self.v(x)
-        return z + self.down(torch.relu(self.up(z)))
+        return z + self.down(torch.relu(self.up(z))) if self.relu else self.down(self.up(z))
 
 
 def _build(name: str):
     """``(analysis, loss(θ, X), sample(rng), unflatten, point)`` of a model: squared error against a random target;
     ``X`` the one data point (fixed, the same for every seed) or fresh standard normal inputs."""
     spec, _, one_point = SPECS[name]
-    if name == "transformer":
+    transformer = name.startswith("transformer")
+    if transformer:
         torch.manual_seed(0)
         inputs = torch.randn(8, 2, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-        analysis = symalg.derive(symalg.trace(TinyTransformer().double(), (inputs,)))
+        analysis = symalg.derive(symalg.trace(TinyTransformer(relu=name == "transformer-relu").double(), (inputs,)))
     else:
         analysis = symalg.derive(spec)
     model = analysis.model_graph.require_model("reproduction").double()
@@ -84,12 +91,12 @@ def _build(name: str):
         return {n: t.reshape(shapes[n]) for n, t in zip(names, theta.split(sizes))}
 
     def loss(theta: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
-        x, y = (xy[0], xy[1]) if name == "transformer" else (xy[:, :n_in], xy[:, n_in:])
+        x, y = (xy[0], xy[1]) if transformer else (xy[:, :n_in], xy[:, n_in:])
         return ((torch.func.functional_call(model, unflatten(theta), (x,)) - y) ** 2).sum()
 
     def sample(rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         theta = torch.randn(sum(sizes), generator=rng, dtype=torch.float64)
-        if name == "transformer":   # a fresh batch (B = 8, T = 2, d = 2) and target
+        if transformer:   # a fresh batch (B = 8, T = 2, d = 2) and target
             return theta, torch.randn(2, 8, 2, 2, generator=rng, dtype=torch.float64)
         x = point if point is not None else torch.randn(1, n_in, generator=rng, dtype=torch.float64)
         return theta, torch.cat([x, torch.randn(1, 1, generator=rng, dtype=torch.float64)], 1)

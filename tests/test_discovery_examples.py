@@ -6,6 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
+import symalg
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -37,3 +42,32 @@ def test_reproductions_quick_write_plots_and_figures(tmp_path):
     assert all(0.0 <= r["learned_in_derived"] <= 1.0 + 1e-9 for r in rows.values())
     assert all(len(r["learned"]["t"]) == 9 and len(r["learned"]["tangent_curve"]) == 9 for r in rows.values())
     assert all(0.0 <= r["new_fraction"] <= r["learned_in_exact"] + 1e-9 for r in rows.values())
+
+
+
+def _tiny_transformer_module():
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import discovery_reproductions
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return discovery_reproductions
+
+
+def test_tiny_transformer_is_the_printed_model_with_28_parameters():
+    """[Zhao2026] Sec. 6.5.5: a linear FFN ``Z W₁ W₂`` after ``X + Attn(X)``, no FFN residual, no biases. Counting:
+    ``3·2² + 2·2·4 = 28`` parameters (printed ``p = 32``)."""
+    model = _tiny_transformer_module().TinyTransformer().double()
+    assert sum(p.numel() for p in model.parameters()) == 28
+    x = torch.randn(3, 2, 2, dtype=torch.float64)
+    z = x + torch.softmax(model.q(x) @ model.k(x).transpose(-2, -1) / 2 ** 0.5, -1) @ model.v(x)
+    assert torch.allclose(model(x), z @ model.up.weight.T @ model.down.weight.T, atol=1e-14)
+
+
+@pytest.mark.slow
+def test_tiny_transformer_null_space_is_derived():
+    """The printed model's exact null space is ``gl(2)`` on the query-key space plus ``gl(4)`` on the linear FFN's
+    hidden site, 4 + 16 = 20, every direction derived (about 80 s on the loaded 2-core machine)."""
+    analysis, _, _, _, point = _tiny_transformer_module()._build("transformer")
+    exact = symalg.discover(analysis, data=point)
+    assert (exact.parameters, exact.dimension, exact.derived_dimension, exact.new) == (28, 20, 20, 0)
