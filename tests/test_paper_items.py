@@ -1,0 +1,299 @@
+"""Printed results of the five papers that had no verdict: each derived (docs/fidelity.md), then checked here.
+
+Every test states the printed claim, the corrected one where it differs, and measures both, so a wrong correction
+fails as surely as a wrong claim. All quick (closed forms, RK4 or leapfrog on a handful of parameters).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import symalg
+from symalg.applications.whitened import potential, whitened_conserved
+
+DT = torch.float64
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # tiny tensors: a second thread only adds contention
+
+
+def _rk4(field, state, dt: float, steps: int):
+    """Classical RK4 for ``ẏ = field(y)`` on a tuple of tensors; returns the trajectory's states."""
+    path = [state]
+    for _ in range(steps):
+        k1 = field(state)
+        k2 = field(tuple(s + dt / 2 * k for s, k in zip(state, k1)))
+        k3 = field(tuple(s + dt / 2 * k for s, k in zip(state, k2)))
+        k4 = field(tuple(s + dt * k for s, k in zip(state, k3)))
+        state = tuple(s + dt / 6 * (a + 2 * b + 2 * c + d) for s, a, b, c, d in zip(state, k1, k2, k3, k4))
+        path.append(state)
+    return path
+
+
+# ---------------------------------------------------------------- [Zhao2026] Sec. 2.5: Q_M under the group
+
+
+def test_q_m_of_a_moved_point_is_q_of_gt_m_g_only_for_orthogonal_elements():
+    """Printed: ``Q_M(g·θ) = Q_{gᵀMg}(θ)``. For ``U σ(V x)`` with ``V ↦ gV``, ``U ↦ Ug⁻¹`` the two layers conjugate
+    ``M`` differently: ``Q_M(g·θ) = Tr(gᵀMg VVᵀ) − Tr(g⁻¹Mg⁻ᵀ UᵀU)``; the printed form holds iff
+    ``g⁻¹Mg⁻ᵀ = gᵀMg`` on the data, e.g. for orthogonal ``g``, and fails for a generic element of ``GL``."""
+    analysis = symalg.derive("linear(3, 4, bias=False) -> identity -> linear(4, 2, bias=False)")
+    (quantity,) = analysis.conserved_quantities()
+    symmetry = analysis.symmetries[0]
+    gen = torch.Generator().manual_seed(0)
+    params = {"0.weight": torch.randn(4, 3, generator=gen, dtype=DT), "2.weight": torch.randn(2, 4, generator=gen,
+                                                                                              dtype=DT)}
+    V, U = params["0.weight"], params["2.weight"]
+
+    def q(M, p):
+        (C,) = quantity(p).values()
+        return float((M * C).sum())
+    M = torch.randn(4, 4, generator=gen, dtype=DT)
+    M = M + M.T
+    g = torch.eye(4, dtype=DT) + 0.5 * torch.randn(4, 4, generator=gen, dtype=DT)
+    moved = symmetry.apply(params, g)
+    torch.testing.assert_close(moved["0.weight"], g @ V)          # the action the formulas assume
+    exact = q(M, moved)
+    gi = torch.linalg.inv(g)
+    corrected = float((g.T @ M @ g * (V @ V.T)).sum() - (gi @ M @ gi.T * (U.T @ U)).sum())
+    printed = q(g.T @ M @ g, params)
+    assert abs(exact - corrected) < 1e-10 * abs(exact)
+    assert abs(exact - printed) > 0.1 * abs(exact)
+    o = torch.linalg.qr(g).Q                                       # an orthogonal element: the printed form holds
+    assert abs(q(M, symmetry.apply(params, o)) - q(o.T @ M @ o, params)) < 1e-12 * abs(exact)
+
+
+# ---------------------------------------------------------------- [Zhao2026] eq. 2.16: E[Q] at Xavier initialisation
+
+
+def test_xavier_mean_of_q_is_half_of_m_minus_h():
+    """``Q = ½Tr[UᵀU − VVᵀ]`` (eq. 2.14) with ``U_ij ~ N(0, 1/h)``, ``V_ij ~ N(0, 1/n)`` (eq. 2.15) has mean
+    ``½(m − h)``; eq. 2.16 prints ``m − h`` (its middle step also adds the two terms)."""
+    m, h, n, draws = 20, 5, 10, 4000
+    gen = torch.Generator().manual_seed(1)
+    U = torch.randn(draws, m, h, generator=gen, dtype=DT) / math.sqrt(h)
+    V = torch.randn(draws, h, n, generator=gen, dtype=DT) / math.sqrt(n)
+    Q = 0.5 * ((U ** 2).sum((1, 2)) - (V ** 2).sum((1, 2)))
+    standard_error = float(Q.std()) / math.sqrt(draws)
+    assert abs(float(Q.mean()) - 0.5 * (m - h)) < 5 * standard_error
+    assert abs(float(Q.mean()) - (m - h)) > 50 * standard_error
+
+
+# ---------------------------------------------------------------- [Zhao2026] eq. 2.17: whitened inputs
+
+
+def _two_layer_flow(activation, X, Y):
+    def loss(U, V):
+        return 0.5 * ((U @ activation(V @ X) - Y) ** 2).sum()
+    grad = torch.func.grad(loss, argnums=(0, 1))
+    return lambda state: tuple(-d for d in grad(*state))
+
+
+@pytest.mark.parametrize("activation", [torch.tanh, torch.sigmoid, torch.nn.functional.softplus],
+                         ids=["tanh", "sigmoid", "softplus"])
+def test_whitened_elementwise_quantity_is_conserved_only_for_whitened_inputs(activation):
+    """Eq. 2.17 holds as printed when ``X = I``: RK4 keeps ``Q`` to its truncation error; with a generic ``X`` the
+    same ``Q`` drifts by orders of magnitude more (the whitening is what makes the gradient elementwise)."""
+    gen = torch.Generator().manual_seed(2)
+    m, h, n = 2, 3, 3
+    U, V = (0.7 * torch.randn(s, generator=gen, dtype=DT) for s in ((m, h), (h, n)))
+    Y = torch.randn(m, n, generator=gen, dtype=DT)
+    drifts = {}
+    for name, X in (("whitened", torch.eye(n, dtype=DT)), ("generic", torch.randn(n, n, generator=gen, dtype=DT))):
+        path = _rk4(_two_layer_flow(activation, X, Y), (U, V), 1e-2, 100)
+        values = torch.stack([whitened_conserved(u, v, activation) for u, v in path])
+        drifts[name] = float((values - values[0]).abs().max())
+    assert drifts["whitened"] < 1e-9
+    assert drifts["generic"] > 1e-3
+
+
+def test_whitened_potential_closed_forms_and_relu_refusal():
+    v = torch.linspace(-3, 3, 25, dtype=DT)
+    torch.testing.assert_close(potential(torch.tanh, v), (torch.cosh(2 * v) - 1) / 4, rtol=0, atol=1e-12)
+    torch.testing.assert_close(potential(torch.sigmoid, v), v + torch.exp(v) - 1, rtol=0, atol=1e-12)
+    torch.testing.assert_close(potential(lambda x: x, v), v ** 2 / 2, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match=r"entry \(0,\) of v"):
+        potential(torch.relu, v)
+    with pytest.raises(ValueError, match="U must be"):
+        whitened_conserved(torch.ones(2, 3), torch.ones(2, 3), torch.tanh)
+
+
+# ---------------------------------------------------------------- [Zhao2026] Fig. 2.6: Q selects the minimum reached
+
+
+def test_one_dimensional_gradient_flow_reaches_the_minimum_its_q_selects():
+    """``L = ½(Y − UVX)²``, ``Y = 2``, ``X = 1``: ``Q = U² − V²`` is conserved, so the flow ends on ``UV = 2`` at
+    ``U² = (Q + √(Q² + 16))/2``: distinct ``Q`` give distinct minima (Fig. 2.6), and the Hessian there has the
+    nonzero eigenvalue ``U² + V² = √(Q² + 16)`` (eq. 2.53's ``X = Y = 1`` analogue is ``√(Q² + 4)``, not the printed
+    ``2√(Q² + 4)``), smallest at ``Q = 0``."""
+    def field(state):
+        U, V = state
+        r = 2 - U * V
+        return r * V, r * U
+    ends = []
+    for U0, V0 in ((0.3, 0.1), (0.1, 0.3), (1.5, 0.2), (0.2, 1.5), (0.5, 0.5)):
+        path = _rk4(field, (torch.tensor(U0, dtype=DT), torch.tensor(V0, dtype=DT)), 1e-2, 3000)
+        Q = U0 ** 2 - V0 ** 2
+        U, V = (float(t) for t in path[-1])
+        assert abs(U * V - 2) < 1e-10
+        assert abs(U * U - (Q + math.sqrt(Q * Q + 16)) / 2) < 1e-8
+        hessian = torch.tensor([[V * V, 2 * U * V - 2], [2 * U * V - 2, U * U]], dtype=DT)
+        eigenvalues = torch.linalg.eigvalsh(hessian)
+        assert abs(float(eigenvalues[0])) < 1e-8 and abs(float(eigenvalues[1]) - math.sqrt(Q * Q + 16)) < 1e-8
+        ends.append((round(U, 6), float(eigenvalues[1])))
+    assert len({u for u, _ in ends}) == len(ends)
+    assert min(ends, key=lambda e: e[1]) == ends[-1]                 # the balanced start (Q = 0) is the flattest
+
+
+# ---------------------------------------------------------------- [Gluch2021] eq. 43 and Sec. 7
+
+
+def _deep(widths=(3, 4, 4, 2), seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    Ws = [torch.randn(o, i, generator=gen, dtype=DT) / math.sqrt(i) for i, o in zip(widths, widths[1:])]
+    X = torch.randn(widths[0], 7, generator=gen, dtype=DT)
+    Y = torch.randn(widths[-1], 7, generator=gen, dtype=DT)
+
+    def loss(W1, W2, W3):                                             # W2 W1 is linear; tanh between W2 and W3
+        return 0.5 * ((W3 @ torch.tanh(W2 @ W1 @ X) - Y) ** 2).sum()
+    return Ws, loss, gen
+
+
+def test_noether_eq_43_second_derivative_of_the_imbalance_under_newtonian_dynamics():
+    """Along ``Ẅ = −∇L`` (ND), ``d²/dt²[½W_hW_hᵀ − ½W_{h+1}ᵀW_{h+1}] = Ẇ_hẆ_hᵀ − Ẇ_{h+1}ᵀẆ_{h+1}`` when the site
+    between ``W_h`` and ``W_{h+1}`` is linear (eq. 43 holds as printed); across the tanh site it does not."""
+    Ws, loss, gen = _deep()
+    velocities = [torch.randn(W.shape, generator=gen, dtype=DT) for W in Ws]
+    accelerations = [-g for g in torch.func.grad(loss, argnums=(0, 1, 2))(*Ws)]
+
+    def imbalance(h, t):
+        W = [w + t * v + t * t / 2 * a for w, v, a in zip(Ws, velocities, accelerations)]   # the flow's 2-jet
+        return 0.5 * (W[h] @ W[h].T - W[h + 1].T @ W[h + 1])
+    for h, holds in ((0, True), (1, False)):
+        second = torch.func.jacfwd(torch.func.jacfwd(lambda t: imbalance(h, t)))(torch.tensor(0.0, dtype=DT))
+        predicted = velocities[h] @ velocities[h].T - velocities[h + 1].T @ velocities[h + 1]
+        error = float((second - predicted).abs().max())
+        assert (error < 1e-12) if holds else (error > 1e-2)
+
+
+def _newtonian(loss, w0, dt, steps, friction=None, t0=1.0):
+    """Leapfrog for ``ẅ + κ(t) ẇ = −∇L`` from rest (``κ = 0``: ND; ``κ = 3/t``: Nesterov's flow, from ``t0``)."""
+    grad = torch.func.grad(loss)
+    w, v, t, path = w0.clone(), torch.zeros_like(w0), t0, []
+    for _ in range(steps):
+        damp = 0.0 if friction is None else friction(t)
+        v = (v - dt / 2 * grad(w)) / (1 + dt / 2 * damp)
+        w = w + dt * v
+        t += dt
+        v = (v * (1 - dt / 2 * damp) - dt / 2 * grad(w)) if friction is not None else v - dt / 2 * grad(w)
+        path.append((w, v))
+    return path
+
+
+def _wide_relu(m: int, seed: int = 4):
+    """A two-layer tanh regression with ``m`` hidden units (LeCun init, ``1/√m`` readout): ``L(w(0))`` is O(1).
+    Eq. 49 assumes nothing about the architecture; a smooth activation keeps the leapfrog's energy error at
+    ``O(dt²)`` (ReLU's kinks make it ``O(dt)``)."""
+    gen = torch.Generator().manual_seed(seed)
+    X, y = torch.randn(5, 3, generator=gen, dtype=DT), torch.randn(5, generator=gen, dtype=DT)
+    w0 = torch.cat([torch.randn(m * 3, generator=gen, dtype=DT) / math.sqrt(3),
+                    torch.randn(m, generator=gen, dtype=DT)])
+
+    def loss(w):
+        W, a = w[:m * 3].reshape(m, 3), w[m * 3:]
+        return 0.5 * ((torch.tanh(X @ W.T) @ a / math.sqrt(m) - y) ** 2).sum()
+    return loss, w0
+
+
+@pytest.mark.parametrize("m", [4, 64])
+def test_noether_eq_49_and_remark_1_the_energy_bounds_the_mean_speed(m):
+    """ND from rest conserves ``½‖ẇ‖² + L``, so ``(1/P) Σ|ẇ_i| ≤ √(2L(w(0))/P)`` (eq. 49, ``P`` parameters);
+    Nesterov's flow dissipates it, so the bound holds there too (Remark 1). Measured on every step."""
+    loss, w0 = _wide_relu(m)
+    L0, P = float(loss(w0)), w0.numel()
+    bound = math.sqrt(2 * L0 / P)
+    for friction in (None, lambda t: 3 / t):
+        path = _newtonian(loss, w0, 1e-2, 400, friction)
+        energies = torch.tensor([0.5 * float(v @ v) + float(loss(w)) for w, v in path])
+        speeds = torch.tensor([float(v.abs().mean()) for _, v in path])
+        assert float(energies.max()) <= L0 * (1 + 1e-4)              # conserved (ND) or dissipated (NAGF)
+        assert float(speeds.max()) <= bound * (1 + 1e-4)
+        assert float(speeds.max()) > 0.05 * bound                    # the bound is not vacuous here
+
+
+def test_noether_gradient_flow_bound_on_the_mean_displacement():
+    """Remark 1's GF bound, derived: ``‖w(T) − w(0)‖ ≤ ∫‖ẇ‖ ≤ √(T ∫‖ẇ‖²) = √(T(L(0) − L(T)))``, so
+    ``(1/P) Σ|w_i(T) − w_i(0)| ≤ √(T L(0)/P)``; checked along RK4 gradient flow at two widths."""
+    for m in (4, 64):
+        loss, w0 = _wide_relu(m)
+        grad = torch.func.grad(loss)
+        T, steps = 4.0, 400
+        (w,) = _rk4(lambda s: (-grad(s[0]),), (w0,), T / steps, steps)[-1]
+        mean_move, L0, LT = float((w - w0).abs().mean()), float(loss(w0)), float(loss(w))
+        assert math.sqrt(T * (L0 - LT)) >= float((w - w0).norm())
+        assert mean_move <= math.sqrt(T * L0 / w0.numel())
+
+
+def test_noether_ntk_sketch_has_the_wrong_sign_and_a_nonzero_relu_curvature():
+    """Eqs. 52–53. (a) ``ẅ = −∇L = +Σ(y − f)∂f/∂w``, so for a model linear in its weights ``ü = +H(y − u)``
+    exactly; the printed ``−H(y − u)`` drives ``u`` away from ``y``. (b) ``∂²f/∂w² = 0`` is false for a two-layer
+    ReLU network: each layer's block vanishes but the cross block ``∂²f/∂a∂W = relu'(Wx) xᵀ`` does not, so the
+    dropped term ``⟨∂²f/∂w², ẇẇ⟩`` is ``O(‖ẇ‖²)``, not zero."""
+    gen = torch.Generator().manual_seed(5)
+    Phi, y = torch.randn(4, 6, generator=gen, dtype=DT), torch.randn(4, generator=gen, dtype=DT)
+    alpha = torch.randn(6, generator=gen, dtype=DT)
+    accel = -torch.func.grad(lambda a: 0.5 * ((y - Phi @ a) ** 2).sum())(alpha)   # ND: ẅ = −∇L
+    H, u = Phi @ Phi.T, Phi @ alpha
+    torch.testing.assert_close(Phi @ accel, H @ (y - u))                          # ü = +H(y − u)
+    assert float((Phi @ accel + H @ (y - u)).norm()) > 1.0                        # printed −H(y − u) is not it
+
+    x = torch.randn(3, generator=gen, dtype=DT)
+    W, a = torch.randn(5, 3, generator=gen, dtype=DT), torch.randn(5, generator=gen, dtype=DT)
+    hessian = torch.func.hessian(lambda W, a: a @ torch.relu(W @ x), argnums=(0, 1))(W, a)
+    assert float(hessian[0][0].abs().max()) == 0.0 and float(hessian[1][1].abs().max()) == 0.0
+    cross = hessian[0][1]                                                          # ∂²f/∂W∂a, shape (5, 3, 5)
+    expected = torch.einsum("ik,j->ijk", torch.diag((W @ x > 0).to(DT)), x)
+    torch.testing.assert_close(cross, expected)
+    assert float(cross.abs().max()) > 0.1
+
+
+# ---------------------------------------------------------------- [Ziyin2024] Thm. 4 part 4 and footnote 3
+
+
+def test_mirror_theorem_4_part_4_threshold_is_minus_lambda_min_over_two():
+    """With ``ℓ_γ = ℓ_0 + γ‖w‖²`` and Hessian ``≥ λ_min``, ``ℓ_γ`` is strictly convex for ``γ > −λ_min/2`` and every
+    minimum then satisfies ``Oᵀw = 0``; the proof's ``γ > λ_min`` is vacuous for negative ``λ_min``. Tight example:
+    ``ℓ_0 = cos w`` (mirror ``w ↦ −w``, ``λ_min = −1``): minima leave ``w = 0`` exactly below ``γ = ½``, and at
+    ``γ = ¼ > λ_min`` they are at ``w ≠ 0``."""
+    w = torch.linspace(-8, 8, 160001, dtype=DT)
+    for gamma, at_origin in ((0.25, False), (0.49, False), (0.51, True), (2.0, True)):
+        values = torch.cos(w) + gamma * w ** 2
+        assert (abs(float(w[values.argmin()])) < 1e-3) == at_origin
+
+
+def test_mirror_theorem_4_assumption_fails_for_a_polynomial_loss_whose_threshold_is_one():
+    """``ℓ_0 = (uw − 1)²`` has the mirrors of the rescaling symmetry but a Hessian unbounded below (along ``u = −w = t``
+    its least eigenvalue is ``−2t² − 2``), so Assumption 1 fails; part 4's conclusion still holds with ``γ_1 = 1``
+    (``u² + w² ≥ 2|uw|`` gives ``ℓ_γ ≥ (p − 1)² + 2γ|p|``, minimised at ``p = 0`` iff ``γ ≥ 1``)."""
+    for t in (0.0, 1.0, 10.0):
+        point = torch.tensor([t, -t], dtype=DT)
+        hessian = torch.func.hessian(lambda p: (p[0] * p[1] - 1) ** 2)(point)
+        assert abs(float(torch.linalg.eigvalsh(hessian)[0]) - (-2 * t * t - 2)) < 1e-9
+    grid = torch.linspace(-2, 2, 801, dtype=DT)
+    u, w = torch.meshgrid(grid, grid, indexing="ij")
+    for gamma, at_origin in ((0.9, False), (1.1, True)):
+        values = (u * w - 1) ** 2 + gamma * (u ** 2 + w ** 2)
+        index = values.argmin()
+        assert (float(u.flatten()[index] ** 2 + w.flatten()[index] ** 2) < 1e-12) == at_origin
+
+
+def test_mirror_footnote_3_weight_decay_selects_the_mirror_plane_but_not_the_origin():
+    """``L_γ = ((w₁ + w₂)x − y)² + γ(w₁² + w₂²)``: for ``γ > 0`` the unique minimum is ``w₁ = w₂ = xy/(2x² + γ)``, on
+    the permutation mirror's plane and away from the origin whenever ``xy ≠ 0`` (footnote 3 holds as printed)."""
+    x, y = 1.3, -0.7
+    for gamma in (0.01, 1.0, 100.0):
+        A = torch.tensor([[2 * x * x + 2 * gamma, 2 * x * x], [2 * x * x, 2 * x * x + 2 * gamma]], dtype=DT)
+        w = torch.linalg.solve(A, torch.tensor([2 * x * y, 2 * x * y], dtype=DT))  # ∇L_γ = 0, L_γ strictly convex
+        assert abs(float(w[0] - w[1])) < 1e-15
+        assert abs(float(w[0]) - x * y / (2 * x * x + gamma)) < 1e-14 and abs(float(w[0])) > 1e-4
