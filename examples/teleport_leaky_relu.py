@@ -277,6 +277,8 @@ def main() -> None:
             "runs": s["criterion"]["runs"], "faster_runs": s["criterion"]["runs_faster"],
             "same_loss_faster_runs": s["same_loss"]["runs_faster"], "faster_at_higher_loss": higher,
             "fewer_steps_runs": s["same_loss_steps"]["runs_faster"],
+            "same_loss_steps_median": s["same_loss_steps"]["median"],
+            "same_loss_steps_best": s["same_loss_steps"]["best"],
             "rejected": rejected, "max_rel_loss_change": max(c.worst_change for c in cells.values()),
             "max_step_ratio": max(c.step_ratio for c in cells.values())}.items()})
         shown_lr, shown_steps = lrs[min(len(lrs) - 1, len(lrs) // 2 + 1)], step_counts[1]  # default: 1e-3, 2 steps
