@@ -151,3 +151,45 @@ def test_local_blocks_hold_the_chain_symmetries():
     local = symalg.discover(spec, blocks="local")
     assert local.unknowns < symalg.discover(spec, blocks="all", compare=False).unknowns
     assert (local.dimension, local.explained, local.unconfirmed_labels) == (6, 6, ())
+
+
+def test_null_space_at_a_point_is_the_derived_tangent_with_enough_data_and_larger_with_one_point():
+    """``null_space_at``: with more data points than parameters the per-sample loss gradients at a generic ``θ``
+    leave exactly the derived tangent (the 3 positive scalings of a ReLU layer); on one data point the null space
+    is ``P − 1``, of which the derived tangent explains its 3 and the rest is new (data-dependent, first order)."""
+    from symalg.discovery import null_space_at
+    spec = "linear(2, 3) -> relu -> linear(3, 1)"                      # P = 13
+    x = torch.randn(40, 2, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    many = null_space_at(spec, x)
+    assert (many.parameters, many.constraints, many.dimension) == (13, 40, 3)
+    assert (many.derived, many.explained, many.new, many.unconfirmed) == (3, 3, 0, 0)
+    assert many.rank.gap > 1e6 and many.basis.shape == (3, 13)
+    one = null_space_at(spec, x[:1])
+    assert (one.dimension, one.explained, one.new, one.unconfirmed) == (12, 3, 9, 0)
+    function = null_space_at(spec, x, target="function")               # the same tangent, from the outputs
+    assert (function.dimension, function.explained) == (3, 3)
+    # the basis really is annihilated by every per-sample gradient
+    analysis = symalg.derive(spec)
+    model = analysis.model_graph.require_model("check").double()
+    names = [n for n, _ in model.named_parameters()]
+    theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    shapes = [p.shape for p in model.parameters()]
+
+    def outputs(flat):
+        values, start = {}, 0
+        for n, shape in zip(names, shapes):
+            values[n] = flat[start:start + shape.numel()].reshape(shape)
+            start += shape.numel()
+        return torch.func.functional_call(model, values, (x,)).reshape(-1)
+    assert float((torch.func.jacrev(outputs)(theta) @ function.basis.T).abs().max()) < 1e-10
+
+
+def test_null_space_at_names_bad_arguments():
+    from symalg.discovery import null_space_at
+    x = torch.randn(3, 2, dtype=torch.float64)
+    with pytest.raises(symalg.SpecError, match="target"):
+        null_space_at("linear(2, 3) -> relu -> linear(3, 1)", x, target="hessian")
+    with pytest.raises(symalg.SpecError, match=r"params\['0.weight'\] has shape"):
+        wrong = {"0.weight": torch.zeros(2, 2), "0.bias": torch.zeros(3), "2.weight": torch.zeros(1, 3),
+                 "2.bias": torch.zeros(1)}
+        null_space_at("linear(2, 3) -> relu -> linear(3, 1)", x, wrong)

@@ -110,6 +110,16 @@ def test_loss_symmetries():
 def test_symmetry_init(tmp_path):
     values = _run("symmetry_init.py", tmp_path)
     assert values["max_function_change"] < 1e-12     # the initialisations differ only by group elements
+    # [Zhao2026] Fig. 2.7 / eq. 2.53 (reproduced): the balanced start (λ = 0) ends at the flattest point, under both
+    # step protocols and for both models (quick: e.g. relu, fixed step: λmax 37.9 / 4.8 / 10.6 at λ = −1 / 0 / +1)
+    for protocol in ("fixed", "scaled"):
+        for model in ("linear", "relu"):
+            sharp = {lam: values[f"{protocol}_{model}_lam{lam}_sharp"] for lam in ("-1", "+0", "+1")}
+            assert sharp["+0"] < min(sharp["-1"], sharp["+1"]), (protocol, model, sharp)
+    # Fig. 2.4 (reproduced): the conserved imbalance changes the convergence speed (steps to the threshold; quick,
+    # relu, fixed step: 27 at λ = −1 against 234 balanced and 245 at λ = +1)
+    steps = {lam: values[f"fixed_relu_lam{lam}_steps"] for lam in ("-1", "+0", "+1")}
+    assert steps["-1"] < 0.5 * min(steps["+0"], steps["+1"]), steps
 
 
 def test_noether_dynamics(tmp_path):

@@ -316,7 +316,9 @@ class Discovery:
 
     @property
     def dimension(self) -> int:
-        """Dimension of the first-order null space (the discovered Lie algebra)."""
+        """Dimension of the discovered Lie algebra: the linear (affine) vector fields ``θ ↦ Aθ + c`` leaving the
+        model invariant at every ``θ``. Not the first-order null space at one point, which
+        :func:`symalg.discovery.pointwise.null_space_at` reports."""
         return len(self.generators)
 
     @property
