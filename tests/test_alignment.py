@@ -13,6 +13,7 @@ from torch.func import functional_call
 
 import symalg
 from symalg.applications import alignment as al
+from symalg.errors import SpecError
 from symalg.numeric.sampling import network_function, random_params
 
 F64 = torch.float64
@@ -146,6 +147,26 @@ def test_attention_gl_scrambling_is_undone(attention_case):
     aligned = al.weight_matching(analysis, a, b, kinds=("GL",), sweeps=10)
     assert al.weight_distance(a, aligned.params) < 1e-4 * al.weight_distance(a, b)
     assert _relative_change(model, b, aligned.params, tokens) < 1e-10
+
+
+def test_gl_tolerance_is_honoured_on_a_single_gl_site():
+    """One ``GL(8)`` site scrambled by a generic element (exact answer: distance 0). With enough L-BFGS steps the
+    relative ``gl_tolerance`` decides where the solve stops: ``1e-3`` leaves about 1e-2 of the distance, ``1e-10``
+    about 4e-6 (the floor of this solver; coupled sites converge further only linearly in the sweeps)."""
+    analysis = symalg.derive("linear(6, 8) -> identity -> linear(8, 5)")
+    gen = torch.Generator().manual_seed(3)
+    a = random_params(analysis.architecture, gen)
+    (sym,) = [s for s in analysis.symmetries if s.group.kind == "GL"]
+    b = sym.apply(a, torch.eye(8, dtype=F64) + 0.5 * torch.randn(8, 8, generator=gen, dtype=F64))
+    start = al.weight_distance(a, b)
+    loose, tight = (al.weight_matching(analysis, a, b, kinds=("GL",), sweeps=1, gl_steps=2000,
+                                       gl_tolerance=tol).distances[-1] / start for tol in (1e-3, 1e-10))
+    assert loose > 1e-3 and tight < 1e-5
+    for bad in (0.0, -1.0, float("nan"), "1e-8"):
+        with pytest.raises(SpecError, match="gl_tolerance"):
+            al.weight_matching(analysis, a, b, kinds=("GL",), gl_tolerance=bad)
+    with pytest.raises(SpecError, match="gl_steps"):
+        al.weight_matching(analysis, a, b, kinds=("GL",), gl_steps=0)
 
 
 class LoRA(nn.Module):

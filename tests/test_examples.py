@@ -16,8 +16,8 @@ N_STANDARD_ERRORS = 5
 
 
 def _values(stdout: str) -> dict[str, float]:
-    """Every ``key=number`` token printed by an example."""
-    return {key: float(value) for key, value in re.findall(r"(\w+)=([-+0-9.eE]+)", stdout)}
+    """Every ``key=number`` token printed by an example (keys may carry a signed number: ``lam-1_sharp``)."""
+    return {key: float(value) for key, value in re.findall(r"([\w+\-]+)=([-+0-9.eE]+)", stdout)}
 
 
 @pytest.fixture(scope="module")

@@ -73,6 +73,10 @@ def test_digits_teleport_overhead_is_measured_and_the_loss_kept(tmp_path):
         for tag in ("plain", "teleport"):
             assert 0 <= v[f"{name}_{tag}_val_acc"] <= 1 and math.isfinite(v[f"{name}_{tag}_val_loss"])
     assert v["AdaGrad_objective_gain"] > 1                     # the metric objective moves (no NaN gradient)
+    # Figs. 5.10–5.11 not reproduced as a speed-up: a teleport cheaper than an epoch raises the objective by a few
+    # per cent at most (quick: 1.00 SGD, 1.01 AdaGrad; full run 1.00–1.03), too little to change the training
+    for name in ("SGD", "AdaGrad"):
+        assert v[f"{name}_objective_gain"] < 1.1, name
 
 
 def test_sharpness_and_curvature_correlations_are_defined(tmp_path):
