@@ -297,3 +297,40 @@ def test_mirror_footnote_3_weight_decay_selects_the_mirror_plane_but_not_the_ori
         w = torch.linalg.solve(A, torch.tensor([2 * x * y, 2 * x * y], dtype=DT))  # ∇L_γ = 0, L_γ strictly convex
         assert abs(float(w[0] - w[1])) < 1e-15
         assert abs(float(w[0]) - x * y / (2 * x * x + gamma)) < 1e-14 and abs(float(w[0])) > 1e-4
+
+
+# ---------------------------------------------------------------- [Zhao2026] Props. 4.5.7–4.5.8 (L_A = wᵀAw)
+
+
+def test_teleported_gradient_flow_stays_optimal_and_the_teleport_target_is_the_closest_point_to_the_minimum():
+    """``L_A = wᵀAw``, ``A ≻ 0``, the conjugated ``O(n)`` transitive on level sets (Lemma 4.5.5). On ``{L_A = c}``,
+    ``‖∇L_A‖² = 4‖Aw‖² ≤ 4λ_max c``, attained at the top eigenvector (Lemma 4.5.6). Prop. 4.5.7: gradient flow
+    ``w(t) = e^{−2At}w₀`` from that point stays at the maximum of every level set it crosses (ratio 1), while from a
+    generic point the ratio falls towards ``λ_min/λ_max``. Prop. 4.5.8: the maximiser is also the point of the level
+    set closest to ``w* = 0`` (``‖w‖² = c/λ_max``)."""
+    gen = torch.Generator().manual_seed(6)
+    Q = torch.linalg.qr(torch.randn(4, 4, generator=gen, dtype=DT)).Q
+    eigenvalues = torch.tensor([0.5, 1.0, 2.0, 5.0], dtype=DT)
+    A = Q @ torch.diag(eigenvalues) @ Q.T
+    top, c = Q[:, -1], 3.0
+
+    def ratio(w):                                    # ‖∇L_A(w)‖² / its maximum on w's level set
+        return float((2 * A @ w).pow(2).sum() / (4 * eigenvalues[-1] * (w @ A @ w)))
+    teleported = top * math.sqrt(c / float(top @ A @ top))
+    generic = torch.randn(4, generator=gen, dtype=DT)
+    generic = generic * math.sqrt(c / float(generic @ A @ generic))
+    for time in (0.0, 0.1, 0.5, 1.0, 2.0):
+        flow = torch.linalg.matrix_exp(-2 * time * A)
+        assert abs(ratio(flow @ teleported) - 1) < 1e-12
+    assert ratio(generic) < 0.9 and ratio(torch.linalg.matrix_exp(-4 * A) @ generic) < 0.2   # → λ_min/λ_max = 0.1
+    # Prop. 4.5.8 over a dense sample of the level set: largest gradient norm ⇔ smallest distance to w* = 0
+    u = torch.randn(20000, 4, generator=gen, dtype=DT)
+    u = u / u.norm(dim=1, keepdim=True)
+    inv_sqrt = Q @ torch.diag(eigenvalues.rsqrt()) @ Q.T
+    points = math.sqrt(c) * u @ inv_sqrt                              # every point has wᵀAw = c
+    grad_norms, distances = (2 * points @ A).pow(2).sum(1), points.pow(2).sum(1)
+    for best in (points[grad_norms.argmax()], points[distances.argmin()]):     # both are near ±(top eigenvector)
+        assert abs(float(best @ top)) / float(best.norm()) > 0.99
+    assert float(grad_norms.max()) <= 4 * float(eigenvalues[-1]) * c * (1 + 1e-12)
+    assert float(distances.min()) >= c / float(eigenvalues[-1]) - 1e-12
+    assert abs(float(teleported @ teleported) - c / float(eigenvalues[-1])) < 1e-12
