@@ -334,3 +334,35 @@ def test_teleported_gradient_flow_stays_optimal_and_the_teleport_target_is_the_c
     assert float(grad_norms.max()) <= 4 * float(eigenvalues[-1]) * c * (1 + 1e-12)
     assert float(distances.min()) >= c / float(eigenvalues[-1]) - 1e-12
     assert abs(float(teleported @ teleported) - c / float(eigenvalues[-1])) < 1e-12
+
+
+def test_prop_4_5_4_teleport_keeps_the_larger_gradient_for_the_steps_the_bound_promises():
+    """Prop. 4.5.4 (holds): with a ``β``-Lipschitz gradient and ``ηβ < 1`` every GD step keeps
+    ``(1 − ηβ)‖g_t‖ ≤ ‖g_{t+1}‖ ≤ (1 + ηβ)‖g_t‖`` (eq. 4.28), so an initial ratio ``r ≥ ((1 + ηβ)/(1 − ηβ))^T``
+    keeps the teleported gradient the larger one for ``T`` steps. Measured on ``L = wᵀAw`` (``β = 2λ_max``) from the
+    level set's point of least gradient and its teleport to the point of largest; the bound is sufficient, not
+    tight (the teleported gradient stays larger beyond ``T``)."""
+    gen = torch.Generator().manual_seed(8)
+    Q = torch.linalg.qr(torch.randn(5, 5, generator=gen, dtype=DT)).Q
+    eigenvalues = torch.tensor([0.2, 0.5, 1.0, 3.0, 8.0], dtype=DT)
+    A = Q @ torch.diag(eigenvalues) @ Q.T
+    beta, eta = 2 * float(eigenvalues[-1]), 0.004
+    c = 3.0                                                            # one level set: its worst and best points
+    w, teleported = (Q[:, k] * math.sqrt(c / float(eigenvalues[k])) for k in (0, -1))
+
+    def run(x, steps):
+        grads = []
+        for _ in range(steps):
+            g = 2 * A @ x
+            grads.append(float(g.norm()))
+            x = x - eta * g
+        return grads
+    plain, tele = run(w, 60), run(teleported, 60)
+    for grads in (plain, tele):
+        for now, after in zip(grads, grads[1:]):
+            assert (1 - eta * beta) * now - 1e-12 <= after <= (1 + eta * beta) * now + 1e-12
+    r = tele[0] / plain[0]
+    T = math.floor(math.log(r) / math.log((1 + eta * beta) / (1 - eta * beta)))
+    assert T >= 5
+    assert all(tele[k] >= plain[k] for k in range(T + 1))
+    assert tele[T + 10] >= plain[T + 10]                               # sufficient, not tight

@@ -42,8 +42,8 @@ class PointNullSpace:
 
     Attributes
     ----------
-    model, target : the model's name; ``"loss"`` or ``"function"``.
-    parameters : ``P``; ``constraints`` the rows (data points, or outputs on the data).
+    model, target : the model's name; ``"loss"`` or ``"function"``; ``parameters`` is ``P`` and ``constraints``
+        the rows (data points, or outputs on the data).
     rank : the certified :class:`~symalg.numeric.orbit_rank.RankDecision` of the constraint matrix.
     derived : the rank of the derived symmetries' tangent ``{M·θ}`` at this ``θ``; ``joint`` the rank of the null
         space and that tangent together.
