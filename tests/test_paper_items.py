@@ -366,3 +366,22 @@ def test_prop_4_5_4_teleport_keeps_the_larger_gradient_for_the_steps_the_bound_p
     assert T >= 5
     assert all(tele[k] >= plain[k] for k in range(T + 1))
     assert tele[T + 10] >= plain[T + 10]                               # sufficient, not tight
+
+
+def test_mirror_theorem_4_part_2_hessian_splits_on_the_fixed_set():
+    """Thm. 4 part 2 (holds): at a point with ``Oᵀw = 0`` the mirror ``R = I − 2OOᵀ`` fixes ``w`` and ``ℓ_0∘R = ℓ_0``,
+    so ``RHR = H``: ``H`` commutes with ``R`` and its eigenvectors split into ``ker Oᵀ`` and ``im O``. Off the fixed
+    set they do not. ``ℓ_0 = Σ(u w x − y)²`` has the mirror ``(u, w) ↦ (−w, −u)``, ``O = (1, 1)/√2``."""
+    gen = torch.Generator().manual_seed(9)
+    x, y = torch.randn(6, generator=gen, dtype=DT), torch.randn(6, generator=gen, dtype=DT)
+    n = torch.tensor([1.0, 1.0], dtype=DT) / math.sqrt(2)
+    R = torch.eye(2, dtype=DT) - 2 * torch.outer(n, n)
+
+    def hessian(point):
+        return torch.func.hessian(lambda p: ((p[0] * p[1] * x - y) ** 2).sum())(point)
+    on = hessian(torch.tensor([0.7, -0.7], dtype=DT))                     # Oᵀθ = 0
+    torch.testing.assert_close(R @ on @ R, on)
+    vectors = torch.linalg.eigh(on).eigenvectors
+    assert sorted(float(abs(v @ n)) for v in vectors.T) == pytest.approx([0.0, 1.0], abs=1e-12)
+    off = hessian(torch.tensor([0.7, -0.2], dtype=DT))
+    assert float((R @ off @ R - off).abs().max()) > 1e-2
