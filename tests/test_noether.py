@@ -319,3 +319,37 @@ def test_input_rotation_population_versus_finite_dataset():
         j0, j1 = (rotation.charge(run.thetas[i], run.velocities[i]) for i in (0, -1))
         error = float((j1 - math.exp(-0.5) * j0).abs().max() / j0.abs().max())
         assert (error < 1e-9) if holds else (error > 1e-4), error
+
+
+def test_gradient_flow_with_weight_decay_damps_the_balance_and_translations():
+    """``θ̇ = −∇L − λθ``: invariance kills ``Γ(θ, ∇L)``, so ``Ċ = −2λC`` and ``ℓ̇ = −λℓ``: ``C(t) = e^{−2λt}C(0)``,
+    ``ℓ(t) = e^{−λt}ℓ(0)``; the antisymmetric part stays a restriction. ``laws`` states it, ``integrate`` follows it,
+    ``verify`` checks it (and the conservation law of plain gradient flow fails on the decayed run)."""
+    lam = 0.3
+    dyn = noether.gradient_flow(weight_decay=lam)
+    assert sp.simplify(dyn.decay - sp.exp(-sp.Rational(3, 10) * (noether.t - noether.t_0))) == 0
+    analysis = symalg.derive("linear(3, 4) -> identity -> linear(4, 2)", loss="cross_entropy")
+    found = {(law.part, law.status) for law in noether.laws(analysis, dyn)}
+    assert ("symmetric", "exponential decay") in found and ("translation", "exponential decay") in found
+    symmetric = next(law for law in noether.laws(analysis, dyn) if law.part == "symmetric")
+    assert sp.simplify(symmetric.factor - dyn.decay ** 2) == 0
+    report = symalg.verify(analysis, dynamics=[dyn])
+    decays = [c for c in report.checks if c.check == "noether_decay"]
+    assert report.passed and len(decays) >= 2, [str(c) for c in report.failures]
+    # the run itself: C decays by e^{−2λT}, not conserved
+    from symalg.numeric.sampling import random_params
+    params = random_params(analysis.architecture, torch.Generator().manual_seed(2))
+    x = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    model = analysis.model_graph.require_model("wd").double()
+    y = torch.tensor([0, 1, 1, 0, 1, 0])
+    loss = lambda p: torch.nn.functional.cross_entropy(torch.func.functional_call(model, p, (x,)), y)  # noqa: E731
+    run = noether.integrate(dyn, loss, params, duration=1.0, steps=400, samples=1)
+    (C,) = [q for q in analysis.conserved_quantities() if q.name.startswith("C")]
+    c0, c1 = (next(iter(C(p).values())) for p in (run.thetas[0], run.thetas[-1]))
+    assert float((c1 - math.exp(-2 * lam) * c0).abs().max()) < 1e-9 * float(c0.abs().max())
+    assert float((c1 - c0).abs().max()) > 0.1 * float(c0.abs().max())
+    assert abs(run.energy(-1) + run.dissipated[-1] - run.energy(0)) < 1e-9 * run.energy(0)
+    with pytest.raises(symalg.SpecError, match="first-order"):
+        noether.Dynamics("heavy ball with decay", sp.Integer(1), sp.Integer(1), 0.0, 0.1)
+    with pytest.raises(symalg.SpecError, match="weight_decay"):
+        noether.gradient_flow(weight_decay=-1.0)

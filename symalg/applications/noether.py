@@ -90,6 +90,7 @@ class Dynamics:
     kappa1: sp.Expr
     kappa2: sp.Expr
     start: float = 0.0
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         for label, value in (("kappa1", self.kappa1), ("kappa2", self.kappa2)):
@@ -100,6 +101,12 @@ class Dynamics:
             raise SpecError("noether.dynamics: kappa1 and kappa2 are both zero: no dynamics")
         if not math.isfinite(self.start) or self.start < 0:
             raise SpecError(f"noether.dynamics: start must be a finite non-negative time, got {self.start!r}")
+        if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, (int, float)) or \
+                not 0 <= self.weight_decay < math.inf:
+            raise SpecError(f"noether.dynamics: weight_decay must be a finite number ≥ 0, got {self.weight_decay!r}")
+        if self.weight_decay and not self.first_order:
+            raise SpecError("noether.dynamics: weight_decay is implemented for first-order dynamics (gradient flow) "
+                            "only; for momentum dynamics use the discrete noether.Scheme(weight_decay=...)")
         for label, value in (("kappa1", self.kappa1), ("kappa2", self.kappa2)):
             at_start = value.subs(t, self.start) if value.has(t) else value
             if not at_start.is_finite:
@@ -147,13 +154,28 @@ class Dynamics:
         return tuple(sp.lambdify(t, e, modules="math") for e in
                      (self.kappa1, self.kappa2, sp.diff(self.kappa2, t)))
 
+    @cached_property
+    def decay(self) -> sp.Expr:
+        """Gradient flow with weight decay ``λ``: ``exp(−λ∫_{t₀}^t 1/κ₁)``, the factor of every translation; the
+        balance matrices ``C = Γ(θ, θ)`` decay by its square (``1`` without decay or for second-order dynamics)."""
+        if not self.first_order or not self.weight_decay:
+            return sp.Integer(1)
+        tau = sp.Dummy("tau", positive=True)
+        rate = sp.simplify((1 / self.kappa1).subs(t, tau))
+        return sp.simplify(sp.exp(-sp.nsimplify(self.weight_decay) * sp.integrate(rate, (tau, t_0, t))))
+
+    def decay_at(self, time: float) -> float:
+        """:attr:`decay` at ``time`` from the actual start."""
+        return float(self.decay.subs({t_0: self.start, t: time}))
+
     def phi(self, time: float) -> float:
         """``φ(time)`` at the actual start."""
         return float(self.factor.subs({t_0: self.start, t: time}))
 
     def latex(self) -> str:
         lhs = sp.latex(self.kappa2 * sp.Symbol(r"\ddot{\theta}") + self.kappa1 * sp.Symbol(r"\dot{\theta}"))
-        return rf"{lhs} + \nabla L(\theta) = 0"
+        decay = rf" + {sp.latex(sp.nsimplify(self.weight_decay))}\,\theta" if self.weight_decay else ""
+        return rf"{lhs} + \nabla L(\theta){decay} = 0"
 
     def energy_latex(self) -> str:
         """The energy law: ``Ė = −(κ₁ − ½κ̇₂)‖θ̇‖²``, or ``L̇ = −‖∇L‖²/κ₁`` for gradient flow."""
@@ -165,7 +187,9 @@ class Dynamics:
                 rf"E = \frac{{{sp.latex(self.kappa2)}}}{{2}}\|\dot\theta\|^2 + L = \text{{const}}")
 
     def __str__(self) -> str:
-        return f"{self.name}: {sp.sstr(self.kappa2)}·θ'' + {sp.sstr(self.kappa1)}·θ' + ∇L = 0 from t = {self.start}"
+        decay = f" + {self.weight_decay}·θ" if self.weight_decay else ""
+        return (f"{self.name}: {sp.sstr(self.kappa2)}·θ'' + {sp.sstr(self.kappa1)}·θ' + ∇L{decay} = 0 from "
+                f"t = {self.start}")
 
 
 def _expr(value: object, label: str) -> sp.Expr:
@@ -184,8 +208,15 @@ def dynamics(kappa1: object, kappa2: object, start: float = 0.0, name: str = "ge
     return Dynamics(name, _expr(kappa1, "kappa1"), _expr(kappa2, "kappa2"), float(start))
 
 
-def gradient_flow() -> Dynamics:
-    """``θ̇ = −∇L``."""
+def gradient_flow(weight_decay: float = 0.0) -> Dynamics:
+    """``θ̇ = −∇L − λθ`` (``λ = weight_decay``, default none).
+
+    >>> gradient_flow(0.1).decay
+    exp(-t/10 + t_0/10)
+    """
+    if weight_decay:
+        return Dynamics(f"gradient flow (weight decay {weight_decay})", sp.Integer(1), sp.Integer(0), 0.0,
+                        weight_decay)
     return dynamics(1, 0, name="gradient flow")
 
 
@@ -361,6 +392,10 @@ class Law:
 def _symmetric_law(symmetry: Symmetry, dyn: Dynamics) -> Law:
     quantity = symmetry.conserved
     assert quantity is not None
+    if dyn.first_order and dyn.weight_decay:
+        factor = dyn.decay ** 2
+        return Law(symmetry, dyn, "symmetric", "exponential decay", f"{quantity.name} = Γ(θ, θ)",
+                   rf"C(t) = {sp.latex(factor)}\, C(t_0)", factor)
     if dyn.first_order:
         return Law(symmetry, dyn, "symmetric", "conserved", f"{quantity.name} = Γ(θ, θ)", "", sp.Integer(1))
     k1, k2 = sp.latex(dyn.kappa1), sp.latex(dyn.kappa2)
@@ -388,6 +423,9 @@ def _antisymmetric_law(symmetry: Symmetry, dyn: Dynamics) -> Law:
 def _translation_law(symmetry: Symmetry, dyn: Dynamics) -> Law:
     quantity = symmetry.conserved
     name = quantity.name if quantity is not None else "ℓ"
+    if dyn.first_order and dyn.weight_decay:
+        return Law(symmetry, dyn, "translation", "exponential decay", f"{name} = ⟨B, θ⟩",
+                   rf"\ell(t) = {sp.latex(dyn.decay)}\,\ell(t_0)", dyn.decay)
     if dyn.first_order:
         return Law(symmetry, dyn, "translation", "conserved", f"{name} = ⟨B, θ⟩",
                    "" if quantity is not None else r"\ell = \langle B, \theta\rangle", sp.Integer(1))
@@ -475,17 +513,18 @@ class Trajectory:
     integrals: list[dict[str, torch.Tensor]] = field(default_factory=list)
 
     def energy(self, index: int) -> float:
-        """``½κ₂‖θ̇‖² + L`` at sample ``index`` (``L`` for gradient flow)."""
+        """``½κ₂‖θ̇‖² + L`` at sample ``index`` (``L`` for gradient flow; ``+ ½λ‖θ‖²`` with weight decay ``λ``)."""
         _, kappa2, _ = self.dynamics.kappa()
         kinetic = sum(float((v ** 2).sum()) for v in self.velocities[index].values())
-        return 0.5 * float(kappa2(self.times[index])) * kinetic + self.losses[index]
+        decay = 0.5 * self.dynamics.weight_decay * sum(float((p ** 2).sum()) for p in self.thetas[index].values())
+        return 0.5 * float(kappa2(self.times[index])) * kinetic + self.losses[index] + decay
 
 
 def integrate(dyn: Dynamics, loss: Loss, params: Params, velocity: Params | None = None, duration: float = 1.0,
               steps: int = 1000, samples: int = 100, integrals: Mapping[str, Integrand] | None = None) -> Trajectory:
-    """RK4 on ``κ₂θ̈ + κ₁θ̇ + ∇L = 0`` from ``(params, velocity)`` at ``dyn.start`` for ``duration`` (``steps`` steps,
-    ``samples + 1`` samples), with the energy dissipated and any ``integrals`` (``f(θ, θ̇, t)``) carried as extra
-    state, so they are integrated to the same order.
+    """RK4 on ``κ₂θ̈ + κ₁θ̇ + ∇L (+ λθ) = 0`` from ``(params, velocity)`` at ``dyn.start`` for ``duration``
+    (``steps`` steps, ``samples + 1`` samples), with the energy dissipated and any ``integrals`` (``f(θ, θ̇, t)``)
+    carried as extra state, so they are integrated to the same order.
 
     >>> import torch
     >>> loss = lambda p: ((p["w"] ** 2).sum() - 1) ** 2
@@ -512,7 +551,7 @@ def integrate(dyn: Dynamics, loss: Loss, params: Params, velocity: Params | None
         if v is not None:
             return dict(v)
         grads = loss_gradients(loss, theta)
-        return {k: -g / kappa1(float(time)) for k, g in grads.items()}
+        return {k: -(g + dyn.weight_decay * theta[k]) / kappa1(float(time)) for k, g in grads.items()}
 
     def field_(state: dict[tuple[str, str], torch.Tensor]) -> dict[tuple[str, str], torch.Tensor]:
         time = state[("t", "")]
@@ -624,6 +663,15 @@ def check_dynamics(symmetries: Sequence[Symmetry], loss: Loss, params: Params, g
     moved = float(dyn.displacement.subs({t: end, t_0: dyn.start})) if not dyn.first_order else 0.0
     for s in exact:
         if dyn.first_order:
+            if dyn.weight_decay and (s.group.kind == "T" or s.conserved is not None):
+                power = 1 if s.group.kind == "T" else 2       # ℓ(T) = φℓ(t₀); C(T) = φ²C(t₀)
+                factor = dyn.decay_at(end) ** power
+                errors = []
+                for run in runs:
+                    c0, c1 = (momentum_map(s, th, th) for th in (run.thetas[0], run.thetas[-1]))
+                    errors.append(_relative(c1 - factor * c0, float(c0.abs().max())))
+                report("noether_decay", s.label, errors, f"weight decay {dyn.weight_decay}: value(T) = "
+                       f"{factor:.6f} · value(t₀)")
             continue
         if s.group.kind == "T":
             errors, moves = [], []
