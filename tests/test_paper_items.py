@@ -385,3 +385,49 @@ def test_mirror_theorem_4_part_2_hessian_splits_on_the_fixed_set():
     assert sorted(float(abs(v @ n)) for v in vectors.T) == pytest.approx([0.0, 1.0], abs=1e-12)
     off = hessian(torch.tensor([0.7, -0.2], dtype=DT))
     assert float((R @ off @ R - off).abs().max()) > 1e-2
+
+
+# ---------------------------------------------------------------- [Zhao2026] Props. 2.7.1–2.7.3, Fig. 2.5
+
+
+def test_radial_spectral_flow_conserves_lambda_and_converges_at_the_printed_rate_and_bound():
+    """``L = ½‖Y − U g(Vᵀ)‖²``, ``g(W)_i = W_i/|W_i|²`` (``h(r) = r⁻²``), spectral start ``U = ΦŪ``, ``V = ΨV̄``.
+    Prop. 2.7.1: the flow stays spectral and each ``λ_i = ū_i² + v̄_i²`` is conserved (eq. 2.27 with
+    ``∫g/g' = −v²/2``). Prop. 2.7.2: ``σ̇_i = (σ_i^Y − σ_i)(σ_i² + 1)²/λ_i`` (eq. 2.35, checked against the flow's own
+    field). Prop. 2.7.3: ``|σ_i − σ_i^Y| ≤ |σ_i(0) − σ_i^Y| e^{−t/λ_i}`` holds for starts on both sides of ``σ^Y``,
+    although the proof's eq. 2.46 (``… ≥ (σ^Y − σ)/λ``) holds only below it. Fig. 2.5: smaller ``λ``, faster."""
+    gen = torch.Generator().manual_seed(10)
+    Phi, sigma_y, PsiT = torch.linalg.svd(torch.randn(3, 3, generator=gen, dtype=DT))
+    Psi = PsiT.T
+
+    def g(W):
+        return W / (W ** 2).sum(1, keepdim=True)
+
+    def loss(U, V):
+        return 0.5 * ((Phi @ torch.diag(sigma_y) @ PsiT - U @ g(V.T)) ** 2).sum()
+    grad = torch.func.grad(loss, argnums=(0, 1))
+
+    def field(state):
+        return tuple(-d for d in grad(*state))
+
+    def diagonals(U, V):
+        return torch.diagonal(Phi.T @ U), torch.diagonal(Psi.T @ V)
+    v0 = torch.tensor([1.0, 0.6, 1.5], dtype=DT)
+    x0 = torch.stack([0.2 * sigma_y[0], 1.5 * sigma_y[1], 0.5 * sigma_y[2]])       # component 1 starts above σ^Y
+    start = (Phi @ torch.diag(x0 * v0), Psi @ torch.diag(v0))
+    path = _rk4(field, start, 1e-3, 2000)
+    lam0 = sum(d ** 2 for d in diagonals(*start))
+    for k, (U, V) in enumerate(path[::200]):
+        u, v = diagonals(U, V)
+        assert float((Phi.T @ U - torch.diag(u)).abs().max()) < 1e-12        # stays spectral
+        torch.testing.assert_close(u ** 2 + v ** 2, lam0, rtol=1e-9, atol=0)  # Prop. 2.7.1
+        x, time = u / v, 200 * k * 1e-3
+        bound = (x0 - sigma_y).abs() * torch.exp(-time / lam0)
+        assert bool(((x - sigma_y).abs() <= bound + 1e-12).all())            # Prop. 2.7.3
+        du, dv = diagonals(*field((U, V)))
+        torch.testing.assert_close(du / v - u * dv / v ** 2,                  # Prop. 2.7.2
+                                   (sigma_y - x) * (x ** 2 + 1) ** 2 / lam0, rtol=1e-9, atol=1e-12)
+    # Fig. 2.5: the same σ(0), half the λ (ū, v̄ scaled by 1/√2): closer to Y after the same time
+    small = (start[0] / math.sqrt(2), start[1] / math.sqrt(2))
+    ends = [_rk4(field, s, 1e-3, 500)[-1] for s in (start, small)]
+    assert float(loss(*ends[1])) < 0.7 * float(loss(*ends[0]))                 # measured: 0.0091 against 0.0156
