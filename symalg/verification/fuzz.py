@@ -1634,6 +1634,41 @@ def _complex(b: _Builder) -> _Drawn:
     return shape, 0, b.op("fft", b.linear(x, h, m))
 
 
+LAYER_SCALES = ("vector", "vector", "keepdim", "conv", "residual", "scalar", "per_position", "twice")
+"""What the ``layer_scale`` family draws: a per-feature ``γ`` of shape ``(d,)``, ``(1, …, d)``, ``(C, 1)`` after a
+convolution, in a residual branch (CaiT), and the near misses: one ``γ`` for every feature (``(1,)``), a ``γ`` per
+position and feature (``(T, d)``), ``γ`` applied twice."""
+
+
+def _layer_scale(b: _Builder) -> _Drawn:
+    """A learnable layer scale ``h ⊙ γ`` (ConvNeXt, CaiT) between dense layers (:data:`LAYER_SCALES`), written
+    ``h * γ`` or ``γ * h``."""
+    rng, n, d, m = b.rng, b.width(), b.width(2), b.width()
+    kind = rng.choice(LAYER_SCALES)
+    b.variant.append(kind)
+    t = rng.randint(2, 4)
+    shape = (rng.randint(2, 4), t, n) if kind in ("keepdim", "per_position") or rng.random() < 0.3 else \
+        (rng.randint(2, 5), n)
+    gamma = {"vector": (d,), "keepdim": (1,) * (len(shape) - 1) + (d,), "residual": (d,), "scalar": (1,),
+             "per_position": (t, d), "twice": (d,), "conv": (d, 1)}[kind]
+
+    def scale(x: str) -> str:
+        p = b.op("param", layer=b.add("Parameter", *gamma))
+        return b.op("mul", x, p) if rng.random() < 0.5 else b.op("mul", p, x)
+
+    if kind == "conv":
+        shape = (shape[0], n, t)
+        h = scale(b.act(b.call(b.add("Conv1d", n, d, 1), "x")))
+        return shape, 0, b.call(b.add("Conv1d", d, m, 1), h)
+    h = b.linear("x", n, d)
+    if kind == "residual":
+        y = b.op("add", h, scale(b.mlp(b.act(h), d, d, 2)))
+    else:
+        y = scale(b.act(h))
+        y = scale(y) if kind == "twice" else y
+    return shape, 0, b.linear(y, d, m)
+
+
 def registered_models() -> list[tuple[str, int]]:
     """Every ``(op, k)`` the ``rules`` family draws, from the op-rule registry (:mod:`symalg.catalogue.rules`):
     ``k = 0`` the op's example, ``k ≥ 1`` its near miss ``k − 1``. A rule registered with its example and near misses is
@@ -1681,6 +1716,7 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "scripted": _scripted,
     "complex": _complex,
     "rules": _rules,
+    "layer_scale": _layer_scale,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 

@@ -24,6 +24,7 @@ from symalg.symbolic.checks import symbolic_checks
 from symalg.symbolic.inference import ALL, DIAGONAL, EVEN, TRANSLATIONS, Inference, Label, Segment
 from symalg.catalogue.rules._base import (Inputs, NodeData, Value, WeightExpr, _argument, _first, _is_param, _weight,
                                           _weights, dropout_active, unknown_rule)
+from symalg.catalogue.rules.dense import _diagonal_map
 from symalg.catalogue.rules.registry import OpSpellings, capable, register_rule
 
 
@@ -123,10 +124,12 @@ def _add_parameter(state: Inference, node: str, label: Label, tensor: str) -> No
                                              methods=("mul", "mul_"), aten=("mul",)),
                           "div": OpSpellings(functions=(operator.truediv, torch.div), methods=("div", "div_"),
                                              aten=("div",))},
-               near_misses={  # a factor that is not constant along the site: permutations go, scalings stay
+               near_misses={  # a factor not constant along the site: permutations go, scalings stay; a parameter
+                   # factor: a layer scale γ moves with the permutations, one γ for all or per position is refused
                    "mul": (around(lambda self, h: torch.relu(h) * self.scale, scale=_ramp),
-                           around(lambda self, h: torch.relu(h) * self.gamma,
-                                  gamma=lambda: torch.nn.Parameter(_ramp()))),
+                           *(around(lambda self, h: torch.relu(h) * self.gamma,
+                                    gamma=lambda shape=shape: torch.nn.Parameter(torch.rand(shape) + 0.5))
+                             for shape in ((4,), (1,), (5, 4)))),
                    "div": (around(lambda self, h: torch.relu(h) / self.scale, scale=_ramp),)},
                examples={
     "mul": around(lambda self, h: 2.5 * torch.relu(h) * self.up(h), up=lambda: torch.nn.Linear(4, 4)),
@@ -146,13 +149,44 @@ def scale_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> V
     product = multiply(state, node, data, inputs)
     if product is not None:
         return product
+    scaled_by = _layer_scale(state, node, data, inputs)
+    if scaled_by is not None:
+        return scaled_by
     parameters = [i[1] for i in inputs if _is_param(i)]
     for label in (i for i in inputs if isinstance(i, Label) and parameters):
         state.restrict_label(label, set(), node, f"{state.where(node)} multiplies the value by the parameter "
-                             f"{parameters[0]} elementwise, which is modelled only inside z ⊙ sigmoid(β ⊙ z) (swish "
-                             "with a trainable β, both products reading z, nothing else reading β ⊙ z or the sigmoid)",
+                             f"{parameters[0]} elementwise, which is modelled only with one entry per coordinate of "
+                             "the sites' axis (a layer scale x ⊙ γ) or inside z ⊙ sigmoid(β ⊙ z) (swish with a "
+                             "trainable β, both products reading z, nothing else reading β ⊙ z or the sigmoid)",
                              blocked=True)
     return unknown_rule(state, node, data, inputs)
+
+
+def _layer_scale(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label | None:
+    """``y = x ⊙ γ`` (either order) with ``γ`` a parameter holding one entry per coordinate of the sites' axis of ``x``
+    and ones elsewhere (a learnable layer scale: ConvNeXt's ``γ`` of shape ``(C,)`` or ``(C, 1, 1)``, CaiT's): a
+    diagonal map (:func:`~symalg.catalogue.rules.dense._diagonal_map`), ``γ`` absorbing the scalings and sign flips
+    of ``x``'s sites (``γ ↦ D⁻¹γ``) and carrying a new site of its own, tied to theirs in permutations. ``None`` for
+    anything else (a broadcast that grows ``x``, factors sharing coordinates, shapes unknown): the caller refuses it.
+
+    For ``x ↦ P D x``: ``(P D x) ⊙ (P D⁻¹ γ) = P (x ⊙ γ)``, and ``y ↦ E y`` is given back by ``γ ↦ E γ``.
+    """
+    if data["op"] != "mul" or len(inputs) != 2 or data["kind"] != "function":
+        return None
+    position = next((i for i, value in enumerate(inputs) if _is_param(value)), None)
+    if position is None or not isinstance(inputs[1 - position], Label):
+        return None
+    label, tensor = inputs[1 - position], inputs[position][1]
+    value_shape, shape, gamma = state.shape(data["inputs"][1 - position]), state.shape(node), state.shapes[tensor]
+    if value_shape is None or shape is None or tuple(value_shape) != tuple(shape) or len(gamma) > len(shape) \
+            or not label.segments or label.dim >= 0:
+        return None
+    axis = len(gamma) + label.dim
+    ranges = [(seg.offset, seg.width, seg.block) for seg in label.segments]
+    if axis < 0 or gamma[axis] != label.size or any(n != 1 for i, n in enumerate(gamma) if i != axis) \
+            or len(set(ranges)) != len(ranges):
+        return None
+    return _diagonal_map(state, node, label, tensor, None, label.dim, axis)
 
 
 @register_rule("swish_beta", capabilities={"weights"},
