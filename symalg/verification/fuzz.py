@@ -1634,6 +1634,41 @@ def _complex(b: _Builder) -> _Drawn:
     return shape, 0, b.op("fft", b.linear(x, h, m))
 
 
+CONTRACTIONS = ("x_wt", "x_wt", "x_w", "w_x", "bias", "shared", "tokens")
+"""What the ``contraction`` family draws: a value times a weight matrix read as a dense map,
+``x @ W.transpose(-2, -1)``, ``x @ W`` (``W`` stored ``(in, out)``), ``W @ xᵀ`` transposed back, with a bias added,
+one ``W`` read twice; the near miss ``W @ x`` over the tokens (the sites run along the features)."""
+
+
+def _contraction_family(b: _Builder) -> _Drawn:
+    """Dense maps written as products with a weight matrix (Falcon's ``x @ W.T``), between activations and a
+    ``Linear`` (:data:`CONTRACTIONS`)."""
+    rng, n, d, m = b.rng, b.width(), b.width(2), b.width()
+    kind = rng.choice(CONTRACTIONS)
+    b.variant.append(kind)
+    t = rng.randint(2, 4)
+    shape = (rng.randint(2, 4), t, n) if kind == "tokens" or rng.random() < 0.4 else (rng.randint(2, 5), n)
+
+    def weight(*size: int) -> str:
+        return b.op("param", layer=b.add("Parameter", *size))
+
+    x = b.act(b.linear("x", n, n))
+    if kind in ("x_wt", "bias", "shared"):
+        w = weight(d, n)
+        h = b.op("matmul_t", x, w)
+        if kind == "bias":
+            h = b.op("add", h, weight(d))
+        if kind == "shared" and d == n:   # the same W twice: x W^T W^T
+            h = b.op("matmul_t", b.act(h), w)
+    elif kind == "x_w":
+        h = b.op("matmul", x, weight(n, d))
+    elif kind == "w_x":
+        h = b.op("transpose", b.op("matmul", weight(d, n), b.op("transpose", x, a=-2, b=-1)), a=-2, b=-1)
+    else:
+        h, d = b.op("matmul", weight(t, t), x), n
+    return shape, 0, b.linear(b.act(h), d, m)
+
+
 LAYER_SCALES = ("vector", "vector", "keepdim", "conv", "residual", "scalar", "per_position", "twice")
 """What the ``layer_scale`` family draws: a per-feature ``γ`` of shape ``(d,)``, ``(1, …, d)``, ``(C, 1)`` after a
 convolution, in a residual branch (CaiT), and the near misses: one ``γ`` for every feature (``(1,)``), a ``γ`` per
@@ -1717,6 +1752,7 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "complex": _complex,
     "rules": _rules,
     "layer_scale": _layer_scale,
+    "contraction": _contraction_family,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 

@@ -150,13 +150,13 @@ def _bias(state: Inference, value: Value) -> str | WeightExpr | None:
 
 
 def _dense_map(state: Inference, node: str, label: Label, weight: str | WeightExpr, bias: str | WeightExpr | None,
-               out_features: int) -> Label:
-    """``y = W x + b`` on the last axis: the input's sites on the columns of ``W`` (a parameter or a
-    :class:`WeightExpr`), a new site on its rows and ``b``."""
-    _read_as_map(state, node, label, weight, -1, bias)
+               out_features: int, dim: int = -1) -> Label:
+    """``y = W x + b`` along axis ``dim`` (the last by default; ``W @ x`` maps axis ``-2``): the input's sites on the
+    columns of ``W`` (a parameter or a :class:`WeightExpr`), a new site on its rows and ``b``."""
+    _read_as_map(state, node, label, weight, dim, bias)
     _absorb_shifts(state, node, label, weight, bias)
     site = _producer_site(state, node, out_features, weight, bias)
-    return Label(-1, out_features, (Segment(site, 0, out_features),))
+    return Label(dim, out_features, (Segment(site, 0, out_features),))
 
 
 @register_rule("addmm", capabilities={"weights"},
@@ -292,8 +292,12 @@ def embedding_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
                      lora_b=lambda: torch.nn.Parameter(torch.randn(4, 2)))})
 def matmul_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """A product of weights ``B @ A`` (a low-rank adapter): ``GL(r)`` on the inner axis (``A ↦ g A``,
-    ``B ↦ B g⁻¹``); the product's rows are ``B``'s, its columns ``A``'s. Products of values (attention
-    scores) are folded before inference; any other product is unknown."""
+    ``B ↦ B g⁻¹``); the product's rows are ``B``'s, its columns ``A``'s. A value times a weight matrix, either way
+    round, is the dense map it is (:func:`_contraction`). Products of values (attention scores) are folded before
+    inference; any other product is unknown."""
+    mapped = _contraction(state, node, data, inputs)
+    if mapped is not None:
+        return mapped
     weights = _weights(state, inputs)
     if weights is None or len(weights) != 2:
         return unknown_rule(state, node, data, inputs)
@@ -305,6 +309,36 @@ def matmul_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> 
                    allowed=(ALL - TRANSLATIONS) & left.col_kinds & right.row_kinds)
     return WeightExpr(left.rows, right.cols, row_kinds=left.row_kinds, col_kinds=right.col_kinds,
                       why="; ".join(filter(None, (left.why, right.why))))
+
+
+def _contraction(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label | None:
+    """A value contracted with a weight matrix (a parameter, or one computed from parameters): ``x @ M`` maps the last
+    axis of ``x`` by ``Mᵀ`` (``x @ W.T``, ``torch.matmul(x, W.t())``: Falcon's projections), ``M @ x`` maps axis
+    ``-2`` of ``x`` (``-1`` for a vector) by ``M``: the dense map ``y = W x`` with ``W`` the weight read that way round,
+    its rows a new site, its columns reading the sites of ``x`` (``g`` on one contracted axis, ``g⁻ᵀ`` on the other).
+    ``None`` for any other product (two values, two weights, a weight of another rank).
+
+    >>> import torch, symalg
+    >>> class Net(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.w1, self.w2 = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(2, 4))
+    ...     def forward(self, x):
+    ...         return torch.relu(x @ self.w1.T) @ self.w2.t()
+    >>> [s.label for s in symalg.derive(symalg.trace(Net(), (torch.randn(5, 3),)), certify=False).symmetries]
+    ['PositiveScaling(4, alpha=1) on w1', 'S(4) on w1']
+    """
+    if len(inputs) != 2 or data["kind"] != "function":
+        return None
+    (value, matrix), left = ((inputs[1], inputs[0]), True) if isinstance(inputs[1], Label) else (inputs, False)
+    weight = _weight(state, matrix)
+    shape = state.shape(data["inputs"][1 if left else 0])
+    if not isinstance(value, Label) or weight is None or shape is None:
+        return None
+    weight = weight if left else weight.transposed()   # x @ M = (Mᵀ xᵀ)ᵀ: the map's weight is Mᵀ
+    tensor, axis = weight.rows[0]
+    return _dense_map(state, node, value, weight, None, state.shapes[tensor][axis], -2 if left and len(shape) > 1
+                      else -1)
 
 
 @register_rule("weight_norm", capabilities={"weights"},
