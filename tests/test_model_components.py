@@ -275,7 +275,7 @@ def test_sigmoid_sign_flips_are_not_claimed_through_a_depthwise_convolution():
     model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Sigmoid(), nn.Conv2d(3, 3, 2, groups=3), nn.Flatten(),
                           nn.Linear(3 * 3 * 3, 2))
     analysis = analyse(model, torch.randn(5, 2, 6, 6))
-    # the depthwise conv is in CENTER_AWARE (a conv may absorb the shift), so it must refuse the flips itself
+    # the depthwise conv declares "shifts" (a conv may absorb the shift), so it must refuse the flips itself
     assert not any(s.label.startswith("SignFlips") and s.site == "0" for s in analysis.symmetries)
     assert any("is depthwise" in r.reason for r in analysis.sites.restrictions)
 

@@ -36,7 +36,7 @@ def test_every_rule_has_an_example():
 
 def test_registering_a_rule_without_its_examples_is_refused():
     with pytest.raises(ValueError, match=r"examples must be given for exactly these ops, got \['cos_like'\]"):
-        register_rule("sin_like", "cos_like", examples={"cos_like": RULE_EXAMPLES["cos"]})
+        register_rule("sin_like", "cos_like", capabilities=(), examples={"cos_like": RULE_EXAMPLES["cos"]})
     assert "sin_like" not in OP_RULES and "cos_like" not in OP_RULES
 
 

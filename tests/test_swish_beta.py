@@ -155,11 +155,15 @@ NEAR_MISSES = {
     "scalar beta": (dict(beta_shape=()), "reads one β"),
     "beta of shape (1,)": (dict(beta_shape=(1,)), "reads one β"),
     "beta on another axis": (dict(beta_shape=(4, 1)), "reads one β"),
-    "shifted argument": (dict(gate=lambda beta, z: beta * z + 0.5), "node 'mul'"),
     "squared argument": (dict(gate=lambda beta, z: beta * z * z), "node 'mul'"),
-    "softmax gate": (dict(act=lambda u: torch.softmax(u, -1)), "node 'mul'"),
-    "cumsum gate": (dict(act=lambda u: u.cumsum(-1)), "node 'mul'"),
 }
+LAYER_SCALED = {
+    "shifted argument": dict(gate=lambda beta, z: beta * z + 0.5),
+    "softmax gate": dict(act=lambda u: torch.softmax(u, -1)),
+    "cumsum gate": dict(act=lambda u: u.cumsum(-1)),
+}
+"""Gates of ``β ⊙ z`` that swish folding does not take, but whose ``β ⊙ z`` is a layer scale (``x ⊙ γ``,
+:mod:`symalg.catalogue.rules.elementwise`): ``(d z) ⊙ f((d⁻¹β) ⊙ (d z) + c) = d (z ⊙ f(β ⊙ z + c))`` for any ``f``."""
 
 
 @pytest.mark.parametrize("name", list(NEAR_MISSES))
@@ -171,6 +175,15 @@ def test_near_misses_claim_no_scaling(name):
         analysis = derive(model, shape=shape, certify=certify)
         assert not {"PS", "SF"} & {s.group.kind for s in analysis.symmetries}, labels(analysis)
         assert any(note in n and n.startswith("fc1 ") for n in notes(analysis)), notes(analysis)
+    assert symalg.verify(analysis).passed
+
+
+@pytest.mark.parametrize("name", list(LAYER_SCALED))
+def test_a_gate_of_beta_times_z_keeps_the_scalings_moving_beta_as_a_layer_scale(name):
+    analysis = derive(Swish(**LAYER_SCALED[name]), certify=True)
+    scaling = next(s for s in analysis.symmetries if s.group.kind == "PS")
+    assert "fc1" in scaling.label and "beta" in scaling.tensors
+    assert ("S(4) on fc1" in labels(analysis)) == (name != "cumsum gate")   # cumsum mixes the features in order
     assert symalg.verify(analysis).passed
 
 
@@ -202,10 +215,12 @@ def test_other_pre_activation_and_beta_read_elsewhere():
         def forward(self, x):   # β also read by an op outside the pattern
             return super().forward(x) + self.beta.pow(2).sum()
 
-    other = derive(Other(), certify=False)   # fc1 scales freely (the gate does not read it); β and `other` stay
-    assert labels(other) == ["PositiveScaling(4, alpha=1) on fc1", "SignFlips(4) on fc1"]
-    assert all("beta" not in s.tensors for s in other.symmetries)
-    assert any(n.startswith("other ") and "node 'mul'" in n for n in notes(other)), notes(other)
+    # fc1 scales freely (the gate does not read it); β ⊙ other(x) is a layer scale: `other` scales, β moving
+    other = derive(Other(), certify=False)
+    assert labels(other) == ["PositiveScaling(4, alpha=1) on fc1", "PositiveScaling(4, alpha=1) on other",
+                             "S(4) on fc1", "SignFlips(4) on fc1", "SignFlips(4) on other"]
+    assert all(("beta" in s.tensors) == s.label.endswith("on other") for s in other.symmetries if s.group.kind == "PS")
+    assert symalg.verify(other).passed
     twice = derive(ReadTwice(), certify=False)
     assert not {"PS", "SF"} & {s.group.kind for s in twice.symmetries}, labels(twice)
     assert any("beta is also read by node 'pow" in n for n in notes(twice)), notes(twice)

@@ -24,8 +24,9 @@ out: the site appears twice, so scaling moves the reader by ``d^{-2p}`` and a si
 with a value nothing acts on (a model input, a constant tensor) passes the diagonal groups of the other factor,
 and its permutations when that value is constant along the feature axis.
 
-Ops that do not know about several factors on the same coordinates (:data:`PRODUCT_AWARE`) get the product
-through :func:`separate_factors`, which keeps only the joint permutation.
+Ops that do not know about several factors on the same coordinates (those whose registration does not declare
+``products``, :mod:`symalg.catalogue.rules.registry`) get the product through :func:`separate_factors`, which keeps
+only the joint permutation.
 
 >>> import torch, symalg
 >>> class ReGLU(torch.nn.Module):
@@ -44,16 +45,9 @@ from dataclasses import replace
 from typing import Any, Mapping, Sequence
 from fractions import Fraction
 
-from symalg.symbolic.inference import Inference, Label, Segment
+from symalg.symbolic.inference import DIAGONAL, Inference, Label, Segment
 
-__all__ = ["PRODUCT_AWARE", "multiply", "separate_factors"]
-
-DIAGONAL = frozenset({"PS", "SF", "S"})
-
-PRODUCT_AWARE = frozenset({"linear", "mul", "div", "add", "sub", "output", "cat", "flatten", "reshape", "transpose",
-                           "permute", "dropout", "identity", "neg"})
-"""Ops whose rules handle a value carrying several factor sites on the same coordinates: they bind, restrict, move
-or tie every segment alike (a linear map binds its columns once per factor)."""
+__all__ = ["multiply", "separate_factors"]
 
 
 def _ranges(label: Label) -> dict[tuple, list[Segment]]:
@@ -100,7 +94,7 @@ def multiply(state: Inference, node: str, data: Mapping[str, Any], inputs: Seque
 
 
 def separate_factors(state: Inference, node: str, label: Label) -> Label:
-    """``label`` for an op outside :data:`PRODUCT_AWARE`: where several factors share coordinates, only their
+    """``label`` for an op not declaring ``products``: where several factors share coordinates, only their
     joint permutation passes (a blocked note names ``node``) and the first factor alone stands for them."""
     if all(len(factors) == 1 for factors in _ranges(label).values()):
         return label

@@ -91,17 +91,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from types import EllipsisType
-from typing import Any, Mapping, TypeGuard
+from typing import Mapping, TypeGuard
 
 import networkx as nx
 import torch
 
+from symalg.catalogue.rules import capable
+from symalg.catalogue.rules._base import dropout_active
 from symalg.ir.graph import only_user
 
 __all__ = ["fold_attention", "dropout_active"]
 
-_LAYOUT = frozenset({"reshape", "flatten", "transpose", "permute", "identity", "unsqueeze", "squeeze", "getitem",
-                     "expand", "repeat_interleave", "select"})
 
 _REPLAY_ERRORS = (RuntimeError, IndexError, TypeError, ValueError)
 
@@ -178,17 +178,6 @@ class _Unfolded:
 
     nodes: tuple[str, ...]
     reason: str
-
-
-def dropout_active(data: Mapping[str, Any]) -> bool:
-    """A ``dropout`` node (module, ``F.dropout``, ``aten.dropout``) that zeroes entries: ``p > 0`` in training mode
-    (the module's settings, else the call's arguments; ``F.dropout`` trains by default); any other node is none."""
-    if data.get("op") != "dropout":
-        return False
-    arguments, settings = data.get("arguments", {}), data.get("settings", {})
-    p = settings.get("p", arguments.get("p", arguments.get("arg1", 0.5)))
-    training = settings.get("training", arguments.get("training", arguments.get("arg2", True)))
-    return bool(p) and bool(training)
 
 
 def scale_constant(value: object) -> bool:
@@ -602,17 +591,14 @@ def _alike(graph: nx.DiGraph, extra: str, scores: tuple[int, ...], queries: _Spl
     return True
 
 
-_ENTRYWISE = frozenset({"add", "sub", "mul", "div", "neg", "masked_fill", "aten.masked_fill_",
-                        "aten.where", "aten.zeros_like", "aten.logical_not", "aten.logical_or", "aten.logical_and"})
-"""Ops whose every output entry is a fixed function of the entries of their inputs at the same (broadcast)
-position: the masks a model builds (``zeros_like(m).masked_fill_(m, -inf)``, ``causal + padding``)."""
 _PROVENANCE_DEPTH = 16
 
 
 def _provenance(graph: nx.DiGraph, name: str, depth: int) -> list[torch.Tensor] | None:
     """Index tensors of ``name``'s shape naming, per entry, the entries it is computed from: through layout ops
-    (replayed) and entry-wise ops (:data:`_ENTRYWISE`, one tensor per operand, broadcast) up to ``depth`` nodes
-    back; any other node is its own source (``arange``). Two entries with equal provenance are equal. ``None``
+    (replayed) and entry-wise ops (registered ``entrywise``, :mod:`symalg.catalogue.rules`: the masks a model builds,
+    ``zeros_like(m).masked_fill_(m, -inf)``, ``causal + padding``; one tensor per operand, broadcast) up to ``depth``
+    nodes back; any other node is its own source (``arange``). Two entries with equal provenance are equal. ``None``
     without shapes."""
     data = graph.nodes[name]
     shape = data["shape"]
@@ -624,7 +610,7 @@ def _provenance(graph: nx.DiGraph, name: str, depth: int) -> list[torch.Tensor] 
         replayed = [_replay(graph, index, (name,)) for index in inner]
         if inner and all(index is not None for index in replayed):
             return [index for index in replayed if index is not None]
-    elif depth and data["op"] in _ENTRYWISE and sources:
+    elif depth and capable(data["op"], "entrywise") and sources:
         parts = [_provenance(graph, source, depth - 1) for source in sources]
         if all(part is not None for part in parts):
             try:
@@ -726,7 +712,7 @@ def _single_input(data: dict) -> bool:
 
 def _is_layout(data: dict) -> bool:
     """A layout op on one tensor (not ``view(dtype)``, which reinterprets the entries)."""
-    return (data["op"] in _LAYOUT and _single_input(data)
+    return (capable(data["op"], "layout") and _single_input(data)
             and not any(isinstance(v, torch.dtype) for v in data["arguments"].values()))
 
 
@@ -815,11 +801,6 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
 
 # -- rotary position embeddings ----------------------------------------------------------------------------------
 
-_POINTWISE = frozenset({"cos", "sin", "neg", "exp", "log", "abs", "sqrt", "rsqrt", "square", "identity"})
-"""Ops computing a fixed function of each entry of their one tensor input (a float cast is an ``identity``): equal
-entries stay equal."""
-_ARITHMETIC = frozenset({"mul", "div", "add", "sub", "pow"})
-"""Entrywise ops of broadcast tensors and numbers: entries computed from equal operands are equal."""
 _SOURCE_DEPTH = 64
 """How far back :func:`_value_ids` follows a table's computation."""
 
@@ -972,9 +953,11 @@ def _value_ids(graph: nx.DiGraph, name: str, depth: int) -> torch.Tensor | None:
             return distinct
         ids = _index(half).to(torch.int64)
         return torch.cat((ids, ids), -1)
-    if op in _POINTWISE and len(tensors) == 1 and graph.nodes[tensors[0]]["shape"] == shape:
+    # a fixed function of each entry (a float cast is an ``identity``; ``|z|``, a catalogue activation): equal entries
+    # stay equal
+    if (capable(op, "pointwise") or op == "abs") and len(tensors) == 1 and graph.nodes[tensors[0]]["shape"] == shape:
         return _value_ids(graph, tensors[0], depth - 1)
-    if op in _ARITHMETIC:
+    if capable(op, "arithmetic"):
         operands = [_value_ids(graph, t, depth - 1) for t in tensors]
         if any(o is None or not _broadcasts(tuple(o.shape), shape) for o in operands):
             return distinct

@@ -49,10 +49,10 @@ from typing import Any, Callable, Mapping
 import networkx as nx
 import torch
 import torch.fx
-import torch.nn.functional as F
 from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from symalg.catalogue.activations import CATALOGUE
+from symalg.catalogue.rules import spelling_table
 from symalg.errors import SpecError
 from symalg.frontend.attention_folding import fold_attention as fold_attention_pass
 from symalg.frontend.export_shapes import InputShapes, export_dynamic, input_shapes, static_shapes
@@ -68,53 +68,19 @@ __all__ = ["ModelGraph", "trace", "canonical_module_op"]
 
 nn = torch.nn
 
-_MODULE_OPS = {
-    nn.Linear: "linear", nn.Conv1d: "conv", nn.Conv2d: "conv", nn.BatchNorm1d: "batch_norm",
-    nn.BatchNorm2d: "batch_norm", nn.LayerNorm: "layer_norm", nn.GroupNorm: "group_norm", nn.RMSNorm: "rms_norm",
-    nn.MultiheadAttention: "multihead_attention", nn.Embedding: "embedding", nn.MaxPool1d: "max_pool",
-    nn.MaxPool2d: "max_pool", nn.AdaptiveMaxPool1d: "max_pool", nn.AdaptiveMaxPool2d: "max_pool",
-    nn.AvgPool1d: "avg_pool", nn.AvgPool2d: "avg_pool", nn.AdaptiveAvgPool1d: "avg_pool",
-    nn.AdaptiveAvgPool2d: "avg_pool", nn.Flatten: "flatten", nn.Dropout: "dropout", nn.Softmax: "softmax",
-    nn.LogSoftmax: "log_softmax",
-}
-"""Structural modules (activation modules are spelled by their catalogue entries)."""
+_SPELLINGS = spelling_table()
+"""The structural ops' spellings, from the op-rule registry (:mod:`symalg.catalogue.rules.registry`; activation
+spellings come from the catalogue)."""
+_MODULE_OPS = _SPELLINGS.modules
+"""``{module class: op}``."""
+_FUNCTIONS = _SPELLINGS.functions
+"""``{function: op}``."""
+_METHODS = _SPELLINGS.methods
+"""``{tensor method: op}``."""
+_ATEN = _SPELLINGS.aten
+"""``{ATen overload packet name: op}``."""
 
-_FUNCTIONS: dict[object, str] = {
-    F.linear: "linear", operator.add: "add",
-    torch.add: "add", operator.iadd: "add", operator.mul: "mul", torch.mul: "mul", operator.imul: "mul",
-    operator.truediv: "div", torch.div: "div", operator.neg: "neg", torch.neg: "neg", operator.sub: "sub",
-    torch.sub: "sub", torch.cat: "cat", torch.concat: "cat", torch.flatten: "flatten", F.softmax: "softmax",
-    torch.softmax: "softmax", F.log_softmax: "log_softmax", torch.log_softmax: "log_softmax",
-    F.scaled_dot_product_attention: "sdpa", torch.matmul: "matmul", operator.matmul: "matmul",
-    torch.bmm: "matmul", F.layer_norm: "layer_norm", F.rms_norm: "rms_norm", torch.cdist: "cdist",
-    torch.exp: "exp", operator.pow: "pow", torch.pow: "pow", torch.sin: "sin", torch.cos: "cos",
-    torch.sqrt: "sqrt", torch.log: "log", F.dropout: "dropout", F.max_pool1d: "max_pool", F.max_pool2d: "max_pool",
-    F.avg_pool1d: "avg_pool", F.avg_pool2d: "avg_pool", F.adaptive_avg_pool1d: "avg_pool",
-    F.adaptive_avg_pool2d: "avg_pool", operator.getitem: "getitem", torch.transpose: "transpose",
-    torch.permute: "permute", torch.reshape: "reshape", F.embedding: "embedding", F.conv1d: "conv", F.conv2d: "conv",
-    F.group_norm: "group_norm", F.batch_norm: "batch_norm", torch.addmm: "addmm", torch.select: "select",
-    torch.unflatten: "reshape", torch._weight_norm: "weight_norm",
-}
-"""Structural functions (activation functions are spelled by their catalogue entries)."""
-
-_POOLED_DIMS: dict[object, int] = {
-    nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.AdaptiveMaxPool1d: 1, nn.AdaptiveMaxPool2d: 2, nn.AvgPool1d: 1,
-    nn.AvgPool2d: 2, nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2, F.max_pool1d: 1, F.max_pool2d: 2,
-    F.avg_pool1d: 1, F.avg_pool2d: 2, F.adaptive_avg_pool1d: 1, F.adaptive_avg_pool2d: 2,
-}
-"""How many trailing axes a pooling layer or function pools over (setting ``pooled_dims``)."""
-
-_METHODS = {
-    "add": "add", "add_": "add", "mul": "mul", "mul_": "mul", "div": "div", "div_": "div", "neg": "neg",
-    "sub": "sub", "view": "reshape", "reshape": "reshape", "transpose": "transpose", "permute": "permute",
-    "contiguous": "identity", "flatten": "flatten", "softmax": "softmax", "log_softmax": "log_softmax",
-    "exp": "exp", "pow": "pow", "square": "square", "sqrt": "sqrt", "matmul": "matmul", "size": "size",
-    "dim": "size", "clone": "identity", "select": "select", "unflatten": "reshape",
-    "expand": "expand", "t": "transpose",
-}
-"""Structural tensor methods (activation methods are spelled by their catalogue entries)."""
-
-_IN_PLACE = {"add_", "mul_", "div_"} | IN_PLACE_METHODS
+_IN_PLACE = {method for method in _METHODS if method.endswith("_")} | IN_PLACE_METHODS
 
 def canonical_module_op(module: nn.Module) -> tuple[str, dict]:
     """``(canonical op, settings)`` of a module; activation modules map to catalogue names.
@@ -140,8 +106,7 @@ def _module_settings(module: nn.Module) -> dict:
     if isinstance(module, nn.MultiheadAttention):
         settings.update(same_embed=module._qkv_same_embed_dim, bias_kv=module.bias_k is not None,
                         add_zero_attn=module.add_zero_attn, dropout=module.dropout)
-    if type(module) in _POOLED_DIMS:
-        settings["pooled_dims"] = _POOLED_DIMS[type(module)]
+    settings.update(_SPELLINGS.settings.get(type(module), {}))   # a pooling layer's pooled_dims
     if isinstance(module, (nn.Conv1d, nn.Conv2d)):
         settings.update(padding_mode=module.padding_mode, in_channels=module.in_channels,
                         out_channels=module.out_channels, padding=module.padding)
@@ -287,28 +252,6 @@ def _traced(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object],
                             f"and torch.export failed too ({_failure(export_error)})") from None
 
 
-_ATEN = {
-    "linear": "linear", "add": "add", "mul": "mul", "div": "div", "neg": "neg", "cat": "cat", "view": "reshape",
-    "reshape": "reshape", "transpose": "transpose", "permute": "permute", "clone": "identity",
-    "contiguous": "identity", "_softmax": "softmax", "softmax": "softmax", "_log_softmax": "log_softmax",
-    "log_softmax": "log_softmax", "t": "transpose", "flatten": "flatten", "exp": "exp",
-    "scaled_dot_product_attention": "sdpa", "matmul": "matmul", "layer_norm": "layer_norm", "embedding": "embedding",
-    "getitem": "getitem", "sub": "sub", "pow": "pow", "sin": "sin", "cos": "cos", "log": "log",
-    "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square", "dropout": "dropout", "cdist": "cdist",
-    "max_pool1d": "max_pool", "max_pool2d": "max_pool", "avg_pool1d": "avg_pool", "avg_pool2d": "avg_pool",
-    "adaptive_avg_pool1d": "avg_pool", "adaptive_avg_pool2d": "avg_pool", "conv1d": "conv", "conv2d": "conv",
-    "group_norm": "group_norm", "rms_norm": "rms_norm", "batch_norm": "batch_norm", "addmm": "addmm",
-    "select": "select", "unflatten": "reshape", "expand": "expand",
-    "split": "split", "split_with_sizes": "split", "chunk": "chunk", "bmm": "matmul", "baddbmm": "baddbmm",
-    "unsqueeze": "unsqueeze", "squeeze": "squeeze", "mean": "mean", "sum": "sum", "masked_fill": "masked_fill",
-    "repeat_interleave": "repeat_interleave", "_weight_norm": "weight_norm",
-}
-_ATEN_POOLED_DIMS = {"max_pool1d": 1, "max_pool2d": 2, "avg_pool1d": 1, "avg_pool2d": 2, "adaptive_avg_pool1d": 1,
-                     "adaptive_avg_pool2d": 2}
-"""How many trailing axes an ATen pooling op pools over (setting ``pooled_dims``, as for the modules)."""
-"""Structural ATen ops by overload packet name (activation overloads are spelled by their catalogue entries)."""
-
-
 def _function_op(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, dict]:
     """Canonical op and settings of a ``call_function``/``call_method`` node: a catalogue activation
     (with its hyper-parameters as settings) when an entry spells the callee, else a structural op.
@@ -328,14 +271,11 @@ def _function_op(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, di
         return _METHODS.get(method) or (method if method not in CATALOGUE else f"Tensor.{method}"), {"method": method}
     if _is_pack(node) and isinstance(target, type):  # a pack's target is always a class
         return "pack", {"container": target.__name__}
-    if target in _POOLED_DIMS:
-        return _FUNCTIONS[target], {"pooled_dims": _POOLED_DIMS[target]}
     if target in _FUNCTIONS:
-        return _FUNCTIONS[target], {}
+        return _FUNCTIONS[target], dict(_SPELLINGS.settings.get(target, {}))
     if aten:
         name = target.__name__.split(".")[0] if hasattr(target, "__name__") else str(target)
-        pooled = {"pooled_dims": _ATEN_POOLED_DIMS[name]} if name in _ATEN_POOLED_DIMS else {}
-        return _ATEN.get(name, f"aten.{name}"), pooled
+        return (_ATEN[name], dict(_SPELLINGS.settings.get(name, {}))) if name in _ATEN else (f"aten.{name}", {})
     name = getattr(target, "__name__", str(target))
     return (name if name not in CATALOGUE else f"{getattr(target, '__module__', '')}.{name}"), {}
 
@@ -402,13 +342,9 @@ def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[i
     return record
 
 
-_LAYER_SETTINGS = {
-    "layer_norm": ("normalized_shape", "eps"), "rms_norm": ("normalized_shape", "eps"),
-    "group_norm": ("num_groups", "eps"), "batch_norm": ("training", "momentum", "eps"),
-    "conv": ("stride", "padding", "dilation", "groups"), "embedding": ("padding_idx", "max_norm"),
-}
+_LAYER_SETTINGS = _SPELLINGS.arguments
 """The settings a layer called as a function (``F.layer_norm``, ``aten.conv1d``) reads off its arguments, named as
-the module's attributes."""
+the module's attributes (:attr:`~symalg.catalogue.rules.OpSpellings.arguments`)."""
 _LAYER_TENSORS = ("weight", "bias", "running_mean", "running_var")
 
 

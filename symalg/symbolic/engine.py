@@ -16,26 +16,25 @@ from typing import Mapping
 import networkx as nx
 
 from symalg.catalogue.activations import CATALOGUE
-from symalg.catalogue.products import PRODUCT_AWARE, separate_factors
-from symalg.catalogue.rules import (OP_RULES, OVERLAYABLE, WEIGHT_RULES, Inputs, Rule, WeightExpr, activation_rule,
-                                   unknown_rule)
+from symalg.catalogue.products import separate_factors
+from symalg.catalogue.rules import OP_RULES, REGISTRY, Inputs, Rule, WeightExpr, activation_rule, capable, unknown_rule
 from symalg.errors import SpecError
 from symalg.ir.graph import ModelGraph
-from symalg.symbolic.inference import ALL, CENTER_AWARE, Inference, Label, ModelSites, check_loss, solve
+from symalg.symbolic.inference import ALL, Inference, Label, ModelSites, check_loss, solve
 
 __all__ = ["infer_model", "rule_for", "check_overlays"]
 
 
 def rule_for(op: str, inputs: Inputs, catalogue: Mapping) -> Rule:
     """The op's rule; an op reading a parameter (or a weight computed from parameters) as a value gets
-    the unknown rule unless its rule reads weights (a parameter under ``relu`` is not a feature axis).
-    An overlay entry (one that is not the built-in catalogue's) named like a pointwise op rule
-    (``sin``, ``abs``; :data:`~symalg.catalogue.rules.OVERLAYABLE`) replaces that rule: the user's declared
+    the unknown rule unless its registration declares ``weights`` (a parameter under ``relu`` is not a feature axis).
+    An overlay entry (one that is not the built-in catalogue's) named like an op rule declaring ``pointwise``
+    (``sin``, ``exp``; :data:`~symalg.catalogue.rules.CAPABILITIES`) replaces that rule: the user's declared
     identity is what the op is checked and claimed under."""
-    if op not in WEIGHT_RULES and any(isinstance(i, WeightExpr) or isinstance(i, tuple) and i[:1] == ("param",)
+    if not capable(op, "weights") and any(isinstance(i, WeightExpr) or isinstance(i, tuple) and i[:1] == ("param",)
                                       for i in inputs):
         return unknown_rule
-    if op in OVERLAYABLE and op in catalogue and catalogue[op] is not CATALOGUE.get(op):
+    if capable(op, "pointwise") and op in catalogue and catalogue[op] is not CATALOGUE.get(op):
         return activation_rule
     if op in OP_RULES:
         return OP_RULES[op]
@@ -48,10 +47,10 @@ def check_overlays(catalogue: Mapping) -> None:
     """Refuse an overlay entry named like a structural op (``add``, ``linear``): an activation entry
     cannot describe what that op does, and its rule would silently win."""
     for name in catalogue:
-        if name in OP_RULES and name not in OVERLAYABLE and catalogue[name] is not CATALOGUE.get(name):
+        if name in OP_RULES and not capable(name, "pointwise") and catalogue[name] is not CATALOGUE.get(name):
+            pointwise = sorted(op for op in REGISTRY if capable(op, "pointwise"))
             raise SpecError(f"catalogue: entry {name!r} names the structural op {name!r}, which an activation "
-                            f"entry cannot describe; only pointwise ops ({', '.join(sorted(OVERLAYABLE))}) may be "
-                            "overlaid")
+                            f"entry cannot describe; only pointwise ops ({', '.join(pointwise)}) may be overlaid")
 
 
 
@@ -69,9 +68,9 @@ def infer_model(model_graph: ModelGraph, catalogue: Mapping = CATALOGUE, loss: s
     for node in nx.topological_sort(state.graph):
         data = state.graph.nodes[node]
         inputs = [state.labels.get(i) if i is not None else None for i in data["inputs"]]
-        if data["op"] not in PRODUCT_AWARE:
+        if not capable(data["op"], "products"):
             inputs = [separate_factors(state, node, i) if isinstance(i, Label) else i for i in inputs]
-        if data["op"] not in CENTER_AWARE:
+        if not capable(data["op"], "shifts"):
             for label in inputs:
                 if isinstance(label, Label) and any(seg.center for seg in label.segments):
                     state.restrict_label(label.map_segments(center=Fraction(0)), ALL - {"SF"}, node,

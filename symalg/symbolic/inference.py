@@ -63,11 +63,10 @@ KINDS = ("GL", "O", "O1", "C", "PS", "SF", "EF", "S", "T", "T1")
 GRANTED = frozenset({"C"})
 """Kinds a site carries only where the rule making it grants them (``C``: a head's query/key planes under rotary
 embeddings, :func:`~symalg.catalogue.rules.attention_sites`); any restriction not naming them removes them."""
-CENTER_AWARE = frozenset({"linear", "conv", "flatten", "reshape", "transpose", "permute", "identity", "cat"})
-"""Ops that carry or absorb the shift ``center·(1 − g1)`` of an affine sign flip (only a biased linear map, or a
-biased convolution without padding, absorbs it); any other reader of a shifted value removes the flips."""
 ALL = frozenset(KINDS) - GRANTED
 """The kinds a new site may carry until an op restricts them."""
+DIAGONAL = frozenset({"PS", "SF", "S"})
+"""Kinds acting by diagonal matrices and permutations: what a parameter multiplying a site entrywise moves with."""
 DIAGONAL_MOVES = frozenset({"PS", "SF"})
 """Kinds that rescale the diagonal of a diagonal map reading the site (a norm's gain absorbs them)."""
 TRANSLATIONS = frozenset({"T", "T1"})

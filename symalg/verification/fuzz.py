@@ -5,7 +5,8 @@
 :class:`Case`: a list of layers and a straight-line ``forward`` program over a small op table
 (:data:`OPS`), which :meth:`Case.build` runs as an ``nn.Module`` and :meth:`Case.source` prints as a
 standalone Python script building the same model with the same values (a failure is a copy-paste
-reproduction).
+reproduction). The ``rules`` family draws from the op-rule registry instead (:func:`registered_models`): every
+registered rule's example and near misses, so a new rule is fuzzed with no change here.
 
 :func:`run` traces (:func:`symalg.trace`: fx first, or ``torch.export`` alone for a share of the attention
 families, :data:`EXPORTED`), derives (:func:`derive_claims`, with or without the numerical
@@ -49,6 +50,7 @@ from torch import nn
 
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 from symalg.catalogue.activations import CatalogueEntry
+from symalg.catalogue.rules import REGISTRY
 from symalg.errors import SpecError
 from symalg.ir.graph import ModelGraph
 from symalg.symbolic.derive import Analysis, derive
@@ -390,16 +392,22 @@ class Case:
     families' export-forced cases, whose ``torch.export`` graphs fx would never hand over."""
     special: tuple[tuple[str, float], ...] = ()
     """Parameters set to special values after :func:`randomize` (the ``special`` family): ``(name, value)``."""
+    registered: tuple[str, int] | None = None
+    """The ``rules`` family's model: ``(op, k)``, the registered example (``k = 0``) or near miss ``k − 1`` of the op
+    rule (:func:`registered_model`); ``layers`` and ``steps`` are then empty."""
 
     @property
     def description(self) -> str:
         call = f"symalg.verification.fuzz.generate({self.seed}, {self.index}, {self.family!r})"
         return f"{self.family}/{self.variant} ({call})"
 
-    def build(self) -> tuple[nn.Module, tuple[torch.Tensor]]:
-        """``(model, (x,))`` in float64; the global torch seed is left as it was."""
+    def build(self) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+        """``(model, (x,))`` in float64 (a registered model: its example inputs); the global torch seed is left as it
+        was."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.torch_seed)
+            if self.registered is not None:
+                return build_registered(*self.registered)
             model = randomize(FuzzModel(self.layers, self.steps, self.output).double())
             with torch.no_grad():
                 for name, value in self.special:
@@ -413,6 +421,14 @@ class Case:
 
     def source(self) -> str:
         """A standalone script that builds the same model and input, values included, and prints its false claims."""
+        if self.registered is not None:
+            return "\n".join(["# " + self.description, "import torch", "import symalg",
+                              "from symalg.verification.certification import claim_errors",
+                              "from symalg.verification.fuzz import build_registered", "",
+                              f"torch.manual_seed({self.torch_seed})",
+                              f"model, inputs = build_registered{self.registered!r}",
+                              f"analysis = symalg.derive(symalg.trace(model, inputs{self._tracer_argument}))",
+                              "print([str(e) for e in claim_errors(analysis) if not e.holds])"]) + "\n"
         kind, names = self.output
         returned = {"tensor": names[0], "tuple": f"({', '.join(names)},)",
                     "dict": "{" + ", ".join(f"{n!r}: {n}" for n in names) + "}"}[kind]
@@ -453,6 +469,8 @@ class _Builder:
         self.layers: list[tuple[str, Layer]] = []
         self.steps: list[Step] = []
         self.variant: list[str] = []
+        self.registered: tuple[str, int] | None = None
+        """Set by the ``rules`` family: the registered model it drew (:attr:`Case.registered`)."""
 
         self.reuse: Iterator[tuple[str, Layer]] | None = None   # inside twice(): the first call's layers
         self.evens: random.Random | None = None
@@ -1616,6 +1634,108 @@ def _complex(b: _Builder) -> _Drawn:
     return shape, 0, b.op("fft", b.linear(x, h, m))
 
 
+CONTRACTIONS = ("x_wt", "x_wt", "x_w", "w_x", "bias", "shared", "tokens")
+"""What the ``contraction`` family draws: a value times a weight matrix read as a dense map,
+``x @ W.transpose(-2, -1)``, ``x @ W`` (``W`` stored ``(in, out)``), ``W @ xᵀ`` transposed back, with a bias added,
+one ``W`` read twice; the near miss ``W @ x`` over the tokens (the sites run along the features)."""
+
+
+def _contraction_family(b: _Builder) -> _Drawn:
+    """Dense maps written as products with a weight matrix (Falcon's ``x @ W.T``), between activations and a
+    ``Linear`` (:data:`CONTRACTIONS`)."""
+    rng, n, d, m = b.rng, b.width(), b.width(2), b.width()
+    kind = rng.choice(CONTRACTIONS)
+    b.variant.append(kind)
+    t = rng.randint(2, 4)
+    shape = (rng.randint(2, 4), t, n) if kind == "tokens" or rng.random() < 0.4 else (rng.randint(2, 5), n)
+
+    def weight(*size: int) -> str:
+        return b.op("param", layer=b.add("Parameter", *size))
+
+    x = b.act(b.linear("x", n, n))
+    if kind in ("x_wt", "bias", "shared"):
+        w = weight(d, n)
+        h = b.op("matmul_t", x, w)
+        if kind == "bias":
+            h = b.op("add", h, weight(d))
+        if kind == "shared" and d == n:   # the same W twice: x W^T W^T
+            h = b.op("matmul_t", b.act(h), w)
+    elif kind == "x_w":
+        h = b.op("matmul", x, weight(n, d))
+    elif kind == "w_x":
+        h = b.op("transpose", b.op("matmul", weight(d, n), b.op("transpose", x, a=-2, b=-1)), a=-2, b=-1)
+    else:
+        h, d = b.op("matmul", weight(t, t), x), n
+    return shape, 0, b.linear(b.act(h), d, m)
+
+
+LAYER_SCALES = ("vector", "vector", "keepdim", "conv", "residual", "scalar", "per_position", "twice")
+"""What the ``layer_scale`` family draws: a per-feature ``γ`` of shape ``(d,)``, ``(1, …, d)``, ``(C, 1)`` after a
+convolution, in a residual branch (CaiT), and the near misses: one ``γ`` for every feature (``(1,)``), a ``γ`` per
+position and feature (``(T, d)``), ``γ`` applied twice."""
+
+
+def _layer_scale(b: _Builder) -> _Drawn:
+    """A learnable layer scale ``h ⊙ γ`` (ConvNeXt, CaiT) between dense layers (:data:`LAYER_SCALES`), written
+    ``h * γ`` or ``γ * h``."""
+    rng, n, d, m = b.rng, b.width(), b.width(2), b.width()
+    kind = rng.choice(LAYER_SCALES)
+    b.variant.append(kind)
+    t = rng.randint(2, 4)
+    shape = (rng.randint(2, 4), t, n) if kind in ("keepdim", "per_position") or rng.random() < 0.3 else \
+        (rng.randint(2, 5), n)
+    gamma = {"vector": (d,), "keepdim": (1,) * (len(shape) - 1) + (d,), "residual": (d,), "scalar": (1,),
+             "per_position": (t, d), "twice": (d,), "conv": (d, 1)}[kind]
+
+    def scale(x: str) -> str:
+        p = b.op("param", layer=b.add("Parameter", *gamma))
+        return b.op("mul", x, p) if rng.random() < 0.5 else b.op("mul", p, x)
+
+    if kind == "conv":
+        shape = (shape[0], n, t)
+        h = scale(b.act(b.call(b.add("Conv1d", n, d, 1), "x")))
+        return shape, 0, b.call(b.add("Conv1d", d, m, 1), h)
+    h = b.linear("x", n, d)
+    if kind == "residual":
+        y = b.op("add", h, scale(b.mlp(b.act(h), d, d, 2)))
+    else:
+        y = scale(b.act(h))
+        y = scale(y) if kind == "twice" else y
+    return shape, 0, b.linear(y, d, m)
+
+
+def registered_models() -> list[tuple[str, int]]:
+    """Every ``(op, k)`` the ``rules`` family draws, from the op-rule registry (:mod:`symalg.catalogue.rules`):
+    ``k = 0`` the op's example, ``k ≥ 1`` its near miss ``k − 1``. A rule registered with its example and near misses is
+    fuzzed with no change here.
+
+    >>> ("linear", 0) in registered_models()
+    True
+    """
+    return [(op, k) for op, registration in sorted(REGISTRY.items()) if registration.example is not None
+            for k in range(1 + len(registration.near_misses))]
+
+
+def build_registered(op: str, k: int) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """The registered model ``(op, k)`` (:func:`registered_models`) in float64 with the fuzzer's values
+    (:func:`randomize`), floating inputs in float64, drawn from the global torch seed."""
+    registration = REGISTRY[op]
+    factory = registration.example if k == 0 else registration.near_misses[k - 1]
+    if factory is None:
+        raise SpecError(f"build_registered: op {op!r} registers no example")
+    model, inputs = factory()
+    return randomize(model.double()), tuple(i.double() if i.is_floating_point() else i for i in inputs)
+
+
+def _rules(b: _Builder) -> _Drawn:
+    """A registered op's example or one of its near misses (:func:`registered_models`), traced by fx or, for a share,
+    by ``torch.export`` (:data:`EXPORTED`), which reads the ops' ATen spellings."""
+    b.registered = b.rng.choice(registered_models())
+    op, k = b.registered
+    b.variant.append(op if k == 0 else f"{op}~{k}")
+    return (), 0, "x"
+
+
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "scores": _scores, "embedding": _embedding, "concat": _concat,
@@ -1630,10 +1750,13 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "weight_norm": _weight_norm_family,
     "scripted": _scripted,
     "complex": _complex,
+    "rules": _rules,
+    "layer_scale": _layer_scale,
+    "contraction": _contraction_family,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
-EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3}
+EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3, "rules": 0.3}
 """Families some of whose models are traced by ``torch.export`` alone (with this probability, drawn apart from the
 model), since fx traces every generated model and export decomposes ``nn.MultiheadAttention`` and spells attention
 with ATen ops (``bmm``, ``baddbmm``, ``select``, ``squeeze``) that attention folding must read exactly."""
@@ -1653,7 +1776,8 @@ def generate(seed: int, index: int, family: str | None = None) -> Case:
     shape, vocab, result = FAMILIES[family](b)
     outputs = result if isinstance(result, tuple) else (result,)
     kind = "tuple" if len(outputs) > 1 else "tensor"
-    if family == "outputs" or rng.random() < 0.15:  # dicts and tuples, hidden values exposed
+    # dicts and tuples, hidden values exposed (a registered model returns what its example returns)
+    if b.registered is None and (family == "outputs" or rng.random() < 0.15):
         hidden = [s.out for s in b.steps if isinstance(s.out, str) and s.out not in outputs]
         outputs += tuple(rng.sample(hidden, min(len(hidden), rng.randint(0, 2))))
         kind = rng.choice(["dict", "tuple"])
@@ -1663,7 +1787,7 @@ def generate(seed: int, index: int, family: str | None = None) -> Case:
     variant = "-".join(b.variant + ([kind] if kind != "tensor" else []) + (["export"] if tracer == "export" else [])
                        + [f"{name}={value:g}" for name, value in special]) or "plain"
     return Case(seed, index, family, variant, tuple(b.layers), tuple(b.steps), (kind, outputs), shape, vocab,
-                rng.randrange(2 ** 31), tracer, special)
+                rng.randrange(2 ** 31), tracer, special, b.registered)
 
 
 def _special_values(b: _Builder, rng: random.Random) -> tuple[tuple[str, float], ...]:
