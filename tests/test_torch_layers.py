@@ -241,3 +241,103 @@ def test_the_automatic_tracer_exports_torch_transformer_stacks(stack):
     assert graph.tracer == "export" and f"module 'layer' ({name}:" in graph.tracer_note
     heads = [label for label in labels if label.startswith("S(2) on layer.") and label.endswith(".heads")]
     assert len(heads) == (2 if stack == "encoder" else 3) and "S(8) on inp" in labels and error < 1e-10
+
+
+class Bilinear(nn.Module):
+    """``out(relu(bilinear(x1, x2)))``: ``x1 = a(x)`` (through a LayerNorm when ``norm``), ``x2 = b(x)``, or
+    ``x2 = x1`` when ``shared``."""
+
+    def __init__(self, shared=False, norm=False):
+        super().__init__()
+        self.a, self.b, self.out = nn.Linear(3, 4), nn.Linear(3, 5), nn.Linear(6, 2)
+        self.norm = nn.LayerNorm(4) if norm else nn.Identity()
+        self.bilinear = nn.Bilinear(4, 4 if shared else 5, 6)
+        self.shared = shared
+
+    def forward(self, x):
+        x1 = self.norm(self.a(x))
+        return self.out(torch.relu(self.bilinear(x1, x1 if self.shared else self.b(x))))
+
+
+def test_bilinear_gives_each_input_its_general_linear_group_on_both_routes():
+    """``y_k = x₁ᵀ W_k x₂ + b_k``: ``GL`` on each input's site (``W``'s axes 1 and 2), scalings and permutations of
+    its outputs through the ReLU; fx's ``Bilinear`` node and export's ``aten.bilinear`` give the same claims."""
+    model = built(Bilinear)
+    graph, fx, error = raw(model, example(), "fx")
+    assert "Bilinear" in [graph.node(v)["op"] for v in graph.nodes]
+    exported_graph, exported, export_error = raw(model, example(), "export")
+    assert "aten.bilinear" in [exported_graph.node(v)["op"] for v in exported_graph.nodes]
+    assert fx == exported == {"GL(4) on a", "GL(5) on b", "PositiveScaling(6, alpha=1) on bilinear",
+                              "S(6) on bilinear"}
+    assert max(error, export_error) < 1e-10
+
+
+def test_bilinear_certifies_and_verifies_with_one_input_on_both_sides():
+    """``bilinear(x₁, x₁)``: one ``GL(4)`` acting on both of ``W``'s input axes, ``W_k ↦ g⁻ᵀ W_k g⁻¹``."""
+    analysis = symalg.derive(symalg.trace(built(Bilinear, shared=True), example()))
+    assert {s.label for s in analysis.symmetries} >= {"GL(4) on a"}
+    assert all(e.holds for e in analysis.certification) and symalg.verify(analysis).passed
+
+
+def test_bilinear_refuses_the_translation_of_its_input():
+    """A LayerNorm's bias before a bilinear map would shift ``x₁`` by ``t``, changing ``y_k`` by ``tᵀ W_k x₂``: no
+    bias gives that back, so the norm's shear is not claimed (before a linear map it is); its gain still scales and
+    flips, and the translation along ``1`` of ``a``'s rows (which the norm removes) stays."""
+    _, labels, error = raw(built(Bilinear, norm=True), example(), "fx")
+    assert labels == {"Translations(4, along 1) on a", "GL(5) on b", "PositiveScaling(4, alpha=1) on norm",
+                      "SignFlips(4) on norm", "PositiveScaling(6, alpha=1) on bilinear", "S(4) on a",
+                      "S(6) on bilinear"}
+    assert error < 1e-10
+
+
+class Transposed(nn.Module):
+    """``up(relu(convT(down(x))))`` on ``(B, 2, 6)``: ``down`` (a convolution) read linearly by the transposed one."""
+
+    def __init__(self, groups=1):
+        super().__init__()
+        self.down, self.up = nn.Conv1d(2, 4, 3), nn.Conv1d(6, 2, 1)
+        self.convT = nn.ConvTranspose1d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=groups)
+
+    def forward(self, x):
+        return self.up(torch.relu(self.convT(self.down(x))))
+
+
+def transposed_example():
+    torch.manual_seed(1)
+    return (torch.randn(2, 2, 6, dtype=torch.float64),)
+
+
+def test_conv_transpose_moves_its_input_and_output_channels_on_both_routes():
+    """``W`` of shape ``(in, out, k)``: ``GL(4)`` on ``down``'s channels (``W``'s axis 0 reads them linearly), the
+    output channels (axis 1 and the bias) scale and permute through the ReLU; fx's ``ConvTranspose1d`` node and
+    export's ``aten.conv_transpose1d`` give the same claims, which certify and verify."""
+    model = built(Transposed)
+    _, fx, error = raw(model, transposed_example(), "fx")
+    _, exported, export_error = raw(model, transposed_example(), "export")
+    assert fx == exported == {"GL(4) on down", "PositiveScaling(6, alpha=1) on convT", "S(6) on convT"}
+    assert max(error, export_error) < 1e-10
+    analysis = symalg.derive(symalg.trace(model, transposed_example()))
+    assert all(e.holds for e in analysis.certification) and symalg.verify(analysis).passed
+
+
+def test_grouped_conv_transpose_is_an_unknown_op():
+    model = built(Transposed, groups=2)
+    graph, labels, _ = raw(model, transposed_example(), "fx")
+    assert labels == set()
+    blocked = symalg.derive(graph, certify=False).blocked
+    assert any("op 'ConvTranspose1d' is not in the equivariance catalogue" in b.reason for b in blocked)
+
+
+@pytest.mark.parametrize("family, expected", [
+    ("torch_layers", {"encoder", "decoder", "seq-first", "pre-norm", "no-bias", "train", "dropout", "gelu", "causal",
+                      "per-head", "export"}),
+    ("bilinear", {"linear", "act", "raw", "norm", "shifted", "shared", "no-bias", "export"}),
+    ("conv_transpose", {"ConvTranspose1d", "ConvTranspose2d", "conv", "act", "raw", "norm", "groups2", "export"}),
+])
+def test_the_fuzzer_draws_these_layers_and_their_near_misses(family, expected):
+    """The families the quick fuzz tiers run (``tests/test_fuzz.py``) draw every variant and near miss."""
+    from symalg.verification import fuzz
+
+    variants = [f"-{fuzz.generate(0, i, family).variant}-" for i in range(200)]
+    missing = {token for token in expected if not any(f"-{token}-" in variant for variant in variants)}
+    assert not missing, missing

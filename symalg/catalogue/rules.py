@@ -47,7 +47,7 @@ _RULES: dict[str, Rule] = {}
 WEIGHT_RULES = frozenset({"param", "output", "pack", "linear", "add", "sub", "mul", "div", "pow", "matmul",
                           "transpose", "permute", "embedding", "cdist", "getitem", "conv", "layer_norm", "rms_norm",
                           "group_norm", "batch_norm", "addmm", "expand", "attention", "split", "chunk", "swish_beta",
-                          "weight_norm"})
+                          "weight_norm", "aten.bilinear", "aten.conv_transpose1d", "aten.conv_transpose2d"})
 """Ops whose rules read parameters (and weights computed from them) among their inputs."""
 OP_RULES = MappingProxyType(_RULES)
 """Read-only ``{canonical op: rule}``."""

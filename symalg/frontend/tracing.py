@@ -1,9 +1,11 @@
 """The torch.fx front end: any ``nn.Module`` → a :class:`ModelGraph` of canonical ops.
 
 :func:`trace` runs ``torch.fx`` symbolic tracing, keeping torch's own layers (``nn.Linear``,
-``nn.MultiheadAttention``, norm layers, ...) as single nodes, and falls back to ``torch.export`` when
-fx cannot trace the model (the graph keeps fx's reason, and the input shapes the exported graph holds for); if
-both fail the error says why and where. Example
+``nn.MultiheadAttention``, norm layers, ...) as single nodes and tracing through its composite layers the catalogue
+does not spell (``nn.TransformerEncoderLayer``, ``nn.TransformerDecoderLayer``: their attention, linear, norm and
+dropout layers), and falls back to ``torch.export`` when fx cannot trace the model or one of those layers (a mask
+makes their forward branch on a traced value; the graph keeps fx's reason, and the input shapes the exported graph
+holds for); if both fail the error says why and where. Example
 inputs are positional and keyword (``trace(model, input_ids=ids, use_cache=False)``), and every tensor the
 model returns is an output (:mod:`symalg.frontend.outputs`). Every spelling of an op
 (``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu()``, ``x.relu_()``) becomes one canonical name, and
@@ -791,7 +793,8 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
         propagation (needed for convolutions followed by ``flatten`` and for hand-written attention), the export
         fallback, and the numerical certification of :func:`symalg.derive`.
     fold_attention : fold hand-written multi-head attention into ``attention`` nodes.
-    tracer : ``"auto"`` (fx, then ``torch.export`` when fx fails), ``"fx"`` (no fallback) or
+    tracer : ``"auto"`` (fx, then ``torch.export`` when fx fails or cannot trace through one of torch's composite
+        layers, which fx alone keeps as one opaque node), ``"fx"`` (no fallback) or
         ``"export"`` (``torch.export`` only, which needs example inputs): both routes give the same
         canonical ops, so forcing one checks that they agree. The graph records which one ran and, for the
         fallback, fx's failure (``ModelGraph.tracer_note``); an exported graph also records the input shapes it

@@ -19,6 +19,7 @@ from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.products import PRODUCT_AWARE, separate_factors
 from symalg.catalogue.rules import (OP_RULES, OVERLAYABLE, WEIGHT_RULES, Inputs, Rule, WeightExpr, activation_rule,
                                    unknown_rule)
+import symalg.catalogue.torch_layer_rules  # noqa: F401  (registers the rules of torch's own layers)
 from symalg.errors import SpecError
 from symalg.ir.graph import ModelGraph
 from symalg.symbolic.inference import ALL, CENTER_AWARE, Inference, Label, ModelSites, check_loss, solve
