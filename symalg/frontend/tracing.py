@@ -1,9 +1,11 @@
 """The torch.fx front end: any ``nn.Module`` → a :class:`ModelGraph` of canonical ops.
 
 :func:`trace` runs ``torch.fx`` symbolic tracing, keeping torch's own layers (``nn.Linear``,
-``nn.MultiheadAttention``, norm layers, ...) as single nodes, and falls back to ``torch.export`` when
-fx cannot trace the model (the graph keeps fx's reason, and the input shapes the exported graph holds for); if
-both fail the error says why and where. Example
+``nn.MultiheadAttention``, norm layers, ...) as single nodes and tracing through its composite layers the catalogue
+does not spell (``nn.TransformerEncoderLayer``, ``nn.TransformerDecoderLayer``: their attention, linear, norm and
+dropout layers), and falls back to ``torch.export`` when fx cannot trace the model or one of those layers (a mask
+makes their forward branch on a traced value; the graph keeps fx's reason, and the input shapes the exported graph
+holds for); if both fail the error says why and where. Example
 inputs are positional and keyword (``trace(model, input_ids=ids, use_cache=False)``), and every tensor the
 model returns is an output (:mod:`symalg.frontend.outputs`). Every spelling of an op
 (``nn.ReLU``, ``F.relu``, ``torch.relu``, ``x.relu()``, ``x.relu_()``) becomes one canonical name, and
@@ -114,21 +116,85 @@ def _module_settings(module: nn.Module) -> dict:
 
 
 class _Tracer(torch.fx.Tracer):
-    """fx tracer keeping torch's own modules (except containers, modules with forward hooks and parametrized
-    modules) as single nodes: a hook (the hook-based ``torch.nn.utils.weight_norm`` computing ``weight`` from
-    ``weight_g`` and ``weight_v``) or a parametrization is traced with the forward it changes."""
+    """fx tracer keeping torch's own modules as single nodes, except containers, modules with forward hooks,
+    parametrized modules (a hook, as the hook-based ``torch.nn.utils.weight_norm`` computing ``weight`` from
+    ``weight_g`` and ``weight_v``, or a parametrization is traced with the forward it changes) and torch's composite
+    layers the catalogue does not spell (:func:`_opens`: ``nn.TransformerEncoderLayer``, ``nn.Transformer``...),
+    which are traced through into the layers they are made of. Where fx cannot trace such a layer (its forward
+    branches on a traced value: ``if src.dim() != 3``), the nodes it had recorded are taken back and the layer is
+    kept as one opaque node; ``closed`` maps its qualified name to fx's reason."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed: dict[str, str] = {}
+        self.taken_back: list[torch.fx.Node] = []  # parameter reads of a layer taken back (fx caches their proxies)
 
     def is_leaf_module(self, module: nn.Module, qualified_name: str) -> bool:
         if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)) or module._forward_pre_hooks \
                 or module._forward_hooks or nn.utils.parametrize.is_parametrized(module) \
                 or type(module).__module__ == "torch.nn.utils.parametrizations":   # computes a weight (_WeightNorm)
             return False
+        if _opens(module) and qualified_name not in self.closed:
+            return False
         return isinstance(module, Activation) or super().is_leaf_module(module, qualified_name)
+
+    def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
+                    kwargs: dict[str, Any]) -> Any:
+        """Trace through a layer :func:`_opens`; where that fails, take its nodes back and record it as one node."""
+        name = self.path_of_module(m)
+        if not _opens(m) or name in self.closed:
+            return super().call_module(m, forward, args, kwargs)
+        recorded = len(self.graph.nodes)
+        stack, calls = list(self.module_stack.items()), dict(self.num_calls)
+        try:
+            return super().call_module(m, forward, args, kwargs)
+        except Exception as error:  # fx's failure inside torch's own layer (which ran eagerly): keep it closed
+            for node in reversed(list(self.graph.nodes)[recorded:]):
+                if node.op == "get_attr":
+                    self.taken_back.append(node)
+                else:
+                    self.graph.erase_node(node)
+            self.module_stack.clear()
+            self.module_stack.update(stack)
+            self.num_calls = calls
+            self.closed[name] = _failure(error)
+            proxy = super().call_module(m, forward, args, kwargs)
+            proxy.node.meta["closed"] = f"torch.fx cannot trace through {type(m).__name__}: {self.closed[name]}"
+            return proxy
+
+
+def _opens(module: nn.Module) -> bool:
+    """True for a torch layer fx traces through rather than keeping as one node: one of torch's own modules that the
+    catalogue does not spell (no rule reads it as a whole) and that is made of other modules
+    (``nn.TransformerEncoderLayer``: a ``MultiheadAttention``, ``Linear``, ``LayerNorm`` and ``Dropout`` layers).
+
+    >>> _opens(torch.nn.TransformerEncoderLayer(8, 2)), _opens(torch.nn.MultiheadAttention(8, 2))
+    (True, False)
+    """
+    return type(module).__module__.startswith("torch.nn.") and type(module) not in _MODULE_OPS \
+        and not isinstance(module, Activation) and module_activation(module) is None \
+        and next(module.children(), None) is not None
+
+
+@contextlib.contextmanager
+def _decomposed_layers() -> Any:
+    """Trace torch's attention layers along their decomposed path: their eval-mode fast path (one fused
+    ``torch._transformer_encoder_layer_fwd`` or ``torch._native_multi_head_attention`` call, which no rule reads) is
+    switched off while tracing, and the setting restored. (Under ``torch.export`` the fake tensors already skip it;
+    under fx its guard ``src.dim() != 3`` would stop the trace.) Both paths compute the same function."""
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
 
 
 def _where(node: torch.fx.Node) -> str:
+    """``"node 'relu_1' (call_function relu)"``, with fx's reason for a torch layer it could not trace through."""
     target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
-    return f"node {node.name!r} ({node.op} {target})"
+    closed = f"; {node.meta['closed']}" if "closed" in node.meta else ""
+    return f"node {node.name!r} ({node.op} {target}{closed})"
 
 
 def _canonical_params(model: nn.Module) -> tuple[dict[str, str], dict[int, str]]:
@@ -172,19 +238,24 @@ def _constants(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object
     return {k: v for k, v in values.items() if isinstance(v, _CONSTANTS)}
 
 
-def _fx_graph(model: nn.Module, constants: Mapping[str, object]) -> torch.fx.GraphModule:
-    """fx's graph of ``model``, specialised on the constant keyword inputs (``use_cache=False``). A forward hook
+def _fx_graph(model: nn.Module, constants: Mapping[str, object]) -> tuple[torch.fx.GraphModule, dict[str, str]]:
+    """fx's graph of ``model``, specialised on the constant keyword inputs (``use_cache=False``), and the torch
+    layers fx could not trace through (:class:`_Tracer`: ``{qualified name: fx's reason}``). A forward hook
     may set a plain tensor attribute (weight_norm's ``weight``): it would hold fx's proxy after the trace, so its
     value before the trace is put back."""
     hooked = [(module, {k: v for k, v in vars(module).items() if isinstance(v, torch.Tensor)})
               for module in model.modules() if module._forward_pre_hooks or module._forward_hooks]
     tracer = _Tracer()
     try:
-        graph = tracer.trace(model, concrete_args=dict(constants) or None)
+        with _decomposed_layers():
+            graph = tracer.trace(model, concrete_args=dict(constants) or None)
     finally:
         for module, attributes in hooked:
             vars(module).update(attributes)
-    return torch.fx.GraphModule(tracer.root, graph)
+    for node in tracer.taken_back:
+        if not node.users:
+            graph.erase_node(node)
+    return torch.fx.GraphModule(tracer.root, graph), tracer.closed
 
 
 def _flat_outputs(model: nn.Module) -> nn.Module:
@@ -211,9 +282,11 @@ def _export_graph(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -
     graph is the one analysed: the dynamic one computes sizes in the graph (``sym_size``), which slices and
     selections read differently."""
     flat = _flat_outputs(model)
-    static = torch.export.export(flat, tuple(args), dict(kwargs), strict=False)
+    with _decomposed_layers():
+        static = torch.export.export(flat, tuple(args), dict(kwargs), strict=False)
     try:
-        dynamic = export_dynamic(flat, tuple(args), dict(kwargs))
+        with _decomposed_layers():
+            dynamic = export_dynamic(flat, tuple(args), dict(kwargs))
     except Exception as error:  # export's own failure at dynamic shapes: the graph holds at the example's only
         return static.module(), static_shapes(static, _failure(error))
     return static.module(), input_shapes(dynamic)
@@ -237,9 +310,11 @@ def _traced(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object],
             tracer: str) -> tuple[torch.fx.GraphModule, str, str, InputShapes]:
     """``(graph, tracer used, why, input shapes it holds for)``: fx's graph (which records ops, not sizes: every
     shape), else (``tracer="auto"`` with example inputs) export's, with fx's failure as the reason; the error names
-    both failures."""
+    both failures. Where fx kept one of torch's composite layers closed (:class:`_Tracer`), ``"auto"`` takes export's
+    graph, which sees inside it, and keeps fx's (the layer one opaque node) only when export fails; ``why`` names the
+    layer and both reasons."""
     try:
-        return _fx_graph(model, _constants(model, args, kwargs)), "fx", "", InputShapes((), ())
+        gm, closed = _fx_graph(model, _constants(model, args, kwargs))
     except Exception as fx_error:  # fx's own failure, reported with the export one below
         if tracer == "fx" or args is None:
             hint = "" if tracer == "fx" else "; pass example_inputs to try torch.export instead"
@@ -250,6 +325,19 @@ def _traced(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object],
         except Exception as export_error:
             raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__} ({_failure(fx_error)}) "
                             f"and torch.export failed too ({_failure(export_error)})") from None
+    if not closed:
+        return gm, "fx", "", InputShapes((), ())
+    why = "; ".join(f"torch.fx cannot trace through module {name!r} ({type(model.get_submodule(name)).__name__}: "
+                    f"{reason})" for name, reason in closed.items())
+    if tracer == "fx" or args is None:
+        hint = "tracer='export' lets" if tracer == "fx" else "example inputs let"
+        return gm, "fx", f"{why}; it is one opaque node ({hint} torch.export see inside it)", InputShapes((), ())
+    try:
+        exported, shapes = _export_graph(model, args, kwargs)
+        return exported, "export", why, shapes
+    except Exception as export_error:  # the layer stays one opaque node of fx's graph, and the note says why
+        return gm, "fx", f"{why}, and torch.export failed ({_failure(export_error)}): it is one opaque node", \
+            InputShapes((), ())
 
 
 def _function_op(node: torch.fx.Node, gm: torch.fx.GraphModule) -> tuple[str, dict]:
@@ -641,7 +729,8 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
         propagation (needed for convolutions followed by ``flatten`` and for hand-written attention), the export
         fallback, and the numerical certification of :func:`symalg.derive`.
     fold_attention : fold hand-written multi-head attention into ``attention`` nodes.
-    tracer : ``"auto"`` (fx, then ``torch.export`` when fx fails), ``"fx"`` (no fallback) or
+    tracer : ``"auto"`` (fx, then ``torch.export`` when fx fails or cannot trace through one of torch's composite
+        layers, which fx alone keeps as one opaque node), ``"fx"`` (no fallback) or
         ``"export"`` (``torch.export`` only, which needs example inputs): both routes give the same
         canonical ops, so forcing one checks that they agree. The graph records which one ran and, for the
         fallback, fx's failure (``ModelGraph.tracer_note``); an exported graph also records the input shapes it

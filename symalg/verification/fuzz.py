@@ -239,6 +239,21 @@ OPS: dict[str, Op] = {
                    "average_attn_weights={average})",
                    lambda m, x, kv, layer, mask, need, average: getattr(m, layer)(
                        x, kv, kv, attn_mask=getattr(m, mask).weight, need_weights=need, average_attn_weights=average)),
+    # torch's composite layers: a causal mask (fx cannot trace through the masked layer), a mask per head (B·H, L, L)
+    "torch_layer_causal": Op("self.{layer}({0}, src_mask=nn.Transformer.generate_square_subsequent_mask({t}, "
+                             "dtype={0}.dtype), is_causal=True)",
+                             lambda m, x, layer, t: getattr(m, layer)(
+                                 x, src_mask=nn.Transformer.generate_square_subsequent_mask(t, dtype=x.dtype),
+                                 is_causal=True)),
+    "torch_layer_mask": Op("self.{layer}({0}, src_mask=self.{mask}.weight)",
+                           lambda m, x, layer, mask: getattr(m, layer)(x, src_mask=getattr(m, mask).weight)),
+    "decoder_layer": Op("self.{layer}({0}, {1})", lambda m, x, memory, layer: getattr(m, layer)(x, memory)),
+    "decoder_layer_causal": Op("self.{layer}({0}, {1}, tgt_mask=nn.Transformer.generate_square_subsequent_mask({t}, "
+                               "dtype={0}.dtype), tgt_is_causal=True)",
+                               lambda m, x, memory, layer, t: getattr(m, layer)(
+                                   x, memory, tgt_mask=nn.Transformer.generate_square_subsequent_mask(t, dtype=x.dtype),
+                                   tgt_is_causal=True)),
+    "bilinear": Op("self.{layer}({0}, {1})", lambda m, a, b, layer: getattr(m, layer)(a, b)),
     "sigmoid": Op("torch.sigmoid({0})", lambda m, x: torch.sigmoid(x)),
     "to_complex": Op("{0}.to(torch.complex128)", lambda m, x: x.to(torch.complex128)),
     "real": Op("torch.real({0})", lambda m, x: torch.real(x)),
@@ -1736,6 +1751,99 @@ def _rules(b: _Builder) -> _Drawn:
     return (), 0, "x"
 
 
+def _torch_layers(b: _Builder) -> _Drawn:
+    """torch's own composite layers nested in a model (fx traces through them, or the automatic tracer exports the
+    model): ``nn.TransformerEncoderLayer`` or ``nn.TransformerDecoderLayer`` (memory the target itself or another
+    projection), batch or sequence first, post- or pre-norm, ReLU or GELU, with or without biases, in eval or
+    training mode (dropout on the attention weights and the feed-forward units then, drawn at times); near misses:
+    a causal mask, and a mask per head (``(B·H, L, L)``, which must remove the head permutation)."""
+    rng = b.rng
+    heads = rng.randint(1, 3)
+    d, ff, n, t = heads * rng.randint(1, 3), b.width(), b.width(), b.width(2)
+    kind, mask = rng.choice(["encoder", "encoder", "decoder"]), rng.choice(["", "", "causal", "per-head"])
+    mask = "" if kind == "decoder" and mask == "per-head" else mask
+    batch_first, norm_first, bias = rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.8
+    activation, train = rng.choice(["relu", "gelu"]), rng.random() < 0.3
+    dropout = 0.25 if train and rng.random() < 0.5 else 0.0
+    b.variant += [kind, f"heads{heads}", activation] + ["seq-first"] * (not batch_first) + ["pre-norm"] * norm_first \
+        + ["no-bias"] * (not bias) + ["train"] * train + ["dropout"] * bool(dropout) + [mask] * bool(mask)
+    x = b.linear("x", n, d)
+    cls = "TransformerEncoderLayer" if kind == "encoder" else "TransformerDecoderLayer"
+    layer = b.add(cls, d, heads, ff, dropout=dropout, activation=activation, batch_first=batch_first,
+                  norm_first=norm_first, bias=bias, train=train)
+    if kind == "decoder":
+        memory = b.linear("x", n, d) if rng.random() < 0.5 else x
+        y = b.op("decoder_layer_causal", x, memory, layer=layer, t=t) if mask == "causal" else \
+            b.op("decoder_layer", x, memory, layer=layer)
+    elif mask == "causal":
+        y = b.op("torch_layer_causal", x, layer=layer, t=t)
+    elif mask == "per-head":   # (2·H, T, T): one mask per head and batch row
+        y = b.op("torch_layer_mask", x, layer=layer, mask=b.add("Conv1d", t, 2 * heads, t, bias=False))
+    else:
+        y = b.call(layer, x)
+    return ((2, t, n) if batch_first else (t, 2, n)), 0, b.linear(b.act(y), d, b.width())
+
+
+def _bilinear(b: _Builder) -> _Drawn:
+    """``nn.Bilinear(x₁, x₂)`` between hidden layers: each input from its own dense layer (through an activation at
+    times), or both the same value; near misses: an input read raw (data, which pins its axis), an input from a
+    LayerNorm or a shifted activation (``x + 1``: a translation that no bias of a bilinear map gives back)."""
+    rng = b.rng
+    n, m = b.width(), b.width()
+    sides = []
+    shared = rng.random() < 0.25
+    for side in range(1 if shared else 2):
+        kind = rng.choice(["linear", "linear", "act", "raw", "norm", "shifted"])
+        b.variant.append(kind)
+        if kind == "raw":
+            sides.append(("x", n))
+            continue
+        width = b.width()
+        h = b.linear("x", n, width)
+        if kind == "act":
+            h = b.act(h)
+        elif kind == "norm":
+            h = b.call(b.add("LayerNorm", width), h)
+        elif kind == "shifted":
+            h = b.op("shift", b.act(h, ("relu", "tanh", "sigmoid")), c=1.0)
+        sides.append((h, width))
+    if shared:
+        b.variant.append("shared")
+        sides.append(sides[0])
+    (x1, n1), (x2, n2) = sides
+    bias = rng.random() < 0.8
+    b.variant += ["no-bias"] * (not bias)
+    y = b.op("bilinear", x1, x2, layer=b.add("Bilinear", n1, n2, m, bias=bias))
+    return (b.width(2), n), 0, b.linear(b.act(y), m, b.width())
+
+
+def _conv_transpose(b: _Builder) -> _Drawn:
+    """``nn.ConvTranspose1d/2d`` (stride 1-2, padding 0-1, output padding, dilation, bias or none) after a convolution
+    (through an activation at times) and before a convolution reading its channels; near misses: the raw input
+    (pinned), an eval BatchNorm before it (a shift of its input changes the borders), two groups (refused)."""
+    rng = b.rng
+    dims, c, h, m = rng.choice([1, 1, 2]), b.width(), b.width(), b.width()
+    conv, transposed = ("Conv1d", "ConvTranspose1d") if dims == 1 else ("Conv2d", "ConvTranspose2d")
+    source = rng.choice(["conv", "conv", "act", "raw", "norm"])
+    groups = 2 if source != "raw" and rng.random() < 0.15 else 1
+    b.variant += [transposed, source] + ["groups2"] * (groups == 2)
+    if source == "raw":
+        x, width = "x", c
+    else:
+        width = b.width() * groups
+        x = b.call(b.add(conv, c, width, rng.choice([1, 2]), bias=rng.random() < 0.8), "x")
+        if source == "act":
+            x = b.act(x)
+        elif source == "norm":
+            x = b.call(b.add(f"BatchNorm{dims}d", width, train=False), b.act(x))
+    stride, padding = rng.choice([1, 2]), rng.choice([0, 1])
+    y = b.call(b.add(transposed, width, h * groups, rng.choice([1, 2, 3]), stride=stride, padding=padding,
+                     output_padding=rng.choice([0, stride - 1]), dilation=rng.choice([1, 1, 2]), groups=groups,
+                     bias=rng.random() < 0.8), x)
+    y = b.call(b.add(conv, h * groups, m, 1), b.act(y))
+    return (2, c, *(5,) * dims), 0, y
+
+
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "scores": _scores, "embedding": _embedding, "concat": _concat,
@@ -1753,13 +1861,18 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "rules": _rules,
     "layer_scale": _layer_scale,
     "contraction": _contraction_family,
+    "torch_layers": _torch_layers,
+    "bilinear": _bilinear,
+    "conv_transpose": _conv_transpose,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
-EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3, "rules": 0.3}
+EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3, "rules": 0.3, "torch_layers": 0.3,
+            "bilinear": 0.3, "conv_transpose": 0.3}
 """Families some of whose models are traced by ``torch.export`` alone (with this probability, drawn apart from the
 model), since fx traces every generated model and export decomposes ``nn.MultiheadAttention`` and spells attention
-with ATen ops (``bmm``, ``baddbmm``, ``select``, ``squeeze``) that attention folding must read exactly."""
+with ATen ops (``bmm``, ``baddbmm``, ``select``, ``squeeze``) that attention folding must read exactly (fx traces
+through torch's unmasked Transformer layers too)."""
 
 
 def generate(seed: int, index: int, family: str | None = None) -> Case:
