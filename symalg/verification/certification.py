@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, ov
 import torch
 
 from symalg.catalogue.bindings import Binding, TranslationFamily
-from symalg.catalogue.groups import SAMPLE_SCALES, Device, SiteGroup
+from symalg.catalogue.groups import SAMPLE_SCALES, Device, Mover, SiteGroup
 from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
 from symalg.ir.graph import ModelGraph
@@ -301,23 +301,28 @@ def generic_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], gen
     constants = {f"{prefix}.{name}" if prefix else name for prefix, module in model.named_modules()
                  for name in module._non_persistent_buffers_set}
     parameters = {name for name, _ in model.named_parameters()}
-    scales = sorted(_rms(p) for p in model.parameters() if p.is_floating_point() and p.dim() >= 2)
+    rms = {name: _rms(t) for name, t in state.items()
+           if name not in constants and t.is_floating_point() and t.numel() > 0}
+    scales = sorted(r for name, r in rms.items() if name in parameters and state[name].dim() >= 2)
     reference = scales[len(scales) // 2] if scales and scales[len(scales) // 2] > 0 else 1.0
     moved = dict(state)
-    for name, t in state.items():
-        if name in constants or not t.is_floating_point() or t.numel() == 0 or not bool(t.isfinite().all()):
+    for name, r in rms.items():
+        t = state[name]
+        if not r < float("inf"):   # non-finite entries (or a norm overflowing float64): the tensor stays
             continue
         if name in parameters and t.dim() >= 2:
-            scale = max(noise * _rms(t), (2 * t.shape[0] / t.numel()) ** 0.5)
+            scale = max(noise * r, (2 * t.shape[0] / t.numel()) ** 0.5)
         else:
-            scale = noise * max(_rms(t), reference / 10)
-        eps = scale * torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.device, t.dtype)
-        moved[name] = (t + eps).abs() if bool((t > 0).all()) else t + eps
+            scale = noise * max(r, reference / 10)
+        eps = torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.device, t.dtype)
+        moved[name] = torch.add(t, eps, alpha=scale)
+        if bool(t.min() > 0):
+            moved[name].abs_()
     return moved
 
 
 def _rms(t: torch.Tensor) -> float:
-    return float(t.detach().double().pow(2).mean().sqrt()) if t.numel() else 0.0
+    return float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64)) / t.numel() ** 0.5 if t.numel() else 0.0
 
 
 class _Bound:
@@ -333,12 +338,14 @@ class _Bound:
         self.model, self.device = model, device
         self.places: dict[str, list[tuple[torch.nn.Module, str, bool]]] = {}
         owner: dict[int, str] = {}
+        modules = dict(model.named_modules(remove_duplicate=False))
         named = [(n, t, True) for n, t in model.named_parameters(remove_duplicate=False)] + \
                 [(n, t, False) for n, t in model.named_buffers(remove_duplicate=False)]
         for name, tensor, is_parameter in named:
             prefix, _, attribute = name.rpartition(".")
             canonical = owner.setdefault(id(tensor), name)
-            self.places.setdefault(canonical, []).append((model.get_submodule(prefix), attribute, is_parameter))
+            module = modules[prefix] if prefix in modules else model.get_submodule(prefix)
+            self.places.setdefault(canonical, []).append((module, attribute, is_parameter))
         self.buffers = [name for name, _ in model.named_buffers()]
         self.parameters = {name for name, _ in model.named_parameters()}
         self.training = any(m.training for m in model.modules())
@@ -379,13 +386,15 @@ class _Bound:
 class _Move:
     """One claim moved by one element, prepared once for all the passes that compose it (:func:`_changes`):
     ``factors`` where every region it moves is scaled by a diagonal (positive scalings), ``indices`` where it is
-    permuted (permutations), else neither (the claim's own ``apply`` at each pass)."""
+    permuted (permutations), ``mover`` where every region is multiplied by a matrix (``GL`` of a head: ``g⁻ᵀ``
+    computed once, not at every pass), else none (the claim's own ``apply`` at each pass: translations, shifts)."""
 
     symmetry: Symmetry
     g: torch.Tensor
     factors: tuple[tuple[tuple, Binding, torch.Tensor], ...] | None = None
     indices: tuple[tuple[tuple, Binding, torch.Tensor], ...] | None = None
     """``(region, binding, factors or index)`` for each region moved."""
+    mover: Mover | None = None
 
     @classmethod
     def scaled(cls, symmetry: Symmetry, signs: torch.Tensor) -> "_Move":
@@ -394,17 +403,23 @@ class _Move:
         return cls(symmetry, signs, factors=tuple((b.region, b, signs) for b in symmetry.moving_bindings()))
 
     @classmethod
-    def of(cls, symmetry: Symmetry, g: torch.Tensor) -> "_Move":
+    def of(cls, symmetry: Symmetry, g: torch.Tensor, memo: dict[tuple, Any] | None = None) -> "_Move":
+        """``symmetry`` moved by ``g``; ``memo`` keeps, by group and element, what the claims moved by one element
+        share (its mover, its permutation index): the discrete generators of a group, shared by its claims."""
         if symmetry.translations or symmetry.shifts:
             return cls(symmetry, g)
-        if symmetry.group.element_format == "diagonal":
-            move = symmetry.group.mover(g, checked=False)
-            factors = tuple((b.region, b, move.diagonal(b.role, b.power)) for b in symmetry.moving_bindings())
-            if all(d is not None for *_, d in factors):
-                return cls(symmetry, g, factors=factors)  # type: ignore[arg-type]
-        if symmetry.group.permutes_entries:
-            index = g.argmax(-1)
+        group, memo = symmetry.group, {} if memo is None else memo
+        if group.permutes_entries:
+            key = ("index", group, id(g))
+            index = memo[key] if key in memo else memo.setdefault(key, g.argmax(-1))
             return cls(symmetry, g, indices=tuple((b.region, b, index) for b in symmetry.moving_bindings()))
+        key = ("mover", group, id(g))
+        move = memo[key] if key in memo else memo.setdefault(key, group.mover(g, checked=False))
+        factors = tuple((b.region, b, move.diagonal(b.role, b.power)) for b in symmetry.moving_bindings())
+        if all(d is not None for *_, d in factors):
+            return cls(symmetry, g, factors=factors)
+        if all(d is None for *_, d in factors):
+            return cls(symmetry, g, mover=move)
         return cls(symmetry, g)
 
 
@@ -414,8 +429,9 @@ def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[
     A composition of symmetries in any order is a symmetry, so the claims are composed kind by kind, each region moved
     once per kind: first those that only scale their regions, their factors multiplied region by region; then the
     permutations, their indices composed region by region in turn (``U[i₁][i₂] = U[i₁[i₂]]``); then the others in
-    turn, each seeing the tensors it touches."""
-    moved = {name: state[name].detach().clone() for name in {t for m in moves for t in m.symmetry.tensors}}
+    turn, each seeing the tensors it touches. A tensor's first move computes it anew out of place (no copy of it
+    first); the later ones move that result in place."""
+    moved: dict[str, torch.Tensor] = {}
     factors: dict[tuple, tuple[Binding, torch.Tensor]] = {}
     indices: dict[tuple, tuple[Binding, torch.Tensor]] = {}
     for m in moves:
@@ -426,12 +442,23 @@ def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[
             first, composed = indices.get(region, (b, None))
             indices[region] = (first, index if composed is None else composed[index])
     for binding, diagonal in factors.values():
-        binding.scale(moved[binding.tensor], diagonal, inplace=True)
+        t = binding.tensor
+        moved[t] = binding.scale(moved[t] if t in moved else state[t].detach(), diagonal, inplace=t in moved)
     for binding, index in indices.values():
-        binding.fold(moved[binding.tensor], binding.unfold(moved[binding.tensor])[index], inplace=True)
+        t = binding.tensor
+        source = moved[t] if t in moved else state[t].detach()
+        if binding.block == 1 and binding.is_whole(source):   # the whole axis permuted: one gather, a new tensor
+            moved[t] = source.index_select(binding.axis, index)
+        else:
+            moved[t] = binding.fold(source, binding.unfold(source)[index], inplace=t in moved)
     for m in moves:
-        if m.factors is None and m.indices is None:
+        if m.mover is not None:
+            for b in m.symmetry.moving_bindings():
+                moved[b.tensor] = moved[b.tensor] if b.tensor in moved else state[b.tensor].detach().clone()
+                b.fold(moved[b.tensor], m.mover(b.unfold(moved[b.tensor]), b.role, b.power), inplace=True)
+        elif m.factors is None and m.indices is None:
             symmetry = m.symmetry
+            moved.update({t: state[t].detach().clone() for t in symmetry.tensors if t not in moved})
             read = (*symmetry.reads, *(absorber.weight for absorber, _ in symmetry.shifts))   # weights a move reads
             touched = {t: moved[t] if t in moved else state[t] for t in (*symmetry.tensors, *read)}
             moved.update({t: v for t, v in symmetry.apply(touched, m.g, inplace=True, checked=False).items()
@@ -442,9 +469,10 @@ def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[
 def compose(state: Mapping[str, torch.Tensor],
             claims: Sequence[tuple[Symmetry, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """``state`` moved by every ``(symmetry, g)`` of ``claims`` in turn, for elements ``g`` the groups drew themselves
-    (:func:`sample_elements`: not checked again). Each tensor a claim moves is copied once and moved in place, and each
-    claim sees only the tensors it touches, so composing ``n`` claims costs their moves, not ``n`` copies of ``state``
-    (a model with thousands of tensors and of claims); the other tensors are shared with ``state``.
+    (:func:`sample_elements`: not checked again). Each tensor a claim moves is computed anew once and then moved in
+    place, and each claim sees only the tensors it touches, so composing ``n`` claims costs their moves, not ``n``
+    copies of ``state`` (a model with thousands of tensors and of claims); the other tensors are shared with
+    ``state``.
 
     >>> import torch, symalg
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1)).double()
@@ -757,6 +785,7 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
     own: list[list[tuple[int, str, _Move]]] = []
     shared: dict[SiteGroup, list[tuple[str, torch.Tensor]]] = {}
     common: list[list[tuple[int, str, _Move]]] = []
+    memo: dict[tuple, Any] = {}
 
     def add(rounds: list[list[tuple[int, str, _Move]]], r: int, entry: tuple[int, str, _Move]) -> None:
         while len(rounds) <= r:
@@ -787,7 +816,7 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
             add(own, r, (i, f"discrete generator 0 times exp(M), |M| = {SAMPLE_SCALES[-1]:g}",
                          _Move.of(s, group.compose(shared[group][0][1], far))))
         for k, (label, g) in enumerate(shared[group]):
-            add(common, k, (i, label, _Move.of(s, g)))
+            add(common, k, (i, label, _Move.of(s, g, memo)))
     return [(r, False) for r in own] + [(r, True) for r in common]
 
 
@@ -803,7 +832,7 @@ def _sensitivities(bound: _Bound, point: Point, claims: Sequence[Symmetry], cros
     backward pass fails, is measured by that perturbation itself, one forward pass each."""
     parameters = {t for s in claims for t in s.tensors if isinstance(bound.current.get(t), torch.Tensor)
                   and t in bound.parameters and point.state[t].is_floating_point()}
-    leaves = {t: point.state[t].detach().clone().requires_grad_(True) for t in sorted(parameters)}
+    leaves = {t: point.state[t].detach().requires_grad_(True) for t in sorted(parameters)}   # new leaves, no copy
     note = ""
     try:
         with torch.enable_grad():
