@@ -53,6 +53,7 @@ not every tensor as ``functional_call`` does).
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, overload
 
@@ -409,12 +410,17 @@ class _Move:
         if symmetry.translations or symmetry.shifts:
             return cls(symmetry, g)
         group, memo = symmetry.group, {} if memo is None else memo
+
+        def shared(kind: str, make: Callable[[], Any]) -> Any:
+            known = memo.get((kind, group, id(g)))
+            if known is None or known[0] is not g:   # kept with its element: an id is unique while it lives
+                known = memo[(kind, group, id(g))] = (g, make())
+            return known[1]
+
         if group.permutes_entries:
-            key = ("index", group, id(g))
-            index = memo[key] if key in memo else memo.setdefault(key, g.argmax(-1))
+            index = shared("index", lambda: g.argmax(-1))
             return cls(symmetry, g, indices=tuple((b.region, b, index) for b in symmetry.moving_bindings()))
-        key = ("mover", group, id(g))
-        move = memo[key] if key in memo else memo.setdefault(key, group.mover(g, checked=False))
+        move = shared("mover", lambda: group.mover(g, checked=False))
         factors = tuple((b.region, b, move.diagonal(b.role, b.power)) for b in symmetry.moving_bindings())
         if all(d is not None for *_, d in factors):
             return cls(symmetry, g, factors=factors)
@@ -423,17 +429,95 @@ class _Move:
         return cls(symmetry, g)
 
 
+class _Drawn:
+    """Elements of one scaling group drawn at once for all its claims (a row each: ``exp(M)`` of
+    :meth:`~symalg.catalogue.groups.SiteGroup.random_algebra_elements`), with the diagonal operators of every row
+    computed at once by role and power: a claim's move is then its rows, not a mover and its operators."""
+
+    def __init__(self, group: SiteGroup, elements: torch.Tensor) -> None:
+        self.group, self.elements, self.taken = group, elements, 0
+        self.operators: list[tuple[str, Any, torch.Tensor]] = []   # a few (role, power) pairs; a Fraction hashes slowly
+
+    @staticmethod
+    def batches(group: SiteGroup) -> bool:
+        """The group's elements and operators are vectors (entrywise: a row each) and it acts by multiplying."""
+        return group.is_continuous and group.element_format == "diagonal" and type(group).act is SiteGroup.act
+
+    def operator(self, role: str, power: Any) -> torch.Tensor:
+        for known_role, known_power, rows in self.operators:
+            if known_role == role and (known_power is power or known_power == power):
+                return rows
+        rows = self.group.operator(self.elements, role, power)
+        self.operators.append((role, power, rows))
+        return rows
+
+    def move(self, symmetry: Symmetry) -> _Move:
+        """The next row's element moving ``symmetry``."""
+        row, self.taken = self.taken, self.taken + 1
+        return _Move(symmetry, self.elements[row], factors=tuple((b.region, b, self.operator(b.role, b.power)[row])
+                                                                 for b in symmetry.moving_bindings()))
+
+
+SMALL = 1 << 16
+"""Tensors of up to this many entries are moved in batches (:func:`_whole_axes`): one operation for all the tensors
+of a shape, where one per tensor would cost more in Python than in arithmetic (a deep chain of narrow layers)."""
+
+
+_Regions = dict[tuple, tuple[Binding, torch.Tensor]]
+"""``{region: (binding, factors or index)}``: the composed moves of one kind (:func:`_changes`)."""
+
+
+def _whole_axes(state: Mapping[str, torch.Tensor], moved: dict[str, torch.Tensor], regions: _Regions,
+                gather: bool) -> _Regions:
+    """Move the small tensors (:data:`SMALL`) whose ``regions`` are whole axes, in batches: the tensors of one shape
+    moved along the same axes are stacked, and each axis is multiplied by its factors, or gathered by its index
+    (``gather``), at once for all of them (``moved`` gets their views of the stack). Returns the regions left (slices,
+    blocks, large tensors), to be moved one by one.
+
+    >>> W = torch.ones(2, 3, dtype=torch.float64)
+    >>> moved = {}
+    >>> left = _whole_axes({"w": W}, moved, {("w", 1, 0, 3, 1): (Binding("w", axis=1, start=0, width=3),
+    ...                                                           torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))},
+    ...                    gather=False)
+    >>> left, moved["w"].tolist()
+    ({}, [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    """
+    left: _Regions = {}
+    axes: dict[str, dict[int, torch.Tensor]] = {}
+    for region, (b, vector) in regions.items():
+        source = moved[b.tensor] if b.tensor in moved else state[b.tensor]
+        if b.block == 1 and source.numel() <= SMALL and b.is_whole(source):
+            axes.setdefault(b.tensor, {})[b.axis] = vector
+        else:
+            left[region] = (b, vector)
+    batches: dict[tuple, list[str]] = {}
+    for t, by_axis in axes.items():
+        source = moved[t] if t in moved else state[t]
+        batches.setdefault((tuple(source.shape), source.dtype, source.device, tuple(sorted(by_axis))), []).append(t)
+    for (shape, *_, moving), names in batches.items():
+        stacked = torch.stack([moved[t] if t in moved else state[t] for t in names])
+        for axis in moving:
+            view = [len(names)] + [1] * len(shape)
+            view[axis + 1] = shape[axis]
+            vectors = torch.stack([axes[t][axis] for t in names]).view(view)
+            stacked = stacked.gather(axis + 1, vectors.expand_as(stacked)) if gather else stacked.mul_(vectors)
+        moved.update(zip(names, stacked.unbind()))
+    return left
+
+
+@torch.no_grad()   # the moved tensors are new values, not functions of the model's parameters
 def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[str, torch.Tensor]:
     """The tensors of ``state`` that ``moves`` move, moved (see :func:`compose`).
 
     A composition of symmetries in any order is a symmetry, so the claims are composed kind by kind, each region moved
     once per kind: first those that only scale their regions, their factors multiplied region by region; then the
     permutations, their indices composed region by region in turn (``U[i₁][i₂] = U[i₁[i₂]]``); then the others in
-    turn, each seeing the tensors it touches. A tensor's first move computes it anew out of place (no copy of it
-    first); the later ones move that result in place."""
+    turn, each seeing the tensors it touches. Small tensors moved along whole axes are moved in batches
+    (:func:`_whole_axes`); elsewhere a tensor's first move computes it anew out of place (no copy of it first), and the
+    later ones move that result in place."""
     moved: dict[str, torch.Tensor] = {}
-    factors: dict[tuple, tuple[Binding, torch.Tensor]] = {}
-    indices: dict[tuple, tuple[Binding, torch.Tensor]] = {}
+    factors: _Regions = {}
+    indices: _Regions = {}
     for m in moves:
         for region, b, diagonal in m.factors or ():
             first, product = factors.get(region, (b, None))
@@ -441,12 +525,12 @@ def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[
         for region, b, index in m.indices or ():
             first, composed = indices.get(region, (b, None))
             indices[region] = (first, index if composed is None else composed[index])
-    for binding, diagonal in factors.values():
+    for binding, diagonal in _whole_axes(state, moved, factors, gather=False).values():
         t = binding.tensor
-        moved[t] = binding.scale(moved[t] if t in moved else state[t].detach(), diagonal, inplace=t in moved)
-    for binding, index in indices.values():
+        moved[t] = binding.scale(moved[t] if t in moved else state[t], diagonal, inplace=t in moved)
+    for binding, index in _whole_axes(state, moved, indices, gather=True).values():
         t = binding.tensor
-        source = moved[t] if t in moved else state[t].detach()
+        source = moved[t] if t in moved else state[t]
         if binding.block == 1 and binding.is_whole(source):   # the whole axis permuted: one gather, a new tensor
             moved[t] = source.index_select(binding.axis, index)
         else:
@@ -454,11 +538,11 @@ def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[
     for m in moves:
         if m.mover is not None:
             for b in m.symmetry.moving_bindings():
-                moved[b.tensor] = moved[b.tensor] if b.tensor in moved else state[b.tensor].detach().clone()
+                moved[b.tensor] = moved[b.tensor] if b.tensor in moved else state[b.tensor].clone()
                 b.fold(moved[b.tensor], m.mover(b.unfold(moved[b.tensor]), b.role, b.power), inplace=True)
         elif m.factors is None and m.indices is None:
             symmetry = m.symmetry
-            moved.update({t: state[t].detach().clone() for t in symmetry.tensors if t not in moved})
+            moved.update({t: state[t].clone() for t in symmetry.tensors if t not in moved})
             read = (*symmetry.reads, *(absorber.weight for absorber, _ in symmetry.shifts))   # weights a move reads
             touched = {t: moved[t] if t in moved else state[t] for t in (*symmetry.tensors, *read)}
             moved.update({t: v for t, v in symmetry.apply(touched, m.g, inplace=True, checked=False).items()
@@ -613,13 +697,14 @@ def _certify(bound: _Bound, claims: Sequence[Symmetry], inputs: tuple[Any, ...],
     notes = list(first_notes)
     worst = {i: ClaimError(s, 0.0, tolerance=tolerance) for i, s in enumerate(claims)}
     failed: set[int] = set()
+    known: dict[tuple, Any] = {}   # what the points share (:func:`_rounds`)
 
     def check(point: Point, number: int, exclude: set[int]) -> None:
         """Every claim not in ``exclude`` at ``point`` (the failing ones join ``failed``)."""
         bound.bind(point.state)
         reference = bound.run({}, point.inputs, point.kwargs, seed + number)
         scales = SAMPLE_SCALES if point.separate else SAMPLE_SCALES[-1:]   # near the identity: once, with the pairs
-        for elements, separate in _rounds(claims, generator, dtype, device, exclude, scales):
+        for elements, separate in _rounds(claims, generator, dtype, device, exclude, scales, known):
             def change(members: list[int]) -> tuple[float, str]:
                 moved = _changes(point.state, [elements[i][2] for i in members])
                 return output_change(bound.run(moved, point.inputs, point.kwargs, seed + number), reference,
@@ -773,8 +858,10 @@ def _generic_point(bound: _Bound, state: Mapping[str, torch.Tensor], reference: 
 
 
 def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch.dtype, device: Device,
-            exclude: set[int], scales: Sequence[float]) -> list[tuple[list[tuple[int, str, _Move]], bool]]:
-    """The rounds of one point: ``([(claim, label, move), ...], separate)``.
+            exclude: set[int], scales: Sequence[float],
+            known: dict[tuple, Any] | None = None) -> list[tuple[list[tuple[int, str, _Move]], bool]]:
+    """The rounds of one point: ``([(claim, label, move), ...], separate)``; ``known`` keeps what does not depend on
+    the draws for the next points (the discrete generators of each group, their movers and permutation indices).
 
     Each claim draws its own random elements: ``exp(M)`` at each of ``scales``, the other component (a discrete
     generator times ``exp(M)``) and, for wide sign flips, :data:`~symalg.catalogue.groups.SIGN_FLIP_SAMPLES` random
@@ -785,21 +872,26 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
     own: list[list[tuple[int, str, _Move]]] = []
     shared: dict[SiteGroup, list[tuple[str, torch.Tensor]]] = {}
     common: list[list[tuple[int, str, _Move]]] = []
-    memo: dict[tuple, Any] = {}
+    memo: dict[tuple, Any] = {} if known is None else known
 
     def add(rounds: list[list[tuple[int, str, _Move]]], r: int, entry: tuple[int, str, _Move]) -> None:
         while len(rounds) <= r:
             rounds.append([])
         rounds[r].append(entry)
 
+    batched = Counter(s.group for i, s in enumerate(claims) if i not in exclude and _Drawn.batches(s.group))
+    drawn = {(group, scale): _Drawn(group, group.exp(group.random_algebra_elements(count, scale, generator, dtype,
+                                                                                   device)))
+             for group, count in batched.items() for scale in scales}
     for i, s in enumerate(claims):
         if i in exclude:
             continue
         group, r = s.group, 0
         if group.is_continuous:
             for scale in scales:
-                M = group.random_algebra_element(scale, generator, dtype, device)
-                add(own, r, (i, f"exp(M), |M| = {scale:g}", _Move.of(s, group.exp(M))))
+                move = drawn[group, scale].move(s) if group in batched else \
+                    _Move.of(s, group.exp(group.random_algebra_element(scale, generator, dtype, device)))
+                add(own, r, (i, f"exp(M), |M| = {scale:g}", move))
                 r += 1
         patterns = None if s.shifts else group.random_diagonals(generator, dtype, device)
         if patterns is not None:
@@ -807,7 +899,12 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
                 add(own, r, (i, f"random sign pattern {k}", _Move.scaled(s, signs)))
                 r += 1
             continue
-        if group not in shared:
+        if group not in shared and type(group).sample is SiteGroup.sample:   # no draw: the same at every point
+            generators = memo.get(("generators", group)) or \
+                memo.setdefault(("generators", group), [(f"discrete generator {k}", g) for k, g in
+                                                        enumerate(group.discrete_generators(dtype, device))])
+            shared[group] = generators
+        elif group not in shared:   # random sign patterns
             shared[group] = [(label, g) for label, g in group.sample(generator, dtype, device, SAMPLE_SCALES[-1:])
                              if label.startswith(("discrete generator", "random sign pattern"))
                              and "times" not in label]
