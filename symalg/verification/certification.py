@@ -410,23 +410,25 @@ class _Move:
         if symmetry.translations or symmetry.shifts:
             return cls(symmetry, g)
         group, memo = symmetry.group, {} if memo is None else memo
-
-        def shared(kind: str, make: Callable[[], Any]) -> Any:
-            known = memo.get((kind, group, id(g)))
-            if known is None or known[0] is not g:   # kept with its element: an id is unique while it lives
-                known = memo[(kind, group, id(g))] = (g, make())
-            return known[1]
-
         if group.permutes_entries:
-            index = shared("index", lambda: g.argmax(-1))
+            index = _kept(memo, ("index", group, id(g)), (g,), lambda: g.argmax(-1))
             return cls(symmetry, g, indices=tuple((b.region, b, index) for b in symmetry.moving_bindings()))
-        move = shared("mover", lambda: group.mover(g, checked=False))
+        move = _kept(memo, ("mover", group, id(g)), (g,), lambda: group.mover(g, checked=False))
         factors = tuple((b.region, b, move.diagonal(b.role, b.power)) for b in symmetry.moving_bindings())
         if all(d is not None for *_, d in factors):
             return cls(symmetry, g, factors=factors)
         if all(d is None for *_, d in factors):
             return cls(symmetry, g, mover=move)
         return cls(symmetry, g)
+
+
+def _kept(memo: dict[tuple, Any], key: tuple, alive: tuple, make: Callable[[], Any]) -> Any:
+    """``memo[key]``, made by ``make`` the first time; ``key`` names objects by ``id``, which is unique only while they
+    live, so the entry keeps them (``alive``) and is made anew where they are not the same objects."""
+    known = memo.get(key)
+    if known is None or any(a is not b for a, b in zip(known[0], alive)):
+        known = memo[key] = (alive, make())
+    return known[1]
 
 
 class _Drawn:
@@ -912,8 +914,8 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
             far = group.exp(group.random_algebra_element(SAMPLE_SCALES[-1], generator, dtype, device))
             add(own, r, (i, f"discrete generator 0 times exp(M), |M| = {SAMPLE_SCALES[-1]:g}",
                          _Move.of(s, group.compose(shared[group][0][1], far))))
-        for k, (label, g) in enumerate(shared[group]):
-            add(common, k, (i, label, _Move.of(s, g, memo)))
+        for k, (label, g) in enumerate(shared[group]):   # the same move at every point
+            add(common, k, (i, label, _kept(memo, ("move", id(s), id(g)), (s, g), lambda: _Move.of(s, g, memo))))
     return [(r, False) for r in own] + [(r, True) for r in common]
 
 
