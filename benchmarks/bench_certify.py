@@ -44,9 +44,15 @@ def chain(depth: int, width: int) -> tuple:
     return torch.nn.Sequential(*layers).double(), torch.randn(8, width, dtype=torch.float64)
 
 
-def child(depth: int, width: int, repeat: int) -> dict:
-    """One depth in this process: medians of ``derive`` and of the certified derive, and the passes of one run."""
+def child(depth: int, width: int, repeat: int, threads: int = 1) -> dict:
+    """One depth in this process: medians of ``derive`` and of the certified derive, and the passes of one run
+    (``threads`` torch threads; 0 leaves torch's default)."""
+    import torch
+
     import symalg
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
     warm, x = chain(3, width)
     symalg.derive(symalg.trace(warm, (x,)))
@@ -69,11 +75,12 @@ def child(depth: int, width: int, repeat: int) -> dict:
             "ratio_cpu": medians["certified_cpu"] / medians["derive_cpu"]}
 
 
-def run(depths: list[int], width: int, repeat: int) -> list[dict]:
+def run(depths: list[int], width: int, repeat: int, threads: int = 1) -> list[dict]:
     """Each depth in a fresh process (:func:`child`)."""
     rows = []
     for depth in depths:
-        done = subprocess.run([sys.executable, __file__, "--_child", str(depth), str(width), str(repeat)],
+        done = subprocess.run([sys.executable, __file__, "--_child", str(depth), str(width), str(repeat),
+                               str(threads)],
                               capture_output=True, text=True, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return rows
@@ -92,12 +99,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json")
-    parser.add_argument("--_child", nargs=3, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1, as bench_transformer.py; 0: torch's default)")
+    parser.add_argument("--_child", nargs=4, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._child:
         print(json.dumps(child(*args._child)))
         return
-    rows = figures(True)["rows"] if args.quick else run(args.depths, args.width, args.repeat)
+    rows = figures(True)["rows"] if args.quick else run(args.depths, args.width, args.repeat, args.threads)
     print(f"machine: {benchlib.machine()}")
     print(f"{'depth':>6} {'width':>5} {'claims':>6} {'kept':>5} {'passes':>6} {'derive s':>9} {'certified s':>12} "
           f"{'ratio':>6} {'derive cpu s':>12} {'certified cpu s':>15} {'cpu ratio':>9}")
