@@ -13,7 +13,7 @@ from torch import nn
 
 import symalg
 from symalg.catalogue import rules as op_rules
-from symalg.verification.certification import (CERTIFICATION_TOLERANCE, assert_claims_hold, claim_errors,
+from symalg.verification.certification import (CERTIFICATION_TOLERANCE, assert_claims_hold, claim_errors, compose,
                                                sample_elements)
 from symalg.symbolic.derive import derive
 from symalg.numeric.orbit_rank import model_orbit_dimension, model_orbit_dimension_formula
@@ -169,6 +169,33 @@ def test_certification_costs_forward_passes_logarithmic_in_the_number_of_claims(
         assert all(e.error <= CERTIFICATION_TOLERANCE for e in analysis.certification)
         passes[depth] = len(calls)          # certification runs a copy of the module, hooks included
     assert passes == {1: 5 + 4 + (1 + 2 + 2 * 1) + 4, 5: 5 + 4 + (1 + 2 + 2 * 3) + 4, 20: 5 + 4 + (1 + 2 + 2 * 5) + 4}
+
+
+def test_composed_claims_move_the_tensors_as_each_claim_applied_in_turn():
+    """``compose`` moves the small tensors of one shape in batches (the scalings' factors multiplied, the permutations'
+    indices gathered, for all of them at once), here with the scalings' elements drawn at once (rows of
+    ``random_algebra_elements``): the result is each claim's own ``apply`` in turn (the scalings first), to rounding,
+    and the claims do move the tensors."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.ReLU(),
+                          nn.Linear(4, 2)).double()
+    analysis = symalg.derive(symalg.trace(model, (torch.randn(5, 4, dtype=torch.float64),)), certify=False)
+    generator = torch.Generator().manual_seed(1)
+    scalings = [s for s in analysis.symmetries if s.label.startswith("PositiveScaling")]
+    permutations = [s for s in analysis.symmetries if s.label.startswith("S(")]
+    assert len(scalings) == len(permutations) == 3
+    elements = scalings[0].group.exp(scalings[0].group.random_algebra_elements(3, 1.0, generator))
+    claims = [(s, g) for s, g in zip(scalings, elements)] + \
+             [(s, s.group.discrete_generators()[k % 2]) for k, s in enumerate(permutations)]
+    state = {name: t.detach() for name, t in model.named_parameters()}
+    expected = dict(state)
+    for s, g in claims:
+        expected = s.apply(expected, g, checked=False)
+    moved = compose(state, claims)
+    assert set(moved) == set(state)
+    for name in state:
+        assert torch.allclose(moved[name], expected[name], rtol=1e-14, atol=0), name
+    assert all(not torch.allclose(moved[name], state[name]) for name in state if name != "6.bias")
 
 
 def test_certification_tells_apart_two_false_claims_whose_composition_holds():

@@ -362,6 +362,15 @@ class SiteGroup:
         norm = torch.linalg.matrix_norm(element, ord=2) if element.dim() == 2 else element.abs().max()
         return element * (scale / norm)
 
+    def random_algebra_elements(self, count: int, scale: float, generator: torch.Generator | None = None,
+                                dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
+        """``count`` independent :meth:`random_algebra_element` draws, stacked ``(count, …)``.
+
+        >>> PositiveScaling(3).random_algebra_elements(2, 0.5, torch.Generator().manual_seed(0)).shape
+        torch.Size([2, 3])
+        """
+        return torch.stack([self.random_algebra_element(scale, generator, dtype, device) for _ in range(count)])
+
     def algebra_element(self, coordinates: torch.Tensor) -> torch.Tensor:
         """``Σ_k c_k B_k`` over :meth:`algebra_basis` for coordinates ``c`` of shape ``(..., dim)`` (batched,
         differentiable), without stacking the basis: for a standard basis (``GL``, scalings, translations) ``M`` is
@@ -1144,6 +1153,13 @@ class PositiveScaling(SiteGroup):
                                dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
         element = torch.randn(_concrete(self.width), generator=generator, dtype=dtype).to(device)
         return element * (scale / element.abs().max())
+
+    def random_algebra_elements(self, count: int, scale: float, generator: torch.Generator | None = None,
+                                dtype: torch.dtype = torch.float64, device: Device = "cpu") -> torch.Tensor:
+        """``count`` draws of :meth:`random_algebra_element` at once: ``N(0, 1)`` rows scaled to the largest entry
+        ``scale``."""
+        elements = torch.randn(count, _concrete(self.width), generator=generator, dtype=dtype).to(device)
+        return elements * (scale / elements.abs().amax(-1, keepdim=True))
 
     def rep(self, g: torch.Tensor) -> torch.Tensor:
         return g ** float(self.alpha)

@@ -53,13 +53,14 @@ not every tensor as ``functional_call`` does).
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, overload
 
 import torch
 
 from symalg.catalogue.bindings import Binding, TranslationFamily
-from symalg.catalogue.groups import SAMPLE_SCALES, Device, SiteGroup
+from symalg.catalogue.groups import SAMPLE_SCALES, Device, Mover, SiteGroup
 from symalg.frontend.grammar import check_entries
 from symalg.frontend.outputs import output_tensors
 from symalg.ir.graph import ModelGraph
@@ -301,23 +302,28 @@ def generic_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], gen
     constants = {f"{prefix}.{name}" if prefix else name for prefix, module in model.named_modules()
                  for name in module._non_persistent_buffers_set}
     parameters = {name for name, _ in model.named_parameters()}
-    scales = sorted(_rms(p) for p in model.parameters() if p.is_floating_point() and p.dim() >= 2)
+    rms = {name: _rms(t) for name, t in state.items()
+           if name not in constants and t.is_floating_point() and t.numel() > 0}
+    scales = sorted(r for name, r in rms.items() if name in parameters and state[name].dim() >= 2)
     reference = scales[len(scales) // 2] if scales and scales[len(scales) // 2] > 0 else 1.0
     moved = dict(state)
-    for name, t in state.items():
-        if name in constants or not t.is_floating_point() or t.numel() == 0 or not bool(t.isfinite().all()):
+    for name, r in rms.items():
+        t = state[name]
+        if not r < float("inf"):   # non-finite entries (or a norm overflowing float64): the tensor stays
             continue
         if name in parameters and t.dim() >= 2:
-            scale = max(noise * _rms(t), (2 * t.shape[0] / t.numel()) ** 0.5)
+            scale = max(noise * r, (2 * t.shape[0] / t.numel()) ** 0.5)
         else:
-            scale = noise * max(_rms(t), reference / 10)
-        eps = scale * torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.device, t.dtype)
-        moved[name] = (t + eps).abs() if bool((t > 0).all()) else t + eps
+            scale = noise * max(r, reference / 10)
+        eps = torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.device, t.dtype)
+        moved[name] = torch.add(t, eps, alpha=scale)
+        if bool(t.min() > 0):
+            moved[name].abs_()
     return moved
 
 
 def _rms(t: torch.Tensor) -> float:
-    return float(t.detach().double().pow(2).mean().sqrt()) if t.numel() else 0.0
+    return float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64)) / t.numel() ** 0.5 if t.numel() else 0.0
 
 
 class _Bound:
@@ -333,12 +339,14 @@ class _Bound:
         self.model, self.device = model, device
         self.places: dict[str, list[tuple[torch.nn.Module, str, bool]]] = {}
         owner: dict[int, str] = {}
+        modules = dict(model.named_modules(remove_duplicate=False))
         named = [(n, t, True) for n, t in model.named_parameters(remove_duplicate=False)] + \
                 [(n, t, False) for n, t in model.named_buffers(remove_duplicate=False)]
         for name, tensor, is_parameter in named:
             prefix, _, attribute = name.rpartition(".")
             canonical = owner.setdefault(id(tensor), name)
-            self.places.setdefault(canonical, []).append((model.get_submodule(prefix), attribute, is_parameter))
+            module = modules[prefix] if prefix in modules else model.get_submodule(prefix)
+            self.places.setdefault(canonical, []).append((module, attribute, is_parameter))
         self.buffers = [name for name, _ in model.named_buffers()]
         self.parameters = {name for name, _ in model.named_parameters()}
         self.training = any(m.training for m in model.modules())
@@ -379,13 +387,15 @@ class _Bound:
 class _Move:
     """One claim moved by one element, prepared once for all the passes that compose it (:func:`_changes`):
     ``factors`` where every region it moves is scaled by a diagonal (positive scalings), ``indices`` where it is
-    permuted (permutations), else neither (the claim's own ``apply`` at each pass)."""
+    permuted (permutations), ``mover`` where every region is multiplied by a matrix (``GL`` of a head: ``g⁻ᵀ``
+    computed once, not at every pass), else none (the claim's own ``apply`` at each pass: translations, shifts)."""
 
     symmetry: Symmetry
     g: torch.Tensor
     factors: tuple[tuple[tuple, Binding, torch.Tensor], ...] | None = None
     indices: tuple[tuple[tuple, Binding, torch.Tensor], ...] | None = None
     """``(region, binding, factors or index)`` for each region moved."""
+    mover: Mover | None = None
 
     @classmethod
     def scaled(cls, symmetry: Symmetry, signs: torch.Tensor) -> "_Move":
@@ -394,30 +404,122 @@ class _Move:
         return cls(symmetry, signs, factors=tuple((b.region, b, signs) for b in symmetry.moving_bindings()))
 
     @classmethod
-    def of(cls, symmetry: Symmetry, g: torch.Tensor) -> "_Move":
+    def of(cls, symmetry: Symmetry, g: torch.Tensor, memo: dict[tuple, Any] | None = None) -> "_Move":
+        """``symmetry`` moved by ``g``; ``memo`` keeps, by group and element, what the claims moved by one element
+        share (its mover, its permutation index): the discrete generators of a group, shared by its claims."""
         if symmetry.translations or symmetry.shifts:
             return cls(symmetry, g)
-        if symmetry.group.element_format == "diagonal":
-            move = symmetry.group.mover(g, checked=False)
-            factors = tuple((b.region, b, move.diagonal(b.role, b.power)) for b in symmetry.moving_bindings())
-            if all(d is not None for *_, d in factors):
-                return cls(symmetry, g, factors=factors)  # type: ignore[arg-type]
-        if symmetry.group.permutes_entries:
-            index = g.argmax(-1)
+        group, memo = symmetry.group, {} if memo is None else memo
+        if group.permutes_entries:
+            index = _kept(memo, ("index", group, id(g)), (g,), lambda: g.argmax(-1))
             return cls(symmetry, g, indices=tuple((b.region, b, index) for b in symmetry.moving_bindings()))
+        move = _kept(memo, ("mover", group, id(g)), (g,), lambda: group.mover(g, checked=False))
+        factors = tuple((b.region, b, move.diagonal(b.role, b.power)) for b in symmetry.moving_bindings())
+        if all(d is not None for *_, d in factors):
+            return cls(symmetry, g, factors=factors)
+        if all(d is None for *_, d in factors):
+            return cls(symmetry, g, mover=move)
         return cls(symmetry, g)
 
 
+def _kept(memo: dict[tuple, Any], key: tuple, alive: tuple, make: Callable[[], Any]) -> Any:
+    """``memo[key]``, made by ``make`` the first time; ``key`` names objects by ``id``, which is unique only while they
+    live, so the entry keeps them (``alive``) and is made anew where they are not the same objects."""
+    known = memo.get(key)
+    if known is None or any(a is not b for a, b in zip(known[0], alive)):
+        known = memo[key] = (alive, make())
+    return known[1]
+
+
+class _Drawn:
+    """Elements of one scaling group drawn at once for all its claims (a row each: ``exp(M)`` of
+    :meth:`~symalg.catalogue.groups.SiteGroup.random_algebra_elements`), with the diagonal operators of every row
+    computed at once by role and power: a claim's move is then its rows, not a mover and its operators."""
+
+    def __init__(self, group: SiteGroup, elements: torch.Tensor) -> None:
+        self.group, self.elements, self.taken = group, elements, 0
+        self.operators: list[tuple[str, Any, torch.Tensor]] = []   # a few (role, power) pairs; a Fraction hashes slowly
+
+    @staticmethod
+    def batches(group: SiteGroup) -> bool:
+        """The group's elements and operators are vectors (entrywise: a row each) and it acts by multiplying."""
+        return group.is_continuous and group.element_format == "diagonal" and type(group).act is SiteGroup.act
+
+    def operator(self, role: str, power: Any) -> torch.Tensor:
+        for known_role, known_power, rows in self.operators:
+            if known_role == role and (known_power is power or known_power == power):
+                return rows
+        rows = self.group.operator(self.elements, role, power)
+        self.operators.append((role, power, rows))
+        return rows
+
+    def move(self, symmetry: Symmetry) -> _Move:
+        """The next row's element moving ``symmetry``."""
+        row, self.taken = self.taken, self.taken + 1
+        return _Move(symmetry, self.elements[row], factors=tuple((b.region, b, self.operator(b.role, b.power)[row])
+                                                                 for b in symmetry.moving_bindings()))
+
+
+SMALL = 1 << 16
+"""Tensors of up to this many entries are moved in batches (:func:`_whole_axes`): one operation for all the tensors
+of a shape, where one per tensor would cost more in Python than in arithmetic (a deep chain of narrow layers)."""
+
+
+_Regions = dict[tuple, tuple[Binding, torch.Tensor]]
+"""``{region: (binding, factors or index)}``: the composed moves of one kind (:func:`_changes`)."""
+
+
+def _whole_axes(state: Mapping[str, torch.Tensor], moved: dict[str, torch.Tensor], regions: _Regions,
+                gather: bool) -> _Regions:
+    """Move the small tensors (:data:`SMALL`) whose ``regions`` are whole axes, in batches: the tensors of one shape
+    moved along the same axes are stacked, and each axis is multiplied by its factors, or gathered by its index
+    (``gather``), at once for all of them (``moved`` gets their views of the stack). Returns the regions left (slices,
+    blocks, large tensors), to be moved one by one.
+
+    >>> W = torch.ones(2, 3, dtype=torch.float64)
+    >>> moved = {}
+    >>> left = _whole_axes({"w": W}, moved, {("w", 1, 0, 3, 1): (Binding("w", axis=1, start=0, width=3),
+    ...                                                           torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))},
+    ...                    gather=False)
+    >>> left, moved["w"].tolist()
+    ({}, [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]])
+    """
+    left: _Regions = {}
+    axes: dict[str, dict[int, torch.Tensor]] = {}
+    for region, (b, vector) in regions.items():
+        source = moved[b.tensor] if b.tensor in moved else state[b.tensor]
+        if b.block == 1 and source.numel() <= SMALL and b.is_whole(source):
+            axes.setdefault(b.tensor, {})[b.axis] = vector
+        else:
+            left[region] = (b, vector)
+    batches: dict[tuple, list[str]] = {}
+    for t, by_axis in axes.items():
+        source = moved[t] if t in moved else state[t]
+        batches.setdefault((tuple(source.shape), source.dtype, source.device, tuple(sorted(by_axis))), []).append(t)
+    for (shape, *_, moving), names in batches.items():
+        stacked = torch.stack([moved[t] if t in moved else state[t] for t in names])
+        for axis in moving:
+            view = [len(names)] + [1] * len(shape)
+            view[axis + 1] = shape[axis]
+            vectors = torch.stack([axes[t][axis] for t in names]).view(view)
+            stacked = stacked.gather(axis + 1, vectors.expand_as(stacked)) if gather else stacked.mul_(vectors)
+        moved.update(zip(names, stacked.unbind()))
+    return left
+
+
+@torch.no_grad()   # the moved tensors are new values, not functions of the model's parameters
 def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[str, torch.Tensor]:
     """The tensors of ``state`` that ``moves`` move, moved (see :func:`compose`).
 
     A composition of symmetries in any order is a symmetry, so the claims are composed kind by kind, each region moved
     once per kind: first those that only scale their regions, their factors multiplied region by region; then the
     permutations, their indices composed region by region in turn (``U[i₁][i₂] = U[i₁[i₂]]``); then the others in
-    turn, each seeing the tensors it touches."""
-    moved = {name: state[name].detach().clone() for name in {t for m in moves for t in m.symmetry.tensors}}
-    factors: dict[tuple, tuple[Binding, torch.Tensor]] = {}
-    indices: dict[tuple, tuple[Binding, torch.Tensor]] = {}
+    turn, each seeing the tensors it touches. Small tensors moved along whole axes are moved in batches
+    (:func:`_whole_axes`); elsewhere a tensor's first move computes it anew out of place (no copy of it first), and the
+    later ones move that result in place."""
+    moved: dict[str, torch.Tensor] = {}
+    factors: _Regions = {}
+    indices: _Regions = {}
     for m in moves:
         for region, b, diagonal in m.factors or ():
             first, product = factors.get(region, (b, None))
@@ -425,13 +527,24 @@ def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[
         for region, b, index in m.indices or ():
             first, composed = indices.get(region, (b, None))
             indices[region] = (first, index if composed is None else composed[index])
-    for binding, diagonal in factors.values():
-        binding.scale(moved[binding.tensor], diagonal, inplace=True)
-    for binding, index in indices.values():
-        binding.fold(moved[binding.tensor], binding.unfold(moved[binding.tensor])[index], inplace=True)
+    for binding, diagonal in _whole_axes(state, moved, factors, gather=False).values():
+        t = binding.tensor
+        moved[t] = binding.scale(moved[t] if t in moved else state[t], diagonal, inplace=t in moved)
+    for binding, index in _whole_axes(state, moved, indices, gather=True).values():
+        t = binding.tensor
+        source = moved[t] if t in moved else state[t]
+        if binding.block == 1 and binding.is_whole(source):   # the whole axis permuted: one gather, a new tensor
+            moved[t] = source.index_select(binding.axis, index)
+        else:
+            moved[t] = binding.fold(source, binding.unfold(source)[index], inplace=t in moved)
     for m in moves:
-        if m.factors is None and m.indices is None:
+        if m.mover is not None:
+            for b in m.symmetry.moving_bindings():
+                moved[b.tensor] = moved[b.tensor] if b.tensor in moved else state[b.tensor].clone()
+                b.fold(moved[b.tensor], m.mover(b.unfold(moved[b.tensor]), b.role, b.power), inplace=True)
+        elif m.factors is None and m.indices is None:
             symmetry = m.symmetry
+            moved.update({t: state[t].clone() for t in symmetry.tensors if t not in moved})
             read = (*symmetry.reads, *(absorber.weight for absorber, _ in symmetry.shifts))   # weights a move reads
             touched = {t: moved[t] if t in moved else state[t] for t in (*symmetry.tensors, *read)}
             moved.update({t: v for t, v in symmetry.apply(touched, m.g, inplace=True, checked=False).items()
@@ -442,9 +555,10 @@ def _changes(state: Mapping[str, torch.Tensor], moves: Sequence[_Move]) -> dict[
 def compose(state: Mapping[str, torch.Tensor],
             claims: Sequence[tuple[Symmetry, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """``state`` moved by every ``(symmetry, g)`` of ``claims`` in turn, for elements ``g`` the groups drew themselves
-    (:func:`sample_elements`: not checked again). Each tensor a claim moves is copied once and moved in place, and each
-    claim sees only the tensors it touches, so composing ``n`` claims costs their moves, not ``n`` copies of ``state``
-    (a model with thousands of tensors and of claims); the other tensors are shared with ``state``.
+    (:func:`sample_elements`: not checked again). Each tensor a claim moves is computed anew once and then moved in
+    place, and each claim sees only the tensors it touches, so composing ``n`` claims costs their moves, not ``n``
+    copies of ``state`` (a model with thousands of tensors and of claims); the other tensors are shared with
+    ``state``.
 
     >>> import torch, symalg
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1)).double()
@@ -585,13 +699,14 @@ def _certify(bound: _Bound, claims: Sequence[Symmetry], inputs: tuple[Any, ...],
     notes = list(first_notes)
     worst = {i: ClaimError(s, 0.0, tolerance=tolerance) for i, s in enumerate(claims)}
     failed: set[int] = set()
+    known: dict[tuple, Any] = {}   # what the points share (:func:`_rounds`)
 
     def check(point: Point, number: int, exclude: set[int]) -> None:
         """Every claim not in ``exclude`` at ``point`` (the failing ones join ``failed``)."""
         bound.bind(point.state)
         reference = bound.run({}, point.inputs, point.kwargs, seed + number)
         scales = SAMPLE_SCALES if point.separate else SAMPLE_SCALES[-1:]   # near the identity: once, with the pairs
-        for elements, separate in _rounds(claims, generator, dtype, device, exclude, scales):
+        for elements, separate in _rounds(claims, generator, dtype, device, exclude, scales, known):
             def change(members: list[int]) -> tuple[float, str]:
                 moved = _changes(point.state, [elements[i][2] for i in members])
                 return output_change(bound.run(moved, point.inputs, point.kwargs, seed + number), reference,
@@ -745,8 +860,10 @@ def _generic_point(bound: _Bound, state: Mapping[str, torch.Tensor], reference: 
 
 
 def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch.dtype, device: Device,
-            exclude: set[int], scales: Sequence[float]) -> list[tuple[list[tuple[int, str, _Move]], bool]]:
-    """The rounds of one point: ``([(claim, label, move), ...], separate)``.
+            exclude: set[int], scales: Sequence[float],
+            known: dict[tuple, Any] | None = None) -> list[tuple[list[tuple[int, str, _Move]], bool]]:
+    """The rounds of one point: ``([(claim, label, move), ...], separate)``; ``known`` keeps what does not depend on
+    the draws for the next points (the discrete generators of each group, their movers and permutation indices).
 
     Each claim draws its own random elements: ``exp(M)`` at each of ``scales``, the other component (a discrete
     generator times ``exp(M)``) and, for wide sign flips, :data:`~symalg.catalogue.groups.SIGN_FLIP_SAMPLES` random
@@ -757,20 +874,26 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
     own: list[list[tuple[int, str, _Move]]] = []
     shared: dict[SiteGroup, list[tuple[str, torch.Tensor]]] = {}
     common: list[list[tuple[int, str, _Move]]] = []
+    memo: dict[tuple, Any] = {} if known is None else known
 
     def add(rounds: list[list[tuple[int, str, _Move]]], r: int, entry: tuple[int, str, _Move]) -> None:
         while len(rounds) <= r:
             rounds.append([])
         rounds[r].append(entry)
 
+    batched = Counter(s.group for i, s in enumerate(claims) if i not in exclude and _Drawn.batches(s.group))
+    drawn = {(group, scale): _Drawn(group, group.exp(group.random_algebra_elements(count, scale, generator, dtype,
+                                                                                   device)))
+             for group, count in batched.items() for scale in scales}
     for i, s in enumerate(claims):
         if i in exclude:
             continue
         group, r = s.group, 0
         if group.is_continuous:
             for scale in scales:
-                M = group.random_algebra_element(scale, generator, dtype, device)
-                add(own, r, (i, f"exp(M), |M| = {scale:g}", _Move.of(s, group.exp(M))))
+                move = drawn[group, scale].move(s) if group in batched else \
+                    _Move.of(s, group.exp(group.random_algebra_element(scale, generator, dtype, device)))
+                add(own, r, (i, f"exp(M), |M| = {scale:g}", move))
                 r += 1
         patterns = None if s.shifts else group.random_diagonals(generator, dtype, device)
         if patterns is not None:
@@ -778,7 +901,12 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
                 add(own, r, (i, f"random sign pattern {k}", _Move.scaled(s, signs)))
                 r += 1
             continue
-        if group not in shared:
+        if group not in shared and type(group).sample is SiteGroup.sample:   # no draw: the same at every point
+            generators = memo.get(("generators", group)) or \
+                memo.setdefault(("generators", group), [(f"discrete generator {k}", g) for k, g in
+                                                        enumerate(group.discrete_generators(dtype, device))])
+            shared[group] = generators
+        elif group not in shared:   # random sign patterns
             shared[group] = [(label, g) for label, g in group.sample(generator, dtype, device, SAMPLE_SCALES[-1:])
                              if label.startswith(("discrete generator", "random sign pattern"))
                              and "times" not in label]
@@ -786,8 +914,8 @@ def _rounds(claims: Sequence[Symmetry], generator: torch.Generator, dtype: torch
             far = group.exp(group.random_algebra_element(SAMPLE_SCALES[-1], generator, dtype, device))
             add(own, r, (i, f"discrete generator 0 times exp(M), |M| = {SAMPLE_SCALES[-1]:g}",
                          _Move.of(s, group.compose(shared[group][0][1], far))))
-        for k, (label, g) in enumerate(shared[group]):
-            add(common, k, (i, label, _Move.of(s, g)))
+        for k, (label, g) in enumerate(shared[group]):   # the same move at every point
+            add(common, k, (i, label, _kept(memo, ("move", id(s), id(g)), (s, g), lambda: _Move.of(s, g, memo))))
     return [(r, False) for r in own] + [(r, True) for r in common]
 
 
@@ -803,7 +931,7 @@ def _sensitivities(bound: _Bound, point: Point, claims: Sequence[Symmetry], cros
     backward pass fails, is measured by that perturbation itself, one forward pass each."""
     parameters = {t for s in claims for t in s.tensors if isinstance(bound.current.get(t), torch.Tensor)
                   and t in bound.parameters and point.state[t].is_floating_point()}
-    leaves = {t: point.state[t].detach().clone().requires_grad_(True) for t in sorted(parameters)}
+    leaves = {t: point.state[t].detach().requires_grad_(True) for t in sorted(parameters)}   # new leaves, no copy
     note = ""
     try:
         with torch.enable_grad():
