@@ -1,20 +1,20 @@
 """symalg's errors: one family under :class:`SpecError`, so ``except symalg.SpecError`` catches every one.
 
-=======================  ==============================================================================
-class                    raised when
-=======================  ==============================================================================
-:class:`SpecError`       bad input in general: a malformed spec, architecture, argument or option
-:class:`TracingError`    a ``torch.nn.Module`` cannot be traced (its own ``forward`` raised, or neither
-                         torch.fx nor torch.export could capture it); the model's exception is the
-                         ``__cause__``
-:class:`ParameterError`  a parameter dict does not fit the analysis: a missing, extra or misshapen tensor
-                         (``MissingParameterError`` is also a ``KeyError``, ``ParameterTypeError`` a
-                         ``TypeError``, for code written against the built-in errors)
-:class:`WidthError`      a width is not a positive integer (``Analysis.subs({"n": "three"})``)
-:class:`CertificationError`  a certification or verification run cannot be carried out as asked
-:class:`LoweringError`   a lowered torch callable is called with the wrong number of arguments (also a
-                         ``TypeError``)
-=======================  ==============================================================================
+============================  ==========================================================================
+class                         raised when
+============================  ==========================================================================
+:class:`SpecError`            bad input in general: a malformed spec, architecture, argument or option
+:class:`TracingError`         a ``torch.nn.Module`` cannot be traced (its own ``forward`` raised, or
+                              neither torch.fx nor torch.export could capture it); the model's exception
+                              is the ``__cause__``
+:class:`ParameterError`       a parameter dict does not fit the analysis: a missing, extra or misshapen
+                              tensor (:class:`MissingParameterError` is also a ``KeyError``,
+                              :class:`ParameterTypeError` a ``TypeError``)
+:class:`WidthError`           a width is not a positive integer (``Analysis.subs({"n": "three"})``)
+:class:`CertificationError`   a certification or verification run cannot be carried out as asked
+:class:`LoweringError`        a lowered torch callable is called with the wrong number of arguments
+                              (also a ``TypeError``)
+============================  ==========================================================================
 
 Each is a :class:`ValueError` too (bad input), and its message names the offending node, parameter or argument.
 

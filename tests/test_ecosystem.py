@@ -207,3 +207,26 @@ def test_library_messages_go_to_the_symalg_logger(caplog):
             "variables cannot be used as inputs to control flow); trying torch.export") in messages
     assert any(name == "symalg.symbolic.derive" and re.fullmatch(r"derive: \d+ of \d+ claims certified", message)
                for name, message in messages)
+
+
+def test_teleport_discovery_and_the_fuzzer_report_progress():
+    from symalg.applications.teleport import GradNorm, as_action, teleport
+    from symalg.verification import fuzz
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Identity(), torch.nn.Linear(4, 2)).double()
+    x, y = torch.randn(6, 3, dtype=torch.float64), torch.randn(6, 2, dtype=torch.float64)
+    analysis = symalg.derive(symalg.trace(model, (x,)))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    steps = []
+    result = teleport(as_action(analysis), params,
+                      lambda p: ((torch.func.functional_call(model, p, (x,)) - y) ** 2).mean(), GradNorm(), steps=3,
+                      progress=lambda done, total, what: steps.append((done, total, what)))
+    assert result.steps == len(steps) > 0 and steps == [(k, 3, "teleport") for k in range(1, result.steps + 1)]
+    stages = []
+    symalg.discover("linear(2, 3) -> relu -> linear(3, 1)", progress=lambda *step: stages.append(step))
+    assert stages == [(1, 4, "constraints sampled"), (2, 4, "null space"), (3, 4, "derived symmetries"),
+                      (4, 4, "generators checked")]
+    models = []
+    report = fuzz.run(2, families=["mlp"], progress=lambda *step: models.append(step))
+    assert not report.false_claims and models == [(1, 2, "model 0"), (2, 2, "model 1")]
