@@ -4,7 +4,8 @@ markdown pages in this folder are read by myst-parser. Build with warnings as er
 
     sphinx-build -W --keep-going -b html docs docs/_build/html
 
-The tutorial page runs its code while the docs build (``exec-python``, ``docs/_ext/executed.py``).
+The tutorial and the gallery run their code while the docs build (``exec-python``, ``docs/_ext/executed.py``; the
+gallery's plots go to ``docs/_generated/``).
 """
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ extensions = [
     "executed",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build", "_ext"]
+exclude_patterns = ["_build", "_ext", "_generated"]
 templates_path = ["_templates"]
 
 autosummary_generate = True

@@ -7,8 +7,9 @@ In a MyST page::
     print(symalg.derive("linear(n, h) -> relu -> linear(h, m)").orbit_dimension())
     ```
 
-The blocks of one page share one namespace, in page order (a notebook's cells); nothing is cached, so the page shows
-what this checkout computes. Code that raises is a build warning with the traceback (an error under ``-W``).
+The blocks of one page share one namespace, in page order (a notebook's cells), which starts with ``DOCS``, the
+documentation's source folder; nothing is cached, so the page shows what this checkout computes. Code that raises
+is a build warning with the traceback (an error under ``-W``).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import contextlib
 import io
 import time
 import traceback
+from pathlib import Path
 
 from docutils import nodes
 from sphinx.application import Sphinx
@@ -32,7 +34,8 @@ class ExecPython(SphinxDirective):
 
     def run(self) -> list[nodes.Node]:
         code = "\n".join(self.content)
-        namespace = self.env.temp_data.setdefault("exec_python", {"__name__": f"docs.{self.env.docname}"})
+        namespace = self.env.temp_data.setdefault("exec_python", {"__name__": f"docs.{self.env.docname}",
+                                                                  "DOCS": Path(self.env.srcdir)})
         printed = io.StringIO()
         start = time.perf_counter()
         try:
