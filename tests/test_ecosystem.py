@@ -230,3 +230,21 @@ def test_teleport_discovery_and_the_fuzzer_report_progress():
     models = []
     report = fuzz.run(2, families=["mlp"], progress=lambda *step: models.append(step))
     assert not report.false_claims and models == [(1, 2, "model 0"), (2, 2, "model 1")]
+
+
+def test_exec_python_pages_show_the_code_and_what_it_printed_and_fail_on_errors(tmp_path):
+    """The directive behind the executed tutorial and gallery (``docs/_ext/executed.py``), on a two-page site."""
+    pytest.importorskip("sphinx")
+    pytest.importorskip("myst_parser")
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "conf.py").write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'docs' / '_ext')!r})\n"
+                                    "extensions = ['myst_parser', 'executed']\n")
+    (source / "index.md").write_text("# Page\n\n```{exec-python}\nx = 6 * 7\n```\n\ntext\n\n"
+                                     "```{exec-python}\nprint('answer', x, DOCS.name)\n```\n")
+    (source / "broken.md").write_text("# Broken\n\n```{exec-python}\nraise ValueError('no good')\n```\n")
+    done = subprocess.run([sys.executable, "-m", "sphinx", "-q", "-b", "html", str(source), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    text = html.unescape(re.sub(r"<[^>]+>", "", (tmp_path / "out" / "index.html").read_text()))
+    assert text.index("x = 6 * 7") < text.index("answer 42 src")   # one namespace, in page order, code then output
+    assert "the code raised" in done.stderr and "ValueError: no good" in done.stderr
