@@ -26,14 +26,12 @@ Importing the package is cheap: every name below is imported on first use (``sym
 stack, ``symalg.applications.teleport`` the teleportation module), so ``symalg --help`` and ``import symalg`` do not
 pay for torch, SymPy and the applications they do not use.
 """
-from __future__ import annotations
+import importlib as _importlib
+from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from symalg._version import __version__ as __version__  # re-exported: the one version source
 
-from symalg._version import __version__
-
-if TYPE_CHECKING:  # the names as static tools see them; at run time __getattr__ imports each on first use
+if _TYPE_CHECKING:  # the names as static tools see them; at run time __getattr__ imports each on first use
     from symalg import applications  # noqa: F401
     from symalg.applications import noether  # noqa: F401
     from symalg.applications.mirrors import mirrors
@@ -67,7 +65,6 @@ __all__ = [
     "mirrors",
     # discovery of the symmetries the catalogue does not know
     "discover",
-    "__version__",
 ]
 
 # public name -> the module defining it
@@ -91,12 +88,12 @@ _MODULES = {name: f"symalg.{name}" for name in ("applications", "catalogue", "di
 _MODULES["noether"] = "symalg.applications.noether"
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     """Import a public name (or a subpackage) on first use and keep it (PEP 562)."""
     if name in _HOMES:
-        value = getattr(importlib.import_module(_HOMES[name]), name)
+        value = getattr(_importlib.import_module(_HOMES[name]), name)
     elif name in _MODULES:
-        value = importlib.import_module(_MODULES[name])
+        value = _importlib.import_module(_MODULES[name])
     else:
         raise AttributeError(f"module 'symalg' has no attribute {name!r}")
     globals()[name] = value
