@@ -80,7 +80,7 @@ _HOMES = {
     "verify": "symalg.verification.verifier", "VerificationReport": "symalg.verification.checks",
     "SpecError": "symalg.errors", "TracingError": "symalg.errors", "ParameterError": "symalg.errors",
     "WidthError": "symalg.errors", "CertificationError": "symalg.errors", "LoweringError": "symalg.errors",
-    "mirrors": "symalg.applications.mirrors", "discover": "symalg.discovery",
+    "mirrors": "symalg.applications.mirrors", "discover": "symalg.discovery.exact",
 }
 # attributes that are modules: the subpackages, and symalg.noether (laws of training dynamics)
 _MODULES = {name: f"symalg.{name}" for name in ("applications", "catalogue", "discovery", "frontend", "ir",
