@@ -44,7 +44,7 @@ if HERE not in sys.path:
 BENCHMARKS = ("bench_verify", "bench_derive", "bench_lowered_q", "bench_transformer", "bench_conservation_laws",
               "bench_hf_models", "census", "bench_orbit_rank", "bench_teleport", "bench_scaling",
               "bench_teleport_defaults", "bench_gpu", "bench_mirrors", "bench_noether", "bench_discovery",
-              "bench_alignment", "bench_learn_to_teleport", "bench_learned_discovery", "bench_certify")
+              "bench_alignment", "bench_learn_to_teleport", "bench_learned_discovery", "bench_certify", "bench_import")
 """The benchmark modules, in the order they run (and of the sections of docs/benchmarks.md)."""
 
 
@@ -74,17 +74,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=False, help="the JSON file to write (default: print it)")
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="these benchmarks only")
     parser.add_argument("--isolate", action="store_true", help="each benchmark in a fresh interpreter")
+    parser.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                        help="a progress bar on stderr, one step per benchmark (auto: when stderr is a terminal)")
     parser.add_argument("--_one", choices=BENCHMARKS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args._one:
         print(json.dumps(importlib.import_module(args._one).figures(quick=args.quick)))
         return 0
     from benchlib import machine
+    from symalg.progress import progress_bar
 
     result = {"quick": args.quick, "machine": machine(), "benchmarks": {}}
-    for name in args.only or BENCHMARKS:
-        print(f"# {name}", file=sys.stderr, flush=True)
-        result["benchmarks"][name] = run_one(name, args.quick, args.isolate)
+    names = args.only or BENCHMARKS
+    show = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
+    with progress_bar("benchmarks", enabled=show) as bar:
+        for done, name in enumerate(names, start=1):
+            if bar is None:
+                print(f"# {name}", file=sys.stderr, flush=True)
+            result["benchmarks"][name] = run_one(name, args.quick, args.isolate)
+            if bar is not None:
+                bar(done, len(names), name)
     text = json.dumps(result, indent=1)
     if args.out:
         with open(args.out, "w") as handle:

@@ -3,11 +3,15 @@ napoleon) by a recursive autosummary over the ``symalg`` package, so it follows 
 markdown pages in this folder are read by myst-parser. Build with warnings as errors::
 
     sphinx-build -W --keep-going -b html docs docs/_build/html
+
+The tutorial and the gallery run their code while the docs build (``exec-python``, ``docs/_ext/executed.py``; the
+gallery's plots go to ``docs/_generated/``).
 """
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # document this checkout, not an installed copy
+sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))  # exec-python: pages executed when the docs build
 
 project = "symalg"
 author = "the symalg authors"
@@ -18,9 +22,10 @@ extensions = [
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
     "myst_parser",
+    "executed",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_ext", "_generated"]
 templates_path = ["_templates"]
 
 autosummary_generate = True
@@ -40,3 +45,24 @@ myst_enable_extensions = ["dollarmath"]
 
 html_theme = "alabaster"
 html_title = "symalg"
+
+
+def _top_level_name(app, env, node, contnode):
+    """Resolve a reference to a top-level name (``symalg.derive``, ``symalg.Analysis.subs``) to the object where it is
+    defined (``symalg.symbolic.derive.derive``): ``import symalg`` re-exports each lazily, and each is documented once,
+    in its module."""
+    import symalg
+
+    target = node.get("reftarget", "")
+    if node.get("refdomain") != "py" or not target.startswith("symalg."):
+        return None
+    head, _, rest = target.removeprefix("symalg.").partition(".")
+    if head not in symalg._HOMES:
+        return None
+    defined = ".".join(filter(None, (symalg._HOMES[head], head, rest)))
+    return env.get_domain("py").resolve_xref(env, node["refdoc"], app.builder, node["reftype"], defined, node,
+                                             contnode)
+
+
+def setup(app):
+    app.connect("missing-reference", _top_level_name)

@@ -1,4 +1,5 @@
 """The `symalg` command and the README's documented usage."""
+import json
 import re
 import subprocess
 import sys
@@ -55,9 +56,9 @@ def test_bad_spec_exits_with_an_error_naming_the_layer(capsys):
 def test_failing_verification_gives_exit_status_1(capsys, monkeypatch):
     wrong = symalg.overlay({"tanh": symalg.CatalogueEntry("tanh", symalg.CATALOGUE["tanh"].function,
                                                           symalg.catalogue.activations.declare_homogeneous())})
-    monkeypatch.setattr(symalg.cli, "parse", lambda spec: symalg.parse(spec, catalogue=wrong))
     # strict=False keeps the disproved declaration, certify=False keeps derive from removing it numerically
-    monkeypatch.setattr(symalg.cli, "derive", lambda arch: symalg.derive(arch, wrong, strict=False, certify=False))
+    monkeypatch.setattr(symalg.cli, "_derive_spec", lambda spec: symalg.derive(symalg.parse(spec, catalogue=wrong),
+                                                                               wrong, strict=False, certify=False))
     assert main(["linear(2, 3) -> tanh -> linear(3, 1)"]) == 1
     assert "FAIL  invariance" in capsys.readouterr().out
 
@@ -132,3 +133,99 @@ def test_a_model_file_gets_the_same_report_as_its_spec(tmp_path, capsys):
     assert "orbit dimension (generic): 0" in spec and "orbit dimension (generic): 0" in model
     assert re.search(r"verification:\n  3 passed, 0 failed \(3 checks, float64, cpu\)", spec)
     assert re.search(r"verification:\n  3 passed, 0 failed \(3 checks, float64, cpu\)", model)
+
+
+def test_version_flag_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out == f"symalg {symalg.__version__}\n"
+
+
+def test_help_is_plain_text_and_explains_the_group_codes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert not re.search(r"``|:(func|class|mod):`", out)          # no raw reStructuredText
+    assert "--tracer {auto,fx,export}" in out and "--json" in out and "exit status: 0" in out
+    assert re.search(r"^  EF  sign flips of an even activation's input$", out, re.M)
+    assert re.search(r"^  T1  translation along the ones vector", out, re.M)
+
+
+def test_help_and_version_import_neither_torch_nor_sympy():
+    code = ("import sys, contextlib, io\nfrom symalg.cli import main\n"
+            "for argv in (['--help'], ['--version']):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            "        main(argv)\n"
+            "print(sorted(m for m in ('torch', 'sympy', 'networkx') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
+def test_report_explains_the_codes_of_its_notes(capsys):
+    assert main(["linear(3, 4) -> relu -> linear(4, 2)", "--no-verify"]) == 0
+    out = capsys.readouterr().out
+    assert "restricted: 0 (node 1): EF, GL, O, O1, SF, T, T1 removed" in out
+    legend = re.search(r"^  \(codes: (.*)\)$", out, re.M).group(1)
+    assert legend.startswith("GL = general linear GL(h), O = orthogonal O(h), ")
+    assert "EF = sign flips of an even activation's input" in legend and "PS = positive diagonal scaling" in legend
+
+
+def test_json_report_has_the_analysis_the_widths_and_the_verification(capsys):
+    assert main(["linear(n, h) -> tanh -> linear(h, m)", "--widths", "n=2,h=3,m=1", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["schema"] == "symalg.cli/1" and report["version"] == symalg.__version__
+    assert report["exit_status"] == 0 and report["widths"] == {"n": 2, "h": 3, "m": 1}
+    assert report["analysis"]["model"] == "linear(n, h) -> tanh -> linear(h, m)"
+    assert [s["group"] for s in report["analysis"]["symmetries"]] == ["SignFlips(h)", "S(h)"]
+    assert [s["group"] for s in report["at_widths"]["symmetries"]] == ["SignFlips(3)", "S(3)"]
+    verification = report["verification"]
+    assert verification["passed"] and verification["summary"].endswith("(3 checks, float64, cpu)")
+    assert {c["check"] for c in verification["checks"]} >= {"invariance"}
+    assert all(c["passed"] for c in verification["checks"] if not c["skipped"])
+
+
+def test_json_report_without_widths_has_no_verification(capsys):
+    assert main(["linear(n, h) -> relu -> linear(h, m)", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verification"] is None and report["at_widths"] is None and report["widths"] == {}
+    conserved = report["analysis"]["symmetries"][0]["conserved"]
+    assert conserved["kind"] == "diagonal" and conserved["site"] == "0" and conserved["terms"][0]["name"] == "q__0"
+
+
+def test_json_report_of_a_failing_verification_has_exit_status_1(capsys, monkeypatch):
+    wrong = symalg.overlay({"tanh": symalg.CatalogueEntry("tanh", symalg.CATALOGUE["tanh"].function,
+                                                          symalg.catalogue.activations.declare_homogeneous())})
+    monkeypatch.setattr(symalg.cli, "_derive_spec", lambda spec: symalg.derive(symalg.parse(spec, catalogue=wrong),
+                                                                               wrong, strict=False, certify=False))
+    assert main(["linear(2, 3) -> tanh -> linear(3, 1)", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["exit_status"] == 1 and not report["verification"]["passed"]
+    assert any(c["check"] == "invariance" and not c["passed"] for c in report["verification"]["checks"])
+
+
+def test_tracer_option_chooses_the_tracer_of_a_model_file(tmp_path, capsys):
+    path = tmp_path / "mlp.py"
+    path.write_text("import torch\ntorch.manual_seed(0)\n"
+                    "model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), "
+                    "torch.nn.Linear(4, 2)).double()\n"
+                    "example_inputs = (torch.randn(8, 3, dtype=torch.float64),)\n")
+    assert main(["--model", str(path), "--tracer", "export", "--json", "--no-verify"]) == 0
+    exported = json.loads(capsys.readouterr().out)["analysis"]
+    assert exported["tracer"] == "export" and exported["model"] == "Sequential"
+    assert main(["--model", str(path), "--tracer", "fx", "--no-verify"]) == 0
+    assert "\ntracer: fx\n" in capsys.readouterr().out
+
+
+def test_options_that_do_not_apply_are_refused(capsys):
+    assert main(["linear(2, 3) -> relu -> linear(3, 1)", "--tracer", "fx"]) == 2
+    assert "--tracer applies to --model" in capsys.readouterr().err
+    assert main(["--json", "--latex"]) == 2
+    assert "--json and --latex: choose one output" in capsys.readouterr().err
+
+
+def test_progress_bar_is_drawn_on_stderr_only_when_asked(capsys):
+    assert main(["linear(2, 3) -> relu -> linear(3, 1)", "--progress", "on"]) == 0
+    captured = capsys.readouterr()
+    assert "verify [" in captured.err and captured.err.rstrip().endswith(")") and "verify [" not in captured.out
+    assert main(["linear(2, 3) -> relu -> linear(3, 1)"]) == 0      # auto: stderr is no terminal under pytest
+    assert capsys.readouterr().err == ""

@@ -1,7 +1,7 @@
 """Symmetry ensembles and their adversarial robustness ([Zhao2026] Sec. 2.9).
 
 One trained MLP ``θ`` is turned into an ensemble by the data-dependent action of
-:mod:`symalg.nonlinear_actions`: member ``i`` is ``θ_i = g_i·(θ, X_i)`` with a random ``g_i ∈ ∏ GL(n_l)``
+:mod:`symalg.applications.nonlinear_actions`: member ``i`` is ``θ_i = g_i·(θ, X_i)`` with a random ``g_i ∈ ∏ GL(n_l)``
 and an anchor batch ``X_i`` (``k ≤`` width rows). Then ``F(θ_i, x) = F(θ, x)`` exactly for ``x ∈ X_i``
 and differs elsewhere. Baselines: independently trained models, and random Gaussian perturbations
 ``θ + d_i u_i/‖u_i‖`` with ``d_i = ‖θ_i − θ‖`` (the same parameter-space distance as symmetry member ``i``).

@@ -69,7 +69,7 @@ __all__ = ["TOLERANCES", "Cocycle", "CocycleCheck", "DataDependentAction", "Fram
            "spherical_frame", "two_layer_action"]
 
 TOLERANCES = {torch.float64: 1e-10, torch.float32: 1e-4}
-"""Relative tolerances of the checks in this module and :mod:`symalg.teleport_actions`, keyed by dtype."""
+"""Relative tolerances of the checks in this module and :mod:`symalg.applications.teleport_actions`, keyed by dtype."""
 
 
 def _tolerance(dtype: torch.dtype) -> float:

@@ -14,7 +14,7 @@ Objectives: :class:`GradNorm`, :class:`MetricGradNorm` (with :func:`optimizer_me
     (eq. 5.1), :class:`Curvature` (eq. 5.2), or any callable ``params → scalar``.
 
 ``transform_cotangent(action, moves, params_after, vectors)``: ``J⁻ᵀ v`` for the Jacobian ``J`` of the teleport.
-Optimizer integration: :mod:`symalg.teleport_optim`.
+Optimizer integration: :mod:`symalg.applications.teleport_optim`.
 
 Math
 ----
@@ -68,13 +68,14 @@ from __future__ import annotations
 import math
 import numbers
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, NamedTuple, Sequence, cast
 
 import sympy as sp
 import torch
 
 from symalg.errors import SpecError
+from symalg.progress import Progress, report
 from symalg.catalogue.groups import matrix_exp_pair
 from symalg.numeric.autodiff import differentiable_kernels
 from symalg.applications.conjugated import ConjugatedAction, TestFunction
@@ -403,7 +404,7 @@ class DataCoordinates(Action):
     per site, ``Cᵢ`` the coordinates reshaped to ``widths[i] × widths[i]``.
 
     ``is_group_action`` is ``False`` for ``ApproximateTeleport`` and an uncompleted ``ExactTeleport`` (their
-    unit axiom fails below full rank; see :mod:`symalg.teleport_actions`).
+    unit axiom fails below full rank; see :mod:`symalg.applications.teleport_actions`).
     """
 
     action: DataDependentAction | ExactTeleport | ApproximateTeleport
@@ -870,6 +871,7 @@ class Teleporter:
     next_step : a :class:`NextStep`: the result is the best improving iterate at which that descent step is stable
         (:meth:`NextStep.test`); when none is, the teleport is rejected. ``None``: not checked.
         :class:`~symalg.applications.teleport_optim.TeleportingOptimizer` sets both for teleports during training.
+    progress : ``progress(step, steps, "teleport")`` after each accepted gradient step (:mod:`symalg.progress`).
 
     Examples
     --------
@@ -900,6 +902,7 @@ class Teleporter:
     seed: int = 0
     radius: float | None = None
     next_step: NextStep | None = None
+    progress: Progress | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action", as_action(self.action))
@@ -1084,6 +1087,7 @@ class Teleporter:
                 total = total + delta.detach()
             history.append(current)
             losses.append(lp)
+            report(self.progress, steps, self.steps, "teleport")
             if current is not None:
                 consider()
         if history[-1] is None:

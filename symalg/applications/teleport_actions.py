@@ -26,7 +26,7 @@ The output is ``W_{s+1} σ(A) σ(gA)⁺ σ(gA)``: exact iff ``row σ(A) ⊆ row 
 ``σ(gA)⁺σ(gA) = I_k`` (rank ``k``: batch ``k ≤`` width ``d_s``, necessary but not sufficient: a site wider
 than its input with a piecewise-linear σ can stay below rank ``k``); the multiplication axiom follows from
 it. For ``k > d_s`` it is the least-squares best ``U'`` (no ``U'`` does better: the batch-size limit of
-:mod:`symalg.nonlinear_actions`). The unit axiom needs ``σ(A)σ(A)⁺ = I`` (rank ``d_s``: ``k ≥ d_s``).
+:mod:`symalg.applications.nonlinear_actions`). The unit axiom needs ``σ(A)σ(A)⁺ = I`` (rank ``d_s``: ``k ≥ d_s``).
 So with pseudo-inverses it too fails the unit axiom for ``k < d_s``;
 :class:`~symalg.applications.nonlinear_actions.DataDependentAction` (QR frames instead of pseudo-inverses) is an exact
 group action for all ``k ≤ d_s`` where the ranks are full.

@@ -54,6 +54,7 @@ from torch.func import functional_call
 
 from symalg.discovery.axes import AxesLayout, FlatParameters
 from symalg.errors import SpecError
+from symalg.progress import Progress, report
 from symalg.frontend.outputs import output_tensors
 from symalg.numeric.orbit_rank import RankDecision, action_matrix
 from symalg.symbolic.derive import Analysis, derive
@@ -834,7 +835,8 @@ def _derived_fields(analysis: Analysis, layout: Layout, problem: _Problem
 def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None, *, target: str = "function",
              affine: bool = True, blocks: str = "auto", max_unknowns: int = MAX_UNKNOWNS, oversampling: float = 1.3,
              rtol: float = 1e-9, tolerance: float = 1e-8, widths: Mapping[str, int] | None = None,
-             compare: bool = True, seed: int = 0, solver: str = "auto") -> Discovery:
+             compare: bool = True, seed: int = 0, solver: str = "auto",
+             progress: Progress | None = None) -> Discovery:
     """Every linear (``affine``: affine) vector field leaving the model invariant (module docstring).
 
     Parameters
@@ -856,6 +858,8 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
         then the SVD of the thin ``R V`` on the candidates; the sampling loop's rank from ``eigvalsh``), or ``"auto"``
         (the Gram solver above :data:`GRAM_ABOVE` unknowns and for ``blocks="axes"``). ``report.certificate`` says what
         either guarantees.
+    progress : ``progress(done, 4, stage)`` after sampling, the null space, the comparison with the derived
+        symmetries and the generators' checks (:mod:`symalg.progress`).
     """
     if target not in ("function", "loss"):
         raise SpecError(f"discover: target must be 'function' or 'loss', got {target!r}")
@@ -876,8 +880,10 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
                         f"{4 * max_unknowns}); discover a subnetwork, or raise max_unknowns")
     gram = solver == "gram" or solver == "auto" and (n_u > GRAM_ABOVE or mode == "axes")
     sampled = _constraints(problem, layout, oversampling, stack=not gram)
+    report(progress, 1, 4, "constraints sampled")
     N, decision, certificate = _gram_null_space_of(sampled.gram, sampled.m, sampled.times, rtol) if gram else \
         _svd_null_space(sampled.matrix(), rtol)                                           # N: d × n_u, orthonormal
+    report(progress, 2, 4, "null space")
     basis = _rref(N)
     heldout = problem.heldout(layout)
 
@@ -887,6 +893,7 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
     vectors: list[torch.Tensor] = []
     if compare:
         labels, vectors, outside = _derived_fields(analysis, layout, problem)
+    report(progress, 3, 4, "derived symmetries")
     E = torch.cat(vectors) if vectors else torch.zeros(0, n_u, dtype=torch.float64)
     Eo = _orthonormal(E)
     unconfirmed, residuals = [], []
@@ -907,6 +914,7 @@ def discover(model_or_analysis: object, data: torch.Tensor | tuple | None = None
 
     generators = sorted((make(b, e) for b, e in zip(basis, explained_fraction)), key=lambda g: (g.moves, g.reads))
     new_generators = tuple(make(b, 0.0) for b in new_basis)
+    report(progress, 4, 4, "generators checked")
     closure = _sampled_closure_error(basis, layout, N, seed) if isinstance(layout, AxesLayout) else \
         _closure_error(basis, layout, N, seed)
     combination = torch.randn(basis.shape[0], generator=problem.generator, dtype=torch.float64) @ basis \

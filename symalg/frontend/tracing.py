@@ -44,6 +44,7 @@ import copy
 import functools
 import inspect
 import io
+import logging
 import operator
 from dataclasses import is_dataclass
 from typing import Any, Callable, Mapping
@@ -55,7 +56,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.rules import spelling_table
-from symalg.errors import SpecError
+from symalg.errors import SpecError, TracingError
 from symalg.frontend.attention_folding import fold_attention as fold_attention_pass
 from symalg.frontend.export_shapes import InputShapes, export_dynamic, input_shapes, static_shapes
 from symalg.frontend.outputs import output_hint, output_tensors
@@ -67,6 +68,8 @@ from symalg.frontend.canonical import IN_PLACE_FUNCTIONS, IN_PLACE_METHODS, call
 from symalg.catalogue.modules import Activation
 
 __all__ = ["ModelGraph", "trace", "canonical_module_op"]
+
+logger = logging.getLogger(__name__)
 
 nn = torch.nn
 
@@ -298,12 +301,12 @@ def _failure(error: Exception) -> str:
 
 
 def _exported(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> tuple[torch.fx.GraphModule, InputShapes]:
-    """``torch.export``'s graph of ``model`` and the input shapes it holds for, or a :class:`SpecError` with export's
-    reason."""
+    """``torch.export``'s graph of ``model`` and the input shapes it holds for, or a
+    :class:`~symalg.errors.TracingError` with export's reason."""
     try:
         return _export_graph(model, args, kwargs)
     except Exception as error:  # export's own failure, reported with its first line
-        raise SpecError(f"trace: torch.export failed on {type(model).__name__} ({_failure(error)})") from None
+        raise TracingError(f"trace: torch.export failed on {type(model).__name__} ({_failure(error)})") from error
 
 
 def _traced(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object],
@@ -318,13 +321,15 @@ def _traced(model: nn.Module, args: tuple | None, kwargs: Mapping[str, object],
     except Exception as fx_error:  # fx's own failure, reported with the export one below
         if tracer == "fx" or args is None:
             hint = "" if tracer == "fx" else "; pass example_inputs to try torch.export instead"
-            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__}: {fx_error}{hint}") from None
+            raise TracingError(f"trace: torch.fx cannot trace {type(model).__name__}: {fx_error}{hint}") from fx_error
+        logger.info("trace: torch.fx cannot trace %s (%s); trying torch.export", type(model).__name__,
+                    _failure(fx_error))
         try:
             gm, shapes = _export_graph(model, args, kwargs)
             return gm, "export", f"torch.fx failed ({_failure(fx_error)})", shapes
         except Exception as export_error:
-            raise SpecError(f"trace: torch.fx cannot trace {type(model).__name__} ({_failure(fx_error)}) "
-                            f"and torch.export failed too ({_failure(export_error)})") from None
+            raise TracingError(f"trace: torch.fx cannot trace {type(model).__name__} ({_failure(fx_error)}) "
+                               f"and torch.export failed too ({_failure(export_error)})") from export_error
     if not closed:
         return gm, "fx", "", InputShapes((), ())
     why = "; ".join(f"torch.fx cannot trace through module {name!r} ({type(model.get_submodule(name)).__name__}: "
@@ -644,8 +649,8 @@ def _check_example_inputs(model: nn.Module, args: tuple, kwargs: Mapping[str, ob
             signature.bind(*args, **kwargs)
         except TypeError as error:
             name = type(model).__name__
-            raise SpecError(f"trace: running {name} on the example inputs failed in {name}: TypeError: {error} "
-                            f"(its forward{signature})") from None
+            raise TracingError(f"trace: running {name} on the example inputs failed in {name}: TypeError: {error} "
+                               f"(its forward{signature})") from error
     named = [(f"example input {i}", v) for i, v in enumerate(args)]
     named += [(f"example input {k!r}", v) for k, v in kwargs.items()]
     for name, value in named:
@@ -666,7 +671,8 @@ def _check_example_inputs(model: nn.Module, args: tuple, kwargs: Mapping[str, ob
 def _run_example(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -> tuple[str, ...]:
     """Run ``model`` once on the example inputs (restoring its buffers and the RNG afterwards) and return the
     paths of its outputs (:func:`~symalg.frontend.outputs.output_tensors`); when it fails, raise
-    :class:`SpecError` with torch's own message and the innermost module that was running."""
+    :class:`~symalg.errors.TracingError` (chained from the model's exception) with torch's own message and the
+    innermost module that was running."""
     if any(t.is_meta for t in (*model.parameters(), *model.buffers(), *args, *kwargs.values())
            if isinstance(t, torch.Tensor)):
         return ()  # shapes only: eager code may read values (`.item()`), which only a tracer skips; the tracer runs it
@@ -689,8 +695,8 @@ def _run_example(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) ->
     except Exception as error:  # torch's own message, naming the module it came from
         where = running[-1] if running else ""
         module = f"module {where!r} ({type(model.get_submodule(where)).__name__})" if where else type(model).__name__
-        raise SpecError(f"trace: running {type(model).__name__} on the example inputs failed in {module}: "
-                        f"{type(error).__name__}: {error}") from None
+        raise TracingError(f"trace: running {type(model).__name__} on the example inputs failed in {module}: "
+                           f"{type(error).__name__}: {error}") from error
     finally:
         for handle in enter + leave:
             handle.remove()
@@ -710,8 +716,8 @@ def _propagate_shapes(model: nn.Module, gm: torch.fx.GraphModule, args: tuple, k
             ShapeProp(gm).propagate(*values)
     except Exception as error:  # the model ran eagerly, but its fx graph does not: torch's message, not fx's
         cause = error.__cause__ or error
-        raise SpecError(f"trace: running the fx graph of {type(model).__name__} on the example inputs failed: "
-                        f"{type(cause).__name__}: {cause}") from None
+        raise TracingError(f"trace: running the fx graph of {type(model).__name__} on the example inputs failed: "
+                           f"{type(cause).__name__}: {cause}") from cause
 
 
 TRACERS = ("auto", "fx", "export")

@@ -38,7 +38,7 @@ from typing import Any, Mapping, TypeAlias
 import networkx as nx
 import sympy as sp
 
-from symalg.errors import SpecError
+from symalg.errors import MissingParameterError, ParameterError, SpecError
 from symalg.frontend.grammar import MAX_WIDTH, check_entries, is_plain_name
 
 __all__ = ["Architecture", "Width", "as_width", "at_least", "to_spec_string", "validate", "width_less", "width_max"]
@@ -272,20 +272,21 @@ class Architecture:
         found: dict[sp.Symbol, int] = {}
         for name, shape in self.parameter_shapes.items():
             if name not in params:
-                raise SpecError(f"parameter {name!r} is missing (expected names: {sorted(self.parameter_shapes)})")
+                raise MissingParameterError(f"parameter {name!r} is missing "
+                                            f"(expected names: {sorted(self.parameter_shapes)})")
             actual = tuple(params[name].shape)
             if hasattr(params[name], "isfinite") and not params[name].isfinite().all():
-                raise SpecError(f"parameter {name!r} has non-finite entries")
+                raise ParameterError(f"parameter {name!r} has non-finite entries")
             if len(actual) != len(shape):
-                raise SpecError(f"parameter {name!r}: expected {len(shape)} dimensions, got shape {actual}")
+                raise ParameterError(f"parameter {name!r}: expected {len(shape)} dimensions, got shape {actual}")
             for expected, size in zip(shape, actual):
                 expected = sp.sympify(expected)
                 if expected.is_Symbol:
                     if found.setdefault(expected, size) != size:
-                        raise SpecError(f"parameter {name!r}: width {expected} is {size} here but "
-                                        f"{found[expected]} elsewhere")
+                        raise ParameterError(f"parameter {name!r}: width {expected} is {size} here but "
+                                             f"{found[expected]} elsewhere")
                 elif int(expected) != size:
-                    raise SpecError(f"parameter {name!r}: expected shape {shape}, got {actual}")
+                    raise ParameterError(f"parameter {name!r}: expected shape {shape}, got {actual}")
         return found
 
     def __repr__(self) -> str:

@@ -30,6 +30,8 @@ import sympy as sp
 import torch
 from sympy.printing.pytorch import TorchPrinter
 
+from symalg.errors import LoweringError, MissingParameterError, ParameterError, ParameterTypeError, SpecError
+
 __all__ = ["SymalgTorchPrinter", "LoweredFunction", "check_params", "compile_function", "lower", "reads",
            "torch_source", "evaluate_symbolic"]
 
@@ -289,11 +291,11 @@ def compile_function(name: str, source: str, origin: str = "lowered",
     [2.0, 2.0]
     """
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"compile_function: name must be a Python identifier, got {name!r}")
+        raise SpecError(f"compile_function: name must be a Python identifier, got {name!r}")
     namespace: dict[str, Any] = {"torch": torch, **(bindings or {})}
     exec(compile(source, f"<symalg.{origin}.{name}>", "exec"), namespace)
     if not callable(namespace.get(name)):
-        raise ValueError(f"compile_function: the source does not define a function {name!r}")
+        raise SpecError(f"compile_function: the source does not define a function {name!r}")
     return namespace[name]
 
 
@@ -323,35 +325,38 @@ class LoweredFunction:
 
     def __call__(self, params: Mapping[str, torch.Tensor], *args: torch.Tensor) -> Any:
         if len(args) != len(self.arg_names):
-            raise TypeError(f"{self.name} takes params and {len(self.arg_names)} more arguments "
-                            f"{list(self.arg_names)}, got {len(args)}")
+            raise LoweringError(f"{self.name} takes params and {len(self.arg_names)} more arguments "
+                                f"{list(self.arg_names)}, got {len(args)}")
         return self.fn(params, *args)
 
 
 def check_params(name: str, param_names: Sequence[str], param_shapes: Mapping[str, tuple[Any, ...]],
                  accepted: set[tuple[Any, ...]], params: Mapping[str, torch.Tensor]) -> None:
-    """The check behind a lowered function's shape guard: raise ``KeyError`` naming the parameters missing from
-    ``params``, ``TypeError`` naming one that is not a tensor, and ``ValueError`` naming one whose trailing shape is
-    not ``param_shapes`` (ints, or symbols that must agree across parameters; leading batch dimensions are free), as
-    torch would otherwise broadcast or fail without the name; else remember the shapes in ``accepted``.
+    """The check behind a lowered function's shape guard: raise :class:`~symalg.errors.MissingParameterError` (a
+    ``KeyError``) naming the parameters missing from ``params``, :class:`~symalg.errors.ParameterTypeError` (a
+    ``TypeError``) naming one that is not a tensor, and :class:`~symalg.errors.ParameterError` naming one whose
+    trailing shape is not ``param_shapes`` (ints, or symbols that must agree across parameters; leading batch
+    dimensions are free), as torch would otherwise broadcast or fail without the name; else remember the shapes in
+    ``accepted``.
 
     >>> check_params("q", ["b"], {"b": (3,)}, set(), {"b": torch.ones(2)})
     Traceback (most recent call last):
-    ValueError: q: parameter 'b' has shape (2,), expected (..., 3)
+    symalg.errors.ParameterError: q: parameter 'b' has shape (2,), expected (..., 3)
     """
     missing = [p for p in param_names if p not in params]
     if missing:
-        raise KeyError(f"{name}: parameter(s) {missing} missing from params (it reads {list(param_names)})")
+        raise MissingParameterError(f"{name}: parameter(s) {missing} missing from params "
+                                    f"(it reads {list(param_names)})")
     bound: dict[sp.Symbol, int] = {}
     for parameter, expected in param_shapes.items():
         value = params[parameter]
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{name}: parameter {parameter!r} is a {type(value).__name__}, not a tensor")
+            raise ParameterTypeError(f"{name}: parameter {parameter!r} is a {type(value).__name__}, not a tensor")
         actual = tuple(value.shape[value.dim() - len(expected):]) if value.dim() >= len(expected) else None
         ok = actual is not None and all(bound.setdefault(e, a) == a if isinstance(e, sp.Symbol) else int(e) == a
                                         for e, a in zip(expected, actual))
         if not ok:
-            raise ValueError(f"{name}: parameter {parameter!r} has shape {tuple(value.shape)}, expected "
+            raise ParameterError(f"{name}: parameter {parameter!r} has shape {tuple(value.shape)}, expected "
                              f"(..., {', '.join(str(bound.get(e, e)) for e in expected)})")
     if len(accepted) < ACCEPTED_SHAPES:
         accepted.add(tuple(getattr(params[p], "shape", None) for p in param_names))
@@ -415,7 +420,7 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     used = set().union(*(e.free_symbols for e in exprs))
     stray = sorted(str(s) for s in used - set(params) - set(args) if isinstance(s, sp.MatrixSymbol))
     if stray:
-        raise ValueError(f"lower({name}): expression uses {stray}, which are neither params nor args")
+        raise SpecError(f"lower({name}): expression uses {stray}, which are neither params nor args")
     # read the parameters the expressions use, plus any needed only for a width or for dtype/device
     to_read = [s for s in params if s in used]
     inputs = to_read + list(args)
@@ -435,7 +440,7 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
     taken = {identifier(s.name) for s in inputs} | {"torch", "params", "_like", name}
     clash = sorted({str(w) for s in inputs for w in s.shape if sp.sympify(w).is_Symbol and str(w) in taken})
     if clash:  # `b_1 = W_1.shape[-2]` would overwrite the bias b_1: a wrong value, silently
-        raise ValueError(f"lower({name}): width(s) {clash} have the name of a tensor or function the generated code "
+        raise SpecError(f"lower({name}): width(s) {clash} have the name of a tensor or function the generated code "
                          "uses; rename the width")
     printed = "\n".join(body)
     for symbol in inputs:
@@ -447,11 +452,11 @@ def lower(name: str, expr: sp.MatrixExpr | Mapping[str, sp.MatrixExpr], params: 
                     lines.append(f"    {size} = {identifier(symbol.name)}.shape[{axis - len(axes)}]")
     unbound = sorted(str(s) for s in used - bound if not isinstance(s, sp.MatrixSymbol))
     if unbound:
-        raise ValueError(f"lower({name}): expression uses {unbound}, which are neither params, args nor widths "
+        raise SpecError(f"lower({name}): expression uses {unbound}, which are neither params, args nor widths "
                          "read off their shapes")
     if needs_like:
         if not inputs:
-            raise ValueError(f"lower({name}): a constant matrix needs at least one input for its dtype and device")
+            raise SpecError(f"lower({name}): a constant matrix needs at least one input for its dtype and device")
         reference = identifier(inputs[0].name)
         lines.append(f"    _like = dict(dtype={reference}.dtype, device={reference}.device)")
     shapes = {params[s]: tuple(s.shape[:1] if s in columns else s.shape)

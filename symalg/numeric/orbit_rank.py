@@ -32,7 +32,7 @@ The kernel is the direct sum of the kernels of the coupled components.
 force ``M = 0`` (``rank F = h`` or ``rank G = h`` for ``GL``; ``f ≤ 1`` for ``O``; a nonzero private row
 for a scaling coordinate; full rank of the private directions for translations) is zero in every
 kernel element, so it is removed and its neighbours' shared regions become private; this repeats
-(it is the inductive argument of :mod:`symalg.orbit`). Before that, a scaling coordinate whose rows
+(it is the inductive argument of :mod:`symalg.symbolic.orbit`). Before that, a scaling coordinate whose rows
 are zero in every region moves nothing: it is a kernel direction of its own. What remains:
 
 * an equioriented chain of ``GL`` sites linked by whole 2-D weights ``W_{k+1}: V_k → V_{k+1}``

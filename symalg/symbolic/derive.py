@@ -16,6 +16,9 @@ True
 """
 from __future__ import annotations
 
+import logging
+import numbers
+from html import escape
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
@@ -25,8 +28,9 @@ import torch
 
 from symalg.catalogue.activations import CATALOGUE, CatalogueEntry
 from symalg.catalogue.groups import Permutations, Shears, SignFlips, SiteGroup, Translations
-from symalg.symbolic.report import describe
-from symalg.errors import SpecError
+from symalg.symbolic.printing import latex, sstr
+from symalg.symbolic.report import describe, kind_legend
+from symalg.errors import CertificationError, SpecError, WidthError
 from symalg.frontend.spec import Spec, to_graph, to_spec_string
 from symalg.ir.architecture import Architecture
 from symalg.ir.graph import ModelGraph
@@ -40,6 +44,8 @@ from symalg.symbolic.symmetry import AngularMomentum, ConservedQuantity, Symmetr
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, certify as certify_claims
 
 __all__ = ["Analysis", "derive"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -138,10 +144,18 @@ class Analysis:
         return self.subs({str(k): v for k, v in arch.widths_from_params(params).items()})
 
     def subs(self, widths: Mapping) -> "Analysis":
-        """The same derivation at concrete widths, e.g. ``subs({"h": 5})`` (names or symbols as keys)."""
+        """The same derivation at concrete widths, e.g. ``subs({"h": 5})`` (names or symbols as keys); a value
+        that is not a positive integer (``{"n": "three"}``, a symbol, ``2.0``) raises
+        :class:`~symalg.errors.WidthError` (rename widths on the spec: :meth:`Architecture.subs
+        <symalg.ir.architecture.Architecture.subs>`)."""
         arch = self.model_graph.source
         if not isinstance(arch, Architecture):
             raise SpecError("subs: this analysis has concrete widths (a traced model); there is nothing to substitute")
+        if not isinstance(widths, Mapping):
+            raise WidthError(f"subs: widths must be a mapping {{name: positive int}}, got {type(widths).__name__}")
+        for name, value in widths.items():
+            if isinstance(value, bool) or not isinstance(value, (numbers.Integral, sp.Integer)):
+                raise WidthError(f"width {name}: expected a positive integer, got {value!r} ({type(value).__name__})")
         return derive(arch.subs(widths), self.catalogue, self.strict, self.loss, certify=self.certified or not
                       arch.subs(widths).widths)
 
@@ -168,23 +182,39 @@ class Analysis:
         return [(s.site, s.group.name, s.group.dim) for s in self.symmetries]
 
     def to_dict(self) -> dict:
-        """A JSON-serialisable summary: model, loss, tracer (``"fx"``, ``"export"``, ``"spec"``) and why it ran
-        (``tracer_note``: fx's failure when ``torch.export`` was the fallback), the input shapes its graph holds for
-        (``shape_note``: ``""`` for every shape), the paths of the outputs,
-        symmetries (group, site, dimension, tensors moved, conserved quantity), blocked notes, orbit dimension
-        and certification."""
+        """A JSON-serialisable summary (schema ``symalg.analysis/1``, documented in ``docs/output_schema.md``).
+
+        Keys: ``schema``; ``model`` (the spec string, or the model's class name, unquoted); ``loss``; ``tracer``
+        (``"fx"``, ``"export"``, ``"spec"``) and ``tracer_note`` (fx's failure when ``torch.export`` was the
+        fallback); ``shape_note`` (``""``: the graph holds for every input shape); ``outputs``; ``widths`` (the
+        symbolic widths' names); ``symmetries``, one record each: ``group``, ``site``, ``members``, ``dimension``
+        (a formula, as text), ``continuous``, ``tensors`` moved, and ``conserved`` (``None``, or a record with
+        ``name``, ``kind`` (``"matrix"``, ``"diagonal"``, ``"planes"``, ``"linear"``), ``site``, ``expression``,
+        ``latex`` and its ``terms``: ``name``, ``expression``, ``latex`` per defining matrix); ``angular_momenta``
+        (``name``, ``site``, ``latex``); ``blocked`` (``node``, ``site``, ``reason``); ``orbit_dimension`` (text);
+        ``certification`` (``None`` or one record per claim), ``certification_points``, ``certification_notes``.
+
+        >>> import json, symalg
+        >>> d = json.loads(json.dumps(symalg.derive("linear(n, h) -> relu -> linear(h, m)").to_dict()))
+        >>> d["model"], d["symmetries"][0]["conserved"]["kind"], d["symmetries"][0]["conserved"]["terms"][0]["name"]
+        ('linear(n, h) -> relu -> linear(h, m)', 'diagonal', 'q__0')
+        """
         try:
             orbit = str(self.orbit_dimension())
         except NotImplementedError as error:
             orbit = f"no closed form: {error}"
         return {
-            "model": self._name(), "loss": self.loss, "tracer": self.model_graph.tracer,
+            "schema": "symalg.analysis/1",
+            "model": self._name(quoted=False), "loss": self.loss, "tracer": self.model_graph.tracer,
             "tracer_note": self.model_graph.tracer_note, "shape_note": self.model_graph.shape_note,
-            "outputs": list(self.model_graph.output_paths),
+            "outputs": list(self.model_graph.output_paths), "widths": sorted(str(w) for w in self.widths),
             "symmetries": [{"group": s.group.name, "site": s.site, "members": list(s.members),
                             "dimension": str(s.group.dim),
                             "continuous": bool(s.group.is_continuous), "tensors": list(s.tensors),
-                            "conserved": None if s.conserved is None else str(s.conserved)} for s in self.symmetries],
+                            "conserved": None if s.conserved is None else _conserved_record(s.conserved)}
+                           for s in self.symmetries],
+            "angular_momenta": [{"name": j.name, "site": j.symmetry.site, "latex": j.latex()}
+                                for j in self.angular_momenta()],
             "blocked": [{"node": b.node, "site": b.site, "reason": b.reason} for b in self.blocked],
             "orbit_dimension": orbit,
             "certification": None if self.certification is None else [
@@ -194,10 +224,40 @@ class Analysis:
             "certification_notes": list(self.certification_notes),
         }
 
-    def _name(self) -> str:
+    def _repr_html_(self) -> str:
+        """A notebook's view: one table row per symmetry (group, site, kind, dimension, tensors moved, conserved
+        quantity as rendered math), then the angular-momentum relations, blocked notes (with the group codes
+        explained), the orbit dimension and the certification summary."""
+        rows = []
+        for s in self.symmetries:
+            kind = "continuous" if s.group.is_continuous else "discrete"
+            quantity = "" if s.conserved is None else f"$${escape(s.conserved.latex())}$$"
+            rows.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in (
+                escape(s.group.name), escape(s.site), kind, escape(str(s.group.dim)),
+                "<br>".join(escape(t) for t in s.tensors), quantity)) + "</tr>")
+        head = "".join(f"<th>{h}</th>" for h in ("group", "site", "kind", "dim", "tensors moved", "conserved"))
+        parts = [f"<p><b>{escape(repr(self))}</b></p>",
+                 f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>" if rows
+                 else "<p>no symmetry</p>"]
+        parts += [f"<p>angular momentum: $${escape(j.latex())}$$</p>" for j in self.angular_momenta()]
+        notes = [f"<li>blocked: {escape(str(b))}</li>" for b in self.blocked]
+        notes += [f"<li>restricted: {escape(str(r))}</li>" for r in self.sites.restrictions]
+        legend = kind_legend([*self.blocked, *self.sites.restrictions])
+        if notes:
+            parts.append(f"<details><summary>{len(notes)} blocked or restricted note(s)</summary><ul>{''.join(notes)}"
+                         f"</ul>{f'<p>{escape(legend)}</p>' if legend else ''}</details>")
+        try:
+            orbit = f"${escape(sp.latex(self.orbit_dimension()))}$"
+        except NotImplementedError as error:
+            orbit = f"no closed form ({escape(str(error))})"
+        parts.append(f"<p>orbit dimension (generic): {orbit}</p>")
+        parts.append(f"<p>{escape(self.certification_summary())}</p>")
+        return "\n".join(parts)
+
+    def _name(self, quoted: bool = True) -> str:
         source = self.model_graph.source
         if isinstance(source, Architecture):
-            return repr(to_spec_string(source))
+            return repr(to_spec_string(source)) if quoted else to_spec_string(source)
         return type(self.model_graph.model).__name__ if self.model_graph.model is not None else "graph"
 
     def __repr__(self) -> str:
@@ -242,6 +302,16 @@ def _check_arguments(catalogue: object, strict: object, loss: object, certify: o
     if wrong:
         raise SpecError(f"derive: catalogue entry {wrong[0]!r} is a {type(catalogue[wrong[0]]).__name__}, "
                         "not a CatalogueEntry")
+
+
+
+def _conserved_record(quantity: ConservedQuantity) -> dict:
+    """A conserved quantity as :meth:`Analysis.to_dict` writes it: name, kind, site, the whole expression as text
+    and LaTeX, and each defining matrix (``C``, ``q``, ...) as a term with its own text and LaTeX."""
+    return {"name": quantity.name, "kind": quantity.kind, "site": quantity.site, "expression": str(quantity),
+            "latex": quantity.latex(),
+            "terms": [{"name": key, "expression": sstr(expr), "latex": latex(expr)}
+                      for key, expr in quantity.exprs.items()]}
 
 
 def derive(model: ModelGraph | str | Spec | Architecture | nx.DiGraph, catalogue: Mapping | None = None,
@@ -317,15 +387,18 @@ def _certified(analysis: Analysis, origins: Mapping) -> Analysis:
     try:
         certificate = certify_claims(analysis)
     except Exception as error:  # the model itself fails in float64 (an op for float32 only): torch's message
-        raise SpecError(f"derive: certification runs {type(analysis.model_graph.model).__name__} in float64 on "
-                        f"fresh inputs, and it failed: {type(error).__name__}: {error}; make the model run in "
-                        "float64, or pass certify=False for uncertified claims") from None
+        raise CertificationError(f"derive: certification runs {type(analysis.model_graph.model).__name__} in float64 "
+                                 f"on fresh inputs, and it failed: {type(error).__name__}: {error}; make the model "
+                                 "run in float64, or pass certify=False for uncertified claims") from error
     errors = certificate.errors
     analysis = replace(analysis, certification=errors, certification_points=certificate.points,
                        certification_notes=certificate.notes)
     failed = [e for e in errors if not e.holds]
+    logger.info("derive: %d of %d claims certified", len(errors) - len(failed), len(errors))
     if not failed:
         return analysis
+    for e in failed:
+        logger.info("derive: %s removed: %s", e.symmetry.label, e.reason)
     notes = tuple(Blocked(e.symmetry.site, e.symmetry.site, f"{e.symmetry.group.name} {e.reason}") for e in failed)
     gone = {origins[e.symmetry] for e in failed}
     sites = analysis.sites

@@ -2,7 +2,7 @@
 
 Every value flowing through a :class:`~symalg.frontend.tracing.ModelGraph` gets a :class:`Label`: the sites
 whose coordinates run along its feature axis (:class:`Segment`\\ s; a concatenation has several, a
-value with none is data nothing acts on). Op rules (:mod:`symalg.op_rules`) create sites where a
+value with none is data nothing acts on). Op rules (:mod:`symalg.catalogue.rules`) create sites where a
 parameterised map writes a feature axis, bind the tensors around them (:class:`~symalg.catalogue.bindings.Binding`),
 tie sites that must transform together (skip connections, shared parameters, heads) and restrict the
 *kinds* of group a site may carry:
@@ -266,7 +266,7 @@ class Inference:
         self.catalogue = catalogue
         self.loss = loss
         self.strict = strict
-        """Drop an activation's declared group that a symbolic check (:mod:`symalg.checks`) disproves."""
+        """Drop an activation's declared group that a symbolic check (:mod:`symalg.symbolic.checks`) disproves."""
         self.sites: list[_Site] = []
         self.site_names: set[str] = set()
         self.ties = nx.utils.UnionFind()

@@ -6,18 +6,34 @@ model: 'linear(2, 3) -> tanh -> linear(3, 1)'
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, Protocol, Sequence
 
 import sympy as sp
 
 from symalg.catalogue.groups import SiteGroup
+from symalg.kinds import KIND_NAMES
 from symalg.frontend.outputs import output_hint
 from symalg.ir.graph import ModelGraph
 from symalg.symbolic.inference import Blocked, ModelSites
 from symalg.symbolic.printing import escape_latex, latex, sstr, tensor_latex
 from symalg.symbolic.symmetry import AngularMomentum, ConservedQuantity, Symmetry
 
-__all__ = ["describe", "describe_latex"]
+__all__ = ["describe", "describe_latex", "kind_legend"]
+
+
+def kind_legend(notes: Sequence[object]) -> str:
+    """``"codes: GL = general linear GL(h), ..."`` for the group codes the notes list as removed (``"GL, O removed"``);
+    ``""`` when they list none.
+
+    >>> kind_legend(["0 (node 1): GL, O removed: layer 1 (relu) is equivariant only under PS, S"])
+    'codes: GL = general linear GL(h), O = orthogonal O(h)'
+    """
+    used = {code for note in notes for listed in re.findall(r"((?:\b[A-Z][A-Z0-9]?, )*\b[A-Z][A-Z0-9]?) removed",
+                                                            str(note))
+            for code in listed.split(", ")}
+    codes = [code for code in KIND_NAMES if code in used]
+    return "codes: " + ", ".join(f"{code} = {KIND_NAMES[code]}" for code in codes) if codes else ""
 
 
 class Analysed(Protocol):
@@ -108,6 +124,8 @@ def describe(analysis: Analysed) -> str:
         lines.append("  none")
     lines += [f"blocked: {blocked}" for blocked in analysis.blocked]
     lines += [f"restricted: {note}" for note in analysis.sites.restrictions]  # why a site's group is no larger
+    legend = kind_legend([*analysis.blocked, *analysis.sites.restrictions])
+    lines += [f"  ({legend})"] if legend else []
     lines.append("")
     lines.append(f"orbit dimension (generic): {_formula_text(analysis.orbit_dimension)}")
     quantities = analysis.conserved_quantities()

@@ -2,7 +2,7 @@
 every bound tensor, conserved quantities in SymPy, lowered to torch.
 
 Each :class:`Symmetry` is one group acting on one site class (or one permutation class): its
-action moves every bound region ``U`` (see :mod:`symalg.bindings`), and its conserved quantity is
+action moves every bound region ``U`` (see :mod:`symalg.catalogue.bindings`), and its conserved quantity is
 
 * ``C = Σ_out p·U Uᵀ − Σ_in p·U Uᵀ`` for ``GL`` (``Q_M = tr(M C)``, ``M`` symmetric): query/key
   imbalance per head, value/output imbalance per head, adapter imbalance ``A Aᵀ − Bᵀ B``, ...;
@@ -337,7 +337,7 @@ class Symmetry:
 
     def tangent(self, params: Mapping[str, torch.Tensor], M: torch.Tensor) -> dict[str, torch.Tensor]:
         """The infinitesimal action ``M·θ`` on the tensors it moves: linear in ``M``, defined for any ``M`` of the
-        algebra's shape (unchecked, so that :mod:`symalg.orbit_rank` can differentiate it under ``vmap``)."""
+        algebra's shape (unchecked, so that :mod:`symalg.numeric.orbit_rank` can differentiate it under ``vmap``)."""
         if self.translations:
             return {tensor: torch.tensordot(M, D, dims=1) for tensor, D in self.directions(params).items()}
         out: dict[str, torch.Tensor] = {}

@@ -11,7 +11,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Protocol, Sequenc
 
 import torch
 
-from symalg.errors import SpecError
+from symalg.errors import MissingParameterError, ParameterError, ParameterTypeError, SpecError
 from symalg.numeric.linalg import relative_error
 from symalg.lowering.codegen import evaluate_symbolic
 
@@ -314,22 +314,22 @@ def check_device(device: torch.device | str | int) -> None:
 
 
 def check_params(params: object, shapes: Mapping[str, tuple], caller: str, optional: Iterable[str] = ()) -> None:
-    """Raise ``SpecError`` naming the parameter unless ``params`` maps names of ``shapes`` to finite tensors:
-    no unknown name, none missing but those in ``optional`` (buffers), each concrete shape as given
+    """Raise :class:`~symalg.errors.ParameterError` naming the parameter unless ``params`` maps names of ``shapes`` to
+    finite tensors: no unknown name, none missing but those in ``optional`` (buffers), each concrete shape as given
     (symbolic widths are read off and compared by ``Architecture.widths_from_params``)."""
     if not isinstance(params, Mapping):
-        raise SpecError(f"{caller}: params must be a mapping {{name: tensor}}, got {type(params).__name__}")
+        raise ParameterTypeError(f"{caller}: params must be a mapping {{name: tensor}}, got {type(params).__name__}")
     for name, value in params.items():
         if name not in shapes:
-            raise SpecError(f"{caller}: unknown parameter {name!r} (expected names: {sorted(shapes)})")
+            raise ParameterError(f"{caller}: unknown parameter {name!r} (expected names: {sorted(shapes)})")
         if not isinstance(value, torch.Tensor):
-            raise SpecError(f"{caller}: parameter {name!r} is a {type(value).__name__}, not a tensor")
+            raise ParameterTypeError(f"{caller}: parameter {name!r} is a {type(value).__name__}, not a tensor")
         expected = tuple(shapes[name])
         concrete = all(isinstance(size, int) or getattr(size, "is_Integer", False) for size in expected)
         if concrete and tuple(value.shape) != tuple(int(size) for size in expected):
-            raise SpecError(f"{caller}: parameter {name!r} has shape {tuple(value.shape)}, expected {expected}")
+            raise ParameterError(f"{caller}: parameter {name!r} has shape {tuple(value.shape)}, expected {expected}")
         if value.is_floating_point() and not torch.isfinite(value).all():
-            raise SpecError(f"{caller}: parameter {name!r} has non-finite entries")
+            raise ParameterError(f"{caller}: parameter {name!r} has non-finite entries")
     missing = sorted(set(shapes) - set(params) - set(optional))
     if missing:
-        raise SpecError(f"{caller}: parameter {missing[0]!r} is missing (expected names: {sorted(shapes)})")
+        raise MissingParameterError(f"{caller}: parameter {missing[0]!r} is missing (expected names: {sorted(shapes)})")

@@ -52,6 +52,7 @@ from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimErro
 from symalg.catalogue.activations import CatalogueEntry
 from symalg.catalogue.rules import REGISTRY
 from symalg.errors import SpecError
+from symalg.progress import Progress, report as report_progress
 from symalg.ir.graph import ModelGraph
 from symalg.symbolic.derive import Analysis, derive
 from symalg.frontend.tracing import trace
@@ -2090,10 +2091,11 @@ def _check_index(arguments: tuple[int, int, list[str] | None, bool, float, int, 
 
 def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, time_limit: float = 20.0,
         certify: bool = True, draws: int = 2, workers: int = 1, start: int = 0,
-        tracer: str | None = None) -> FuzzReport:
+        tracer: str | None = None, progress: Progress | None = None) -> FuzzReport:
     """Generate ``n_models`` models (indices ``start … start + n_models − 1`` of ``seed``, families in turn)
     and check every claim of each; see the module docstring. ``workers > 1`` checks them in that many
-    processes; ``tracer`` (``"auto"``, ``"fx"``, ``"export"``) traces every model so, instead of as each says."""
+    processes; ``tracer`` (``"auto"``, ``"fx"``, ``"export"``) traces every model so, instead of as each says;
+    ``progress(done, n_models, case)`` after each model (:mod:`symalg.progress`)."""
     families = list(families) if families else None
     unknown = [f for f in families or () if f not in FAMILIES]
     if unknown:
@@ -2104,11 +2106,13 @@ def run(n_models: int, seed: int = 0, families: Sequence[str] | None = None, tim
         # spawn, not fork: a forked child inherits torch's intra-op thread pool from a parent that already ran
         # models, and can hang in its first matrix product
         with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            for outcome in pool.imap(_check_index, jobs, chunksize=8):
+            for done, outcome in enumerate(pool.imap(_check_index, jobs, chunksize=8), start=1):
                 report.add(outcome)
+                report_progress(progress, done, n_models, f"model {start + done - 1}")
     else:
-        for job in jobs:
+        for done, job in enumerate(jobs, start=1):
             report.add(_check_index(job))
+            report_progress(progress, done, n_models, f"model {job[1]}")
     report.seconds = time.perf_counter() - began
     return report
 

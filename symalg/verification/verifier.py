@@ -78,7 +78,8 @@ from symalg.numeric.orbit_rank import model_orbit_dimension
 from symalg.symbolic.derive import Analysis
 from symalg.symbolic.symmetry import Symmetry
 from symalg.verification.certification import check_in_separating_sets, compose, output_change, sample_elements
-from symalg.errors import SpecError
+from symalg.errors import SpecError, WidthError
+from symalg.progress import Progress, report
 from symalg.frontend.outputs import output_tensors
 from symalg.verification.checks import (MAX_GENERATORS, TOLERANCES, CheckResult, VerificationReport,
                                         check_angular_momentum, check_device, check_gradient_orthogonality,
@@ -174,7 +175,7 @@ def _concrete(analysis: Analysis, params: Params | None, widths: Mapping[str, in
         wrong = [(k, v) for k, v in (widths or {}).items()
                  if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
         if wrong:
-            raise SpecError(f"{caller}: widths= values must be integers, got {wrong[0][0]}={wrong[0][1]!r}")
+            raise WidthError(f"{caller}: widths= values must be integers, got {wrong[0][0]}={wrong[0][1]!r}")
         substituted = {str(k): int(v) for k, v in (widths or default_widths(analysis)).items()}
         missing = sorted(str(s) for s in analysis.widths if str(s) not in substituted)
         if missing:
@@ -185,7 +186,8 @@ def _concrete(analysis: Analysis, params: Params | None, widths: Mapping[str, in
 def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor | tuple | None = None,
            device: str = "cpu", dtype: torch.dtype = torch.float64, widths: Mapping[str, int] | None = None,
            seed: int = 0, max_generators: int = MAX_GENERATORS, learning_rate: float = 0.1, flow_steps: int = 10,
-           symbolic_limit: int = SYMBOLIC_LIMIT, dynamics: object = None) -> VerificationReport:
+           symbolic_limit: int = SYMBOLIC_LIMIT, dynamics: object = None,
+           progress: Progress | None = None) -> VerificationReport:
     """Check every symmetry of ``analysis`` numerically by running its model (see the module docstring).
 
     Parameters
@@ -210,6 +212,8 @@ def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor 
         exact one-step identities along a real training run: :func:`~symalg.applications.noether.check_scheme`; a
         scheme with ``batch`` takes the loss on ``batch`` seeded random rows of the first output per step), or a
         list of them.
+    progress : ``progress(done, total, what)`` after each stage (invariance, each symmetry's checks, gradient flow,
+        angular momentum, lowering, orbit dimension, dynamics): :mod:`symalg.progress`.
     """
     if not isinstance(analysis, Analysis):
         raise SpecError(f"verify: analysis must be the result of symalg.derive, got {type(analysis).__name__}")
@@ -292,24 +296,33 @@ def verify(analysis: Analysis, params: Params | None = None, data: torch.Tensor 
     grad_norm = gradient_norm(grads)
     stepped = {**state, **{k: state[k] - learning_rate * g for k, g in grads.items()}}
     at_gradient = {**state, **grads}
+    stages = len(analysis.symmetries) + 6
     invariance = _invariance(analysis.symmetries, state, forward, loss_of, cross_entropy, generator, dtype, device,
                              tol)
+    report(progress, 1, stages, "invariance")
     checks = []
-    for symmetry, invariant in zip(analysis.symmetries, invariance):
+    for done, (symmetry, invariant) in enumerate(zip(analysis.symmetries, invariance), start=2):
         checks.append(invariant)
         if symmetry.group.is_continuous and not symmetry.acts_on_buffers:
             checks.append(_orthogonality(symmetry, state, grads, grad_norm, generator, dtype, device, tol,
                                          max_generators))
         if symmetry.conserved is not None:
             checks.append(_drift(symmetry, state, stepped, at_gradient, learning_rate, tol))
+        report(progress, done, stages, symmetry.label)
+    done = len(analysis.symmetries) + 1
     conserving = [s for s in analysis.symmetries if s.conserved is not None]
     checks += _gradient_flow(conserving, loss, state, params, grads, tol, flow_steps)
+    report(progress, done + 1, stages, "gradient flow")
     checks += check_angular_momentum(analysis, loss, params, grads, generator, tol)
+    report(progress, done + 2, stages, "angular momentum")
     with torch.no_grad():
         checks += [_lowering(s, state, tol, symbolic_limit) for s in conserving]
+    report(progress, done + 3, stages, "lowering")
     checks.append(_orbit_dimension(analysis, state))
+    report(progress, done + 4, stages, "orbit dimension")
     checks += _noether(analysis.symmetries, dynamics, loss_on, reference.shape[0] if reference.dim() else 1, params,
                        grads, seed)
+    report(progress, done + 5, stages, "dynamics")
     return VerificationReport(tuple(checks), dtype, str(device), substituted)
 
 
