@@ -222,8 +222,26 @@ class TimesParameter(nn.Module):
         return self.down(self.up(x) * self.gain)
 
 
-def test_product_with_a_parameter_is_refused():
+class TimesRowParameter(TimesParameter):
+    """The same product with a gain per batch row and unit, ``(6, H)``: not one entry per unit."""
+
+    def __init__(self):
+        super().__init__()
+        self.gain = nn.Parameter(torch.randn(6, H))
+
+
+def test_product_with_a_per_unit_parameter_is_a_diagonal_map():
+    """``down(up(x) ⊙ gain)`` with one gain per unit is a layer scale: the gain moves with the unit scalings, flips
+    and permutations of ``up``'s units, and every claim holds."""
     analysis = _derive(TimesParameter(), certify=False)
+    assert _labels(analysis) == ["PositiveScaling(5, alpha=1) on gain", "PositiveScaling(5, alpha=1) on up",
+                                 "S(5) on up", "SignFlips(5) on gain", "SignFlips(5) on up"]
+    assert any("gain" in {b.tensor for b in s.bindings} for s in analysis.symmetries)
+    assert_claims_hold(analysis, draws=2)
+
+
+def test_product_with_a_parameter_of_another_shape_is_refused():
+    analysis = _derive(TimesRowParameter(), certify=False)
     assert analysis.symmetries == ()
     assert any(b.node == "mul" and "multiplies the value by the parameter gain elementwise" in b.reason
                for b in analysis.blocked)
