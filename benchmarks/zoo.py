@@ -1,0 +1,651 @@
+"""The zoo census: symalg on the architectures people use, every claim checked by the census's own code.
+
+Architectures: every base model of the pinned ``transformers`` release (``MODEL_MAPPING_NAMES``: text, vision,
+audio; ``AutoModel.from_config`` on a tiny config, :func:`tiny_config`), torch's own layers in a user's module
+(:data:`TORCH_LAYERS`) and peft LoRA on a small Llama. Each runs in its own forked process with a timeout: a hang or
+a segfault is a row, not the end of the census. Per architecture:
+
+* **status**: ``not built`` (transformers cannot build or run the tiny model on the census's inputs: not symalg's
+  doing), ``refused`` (``symalg.SpecError``, a named refusal), ``crash`` (any other exception, a segfault or a
+  timeout in symalg), else ``ok``;
+* the tracer, trace and derive seconds (``symalg.derive(certify=False)``: the rules' own claims, not filtered by
+  symalg's certification), claims by group class, blocked notes;
+* **false claims** (:func:`check_claim`, independent of ``symalg.verification``): at generic parameters
+  (:func:`generic_state`: noise on every parameter and floating buffer) and on inputs of other shapes, each claim
+  on its own moves the parameters by group elements near and far from the identity (``Symmetry.apply``) and the
+  worst relative change of any output must stay under :data:`TOLERANCE`; a claim whose moved tensors the outputs
+  ignore (a random perturbation of them, not in the group, changes no output) is ``vacuous``, not verified;
+* **attention coverage** (:func:`attention_coverage`): of the modules that own query and key projections (class name
+  with ``Attention``, or ``nn.MultiheadAttention``), those whose query or key weights a per-head group (``GL``,
+  ``O``, ``C``: on ``Q Kᵀ``, rotary) moves; :data:`PINNED` gives the documented reason where mathematics pins it.
+
+Usage::
+
+    python benchmarks/zoo.py --quick                       # ~20 representative architectures, a few minutes
+    python benchmarks/zoo.py                               # every architecture, QUICK first (hours on 2 cores)
+    python benchmarks/zoo.py --models gpt2 llama torch-lstm --timeout 120 --json zoo.json --jobs 2
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import re
+import sys
+import time
+import traceback
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+TOLERANCE = 1e-7
+"""Largest relative change of any output (float64) a group element may cause; false claims change outputs by far
+more (``10⁻³`` near the identity, order one far from it)."""
+
+SENSITIVITY = 1e-4
+"""Smallest relative output change a random relative perturbation of size :data:`PERTURBATION` of the moved tensors
+must cause for a check to say anything (``1000 ×`` :data:`TOLERANCE`)."""
+PERTURBATION = 0.1
+
+PER_HEAD = ("GL", "O", "C")
+"""Group kinds that act per head on a query/key space: ``GL(d_k)`` on ``Q Kᵀ``, ``O``, rotary's complex scaling."""
+
+QK_NAME = re.compile(r"^(q|k|query|key|wq|wk|to_q|to_k|q_lin|k_lin|q_proj|k_proj|query_proj|key_proj|linear_q|"
+                     r"linear_k|q_linear|k_linear|query_net|key_net)$", re.IGNORECASE)
+PACKED_NAME = re.compile(r"^(qkv|c_attn|query_key_value|wqkv|w_pack|qkv_proj|to_qkv|in_proj|qkv_linear|"
+                         r"in_proj_weight)$", re.IGNORECASE)
+
+PINNED: dict[str, str] = {}
+"""Attention classes whose query/key space carries no per-head group, with the mathematical reason (class name:
+reason); every other uncovered module is a gap."""
+
+QUICK = ("gpt2", "llama", "mistral", "qwen2", "bert", "t5", "gpt_neox", "falcon", "phi3", "gemma2", "mixtral",
+         "vit", "resnet", "convnext", "swin", "torch-encoder-layer", "torch-mha", "torch-lstm", "torch-bilinear",
+         "torch-einsum", "peft-lora-llama")
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "intermediate_size": 64, "vocab_size": 99, "max_position_embeddings": 64, "head_dim": 16,
+        "n_embd": 32, "n_layer": 2, "n_head": 2, "n_inner": 64, "n_positions": 64, "d_model": 32, "d_ff": 64,
+        "d_kv": 16, "num_layers": 2, "num_heads": 2, "num_decoder_layers": 2, "encoder_layers": 2,
+        "decoder_layers": 2, "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64, "ffn_dim": 64, "embed_dim": 32, "embedding_size": 32, "image_size": 32,
+        "patch_size": 4, "num_channels": 3, "num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8, "v_head_dim": 16, "projection_dim": 32, "text_embed_dim": 32,
+        "max_source_positions": 64, "max_target_positions": 64, "num_mel_bins": 16, "sliding_window": 16,
+        "use_cache": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0}
+"""Attribute values of a tiny config, set wherever the architecture's config has the attribute (width 32, two
+layers, two heads of 16, one key/value group, vocabulary 99, images 32², patches 4², special tokens inside the
+vocabulary)."""
+
+TINY_LISTS = {"depths": [1, 1], "hidden_sizes": [16, 32], "num_heads": [2, 2], "embed_dims": [16, 32],
+              "num_attention_heads": [2, 2], "mlp_ratios": [2, 2], "sr_ratios": [2, 1], "patch_sizes": [4, 2],
+              "strides": [4, 2], "kernel_sizes": [3, 3], "layer_types": None}
+"""List-valued attributes (stages of hierarchical vision models): two stages; ``None``: leave the list alone."""
+
+BATCH, LENGTH, IMAGE, AUDIO = 2, 7, 32, 400
+
+
+# -- architectures ---------------------------------------------------------------------------------------------------
+def tiny_config(config: Any) -> Any:
+    """``config`` with :data:`TINY` / :data:`TINY_LISTS` set wherever it has the attribute, recursively into its
+    sub-configs (``text_config``, ``vision_config``, ...)."""
+    from transformers import PretrainedConfig
+
+    for key, value in list(vars(config).items()):
+        if isinstance(value, PretrainedConfig):
+            tiny_config(value)
+        elif isinstance(value, list) and key in TINY_LISTS:
+            short = TINY_LISTS[key]
+            if short is not None and len(value) > 0:
+                setattr(config, key, list(short))
+        elif key in TINY and not isinstance(value, (list, dict)) and value is not None:
+            setattr(config, key, TINY[key])
+    config._experts_implementation = "eager"   # the default grouped_mm kernel refuses float64
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:2]
+    if isinstance(getattr(config, "depths", None), list) and isinstance(getattr(config, "num_layers", None), int):
+        config.num_layers = len(config.depths)
+    return config
+
+
+def hf_inputs(model: nn.Module, batch: int, size: int | None) -> dict[str, torch.Tensor]:
+    """Keyword inputs for a Hugging Face model by its ``main_input_name``: token ids ``(batch, size)``, pixels
+    ``(batch, C, size, size)``, raw audio ``(batch, size)`` or features ``(batch, mel, size)``; encoder-decoder
+    models also get ``decoder_input_ids``. Integer inputs are drawn from a fixed seed."""
+    config = model.config
+    name = getattr(model, "main_input_name", "input_ids")
+    generator = torch.Generator().manual_seed(batch * 1000 + (size or 0))
+    vocab = int(getattr(config, "vocab_size", None) or getattr(getattr(config, "text_config", None), "vocab_size",
+                                                               None) or 99)
+    inputs: dict[str, torch.Tensor] = {}
+    if name == "pixel_values":
+        channels = int(getattr(config, "num_channels", 3) or 3)
+        side = size or IMAGE
+        inputs[name] = torch.randn(batch, channels, side, side, generator=generator, dtype=torch.float64)
+    elif name == "input_values":
+        inputs[name] = torch.randn(batch, size or AUDIO, generator=generator, dtype=torch.float64)
+    elif name == "input_features":
+        mel = int(getattr(config, "num_mel_bins", 16) or 16)
+        inputs[name] = torch.randn(batch, mel, size or 2 * LENGTH, generator=generator, dtype=torch.float64)
+    else:
+        inputs[name] = torch.randint(3, vocab, (batch, size or LENGTH), generator=generator)
+    if getattr(config, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = torch.randint(3, vocab, (batch, size or LENGTH), generator=generator)
+    return inputs
+
+
+def hf_variants(model: nn.Module) -> list[tuple[int, int | None]]:
+    """``(batch, size)`` of the example and of the two other shapes the claims are checked on."""
+    name = getattr(model, "main_input_name", "input_ids")
+    base = {"pixel_values": IMAGE, "input_values": AUDIO, "input_features": 2 * LENGTH}.get(name, LENGTH)
+    other = {"pixel_values": 2 * IMAGE, "input_values": AUDIO + 80, "input_features": 2 * LENGTH + 4}.get(name,
+                                                                                                       LENGTH + 3)
+    return [(BATCH, base), (3, base), (1, other)]
+
+
+Inputs = Callable[[int, Any], dict[str, torch.Tensor]]
+Built = tuple[nn.Module, Inputs, list[tuple[int, Any]]]
+Builder = Callable[[], Built]
+"""Builds ``(model, inputs(batch, size) -> keyword inputs, [(batch, size) of the example, then other shapes])``."""
+
+
+def hf_builder(model_type: str) -> Builder:
+    """Build the base model of ``model_type`` from its tiny config, in float64 and eval mode."""
+    def build() -> Built:
+        import transformers
+        from transformers import AutoModel
+
+        transformers.logging.set_verbosity_error()
+        config = tiny_config(transformers.CONFIG_MAPPING[model_type]())
+        model = AutoModel.from_config(config).double().eval()
+        return model, lambda batch, size: hf_inputs(model, batch, size), hf_variants(model)
+    return build
+
+
+def peft_builder() -> Built:
+    """LoRA (rank 4 on every query, key, value and output projection) on a two-layer Llama."""
+    import peft
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    base = transformers.LlamaModel(tiny_config(transformers.LlamaConfig())).double()
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    model = peft.get_peft_model(base, lora).double().eval()
+    return model, lambda batch, size: hf_inputs(base, batch, size), hf_variants(base)
+
+
+class _Stack(nn.Module):
+    """A user's module around torch layers: an input projection, the layers, a readout."""
+
+    def __init__(self, layers: nn.ModuleList, width: int = 32, features: int = 8, memory: bool = False):
+        super().__init__()
+        self.embed, self.layers, self.memory = nn.Linear(features, width), layers, memory
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for layer in self.layers:
+            h = layer(h, h) if self.memory else layer(h)
+        return self.head(h)
+
+
+class _SelfAttention(nn.Module):
+    """``nn.MultiheadAttention`` used as self-attention (two heads)."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(width, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+class _Recurrent(nn.Module):
+    """A two-layer recurrent net (``nn.LSTM``, ``GRU`` or ``RNN``) between an input projection and a readout."""
+
+    def __init__(self, cell: Callable[..., nn.Module]):
+        super().__init__()
+        self.embed, self.rnn = nn.Linear(8, 16), cell(16, 32, num_layers=2, batch_first=True)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(self.embed(x))[0])
+
+
+class _Bilinear(nn.Module):
+    """Two branches (ReLU and tanh) joined by ``nn.Bilinear``, then a ReLU and a readout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(8, 12)
+        self.bilinear, self.head = nn.Bilinear(16, 12, 10), nn.Linear(10, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.bilinear(torch.relu(self.a(x)), torch.tanh(self.b(x)))))
+
+
+class _Einsum(nn.Module):
+    """A ReLU MLP and a two-head attention written with ``torch.einsum``."""
+
+    def __init__(self, width: int = 16, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.w_in, self.b_in = nn.Parameter(torch.randn(32, 8)), nn.Parameter(torch.randn(32))
+        self.w_out = nn.Parameter(torch.randn(width, 32))
+        self.wq, self.wk, self.wv = (nn.Parameter(torch.randn(width, width)) for _ in range(3))
+        self.wo = nn.Parameter(torch.randn(width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.einsum("bti,oi->bto", torch.relu(torch.einsum("bti,hi->bth", x, self.w_in) + self.b_in), self.w_out)
+        b, t, d = h.shape
+        q, k, v = (torch.einsum("bti,oi->bto", h, w).reshape(b, t, self.heads, -1) for w in (self.wq, self.wk, self.wv))
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k).softmax(-1)
+        return torch.einsum("od,btd->bto", self.wo, torch.einsum("bhqk,bkhd->bqhd", scores, v).reshape(b, t, d))
+
+
+class _Transposed(nn.Module):
+    """A convolution, then two transposed convolutions (stride 2, then 1) with ReLUs between."""
+
+    def __init__(self, dims: int):
+        super().__init__()
+        conv, transposed = (nn.Conv1d, nn.ConvTranspose1d) if dims == 1 else (nn.Conv2d, nn.ConvTranspose2d)
+        self.body = nn.Sequential(conv(3, 8, 3), nn.ReLU(), transposed(8, 6, 3, stride=2), nn.ReLU(),
+                                  transposed(6, 3, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _torch_builder(make: Callable[[], nn.Module], shape: Callable[[int, int], tuple[int, ...]],
+                   sizes: tuple[int, int] = (LENGTH, LENGTH + 3)) -> Builder:
+    def build() -> Built:
+        torch.manual_seed(0)
+        model = make().double().eval()
+
+        def inputs(batch: int, size: int) -> dict[str, torch.Tensor]:
+            generator = torch.Generator().manual_seed(batch * 1000 + size)
+            return {"x": torch.randn(*shape(batch, size), generator=generator, dtype=torch.float64)}
+        return model, inputs, [(BATCH, sizes[0]), (3, sizes[0]), (1, sizes[1])]
+    return build
+
+
+def _layers(layer: Callable[[], nn.Module]) -> nn.ModuleList:
+    return nn.ModuleList([layer(), layer()])
+
+
+TORCH_LAYERS: dict[str, Builder] = {
+    "torch-encoder-layer": _torch_builder(lambda: _Stack(_layers(lambda: nn.TransformerEncoderLayer(
+        32, 2, 64, dropout=0.0, batch_first=True))), lambda b, t: (b, t, 8)),
+    "torch-decoder-layer": _torch_builder(lambda: _Stack(_layers(lambda: nn.TransformerDecoderLayer(
+        32, 2, 64, dropout=0.0, batch_first=True)), memory=True), lambda b, t: (b, t, 8)),
+    "torch-mha": _torch_builder(lambda: _Stack(_layers(_SelfAttention)), lambda b, t: (b, t, 8)),
+    "torch-lstm": _torch_builder(lambda: _Recurrent(nn.LSTM), lambda b, t: (b, t, 8)),
+    "torch-gru": _torch_builder(lambda: _Recurrent(nn.GRU), lambda b, t: (b, t, 8)),
+    "torch-rnn": _torch_builder(lambda: _Recurrent(nn.RNN), lambda b, t: (b, t, 8)),
+    "torch-convtranspose1d": _torch_builder(lambda: _Transposed(1), lambda b, t: (b, 3, t), (12, 15)),
+    "torch-convtranspose2d": _torch_builder(lambda: _Transposed(2), lambda b, t: (b, 3, t, t), (8, 11)),
+    "torch-bilinear": _torch_builder(_Bilinear, lambda b, t: (b, 8)),
+    "torch-einsum": _torch_builder(_Einsum, lambda b, t: (b, t, 8)),
+    "peft-lora-llama": peft_builder,
+}
+
+
+def architectures() -> dict[str, Builder]:
+    """Every architecture of the census by name: the ``transformers`` base models, then :data:`TORCH_LAYERS`."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    return {**{name: hf_builder(name) for name in MODEL_MAPPING_NAMES}, **TORCH_LAYERS}
+
+
+# -- the independent checker -----------------------------------------------------------------------------------------
+def flat_outputs(output: object) -> list[torch.Tensor]:
+    """Every floating tensor ``output`` holds (tuples, lists, mappings such as ``ModelOutput``, dataclass-like
+    objects), in a fixed order."""
+    if isinstance(output, torch.Tensor):
+        return [output] if output.is_floating_point() or output.is_complex() else []
+    if isinstance(output, dict):
+        return [t for value in output.values() for t in flat_outputs(value)]
+    if isinstance(output, (tuple, list)):
+        return [t for value in output for t in flat_outputs(value)]
+    if hasattr(output, "__dict__") and not isinstance(output, nn.Module):
+        return [t for key, value in vars(output).items() if not key.startswith("_") for t in flat_outputs(value)]
+    return []
+
+
+def relative_change(reference: list[torch.Tensor], other: list[torch.Tensor]) -> float:
+    """``max_i ‖a_i − b_i‖_∞ / max(‖a_i‖_∞, tiny)`` over the outputs; ``inf`` where the outputs differ in number,
+    shape, or finiteness."""
+    if len(reference) != len(other):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(reference, other):
+        if a.shape != b.shape or not torch.equal(torch.isfinite(a), torch.isfinite(b)):
+            return float("inf")
+        finite = torch.isfinite(a)
+        if not finite.any():
+            continue
+        scale = a[finite].abs().max().item()
+        worst = max(worst, (a[finite] - b[finite]).abs().max().item() / max(scale, 1e-300))
+    return worst
+
+
+def generic_state(model: nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every parameter and floating buffer of ``model`` moved off special values: parameters get Gaussian noise of
+    size ``0.5 (rms + 0.1)`` (zero-initialised LoRA factors, unit norm gains and zero biases become generic);
+    floating buffers, that may hold variances or frequencies, are scaled entry by entry by ``1 + U(−0.1, 0.1)``."""
+    generator = torch.Generator().manual_seed(seed)
+    state: dict[str, torch.Tensor] = {}
+    done: dict[int, torch.Tensor] = {}   # tied tensors (one tensor under several names) get one noise
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) not in done:
+            noise = torch.randn(p.shape, generator=generator, dtype=p.dtype)
+            done[id(p)] = p.detach() + 0.5 * (p.detach().pow(2).mean().sqrt() + 0.1) * noise
+        state[name] = done[id(p)]
+    for name, b in model.named_buffers(remove_duplicate=False):
+        if id(b) not in done:
+            moves = b.is_floating_point() and b.numel() > 0 and bool(torch.isfinite(b).all())
+            scale = 1 + 0.1 * (2 * torch.rand(b.shape, generator=generator, dtype=b.dtype) - 1) if moves else 1
+            done[id(b)] = b * scale if moves else b
+        state[name] = done[id(b)]
+    return state
+
+
+def _run(model: nn.Module, state: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return flat_outputs(torch.func.functional_call(model, state, (), inputs, tie_weights=False))
+
+
+def _aliases(state: dict[str, torch.Tensor], moved: dict[str, torch.Tensor], model: nn.Module) -> dict:
+    """``moved`` with every tied name of a moved tensor moved too (``named_parameters(remove_duplicate=False)``)."""
+    ids: dict[int, list[str]] = {}
+    for name, p in list(model.named_parameters(remove_duplicate=False)) + list(
+            model.named_buffers(remove_duplicate=False)):
+        ids.setdefault(id(p), []).append(name)
+    out = dict(state)
+    for names in ids.values():
+        new = next((moved[n] for n in names if n in moved and moved[n] is not state.get(n)), None)
+        if new is not None:
+            for n in names:
+                out[n] = new
+    return out
+
+
+def test_elements(group: Any, generator: torch.Generator) -> list[tuple[str, torch.Tensor]]:
+    """Group elements to check a claim with: ``exp(M)`` with ``‖M‖ = 10⁻³`` and ``1`` (near and far from the
+    identity), up to two discrete generators (or random sign patterns), and a discrete generator times a far
+    ``exp(M)`` (another component): the group's own ``sample``, thinned."""
+    elements = group.sample(generator, torch.float64, "cpu", (1e-3, 1.0))
+    continuous = [e for e in elements if e[0].startswith("exp") or "times" in e[0]]
+    discrete = [e for e in elements if e not in continuous]
+    picks = torch.randperm(len(discrete), generator=generator)[:2].tolist()
+    return continuous + [discrete[i] for i in picks]
+
+
+def check_claim(model: nn.Module, symmetry: Any, points: list[tuple[str, dict, dict, list]],
+                generator: torch.Generator) -> dict:
+    """Check one claim on ``points`` (``(label, state, inputs, outputs)``): its worst relative output change over
+    :func:`test_elements` (``error``, and where), and whether the outputs react to its moved tensors at all
+    (``sensitivity``: the relative output change under a random relative perturbation :data:`PERTURBATION` of
+    them). Verdict: ``false`` (error above :data:`TOLERANCE`), ``vacuous`` (sensitivity under
+    :data:`SENSITIVITY`), else ``verified``."""
+    worst, where, sensitivity = 0.0, "", 0.0
+    for label, state, inputs, reference in points:
+        for name, g in test_elements(symmetry.group, generator):
+            moved = symmetry.apply(state, g)
+            error = relative_change(reference, _run(model, _aliases(state, moved, model), inputs))
+            if error > worst:
+                worst, where = error, f"{name} at {label}"
+        perturbed = dict(state)
+        for tensor in symmetry.tensors:
+            t = state[tensor]
+            noise = torch.randn(t.shape, generator=generator, dtype=t.dtype)
+            perturbed[tensor] = t + PERTURBATION * t.pow(2).mean().sqrt() * noise
+        sensitivity = max(sensitivity, relative_change(reference, _run(model, _aliases(state, perturbed, model),
+                                                                       inputs)))
+    verdict = "false" if not worst <= TOLERANCE else "vacuous" if sensitivity < SENSITIVITY else "verified"
+    return {"claim": symmetry.label, "kind": symmetry.group.kind, "verdict": verdict, "error": worst, "where": where,
+            "sensitivity": sensitivity}
+
+
+def check_points(model: nn.Module, make_inputs: Callable, variants: list[tuple[int, Any]]) -> tuple[list, list]:
+    """The points claims are checked at: generic parameters (:func:`generic_state`) on the example's shape and the
+    other shapes of ``variants``; a shape the model refuses is listed, not checked."""
+    state = generic_state(model)
+    points, refused = [], []
+    for batch, size in variants:
+        inputs = make_inputs(batch, size)
+        label = "generic, " + ", ".join(f"{k} {tuple(v.shape)}" for k, v in inputs.items())
+        try:
+            points.append((label, state, inputs, _run(model, state, inputs)))
+        except Exception as error:  # the model's own refusal of a shape: recorded
+            refused.append(f"{label}: {type(error).__name__}")
+    return points, refused
+
+
+# -- attention coverage ----------------------------------------------------------------------------------------------
+def attention_modules(model: nn.Module) -> dict[str, tuple[str, list[str], list[str]]]:
+    """``{module path: (class name, query/key weights, packed projection weights)}`` for every module whose class
+    name contains ``Attention`` and that owns query and key projections (children named ``q_proj``, ``query``,
+    ``k``, ... or a packed ``qkv``/``c_attn``/``query_key_value``), and every ``nn.MultiheadAttention``."""
+    found = {}
+    names = {id(p): n for n, p in model.named_parameters()}
+    for path, module in model.named_modules():
+        cls = type(module).__name__
+        if not ("Attention" in cls or isinstance(module, nn.MultiheadAttention)):
+            continue
+        qk, packed = [], []
+        for child_name, child in module.named_children():
+            weight = getattr(child, "weight", None)
+            base = child_name.split(".")[-1]
+            if isinstance(weight, torch.Tensor) and id(weight) in names:
+                if QK_NAME.match(base):
+                    qk.append(names[id(weight)])
+                elif PACKED_NAME.match(base):
+                    packed.append(names[id(weight)])
+            inner = getattr(child, "base_layer", None)   # peft's LoRA wrapper keeps the projection as base_layer
+            if inner is not None and isinstance(getattr(inner, "weight", None), torch.Tensor) and QK_NAME.match(base):
+                qk.append(names[id(inner.weight)])
+        for param_name, p in module.named_parameters(recurse=False):
+            if PACKED_NAME.match(param_name) and id(p) in names:
+                packed.append(names[id(p)])
+        if len(qk) >= 2 or packed:
+            found[path] = (cls, qk, packed)
+    return found
+
+
+def covers(symmetry: Any, qk: list[str], packed: list[str]) -> bool:
+    """A per-head group (:data:`PER_HEAD`) moving a query or key weight, or two regions of one packed projection
+    (the query and key rows of a head; the value-output group moves one region of it and the output projection)."""
+    if symmetry.group.kind not in PER_HEAD:
+        return False
+    moved = set(symmetry.tensors)
+    if moved & set(qk):
+        return True
+    for tensor in packed:
+        regions = {(b.axis, b.start) for b in symmetry.moving_bindings() if b.tensor == tensor}
+        if len(regions) >= 2:
+            return True
+    return False
+
+
+def attention_coverage(model: nn.Module, symmetries: list) -> list[dict]:
+    """One row per attention module: covered or not, and the documented reason (:data:`PINNED`) where not."""
+    rows = []
+    for path, (cls, qk, packed) in attention_modules(model).items():
+        covered = any(covers(s, qk, packed) for s in symmetries)
+        rows.append({"module": path, "class": cls, "covered": covered,
+                     "reason": "" if covered else PINNED.get(cls, "")})
+    return rows
+
+
+# -- one architecture ------------------------------------------------------------------------------------------------
+def _error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())[:240]}"
+
+
+def census_one(name: str, build: Builder, check: bool = True) -> dict:
+    """The census row of one architecture (run in its own process by :func:`run_census`)."""
+    import symalg
+
+    torch.manual_seed(0)
+    row: dict[str, Any] = {"model": name, "status": "not built"}
+    try:
+        model, make_inputs, variants = build()
+        example = make_inputs(*variants[0])
+        with torch.no_grad():
+            model(**example)
+    except Exception as error:  # transformers (or peft) cannot build or run the tiny model: not symalg's doing
+        row["error"] = _error(error)
+        return row
+    row["parameters"] = sum(p.numel() for p in model.parameters())
+    stage = "trace"
+    try:
+        start = time.perf_counter()
+        graph = symalg.trace(model, (), **example)  # type: ignore[arg-type]  # keyword inputs, not options
+        row["tracer"], row["trace_s"] = graph.tracer, time.perf_counter() - start
+        stage = "derive"
+        start = time.perf_counter()
+        analysis = symalg.derive(graph, certify=False)
+        row["derive_s"] = time.perf_counter() - start
+        symmetries = list(analysis.symmetries)
+        row["claims"] = dict(sorted(Counter(s.group.kind for s in symmetries).items()))
+        row["blocked"] = len(analysis.blocked)
+        stage = "attention coverage"
+        row["attention"] = attention_coverage(model, symmetries)
+        stage = "check"
+        if check:
+            generator = torch.Generator().manual_seed(1)
+            points, row["shapes_refused"] = check_points(model, make_inputs, variants)
+            row["checks"] = [check_claim(model, s, points, generator) for s in symmetries]
+        row["status"] = "ok"
+    except symalg.SpecError as error:
+        row["status"], row["error"] = "refused", f"{stage}: {_error(error)}"
+    except Exception as error:
+        row["status"], row["error"] = "crash", f"{stage}: {_error(error)}"
+        row["traceback"] = traceback.format_exc(limit=-4)
+    return row
+
+
+def _child(name: str, check: bool, send: Any) -> None:
+    torch.set_num_threads(1)
+    send.send(census_one(name, architectures()[name], check))
+    send.close()
+
+
+def run_census(names: list[str], timeout: float, jobs: int = 1, check: bool = True,
+               progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """The rows of ``names``, each built and analysed in a forked process; a timeout or a process that dies
+    (segfault) is a ``crash`` row. ``progress`` is called with each row as it arrives."""
+    context = multiprocessing.get_context("fork")
+    pending, rows = list(names), {}
+    running: dict[str, tuple[Any, Any, float]] = {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            name = pending.pop(0)
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(target=_child, args=(name, check, send), daemon=True)
+            process.start()
+            send.close()
+            running[name] = (process, receive, time.monotonic())
+        time.sleep(0.05)
+        for name, (process, receive, started) in list(running.items()):
+            row = None
+            if receive.poll():
+                try:
+                    row = receive.recv()
+                except EOFError:
+                    row = {"model": name, "status": "crash", "error": f"process died (exit {process.exitcode})"}
+            elif not process.is_alive():
+                process.join()
+                row = {"model": name, "status": "crash", "error": f"process died (exit {process.exitcode})"}
+            elif time.monotonic() - started > timeout:
+                process.kill()
+                row = {"model": name, "status": "crash", "error": f"timeout after {timeout:.0f} s"}
+            if row is not None:
+                process.join(5)
+                del running[name]
+                rows[name] = row
+                if progress:
+                    progress(row)
+    return [rows[name] for name in names]
+
+
+# -- totals and the table --------------------------------------------------------------------------------------------
+def totals(rows: list[dict]) -> dict:
+    """Architectures tried / built / traced / refused / crashes, claims checked / false / vacuous, attention
+    modules covered / total."""
+    built = [r for r in rows if r["status"] != "not built"]
+    checks = [c for r in rows for c in r.get("checks", [])]
+    attention = [a for r in rows for a in r.get("attention", [])]
+    return {"tried": len(rows), "built": len(built), "traced": sum("tracer" in r for r in rows),
+            "derived": sum(r["status"] == "ok" for r in rows), "refused": sum(r["status"] == "refused" for r in rows),
+            "crashes": sum(r["status"] == "crash" for r in rows), "claims": len(checks),
+            "false_claims": sum(c["verdict"] == "false" for c in checks),
+            "vacuous": sum(c["verdict"] == "vacuous" for c in checks),
+            "attention_covered": sum(a["covered"] for a in attention),
+            "attention_pinned": sum(bool(a["reason"]) for a in attention), "attention_total": len(attention)}
+
+
+def table(rows: list[dict]) -> str:
+    """The Markdown table: one line per architecture built, then the totals."""
+    lines = ["| architecture | status | tracer | trace s | derive s | claims by kind | blocked | false / vacuous / "
+             "checked | attention covered | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["status"] == "not built":
+            continue
+        claims = ", ".join(f"{k} {v}" for k, v in r.get("claims", {}).items()) or ("none" if "claims" in r else "")
+        checks = r.get("checks", [])
+        false = sum(c["verdict"] == "false" for c in checks)
+        vacuous = sum(c["verdict"] == "vacuous" for c in checks)
+        attention = r.get("attention", [])
+        covered = f"{sum(a['covered'] for a in attention)} / {len(attention)}" if attention else ""
+        note = r.get("error", "")[:120].replace("|", "\\|")
+        timing = [f"{r[k]:.2f}" if k in r else "" for k in ("trace_s", "derive_s")]
+        lines.append(f"| {r['model']} | {r['status']} | {r.get('tracer', '')} | {timing[0]} | {timing[1]} | {claims} |"
+                     f" {r.get('blocked', '')} | {false} / {vacuous} / {len(checks)} | {covered} | {note} |")
+    t = totals(rows)
+    lines += ["", f"**Totals**: {t['tried']} architectures tried, {t['built']} built, {t['traced']} traced, "
+              f"{t['derived']} derived, {t['refused']} refused, **{t['crashes']} crashes**; {t['claims']} claims "
+              f"checked, **{t['false_claims']} false**, {t['vacuous']} vacuous; attention coverage "
+              f"**{t['attention_covered']} / {t['attention_total']}** ({t['attention_pinned']} pinned with a reason)."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"the {len(QUICK)} architectures of QUICK only")
+    parser.add_argument("--models", nargs="+", help="these architectures (model types or torch-*/peft-* names)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per architecture (default 300)")
+    parser.add_argument("--jobs", type=int, default=1, help="architectures analysed at once (default 1)")
+    parser.add_argument("--json", help="write the rows and totals to this file (rewritten after every row)")
+    parser.add_argument("--no-check", action="store_true", help="skip the independent check of the claims")
+    args = parser.parse_args(argv)
+    known = architectures()
+    names = list(args.models or (QUICK if args.quick else dict.fromkeys([*QUICK, *known])))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown architectures {unknown}; see transformers' MODEL_MAPPING_NAMES and {list(TORCH_LAYERS)}")
+    done: list[dict] = []
+
+    def progress(row: dict) -> None:
+        done.append(row)
+        print(f"[{len(done)}/{len(names)}] {row['model']}: {row['status']} {row.get('error', '')[:100]}",
+              file=sys.stderr, flush=True)
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump({"machine": platform.platform(), "rows": done, "totals": totals(done)}, handle, indent=1)
+
+    start = time.perf_counter()
+    rows = run_census(names, args.timeout, args.jobs, not args.no_check, progress)
+    print(f"# {platform.platform()}, {os.cpu_count()} cores, python {platform.python_version()}, torch "
+          f"{torch.__version__}; {time.perf_counter() - start:.0f} s")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
