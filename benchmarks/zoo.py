@@ -24,6 +24,7 @@ Usage::
     python benchmarks/zoo.py --quick                       # ~20 representative architectures, a few minutes
     python benchmarks/zoo.py                               # every architecture, QUICK first (hours on 2 cores)
     python benchmarks/zoo.py --models gpt2 llama torch-lstm --timeout 120 --json zoo.json --jobs 2
+    python benchmarks/zoo.py --table zoo.json              # the table of an earlier run
 """
 from __future__ import annotations
 
@@ -88,6 +89,31 @@ TINY_LISTS = {"depths": [1, 1], "hidden_sizes": [16, 32], "num_heads": [2, 2], "
 """List-valued attributes (stages of hierarchical vision models): two stages; ``None``: leave the list alone."""
 
 BATCH, LENGTH, IMAGE, AUDIO = 2, 7, 32, 400
+
+EXPECTED: dict[str, dict[str, int]] = {
+    "gpt2": {"GL": 8, "T": 13, "PS": 4, "SF": 4, "S": 4},
+    "vit": {"GL": 8, "T": 13, "PS": 4, "SF": 4, "S": 4},
+    "bert": {"GL": 8, "T": 13, "S": 4},
+    "gpt_neox": {"GL": 8, "C": 4, "T": 13, "PS": 4, "SF": 4, "S": 4},
+    "llama": {"C": 2, "GL": 2, "PS": 6, "SF": 7, "S": 4},
+    "mistral": {"C": 2, "GL": 2, "PS": 6, "SF": 7, "S": 4},
+    "qwen2": {"C": 2, "GL": 2, "PS": 6, "SF": 7, "S": 4},
+    "peft-lora-llama": {"C": 2, "GL": 10, "PS": 6, "SF": 7, "S": 4},
+    "torch-encoder-layer": {"GL": 8, "T": 13, "S": 4, "PS": 3, "SF": 1},
+    "torch-mha": {"GL": 11, "T": 11, "S": 2},
+    "torch-rnn": {"GL": 1, "T": 3, "S": 2, "SF": 2},
+    "torch-lstm": {"GL": 1, "T": 3, "S": 2, "SF": 2},
+    "torch-gru": {"GL": 1, "T": 3, "S": 2, "SF": 2},
+    "torch-bilinear": {"PS": 2, "S": 3, "SF": 1},
+    "torch-einsum": {"GL": 5, "PS": 1, "S": 2},
+    "torch-convtranspose1d": {"PS": 2, "S": 2},
+    "torch-convtranspose2d": {"PS": 2, "S": 2},
+}
+"""Symmetry families a hand derivation gives at the tiny config, counted by group kind (derivations layer by layer in
+docs/zoo.md, "Completeness against hand derivations"; never read off symalg's output). A census row reports
+``found / expected`` = ``Σ_kind min(claims of the kind, expected)`` over ``Σ expected``: a proxy that counts kinds,
+not sites (a claim of the right kind on the wrong site would count), and ``extra`` where symalg claims more of a
+kind than the derivation has (a derivation to recheck, or a false claim: the checker says which)."""
 
 
 # -- architectures ---------------------------------------------------------------------------------------------------
@@ -375,7 +401,7 @@ def _aliases(state: dict[str, torch.Tensor], moved: dict[str, torch.Tensor], mod
     return out
 
 
-def test_elements(group: Any, generator: torch.Generator) -> list[tuple[str, torch.Tensor]]:
+def elements_to_check(group: Any, generator: torch.Generator) -> list[tuple[str, torch.Tensor]]:
     """Group elements to check a claim with: ``exp(M)`` with ``‖M‖ = 10⁻³`` and ``1`` (near and far from the
     identity), up to two discrete generators (or random sign patterns), and a discrete generator times a far
     ``exp(M)`` (another component): the group's own ``sample``, thinned."""
@@ -389,13 +415,13 @@ def test_elements(group: Any, generator: torch.Generator) -> list[tuple[str, tor
 def check_claim(model: nn.Module, symmetry: Any, points: list[tuple[str, dict, dict, list]],
                 generator: torch.Generator) -> dict:
     """Check one claim on ``points`` (``(label, state, inputs, outputs)``): its worst relative output change over
-    :func:`test_elements` (``error``, and where), and whether the outputs react to its moved tensors at all
+    :func:`elements_to_check` (``error``, and where), and whether the outputs react to its moved tensors at all
     (``sensitivity``: the relative output change under a random relative perturbation :data:`PERTURBATION` of
     them). Verdict: ``false`` (error above :data:`TOLERANCE`), ``vacuous`` (sensitivity under
     :data:`SENSITIVITY`), else ``verified``."""
     worst, where, sensitivity = 0.0, "", 0.0
     for label, state, inputs, reference in points:
-        for name, g in test_elements(symmetry.group, generator):
+        for name, g in elements_to_check(symmetry.group, generator):
             moved = symmetry.apply(state, g)
             error = relative_change(reference, _run(model, _aliases(state, moved, model), inputs))
             if error > worst:
@@ -483,6 +509,18 @@ def attention_coverage(model: nn.Module, symmetries: list) -> list[dict]:
     return rows
 
 
+def completeness(claims: dict[str, int], expected: dict[str, int]) -> dict[str, Any]:
+    """``found`` (claims matching an expected family, kind by kind), ``expected``, and the ``extra`` claims per kind
+    beyond the hand derivation (:data:`EXPECTED`).
+
+    >>> completeness({"GL": 3, "S": 1}, {"GL": 2, "T": 2, "S": 1})
+    {'found': 3, 'expected': 5, 'extra': {'GL': 1}}
+    """
+    found = sum(min(claims.get(kind, 0), count) for kind, count in expected.items())
+    extra = {kind: n - expected.get(kind, 0) for kind, n in claims.items() if n > expected.get(kind, 0)}
+    return {"found": found, "expected": sum(expected.values()), "extra": extra}
+
+
 # -- one architecture ------------------------------------------------------------------------------------------------
 def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {' '.join(str(error).split())[:240]}"
@@ -515,6 +553,8 @@ def census_one(name: str, build: Builder, check: bool = True) -> dict:
         symmetries = list(analysis.symmetries)
         row["claims"] = dict(sorted(Counter(s.group.kind for s in symmetries).items()))
         row["blocked"] = len(analysis.blocked)
+        if name in EXPECTED:
+            row["families"] = completeness(row["claims"], EXPECTED[name])
         stage = "attention coverage"
         row["attention"] = attention_coverage(model, symmetries)
         stage = "check"
@@ -588,13 +628,17 @@ def totals(rows: list[dict]) -> dict:
             "false_claims": sum(c["verdict"] == "false" for c in checks),
             "vacuous": sum(c["verdict"] == "vacuous" for c in checks),
             "attention_covered": sum(a["covered"] for a in attention),
-            "attention_pinned": sum(bool(a["reason"]) for a in attention), "attention_total": len(attention)}
+            "attention_pinned": sum(bool(a["reason"]) for a in attention), "attention_total": len(attention),
+            "families_found": sum(r["families"]["found"] for r in rows if "families" in r),
+            "families_expected": sum(r["families"]["expected"] for r in rows if "families" in r),
+            "derived_by_hand": sum("families" in r for r in rows)}
 
 
 def table(rows: list[dict]) -> str:
     """The Markdown table: one line per architecture built, then the totals."""
     lines = ["| architecture | status | tracer | trace s | derive s | claims by kind | blocked | false / vacuous / "
-             "checked | attention covered | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "checked | attention covered | families found / expected | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["status"] == "not built":
             continue
@@ -606,13 +650,18 @@ def table(rows: list[dict]) -> str:
         covered = f"{sum(a['covered'] for a in attention)} / {len(attention)}" if attention else ""
         note = r.get("error", "")[:120].replace("|", "\\|")
         timing = [f"{r[k]:.2f}" if k in r else "" for k in ("trace_s", "derive_s")]
+        families = r.get("families")
+        found = "" if families is None else f"{families['found']} / {families['expected']}" + (
+            f" (extra {families['extra']})" if families["extra"] else "")
         lines.append(f"| {r['model']} | {r['status']} | {r.get('tracer', '')} | {timing[0]} | {timing[1]} | {claims} |"
-                     f" {r.get('blocked', '')} | {false} / {vacuous} / {len(checks)} | {covered} | {note} |")
+                     f" {r.get('blocked', '')} | {false} / {vacuous} / {len(checks)} | {covered} | {found} | {note} |")
     t = totals(rows)
     lines += ["", f"**Totals**: {t['tried']} architectures tried, {t['built']} built, {t['traced']} traced, "
               f"{t['derived']} derived, {t['refused']} refused, **{t['crashes']} crashes**; {t['claims']} claims "
               f"checked, **{t['false_claims']} false**, {t['vacuous']} vacuous; attention coverage "
-              f"**{t['attention_covered']} / {t['attention_total']}** ({t['attention_pinned']} pinned with a reason)."]
+              f"**{t['attention_covered']} / {t['attention_total']}** ({t['attention_pinned']} pinned with a reason); "
+              f"families found / expected by hand: **{t['families_found']} / {t['families_expected']}** on "
+              f"{t['derived_by_hand']} architectures."]
     return "\n".join(lines)
 
 
@@ -624,7 +673,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="architectures analysed at once (default 1)")
     parser.add_argument("--json", help="write the rows and totals to this file (rewritten after every row)")
     parser.add_argument("--no-check", action="store_true", help="skip the independent check of the claims")
+    parser.add_argument("--table", metavar="JSON", help="print the table of an earlier run's --json file (families "
+                        "recounted against the current EXPECTED) and run nothing")
     args = parser.parse_args(argv)
+    if args.table:
+        with open(args.table) as handle:
+            rows = json.load(handle)["rows"]
+        for row in rows:
+            row.pop("families", None)
+            if row["model"] in EXPECTED and "claims" in row:
+                row["families"] = completeness(row["claims"], EXPECTED[row["model"]])
+        print(table(rows))
+        return
     known = architectures()
     names = list(args.models or (QUICK if args.quick else dict.fromkeys([*QUICK, *known])))
     unknown = [n for n in names if n not in known]

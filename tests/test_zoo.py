@@ -48,6 +48,7 @@ def test_multihead_attention_row():
     assert row["status"] == "ok", row.get("error")
     assert [(a["class"], a["covered"]) for a in row["attention"]] == [("MultiheadAttention", True)] * 2
     assert {c["verdict"] for c in row["checks"]} == {"verified"}
+    assert row["families"] == {"found": 24, "expected": 24, "extra": {}}   # the hand derivation in docs/zoo.md
 
 
 def _analysis(model, inputs):
