@@ -22,7 +22,7 @@ a segfault is a row, not the end of the census. Per architecture:
 Usage::
 
     python benchmarks/zoo.py --quick                       # ~20 representative architectures, a few minutes
-    python benchmarks/zoo.py                               # every architecture, QUICK first (hours on 2 cores)
+    python benchmarks/zoo.py                               # every architecture, QUICK and POPULAR first (hours)
     python benchmarks/zoo.py --models gpt2 llama torch-lstm --timeout 120 --json zoo.json --jobs 2
     python benchmarks/zoo.py --table zoo.json              # the table of an earlier run
 """
@@ -67,6 +67,17 @@ reason); every other uncovered module is a gap."""
 QUICK = ("gpt2", "llama", "mistral", "qwen2", "bert", "t5", "gpt_neox", "falcon", "phi3", "gemma2", "mixtral",
          "vit", "resnet", "convnext", "swin", "torch-encoder-layer", "torch-mha", "torch-lstm", "torch-bilinear",
          "torch-einsum", "peft-lora-llama")
+
+POPULAR = ("albert", "bart", "bloom", "codegen", "deberta", "deberta-v2", "distilbert", "efficientnet", "electra",
+           "gemma", "gemma3_text", "gpt_neo", "gptj", "mobilenet_v1", "mobilenet_v2", "mobilevit", "opt", "phi",
+           "qwen3", "qwen3_moe", "olmo", "olmo2", "regnet", "roberta", "whisper", "xlm-roberta", "mpt", "stablelm",
+           "starcoder2", "granite", "cohere", "mbart", "pegasus", "marian", "deit", "beit", "dinov2", "levit",
+           "poolformer", "segformer", "wav2vec2", "hubert", "bit", "yolos", "cvt", "focalnet", "convnextv2",
+           "qwen2_moe", "mamba", "rwkv", "gpt_bigcode", "persimmon", "nemotron", "glm", "helium", "smollm3", "mt5",
+           "longformer", "funnel", "squeezebert", "mpnet", "ernie", "xlnet", "reformer", "canine", "perceiver",
+           "vit_mae", "swinv2", "dinat", "clip", "siglip", "llava", "phimoe", "dbrx", "jamba")
+"""Widely used architectures the full census runs right after :data:`QUICK` (then every other one, alphabetically),
+so that an interrupted run has measured these."""
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
         "intermediate_size": 64, "vocab_size": 99, "max_position_embeddings": 64, "head_dim": 16,
@@ -125,17 +136,18 @@ def tiny_config(config: Any) -> Any:
     for key, value in list(vars(config).items()):
         if isinstance(value, PretrainedConfig):
             tiny_config(value)
-        elif isinstance(value, list) and key in TINY_LISTS:
+        elif isinstance(value, (list, tuple)) and key in TINY_LISTS:
             short = TINY_LISTS[key]
             if short is not None and len(value) > 0:
-                setattr(config, key, list(short))
-        elif key in TINY and not isinstance(value, (list, dict)) and value is not None:
+                setattr(config, key, type(value)(short))
+        elif key in TINY and not isinstance(value, (list, tuple, dict)) and value is not None:
             setattr(config, key, TINY[key])
     config._experts_implementation = "eager"   # the default grouped_mm kernel refuses float64
-    if isinstance(getattr(config, "layer_types", None), list):
+    if isinstance(getattr(config, "layer_types", None), (list, tuple)):
         config.layer_types = config.layer_types[:2]
-    if isinstance(getattr(config, "depths", None), list) and isinstance(getattr(config, "num_layers", None), int):
-        config.num_layers = len(config.depths)
+    depths = getattr(config, "depths", None)
+    if isinstance(depths, (list, tuple)) and isinstance(getattr(config, "num_layers", None), int):
+        config.num_layers = len(depths)
     return config
 
 
@@ -673,12 +685,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="architectures analysed at once (default 1)")
     parser.add_argument("--json", help="write the rows and totals to this file (rewritten after every row)")
     parser.add_argument("--no-check", action="store_true", help="skip the independent check of the claims")
-    parser.add_argument("--table", metavar="JSON", help="print the table of an earlier run's --json file (families "
-                        "recounted against the current EXPECTED) and run nothing")
+    parser.add_argument("--table", metavar="JSON", nargs="+", help="print the table of earlier runs' --json files "
+                        "(a later file's row of an architecture replaces an earlier one's; families recounted against "
+                        "the current EXPECTED) and run nothing")
     args = parser.parse_args(argv)
     if args.table:
-        with open(args.table) as handle:
-            rows = json.load(handle)["rows"]
+        merged: dict[str, dict] = {}
+        for path in args.table:
+            with open(path) as handle:
+                merged.update((row["model"], row) for row in json.load(handle)["rows"])
+        rows = list(merged.values())
         for row in rows:
             row.pop("families", None)
             if row["model"] in EXPECTED and "claims" in row:
@@ -686,7 +702,7 @@ def main(argv: list[str] | None = None) -> None:
         print(table(rows))
         return
     known = architectures()
-    names = list(args.models or (QUICK if args.quick else dict.fromkeys([*QUICK, *known])))
+    names = list(args.models or (QUICK if args.quick else dict.fromkeys([*QUICK, *POPULAR, *known])))
     unknown = [n for n in names if n not in known]
     if unknown:
         parser.error(f"unknown architectures {unknown}; see transformers' MODEL_MAPPING_NAMES and {list(TORCH_LAYERS)}")
