@@ -89,15 +89,26 @@ TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "nu
         "moe_intermediate_size": 32, "kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8,
         "qk_nope_head_dim": 8, "v_head_dim": 16, "projection_dim": 32, "text_embed_dim": 32,
         "max_source_positions": 64, "max_target_positions": 64, "num_mel_bins": 16, "sliding_window": 16,
+        "window_size": 4, "rotary_dim": 8, "width_coefficient": 0.25, "depth_coefficient": 0.5,
         "use_cache": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0}
 """Attribute values of a tiny config, set wherever the architecture's config has the attribute (width 32, two
-layers, two heads of 16, one key/value group, vocabulary 99, images 32², patches 4², special tokens inside the
+layers, two heads of 16, one key/value group, vocabulary 99, images 32², patches 4², windows 4², special tokens in the
 vocabulary)."""
 
-TINY_LISTS = {"depths": [1, 1], "hidden_sizes": [16, 32], "num_heads": [2, 2], "embed_dims": [16, 32],
-              "num_attention_heads": [2, 2], "mlp_ratios": [2, 2], "sr_ratios": [2, 1], "patch_sizes": [4, 2],
-              "strides": [4, 2], "kernel_sizes": [3, 3], "layer_types": None}
-"""List-valued attributes (stages of hierarchical vision models): two stages; ``None``: leave the list alone."""
+TINY_LISTS: dict[str, Callable[[int], int]] = {
+    "depths": lambda i: 1, "hidden_sizes": lambda i: 16 * (i + 1), "embed_dims": lambda i: 16 * (i + 1),
+    "neck_hidden_sizes": lambda i: 16 * (i + 1), "num_heads": lambda i: 2, "num_attention_heads": lambda i: 2,
+    "mlp_ratios": lambda i: 2, "num_block_repeats": lambda i: 1}
+"""List-valued attributes (stages of hierarchical vision models): each entry ``i`` set to ``f(i)``, the length kept
+(other lists of the config, and counts such as ``num_encoder_blocks``, are per stage too)."""
+
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "swin": {"depths": [1, 1], "num_heads": [2, 2], "num_layers": 2},
+    "swinv2": {"depths": [1, 1], "num_heads": [2, 2], "num_layers": 2},
+    "efficientnet": {"hidden_dim": 320},   # round_filters(1280) at width 0.25
+}
+"""Per-architecture fallbacks, set after :data:`TINY`: two Swin stages (four leave a window larger than the last
+stage at 32²), EfficientNet's head width matching its last convolution."""
 
 BATCH, LENGTH, IMAGE, AUDIO = 2, 7, 32, 400
 
@@ -136,10 +147,8 @@ def tiny_config(config: Any) -> Any:
     for key, value in list(vars(config).items()):
         if isinstance(value, PretrainedConfig):
             tiny_config(value)
-        elif isinstance(value, (list, tuple)) and key in TINY_LISTS:
-            short = TINY_LISTS[key]
-            if short is not None and len(value) > 0:
-                setattr(config, key, type(value)(short))
+        elif isinstance(value, (list, tuple)) and key in TINY_LISTS and all(isinstance(v, int) for v in value):
+            setattr(config, key, type(value)(TINY_LISTS[key](i) for i in range(len(value))))
         elif key in TINY and not isinstance(value, (list, tuple, dict)) and value is not None:
             setattr(config, key, TINY[key])
     config._experts_implementation = "eager"   # the default grouped_mm kernel refuses float64
@@ -147,7 +156,7 @@ def tiny_config(config: Any) -> Any:
         config.layer_types = config.layer_types[:2]
     depths = getattr(config, "depths", None)
     if isinstance(depths, (list, tuple)) and isinstance(getattr(config, "num_layers", None), int):
-        config.num_layers = len(depths)
+        config.num_layers = len(depths)   # Swin's stage count (TINY set it to 2)
     return config
 
 
@@ -200,6 +209,8 @@ def hf_builder(model_type: str) -> Builder:
 
         transformers.logging.set_verbosity_error()
         config = tiny_config(transformers.CONFIG_MAPPING[model_type]())
+        for key, value in OVERRIDES.get(model_type, {}).items():
+            setattr(config, key, value)
         model = AutoModel.from_config(config).double().eval()
         return model, lambda batch, size: hf_inputs(model, batch, size), hf_variants(model)
     return build
@@ -538,12 +549,20 @@ def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {' '.join(str(error).split())[:240]}"
 
 
-def census_one(name: str, build: Builder, check: bool = True) -> dict:
-    """The census row of one architecture (run in its own process by :func:`run_census`)."""
+def census_one(name: str, build: Builder, check: bool = True,
+               report: Callable[[str, dict], None] | None = None) -> dict:
+    """The census row of one architecture (run in its own process by :func:`run_census`); ``report(stage, row)`` is
+    told each stage as it starts (``build``, ``trace``, ``derive``, ``check``) with the row so far."""
     import symalg
 
     torch.manual_seed(0)
     row: dict[str, Any] = {"model": name, "status": "not built"}
+
+    def enter(stage: str) -> str:
+        if report is not None:
+            report(stage, dict(row))
+        return stage
+    enter("build")
     try:
         model, make_inputs, variants = build()
         example = make_inputs(*variants[0])
@@ -553,12 +572,12 @@ def census_one(name: str, build: Builder, check: bool = True) -> dict:
         row["error"] = _error(error)
         return row
     row["parameters"] = sum(p.numel() for p in model.parameters())
-    stage = "trace"
+    stage = enter("trace")
     try:
         start = time.perf_counter()
         graph = symalg.trace(model, (), **example)  # type: ignore[arg-type]  # keyword inputs, not options
         row["tracer"], row["trace_s"] = graph.tracer, time.perf_counter() - start
-        stage = "derive"
+        stage = enter("derive")
         start = time.perf_counter()
         analysis = symalg.derive(graph, certify=False)
         row["derive_s"] = time.perf_counter() - start
@@ -567,10 +586,9 @@ def census_one(name: str, build: Builder, check: bool = True) -> dict:
         row["blocked"] = len(analysis.blocked)
         if name in EXPECTED:
             row["families"] = completeness(row["claims"], EXPECTED[name])
-        stage = "attention coverage"
         row["attention"] = attention_coverage(model, symmetries)
-        stage = "check"
         if check:
+            stage = enter("check")
             generator = torch.Generator().manual_seed(1)
             points, row["shapes_refused"] = check_points(model, make_inputs, variants)
             row["checks"] = [check_claim(model, s, points, generator) for s in symmetries]
@@ -585,8 +603,17 @@ def census_one(name: str, build: Builder, check: bool = True) -> dict:
 
 def _child(name: str, check: bool, send: Any) -> None:
     torch.set_num_threads(1)
-    send.send(census_one(name, architectures()[name], check))
+    row = census_one(name, architectures()[name], check, lambda stage, partial: send.send((stage, partial)))
+    send.send(("done", row))
     send.close()
+
+
+def _stopped(stage: str, partial: dict, why: str) -> dict:
+    """The row of an architecture whose process was stopped (a timeout) or died (a segfault) in ``stage``: building
+    or running the model is transformers' doing (``not built``), tracing or deriving symalg's (``crash``), checking
+    the census's own (``unchecked``: the claims stand, not checked)."""
+    status = {"build": "not built", "check": "unchecked"}.get(stage, "crash")
+    return {**partial, "status": status, "error": f"{stage}: {why}"}
 
 
 def run_census(names: list[str], timeout: float, jobs: int = 1, check: bool = True,
@@ -596,6 +623,7 @@ def run_census(names: list[str], timeout: float, jobs: int = 1, check: bool = Tr
     context = multiprocessing.get_context("fork")
     pending, rows = list(names), {}
     running: dict[str, tuple[Any, Any, float]] = {}
+    last: dict[str, tuple[str, dict]] = {}   # the stage each child is in, with its row so far
     while pending or running:
         while pending and len(running) < jobs:
             name = pending.pop(0)
@@ -604,20 +632,23 @@ def run_census(names: list[str], timeout: float, jobs: int = 1, check: bool = Tr
             process.start()
             send.close()
             running[name] = (process, receive, time.monotonic())
+            last[name] = ("build", {"model": name})
         time.sleep(0.05)
         for name, (process, receive, started) in list(running.items()):
             row = None
-            if receive.poll():
-                try:
-                    row = receive.recv()
-                except EOFError:
-                    row = {"model": name, "status": "crash", "error": f"process died (exit {process.exitcode})"}
-            elif not process.is_alive():
+            try:
+                while row is None and receive.poll():
+                    stage, partial = receive.recv()
+                    row = partial if stage == "done" else None
+                    last[name] = (stage, partial)
+            except EOFError:
+                process.join(5)
+            if row is None and not process.is_alive():
                 process.join()
-                row = {"model": name, "status": "crash", "error": f"process died (exit {process.exitcode})"}
-            elif time.monotonic() - started > timeout:
+                row = _stopped(*last[name], f"process died (exit {process.exitcode})")
+            elif row is None and time.monotonic() - started > timeout:
                 process.kill()
-                row = {"model": name, "status": "crash", "error": f"timeout after {timeout:.0f} s"}
+                row = _stopped(*last[name], f"timeout after {timeout:.0f} s")
             if row is not None:
                 process.join(5)
                 del running[name]
@@ -635,8 +666,10 @@ def totals(rows: list[dict]) -> dict:
     checks = [c for r in rows for c in r.get("checks", [])]
     attention = [a for r in rows for a in r.get("attention", [])]
     return {"tried": len(rows), "built": len(built), "traced": sum("tracer" in r for r in rows),
-            "derived": sum(r["status"] == "ok" for r in rows), "refused": sum(r["status"] == "refused" for r in rows),
+            "derived": sum(r["status"] in ("ok", "unchecked") for r in rows),
+            "refused": sum(r["status"] == "refused" for r in rows),
             "crashes": sum(r["status"] == "crash" for r in rows), "claims": len(checks),
+            "unchecked": sum(r["status"] == "unchecked" for r in rows),
             "false_claims": sum(c["verdict"] == "false" for c in checks),
             "vacuous": sum(c["verdict"] == "vacuous" for c in checks),
             "attention_covered": sum(a["covered"] for a in attention),
@@ -669,7 +702,8 @@ def table(rows: list[dict]) -> str:
                      f" {r.get('blocked', '')} | {false} / {vacuous} / {len(checks)} | {covered} | {found} | {note} |")
     t = totals(rows)
     lines += ["", f"**Totals**: {t['tried']} architectures tried, {t['built']} built, {t['traced']} traced, "
-              f"{t['derived']} derived, {t['refused']} refused, **{t['crashes']} crashes**; {t['claims']} claims "
+              f"{t['derived']} derived, {t['refused']} refused, **{t['crashes']} crashes**, {t['unchecked']} unchecked "
+              f"(the census's check timed out); {t['claims']} claims "
               f"checked, **{t['false_claims']} false**, {t['vacuous']} vacuous; attention coverage "
               f"**{t['attention_covered']} / {t['attention_total']}** ({t['attention_pinned']} pinned with a reason); "
               f"families found / expected by hand: **{t['families_found']} / {t['families_expected']}** on "
