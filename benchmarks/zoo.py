@@ -34,6 +34,8 @@ import multiprocessing
 import os
 import platform
 import re
+import resource
+import signal
 import sys
 import time
 import traceback
@@ -51,6 +53,9 @@ SENSITIVITY = 1e-4
 """Smallest relative output change a random relative perturbation of size :data:`PERTURBATION` of the moved tensors
 must cause for a check to say anything (``1000 ×`` :data:`TOLERANCE`)."""
 PERTURBATION = 0.1
+
+WALL_FACTOR = 6
+"""Wall-time limit of an architecture, in multiples of its CPU-time limit (``--timeout``)."""
 
 PER_HEAD = ("GL", "O", "C")
 """Group kinds that act per head on a query/key space: ``GL(d_k)`` on ``Q Kᵀ``, ``O``, rotary's complex scaling."""
@@ -601,8 +606,9 @@ def census_one(name: str, build: Builder, check: bool = True,
     return row
 
 
-def _child(name: str, check: bool, send: Any) -> None:
+def _child(name: str, check: bool, send: Any, seconds: float) -> None:
     torch.set_num_threads(1)
+    resource.setrlimit(resource.RLIMIT_CPU, (int(seconds), int(seconds) + 5))   # SIGXCPU past that much CPU time
     row = census_one(name, architectures()[name], check, lambda stage, partial: send.send((stage, partial)))
     send.send(("done", row))
     send.close()
@@ -618,8 +624,10 @@ def _stopped(stage: str, partial: dict, why: str) -> dict:
 
 def run_census(names: list[str], timeout: float, jobs: int = 1, check: bool = True,
                progress: Callable[[dict], None] | None = None) -> list[dict]:
-    """The rows of ``names``, each built and analysed in a forked process; a timeout or a process that dies
-    (segfault) is a ``crash`` row. ``progress`` is called with each row as it arrives."""
+    """The rows of ``names``, each built and analysed in a forked process with ``timeout`` seconds of CPU time
+    (``RLIMIT_CPU``: on a shared machine wall time says more about the neighbours than about the model) and
+    :data:`WALL_FACTOR` times as much wall time (a process that hangs without computing); a process stopped or dead
+    (segfault) is a row (:func:`_stopped`). ``progress`` is called with each row as it arrives."""
     context = multiprocessing.get_context("fork")
     pending, rows = list(names), {}
     running: dict[str, tuple[Any, Any, float]] = {}
@@ -628,7 +636,7 @@ def run_census(names: list[str], timeout: float, jobs: int = 1, check: bool = Tr
         while pending and len(running) < jobs:
             name = pending.pop(0)
             receive, send = context.Pipe(duplex=False)
-            process = context.Process(target=_child, args=(name, check, send), daemon=True)
+            process = context.Process(target=_child, args=(name, check, send, timeout), daemon=True)
             process.start()
             send.close()
             running[name] = (process, receive, time.monotonic())
@@ -645,10 +653,12 @@ def run_census(names: list[str], timeout: float, jobs: int = 1, check: bool = Tr
                 process.join(5)
             if row is None and not process.is_alive():
                 process.join()
-                row = _stopped(*last[name], f"process died (exit {process.exitcode})")
-            elif row is None and time.monotonic() - started > timeout:
+                why = f"timeout after {timeout:.0f} s of CPU time" if process.exitcode == -signal.SIGXCPU else \
+                    f"process died (exit {process.exitcode})"
+                row = _stopped(*last[name], why)
+            elif row is None and time.monotonic() - started > WALL_FACTOR * timeout:
                 process.kill()
-                row = _stopped(*last[name], f"timeout after {timeout:.0f} s")
+                row = _stopped(*last[name], f"timeout after {WALL_FACTOR * timeout:.0f} s of wall time")
             if row is not None:
                 process.join(5)
                 del running[name]
@@ -711,11 +721,50 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _vacuous(row: dict) -> str:
+    vacuous = [c for c in row["checks"] if c["verdict"] == "vacuous"]
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(Counter(c["kind"] for c in vacuous).items()))
+    worst = max(c["sensitivity"] for c in vacuous)
+    return f"- {row['model']}: {len(vacuous)} ({kinds}; sensitivity at most {worst:.1g}), e.g. {vacuous[0]['claim']}"
+
+
+def findings(rows: list[dict]) -> str:
+    """Markdown lists under the table: crashes, false claims, vacuous claims, uncovered attention modules (by class),
+    refusals, unchecked rows, and the architectures not built (by the first words of their error)."""
+    def item(row: dict) -> str:
+        return f"- {row['model']}: {row.get('error', '')[:300]}"
+    sections = [("Crashes", [item(r) for r in rows if r["status"] == "crash"]),
+                ("False claims", [f"- {r['model']}: {c['claim']}: error {c['error']:.2g} ({c['where']})"
+                                  for r in rows for c in r.get("checks", []) if c["verdict"] == "false"]),
+                ("Architectures with vacuous claims", [_vacuous(r) for r in rows if any(
+                    c["verdict"] == "vacuous" for c in r.get("checks", []))])]
+    uncovered: dict[str, list[str]] = {}
+    for r in rows:
+        for a in r.get("attention", []):
+            if not a["covered"]:
+                uncovered.setdefault(a["class"], []).append(r["model"])
+    sections.append(("Attention modules without a per-head group on queries/keys (class: architectures)",
+                     [f"- {cls}: {', '.join(dict.fromkeys(models))} ({len(models)} modules)"
+                      for cls, models in sorted(uncovered.items())]))
+    sections += [("Refused (SpecError)", [item(r) for r in rows if r["status"] == "refused"]),
+                 ("Unchecked (the census's check timed out)", [item(r) for r in rows if r["status"] == "unchecked"])]
+    reasons: dict[str, list[str]] = {}
+    for r in rows:
+        if r["status"] == "not built":
+            reasons.setdefault(" ".join(r.get("error", "").split()[:6]), []).append(r["model"])
+    sections.append(("Not built (transformers on the tiny config and inputs; by error)",
+                     [f"- {why} ({len(models)}): {', '.join(models)}" for why, models in
+                      sorted(reasons.items(), key=lambda kv: -len(kv[1]))]))
+    return "\n\n".join(f"**{title}** ({len(lines)})\n\n" + ("\n".join(lines) if lines else "none")
+                       for title, lines in sections)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"the {len(QUICK)} architectures of QUICK only")
     parser.add_argument("--models", nargs="+", help="these architectures (model types or torch-*/peft-* names)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per architecture (default 300)")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help=f"CPU seconds per architecture (default 300; wall time {WALL_FACTOR}×)")
     parser.add_argument("--jobs", type=int, default=1, help="architectures analysed at once (default 1)")
     parser.add_argument("--json", help="write the rows and totals to this file (rewritten after every row)")
     parser.add_argument("--no-check", action="store_true", help="skip the independent check of the claims")
@@ -734,6 +783,8 @@ def main(argv: list[str] | None = None) -> None:
             if row["model"] in EXPECTED and "claims" in row:
                 row["families"] = completeness(row["claims"], EXPECTED[row["model"]])
         print(table(rows))
+        print()
+        print(findings(rows))
         return
     known = architectures()
     names = list(args.models or (QUICK if args.quick else dict.fromkeys([*QUICK, *POPULAR, *known])))
@@ -755,6 +806,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# {platform.platform()}, {os.cpu_count()} cores, python {platform.python_version()}, torch "
           f"{torch.__version__}; {time.perf_counter() - start:.0f} s")
     print(table(rows))
+    print()
+    print(findings(rows))
 
 
 if __name__ == "__main__":

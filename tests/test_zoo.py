@@ -108,3 +108,13 @@ def test_generic_state_moves_tied_tensors_together():
     assert state["0.weight"] is state["1.weight"]
     assert not torch.equal(state["0.weight"], model[0].weight)
     assert not torch.equal(state["0.bias"], model[0].bias)
+
+
+def test_a_stopped_process_is_charged_to_its_stage():
+    """Building is transformers' time, tracing symalg's (a crash), checking the census's own (claims kept)."""
+    rows = [zoo._stopped(stage, {"model": stage, "claims": {"GL": 1}}, "timeout") for stage in
+            ("build", "trace", "check")]
+    assert [r["status"] for r in rows] == ["not built", "crash", "unchecked"]
+    assert rows[2]["claims"] == {"GL": 1} and rows[1]["error"] == "trace: timeout"
+    t = zoo.totals(rows)
+    assert (t["built"], t["crashes"], t["unchecked"], t["derived"]) == (2, 1, 1, 1)
