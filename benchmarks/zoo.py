@@ -65,9 +65,15 @@ QK_NAME = re.compile(r"^(q|k|query|key|wq|wk|to_q|to_k|q_lin|k_lin|q_proj|k_proj
 PACKED_NAME = re.compile(r"^(qkv|c_attn|query_key_value|wqkv|w_pack|qkv_proj|to_qkv|in_proj|qkv_linear|"
                          r"in_proj_weight)$", re.IGNORECASE)
 
-PINNED: dict[str, str] = {}
+_QK_NORM = ("QK-norm: each head's query and key pass an RMSNorm with a learned gain before the scores (and rotary); "
+            "the normalisation admits only orthogonal maps (eps rules out a scale), and a generic gain then only "
+            "discrete ones (sign flips of rotary planes): no continuous group moves the query/key weights (the two "
+            "gains keep a scalar trade q ↦ c q, k ↦ k / c)")
+PINNED: dict[str, str] = {"Gemma3Attention": _QK_NORM, "Qwen3Attention": _QK_NORM, "Qwen3MoeAttention": _QK_NORM,
+                          "Olmo2Attention": _QK_NORM.replace("each head's query and key pass", "the queries and keys "
+                                                             "of all heads together pass")}
 """Attention classes whose query/key space carries no per-head group, with the mathematical reason (class name:
-reason); every other uncovered module is a gap."""
+reason; derived by hand, see docs/zoo.md); every other uncovered module is a gap."""
 
 QUICK = ("gpt2", "llama", "mistral", "qwen2", "bert", "t5", "gpt_neox", "falcon", "phi3", "gemma2", "mixtral",
          "vit", "resnet", "convnext", "swin", "torch-encoder-layer", "torch-mha", "torch-lstm", "torch-bilinear",
@@ -738,14 +744,16 @@ def findings(rows: list[dict]) -> str:
                                   for r in rows for c in r.get("checks", []) if c["verdict"] == "false"]),
                 ("Architectures with vacuous claims", [_vacuous(r) for r in rows if any(
                     c["verdict"] == "vacuous" for c in r.get("checks", []))])]
-    uncovered: dict[str, list[str]] = {}
-    for r in rows:
-        for a in r.get("attention", []):
-            if not a["covered"]:
-                uncovered.setdefault(a["class"], []).append(r["model"])
-    sections.append(("Attention modules without a per-head group on queries/keys (class: architectures)",
-                     [f"- {cls}: {', '.join(dict.fromkeys(models))} ({len(models)} modules)"
-                      for cls, models in sorted(uncovered.items())]))
+    for pinned, title in ((False, "Attention modules without a per-head group on queries/keys: gaps (class: "
+                                  "architectures)"), (True, "Attention modules the mathematics pins (class: reason)")):
+        uncovered: dict[str, list[str]] = {}
+        for r in rows:
+            for a in r.get("attention", []):
+                if not a["covered"] and bool(a["reason"]) == pinned:
+                    uncovered.setdefault(a["class"], []).append(r["model"])
+        sections.append((title, [f"- {cls}: {', '.join(dict.fromkeys(models))} ({len(models)} modules)"
+                                 + (f": {PINNED[cls]}" if pinned else "")
+                                 for cls, models in sorted(uncovered.items())]))
     sections += [("Refused (SpecError)", [item(r) for r in rows if r["status"] == "refused"]),
                  ("Unchecked (the census's check timed out)", [item(r) for r in rows if r["status"] == "unchecked"])]
     reasons: dict[str, list[str]] = {}
@@ -779,6 +787,8 @@ def main(argv: list[str] | None = None) -> None:
                 merged.update((row["model"], row) for row in json.load(handle)["rows"])
         rows = list(merged.values())
         for row in rows:
+            for module in row.get("attention", []):
+                module["reason"] = "" if module["covered"] else PINNED.get(module["class"], "")
             row.pop("families", None)
             if row["model"] in EXPECTED and "claims" in row:
                 row["families"] = completeness(row["claims"], EXPECTED[row["model"]])

@@ -118,3 +118,17 @@ def test_a_stopped_process_is_charged_to_its_stage():
     assert rows[2]["claims"] == {"GL": 1} and rows[1]["error"] == "trace: timeout"
     t = zoo.totals(rows)
     assert (t["built"], t["crashes"], t["unchecked"], t["derived"]) == (2, 1, 1, 1)
+
+
+def test_findings_list_false_claims_gaps_and_pinned_modules():
+    rows = [{"model": "m", "status": "ok", "claims": {"GL": 1}, "blocked": 0,
+             "checks": [{"claim": "GL(2) on x", "kind": "GL", "verdict": "false", "error": 0.5, "where": "g at p",
+                         "sensitivity": 1.0}],
+             "attention": [{"module": "a", "class": "Gemma3Attention", "covered": False, "reason": zoo.PINNED[
+                 "Gemma3Attention"]}, {"module": "b", "class": "FalconAttention", "covered": False, "reason": ""}]}]
+    text = zoo.findings(rows)
+    assert "- m: GL(2) on x: error 0.5 (g at p)" in text
+    gaps, pinned = text.split("gaps")[1].split("pins")
+    assert "FalconAttention: m (1 modules)" in gaps and "Gemma3Attention" not in gaps
+    assert "Gemma3Attention: m (1 modules): QK-norm" in pinned
+    assert "**0 / 2** (1 pinned with a reason)" in zoo.table(rows)
