@@ -7,7 +7,9 @@ a segfault is a row, not the end of the census. Per architecture:
 
 * **status**: ``not built`` (transformers cannot build or run the tiny model on the census's inputs: not symalg's
   doing), ``refused`` (``symalg.SpecError``, a named refusal), ``crash`` (any other exception, a segfault or a
-  timeout in symalg), else ``ok``;
+  timeout while tracing or deriving), ``unchecked`` (the census's own check timed out, or the model is not tiny),
+  else ``ok``;
+* **families found / expected** where a hand derivation exists (:data:`EXPECTED`, :func:`completeness`);
 * the tracer, trace and derive seconds (``symalg.derive(certify=False)``: the rules' own claims, not filtered by
   symalg's certification), claims by group class, blocked notes;
 * **false claims** (:func:`check_claim`, independent of ``symalg.verification``): at generic parameters
@@ -21,7 +23,7 @@ a segfault is a row, not the end of the census. Per architecture:
 
 Usage::
 
-    python benchmarks/zoo.py --quick                       # ~20 representative architectures, a few minutes
+    python benchmarks/zoo.py --quick                       # 21 representative architectures
     python benchmarks/zoo.py                               # every architecture, QUICK and POPULAR first (hours)
     python benchmarks/zoo.py --models gpt2 llama torch-lstm --timeout 120 --json zoo.json --jobs 2
     python benchmarks/zoo.py --table zoo.json              # the table of an earlier run
@@ -105,7 +107,7 @@ TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "nu
         "qk_nope_head_dim": 8, "v_head_dim": 16, "projection_dim": 32, "text_embed_dim": 32,
         "max_source_positions": 64, "max_target_positions": 64, "num_mel_bins": 16, "sliding_window": 16,
         "window_size": 4, "rotary_dim": 8, "width_coefficient": 0.25,
-        "dim": 32, "n_layers": 2, "hidden_dim": 64, "d_inner": 64, "depth_coefficient": 0.5,
+        "dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64, "d_inner": 64, "depth_coefficient": 0.5,
         "use_cache": False, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0}
 """Attribute values of a tiny config, set wherever the architecture's config has the attribute (width 32, two
 layers, two heads of 16, one key/value group, vocabulary 99, images 32², patches 4², windows 4², special tokens in the
