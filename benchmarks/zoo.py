@@ -51,6 +51,11 @@ TOLERANCE = 1e-7
 """Largest relative change of any output (float64) a group element may cause; false claims change outputs by far
 more (``10⁻³`` near the identity, order one far from it)."""
 
+IMPRECISE = 1e-5
+"""Errors between :data:`TOLERANCE` and this are ``imprecise``, not false: the rounding of a model that computes
+parts in float32 whatever its dtype (an upcast norm cast back); a false claim changes the outputs by ``10⁻³`` and more
+at some element drawn (its far elements: order one)."""
+
 SENSITIVITY = 1e-4
 """Smallest relative output change a random relative perturbation of size :data:`PERTURBATION` of the moved tensors
 must cause for a check to say anything (``1000 ×`` :data:`TOLERANCE`)."""
@@ -423,7 +428,10 @@ def generic_state(model: nn.Module, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def _run(model: nn.Module, state: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    with torch.no_grad():
+    """The model's outputs at ``state``; every run draws the same random numbers (ViT-MAE's random masking, any
+    stochastic op), so that a moved run differs from the reference only by the move."""
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
         return flat_outputs(torch.func.functional_call(model, state, (), inputs, tie_weights=False))
 
 
@@ -458,8 +466,8 @@ def check_claim(model: nn.Module, symmetry: Any, points: list[tuple[str, dict, d
     """Check one claim on ``points`` (``(label, state, inputs, outputs)``): its worst relative output change over
     :func:`elements_to_check` (``error``, and where), and whether the outputs react to its moved tensors at all
     (``sensitivity``: the relative output change under a random relative perturbation :data:`PERTURBATION` of
-    them). Verdict: ``false`` (error above :data:`TOLERANCE`), ``vacuous`` (sensitivity under
-    :data:`SENSITIVITY`), else ``verified``."""
+    them). Verdict: ``false`` (error above :data:`IMPRECISE`), ``imprecise`` (above :data:`TOLERANCE`),
+    ``vacuous`` (sensitivity under :data:`SENSITIVITY`), else ``verified``."""
     worst, where, sensitivity = 0.0, "", 0.0
     for label, state, inputs, reference in points:
         for name, g in elements_to_check(symmetry.group, generator):
@@ -474,7 +482,8 @@ def check_claim(model: nn.Module, symmetry: Any, points: list[tuple[str, dict, d
             perturbed[tensor] = t + PERTURBATION * t.pow(2).mean().sqrt() * noise
         sensitivity = max(sensitivity, relative_change(reference, _run(model, _aliases(state, perturbed, model),
                                                                        inputs)))
-    verdict = "false" if not worst <= TOLERANCE else "vacuous" if sensitivity < SENSITIVITY else "verified"
+    verdict = "false" if not worst <= IMPRECISE else "imprecise" if worst > TOLERANCE else \
+        "vacuous" if sensitivity < SENSITIVITY else "verified"
     return {"claim": symmetry.label, "kind": symmetry.group.kind, "verdict": verdict, "error": worst, "where": where,
             "sensitivity": sensitivity}
 
@@ -698,6 +707,7 @@ def totals(rows: list[dict]) -> dict:
             "unchecked": sum(r["status"] == "unchecked" for r in rows),
             "false_claims": sum(c["verdict"] == "false" for c in checks),
             "vacuous": sum(c["verdict"] == "vacuous" for c in checks),
+            "imprecise": sum(c["verdict"] == "imprecise" for c in checks),
             "attention_covered": sum(a["covered"] for a in attention),
             "attention_pinned": sum(bool(a["reason"]) for a in attention), "attention_total": len(attention),
             "families_found": sum(r["families"]["found"] for r in rows if "families" in r),
@@ -730,7 +740,8 @@ def table(rows: list[dict]) -> str:
     lines += ["", f"**Totals**: {t['tried']} architectures tried, {t['built']} built, {t['traced']} traced, "
               f"{t['derived']} derived, {t['refused']} refused, **{t['crashes']} crashes**, {t['unchecked']} unchecked "
               f"(the census's check timed out); {t['claims']} claims "
-              f"checked, **{t['false_claims']} false**, {t['vacuous']} vacuous; attention coverage "
+              f"checked, **{t['false_claims']} false**, {t['imprecise']} imprecise, {t['vacuous']} vacuous; attention "
+              f"coverage "
               f"**{t['attention_covered']} / {t['attention_total']}** ({t['attention_pinned']} pinned with a reason); "
               f"families found / expected by hand: **{t['families_found']} / {t['families_expected']}** on "
               f"{t['derived_by_hand']} architectures."]
@@ -752,6 +763,9 @@ def findings(rows: list[dict]) -> str:
     sections = [("Crashes", [item(r) for r in rows if r["status"] == "crash"]),
                 ("False claims", [f"- {r['model']}: {c['claim']}: error {c['error']:.2g} ({c['where']})"
                                   for r in rows for c in r.get("checks", []) if c["verdict"] == "false"]),
+                ("Imprecise claims (error between 1e-7 and 1e-5)",
+                 [f"- {r['model']}: {c['claim']}: error {c['error']:.2g} ({c['where']})"
+                  for r in rows for c in r.get("checks", []) if c["verdict"] == "imprecise"]),
                 ("Architectures with vacuous claims", [_vacuous(r) for r in rows if any(
                     c["verdict"] == "vacuous" for c in r.get("checks", []))])]
     for pinned, title in ((False, "Attention modules without a per-head group on queries/keys: gaps (class: "

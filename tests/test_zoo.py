@@ -132,3 +132,4 @@ def test_findings_list_false_claims_gaps_and_pinned_modules():
     assert "FalconAttention: m (1 modules)" in gaps and "Gemma3Attention" not in gaps
     assert "Gemma3Attention: m (1 modules): QK-norm" in pinned
     assert "**0 / 2** (1 pinned with a reason)" in zoo.table(rows)
+
