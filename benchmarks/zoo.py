@@ -739,7 +739,7 @@ def table(rows: list[dict]) -> str:
     t = totals(rows)
     lines += ["", f"**Totals**: {t['tried']} architectures tried, {t['built']} built, {t['traced']} traced, "
               f"{t['derived']} derived, {t['refused']} refused, **{t['crashes']} crashes**, {t['unchecked']} unchecked "
-              f"(the census's check timed out); {t['claims']} claims "
+              f"(not tiny, or the check timed out); {t['claims']} claims "
               f"checked, **{t['false_claims']} false**, {t['imprecise']} imprecise, {t['vacuous']} vacuous; attention "
               f"coverage "
               f"**{t['attention_covered']} / {t['attention_total']}** ({t['attention_pinned']} pinned with a reason); "
@@ -779,7 +779,8 @@ def findings(rows: list[dict]) -> str:
                                  + (f": {PINNED[cls]}" if pinned else "")
                                  for cls, models in sorted(uncovered.items())]))
     sections += [("Refused (SpecError)", [item(r) for r in rows if r["status"] == "refused"]),
-                 ("Unchecked (the census's check timed out)", [item(r) for r in rows if r["status"] == "unchecked"])]
+                 ("Unchecked (not tiny, or the census's check timed out)",
+                  [item(r) for r in rows if r["status"] == "unchecked"])]
     reasons: dict[str, list[str]] = {}
     for r in rows:
         if r["status"] == "not built":
