@@ -20,7 +20,7 @@ misses; the registrations live in one module per family:
 Activations are served by the catalogue (:mod:`symalg.catalogue`), and an op nobody declared is handled by
 :func:`unknown_rule`, which keeps only the kinds under which its inputs are invariant.
 
->>> {"add", "linear", "softmax", "Bilinear"} <= set(OP_RULES)
+>>> {"add", "linear", "softmax", "bilinear", "einsum"} <= set(OP_RULES)
 True
 """
 from __future__ import annotations
