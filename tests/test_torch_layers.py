@@ -343,3 +343,23 @@ def test_the_fuzzer_draws_these_layers_and_their_near_misses(family, expected):
     variants = [f"-{fuzz.generate(0, i, family).variant}-" for i in range(200)]
     missing = {token for token in expected if not any(f"-{token}-" in variant for variant in variants)}
     assert not missing, missing
+
+
+@pytest.mark.parametrize("tracer", ["fx", "export"])
+@pytest.mark.parametrize("op", ["bilinear", "conv_transpose1d", "conv_transpose2d"])
+def test_the_functional_spelling_is_the_same_op_with_the_same_claims(tracer, op):
+    """``F.bilinear`` and ``F.conv_transpose{1,2}d`` on a layer's weights trace to the canonical op the module does
+    (``bilinear``, ``conv_transpose1d/2d``) and give its claims, which hold at generic parameters."""
+    from symalg.catalogue.rules.torch_layers import BilinearExample, TransposedExample
+
+    def build(functional):
+        torch.manual_seed(0)
+        model = BilinearExample(functional) if op == "bilinear" else TransposedExample(int(op[-2]), functional)
+        return model.double().eval()
+
+    inputs = (torch.randn(5, 3, dtype=torch.float64),) if op == "bilinear" else \
+        (torch.randn(5, 2, *(8,) * int(op[-2]), dtype=torch.float64),)
+    graph, labels, error = raw(build(True), inputs, tracer)
+    assert op in [graph.node(v)["op"] for v in graph.nodes]
+    assert labels == raw(build(False), inputs, tracer)[1] and labels
+    assert error < 1e-10
