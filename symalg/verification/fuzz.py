@@ -1882,7 +1882,8 @@ def _einsum_family(b: _Builder) -> _Drawn:
         h = b.op("einsum2", *(values[c] for c in operands), equation=equation)
     else:
         h = b.op("einsum", x, equation=equation)
-    width = {"heads": heads * d, "token_mix": n, "axes": n, "token_sum": n, "batch_index": n, "diagonal": n}.get(kind, d)
+    width = heads * d if kind == "heads" else n if kind in ("token_mix", "axes", "token_sum", "batch_index",
+                                                            "diagonal") else d
     if kind == "heads":
         h = b.op("flatten_from", b.act(h), start=-2)
     elif kind in ("axes", "implicit_swap"):

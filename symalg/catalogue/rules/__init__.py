@@ -14,7 +14,7 @@ misses; the registrations live in one module per family:
 - :mod:`~symalg.catalogue.rules.reductions`: means, sums, pooling, softmax;
 - :mod:`~symalg.catalogue.rules.normalisation`: batch, layer, RMS and group norms;
 - :mod:`~symalg.catalogue.rules.attention`: attention and ``nn.MultiheadAttention``;
-- :mod:`~symalg.catalogue.rules.torch_layers`: ``nn.Bilinear`` and ``nn.ConvTranspose1d/2d``;
+- :mod:`~symalg.catalogue.rules.torch_layers`: ``bilinear`` and ``conv_transpose1d/2d`` (torch's own layers);
 - :mod:`~symalg.catalogue.rules.passes`: ops a front-end pass consumes (spellings only).
 
 Activations are served by the catalogue (:mod:`symalg.catalogue`), and an op nobody declared is handled by
