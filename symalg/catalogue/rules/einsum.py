@@ -111,7 +111,7 @@ def einsum_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> 
 
     - an index of the sites **contracted** with the weight: ``y = Σ_i W[…, i, …] x[…, i]`` is a linear map reading the
       sites on the weight's axis of ``i`` (``x ↦ g x``, ``W ↦ W g⁻¹`` along that axis: :func:`_read_as_map`, as for
-      ``x @ W.T``); the weight's index kept in the output (the last one if several, ``hd`` of ``bti,hdi->bthd``: the
+      ``x @ W.T``); the weight's index kept in the output (the last one if several, ``d`` of ``bti,hdi->bthd``: the
       same ``g`` for every head) is a new site, as a linear map's rows; an einsum has no bias, so translations and
       the shifts of affine sign flips are refused;
     - **free** (kept in the output, not in the weight): the sites move to their output axis; the weight mixes data
