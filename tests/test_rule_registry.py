@@ -151,6 +151,7 @@ ALLOWED = {
     "symalg.frontend.tracing._SHAPE_ARITHMETIC": "Python arithmetic on sizes (floordiv, mod), not a rule capability",
     "symalg.verification.fuzz.OPS": "the fuzzer's own model language (print templates), not ops of the registry",
     "symalg.verification.fuzz.FAMILIES": "fuzz family names",
+    "symalg.verification.fuzz.EXPORTED": "fuzz family names (the share of each that torch.export traces)",
     "symalg.ir.architecture._REQUIRED": "the spec grammar's required layer keys",
     "symalg.applications.conservation_laws._ACTIVATIONS": "the activations of the conservation-law examples",
 }

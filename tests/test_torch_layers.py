@@ -261,12 +261,13 @@ class Bilinear(nn.Module):
 
 def test_bilinear_gives_each_input_its_general_linear_group_on_both_routes():
     """``y_k = x₁ᵀ W_k x₂ + b_k``: ``GL`` on each input's site (``W``'s axes 1 and 2), scalings and permutations of
-    its outputs through the ReLU; fx's ``Bilinear`` node and export's ``aten.bilinear`` give the same claims."""
+    its outputs through the ReLU; fx's module node and export's ``aten.bilinear`` (both op ``bilinear``) give the same
+    claims."""
     model = built(Bilinear)
     graph, fx, error = raw(model, example(), "fx")
-    assert "Bilinear" in [graph.node(v)["op"] for v in graph.nodes]
+    assert "bilinear" in [graph.node(v)["op"] for v in graph.nodes]
     exported_graph, exported, export_error = raw(model, example(), "export")
-    assert "aten.bilinear" in [exported_graph.node(v)["op"] for v in exported_graph.nodes]
+    assert "bilinear" in [exported_graph.node(v)["op"] for v in exported_graph.nodes]
     assert fx == exported == {"GL(4) on a", "GL(5) on b", "PositiveScaling(6, alpha=1) on bilinear",
                               "S(6) on bilinear"}
     assert max(error, export_error) < 1e-10
@@ -309,8 +310,8 @@ def transposed_example():
 
 def test_conv_transpose_moves_its_input_and_output_channels_on_both_routes():
     """``W`` of shape ``(in, out, k)``: ``GL(4)`` on ``down``'s channels (``W``'s axis 0 reads them linearly), the
-    output channels (axis 1 and the bias) scale and permute through the ReLU; fx's ``ConvTranspose1d`` node and
-    export's ``aten.conv_transpose1d`` give the same claims, which certify and verify."""
+    output channels (axis 1 and the bias) scale and permute through the ReLU; fx's module node and export's
+    ``aten.conv_transpose1d`` (both op ``conv_transpose1d``) give the same claims, which certify and verify."""
     model = built(Transposed)
     _, fx, error = raw(model, transposed_example(), "fx")
     _, exported, export_error = raw(model, transposed_example(), "export")
@@ -320,12 +321,13 @@ def test_conv_transpose_moves_its_input_and_output_channels_on_both_routes():
     assert all(e.holds for e in analysis.certification) and symalg.verify(analysis).passed
 
 
-def test_grouped_conv_transpose_is_an_unknown_op():
+@pytest.mark.parametrize("tracer", ["fx", "export"])
+def test_grouped_conv_transpose_is_blocked_with_a_note(tracer):
     model = built(Transposed, groups=2)
-    graph, labels, _ = raw(model, transposed_example(), "fx")
+    graph, labels, _ = raw(model, transposed_example(), tracer)
     assert labels == set()
     blocked = symalg.derive(graph, certify=False).blocked
-    assert any("op 'ConvTranspose1d' is not in the equivariance catalogue" in b.reason for b in blocked)
+    assert any("a grouped transposed convolution (groups=2) is not modelled" in b.reason for b in blocked), blocked
 
 
 @pytest.mark.parametrize("family, expected", [
@@ -341,3 +343,23 @@ def test_the_fuzzer_draws_these_layers_and_their_near_misses(family, expected):
     variants = [f"-{fuzz.generate(0, i, family).variant}-" for i in range(200)]
     missing = {token for token in expected if not any(f"-{token}-" in variant for variant in variants)}
     assert not missing, missing
+
+
+@pytest.mark.parametrize("tracer", ["fx", "export"])
+@pytest.mark.parametrize("op", ["bilinear", "conv_transpose1d", "conv_transpose2d"])
+def test_the_functional_spelling_is_the_same_op_with_the_same_claims(tracer, op):
+    """``F.bilinear`` and ``F.conv_transpose{1,2}d`` on a layer's weights trace to the canonical op the module does
+    (``bilinear``, ``conv_transpose1d/2d``) and give its claims, which hold at generic parameters."""
+    from symalg.catalogue.rules.torch_layers import BilinearExample, TransposedExample
+
+    def build(functional):
+        torch.manual_seed(0)
+        model = BilinearExample(functional) if op == "bilinear" else TransposedExample(int(op[-2]), functional)
+        return model.double().eval()
+
+    inputs = (torch.randn(5, 3, dtype=torch.float64),) if op == "bilinear" else \
+        (torch.randn(5, 2, *(8,) * int(op[-2]), dtype=torch.float64),)
+    graph, labels, error = raw(build(True), inputs, tracer)
+    assert op in [graph.node(v)["op"] for v in graph.nodes]
+    assert labels == raw(build(False), inputs, tracer)[1] and labels
+    assert error < 1e-10

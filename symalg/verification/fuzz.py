@@ -255,6 +255,8 @@ OPS: dict[str, Op] = {
                                    x, memory, tgt_mask=nn.Transformer.generate_square_subsequent_mask(t, dtype=x.dtype),
                                    tgt_is_causal=True)),
     "bilinear": Op("self.{layer}({0}, {1})", lambda m, a, b, layer: getattr(m, layer)(a, b)),
+    "einsum": Op("torch.einsum({equation!r}, {0})", lambda m, x, equation: torch.einsum(equation, x)),
+    "einsum2": Op("torch.einsum({equation!r}, {0}, {1})", lambda m, a, b, equation: torch.einsum(equation, a, b)),
     "sigmoid": Op("torch.sigmoid({0})", lambda m, x: torch.sigmoid(x)),
     "to_complex": Op("{0}.to(torch.complex128)", lambda m, x: x.to(torch.complex128)),
     "real": Op("torch.real({0})", lambda m, x: torch.real(x)),
@@ -1845,6 +1847,50 @@ def _conv_transpose(b: _Builder) -> _Drawn:
     return (2, c, *(5,) * dims), 0, y
 
 
+EINSUMS = {   # kind: (equation, operands (x a value, w a weight), weight shape in widths n (in), d (out), t, h)
+    "mlp": ("bi,oi->bo", "xw", "dn"), "tokens_mlp": ("bti,oi->bto", "xw", "dn"), "in_out": ("bi,io->bo", "xw", "nd"),
+    "weight_first": ("oi,bi->bo", "wx", "dn"), "implicit": ("bi,oi", "xw", "dn"),
+    "heads": ("bti,hdi->bthd", "xw", "hdn"), "per_head": ("bhi,hoi->bho", "xw", "hdn"),
+    "token_mix": ("bti,ts->bsi", "xw", "tt"), "axes": ("bti->tbi", "x", ""), "token_sum": ("bti->bi", "x", ""),
+    # near misses: the sites kept as a batch index of the weight, summed alone, on a diagonal, broadcast, paired
+    # with another value, or the output's axes swapped by the implicit (ASCII) order
+    "batch_index": ("bi,oi->bi", "xw", "dn"), "sites_sum": ("bi,o->bo", "xw", "d"), "diagonal": ("bii->bi", "x", ""),
+    "ellipsis": ("...i,oi->...o", "xw", "dn"), "two_values": ("bi,bj->bij", "xx", ""),
+    "implicit_swap": ("zi,oi", "xw", "dn")}
+"""What the ``einsum`` family draws: ``torch.einsum`` with a weight (dense maps, head projections, a weight mixing
+tokens), of one value (axes moved, a sum over tokens), and the near misses (the last six)."""
+
+
+def _einsum_family(b: _Builder) -> _Drawn:
+    """A ReLU-like or other activation, ``torch.einsum`` (:data:`EINSUMS`), an activation and a ``Linear`` reading
+    the result's last axis (heads merged by ``flatten``, tokens or swapped axes moved back by ``transpose``)."""
+    rng, n, d, m = b.rng, b.width(), b.width(2), b.width()
+    kind = rng.choice(sorted(EINSUMS))
+    equation, operands, sizes = EINSUMS[kind]
+    b.variant.append(kind)
+    t, heads = rng.randint(2, 4), rng.randint(2, 3)
+    tokens = any(c in kind for c in ("token", "heads", "axes")) or kind == "diagonal"
+    shape = (rng.randint(2, 4), heads if kind == "per_head" else n if kind == "diagonal" else t, n) if tokens or \
+        kind == "per_head" else (rng.randint(2, 5), n)
+    x = b.act(b.linear("x", n, n))
+    if operands == "xx":
+        h = b.op("flatten", b.op("einsum2", x, b.act(b.linear("x", n, n)), equation=equation))
+        return shape, 0, b.linear(b.act(h), n * n, m)
+    if "w" in operands:
+        values = {"x": x, "w": b.op("param", layer=b.add("Parameter", *({"n": n, "d": d, "t": t, "h": heads}[c]
+                                                                            for c in sizes)))}
+        h = b.op("einsum2", *(values[c] for c in operands), equation=equation)
+    else:
+        h = b.op("einsum", x, equation=equation)
+    width = heads * d if kind == "heads" else n if kind in ("token_mix", "axes", "token_sum", "batch_index",
+                                                            "diagonal") else d
+    if kind == "heads":
+        h = b.op("flatten_from", b.act(h), start=-2)
+    elif kind in ("axes", "implicit_swap"):
+        h = b.op("transpose", b.act(h), a=0, b=1)
+    return shape, 0, b.linear(b.act(h), width, m)
+
+
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "mlp": _mlp, "gated": _gated, "residual": _residual, "norm": _norm, "conv": _conv, "pooling": _pooling,
     "mha": _mha, "attention": _attention, "scores": _scores, "embedding": _embedding, "concat": _concat,
@@ -1865,11 +1911,12 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "torch_layers": _torch_layers,
     "bilinear": _bilinear,
     "conv_transpose": _conv_transpose,
+    "einsum": _einsum_family,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
 EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3, "rules": 0.3, "torch_layers": 0.3,
-            "bilinear": 0.3, "conv_transpose": 0.3}
+            "bilinear": 0.3, "conv_transpose": 0.3, "einsum": 0.3}
 """Families some of whose models are traced by ``torch.export`` alone (with this probability, drawn apart from the
 model), since fx traces every generated model and export decomposes ``nn.MultiheadAttention`` and spells attention
 with ATen ops (``bmm``, ``baddbmm``, ``select``, ``squeeze``) that attention folding must read exactly (fx traces

@@ -1,23 +1,27 @@
-"""Op rules for torch's own layers that no other rule reads: ``nn.Bilinear`` (fx keeps the module as one node,
-op ``Bilinear``; ``torch.export`` records ``aten.bilinear``) and ``nn.ConvTranspose1d/2d`` (ops ``ConvTranspose1d``,
-``ConvTranspose2d``; ``aten.conv_transpose1d``, ``aten.conv_transpose2d``).
+"""Op rules for torch's own layers that no other rule reads: ``bilinear`` (``nn.Bilinear``, ``F.bilinear``,
+``aten.bilinear``) and ``conv_transpose1d``/``conv_transpose2d`` (``nn.ConvTranspose1d/2d``,
+``F.conv_transpose1d/2d``, ``aten.conv_transpose1d/2d``).
 
-Registered with :func:`~symalg.catalogue.rules.register_rule`, each with its example model (the rule law tests trace
-it through both routes); the package :mod:`symalg.catalogue.rules` imports this family module. Their op names are
-the front ends' own: fx keeps the module as one node named by its class, export names the ATen op.
+Registered with :func:`~symalg.catalogue.rules.register_rule`, each with its spellings (:class:`OpSpellings`), its
+example model (the rule law tests trace it through fx and export) and near misses (the fuzzer's ``rules`` family);
+the package :mod:`symalg.catalogue.rules` imports this family module.
 
->>> from symalg.catalogue.rules import OP_RULES
->>> OP_RULES["Bilinear"] is OP_RULES["aten.bilinear"] is bilinear_rule
+>>> import torch
+>>> from symalg.catalogue.rules import OP_RULES, spelling_table
+>>> spelling_table().modules[torch.nn.Bilinear], spelling_table().aten["conv_transpose2d"]
+('bilinear', 'conv_transpose2d')
+>>> OP_RULES["bilinear"] is bilinear_rule
 True
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from symalg.catalogue.rule_examples import Example, model_example
-from symalg.catalogue.rules._base import Inputs, NodeData, WeightExpr, _argument, _is_param, unknown_rule
+from symalg.catalogue.rules._base import Inputs, NodeData, WeightExpr, _argument, _freeze, _is_param, unknown_rule
 from symalg.catalogue.rules.dense import _producer_site, _read_as_map, _refuse_shifts
-from symalg.catalogue.rules.registry import register_rule
+from symalg.catalogue.rules.registry import OpSpellings, register_rule
 from symalg.symbolic.inference import Inference, Label, Segment
 
 __all__ = ["BilinearExample", "TransposedExample", "bilinear_rule", "conv_transpose_rule"]
@@ -27,39 +31,41 @@ nn = torch.nn
 
 class BilinearExample(nn.Module):
     """``out(relu(bilinear(relu(a(x)), tanh(b(x)))))``: two hidden sites read by one ``nn.Bilinear``, called as the
-    module or (``aten``) as ``torch.ops.aten.bilinear`` on its weights, which fx records as export does."""
+    module or (``functional``) as ``F.bilinear`` on its weights; ``same`` reads ``relu(a(x))`` on both sides (one
+    site on the weight's axes 1 and 2)."""
 
-    def __init__(self, aten: bool = False) -> None:
+    def __init__(self, functional: bool = False, same: bool = False) -> None:
         super().__init__()
-        self.a, self.b, self.bilinear, self.out = nn.Linear(3, 4), nn.Linear(3, 5), nn.Bilinear(4, 5, 6), \
-            nn.Linear(6, 2)
-        self.aten = aten
+        self.a, self.b, self.bilinear, self.out = nn.Linear(3, 4), nn.Linear(3, 4 if same else 5), \
+            nn.Bilinear(4, 4 if same else 5, 6), nn.Linear(6, 2)
+        self.functional, self.same = functional, same
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x1, x2 = torch.relu(self.a(x)), torch.tanh(self.b(x))
-        y = torch.ops.aten.bilinear(x1, x2, self.bilinear.weight, self.bilinear.bias) if self.aten else \
-            self.bilinear(x1, x2)
+        x1 = torch.relu(self.a(x))
+        x2 = x1 if self.same else torch.tanh(self.b(x))
+        y = F.bilinear(x1, x2, self.bilinear.weight, self.bilinear.bias) if self.functional else self.bilinear(x1, x2)
         return self.out(torch.relu(y))
 
 
-@register_rule("Bilinear", "aten.bilinear", examples={
-    "Bilinear": model_example(BilinearExample, lambda: torch.randn(5, 3)),
-    "aten.bilinear": model_example(lambda: BilinearExample(aten=True), lambda: torch.randn(5, 3))},
-    capabilities={"Bilinear": (), "aten.bilinear": ("weights",)})
+@register_rule("bilinear", capabilities={"weights"},
+               spellings={"bilinear": OpSpellings(modules=(nn.Bilinear,), functions=(F.bilinear,), aten=("bilinear",))},
+               examples={"bilinear": model_example(BilinearExample, lambda: torch.randn(5, 3))},
+               near_misses={"bilinear": (model_example(lambda: BilinearExample(functional=True, same=True),
+                                                       lambda: torch.randn(5, 3)),)})
 def bilinear_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """``y_k = x₁ᵀ W_k x₂ + b_k`` (``W`` of shape ``(out, in₁, in₂)``): the sites of ``x₁`` act on ``W``'s axis 1
     and those of ``x₂`` on its axis 2, each as on a linear map's columns (``x₁ ↦ g x₁``, ``W_k ↦ g⁻ᵀ W_k``:
     ``(g x₁)ᵀ g⁻ᵀ W_k x₂ = x₁ᵀ W_k x₂``; the same site on both, ``W_k ↦ g⁻ᵀ W_k g⁻¹``); a new site on the rows
     ``W_k`` and ``b``, as on a linear map's. A translation of either input, ``x₁ ↦ x₁ + t``, adds ``tᵀ W_k x₂``,
     which depends on the other input: no bias gives it back, so translations and the shifts of affine sign flips
-    are refused. The fx node is ``nn.Bilinear`` itself (op ``Bilinear``, weights by role), export's
-    ``aten.bilinear(x₁, x₂, W, b)`` reads them as operands; anything else is an unknown op.
+    are refused. The module call records its weights by role; ``F.bilinear(x₁, x₂, W, b)`` and export's
+    ``aten.bilinear`` read them as operands; anything else is an unknown op.
 
     Example
     -------
     >>> import symalg
     >>> from symalg.catalogue.rules import RULE_EXAMPLES
-    >>> model, inputs = RULE_EXAMPLES["Bilinear"]()
+    >>> model, inputs = RULE_EXAMPLES["bilinear"]()
     >>> sorted(s.label for s in symalg.derive(symalg.trace(model, inputs), certify=False).symmetries)[:2]
     ['PositiveScaling(4, alpha=1) on a', 'PositiveScaling(6, alpha=1) on bilinear']
     """
@@ -84,61 +90,73 @@ def bilinear_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -
     return Label(-1, out_features, (Segment(site, 0, out_features),))
 
 
-
 class TransposedExample(nn.Module):
     """``up(relu(convT(relu(down(x)))))`` on ``(B, 2, 8)`` or ``(B, 2, 8, 8)``: a transposed convolution between two
-    convolutions, called as the module or (``aten``) as ``torch.ops.aten.conv_transpose{1,2}d`` on its weights."""
+    convolutions, called as the module or (``functional``) as ``F.conv_transpose{1,2}d`` on its weights; ``groups``
+    splits its channels (``4`` in, ``4`` out)."""
 
-    def __init__(self, dims: int = 1, aten: bool = False) -> None:
+    def __init__(self, dims: int = 1, functional: bool = False, groups: int = 1) -> None:
         super().__init__()
         conv, transposed = (nn.Conv1d, nn.ConvTranspose1d) if dims == 1 else (nn.Conv2d, nn.ConvTranspose2d)
-        self.down, self.convT, self.up = conv(2, 3, 3), transposed(3, 4, 3, stride=2, padding=1), conv(4, 2, 3)
-        self.aten, self.dims = aten, dims
+        width = 3 if groups == 1 else 4
+        self.down, self.convT, self.up = conv(2, width, 3), transposed(width, 4, 3, stride=2, padding=1,
+                                                                       groups=groups), conv(4, 2, 3)
+        self.functional, self.dims, self.groups = functional, dims, groups
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.down(x))
-        if self.aten:
-            call = torch.ops.aten.conv_transpose1d if self.dims == 1 else torch.ops.aten.conv_transpose2d
-            h = call(h, self.convT.weight, self.convT.bias, [2] * self.dims, [1] * self.dims)
+        if self.functional:
+            call = F.conv_transpose1d if self.dims == 1 else F.conv_transpose2d
+            h = call(h, self.convT.weight, self.convT.bias, 2, 1, 0, self.groups)
         else:
             h = self.convT(h)
         return self.up(torch.relu(h))
 
 
-def _transposed_example(dims: int, aten: bool) -> Example:
-    return model_example(lambda: TransposedExample(dims, aten), lambda: torch.randn(5, 2, *(8,) * dims))
+def _transposed_example(dims: int, functional: bool = False, groups: int = 1) -> Example:
+    return model_example(lambda: TransposedExample(dims, functional, groups), lambda: torch.randn(5, 2, *(8,) * dims))
 
 
-@register_rule("ConvTranspose1d", "ConvTranspose2d", "aten.conv_transpose1d", "aten.conv_transpose2d", examples={
-    "ConvTranspose1d": _transposed_example(1, False), "ConvTranspose2d": _transposed_example(2, False),
-    "aten.conv_transpose1d": _transposed_example(1, True), "aten.conv_transpose2d": _transposed_example(2, True)},
-    capabilities={"ConvTranspose1d": (), "ConvTranspose2d": (), "aten.conv_transpose1d": ("weights",),
-                  "aten.conv_transpose2d": ("weights",)})
+@register_rule("conv_transpose1d", "conv_transpose2d", capabilities={"weights"},
+               spellings={f"conv_transpose{d}d": OpSpellings(modules=(module,), functions=(function,),
+                                                             aten=(f"conv_transpose{d}d",))
+                          for d, module, function in ((1, nn.ConvTranspose1d, F.conv_transpose1d),
+                                                      (2, nn.ConvTranspose2d, F.conv_transpose2d))},
+               examples={f"conv_transpose{d}d": _transposed_example(d) for d in (1, 2)},
+               near_misses={  # the functional spelling, and grouped channels (refused: no claim on them)
+                   f"conv_transpose{d}d": (_transposed_example(d, True), _transposed_example(d, groups=2))
+                   for d in (1, 2)})
 def conv_transpose_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """A transposed convolution, ``W`` of shape ``(in, out, *k)`` (``groups = 1``): ``y[o] = Σ_i Σ_k W[i, o, k]
     x[i]`` shifted by ``k``, plus ``b[o]``. Its input channels' sites act on ``W``'s axis 0 as on a linear map's
     columns, its output channels are a new site on ``W``'s axis 1 and ``b``. A translation of the input adds
     ``Σ_k W[:, o, k]ᵀ t`` at the positions every tap reaches and less near the borders: no bias gives it back, so
-    translations and the shifts of affine sign flips are refused. Grouped ones are refused as unknown.
+    translations and the shifts of affine sign flips are refused. Grouped ones (``groups > 1``) block their input's
+    sites and their weights, with a note.
 
     Example
     -------
     >>> import symalg
     >>> from symalg.catalogue.rules import RULE_EXAMPLES
-    >>> model, inputs = RULE_EXAMPLES["ConvTranspose1d"]()
+    >>> model, inputs = RULE_EXAMPLES["conv_transpose1d"]()
     >>> sorted(s.label for s in symalg.derive(symalg.trace(model, inputs), certify=False).symmetries)
     ['PositiveScaling(3, alpha=1) on down', 'PositiveScaling(4, alpha=1) on convT', 'S(3) on down', 'S(4) on convT']
     """
     if data["kind"] == "module":
         weight, bias = data["params"].get("weight"), data["params"].get("bias")
         module = data.get("instance")
-        operands_ok = isinstance(module, (nn.ConvTranspose1d, nn.ConvTranspose2d)) and module.groups == 1 \
-            and len(inputs) == 1
+        operands_ok = isinstance(module, (nn.ConvTranspose1d, nn.ConvTranspose2d)) and len(inputs) == 1
+        groups = getattr(module, "groups", 1)
     else:
         weight = inputs[1][1] if len(inputs) > 1 and _is_param(inputs[1]) else None
         bias = inputs[2][1] if len(inputs) > 2 and _is_param(inputs[2]) else None
-        operands_ok = _argument(data, 6, "groups", 1) == 1 and \
-            (len(inputs) == 2 or len(inputs) == 3 and (bias is not None or inputs[2] is None))
+        operands_ok = len(inputs) == 2 or len(inputs) == 3 and (bias is not None or inputs[2] is None)
+        groups = _argument(data, 6, "groups", 1)
+    if operands_ok and groups != 1:
+        for value in inputs:
+            _freeze(state, node, value, f"{state.where(node)}: a grouped transposed convolution (groups={groups}) is "
+                                        "not modelled")
+        return Label.data()
     if not operands_ok or weight is None or not isinstance(inputs[0], Label | None) or \
             bias is not None and len(state.shapes[bias]) != 1:
         return unknown_rule(state, node, data, inputs)
