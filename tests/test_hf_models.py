@@ -31,6 +31,12 @@ VALUE_BIASES = ["Shears(8)"] * 2
 """Each head's value bias moved into the attention output's bias (the attention weights' rows sum to 1)."""
 NORM_BIASES = ["Shears(16)"] * 2
 """The two pre-LN norms' biases moved into the biases of the layers reading them (GPT-2, ViT)."""
+CENTRING = {"gpt2": "Translations(148, along 1)", "bert": "Translations(68, along 1)"}
+"""LayerNorm centring: every writer of a sum whose readers are all LayerNorms may move its output along ``1``
+(``LN(x + a 1) = LN(x)``): GPT-2's token and position embedding rows (50 + 16) and both ``c_proj`` maps, their
+weight by ``1 vᵀ`` and bias by ``c 1`` (16 + 1 and 64 + 1); BERT's word, position and token-type embedding rows (50
++ 16 + 2: the sum its embedding LayerNorm reads; the sums of a layer's residual stream are also read by the maps
+reading the previous LayerNorm's output, tied to them, so no centring is found there yet)."""
 
 
 def _decoder(config_class, model_class):
@@ -61,13 +67,13 @@ NO_CACHE = {"use_cache": False}
 MODELS = {  # name: (build, output paths, groups found today, constant keyword inputs)
     "gpt2": (lambda: transformers.GPT2Model(transformers.GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=16,
                                                                     n_layer=1, n_head=2)), CACHE,
-             sorted(NORM_GAINS + NORM_BIASES + ["S(64)"]), {}),
+             sorted(NORM_GAINS + NORM_BIASES + ["S(64)", CENTRING["gpt2"]]), {}),
     "llama": (_decoder(transformers.LlamaConfig, transformers.LlamaModel), ("last_hidden_state",), DECODER, NO_CACHE),
     "mistral": (_decoder(transformers.MistralConfig, transformers.MistralModel), ("last_hidden_state",), DECODER,
                 NO_CACHE),
     "qwen2": (_decoder(transformers.Qwen2Config, transformers.Qwen2Model), ("last_hidden_state",), DECODER,
               NO_CACHE),
-    "bert": (_bert, POOLED, sorted(ATTENTION + VALUE_BIASES), {}),
+    "bert": (_bert, POOLED, sorted(ATTENTION + VALUE_BIASES + [CENTRING["bert"]]), {}),
     "vit": (lambda: transformers.ViTModel(transformers.ViTConfig(image_size=8, patch_size=4, num_channels=3,
                                                                  hidden_size=16, num_hidden_layers=1,
                                                                  num_attention_heads=2, intermediate_size=32)),
@@ -124,12 +130,12 @@ def test_a_returned_key_value_cache_blocks_the_attention_groups_it_changes(one_t
     (ids,), _ = _inputs("bert", "positional")
     cached = symalg.derive(symalg.from_torch(model, input_ids=ids))
     assert cached.model_graph.output_paths == ("last_hidden_state", "pooler_output", *CACHE[1:])
-    assert [s.group.name for s in cached.symmetries] == ["S(32)"]
+    assert [s.group.name for s in cached.symmetries] == [CENTRING["bert"], "S(32)"]
     assert "note: cache is an output (a key/value cache: the attention symmetries that move keys or " \
            "values change it; trace with use_cache=False" in str(cached)
     plain = symalg.derive(symalg.from_torch(model, input_ids=ids, use_cache=False))
     assert plain.model_graph.example_kwargs == {"input_ids": ids, "use_cache": False}
-    assert sorted(s.group.name for s in plain.symmetries) == sorted(ATTENTION + VALUE_BIASES)
+    assert sorted(s.group.name for s in plain.symmetries) == sorted(ATTENTION + VALUE_BIASES + [CENTRING["bert"]])
     errors = claim_errors(dataclasses.replace(plain, model_graph=cached.model_graph))
     moved = {e.symmetry.label: (e.error, e.output) for e in errors}
     for label, (error, output) in moved.items():
@@ -206,7 +212,8 @@ def test_export_is_deterministic():
 
 
 EAGER = {  # name: (build with eager attention, groups found with output_attentions=True)
-    "bert": (lambda: _bert(attn_implementation="eager"), sorted([g for g in ATTENTION if g != "S(2)"] + VALUE_BIASES)),
+    "bert": (lambda: _bert(attn_implementation="eager"),
+             sorted([g for g in ATTENTION if g != "S(2)"] + VALUE_BIASES + [CENTRING["bert"]])),
     "vit": (lambda: transformers.ViTModel(transformers.ViTConfig(image_size=8, patch_size=4, num_channels=3,
                                                                  hidden_size=16, num_hidden_layers=1,
                                                                  num_attention_heads=2, intermediate_size=32,
@@ -253,7 +260,8 @@ def test_gpt2_without_its_cache_has_the_attention_groups(one_thread):
     ``c_proj.bias`` and head permutations, certified and verified."""
     analysis = _gpt2(use_cache=False)
     heads = ["GL(8)"] * 4 + ["S(2)"] + ["Translations(8, bias)"] * 2 + VALUE_BIASES
-    assert sorted(s.group.name for s in analysis.symmetries) == sorted(heads + NORM_GAINS + NORM_BIASES + ["S(64)"])
+    assert sorted(s.group.name for s in analysis.symmetries) == sorted(heads + NORM_GAINS + NORM_BIASES
+                                                                                  + ["S(64)", CENTRING["gpt2"]])
     assert {s.label for s in analysis.symmetries} >= {f"GL(8) on h.0.attn.c_attn.head{h}.{p}"
                                                       for h in (0, 1) for p in ("qk", "vo")}
     assert symalg.verify(analysis).passed

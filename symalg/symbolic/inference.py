@@ -184,6 +184,10 @@ class _Site:
     dissolved: bool = False
     checks: list = field(default_factory=list)
     """Symbolic checks of the activations acting on the site, one record per activation (see :data:`CheckRecord`)."""
+    row_shifts: bool = True
+    """False once an op ignores only shifts that are the same at every position (a LayerNorm over several axes):
+    no writer of the site's class may then move its weight's rows along ``1`` (a shift ``t·x_j`` varying with
+    position); decided for the whole class, since a sum ties the writers' sites (:func:`solve`)."""
 
 
 CheckRecord = tuple
@@ -504,8 +508,10 @@ def solve(state: Inference) -> ModelSites:
         if any(site.width != width for site in members):
             raise SpecError(f"sites {[s.name for s in members]} are tied but have widths {[s.width for s in members]}")
         bindings = tuple(b for site in members for b in site.bindings)
+        row_shifts = all(site.row_shifts for site in members)
         translations = tuple(t for site in members for t in site.translations
-                             if t[0] in allowed and _owned(state, t[1], t[2].parameters))
+                             if t[0] in allowed and _owned(state, t[1], t[2].parameters)
+                             and (row_shifts or not (t[0] == "T1" and t[2].pattern == "rows")))
         translations = _absorbed(state, name, translations, [a for site in members for a in site.absorbers],
                                  [b for site in members for b in site.bindings], restrictions)
         # tied sites binding the same region (a group norm's group and group-permutation sites when a group has

@@ -1722,6 +1722,46 @@ def _layer_scale(b: _Builder) -> _Drawn:
     return shape, 0, b.linear(y, d, m)
 
 
+CENTRING = ("pre_ln", "post_ln", "sub", "alpha", "parameter", "input", "rms", "linear_reader", "returned",
+            "two_axes")
+"""What the ``centring`` family draws: a residual stream written by an embedding or a linear map and by 1-3 blocks,
+read by LayerNorms (``LN(x + a 1) = LN(x)``: every writer may move its output along ``1``), its sums spelled ``+``,
+``-`` and ``torch.add(·, ·, alpha=c)``, with a parameter or the model input added; and the near misses: an RMSNorm
+(no mean subtracted), a linear map or the model output reading the stream, a LayerNorm over two axes."""
+
+
+def _centring(b: _Builder) -> _Drawn:
+    """A LayerNorm-read residual stream (:data:`CENTRING`) on ``(B, T, ·)``, token ids or features."""
+    rng, d = b.rng, b.width(2)
+    kind = rng.choice(CENTRING)
+    b.variant.append(kind)
+    tokens = rng.random() < 0.5
+    vocab, n, t = (b.width(2), 0, rng.randint(2, 4)) if tokens else (0, b.width(), rng.randint(2, 4))
+    x = b.call(b.add("Embedding", vocab, d), "x") if tokens else b.linear("x", n, d)
+
+    def read(h: str) -> str:
+        if kind == "rms":
+            return b.call(b.add("RMSNorm", d), h)
+        if kind == "two_axes":
+            return b.call(b.add("LayerNorm", (t, d)), h)
+        return b.call(b.add("LayerNorm", d, elementwise_affine=rng.random() < 0.8, bias=rng.random() < 0.7), h)
+
+    for _ in range(rng.randint(1, 3)):
+        branch = b.mlp(b.act(b.linear(x if kind == "post_ln" else read(x), d, d)), d, d, rng.randint(1, 2))
+        op = {"sub": "sub", "alpha": "add_alpha"}.get(kind, "add")
+        x = b.op(op, x, branch, **({"alpha": 0.5} if op == "add_alpha" else {}))
+        if kind == "post_ln":
+            x = read(x)
+    if kind == "parameter":
+        x = b.op("add", x, b.op("param", layer=b.add("Parameter", d)))
+    if kind == "input" and not tokens and n == d:
+        x = b.op("add", x, "x")
+    head = b.linear(x if kind == "linear_reader" else read(x), d, b.width())
+    if kind == "returned":
+        return (2, t) if tokens else (2, t, n), vocab, b.op("cat", head, x, dim=-1)
+    return ((2, t) if tokens else (2, t, n)), vocab, head
+
+
 def registered_models() -> list[tuple[str, int]]:
     """Every ``(op, k)`` the ``rules`` family draws, from the op-rule registry (:mod:`symalg.catalogue.rules`):
     ``k = 0`` the op's example, ``k ≥ 1`` its near miss ``k − 1``. A rule registered with its example and near misses is
@@ -1912,6 +1952,7 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "bilinear": _bilinear,
     "conv_transpose": _conv_transpose,
     "einsum": _einsum_family,
+    "centring": _centring,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 

@@ -65,8 +65,8 @@ def _layer_call(state: Inference, data: NodeData, inputs: Inputs, data_position:
     ``forward`` or a second value fails: the caller treats the op as unknown."""
     if data["kind"] == "module":
         return True
-    if data["op"] in ("layer_norm", "rms_norm") and "normalized_shape" not in data["settings"]:
-        return False
+    if data["op"] in ("layer_norm", "rms_norm") and not _integers(data["settings"].get("normalized_shape")):
+        return False   # absent, or computed in ``forward`` (``x.shape[-2:]`` under fx: a node, not numbers)
     recorded = set(data["params"].values()) | set(data["buffers"].values())
     for position, (source, label) in enumerate(zip(data["inputs"], inputs)):
         if position == data_position or source is None and label is None:
@@ -76,6 +76,12 @@ def _layer_call(state: Inference, data: NodeData, inputs: Inputs, data_position:
         if node.get("kind") not in ("param", "constant") or not names or not names <= recorded:
             return False
     return True
+
+
+def _integers(value: object) -> bool:
+    """``value`` is an ``int`` or a list or tuple of them (a recorded ``normalized_shape``)."""
+    items = value if isinstance(value, (list, tuple)) else (value,)
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in items)
 
 
 def _fraction(value: object) -> Fraction:
@@ -239,8 +245,7 @@ def _whole_vector_shifts(state: Inference, node: str, label: Label, what: str, a
                                                         "several sites or data, and a shift along 1 of one of them "
                                                         "is no shift of the whole vector", blocked=True)
     elif axes > 1 or segments[0].block != 1:
-        site = state.site(segments[0].site)
-        site.translations[:] = [t for t in site.translations if not (t[0] == "T1" and t[2].pattern == "rows")]
+        state.site(segments[0].site).row_shifts = False
 
 
 _PASSING = ("reshape", "flatten", "identity")

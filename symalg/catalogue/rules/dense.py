@@ -271,7 +271,9 @@ def _diagonal_map(state: Inference, node: str, label: Label, scale: str | None, 
     lambda: torch.arange(6))})
 def embedding_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Label:
     """``x = E[i]``: a site on the columns of the table ``E`` (``E ↦ E gᵀ``). The call's table is its recorded
-    ``weight``, whatever the argument order (``F.embedding(i, E)``, ``aten.embedding(E, i)``)."""
+    ``weight``, whatever the argument order (``F.embedding(i, E)``, ``aten.embedding(E, i)``). Each row may move
+    along ``1`` (``E ↦ E + a 1ᵀ``: ``T1``, kept where every reader of the value ignores such a shift, as a
+    LayerNorm does)."""
     weight = data["params"].get("weight")
     indices = [p for p, label in enumerate(inputs) if not _is_param(label)]
     renormed = data["settings"].get("max_norm") is not None  # rows rescaled in place to a norm: no GL
@@ -279,7 +281,9 @@ def embedding_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
         return unknown_rule(state, node, data, inputs)
     vocabulary, width = state.shapes[weight]
     state.pin(Binding(weight, 0, 0, vocabulary, node=node), node)
-    site = state.new_site(node, width, [Binding(weight, 1, 0, width, node=node)])
+    columns = Binding(weight, 1, 0, width, node=node)
+    site = state.new_site(node, width, [columns])
+    state.site(site).translations.append(("T1", node, TranslationFamily("rows", (columns,))))
     return Label(-1, width, (Segment(site, 0, width),))
 
 

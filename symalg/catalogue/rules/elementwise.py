@@ -21,7 +21,7 @@ from symalg.catalogue.products import multiply
 from symalg.ir.graph import only_user
 from symalg.catalogue.rule_examples import around
 from symalg.symbolic.checks import symbolic_checks
-from symalg.symbolic.inference import ALL, DIAGONAL, EVEN, TRANSLATIONS, Inference, Label, Segment
+from symalg.symbolic.inference import ALL, DIAGONAL, EVEN, Inference, Label, Segment
 from symalg.catalogue.rules._base import (Inputs, NodeData, Value, WeightExpr, _argument, _first, _is_param, _weight,
                                           _weights, dropout_active, unknown_rule)
 from symalg.catalogue.rules.dense import _diagonal_map
@@ -80,7 +80,7 @@ def add_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Val
         # ``a − b`` or ``torch.add(a, b, alpha=c)`` it would arrive negated or scaled, so only ``a + b`` and the
         # first operand of ``a − b`` keep it
         plain = data["arguments"].get("alpha", 1) == 1 and (data["op"] == "add" or moved is inputs[0])
-        kept = {"T"} if plain else set()
+        kept = {"T", "T1"} if plain else {"T1"}  # a shift along ``1`` stays one, whatever the sign or factor
         state.restrict_label(moved, kept, node,
                              f"{state.where(node)} adds a value nothing acts on (model input or unknown op)")
         return moved
@@ -96,7 +96,8 @@ def add_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Val
         if x.power != y.power:
             state.restrict(x.site, ALL - {"PS"}, node, f"{state.where(node)} adds values of different scaling "
                                                        f"powers {x.power} and {y.power}")
-        state.restrict(x.site, ALL - TRANSLATIONS, node, f"{state.where(node)}: a sum does not absorb translations")
+        state.restrict(x.site, ALL - {"T"}, node, f"{state.where(node)}: a sum does not absorb a bias "
+                       "translation (one along 1 stays one)")
         mixed = (x.invariant ^ y.invariant) & EVEN
         if mixed:
             state.restrict(x.site, ALL - mixed, node, f"{state.where(node)} adds a value an even activation's input "
@@ -116,7 +117,7 @@ def _add_parameter(state: Inference, node: str, label: Label, tensor: str) -> No
                                                  f"along the sites' axis {label.dim}", blocked=True)
         return
     state.bind_reader(label, tensor, axis, node, role="out")
-    state.restrict_label(label, ALL - TRANSLATIONS, node, f"{state.where(node)} adds a parameter")
+    state.restrict_label(label, ALL - {"T"}, node, f"{state.where(node)} adds a parameter")
 
 
 @register_rule("mul", "div", capabilities={"arithmetic", "entrywise", "products", "weights"},
