@@ -27,7 +27,9 @@ or ``baddbmm(E, Q, Kᵀ) = E + Q Kᵀ``), then any chain of *score modifiers*, `
 then ``@ V``. A modifier combines the scores ``S`` with a number (a Python number, or a value computed from shapes
 only such as ``math.sqrt(q.size(-1))``) or with a tensor ``E`` computed without the scores: ``S·E``, ``S/E``,
 ``E/S``, ``S ± E``, ``E − S`` (a learnable temperature, a T5 relative-position bias, an additive mask) or
-``S.masked_fill(mask, c)`` (a causal mask). A chain may also scale by a number (``Q · d^-½``).
+``S.masked_fill(mask, c)`` (a causal mask); a modifier may also be a fixed function of each score without
+parameters (a pointwise catalogue activation or ``pointwise`` op: Gemma 2's soft cap ``c·tanh(S/c)``). A chain may
+also scale by a number (``Q · d^-½``).
 Such a pattern becomes one node ``attention(q, k, v, *E)`` reading the three roots and the modifiers' tensors (the
 ``sdpa`` mask included), with settings ``heads = H``, ``head_dim = d_k``, ``value_head_dim = d_v``, ``form``
 (``"sdpa"``/``"explicit"``), ``offsets`` (the first feature column each of ``q, k, v`` reads, where a root is read
@@ -39,7 +41,8 @@ in pieces) and two facts about the modifiers:
   ``E`` nowhere, and no dropout acts on the weights (its mask differs between heads);
 - ``key_shifts``: a per-query constant added to the scores, ``S_ij + c_i``, is still one after every
   modifier (sums, a factor or divisor constant along the keys, ``masked_fill`` with ``-inf``), so the
-  softmax over keys ignores it; ``E/S`` and ``masked_fill`` with a finite value do not keep it;
+  softmax over keys ignores it; ``E/S``, ``masked_fill`` with a finite value and a function of each score
+  (``tanh(S + c) ≠ tanh(S) + c``) do not keep it;
 - ``value_shifts``: every row of the attention weights sums to 1 (no dropout acts on them: ``sdpa``'s
   ``dropout_p`` is 0, a ``dropout`` after the softmax is off), so ``A_h`` moves by ``1tᵀ`` when ``V_h`` does.
   (A row whose scores are all ``-inf`` is NaN whatever the values.)
@@ -96,6 +99,7 @@ from typing import Mapping, TypeGuard
 import networkx as nx
 import torch
 
+from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.rules import capable
 from symalg.catalogue.rules._base import dropout_active
 from symalg.ir.graph import only_user
@@ -298,6 +302,8 @@ def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
                 or isinstance(value, bool) or set(arguments) != {"arg0", "arg1", "arg2"}):
             return []
         return [_Modifier(name, inputs[0], inputs[1], value == -math.inf)]
+    if _fixed_function(data) and graph.nodes[inputs[0]]["shape"] == shape:
+        return [_Modifier(name, inputs[0], None, False)]   # c·tanh(S/c): S_ij + t_i does not pass tanh
     if op not in ("mul", "div", "add", "sub") or len(inputs) != 2 or set(arguments) != {"arg0", "arg1"}:
         return []
     options = []
@@ -318,6 +324,14 @@ def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
         key_shifts = op in ("add", "sub") or along_keys and (op == "mul" or position == 0)   # not E / S
         options.append(_Modifier(name, scores, other, key_shifts))
     return options
+
+
+def _fixed_function(data: dict) -> bool:
+    """A fixed function of each entry of one tensor, without parameters: a pointwise activation of the catalogue
+    (``tanh``, not a radial one) or an op registered ``pointwise`` (``exp``, ``neg``)."""
+    entry = CATALOGUE.get(data["op"])
+    return (_single_input(data) and not data["params"] and not data["buffers"]
+            and (capable(data["op"], "pointwise") or entry is not None and not entry.radial))
 
 
 def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[str], form: str,
