@@ -113,13 +113,15 @@ _REPLAY_ERRORS = (RuntimeError, IndexError, TypeError, ValueError)
 @dataclass(frozen=True)
 class _Rotary:
     """One rotary step ``output = x·cos + rotate_half(x)·sin`` (module docstring): the nodes it consists of (``x`` and
-    the tables excluded), its ``(cos, sin)`` tables and whether both are proven equal on the halves of the last axis."""
+    the tables excluded), its ``(cos, sin)`` tables, whether both are proven equal on the halves of their last axis,
+    and how many leading coordinates of ``x``'s last axis it rotates (``dims``; the rest pass unchanged)."""
 
     x: str
     output: str
     nodes: frozenset[str]
     tables: tuple[str, str]
     equal_halves: bool
+    dims: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -390,10 +392,14 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
     scores = (*instances, queries.length, keys.length)
     heads_alike = value_shifts and all(_alike(graph, e, scores, queries, slots) for e in masks) and all(
         len(s) < 3 or s[-3] == 1 for s in (graph.nodes[t]["shape"] for t in tables))   # dropout masks differ
-    key_shifts = all(m.key_shifts for m in modifiers) and not keys.rotations   # R_j b_k varies with the key j
     rotary = None if not rotations else {
         "queries": bool(queries.rotations), "keys": bool(keys.rotations), "pairing": "halves",
         "equal_halves": all(r.equal_halves for r in rotations)}
+    dims = {r.dims for r in rotations}
+    if rotary and dims != {queries.width}:   # partial: the first ``dims`` coordinates rotated (None: not alike)
+        rotary["dims"] = dims.pop() if len(dims) == 1 else None
+    # R_j b_k varies with the key j: a key bias translates on coordinates no step rotates only
+    key_shifts = all(m.key_shifts for m in modifiers) and (not keys.rotations or bool(rotary and rotary.get("dims")))
     offsets = (queries.offset, keys.offset, values.offset)
     return _Match(roots, offsets, extras, heads_alike, key_shifts, value_shifts, heads, groups, queries.width,
                   values.width, form, frozenset(folded), final, probabilities, layout, rotary)
@@ -424,7 +430,7 @@ def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
         if _is_step(graph.nodes[node], graph):
             path.append(node)
             node, readers = _operand(graph.nodes[node], graph), None
-        elif (rotary := _rotary(graph, node)) is not None:
+        elif (rotary := _rotary(graph, node) or _partial_rotary(graph, node)) is not None:
             path.append(node)
             rotations[node] = rotary
             node, readers = rotary.x, {n for n in rotary.nodes if rotary.x in graph.nodes[n]["inputs"]}
@@ -837,8 +843,39 @@ def _rotary(graph: nx.DiGraph, name: str) -> _Rotary | None:
                         set(graph.successors(x)) - nodes:
                     return None
                 tables = (cos, sin)
-                return _Rotary(x, name, frozenset(nodes), tables, all(_equal_halves(graph, t) for t in tables))
+                return _Rotary(x, name, frozenset(nodes), tables, all(_equal_halves(graph, t) for t in tables),
+                               shape[-1])
     return None
+
+
+def _partial_rotary(graph: nx.DiGraph, name: str) -> _Rotary | None:
+    """The rotary step ``cat((rope(x[…, :r]), x[…, r:]), −1)`` ending at the ``cat`` node ``name`` (GPT-NeoX's
+    ``rotary_ndims``, Phi's ``partial_rotary_factor``): the first ``r < d`` coordinates rotated, the others passed;
+    both slices are checked by replay on ``x``'s index tensor, and ``x`` is read by them alone."""
+    data = graph.nodes[name]
+    inputs, shape = data["inputs"], data["shape"]
+    dim = data["arguments"].get("dim", data["arguments"].get("arg1", 0))
+    if (data["op"] != "cat" or len(inputs) != 2 or None in inputs or not shape or not all(_is_int(n) for n in shape)
+            or dim not in (-1, len(shape) - 1)):
+        return None
+    rotated, passed = inputs
+    inner = _rotary(graph, rotated)
+    if inner is None or not _single_input(graph.nodes[inner.x]) or not _single_input(graph.nodes[passed]):
+        return None
+    x = graph.nodes[inner.x]["inputs"][0]
+    r, index = inner.dims, _index(shape)
+    if graph.nodes[passed]["inputs"][0] != x or graph.nodes[x]["shape"] != shape or not 0 < r < shape[-1]:
+        return None
+    try:
+        if not (_same(_sliced(graph, inner.x, index), index[..., :r])
+                and _same(_sliced(graph, passed, index), index[..., r:])):
+            return None
+    except _REPLAY_ERRORS:
+        return None
+    nodes = inner.nodes | {name, inner.x, passed}
+    if any(set(graph.successors(n)) - nodes for n in nodes - {name}) or set(graph.successors(x)) - nodes:
+        return None
+    return _Rotary(x, name, frozenset(nodes), inner.tables, inner.equal_halves, r)
 
 
 def _factors(graph: nx.DiGraph, name: str, shape: tuple) -> list[tuple[str, str]]:
