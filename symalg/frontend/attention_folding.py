@@ -68,8 +68,14 @@ plane ``(j, j + m)`` is multiplied by the complex number ``cos_j + i sin_j`` and
 ``cat((f, f), -1)`` through pointwise functions, numbers, products of such tables and layout ops, replayed on
 index tensors whose equal entries stand for equal values (:func:`_value_ids`); a table that is a parameter, a
 buffer or anything else is not proven. The tables are ``heads_alike`` when they do not vary along axis ``-3``.
-Interleaved pairs (GPT-J's ``rotate_every_two``) and partial rotary embeddings (GPT-NeoX's ``rotary_ndims``) do not
-match: the heads are not folded and their split blocks the sites.
+*Partial* rotary embeddings (GPT-NeoX's ``rotary_ndims``, Phi's ``partial_rotary_factor``, StableLM) rotate the
+first ``r < d_k`` coordinates only, ``cat((rope(X[…, :r]), X[…, r:]), −1)`` (:func:`_partial_rotary`: both slices
+replayed exactly on ``X``'s index tensor, ``X`` read by them alone, the rotated part first); the setting then has
+``"dims": r`` (``None`` where the queries and keys are rotated on different coordinates), the tables are checked on
+the halves of their own ``r`` coordinates, and the key bias still translates (``key_shifts``) since it can move on
+the ``d_k − r`` coordinates no step rotates. Interleaved pairs (GPT-J's ``rotate_every_two``), the passed
+coordinates first or the trailing ones rotated do not match: the heads are not folded and their split blocks the
+sites.
 
 **Returned probabilities.** The probabilities ``P = softmax(…)`` (after the dropout, when there is one, eval mode
 or ``p = 0`` only) may have readers outside the pattern (Hugging Face's ``output_attentions``, the averaged weights
