@@ -224,9 +224,9 @@ OPS: dict[str, Op] = {
                    lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                               enable_gqa=True)),
     "neg": Op("-{0}", lambda m, x: -x),
-    "rope_passed_first": Op("rope_partial({0}, {1}, {2}, {r}, passed_first=True)",
+    "partial_passed_first": Op("rope_partial({0}, {1}, {2}, {r}, passed_first=True)",
                             lambda m, x, cos, sin, r: rope_partial(x, cos, sin, r, passed_first=True)),
-    "rope_trailing": Op("rope_partial({0}, {1}, {2}, {r}, trailing=True)",
+    "partial_trailing": Op("rope_partial({0}, {1}, {2}, {r}, trailing=True)",
                         lambda m, x, cos, sin, r: rope_partial(x, cos, sin, r, trailing=True)),
     "softcap": Op("torch.tanh({0} / {c}) * {c}", lambda m, x, c: torch.tanh(x / c) * c),
     "tanh": Op("torch.tanh({0})", lambda m, x: torch.tanh(x)),
@@ -1885,7 +1885,7 @@ def _rotary(b: _Builder) -> _Drawn:
     if kind == "full":
         q, k = (b.op("rope", z, cos, sin) for z in (q, k))
     elif kind in ("passed-first", "trailing"):
-        op, at = ("rope_passed_first", r) if kind == "passed-first" else ("rope_trailing", dk - r)
+        op, at = ("partial_passed_first", r) if kind == "passed-first" else ("partial_trailing", dk - r)
         q, k = (b.op(op, z, cos, sin, r=at) for z in (q, k))
     else:
         q = b.op("rope_partial", q, cos, sin, r=r)
