@@ -27,7 +27,9 @@ or ``baddbmm(E, Q, Kᵀ) = E + Q Kᵀ``), then any chain of *score modifiers*, `
 then ``@ V``. A modifier combines the scores ``S`` with a number (a Python number, or a value computed from shapes
 only such as ``math.sqrt(q.size(-1))``) or with a tensor ``E`` computed without the scores: ``S·E``, ``S/E``,
 ``E/S``, ``S ± E``, ``E − S`` (a learnable temperature, a T5 relative-position bias, an additive mask) or
-``S.masked_fill(mask, c)`` (a causal mask). A chain may also scale by a number (``Q · d^-½``).
+``S.masked_fill(mask, c)`` (a causal mask); a modifier may also be a fixed function of each score without
+parameters (a pointwise catalogue activation or ``pointwise`` op: Gemma 2's soft cap ``c·tanh(S/c)``). A chain may
+also scale by a number (``Q · d^-½``).
 Such a pattern becomes one node ``attention(q, k, v, *E)`` reading the three roots and the modifiers' tensors (the
 ``sdpa`` mask included), with settings ``heads = H``, ``head_dim = d_k``, ``value_head_dim = d_v``, ``form``
 (``"sdpa"``/``"explicit"``), ``offsets`` (the first feature column each of ``q, k, v`` reads, where a root is read
@@ -39,7 +41,8 @@ in pieces) and two facts about the modifiers:
   ``E`` nowhere, and no dropout acts on the weights (its mask differs between heads);
 - ``key_shifts``: a per-query constant added to the scores, ``S_ij + c_i``, is still one after every
   modifier (sums, a factor or divisor constant along the keys, ``masked_fill`` with ``-inf``), so the
-  softmax over keys ignores it; ``E/S`` and ``masked_fill`` with a finite value do not keep it;
+  softmax over keys ignores it; ``E/S``, ``masked_fill`` with a finite value and a function of each score
+  (``tanh(S + c) ≠ tanh(S) + c``) do not keep it;
 - ``value_shifts``: every row of the attention weights sums to 1 (no dropout acts on them: ``sdpa``'s
   ``dropout_p`` is 0, a ``dropout`` after the softmax is off), so ``A_h`` moves by ``1tᵀ`` when ``V_h`` does.
   (A row whose scores are all ``-inf`` is NaN whatever the values.)
@@ -65,8 +68,14 @@ plane ``(j, j + m)`` is multiplied by the complex number ``cos_j + i sin_j`` and
 ``cat((f, f), -1)`` through pointwise functions, numbers, products of such tables and layout ops, replayed on
 index tensors whose equal entries stand for equal values (:func:`_value_ids`); a table that is a parameter, a
 buffer or anything else is not proven. The tables are ``heads_alike`` when they do not vary along axis ``-3``.
-Interleaved pairs (GPT-J's ``rotate_every_two``) and partial rotary embeddings (GPT-NeoX's ``rotary_ndims``) do not
-match: the heads are not folded and their split blocks the sites.
+*Partial* rotary embeddings (GPT-NeoX's ``rotary_ndims``, Phi's ``partial_rotary_factor``, StableLM) rotate the
+first ``r < d_k`` coordinates only, ``cat((rope(X[…, :r]), X[…, r:]), −1)`` (:func:`_partial_rotary`: both slices
+replayed exactly on ``X``'s index tensor, ``X`` read by them alone, the rotated part first); the setting then has
+``"dims": r`` (``None`` where the queries and keys are rotated on different coordinates), the tables are checked on
+the halves of their own ``r`` coordinates, and the key bias still translates (``key_shifts``) since it can move on
+the ``d_k − r`` coordinates no step rotates. Interleaved pairs (GPT-J's ``rotate_every_two``), the passed
+coordinates first or the trailing ones rotated do not match: the heads are not folded and their split blocks the
+sites.
 
 **Returned probabilities.** The probabilities ``P = softmax(…)`` (after the dropout, when there is one, eval mode
 or ``p = 0`` only) may have readers outside the pattern (Hugging Face's ``output_attentions``, the averaged weights
@@ -96,6 +105,7 @@ from typing import Mapping, TypeGuard
 import networkx as nx
 import torch
 
+from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.rules import capable
 from symalg.catalogue.rules._base import dropout_active
 from symalg.ir.graph import only_user
@@ -109,13 +119,15 @@ _REPLAY_ERRORS = (RuntimeError, IndexError, TypeError, ValueError)
 @dataclass(frozen=True)
 class _Rotary:
     """One rotary step ``output = x·cos + rotate_half(x)·sin`` (module docstring): the nodes it consists of (``x`` and
-    the tables excluded), its ``(cos, sin)`` tables and whether both are proven equal on the halves of the last axis."""
+    the tables excluded), its ``(cos, sin)`` tables, whether both are proven equal on the halves of their last axis,
+    and how many leading coordinates of ``x``'s last axis it rotates (``dims``; the rest pass unchanged)."""
 
     x: str
     output: str
     nodes: frozenset[str]
     tables: tuple[str, str]
     equal_halves: bool
+    dims: int
 
 
 @dataclass(frozen=True, eq=False)
@@ -298,6 +310,8 @@ def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
                 or isinstance(value, bool) or set(arguments) != {"arg0", "arg1", "arg2"}):
             return []
         return [_Modifier(name, inputs[0], inputs[1], value == -math.inf)]
+    if _fixed_function(data) and graph.nodes[inputs[0]]["shape"] == shape:
+        return [_Modifier(name, inputs[0], None, False)]   # c·tanh(S/c): S_ij + t_i does not pass tanh
     if op not in ("mul", "div", "add", "sub") or len(inputs) != 2 or set(arguments) != {"arg0", "arg1"}:
         return []
     options = []
@@ -318,6 +332,14 @@ def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
         key_shifts = op in ("add", "sub") or along_keys and (op == "mul" or position == 0)   # not E / S
         options.append(_Modifier(name, scores, other, key_shifts))
     return options
+
+
+def _fixed_function(data: dict) -> bool:
+    """A fixed function of each entry of one tensor, without parameters: a pointwise activation of the catalogue
+    (``tanh``, not a radial one) or an op registered ``pointwise`` (``exp``, ``neg``)."""
+    entry = CATALOGUE.get(data["op"])
+    return (_single_input(data) and not data["params"] and not data["buffers"]
+            and (capable(data["op"], "pointwise") or entry is not None and not entry.radial))
 
 
 def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[str], form: str,
@@ -376,10 +398,14 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
     scores = (*instances, queries.length, keys.length)
     heads_alike = value_shifts and all(_alike(graph, e, scores, queries, slots) for e in masks) and all(
         len(s) < 3 or s[-3] == 1 for s in (graph.nodes[t]["shape"] for t in tables))   # dropout masks differ
-    key_shifts = all(m.key_shifts for m in modifiers) and not keys.rotations   # R_j b_k varies with the key j
     rotary = None if not rotations else {
         "queries": bool(queries.rotations), "keys": bool(keys.rotations), "pairing": "halves",
         "equal_halves": all(r.equal_halves for r in rotations)}
+    dims = {r.dims for r in rotations}
+    if rotary and dims != {queries.width}:   # partial: the first ``dims`` coordinates rotated (None: not alike)
+        rotary["dims"] = dims.pop() if len(dims) == 1 else None
+    # R_j b_k varies with the key j: a key bias translates on coordinates no step rotates only
+    key_shifts = all(m.key_shifts for m in modifiers) and (not keys.rotations or bool(rotary and rotary.get("dims")))
     offsets = (queries.offset, keys.offset, values.offset)
     return _Match(roots, offsets, extras, heads_alike, key_shifts, value_shifts, heads, groups, queries.width,
                   values.width, form, frozenset(folded), final, probabilities, layout, rotary)
@@ -410,7 +436,7 @@ def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
         if _is_step(graph.nodes[node], graph):
             path.append(node)
             node, readers = _operand(graph.nodes[node], graph), None
-        elif (rotary := _rotary(graph, node)) is not None:
+        elif (rotary := _rotary(graph, node) or _partial_rotary(graph, node)) is not None:
             path.append(node)
             rotations[node] = rotary
             node, readers = rotary.x, {n for n in rotary.nodes if rotary.x in graph.nodes[n]["inputs"]}
@@ -823,8 +849,39 @@ def _rotary(graph: nx.DiGraph, name: str) -> _Rotary | None:
                         set(graph.successors(x)) - nodes:
                     return None
                 tables = (cos, sin)
-                return _Rotary(x, name, frozenset(nodes), tables, all(_equal_halves(graph, t) for t in tables))
+                return _Rotary(x, name, frozenset(nodes), tables, all(_equal_halves(graph, t) for t in tables),
+                               shape[-1])
     return None
+
+
+def _partial_rotary(graph: nx.DiGraph, name: str) -> _Rotary | None:
+    """The rotary step ``cat((rope(x[…, :r]), x[…, r:]), −1)`` ending at the ``cat`` node ``name`` (GPT-NeoX's
+    ``rotary_ndims``, Phi's ``partial_rotary_factor``): the first ``r < d`` coordinates rotated, the others passed;
+    both slices are checked by replay on ``x``'s index tensor, and ``x`` is read by them alone."""
+    data = graph.nodes[name]
+    inputs, shape = data["inputs"], data["shape"]
+    dim = data["arguments"].get("dim", data["arguments"].get("arg1", 0))
+    if (data["op"] != "cat" or len(inputs) != 2 or None in inputs or not shape or not all(_is_int(n) for n in shape)
+            or dim not in (-1, len(shape) - 1)):
+        return None
+    rotated, passed = inputs
+    inner = _rotary(graph, rotated)
+    if inner is None or not _single_input(graph.nodes[inner.x]) or not _single_input(graph.nodes[passed]):
+        return None
+    x = graph.nodes[inner.x]["inputs"][0]
+    r, index = inner.dims, _index(shape)
+    if graph.nodes[passed]["inputs"][0] != x or graph.nodes[x]["shape"] != shape or not 0 < r < shape[-1]:
+        return None
+    try:
+        if not (_same(_sliced(graph, inner.x, index), index[..., :r])
+                and _same(_sliced(graph, passed, index), index[..., r:])):
+            return None
+    except _REPLAY_ERRORS:
+        return None
+    nodes = inner.nodes | {name, inner.x, passed}
+    if any(set(graph.successors(n)) - nodes for n in nodes - {name}) or set(graph.successors(x)) - nodes:
+        return None
+    return _Rotary(x, name, frozenset(nodes), inner.tables, inner.equal_halves, r)
 
 
 def _factors(graph: nx.DiGraph, name: str, shape: tuple) -> list[tuple[str, str]]:

@@ -92,6 +92,15 @@ def rope_tables_per_head(x: torch.Tensor, dim: int, heads: int) -> tuple[torch.T
     return angles.cos(), angles.sin()
 
 
+def rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, r: int, passed_first: bool = False,
+                 trailing: bool = False) -> torch.Tensor:
+    """GPT-NeoX's partial rotary embedding ``cat((rope(x[…, :r]), x[…, r:]), −1)``; near misses: the passed
+    coordinates first (``passed_first``), or the trailing ones rotated (``trailing``: ``x[…, :r]`` passed)."""
+    rotated, passed = (x[..., r:], x[..., :r]) if trailing else (x[..., :r], x[..., r:])
+    rotated = rotated * cos + rotate_half(rotated) * sin
+    return torch.cat((passed, rotated) if passed_first or trailing else (rotated, passed), dim=-1)
+
+
 def rotate_every_two(x: torch.Tensor) -> torch.Tensor:
     """GPT-J's ``rotate_every_two``: ``(x_{2i}, x_{2i+1}) ↦ (−x_{2i+1}, x_{2i})`` (interleaved pairs)."""
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
@@ -198,9 +207,7 @@ OPS: dict[str, Op] = {
     "rope_swapped": Op("rotate_half({0}) * {2} + {1} * {0}", lambda m, x, cos, sin: rotate_half(x) * sin + cos * x),
     "rope_tables_per_head": Op("rope_tables_per_head({0}, {dim}, {heads})",
                                lambda m, x, dim, heads: rope_tables_per_head(x, dim, heads)),
-    "rope_partial": Op("torch.cat([{0}[..., :{r}] * {1} + rotate_half({0}[..., :{r}]) * {2}, {0}[..., {r}:]], dim=-1)",
-                       lambda m, x, cos, sin, r: torch.cat([x[..., :r] * cos + rotate_half(x[..., :r]) * sin,
-                                                            x[..., r:]], dim=-1)),
+    "rope_partial": Op("rope_partial({0}, {1}, {2}, {r})", lambda m, x, cos, sin, r: rope_partial(x, cos, sin, r)),
     "rope_tables_interleaved": Op("rope_tables({0}, {dim}, interleaved=True)",
                                   lambda m, x, dim: rope_tables(x, dim, interleaved=True)),
     "rope_interleaved": Op("{0} * {1} + rotate_every_two({0}) * {2}",
@@ -217,6 +224,12 @@ OPS: dict[str, Op] = {
                    lambda m, q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                               enable_gqa=True)),
     "neg": Op("-{0}", lambda m, x: -x),
+    "partial_passed_first": Op("rope_partial({0}, {1}, {2}, {r}, passed_first=True)",
+                            lambda m, x, cos, sin, r: rope_partial(x, cos, sin, r, passed_first=True)),
+    "partial_trailing": Op("rope_partial({0}, {1}, {2}, {r}, trailing=True)",
+                        lambda m, x, cos, sin, r: rope_partial(x, cos, sin, r, trailing=True)),
+    "softcap": Op("torch.tanh({0} / {c}) * {c}", lambda m, x, c: torch.tanh(x / c) * c),
+    "tanh": Op("torch.tanh({0})", lambda m, x: torch.tanh(x)),
     "sub": Op("{0} - {1}", lambda m, a, b: a - b),
     "cumsum": Op("{0}.cumsum(-1)", lambda m, x: x.cumsum(-1)),
     "add_alpha": Op("torch.add({0}, {1}, alpha={alpha})", lambda m, a, b, alpha: torch.add(a, b, alpha=alpha)),
@@ -453,8 +466,8 @@ class Case:
         x = (f"torch.randint(0, {self.vocab}, {self.input_shape})" if self.vocab
              else f"torch.randn({self.input_shape}, dtype=torch.float64)")
         lines = ["# " + self.description, "import torch", "import torch.nn.functional as F", "from torch import nn",
-                 "from symalg.verification.fuzz import alibi, rope_tables, rope_tables_per_head, rotate_every_two, "
-                 "rotate_half",
+                 "from symalg.verification.fuzz import alibi, rope_partial, rope_tables, rope_tables_per_head, "
+                 "rotate_every_two, rotate_half",
                  "", "", "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()"]
         lines += [f"        self.{name} = {layer.source()}" for name, layer in self.layers]
         lines += ["", "    def forward(self, x):"] + [f"        {s.source()}" for s in self.steps]
@@ -1929,6 +1942,57 @@ def _einsum_family(b: _Builder) -> _Drawn:
     elif kind in ("axes", "implicit_swap"):
         h = b.op("transpose", b.act(h), a=0, b=1)
     return shape, 0, b.linear(b.act(h), width, m)
+PARTIAL_KINDS = ("partial", "partial", "full", "mismatched", "passed-first", "trailing", "q-only", "learned")
+"""The rotary embeddings :func:`_rotary` draws: GPT-NeoX's partial rotation twice as often as each near miss."""
+
+
+def _rotary(b: _Builder) -> _Drawn:
+    """One attention (biased ``q, k, v, o`` maps at times, grouped-query at times) with partial rotary embeddings
+    (:data:`PARTIAL_KINDS`: ``cat((rope(x[…, :r]), x[…, r:]))`` on queries and keys; the near misses rotate the keys
+    on other coordinates than the queries, put the passed coordinates first or rotate the trailing ones, rotate the
+    queries alone or use learned tables) and scores through a soft cap ``c·tanh(S/c)`` at times (the key bias must
+    not translate); a near miss applies ``tanh`` to the queries before the product (no attention to fold)."""
+    rng = b.rng
+    heads, dk, t, batch = rng.randint(1, 3), rng.choice([4, 6, 8]), b.width(2), 2
+    groups = rng.choice([g for g in range(1, heads) if heads % g == 0] or [heads]) if rng.random() < 0.3 else heads
+    n, bias, kind = b.width(), rng.random() < 0.7, rng.choice(PARTIAL_KINDS)
+    r = rng.choice([r for r in range(2, dk, 2)])
+    b.variant.append(f"{kind}{r}of{dk}-h{heads}-g{groups}")
+    q, k, v = b.linear("x", n, heads * dk, bias), b.linear("x", n, groups * dk, bias), b.linear("x", n, groups * dk,
+                                                                                                 bias)
+    q = b.op("transpose", b.op("reshape", q, shape=(batch, t, heads, dk)), a=1, b=2)
+    k, v = (b.op("transpose", b.op("reshape", z, shape=(batch, t, groups, dk)), a=1, b=2) for z in (k, v))
+    if kind == "learned":
+        cos, sin = (b.op("param", layer=b.add("Parameter", t, r)) for _ in range(2))
+    else:
+        cos, sin = b.ops("rope_tables", q, dim=dk if kind == "full" else r, outs=2)
+    if kind == "full":
+        q, k = (b.op("rope", z, cos, sin) for z in (q, k))
+    elif kind in ("passed-first", "trailing"):
+        op, at = ("partial_passed_first", r) if kind == "passed-first" else ("partial_trailing", dk - r)
+        q, k = (b.op(op, z, cos, sin, r=at) for z in (q, k))
+    else:
+        q = b.op("rope_partial", q, cos, sin, r=r)
+        if kind == "mismatched":   # the keys rotated on the first dk - 2 coordinates
+            key_cos, key_sin = b.ops("rope_tables", k, dim=dk - 2 if r != dk - 2 else 2, outs=2)
+            k = b.op("rope_partial", k, key_cos, key_sin, r=dk - 2 if r != dk - 2 else 2)
+        elif kind != "q-only":
+            k = b.op("rope_partial", k, cos, sin, r=r)
+    if groups != heads:
+        k, v = (b.op("repeat_interleave", z, r=heads // groups) for z in (k, v))
+    if rng.random() < 0.15:
+        b.variant.append("tanh-q")
+        q = b.op("tanh", q)
+    scores = b.op("scale", b.op("matmul_t", q, k), c=dk ** -0.5)
+    if rng.random() < 0.5:
+        b.variant.append("softcap")
+        scores = b.op("softcap", scores, c=rng.choice([2.0, 5.0]))
+    if rng.random() < 0.4:
+        b.variant.append("causal")
+        scores = b.op("causal_fill", scores, t=t)
+    o = b.op("matmul", b.op("softmax", scores, dim=-1), v)
+    o = b.op("reshape", b.op("transpose", o, a=1, b=2), shape=(batch, t, heads * dk))
+    return (batch, t, n), 0, b.linear(o, heads * dk, b.width(), bias)
 
 
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
@@ -1953,11 +2017,12 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "conv_transpose": _conv_transpose,
     "einsum": _einsum_family,
     "centring": _centring,
+    "rotary": _rotary,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
 EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3, "rules": 0.3, "torch_layers": 0.3,
-            "bilinear": 0.3, "conv_transpose": 0.3, "einsum": 0.3}
+            "bilinear": 0.3, "conv_transpose": 0.3, "einsum": 0.3, "rotary": 0.3}
 """Families some of whose models are traced by ``torch.export`` alone (with this probability, drawn apart from the
 model), since fx traces every generated model and export decomposes ``nn.MultiheadAttention`` and spells attention
 with ATen ops (``bmm``, ``baddbmm``, ``select``, ``squeeze``) that attention folding must read exactly (fx traces

@@ -76,20 +76,29 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
     r = heads // groups
     d_k = q[0].width // heads
     stem = site_stem([b.tensor for b in q + k + (v or [])], node)  # the attention module's path (``attn``)
-    key_biases = [b for b in k if len(state.shapes[b.tensor]) == 1] if key_shifts else []
     rotation = _rotary_restriction(state, node, rotary)
+    key_biases = [b for b in k if len(state.shapes[b.tensor]) == 1] if key_shifts and not (
+        rotation and not rotation[0]) else []
+    # the leading coordinates a rotary embedding rotates (a blocked one: the whole head)
+    rotated = 0 if rotation is None else (rotary or {}).get("dims") or d_k if rotation[0] else d_k
     value_biases = [b for b in v or () if len(state.shapes[b.tensor]) == 1] if value_shifts else []
     segments = []
     for g in range(groups):
         members = range(g * r, (g + 1) * r)
         name = f"{stem}.head{g}" if r == 1 else f"{stem}.group{g}"
-        qk = state.new_site(node, d_k, [b.restrict(h * d_k, d_k) for h in members for b in q] +
-                            [b.restrict(g * d_k, d_k).flipped() for b in k], name=f"{name}.qk",
-                            allowed=(ALL - {"T1"}) | (GRANTED if rotation else set()))
-        state.site(qk).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(g * d_k, d_k),)))
-                                           for b in key_biases)
-        if rotation is not None:
-            state.restrict(qk, rotation[0], node, rotation[1], blocked=rotation[2])
+        # the coordinates a partial rotary embedding rotates, and the others (the scores are the sum of both parts)
+        spans = [(0, d_k, "qk")] if rotated in (0, d_k) else [(0, rotated, "qk.rotated"), (rotated, d_k - rotated,
+                                                                                         "qk.passed")]
+        for start, width, part in spans:
+            qk = state.new_site(node, width, [b.restrict(h * d_k + start, width) for h in members for b in q] +
+                                [b.restrict(g * d_k + start, width).flipped() for b in k], name=f"{name}.{part}",
+                                allowed=(ALL - {"T1"}) | (GRANTED if rotation else set()))
+            if rotation is not None and start < rotated:
+                state.restrict(qk, rotation[0], node, rotation[1], blocked=rotation[2])
+            else:
+                state.site(qk).translations.extend(
+                    ("T", b.node, TranslationFamily("entries", (b.restrict(g * d_k + start, width),)))
+                    for b in key_biases)
         if v is None:
             continue
         d_v = v[0].width // groups
@@ -130,11 +139,15 @@ def _rotary_restriction(state: Inference, node: str, rotary: Mapping[str, Any] |
     if not (rotary["queries"] and rotary["keys"]):
         side = "queries" if rotary["queries"] else "keys"
         return set(), f"{where}: a rotary embedding rotates the {side} only (not modelled)", True
+    if rotary.get("dims", 1) is None:
+        return set(), f"{where}: rotary embeddings rotate the queries and keys on different coordinates", True
     if rotary["pairing"] != "halves" or not rotary["equal_halves"]:
         return set(), (f"{where}: the rotary tables are not proven equal on the two halves of the head axis (each "
                        "plane's map may be any 2×2 matrix; the real scalars per plane that commute with it are not "
                        "modelled)"), True
-    return {"C"}, (f"{where}: rotary embeddings rotate each plane (j, j + d_k/2) by a position-dependent angle; only "
+    planes = f"(j, j + {rotary['dims']}/2) of the first {rotary['dims']} coordinates" if rotary.get("dims") else \
+        "(j, j + d_k/2)"
+    return {"C"}, (f"{where}: rotary embeddings rotate each plane {planes} by a position-dependent angle; only "
                    "complex scalings of the planes commute with every rotation"), False
 
 
