@@ -145,14 +145,18 @@ def _direction_sites(state: Inference, node: str, layer: _Layer, name: str, suff
 
 
 def _final_states_read(state: Inference, node: str) -> list[str]:
-    """The nodes reading the final states ``h_n``/``c_n`` (or the whole result) of the recurrent call ``node``."""
-    readers = []
-    for user in state.users(node):
-        data = state.graph.nodes[user]
-        index = data.get("arguments", {}).get("arg1")
-        if data["op"] != "getitem" or index != 0 and state.users(user):
-            readers.append(user)
-    return readers
+    """The nodes reading the final states ``h_n``/``c_n`` (or the whole result) of the recurrent call ``node``:
+    users other than ``getitem`` of the output (index 0), looking through ``getitem`` nodes that nothing reads."""
+    def readers(value: str, top: bool) -> list[str]:
+        found = []
+        for user in state.users(value):
+            data = state.graph.nodes[user]
+            if data["op"] != "getitem":
+                found.append(user)
+            elif not (top and data.get("arguments", {}).get("arg1") == 0):
+                found += readers(user, False)
+        return found
+    return readers(node, True)
 
 
 def recurrent_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
