@@ -230,3 +230,33 @@ def test_an_unused_final_state_does_not_block():
     analysis = derived(generic(Unpacked()), sequences(False, (2, 5))[0], "fx")
     assert ("rnn.l1", "SF") in claims(analysis) and ("rnn.l0.units", "S") in claims(analysis)
     assert not analysis.blocked
+
+
+def test_the_fuzzer_draws_every_cell_and_near_miss():
+    from symalg.verification import fuzz
+
+    variants = [f"-{fuzz.generate(0, i, 'recurrent').variant}-" for i in range(200)]
+    expected = {"RNN", "GRU", "LSTM", "tanh", "relu", "layers3", "bidirectional", "seq-first", "no-bias", "h0",
+                "dropout", "final", "returned", "proj", "export"}
+    missing = {token for token in expected if not any(f"-{token}-" in variant for variant in variants)}
+    assert not missing, missing
+
+
+class ZeroState(nn.Module):
+    """A GRU given ``h0 = torch.zeros(...)`` written in ``forward``: the zero state moves with any action."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.head = nn.GRU(3, 4, batch_first=True), nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.rnn(x, torch.zeros(1, x.shape[0], 4, dtype=x.dtype))[0])
+
+
+@pytest.mark.parametrize("tracer", ["fx", "export"])
+def test_a_zero_initial_state_written_in_forward_keeps_the_units(tracer):
+    model = generic(ZeroState())
+    x = sequences(True, (2, 5))[0]
+    analysis = derived(model, x, tracer)
+    assert claims(analysis) == [("rnn", "SF"), ("rnn.bias", "T"), ("rnn.units", "S")]
+    assert worst_change(model, analysis, [x]) < 1e-9
