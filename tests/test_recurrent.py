@@ -82,7 +82,7 @@ def claims(analysis):
 
 def expected(cell, layers, directions):
     names = ["rnn"] if layers * directions == 1 else \
-        [f"rnn.l{l}{suffix}" for l in range(layers) for suffix in ("", "_reverse")[:directions]]
+        [f"rnn.l{k}{suffix}" for k in range(layers) for suffix in ("", "_reverse")[:directions]]
     diagonal = "PS" if cell == "relu" else "SF"
     return sorted([("embed", "GL"), ("embed", "T")] + [(n, diagonal) for n in names] +
                   [(f"{n}.units", "S") for n in names] + [(f"{n}.bias", "T") for n in names])

@@ -1873,10 +1873,10 @@ def _recurrent(b: _Builder) -> _Drawn:
     if cell == "RNN":
         options["nonlinearity"] = rng.choice(["tanh", "relu"])
     near = rng.choice(["", "", "", "h0", "dropout", "final", "returned", "proj"])
-    if near == "proj" and cell != "LSTM" or near == "dropout" and layers == 1:
+    if near == "proj" and (cell != "LSTM" or hidden == 1) or near == "dropout" and layers == 1:
         near = ""
     if near == "proj":
-        options["proj_size"] = rng.randint(1, hidden)
+        options["proj_size"] = rng.randint(1, hidden - 1)
     train = near == "dropout"
     if train:
         options["dropout"] = 0.5

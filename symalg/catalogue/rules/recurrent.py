@@ -76,7 +76,7 @@ def _roles(layers: int, directions: int, bias: bool, projected: bool) -> list[st
     """The parameter roles in torch's order (``_flat_weights_names``): per layer and direction ``W_ih, W_hh``
     [, ``b_ih, b_hh``] [, ``W_hr``]."""
     names = ["weight_ih", "weight_hh"] + (["bias_ih", "bias_hh"] if bias else []) + (["weight_hr"] if projected else [])
-    return [f"{name}_l{l}{suffix}" for l in range(layers) for suffix in ("", "_reverse")[:directions]
+    return [f"{name}_l{k}{suffix}" for k in range(layers) for suffix in ("", "_reverse")[:directions]
             for name in names]
 
 
@@ -170,16 +170,16 @@ def recurrent_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
             _freeze(state, node, label, f"{state.where(node)}: {layer}")
         return _outputs(data["op"], Label.data(), Label.data(), flat)
     stem, value, made = _stem(node, data, layer), _first(inputs), []
-    for l in range(layer.layers):
+    for depth in range(layer.layers):
         segments = []
         for d, suffix in enumerate(("", "_reverse")[:layer.directions]):
-            roles = f"_l{l}{suffix}"
+            roles = f"_l{depth}{suffix}"
             _read_as_map(state, node, value, layer.params[f"weight_ih{roles}"], -1,
                          layer.params[f"bias_ih{roles}"] if layer.bias else None)
-            name = f"{stem}.l{l}{suffix}" if layer.layers * layer.directions > 1 else stem
+            name = f"{stem}.l{depth}{suffix}" if layer.layers * layer.directions > 1 else stem
             sites = _direction_sites(state, node, layer, name, roles)
             segments += [Segment(site, d * layer.hidden, layer.hidden) for site in sites]
-            made.append((l, sites))
+            made.append((depth, sites))
         value = Label(-1, layer.directions * layer.hidden, tuple(segments))
     _block_units(state, node, layer, made)
     single = layer.layers * layer.directions == 1
@@ -200,10 +200,10 @@ def _block_units(state: Inference, node: str, layer: _Layer, made: list[tuple[in
                 state.restrict(site, set(), node, f"{where}: the initial state {source} is given and does not move "
                                                   "with the hidden units", blocked=True)
     if layer.dropout:
-        for l, sites in made:
-            for site in sites if l < layer.layers - 1 else ():
+        for depth, sites in made:
+            for site in sites if depth < layer.layers - 1 else ():
                 state.restrict(site, set(), node, f"{where}: dropout in training mode draws a random mask on the "
-                                                  f"outputs of layer {l}", blocked=True)
+                                                  f"outputs of layer {depth}", blocked=True)
     readers = _final_states_read(state, node) if layer.layers * layer.directions > 1 else []
     if readers:
         for _, sites in made:
