@@ -1892,7 +1892,7 @@ def _recurrent(b: _Builder) -> _Drawn:
     out = options.get("proj_size") or hidden
     final = None
     if near == "h0":
-        h = b.linear(b.op("select", "x", dim=0 if batch_first else 1, index=0), n, hidden)
+        h = b.linear(b.op("select", "x", dim=1 if batch_first else 0, index=0), n, hidden)
         y = b.op("recurrent_lstm_h0" if cell == "LSTM" else "recurrent_h0", x, h, layer=layer, k=layers * directions)
     elif near in ("final", "returned"):   # one call: (output, h_n), an LSTM's h_n or c_n
         y, final = b.ops("recurrent_lstm_final", x, layer=layer, which=rng.choice([0, 1]), outs=2) \
