@@ -260,3 +260,16 @@ def test_a_zero_initial_state_written_in_forward_keeps_the_units(tracer):
     analysis = derived(model, x, tracer)
     assert claims(analysis) == [("rnn", "SF"), ("rnn.bias", "T"), ("rnn.units", "S")]
     assert worst_change(model, analysis, [x]) < 1e-9
+
+
+def test_the_bias_sum_conserves_the_difference_of_the_two_biases():
+    """``b_ih`` and ``b_hh`` get equal gradients on the summed blocks (so ``b_ih − b_hh`` is conserved by gradient
+    flow, the quantity derived), and different ones on the GRU's ``n`` block."""
+    model = generic(Net("gru"))
+    x = sequences(True, (2, 5))[0]
+    bias = next(s for s in derived(model, x, "fx").symmetries if s.site == "rnn.bias")
+    assert [str(e) for e in bias.conserved.exprs.values()] == ["-rnn.bias_hh_l0[0:10]_(0) + rnn.bias_ih_l0[0:10]_(0)"]
+    model(x).pow(2).sum().backward()
+    b_ih, b_hh = model.rnn.bias_ih_l0.grad, model.rnn.bias_hh_l0.grad
+    torch.testing.assert_close(b_ih[:10], b_hh[:10])
+    assert (b_ih[10:] - b_hh[10:]).abs().max() > 1e-6
