@@ -198,7 +198,9 @@ class TranslationFamily:
     - ``"entries"``: ``e_i`` in every region (a bias alone; a bias and the running mean it feeds in eval
       mode), one direction per entry;
     - ``"rows"``: ``1 e_jᵀ``, the same change to every row of a weight, one direction per row entry;
-    - ``"ones"``: a single direction, ``1`` in every region (the biases of one group under group norm).
+    - ``"ones"``: a single direction, ``1`` in every region (the biases of one group under group norm);
+    - ``"opposite"``: ``e_i`` in the first region and ``−e_i`` in the others, one direction per entry (two biases
+      that enter only as their sum, a recurrent layer's ``b_ih + b_hh``: the conserved quantity is their difference).
 
     The first region is the one whose change is the change of the site's value (a producer's bias). With
     ``absorbers`` (maps reading that value, :class:`Absorber`) every direction also moves each reader's bias by
@@ -248,7 +250,8 @@ class TranslationFamily:
         rest = 1
         for axis, size in enumerate(shapes[first.tensor]):
             rest *= 1 if axis == first.axis else size
-        return {"entries": first.width * first.block * rest, "rows": rest, "ones": 1}[self.pattern]
+        return {"entries": first.width * first.block * rest, "opposite": first.width * first.block * rest,
+                "rows": rest, "ones": 1}[self.pattern]
 
     def directions(self, params: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         """``B_i`` as ``{tensor: full-size change}`` at the dtype and device of ``params`` (for a sheared family, at
@@ -279,11 +282,13 @@ class TranslationFamily:
     def _constant(self, params: Mapping[str, torch.Tensor], t: torch.Tensor) -> dict[str, torch.Tensor]:
         """The part of ``Σ_i t_i B_i`` on the family's own regions (the pattern filled with ``t``)."""
         change = {}
-        for region in self.regions:
+        for position, region in enumerate(self.regions):
             tensor = params[region.tensor]
             unfolded = torch.zeros_like(region.unfold(tensor))
             if self.pattern == "entries":
                 unfolded += t.reshape(unfolded.shape)
+            elif self.pattern == "opposite":
+                unfolded += t.reshape(unfolded.shape) if position == 0 else -t.reshape(unfolded.shape)
             elif self.pattern == "rows":
                 unfolded += t[None, :]
             else:

@@ -111,6 +111,9 @@ def _module_settings(module: nn.Module) -> dict:
     if isinstance(module, nn.MultiheadAttention):
         settings.update(same_embed=module._qkv_same_embed_dim, bias_kv=module.bias_k is not None,
                         add_zero_attn=module.add_zero_attn, dropout=module.dropout)
+    if isinstance(module, nn.RNNBase):   # what aten.lstm/gru/rnn_* take as arguments, named as the module's
+        settings.update(mode=module.mode, num_layers=module.num_layers, bidirectional=module.bidirectional,
+                        proj_size=module.proj_size, bias=module.bias, dropout=module.dropout)
     settings.update(_SPELLINGS.settings.get(type(module), {}))   # a pooling layer's pooled_dims
     if isinstance(module, (nn.Conv1d, nn.Conv2d)):
         settings.update(padding_mode=module.padding_mode, in_channels=module.in_channels,

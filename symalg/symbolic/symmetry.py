@@ -416,7 +416,9 @@ class Symmetry:
                 U = symbols.region(region)
                 whole = region.start == 0 and region.width * region.block == self.shapes[region.tensor][0]
                 key = f"ell_{name}_{_python_name(region.tensor)}" + ("" if whole else f"_{region.start}")
-                exprs[key] = U if family.pattern == "entries" else sp.OneMatrix(1, U.shape[0]) * U
+                if family.pattern == "opposite":   # ⟨θ, B_i⟩ = U_i − V_i: the difference of the two summed biases
+                    U = U - symbols.region(family.regions[1])
+                exprs[key] = U if family.pattern in ("entries", "opposite") else sp.OneMatrix(1, U.shape[0]) * U
             return ConservedQuantity(f"ell_{name}", "linear", exprs, symbols.reads, symbols.suffixes,
                                      tuple(symbols.vectors), self.site)
         terms = []

@@ -270,6 +270,18 @@ OPS: dict[str, Op] = {
     "bilinear": Op("self.{layer}({0}, {1})", lambda m, a, b, layer: getattr(m, layer)(a, b)),
     "einsum": Op("torch.einsum({equation!r}, {0})", lambda m, x, equation: torch.einsum(equation, x)),
     "einsum2": Op("torch.einsum({equation!r}, {0}, {1})", lambda m, a, b, equation: torch.einsum(equation, a, b)),
+    # torch's recurrent layers: the output sequence, or the final state h_n (an LSTM's h_n or c_n), or an initial
+    # state h0 (h0 and c0 alike for an LSTM) computed from a value of shape (B, H)
+    "recurrent": Op("self.{layer}({0})[0]", lambda m, x, layer: getattr(m, layer)(x)[0]),
+    "recurrent_final": Op("self.{layer}({0})", lambda m, x, layer: getattr(m, layer)(x)),
+    "recurrent_lstm_final": Op("(lambda r: (r[0], r[1][{which}]))(self.{layer}({0}))",
+                               lambda m, x, layer, which: (lambda r: (r[0], r[1][which]))(getattr(m, layer)(x))),
+    "recurrent_h0": Op("self.{layer}({0}, {1}.unsqueeze(0).repeat({k}, 1, 1))[0]",
+                       lambda m, x, h, layer, k: getattr(m, layer)(x, h.unsqueeze(0).repeat(k, 1, 1))[0]),
+    "recurrent_lstm_h0": Op("self.{layer}({0}, ({1}.unsqueeze(0).repeat({k}, 1, 1), "
+                            "{1}.unsqueeze(0).repeat({k}, 1, 1)))[0]",
+                            lambda m, x, h, layer, k: getattr(m, layer)(
+                                x, (h.unsqueeze(0).repeat(k, 1, 1), h.unsqueeze(0).repeat(k, 1, 1)))[0]),
     "sigmoid": Op("torch.sigmoid({0})", lambda m, x: torch.sigmoid(x)),
     "to_complex": Op("{0}.to(torch.complex128)", lambda m, x: x.to(torch.complex128)),
     "real": Op("torch.real({0})", lambda m, x: torch.real(x)),
@@ -1993,6 +2005,54 @@ def _rotary(b: _Builder) -> _Drawn:
     o = b.op("matmul", b.op("softmax", scores, dim=-1), v)
     o = b.op("reshape", b.op("transpose", o, a=1, b=2), shape=(batch, t, heads * dk))
     return (batch, t, n), 0, b.linear(o, heads * dk, b.width(), bias)
+def _recurrent(b: _Builder) -> _Drawn:
+    """``nn.RNN`` (tanh or ReLU), ``nn.GRU`` or ``nn.LSTM`` (1-3 layers, bidirectional, batch or sequence first, with
+    or without biases) between a dense layer (through an activation at times) or the raw input and a readout of its
+    output sequence (through an activation at times); near misses: an initial state computed from the input (the
+    units cannot move), dropout between layers in training mode, the final state ``h_n`` (``c_n``) read by a map
+    (one layer and direction: it moves with the units; several: stacked, blocked) or returned, a projection
+    (``proj_size``, refused)."""
+    rng = b.rng
+    cell = rng.choice(["RNN", "RNN", "GRU", "LSTM"])
+    layers, bidirectional, batch_first = rng.choice([1, 1, 2, 3]), rng.random() < 0.3, rng.random() < 0.5
+    n, hidden, t = b.width(), b.width(), b.width(2)
+    options: dict[str, Any] = dict(num_layers=layers, bidirectional=bidirectional, batch_first=batch_first,
+                                   bias=rng.random() < 0.8)
+    if cell == "RNN":
+        options["nonlinearity"] = rng.choice(["tanh", "relu"])
+    near = rng.choice(["", "", "", "h0", "dropout", "final", "returned", "proj"])
+    if near == "proj" and (cell != "LSTM" or hidden == 1) or near == "dropout" and layers == 1:
+        near = ""
+    if near == "proj":
+        options["proj_size"] = rng.randint(1, hidden - 1)
+    train = near == "dropout"
+    if train:
+        options["dropout"] = 0.5
+    b.variant += [cell, f"layers{layers}"] + [options.get("nonlinearity", "")] * (cell == "RNN") + \
+        ["bidirectional"] * bidirectional + ["seq-first"] * (not batch_first) + \
+        ["no-bias"] * (not options["bias"]) + [near] * bool(near)
+    source = rng.choice(["linear", "act", "raw"])
+    width = n if source == "raw" else b.width()
+    x = "x" if source == "raw" else b.linear("x", n, width)
+    x = b.act(x) if source == "act" else x
+    layer = b.add(cell, width, hidden, train=train, **options)
+    directions = 1 + bidirectional
+    out = options.get("proj_size") or hidden
+    final = None
+    if near == "h0":
+        h = b.linear(b.op("select", "x", dim=1 if batch_first else 0, index=0), n, hidden)
+        y = b.op("recurrent_lstm_h0" if cell == "LSTM" else "recurrent_h0", x, h, layer=layer, k=layers * directions)
+    elif near in ("final", "returned"):   # one call: (output, h_n), an LSTM's h_n or c_n
+        y, final = b.ops("recurrent_lstm_final", x, layer=layer, which=rng.choice([0, 1]), outs=2) \
+            if cell == "LSTM" else b.ops("recurrent_final", x, layer=layer, outs=2)
+    else:
+        y = b.op("recurrent", x, layer=layer)
+    readout = b.linear(b.act(y) if rng.random() < 0.5 else y, directions * out, b.width())
+    shape = (2, t, n) if batch_first else (t, 2, n)
+    if final is None:
+        return shape, 0, readout
+    return shape, 0, (readout, b.linear(final, out, b.width())
+                      if near == "final" else final)
 
 
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
@@ -2018,11 +2078,12 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "einsum": _einsum_family,
     "centring": _centring,
     "rotary": _rotary,
+    "recurrent": _recurrent,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
 EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3, "rules": 0.3, "torch_layers": 0.3,
-            "bilinear": 0.3, "conv_transpose": 0.3, "einsum": 0.3, "rotary": 0.3}
+            "bilinear": 0.3, "conv_transpose": 0.3, "einsum": 0.3, "rotary": 0.3, "recurrent": 0.3}
 """Families some of whose models are traced by ``torch.export`` alone (with this probability, drawn apart from the
 model), since fx traces every generated model and export decomposes ``nn.MultiheadAttention`` and spells attention
 with ATen ops (``bmm``, ``baddbmm``, ``select``, ``squeeze``) that attention folding must read exactly (fx traces

@@ -25,8 +25,8 @@ True
 """
 from __future__ import annotations
 
-from symalg.catalogue.rules import (attention, data, dense, einsum, elementwise, normalisation, passes, reductions,
-                                   structural, torch_layers)
+from symalg.catalogue.rules import (attention, data, dense, einsum, elementwise, normalisation, passes, recurrent,
+                                    reductions, structural, torch_layers)
 from symalg.catalogue.rules._base import Inputs, NodeData, Rule, Value, WeightExpr, activation_rule, unknown_rule
 from symalg.catalogue.rules.registry import (_RULES, CAPABILITIES, OP_RULES, REGISTRY, RULE_EXAMPLES, OpSpellings,
                                              Registration, capable, register_rule, register_spelling, spelling_table)
@@ -36,5 +36,6 @@ __all__ = ["CAPABILITIES", "Inputs", "NodeData", "OP_RULES", "OpSpellings", "REG
            "Registration", "Rule", "Value", "WeightExpr", "activation_rule", "capable", "register_rule",
            "register_spelling", "spelling_table", "unknown_rule", "identity_rule", "_RULES"]
 
-FAMILIES = (data, dense, einsum, elementwise, structural, reductions, normalisation, attention, torch_layers, passes)
+FAMILIES = (data, dense, einsum, elementwise, structural, reductions, normalisation, attention, torch_layers, recurrent,
+            passes)
 """The family modules, each registering its rules on import."""
