@@ -165,7 +165,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "dinov2": {"GL": 8, "T": 13, "PS": 8, "SF": 8, "S": 4},
     "beit": {"GL": 8, "T": 8, "PS": 8, "SF": 8, "S": 4},
     "data2vec-vision": {"GL": 8, "T": 8, "PS": 8, "SF": 8, "S": 4},
-    "opt": {"GL": 9, "T": 13, "PS": 7, "SF": 5, "S": 4},
+    "opt": {"GL": 9, "T": 13, "PS": 7, "SF": 5, "S": 5},
     "biogpt": {"GL": 8, "T": 13, "PS": 4, "SF": 4, "S": 4},
     "gpt_neo": {"GL": 8, "T": 3, "PS": 4, "SF": 4, "S": 4},
     "gpt_bigcode": {"GL": 4, "T": 9, "PS": 4, "SF": 4, "S": 4},
