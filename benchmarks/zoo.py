@@ -181,6 +181,8 @@ EXPECTED: dict[str, dict[str, int]] = {
     "gemma": {"C": 2, "GL": 2, "PS": 6, "SF": 7, "S": 4},
     "bart": {"GL": 24, "T": 36, "S": 10},
     "marian": {"GL": 24, "T": 34, "S": 10},
+    "qwen3": {"GL": 2, "PS": 8, "SF": 13, "S": 6},
+    "persimmon": {"GL": 4, "T": 19, "PS": 8, "SF": 6, "S": 6},
 }
 """Symmetry families a hand derivation gives at the tiny config, counted by group kind (derivations layer by layer in
 docs/zoo.md, "Completeness against hand derivations"; never read off symalg's output). A census row reports

@@ -234,6 +234,79 @@ def _opt_residual_permutation(state, generator):
             state[key] = tensor[:, p]
 
 
+def _qwen3_quarter_turn(keys=True, swap_gains=True):
+    """Qwen3's rotary planes 0, 3, 5 (coordinates ``i``, ``i + 8``) turned by ``J`` on every head's query rows and
+    the key rows, each QK-norm gain's two entries on the plane swapped."""
+    def move(state, generator):
+        prefix = "layers.0.self_attn."
+        for projection, norm, heads in (("q_proj", "q_norm", 2), ("k_proj", "k_norm", 1))[:2 if keys else 1]:
+            weight, gain = state[prefix + projection + ".weight"], state[prefix + norm + ".weight"]
+            for i in (0, 3, 5):
+                for h in range(heads):
+                    a, b = h * 16 + i, h * 16 + i + 8
+                    weight[[a, b]] = torch.stack([-weight[b], weight[a]])
+                if swap_gains:
+                    gain[[i, i + 8]] = gain[[i + 8, i]]
+    return move
+
+
+def _qk_gain_trade(prefix, planes, with_bias, per_plane=True):
+    """The query norm's gain (and bias) by ``a``, the key norm's by ``a⁻¹``; ``a`` equal on the two coordinates
+    ``i``, ``i + planes`` of each rotary plane (``per_plane``), free on the unrotated coordinates."""
+    def move(state, generator):
+        def draw(n):
+            return torch.rand(n, generator=generator, dtype=torch.float64) + 0.5
+        a = torch.cat([draw(planes).repeat(2), draw(16 - 2 * planes)]) if per_plane else draw(16)
+        for norm, factor in (("q", a), ("k", 1 / a)):
+            for part in (".weight", ".bias") if with_bias else (".weight",):
+                state[prefix.format(norm) + part] *= factor
+    return move
+
+
+def _persimmon_rows(head, block):
+    """Persimmon's packed rows of ``head``'s query (``block`` 0), key (1) or value (2) moved along ``1``."""
+    def move(state, generator):
+        rows = slice(head * 48 + block * 16, head * 48 + block * 16 + 16)
+        state["layers.0.self_attn.query_key_value.weight"][rows] += torch.randn(
+            1, 32, generator=generator, dtype=torch.float64)
+        state["layers.0.self_attn.query_key_value.bias"][rows] += 0.7
+    return move
+
+
+def _persimmon_permutation(coordinates, keys=True):
+    """Persimmon's head ``coordinates`` permuted on the query (and key) rows of every head and their norms."""
+    def move(state, generator):
+        prefix = "layers.0.self_attn."
+        weight, bias = state[prefix + "query_key_value.weight"], state[prefix + "query_key_value.bias"]
+        order = torch.arange(16)
+        order[coordinates] = torch.tensor(coordinates)[torch.randperm(len(coordinates), generator=generator)]
+        for block, norm in ((0, "q_layernorm"), (1, "k_layernorm"))[:2 if keys else 1]:
+            for head in range(2):
+                rows = slice(head * 48 + block * 16, head * 48 + block * 16 + 16)
+                weight[rows], bias[rows] = weight[rows][order], bias[rows][order]
+            for part in (".weight", ".bias"):
+                state[prefix + norm + part] = state[prefix + norm + part][order]
+    return move
+
+
+def _squared_relu(state, generator):
+    """Persimmon's squared ReLU: ``h ↦ D h`` (``D > 0``), ``dense_4h_to_h``'s columns by ``D⁻²``."""
+    d = torch.rand(64, generator=generator, dtype=torch.float64) + 0.5
+    prefix = "layers.0.mlp."
+    state[prefix + "dense_h_to_4h.weight"] *= d[:, None]
+    state[prefix + "dense_h_to_4h.bias"] *= d
+    state[prefix + "dense_4h_to_h.weight"] /= d ** 2
+
+
+def _flips(pairs):
+    """Sign flips ``D`` on a projection's rows (every head) and its norm's gain together."""
+    def move(state, generator):
+        d = torch.randint(0, 2, (16,), generator=generator).double() * 2 - 1
+        for key, heads in pairs:
+            state[key] *= d.repeat(heads)[:, None] if heads else d
+    return move
+
+
 HAND_CHECKS = [  # (architecture, transformation, whether the outputs keep: a family, or its near miss)
     ("dinov2", _layer_scale("encoder.layer.0.attention.o_proj", "encoder.layer.0.layer_scale1.lambda1"), True),
     ("dinov2", _layer_scale("encoder.layer.1.mlp.fc2", "encoder.layer.1.layer_scale2.lambda1"), True),
@@ -256,6 +329,24 @@ HAND_CHECKS = [  # (architecture, transformation, whether the outputs keep: a fa
     ("phi", _norm_shear("layers.0.input_layernorm", ["layers.0.self_attn.q_proj", "layers.0.self_attn.k_proj",
                                                      "layers.0.self_attn.v_proj", "layers.0.mlp.fc1"]), True),
     ("gpt_neo", _norm_shear("h.0.ln_1", []), False),   # the queries have no bias to absorb the shear
+    ("qwen3", _flips([("layers.0.self_attn.q_proj.weight", 2), ("layers.0.self_attn.q_norm.weight", 0)]), True),
+    ("qwen3", _flips([("layers.0.self_attn.k_proj.weight", 1), ("layers.0.self_attn.k_norm.weight", 0)]), True),
+    ("qwen3", _qk_gain_trade("layers.0.self_attn.{}_norm", 8, False), True),
+    ("qwen3", _qk_gain_trade("layers.0.self_attn.{}_norm", 8, False, per_plane=False), False),
+    ("qwen3", _qwen3_quarter_turn(), True),
+    ("qwen3", _qwen3_quarter_turn(keys=False), False),
+    ("qwen3", _qwen3_quarter_turn(swap_gains=False), False),
+    ("persimmon", _persimmon_rows(1, 0), True),
+    ("persimmon", _persimmon_rows(0, 1), True),
+    ("persimmon", _persimmon_rows(0, 2), False),   # values are not normalised
+    ("persimmon", _persimmon_permutation(list(range(8, 16))), True),   # the unrotated coordinates
+    ("persimmon", _persimmon_permutation(list(range(16))), False),     # the rotated ones too
+    ("persimmon", _persimmon_permutation(list(range(8, 16)), keys=False), False),
+    ("persimmon", _qk_gain_trade("layers.0.self_attn.{}_layernorm", 4, True), True),
+    ("persimmon", _qk_gain_trade("layers.0.self_attn.{}_layernorm", 4, True, per_plane=False), False),
+    ("persimmon", _translate("layers.0.self_attn.k_layernorm.bias", 8, 16), True),
+    ("persimmon", _translate("layers.0.self_attn.k_layernorm.bias", 0, 8), False),
+    ("persimmon", _squared_relu, True),
 ]
 
 
