@@ -141,7 +141,7 @@ def _documented_families() -> dict[str, dict[str, int]]:
     the first parenthesis) and its bold totals (the last ``**`KIND n, ...`**`` of the bullet)."""
     import re
     text = open(os.path.join(ROOT, "docs", "zoo.md"), encoding="utf-8").read()
-    section = text.split("## Completeness against hand derivations", 1)[1].split("\n## ", 1)[0]
+    section = re.split(r"\n##+ ", text.split("## Completeness against hand derivations", 1)[1], maxsplit=1)[0]
     documented = {}
     for bullet in re.split(r"\n- ", section)[1:]:
         names = re.findall(r"\*\*([\w.-]+)\*\*", bullet.split("(", 1)[0])
