@@ -144,7 +144,7 @@ EXPECTED: dict[str, dict[str, int]] = {
     "mistral": {"C": 2, "GL": 2, "PS": 6, "SF": 7, "S": 4},
     "qwen2": {"C": 2, "GL": 2, "PS": 6, "SF": 7, "S": 4},
     "peft-lora-llama": {"C": 2, "GL": 10, "PS": 6, "SF": 7, "S": 4},
-    "torch-encoder-layer": {"GL": 8, "T": 13, "S": 4, "PS": 3, "SF": 1},
+    "torch-encoder-layer": {"GL": 8, "T": 13, "S": 5, "PS": 3, "SF": 1},
     "torch-mha": {"GL": 11, "T": 11, "S": 2},
     "torch-rnn": {"GL": 1, "T": 3, "S": 2, "SF": 2},
     "torch-lstm": {"GL": 1, "T": 3, "S": 2, "SF": 2},
