@@ -133,3 +133,234 @@ def test_findings_list_false_claims_gaps_and_pinned_modules():
     assert "Gemma3Attention: m (1 modules): QK-norm" in pinned
     assert "**0 / 2** (1 pinned with a reason)" in zoo.table(rows)
 
+
+
+# -- the hand derivations of docs/zoo.md ------------------------------------------------------------------------------
+def _documented_families() -> dict[str, dict[str, int]]:
+    """Each bullet of docs/zoo.md § "Completeness against hand derivations": its architectures (the bold names before
+    the first parenthesis) and its bold totals (the last ``**`KIND n, ...`**`` of the bullet)."""
+    import re
+    text = open(os.path.join(ROOT, "docs", "zoo.md"), encoding="utf-8").read()
+    section = re.split(r"\n##+ ", text.split("## Completeness against hand derivations", 1)[1], maxsplit=1)[0]
+    documented = {}
+    for bullet in re.split(r"\n- ", section)[1:]:
+        names = re.findall(r"\*\*([\w.-]+)\*\*", bullet.split("(", 1)[0])
+        totals = re.findall(r"\*\*`([A-Z]+ \d+(?:, [A-Z]+ \d+)*)`\*\*", bullet)
+        assert names and totals, bullet[:80]
+        counts = {kind: int(n) for kind, n in (part.split() for part in totals[-1].split(", "))}
+        documented.update({name: counts for name in names})
+    return documented
+
+
+def test_every_expected_family_count_is_derived_in_the_docs():
+    """``EXPECTED`` and the docs' bullets agree, architecture by architecture and kind by kind."""
+    documented = _documented_families()
+    assert documented == zoo.EXPECTED
+    assert len(documented) >= 40
+
+
+def _hf(name):
+    model, make_inputs, variants = zoo.hf_builder(name)()
+    model.load_state_dict(zoo.generic_state(model), strict=False)
+    return model, make_inputs(*variants[0])
+
+
+def _gain(norm, reader):
+    """A non-zero diagonal ``D`` on a norm's gain and bias, ``D⁻¹`` on its reader's columns."""
+    def move(state, generator):
+        d = (torch.rand(state[norm + ".weight"].shape, generator=generator, dtype=torch.float64) + 0.5) * (
+            torch.randint(0, 2, state[norm + ".weight"].shape, generator=generator) * 2 - 1)
+        state[norm + ".weight"] *= d
+        state[norm + ".bias"] *= d
+        state[reader + ".weight"] /= d
+    return move
+
+
+def _layer_scale(linear, scale):
+    """``linear``'s rows and bias by a non-zero diagonal ``D``, the layer scale by ``D⁻¹``."""
+    def move(state, generator):
+        d = torch.rand(state[scale].shape, generator=generator, dtype=torch.float64) + 0.5
+        state[linear + ".weight"] *= d[:, None]
+        state[linear + ".bias"] *= d
+        state[scale] /= d
+    return move
+
+
+def _norm_shear(norm, compensated):
+    """The norm's bias ``β ↦ β + t``, each compensated reader's bias ``b ↦ b - W t``."""
+    def move(state, generator):
+        t = torch.randn(state[norm + ".bias"].shape, generator=generator, dtype=torch.float64)
+        state[norm + ".bias"] += t
+        for reader in compensated:
+            state[reader + ".bias"] -= state[reader + ".weight"] @ t
+    return move
+
+
+def _rows_along_one(key):
+    """A writer of a LayerNorm-read sum moved along ``1``: ``W ↦ W + 1 vᵀ`` (an embedding: ``E ↦ E + a 1ᵀ``)."""
+    def move(state, generator):
+        rows, columns = state[key].shape
+        if key.endswith("embeddings.weight"):
+            state[key] += torch.randn(rows, 1, generator=generator, dtype=torch.float64)
+        else:
+            state[key] += torch.randn(1, columns, generator=generator, dtype=torch.float64).expand(rows, columns)
+    return move
+
+
+def _translate(key, start, stop):
+    def move(state, generator):
+        state[key][start:stop] += torch.randn(stop - start, generator=generator, dtype=torch.float64)
+    return move
+
+
+def _opt_embedding(state, generator):
+    """OPT's 768-wide embedding bottleneck: ``E ↦ E g``, ``project_in ↦ project_in g⁻ᵀ``."""
+    g = torch.randn(768, 768, generator=generator, dtype=torch.float64)
+    state["decoder.embed_tokens.weight"] = state["decoder.embed_tokens.weight"] @ g
+    state["decoder.project_in.weight"] = state["decoder.project_in.weight"] @ torch.linalg.inv(g).T
+
+
+def _opt_residual_permutation(state, generator):
+    """OPT's residual stream permuted: writers' rows, every LayerNorm's gain and bias, readers' columns."""
+    p = torch.randperm(32, generator=generator)
+    for key in list(state):
+        tensor = state[key]
+        if key.endswith(("project_in.weight", "out_proj.weight", "fc2.weight", "out_proj.bias", "fc2.bias",
+                         "layer_norm.weight", "layer_norm.bias")):
+            state[key] = tensor[p]
+        elif key.endswith("embed_positions.weight"):
+            state[key] = tensor[:, p]
+        elif key.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "fc1.weight", "project_out.weight")):
+            state[key] = tensor[:, p]
+
+
+def _qwen3_quarter_turn(keys=True, swap_gains=True):
+    """Qwen3's rotary planes 0, 3, 5 (coordinates ``i``, ``i + 8``) turned by ``J`` on every head's query rows and
+    the key rows, each QK-norm gain's two entries on the plane swapped."""
+    def move(state, generator):
+        prefix = "layers.0.self_attn."
+        for projection, norm, heads in (("q_proj", "q_norm", 2), ("k_proj", "k_norm", 1))[:2 if keys else 1]:
+            weight, gain = state[prefix + projection + ".weight"], state[prefix + norm + ".weight"]
+            for i in (0, 3, 5):
+                for h in range(heads):
+                    a, b = h * 16 + i, h * 16 + i + 8
+                    weight[[a, b]] = torch.stack([-weight[b], weight[a]])
+                if swap_gains:
+                    gain[[i, i + 8]] = gain[[i + 8, i]]
+    return move
+
+
+def _qk_gain_trade(prefix, planes, with_bias, per_plane=True):
+    """The query norm's gain (and bias) by ``a``, the key norm's by ``a⁻¹``; ``a`` equal on the two coordinates
+    ``i``, ``i + planes`` of each rotary plane (``per_plane``), free on the unrotated coordinates."""
+    def move(state, generator):
+        def draw(n):
+            return torch.rand(n, generator=generator, dtype=torch.float64) + 0.5
+        a = torch.cat([draw(planes).repeat(2), draw(16 - 2 * planes)]) if per_plane else draw(16)
+        for norm, factor in (("q", a), ("k", 1 / a)):
+            for part in (".weight", ".bias") if with_bias else (".weight",):
+                state[prefix.format(norm) + part] *= factor
+    return move
+
+
+def _persimmon_rows(head, block):
+    """Persimmon's packed rows of ``head``'s query (``block`` 0), key (1) or value (2) moved along ``1``."""
+    def move(state, generator):
+        rows = slice(head * 48 + block * 16, head * 48 + block * 16 + 16)
+        state["layers.0.self_attn.query_key_value.weight"][rows] += torch.randn(
+            1, 32, generator=generator, dtype=torch.float64)
+        state["layers.0.self_attn.query_key_value.bias"][rows] += 0.7
+    return move
+
+
+def _persimmon_permutation(coordinates, keys=True):
+    """Persimmon's head ``coordinates`` permuted on the query (and key) rows of every head and their norms."""
+    def move(state, generator):
+        prefix = "layers.0.self_attn."
+        weight, bias = state[prefix + "query_key_value.weight"], state[prefix + "query_key_value.bias"]
+        order = torch.arange(16)
+        order[coordinates] = torch.tensor(coordinates)[torch.randperm(len(coordinates), generator=generator)]
+        for block, norm in ((0, "q_layernorm"), (1, "k_layernorm"))[:2 if keys else 1]:
+            for head in range(2):
+                rows = slice(head * 48 + block * 16, head * 48 + block * 16 + 16)
+                weight[rows], bias[rows] = weight[rows][order], bias[rows][order]
+            for part in (".weight", ".bias"):
+                state[prefix + norm + part] = state[prefix + norm + part][order]
+    return move
+
+
+def _squared_relu(state, generator):
+    """Persimmon's squared ReLU: ``h ↦ D h`` (``D > 0``), ``dense_4h_to_h``'s columns by ``D⁻²``."""
+    d = torch.rand(64, generator=generator, dtype=torch.float64) + 0.5
+    prefix = "layers.0.mlp."
+    state[prefix + "dense_h_to_4h.weight"] *= d[:, None]
+    state[prefix + "dense_h_to_4h.bias"] *= d
+    state[prefix + "dense_4h_to_h.weight"] /= d ** 2
+
+
+def _flips(pairs):
+    """Sign flips ``D`` on a projection's rows (every head) and its norm's gain together."""
+    def move(state, generator):
+        d = torch.randint(0, 2, (16,), generator=generator).double() * 2 - 1
+        for key, heads in pairs:
+            state[key] *= d.repeat(heads)[:, None] if heads else d
+    return move
+
+
+HAND_CHECKS = [  # (architecture, transformation, whether the outputs keep: a family, or its near miss)
+    ("dinov2", _layer_scale("encoder.layer.0.attention.o_proj", "encoder.layer.0.layer_scale1.lambda1"), True),
+    ("dinov2", _layer_scale("encoder.layer.1.mlp.fc2", "encoder.layer.1.layer_scale2.lambda1"), True),
+    ("beit", _layer_scale("layers.0.attention.o_proj", "layers.0.lambda_1"), True),
+    ("beit", _norm_shear("layers.0.layernorm_before", ["layers.0.attention.q_proj", "layers.0.attention.v_proj"]),
+     True),
+    ("beit", _norm_shear("layers.0.layernorm_before", ["layers.0.attention.v_proj"]), False),
+    ("beit", _translate("embeddings.patch_embeddings.projection.bias", 0, 32), False),   # no centring: an output
+    ("data2vec-vision", _translate("embeddings.patch_embeddings.projection.bias", 0, 32), False),
+    ("opt", _opt_embedding, True),
+    ("opt", _gain("decoder.final_layer_norm", "decoder.project_out"), True),
+    ("opt", _translate("decoder.final_layer_norm.bias", 0, 32), False),   # project_out has no bias to absorb it
+    ("opt", _rows_along_one("decoder.project_in.weight"), True),
+    ("opt", _opt_residual_permutation, True),
+    ("bloom", _rows_along_one("word_embeddings.weight"), True),
+    ("bloom", _translate("word_embeddings_layernorm.bias", 0, 32), False),   # a different vector per entry: not `1`
+    ("codegen", _rows_along_one("h.0.attn.out_proj.weight"), True),
+    ("phi", _translate("layers.0.self_attn.k_proj.bias", 8, 16), True),    # the unrotated half of the key head
+    ("phi", _translate("layers.0.self_attn.k_proj.bias", 0, 8), False),    # the rotated half
+    ("phi", _norm_shear("layers.0.input_layernorm", ["layers.0.self_attn.q_proj", "layers.0.self_attn.k_proj",
+                                                     "layers.0.self_attn.v_proj", "layers.0.mlp.fc1"]), True),
+    ("gpt_neo", _norm_shear("h.0.ln_1", []), False),   # the queries have no bias to absorb the shear
+    ("qwen3", _flips([("layers.0.self_attn.q_proj.weight", 2), ("layers.0.self_attn.q_norm.weight", 0)]), True),
+    ("qwen3", _flips([("layers.0.self_attn.k_proj.weight", 1), ("layers.0.self_attn.k_norm.weight", 0)]), True),
+    ("qwen3", _qk_gain_trade("layers.0.self_attn.{}_norm", 8, False), True),
+    ("qwen3", _qk_gain_trade("layers.0.self_attn.{}_norm", 8, False, per_plane=False), False),
+    ("qwen3", _qwen3_quarter_turn(), True),
+    ("qwen3", _qwen3_quarter_turn(keys=False), False),
+    ("qwen3", _qwen3_quarter_turn(swap_gains=False), False),
+    ("persimmon", _persimmon_rows(1, 0), True),
+    ("persimmon", _persimmon_rows(0, 1), True),
+    ("persimmon", _persimmon_rows(0, 2), False),   # values are not normalised
+    ("persimmon", _persimmon_permutation(list(range(8, 16))), True),   # the unrotated coordinates
+    ("persimmon", _persimmon_permutation(list(range(16))), False),     # the rotated ones too
+    ("persimmon", _persimmon_permutation(list(range(8, 16)), keys=False), False),
+    ("persimmon", _qk_gain_trade("layers.0.self_attn.{}_layernorm", 4, True), True),
+    ("persimmon", _qk_gain_trade("layers.0.self_attn.{}_layernorm", 4, True, per_plane=False), False),
+    ("persimmon", _translate("layers.0.self_attn.k_layernorm.bias", 8, 16), True),
+    ("persimmon", _translate("layers.0.self_attn.k_layernorm.bias", 0, 8), False),
+    ("persimmon", _squared_relu, True),
+]
+
+
+@pytest.mark.parametrize("name, move, keeps", HAND_CHECKS,
+                         ids=[f"{name}-{i}-{'family' if keeps else 'near-miss'}" for i, (name, _, keeps) in
+                              enumerate(HAND_CHECKS)])
+def test_hand_derived_family(name, move, keeps):
+    """A family of the hand derivations (or its near miss) applied by hand at generic parameters: the outputs keep
+    to rounding (or change by more than ``10⁻³``)."""
+    model, inputs = _hf(name)
+    with torch.no_grad():
+        before = zoo.flat_outputs(model(**inputs))
+        state = {key: value.clone() for key, value in model.state_dict().items()}
+        move(state, torch.Generator().manual_seed(0))
+        model.load_state_dict(state)
+        change = zoo.relative_change(before, zoo.flat_outputs(model(**inputs)))
+    assert change < 1e-12 if keeps else change > 1e-3, change
