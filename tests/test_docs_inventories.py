@@ -1,0 +1,93 @@
+"""The intersphinx inventories committed in docs/_inventories: Sphinx reads each back, the names the docs link to
+resolve to their documented pages, the generated ones match their table, and every private-to-public alias of
+docs/_ext/references.py names a real object and lands on an inventory entry."""
+from __future__ import annotations
+
+import importlib.util
+import posixpath
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sphinx")
+from sphinx.util.inventory import InventoryFile  # noqa: E402
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+INVENTORIES = DOCS / "_inventories"
+BASES = {
+    "python": "https://docs.python.org/3.11/",
+    "sympy": "https://docs.sympy.org/latest/",
+    "torch": "https://docs.pytorch.org/docs/stable/",
+    "networkx": "https://networkx.org/documentation/stable/",
+    "numpy": "https://numpy.org/doc/stable/",
+}
+# (project, role, name, the URL it must resolve to)
+KEY_NAMES = [
+    ("python", "py:class", "fractions.Fraction", "https://docs.python.org/3.11/library/fractions.html#fractions.Fraction"),
+    ("python", "py:class", "logging.NullHandler", "https://docs.python.org/3.11/library/logging.handlers.html"
+                                                   "#logging.NullHandler"),
+    ("sympy", "py:class", "sympy.core.expr.Expr", "https://docs.sympy.org/latest/modules/core.html#sympy.core.expr.Expr"),
+    ("sympy", "py:class", "sympy.core.symbol.Symbol",
+     "https://docs.sympy.org/latest/modules/core.html#sympy.core.symbol.Symbol"),
+    ("sympy", "py:class", "sympy.matrices.expressions.matexpr.MatrixExpr",
+     "https://docs.sympy.org/latest/modules/matrices/expressions.html#sympy.matrices.expressions.MatrixExpr"),
+    ("torch", "py:class", "torch.Tensor", "https://docs.pytorch.org/docs/stable/tensors.html#torch.Tensor"),
+    ("torch", "py:class", "torch.dtype", "https://docs.pytorch.org/docs/stable/tensor_attributes.html#torch.dtype"),
+    ("torch", "py:class", "torch.nn.Module",
+     "https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module"),
+    ("networkx", "py:class", "networkx.DiGraph",
+     "https://networkx.org/documentation/stable/reference/classes/digraph.html#networkx.DiGraph"),
+    ("numpy", "py:class", "numpy.ndarray",
+     "https://numpy.org/doc/stable/reference/generated/numpy.ndarray.html#numpy.ndarray"),
+]
+
+
+def _module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load(project: str) -> dict:
+    with open(INVENTORIES / f"{project}.inv", "rb") as stream:
+        return InventoryFile.load(stream, BASES[project], posixpath.join)
+
+
+@pytest.mark.parametrize("project", sorted(BASES))
+def test_every_inventory_loads(project):
+    inventory = _load(project)
+    assert sum(map(len, inventory.values())) > 0
+
+
+@pytest.mark.parametrize("project,role,name,url", KEY_NAMES)
+def test_key_names_resolve(project, role, name, url):
+    assert _load(project)[role][name].uri == url
+
+
+def test_generated_inventories_match_their_tables():
+    make = _module(INVENTORIES / "make_inventories.py", "make_inventories")
+    for project, (version, entries) in make.TABLES.items():
+        written = (INVENTORIES / f"{project}.inv").read_bytes()
+        expected = make.inventory(project, version, entries)
+        head = expected.index(b"zlib.\n") + len(b"zlib.\n")
+        assert written[:head] == expected[:head]
+        assert zlib.decompress(written[head:]) == zlib.decompress(expected[head:])
+        loaded = _load(project)
+        for name, (role, uri) in entries.items():
+            assert loaded[role][name].uri == BASES[project] + uri
+
+
+def test_public_aliases_name_real_objects_and_land_in_an_inventory():
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        references = _module(DOCS / "_ext" / "references.py", "references")
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+    entries = {name for project in BASES for role in _load(project).values() for name in role}
+    for private, public in references.PUBLIC.items():
+        assert references._defining_name(references._import(public)) == private, public
+        assert public in entries, public
