@@ -81,13 +81,44 @@ def test_generated_inventories_match_their_tables():
             assert loaded[role][name].uri == BASES[project] + uri
 
 
+def _extension(name: str):
+    return _module(DOCS / "_ext" / f"{name}.py", name)
+
+
 def test_public_aliases_name_real_objects_and_land_in_an_inventory():
-    sys.path.insert(0, str(DOCS / "_ext"))
-    try:
-        references = _module(DOCS / "_ext" / "references.py", "references")
-    finally:
-        sys.path.remove(str(DOCS / "_ext"))
+    references = _extension("references")
     entries = {name for project in BASES for role in _load(project).values() for name in role}
     for private, public in references.PUBLIC.items():
         assert references._defining_name(references._import(public)) == private, public
         assert public in entries, public
+
+
+@pytest.mark.parametrize("module,cls,target,resolved", [
+    ("symalg.ir.architecture", None, "SpecError", "symalg.errors.SpecError"),  # imported by the module
+    ("symalg.applications.alignment", None, "Symmetry.apply", "symalg.symbolic.symmetry.Symmetry.apply"),
+    ("symalg.catalogue.activations", None, "sp.Expr", "sympy.core.expr.Expr"),  # an import alias
+    ("symalg.symbolic.inference", None, "symalg.frontend.tracing.ModelGraph", "symalg.ir.graph.ModelGraph"),
+    ("symalg.verification.fuzz", "FuzzModel", "Module", "torch.nn.modules.module.Module"),  # torch's docstring
+    ("symalg.applications.constraint_engineering", "MirrorConstraint", "right_inverse",
+     "symalg.applications.constraint_engineering.MirrorConstraint.right_inverse"),  # a member of the class
+    ("symalg.ir.architecture", None, "NoSuchName", None),  # nothing: the reference stays unresolved
+])
+def test_references_resolve_names_as_the_referencing_code_sees_them(module, cls, target, resolved):
+    node = {"py:module": module, "py:class": cls}
+    assert _extension("references")._as_seen_from(node, target) == resolved
+
+
+def test_private_names_must_exist_to_be_shown_as_code():
+    references = _extension("references")
+    assert references._private("symalg.catalogue.activations._TorchActivation")
+    assert not references._private("symalg.catalogue.activations._NoSuchHelper")
+    assert not references._private("symalg.catalogue.activations.CATALOGUE")  # public: must resolve or warn
+
+
+def test_field_descriptions_move_below_their_names():
+    style = _extension("docstring_style")
+    lines = ["Check.", "", "Parameters", "----------", "device, dtype : where to run (float64 by default).",
+             "    more.", "**kwargs : passed on", "", "Notes", "-----", "a : b stays (not a field section)"]
+    assert style.descriptions_below_names(lines) == [
+        "Check.", "", "Parameters", "----------", "device, dtype", "    where to run (float64 by default).",
+        "    more.", "**kwargs", "    passed on", "", "Notes", "-----", "a : b stays (not a field section)"]
