@@ -34,7 +34,7 @@ extensions = [
     "docstring_style",  # after napoleon: symalg's types come from annotations, never from docstring text
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build", "_ext", "_generated"]
+exclude_patterns = ["_build", "_ext", "_generated", "_inventories"]
 templates_path = ["_templates"]
 
 autosummary_generate = True
@@ -69,5 +69,6 @@ intersphinx_disabled_reftypes = ["std:doc"]  # a page name in these docs never m
 nitpicky = True
 nitpick_ignore = [  # types that signatures name but whose projects document no page for them (shown unlinked)
     ("py:class", "torch.utils.hooks.RemovableHandle"),
-    ("py:class", "sympy.printing.pytorch.TorchPrinter"),
+    ("py:class", "sympy.printing.pytorch.TorchPrinter"),  # newer than the SymPy 1.11 inventory
+    ("py:class", "ast.expr"),  # Python documents the abstract node classes in its grammar, not as objects
 ]

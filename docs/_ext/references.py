@@ -13,8 +13,9 @@ Runs on ``missing-reference`` before intersphinx (priority 400 < 500), and only 
    by :data:`PUBLIC`, so intersphinx then finds it in ``docs/_inventories``.
 4. A short name that still names nothing goes to the one documented symalg object whose name ends with it (summary
    lines of autosummary tables carry no module); several candidates leave it unresolved.
-5. A private object of symalg (a component starting with ``_``) has no page: it is shown as code, unlinked. It must
-   exist (its full name imports, or a symalg module defines the bare name), so a misspelt one stays a warning.
+5. A private object of symalg (a component starting with ``_``), or one autodoc leaves out (module data without a
+   docstring, a ``TypeVar``), has no page: it is shown as code, unlinked. It must exist (its full name imports, or a
+   symalg module defines the bare name), so a misspelt one stays a warning.
 
 Anything else is left alone and stays a warning (an error under ``-n -W``).
 """
@@ -76,18 +77,18 @@ def _defining_name(obj: Any) -> str | None:
         return obj.__name__
     module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
     if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname:
-        return f"{module}.{qualname}"
+        return qualname if module == "builtins" else f"{module}.{qualname}"  # str, not builtins.str
     return None
 
 
 def _member_name(owner: Any, member: str) -> str | None:
-    """``Class.member`` for a method, property or (dataclass) field of a class, named by the class looked up."""
+    """``Class.member`` for a member of a class (a method, property, attribute or dataclass field), named by the
+    class of the MRO that defines it."""
     if not inspect.isclass(owner):
         return None
-    fields = set().union(*(getattr(base, "__annotations__", {}) for base in owner.__mro__))
-    if member in fields or inspect.isroutine(getattr(owner, member, None)) or isinstance(
-            inspect.getattr_static(owner, member, None), property):
-        return f"{_defining_name(owner)}.{member}"
+    for base in owner.__mro__:  # documented on the class that defines it (autodoc shows no inherited members)
+        if member in vars(base) or member in vars(base).get("__annotations__", {}):
+            return f"{_defining_name(base)}.{member}"
     return None
 
 
@@ -165,6 +166,20 @@ def _top_level(target: str) -> str | None:
     return ".".join(filter(None, (symalg._HOMES[head], head, rest)))
 
 
+def _exists(name: str) -> bool:
+    """Whether an absolute dotted name names an object (a dataclass field without a default included)."""
+    head, _, member = name.rpartition(".")
+    return _import(name) is not None or _member_name(_import(head), member) is not None
+
+
+def _absolute(target: str) -> str | None:
+    """The defining name of an absolute ``symalg.…`` name (a re-export: ``symalg.catalogue.rules.attention_sites``)."""
+    if not target.startswith("symalg.") or not _exists(target):
+        return None
+    obj = _import(target)
+    return _defining_name(obj) if _has_page(obj) else target
+
+
 def _unique_suffix(env: Any, target: str) -> str | None:
     """The one documented symalg object whose name ends with ``.target`` (a short name in a summary line, which
     carries no module of its own); ``None`` when there are none or several."""
@@ -175,11 +190,9 @@ def _unique_suffix(env: Any, target: str) -> str | None:
 def _private(name: str) -> bool:
     """A private object of symalg that exists: by its full name, or a bare ``_name`` some symalg module defines."""
     if name.startswith("symalg."):
-        return any(part.startswith("_") for part in name.split(".")) and _import(name) is not None
-    first = name.partition(".")[0]
-    return first.startswith("_") and any(
-        _lookup(name, module) is not None for module_name, module in list(sys.modules.items())
-        if module_name.startswith("symalg") and module is not None)
+        return any(part.startswith("_") for part in name.split(".")) and _exists(name)
+    return name.startswith("_") and any(_exists(f"{module_name}.{name}") for module_name in list(sys.modules)
+                                        if module_name.startswith("symalg"))
 
 
 def _retarget(node: nodes.Element, contnode: nodes.Element, old: str, new: str) -> None:
@@ -196,17 +209,18 @@ def resolve(app: Sphinx, env: Any, node: nodes.Element, contnode: nodes.Element)
     target = node.get("reftarget", "")
     if not target or " " in target:
         return None
-    new = _top_level(target) or _as_seen_from(node, target) or _unique_suffix(env, target) or target
+    new = _top_level(target) or _absolute(target) or _as_seen_from(node, target) or _unique_suffix(env, target) \
+        or target
     new = PUBLIC.get(new, new)
     if _private(new):
         return contnode
-    if new == target:
-        return None
-    _retarget(node, contnode, target, new)
     if new.startswith("symalg."):  # module data (a type alias in an annotation) is documented as data
         domain = env.get_domain("py")
-        return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], new, node, contnode) or \
+        found = domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], new, node, contnode) or \
             domain.resolve_xref(env, node["refdoc"], app.builder, "obj", new, node, contnode)
+        return found or (contnode if _exists(new) else None)  # an undocumented object: code, unlinked
+    if new != target:
+        _retarget(node, contnode, target, new)
     return None  # intersphinx (priority 500) resolves the rewritten name
 
 
