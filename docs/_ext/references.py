@@ -22,6 +22,7 @@ Anything else is left alone and stays a warning (an error under ``-n -W``).
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import importlib
 import importlib.util
@@ -207,8 +208,8 @@ def resolve(app: Sphinx, env: Any, node: nodes.Element, contnode: nodes.Element)
     if node.get("refdomain") != "py":
         return None
     target = node.get("reftarget", "")
-    if not target or " " in target:
-        return None
+    if not target or " " in target or hasattr(builtins, target):
+        return None  # text, or a builtin (Sphinx's own resolver accepts those)
     new = _top_level(target) or _absolute(target) or _as_seen_from(node, target) or _unique_suffix(env, target) \
         or target
     new = PUBLIC.get(new, new)

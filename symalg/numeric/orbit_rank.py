@@ -532,8 +532,9 @@ def _jacobian(parts: Sequence[tuple[_Site, Sequence[int] | None]], state: Mappin
     """``∂/∂x [Σ_s tangent_s(θ, Σ_i x_i B_{s,i})]`` restricted to ``tensors``: a ``rows × Σ dim`` matrix.
 
     ``parts`` are ``(site, coordinates)``: the basis ``B_{s,i}`` is the group's own
-    :meth:`algebra_basis` (:meth:`symmetric_basis` with ``symmetric``), restricted to ``coordinates`` unless
-    that is ``None``. Refused with a ``MemoryError`` when the Jacobian and the bases (``jacfwd`` holds about
+    :meth:`~symalg.catalogue.groups.SiteGroup.algebra_basis`
+    (:meth:`~symalg.catalogue.groups.SiteGroup.symmetric_basis` with ``symmetric``), restricted to ``coordinates``
+    unless that is ``None``. Refused with a ``MemoryError`` when the Jacobian and the bases (``jacfwd`` holds about
     twice that) would exceed ``max_bytes``, before any of them is built.
     """
     reference = next(iter(state.values()), torch.zeros(()))
