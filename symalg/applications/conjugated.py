@@ -158,6 +158,8 @@ class ConjugatedAction:
     loss : the invariant function ``f(x)`` (``(..., n) → (...)``), used by the checks.
     name : shown in errors and reports.
 
+    Examples
+    --------
     >>> act = ConjugatedAction(lambda x: 2 * x, lambda y: y / 2, Orthogonal(2), name="scaled")
     >>> g = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=torch.float64)
     >>> act.apply(torch.tensor([1.0, 0.0], dtype=torch.float64), g).tolist()

@@ -497,6 +497,8 @@ def count_conservation_laws(model: ChainModel, activation: str | None = None, bi
     max_level : last level ``F_j`` tried; ``1`` counts only ``W(θ)`` (no brackets).
     rtol : singular values of the samples (scaled to norm at most 1) below ``rtol`` count as zero.
 
+    Examples
+    --------
     >>> count_conservation_laws([4, 3, 2], activation="relu", bias=False).n_laws   # one per hidden neuron
     3
     """

@@ -54,9 +54,9 @@ def _orthonormal(frame: torch.Tensor) -> torch.Tensor:
 
 class MirrorConstraint(nn.Module):
     """``T(v, a, b) = (I − OOᵀ)v + O(a ⊙ b)`` (``O = frame``) for a flattened tensor (module docstring): a
-    parametrisation for
-    :func:`torch.nn.utils.parametrize.register_parametrization`, whose :meth:`right_inverse` gives the balanced
-    ``a = sign(c)√|c|``, ``b = √|c|`` (``c = Oᵀθ``). Weight decay on ``a, b`` then favours ``Oᵀθ = 0``.
+    parametrisation for :func:`torch.nn.utils.parametrize.register_parametrization`, whose
+    :meth:`MirrorConstraint.right_inverse` gives the balanced ``a = sign(c)√|c|``, ``b = √|c|`` (``c = Oᵀθ``).
+    Weight decay on ``a, b`` then favours ``Oᵀθ = 0``.
 
     >>> import torch
     >>> from torch.nn.utils import parametrize

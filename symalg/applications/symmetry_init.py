@@ -79,7 +79,7 @@ __all__ = ["UnreachableTarget", "InitResult", "imbalance_element", "scaling_elem
            "HessianEigenvalue", "TraceEstimate", "top_hessian_eigenvalue", "hessian_trace"]
 
 
-Targets = float | Mapping[str, "float | torch.Tensor"]
+Targets = float | Mapping[str, float | torch.Tensor]
 """Conserved-quantity targets: one number for every site, or ``{site: number | tensor}``."""
 
 

@@ -185,7 +185,7 @@ class elu(_TorchActivation):
 
 
 class hardtanh(_TorchActivation):
-    """``min(max(z, −1), 1)``; odd, which :meth:`eval` states (``hardtanh(−z) → −hardtanh(z)``,
+    """``min(max(z, −1), 1)``; odd, which :meth:`hardtanh.eval` states (``hardtanh(−z) → −hardtanh(z)``,
     ``hardtanh(0) → 0``) so that the sign-flip identity is decided symbolically; the catalogue law
     tests check it numerically against torch's function."""
 
@@ -201,7 +201,7 @@ class hardtanh(_TorchActivation):
 
 
 class hardsigmoid(_TorchActivation):
-    """``min(max(z / 6 + 1/2, 0), 1)``; symmetric about ``(0, 1/2)``, which :meth:`eval` states
+    """``min(max(z / 6 + 1/2, 0), 1)``; symmetric about ``(0, 1/2)``, which :meth:`hardsigmoid.eval` states
     (``hardsigmoid(−z) → 1 − hardsigmoid(z)``, ``hardsigmoid(0) → 1/2``), checked numerically by the
     catalogue law tests."""
 

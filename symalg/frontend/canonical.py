@@ -119,6 +119,8 @@ def call_activation(spelling: str, target: object, torch_args: Mapping[str, obje
     target : the callee.
     torch_args : the call's arguments by torch's parameter names, defaults included.
 
+    Examples
+    --------
     >>> call_activation("aten", "aten.hardtanh.default", {"min_val": 0.0, "max_val": 6.0})
     ('relu6', {})
     >>> call_activation("aten", "aten.hardtanh.default", {"min_val": -2.0, "max_val": 6.0})

@@ -5,7 +5,8 @@ canonical ops of :func:`symalg.trace`.
 
 written ``z * torch.sigmoid(self.beta * z)`` (either operand order in either product; ``torch.sigmoid``,
 ``F.sigmoid``, ``z.sigmoid()`` and ``nn.Sigmoid`` are one canonical ``sigmoid``) becomes
-``swish_beta(z, β)``, whose rule (:func:`symalg.catalogue.rules.swish_beta_rule`) binds ``β`` to the sites of ``z``.
+``swish_beta(z, β)``, whose rule (:func:`symalg.catalogue.rules.elementwise.swish_beta_rule`) binds ``β`` to
+the sites of ``z``.
 The gate ``f`` may be any pointwise activation of the built-in catalogue without parameters of its own (``tanh``,
 ``gelu``, ``relu``, …; not a radial one, not ``softmax``): ``(d z) ⊙ f((d⁻¹β) ⊙ (d z)) = d (z ⊙ f(β ⊙ z))`` for
 every invertible diagonal ``d`` whatever ``f`` is, as long as it acts on each coordinate alone and alike (the gate

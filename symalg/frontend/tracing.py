@@ -751,6 +751,8 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
         passed again whenever the model is run (certification, :func:`symalg.verify`). An input named
         ``fold_attention`` or ``tracer`` goes in ``example_inputs``.
 
+    Notes
+    -----
     Every tensor the model returns is an output (tuples, dicts, dataclasses, Hugging Face ``ModelOutput``
     objects and the key/value caches in them: :func:`~symalg.frontend.outputs.output_tensors`); the exported
     graph's outputs carry their paths (``settings["outputs"]`` of the ``output`` node), so that a blocked note

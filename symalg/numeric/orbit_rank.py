@@ -1210,8 +1210,10 @@ def action_matrix(analysis: AnalysisLike, params: Mapping[str, torch.Tensor], sy
                   max_bytes: float = 4 * _GIB) -> torch.Tensor:
     """The matrix of ``M ↦ M·θ`` over the Lie-algebra bases of all continuous symmetries, at ``params``.
 
-    One row per basis generator (symmetry by symmetry, each group's :meth:`algebra_basis`, or only its
-    :meth:`symmetric_basis` with ``symmetric``: then row ``i`` is ``M_i·θ = ∇Q_{M_i}(θ) / 2``), one column per
+    One row per basis generator (symmetry by symmetry, each group's
+    :meth:`~symalg.catalogue.groups.SiteGroup.algebra_basis`, or only its
+    :meth:`~symalg.catalogue.groups.SiteGroup.symmetric_basis` with ``symmetric``: then row ``i`` is
+    ``M_i·θ = ∇Q_{M_i}(θ) / 2``), one column per
     parameter entry (every parameter of ``analysis.model_graph.parameter_shapes``, flattened, in that order;
     buffers an action moves are not columns). Built as the Jacobian of :meth:`Symmetry.tangent` (one call per
     symmetry, not one per generator); refused with a ``MemoryError`` above ``max_bytes``. The widths must be

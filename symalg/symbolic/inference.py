@@ -62,7 +62,7 @@ __all__ = ["Blocked", "Segment", "Label", "SiteClass", "PermutationClass", "Mode
 KINDS = ("GL", "O", "O1", "C", "PS", "SF", "EF", "S", "T", "T1")
 GRANTED = frozenset({"C"})
 """Kinds a site carries only where the rule making it grants them (``C``: a head's query/key planes under rotary
-embeddings, :func:`~symalg.catalogue.rules.attention_sites`); any restriction not naming them removes them."""
+embeddings, :func:`~symalg.catalogue.rules.attention.attention_sites`); any restriction not naming them removes them."""
 ALL = frozenset(KINDS) - GRANTED
 """The kinds a new site may carry until an op restricts them."""
 DIAGONAL = frozenset({"PS", "SF", "S"})

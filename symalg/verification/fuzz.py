@@ -437,7 +437,7 @@ class Case:
     """Parameters set to special values after :func:`randomize` (the ``special`` family): ``(name, value)``."""
     registered: tuple[str, int] | None = None
     """The ``rules`` family's model: ``(op, k)``, the registered example (``k = 0``) or near miss ``k − 1`` of the op
-    rule (:func:`registered_model`); ``layers`` and ``steps`` are then empty."""
+    rule (:func:`registered_models`); ``layers`` and ``steps`` are then empty."""
 
     @property
     def description(self) -> str:
