@@ -14,6 +14,7 @@ misses; the registrations live in one module per family:
 - :mod:`~symalg.catalogue.rules.normalisation`: batch, layer, RMS and group norms;
 - :mod:`~symalg.catalogue.rules.attention`: attention and ``nn.MultiheadAttention``;
 - :mod:`~symalg.catalogue.rules.torch_layers`: ``nn.Bilinear`` and ``nn.ConvTranspose1d/2d``;
+- :mod:`~symalg.catalogue.rules.moe`: sparse mixture-of-experts blocks (the routing as one op);
 - :mod:`~symalg.catalogue.rules.passes`: ops a front-end pass consumes (spellings only).
 
 Activations are served by the catalogue (:mod:`symalg.catalogue`), and an op nobody declared is handled by
@@ -24,8 +25,8 @@ True
 """
 from __future__ import annotations
 
-from symalg.catalogue.rules import (attention, data, dense, elementwise, normalisation, passes, reductions, structural,
-                                   torch_layers)
+from symalg.catalogue.rules import (attention, data, dense, elementwise, moe, normalisation, passes, reductions,
+                                   structural, torch_layers)
 from symalg.catalogue.rules._base import Inputs, NodeData, Rule, Value, WeightExpr, activation_rule, unknown_rule
 from symalg.catalogue.rules.registry import (_RULES, CAPABILITIES, OP_RULES, REGISTRY, RULE_EXAMPLES, OpSpellings,
                                              Registration, capable, register_rule, register_spelling, spelling_table)
@@ -35,5 +36,5 @@ __all__ = ["CAPABILITIES", "Inputs", "NodeData", "OP_RULES", "OpSpellings", "REG
            "Registration", "Rule", "Value", "WeightExpr", "activation_rule", "capable", "register_rule",
            "register_spelling", "spelling_table", "unknown_rule", "identity_rule", "_RULES"]
 
-FAMILIES = (data, dense, elementwise, structural, reductions, normalisation, attention, torch_layers, passes)
+FAMILIES = (data, dense, elementwise, structural, reductions, normalisation, attention, torch_layers, moe, passes)
 """The family modules, each registering its rules on import."""
