@@ -199,7 +199,8 @@ def _reference(params: dict[str, torch.Tensor], roles: dict[str, str], x: torch.
 
 def _reference_match(module: nn.Module, settings: dict[str, Any]) -> dict[str, Any] | None:
     """``{"activation", "normalise", "logits"}`` of the formula the module's forward matches (relative error below
-    ``1e-9`` on two random inputs at fresh random parameters, in float64), or ``None``."""
+    ``1e-6`` on two random inputs at fresh random parameters, in float64: routers computing the softmax in float32,
+    as Mixtral's, round at ``1e-8``), or ``None``."""
     probe = copy.deepcopy(module).double()
     hidden = settings["hidden"]
     generator = torch.Generator().manual_seed(0)
@@ -219,11 +220,11 @@ def _reference_match(module: nn.Module, settings: dict[str, Any]) -> dict[str, A
 
 
 def _matches(out: object, reference: tuple[torch.Tensor, ...]) -> bool:
-    """``out`` is ``y`` or ``(y, logits)`` of ``reference`` to a relative ``1e-9``."""
+    """``out`` is ``y`` or ``(y, logits)`` of ``reference`` to a relative ``1e-6``."""
     got = out if isinstance(out, tuple) else (out,)
     if not all(isinstance(t, torch.Tensor) for t in got) or len(got) > 2:
         return False
-    return all(a.shape == b.shape and float((a - b).norm()) <= 1e-9 * float(b.norm()) + 1e-12
+    return all(a.shape == b.shape and float((a - b).norm()) <= 1e-6 * float(b.norm()) + 1e-12
                for a, b in zip(got, reference))
 
 
