@@ -318,12 +318,28 @@ def _moe_fake(x: torch.Tensor, block: int) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("symalg::moe_logits", mutates_args=())
+def _moe_logits_op(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_moe_op` for a block returning ``(y, router logits)``."""
+    y, logits = _MOE_BLOCKS[block]._symalg_forward(x)
+    return y.clone(), logits.clone()
+
+
+@_moe_logits_op.register_fake
+def _moe_logits_fake(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    experts = recognise_moe(_MOE_BLOCKS[block])["experts"]   # (tokens, E), as the recognition checked
+    return torch.empty_like(x), x.new_empty((x.numel() // x.shape[-1], experts))
+
+
+_MOE_OPS = {torch.ops.symalg.moe.default, torch.ops.symalg.moe_logits.default}
+
+
 @contextlib.contextmanager
 def _moe_blocks_as_ops(model: nn.Module) -> Any:
-    """While exporting, every block :func:`~symalg.catalogue.rules.moe.recognise` finds (returning one tensor) is
-    called as one ``symalg::moe`` op (its routing is data-dependent: export cannot trace it), as fx keeps it as one
-    module node; the forwards are restored afterwards."""
-    blocks = [m for m in model.modules() if (found := recognise_moe(m)) is not None and not found.get("logits")]
+    """While exporting, every block :func:`~symalg.catalogue.rules.moe.recognise` finds is called as one
+    ``symalg::moe`` (or ``symalg::moe_logits``) op (its routing is data-dependent: export cannot trace it), as fx
+    keeps it as one module node; the forwards are restored afterwards."""
+    blocks = [m for m in model.modules() if recognise_moe(m) is not None]
     for block in blocks:
         _MOE_BLOCKS[id(block)] = block
         block._symalg_forward = block.forward
@@ -335,11 +351,12 @@ def _moe_blocks_as_ops(model: nn.Module) -> Any:
             del block.forward, block._symalg_forward
 
 
-def _moe_call(block: int, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+def _moe_call(block: int, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     """``symalg::moe(x, block)`` for a block called on one tensor; any other call runs its forward as written."""
-    if args or kwargs:
-        return _MOE_BLOCKS[block]._symalg_forward(x, *args, **kwargs)
-    return torch.ops.symalg.moe(x, block)
+    module = _MOE_BLOCKS[block]
+    if args or kwargs or recognise_moe(module).get("logits") is None:   # outputs of unknown shapes
+        return module._symalg_forward(x, *args, **kwargs)
+    return (torch.ops.symalg.moe_logits if recognise_moe(module)["logits"] else torch.ops.symalg.moe)(x, block)
 
 
 def _moe_record(node: torch.fx.Node, model: nn.Module, by_id: Mapping[int, str]) -> dict:
@@ -842,7 +859,7 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
     aliases, by_id = _canonical_params(model)
     graph = nx.DiGraph()
     for node in gm.graph.nodes:
-        record = _node_record(node, gm, by_id) if node.target is not torch.ops.symalg.moe.default else \
+        record = _node_record(node, gm, by_id) if node.target not in _MOE_OPS else \
             {**_node_record(node, gm, by_id), **_moe_record(node, model, by_id)}
         record["shape"] = _shape_of(node.meta)
         record["arguments"] = _constant_args(node)

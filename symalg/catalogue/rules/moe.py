@@ -59,16 +59,26 @@ class SparseMoE(nn.Module):
 
     ``jitter``: multiplicative router noise in training mode (Mixtral's); ``logits``: return ``(y, W_r x)``;
     ``normalise``: renormalise the top-``k`` weights; ``widths``: per-expert hidden widths (experts of different
-    widths: columns beyond an expert's width are masked to zero, so it is no fused block of equal experts)."""
+    widths: columns beyond an expert's width are masked to zero, so it is no fused block of equal experts);
+    ``shared``: the width of a shared expert gated by ``sigmoid(g·x)`` (Qwen2-MoE's), 0 for none; ``swapped``: the
+    up rows before the gate rows in ``gate_up_proj`` (not Hugging Face's layout)."""
 
     def __init__(self, hidden: int, intermediate: int, experts: int = 4, top_k: int = 2, jitter: float = 0.0,
-                 logits: bool = False, normalise: bool = True, widths: tuple[int, ...] | None = None) -> None:
+                 logits: bool = False, normalise: bool = True, widths: tuple[int, ...] | None = None, shared: int = 0,
+                 swapped: bool = False) -> None:
         super().__init__()
         self.top_k, self.jitter, self.logits, self.normalise, self.widths = top_k, jitter, logits, normalise, widths
+        self.swapped = swapped
         self.gate = nn.Linear(hidden, experts, bias=False)
         self.experts = nn.Module()
         self.experts.gate_up_proj = nn.Parameter(torch.randn(experts, 2 * intermediate, hidden) / hidden ** 0.5)
         self.experts.down_proj = nn.Parameter(torch.randn(experts, hidden, intermediate) / intermediate ** 0.5)
+        if shared:
+            self.shared_expert = nn.Module()
+            self.shared_expert.gate_proj = nn.Linear(hidden, shared, bias=False)
+            self.shared_expert.up_proj = nn.Linear(hidden, shared, bias=False)
+            self.shared_expert.down_proj = nn.Linear(shared, hidden, bias=False)
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         shape = x.shape
@@ -84,10 +94,15 @@ class SparseMoE(nn.Module):
         for e in range(gate_up.shape[0]):
             tokens, slot = torch.where(chosen == e)
             g, u = F.linear(h[tokens], gate_up[e]).chunk(2, dim=-1)
+            g, u = (u, g) if self.swapped else (g, u)
             inner = F.silu(g) * u
             if self.widths is not None:
                 inner = inner * (torch.arange(inner.shape[-1]) < self.widths[e])
             y.index_add_(0, tokens, F.linear(inner, down[e]) * weights[tokens, slot, None])
+        if hasattr(self, "shared_expert"):
+            expert = self.shared_expert
+            inner = F.silu(expert.gate_proj(h)) * expert.up_proj(h)
+            y = y + torch.sigmoid(self.shared_expert_gate(h)) * expert.down_proj(inner)
         y = y.reshape(shape)
         return (y, logits) if self.logits else y
 
@@ -128,14 +143,14 @@ def _recognise(module: nn.Module) -> dict[str, Any] | None:
     if not (isinstance(top_k, int) and 1 <= top_k <= experts):
         return {**settings, "refused": f"its number of selected experts top_k={top_k!r} is not in [1, {experts}]"}
     try:
-        match = _reference_match(module, settings)
+        match, logits = _reference_match(module, settings)
     except Exception as error:   # the module's own failure on random inputs: refused with its message
         return {**settings, "refused": f"its forward failed on random inputs ({type(error).__name__}: {error})"}
     if match is None:
         mode = " in training mode" if module.training else ""
-        return {**settings, "refused": f"its forward{mode} does not match a top-{top_k} softmax routing over SwiGLU "
-                                       "experts (router noise, another routing or expert layout?)"}
-    return {**settings, **match}
+        return {**settings, "logits": logits, "refused": f"its forward{mode} does not match a top-{top_k} softmax "
+                "routing over SwiGLU experts (router noise, another routing or expert layout?)"}
+    return {**settings, "logits": logits, **match}
 
 
 def _roles(module: nn.Module) -> dict[str, str] | None:
@@ -151,31 +166,28 @@ def _roles(module: nn.Module) -> dict[str, str] | None:
             or params[down].shape[0] != experts or experts < 2:
         return None
     rest = {n: p for n, p in params.items() if n not in cubes}
+    shared = _shared_roles(rest, hidden)
+    rest = {n: p for n, p in rest.items() if n not in (shared or {}).values()}
     routers = [n for n, p in rest.items() if n.endswith("weight") and tuple(p.shape) == (experts, hidden)]
-    if len(routers) != 1:
+    if len(routers) != 1 or len(rest) != 1:
         return None
-    roles = {"router": routers[0], "gate_up": gate_up, "down": down}
-    rest.pop(routers[0])
-    if rest:
-        shared = _shared_roles(rest, hidden)
-        if shared is None:
-            return None
-        roles.update(shared)
-    return roles
+    return {"router": routers[0], "gate_up": gate_up, "down": down, **(shared or {})}
 
 
 def _shared_roles(rest: dict[str, torch.Tensor], hidden: int) -> dict[str, str] | None:
     """The shared expert (``….gate_proj.weight``, ``….up_proj.weight`` ``(S, H)``, ``….down_proj.weight (H, S)``) and
-    its gate ``weight (1, H)`` among the remaining parameters ``rest``, or ``None``."""
+    its gate (a sibling ``weight (1, H)``) among the parameters ``rest`` besides the experts', or ``None``."""
     found = {role: [n for n in rest if n.endswith(f".{role}_proj.weight")] for role in ("gate", "up", "down")}
-    gates = [n for n, p in rest.items() if n.endswith("weight") and tuple(p.shape) == (1, hidden)]
-    if any(len(names) != 1 for names in found.values()) or len(gates) != 1 or len(rest) != 4:
+    if any(len(names) != 1 for names in found.values()):
         return None
-    width = rest[found["gate"][0]].shape[0]
-    shapes = (tuple(rest[found["up"][0]].shape), tuple(rest[found["down"][0]].shape))
-    if tuple(rest[found["gate"][0]].shape) != (width, hidden) or shapes != ((width, hidden), (hidden, width)):
+    names = {role: found[role][0] for role in found}
+    gates = [n for n, p in rest.items() if n not in names.values() and n.endswith("gate.weight")
+             and tuple(p.shape) == (1, hidden)]
+    width = rest[names["gate"]].shape[0]
+    shapes = tuple(tuple(rest[names[role]].shape) for role in ("gate", "up", "down"))
+    if len(gates) != 1 or shapes != ((width, hidden), (width, hidden), (hidden, width)):
         return None
-    return {"shared_gate": found["gate"][0], "shared_up": found["up"][0], "shared_down": found["down"][0],
+    return {"shared_gate": names["gate"], "shared_up": names["up"], "shared_down": names["down"],
             "shared_weight": gates[0]}
 
 
@@ -197,10 +209,11 @@ def _reference(params: dict[str, torch.Tensor], roles: dict[str, str], x: torch.
     return y.reshape(x.shape), logits
 
 
-def _reference_match(module: nn.Module, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """``{"activation", "normalise", "logits"}`` of the formula the module's forward matches (relative error below
-    ``1e-6`` on two random inputs at fresh random parameters, in float64: routers computing the softmax in float32,
-    as Mixtral's, round at ``1e-8``), or ``None``."""
+def _reference_match(module: nn.Module, settings: dict[str, Any]) -> tuple[dict[str, Any] | None, bool | None]:
+    """``{"activation", "normalise"}`` of the formula the module's forward matches (relative error below ``1e-6`` on
+    two random inputs at fresh random parameters, in float64: routers computing the softmax in float32, as Mixtral's,
+    round at ``1e-8``), or ``None``; and whether it returns ``(y, logits)`` shaped as the formula's (``True``), ``y``
+    (``False``) or something else (``None``)."""
     probe = copy.deepcopy(module).double()
     hidden = settings["hidden"]
     generator = torch.Generator().manual_seed(0)
@@ -211,19 +224,22 @@ def _reference_match(module: nn.Module, settings: dict[str, Any]) -> dict[str, A
         inputs = [torch.randn(2, 3, hidden, generator=generator, dtype=torch.float64),
                   torch.randn(1, 5, hidden, generator=generator, dtype=torch.float64)]
         outputs = [probe(x) for x in inputs]
-        for name, activation in _ACTIVATIONS.items():
-            for normalise in (True, False):
-                if all(_matches(out, _reference(params, settings["roles"], x, settings["top_k"], activation, normalise))
-                       for x, out in zip(inputs, outputs)):
-                    return {"activation": name, "normalise": normalise, "logits": isinstance(outputs[0], tuple)}
-    return None
+        references = {(name, normalise): [_reference(params, settings["roles"], x, settings["top_k"], activation,
+                                                     normalise) for x in inputs]
+                      for name, activation in _ACTIVATIONS.items() for normalise in (True, False)}
+    shapes = [[tuple(t.shape) for t in reference] for reference in references[("silu", True)]]
+    got = [[tuple(t.shape) for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)]
+           for out in outputs]
+    logits = True if got == shapes else False if got == [s[:1] for s in shapes] else None
+    for (name, normalise), reference in references.items():
+        if logits is not None and all(_matches(out, ref) for out, ref in zip(outputs, reference)):
+            return {"activation": name, "normalise": normalise}, logits
+    return None, logits
 
 
 def _matches(out: object, reference: tuple[torch.Tensor, ...]) -> bool:
-    """``out`` is ``y`` or ``(y, logits)`` of ``reference`` to a relative ``1e-6``."""
+    """``out`` is ``y`` or ``(y, logits)`` of ``reference`` to a relative ``1e-6`` (shapes checked already)."""
     got = out if isinstance(out, tuple) else (out,)
-    if not all(isinstance(t, torch.Tensor) for t in got) or len(got) > 2:
-        return False
     return all(a.shape == b.shape and float((a - b).norm()) <= 1e-6 * float(b.norm()) + 1e-12
                for a, b in zip(got, reference))
 
