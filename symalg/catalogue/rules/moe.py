@@ -254,7 +254,7 @@ class MoEStack(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         out = self.block(self.fc1(x))
-        return (self.fc2(out[0]), out[1]) if isinstance(out, tuple) else self.fc2(out)
+        return (self.fc2(out[0]), out[1]) if self.block.logits else self.fc2(out)
 
 
 def _stack(train: bool = False, **options: Any) -> Example:
