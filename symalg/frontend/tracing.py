@@ -46,7 +46,6 @@ import inspect
 import io
 import logging
 import operator
-import weakref
 from dataclasses import is_dataclass
 from typing import Any, Callable, Mapping
 
@@ -144,7 +143,8 @@ class _Tracer(torch.fx.Tracer):
             return False
         if _opens(module) and qualified_name not in self.closed:
             return False
-        return isinstance(module, Activation) or recognise_moe(module) is not None or super().is_leaf_module(module, qualified_name)
+        return isinstance(module, Activation) or recognise_moe(module) is not None \
+            or super().is_leaf_module(module, qualified_name)
 
     def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
@@ -303,14 +303,15 @@ def _export_graph(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -
 
 
 # -- mixture-of-experts blocks: one node (symalg.catalogue.rules.moe) ---------------------------------------------
-_MOE_BLOCKS: "weakref.WeakValueDictionary[int, nn.Module]" = weakref.WeakValueDictionary()
-"""``{id: block}`` of the MoE blocks :func:`_moe_blocks_as_ops` hands to ``torch.export`` as ``symalg::moe`` calls."""
+_MOE_BLOCKS: dict[int, tuple[nn.Module, Callable[..., Any], dict[str, Any]]] = {}
+"""``{id: (block, its own forward, its settings)}`` of the MoE blocks :func:`_moe_blocks_as_ops` hands to
+``torch.export`` as ``symalg::moe`` calls (while it exports)."""
 
 
 @torch.library.custom_op("symalg::moe", mutates_args=())
 def _moe_op(x: torch.Tensor, block: int) -> torch.Tensor:
     """The MoE block ``block`` (a key of :data:`_MOE_BLOCKS`) on ``x``, run as written: one opaque call for export."""
-    return _MOE_BLOCKS[block]._symalg_forward(x).clone()
+    return _MOE_BLOCKS[block][1](x).clone()
 
 
 @_moe_op.register_fake
@@ -321,13 +322,13 @@ def _moe_fake(x: torch.Tensor, block: int) -> torch.Tensor:
 @torch.library.custom_op("symalg::moe_logits", mutates_args=())
 def _moe_logits_op(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`_moe_op` for a block returning ``(y, router logits)``."""
-    y, logits = _MOE_BLOCKS[block]._symalg_forward(x)
+    y, logits = _MOE_BLOCKS[block][1](x)
     return y.clone(), logits.clone()
 
 
 @_moe_logits_op.register_fake
 def _moe_logits_fake(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    experts = recognise_moe(_MOE_BLOCKS[block])["experts"]   # (tokens, E), as the recognition checked
+    experts = _MOE_BLOCKS[block][2]["experts"]   # (tokens, E), as the recognition checked
     return torch.empty_like(x), x.new_empty((x.numel() // x.shape[-1], experts))
 
 
@@ -336,32 +337,36 @@ _MOE_OPS = {torch.ops.symalg.moe.default, torch.ops.symalg.moe_logits.default}
 
 @contextlib.contextmanager
 def _moe_blocks_as_ops(model: nn.Module) -> Any:
-    """While exporting, every block :func:`~symalg.catalogue.rules.moe.recognise` finds is called as one
-    ``symalg::moe`` (or ``symalg::moe_logits``) op (its routing is data-dependent: export cannot trace it), as fx
-    keeps it as one module node; the forwards are restored afterwards."""
-    blocks = [m for m in model.modules() if recognise_moe(m) is not None]
-    for block in blocks:
-        _MOE_BLOCKS[id(block)] = block
-        block._symalg_forward = block.forward
-        block.forward = functools.partial(_moe_call, id(block))
+    """While exporting, every block :func:`~symalg.catalogue.rules.moe.recognise` finds with outputs of known shapes
+    (``y``, or ``(y, logits)``) is called as one ``symalg::moe`` (or ``symalg::moe_logits``) op: its routing is
+    data-dependent, export cannot trace it; fx keeps it as one module node. The forwards are restored afterwards."""
+    opened = []
+    for block in model.modules():
+        settings = recognise_moe(block)
+        if settings is not None and settings.get("logits") is not None:
+            _MOE_BLOCKS[id(block)] = (block, block.forward, settings)
+            object.__setattr__(block, "forward", functools.partial(_moe_call, id(block)))
+            opened.append(block)
     try:
         yield
     finally:
-        for block in blocks:
-            del block.forward, block._symalg_forward
+        for block in opened:
+            del _MOE_BLOCKS[id(block)]
+            object.__delattr__(block, "forward")
 
 
 def _moe_call(block: int, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     """``symalg::moe(x, block)`` for a block called on one tensor; any other call runs its forward as written."""
-    module = _MOE_BLOCKS[block]
-    if args or kwargs or recognise_moe(module).get("logits") is None:   # outputs of unknown shapes
-        return module._symalg_forward(x, *args, **kwargs)
-    return (torch.ops.symalg.moe_logits if recognise_moe(module)["logits"] else torch.ops.symalg.moe)(x, block)
+    _, forward, settings = _MOE_BLOCKS[block]
+    if args or kwargs:
+        return forward(x, *args, **kwargs)
+    return (torch.ops.symalg.moe_logits if settings["logits"] else torch.ops.symalg.moe)(x, block)
 
 
 def _moe_record(node: torch.fx.Node, model: nn.Module, by_id: Mapping[int, str]) -> dict:
-    """The record of a ``symalg::moe`` call, as fx records the block's module node."""
-    block = _MOE_BLOCKS[node.args[1]]
+    """The record of a ``symalg::moe`` call (its second argument the block's ``id``), as fx records the block's module
+    node."""
+    block = next(m for m in model.modules() if id(m) == node.args[1])
     name = next(n for n, m in model.named_modules() if m is block)
     return dict(op="moe", kind="module", module=name, settings=recognise_moe(block), instance=block,
                 params={role: by_id.get(id(t), f"{name}.{role}") for role, t in block.named_parameters()},

@@ -332,7 +332,8 @@ class Layer:
     def source(self) -> str:
         if self.cls == "Parameter":
             return f"nn.Parameter(torch.zeros({self.args!r}))"
-        module = f"{'' if self.cls in EXTRA_LAYERS else 'nn.'}{self.cls}({', '.join([repr(a) for a in self.args] + [f'{k}={v!r}' for k, v in self.kwargs])})"
+        arguments = ", ".join([repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs])
+        module = f"{'' if self.cls in EXTRA_LAYERS else 'nn.'}{self.cls}({arguments})"
         return WRAPS[self.wrap][0].format(module) if self.wrap else module
 
 
@@ -1868,10 +1869,11 @@ def _moe(b: _Builder) -> _Drawn:
     residual = rng.random() < 0.4
     b.variant += [kind, source, f"E{experts}"] + ["residual"] * residual
     options: dict[str, Any] = {"experts": experts, "top_k": 1 if kind == "top1" else rng.randint(1, experts)}
-    options.update({"shared": {"shared": b.width()}, "unnormalised": {"normalise": False},
-                    "jitter": {"jitter": 0.2}, "jitter_eval": {"jitter": 0.2}, "logits": {"logits": True},
-                    "widths": {"widths": tuple(rng.randint(1, inter) for _ in range(experts))},
-                    "swapped": {"swapped": True}}.get(kind, {}))
+    variants: dict[str, dict[str, Any]] = {
+        "shared": {"shared": b.width()}, "unnormalised": {"normalise": False}, "jitter": {"jitter": 0.2},
+        "jitter_eval": {"jitter": 0.2}, "logits": {"logits": True},
+        "widths": {"widths": tuple(rng.randint(1, inter) for _ in range(experts))}, "swapped": {"swapped": True}}
+    options.update(variants.get(kind, {}))
     h = b.linear("x", n, d)
     h = b.act(h) if source == "act" else b.call(b.add("RMSNorm", d), h) if source == "norm" else h
     block = b.add("SparseMoE", d, inter, train=kind == "jitter", **options)

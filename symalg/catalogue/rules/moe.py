@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import copy
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +90,8 @@ class SparseMoE(nn.Module):
         if self.normalise:
             weights = weights / weights.sum(-1, keepdim=True)
         y = torch.zeros_like(h)
-        gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
+        experts: Any = self.experts   # (parameters or, under torch.func.functional_call, plain tensors)
+        gate_up, down = experts.gate_up_proj, experts.down_proj
         for e in range(gate_up.shape[0]):
             tokens, slot = torch.where(chosen == e)
             g, u = F.linear(h[tokens], gate_up[e]).chunk(2, dim=-1)
@@ -100,9 +101,9 @@ class SparseMoE(nn.Module):
                 inner = inner * (torch.arange(inner.shape[-1]) < self.widths[e])
             y.index_add_(0, tokens, F.linear(inner, down[e]) * weights[tokens, slot, None])
         if hasattr(self, "shared_expert"):
-            expert = self.shared_expert
-            inner = F.silu(expert.gate_proj(h)) * expert.up_proj(h)
-            y = y + torch.sigmoid(self.shared_expert_gate(h)) * expert.down_proj(inner)
+            gate, up, down_s, weight = (self.get_submodule(name) for name in (
+                "shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj", "shared_expert_gate"))
+            y = y + torch.sigmoid(weight(h)) * down_s(F.silu(gate(h)) * up(h))
         y = y.reshape(shape)
         return (y, logits) if self.logits else y
 
@@ -174,7 +175,7 @@ def _roles(module: nn.Module) -> dict[str, str] | None:
     return {"router": routers[0], "gate_up": gate_up, "down": down, **(shared or {})}
 
 
-def _shared_roles(rest: dict[str, torch.Tensor], hidden: int) -> dict[str, str] | None:
+def _shared_roles(rest: Mapping[str, torch.Tensor], hidden: int) -> dict[str, str] | None:
     """The shared expert (``….gate_proj.weight``, ``….up_proj.weight`` ``(S, H)``, ``….down_proj.weight (H, S)``) and
     its gate (a sibling ``weight (1, H)``) among the parameters ``rest`` besides the experts', or ``None``."""
     found = {role: [n for n in rest if n.endswith(f".{role}_proj.weight")] for role in ("gate", "up", "down")}
@@ -191,7 +192,7 @@ def _shared_roles(rest: dict[str, torch.Tensor], hidden: int) -> dict[str, str] 
             "shared_weight": gates[0]}
 
 
-def _reference(params: dict[str, torch.Tensor], roles: dict[str, str], x: torch.Tensor, top_k: int,
+def _reference(params: Mapping[str, torch.Tensor], roles: Mapping[str, str], x: torch.Tensor, top_k: int,
                activation: Callable[[torch.Tensor], torch.Tensor], normalise: bool) -> tuple[torch.Tensor, ...]:
     """``(y, router logits)`` of the formula in the module docstring, tokens along every axis but the last."""
     h = x.reshape(-1, x.shape[-1])
