@@ -56,6 +56,7 @@ from torch.fx.operator_schemas import get_signature_for_torch_op
 
 from symalg.catalogue.activations import CATALOGUE
 from symalg.catalogue.rules import spelling_table
+from symalg.catalogue.rules.moe import recognise as recognise_moe
 from symalg.errors import SpecError, TracingError
 from symalg.frontend.attention_folding import fold_attention as fold_attention_pass
 from symalg.frontend.export_shapes import InputShapes, export_dynamic, input_shapes, static_shapes
@@ -96,6 +97,9 @@ def canonical_module_op(module: nn.Module) -> tuple[str, dict]:
     known = module_activation(module)
     if known is not None:
         return known
+    moe = recognise_moe(module)
+    if moe is not None:
+        return "moe", moe
     if type(module) in _MODULE_OPS:
         return _MODULE_OPS[type(module)], _module_settings(module)
     return opaque_module_name(module), {}
@@ -142,7 +146,8 @@ class _Tracer(torch.fx.Tracer):
             return False
         if _opens(module) and qualified_name not in self.closed:
             return False
-        return isinstance(module, Activation) or super().is_leaf_module(module, qualified_name)
+        return isinstance(module, Activation) or recognise_moe(module) is not None \
+            or super().is_leaf_module(module, qualified_name)
 
     def call_module(self, m: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
                     kwargs: dict[str, Any]) -> Any:
@@ -252,6 +257,8 @@ def _fx_graph(model: nn.Module, constants: Mapping[str, object]) -> tuple[torch.
     hooked = [(module, {k: v for k, v in vars(module).items() if isinstance(v, torch.Tensor)})
               for module in model.modules() if module._forward_pre_hooks or module._forward_hooks]
     tracer = _Tracer()
+    for module in model.modules():   # recognised before tracing: the check runs the block, which fx's patches forbid
+        recognise_moe(module)
     try:
         with _decomposed_layers():
             graph = tracer.trace(model, concrete_args=dict(constants) or None)
@@ -288,14 +295,85 @@ def _export_graph(model: nn.Module, args: tuple, kwargs: Mapping[str, object]) -
     graph is the one analysed: the dynamic one computes sizes in the graph (``sym_size``), which slices and
     selections read differently."""
     flat = _flat_outputs(model)
-    with _decomposed_layers():
+    with _decomposed_layers(), _moe_blocks_as_ops(model):
         static = torch.export.export(flat, tuple(args), dict(kwargs), strict=False)
     try:
-        with _decomposed_layers():
+        with _decomposed_layers(), _moe_blocks_as_ops(model):
             dynamic = export_dynamic(flat, tuple(args), dict(kwargs))
     except Exception as error:  # export's own failure at dynamic shapes: the graph holds at the example's only
         return static.module(), static_shapes(static, _failure(error))
     return static.module(), input_shapes(dynamic)
+
+
+# -- mixture-of-experts blocks: one node (symalg.catalogue.rules.moe) ---------------------------------------------
+_MOE_BLOCKS: dict[int, tuple[nn.Module, Callable[..., Any], dict[str, Any]]] = {}
+"""``{id: (block, its own forward, its settings)}`` of the MoE blocks :func:`_moe_blocks_as_ops` hands to
+``torch.export`` as ``symalg::moe`` calls (while it exports)."""
+
+
+@torch.library.custom_op("symalg::moe", mutates_args=())
+def _moe_op(x: torch.Tensor, block: int) -> torch.Tensor:
+    """The MoE block ``block`` (a key of :data:`_MOE_BLOCKS`) on ``x``, run as written: one opaque call for export."""
+    return _MOE_BLOCKS[block][1](x).clone()
+
+
+@_moe_op.register_fake
+def _moe_fake(x: torch.Tensor, block: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("symalg::moe_logits", mutates_args=())
+def _moe_logits_op(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_moe_op` for a block returning ``(y, router logits)``."""
+    y, logits = _MOE_BLOCKS[block][1](x)
+    return y.clone(), logits.clone()
+
+
+@_moe_logits_op.register_fake
+def _moe_logits_fake(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    experts = _MOE_BLOCKS[block][2]["experts"]   # (tokens, E), as the recognition checked
+    return torch.empty_like(x), x.new_empty((x.numel() // x.shape[-1], experts))
+
+
+_MOE_OPS = {torch.ops.symalg.moe.default, torch.ops.symalg.moe_logits.default}
+
+
+@contextlib.contextmanager
+def _moe_blocks_as_ops(model: nn.Module) -> Any:
+    """While exporting, every block :func:`~symalg.catalogue.rules.moe.recognise` finds with outputs of known shapes
+    (``y``, or ``(y, logits)``) is called as one ``symalg::moe`` (or ``symalg::moe_logits``) op: its routing is
+    data-dependent, export cannot trace it; fx keeps it as one module node. The forwards are restored afterwards."""
+    opened = []
+    for block in model.modules():
+        settings = recognise_moe(block)
+        if settings is not None and settings.get("logits") is not None:
+            _MOE_BLOCKS[id(block)] = (block, block.forward, settings)
+            object.__setattr__(block, "forward", functools.partial(_moe_call, id(block)))
+            opened.append(block)
+    try:
+        yield
+    finally:
+        for block in opened:
+            del _MOE_BLOCKS[id(block)]
+            object.__delattr__(block, "forward")
+
+
+def _moe_call(block: int, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """``symalg::moe(x, block)`` for a block called on one tensor; any other call runs its forward as written."""
+    _, forward, settings = _MOE_BLOCKS[block]
+    if args or kwargs:
+        return forward(x, *args, **kwargs)
+    return (torch.ops.symalg.moe_logits if settings["logits"] else torch.ops.symalg.moe)(x, block)
+
+
+def _moe_record(node: torch.fx.Node, model: nn.Module, by_id: Mapping[int, str]) -> dict:
+    """The record of a ``symalg::moe`` call (its second argument the block's ``id``), as fx records the block's module
+    node."""
+    block = next(m for m in model.modules() if id(m) == node.args[1])
+    name = next(n for n, m in model.named_modules() if m is block)
+    return dict(op="moe", kind="module", module=name, settings=recognise_moe(block), instance=block,
+                params={role: by_id.get(id(t), f"{name}.{role}") for role, t in block.named_parameters()},
+                where=f"node {node.name!r} (mixture of experts {name!r}, {type(block).__name__})")
 
 
 def _failure(error: Exception) -> str:
@@ -791,7 +869,8 @@ def trace(model: nn.Module, example_inputs: tuple | torch.Tensor | None = None, 
     aliases, by_id = _canonical_params(model)
     graph = nx.DiGraph()
     for node in gm.graph.nodes:
-        record = _node_record(node, gm, by_id)
+        record = _node_record(node, gm, by_id) if node.target not in _MOE_OPS else \
+            {**_node_record(node, gm, by_id), **_moe_record(node, model, by_id)}
         record["shape"] = _shape_of(node.meta)
         record["arguments"] = _constant_args(node)
         record.update(_transpose_attribute(node, gm))

@@ -51,6 +51,7 @@ from torch import nn
 from symalg.verification.certification import CERTIFICATION_TOLERANCE, ClaimError, claim_errors
 from symalg.catalogue.activations import CatalogueEntry
 from symalg.catalogue.rules import REGISTRY
+from symalg.catalogue.rules.moe import SparseMoE
 from symalg.errors import SpecError
 from symalg.progress import Progress, report as report_progress
 from symalg.ir.graph import ModelGraph
@@ -334,6 +335,10 @@ WRAPS: dict[str, tuple[str, Callable[[nn.Module], nn.Module]]] = {
 module's source."""
 
 
+EXTRA_LAYERS: dict[str, Callable[..., nn.Module]] = {"SparseMoE": SparseMoE}
+"""Layers a :class:`Layer` may name besides ``torch.nn``'s (the ``moe`` family's blocks)."""
+
+
 @dataclass(frozen=True)
 class Layer:
     """``nn.<cls>(*args, **kwargs)``, in eval mode when ``train`` is false, wrapped in ``WRAPS[wrap]`` when given;
@@ -348,13 +353,14 @@ class Layer:
     def make(self) -> nn.Module | nn.Parameter:
         if self.cls == "Parameter":
             return nn.Parameter(torch.zeros(self.args))
-        module = getattr(nn, self.cls)(*self.args, **dict(self.kwargs))
+        module = (EXTRA_LAYERS.get(self.cls) or getattr(nn, self.cls))(*self.args, **dict(self.kwargs))
         return WRAPS[self.wrap][1](module) if self.wrap else module
 
     def source(self) -> str:
         if self.cls == "Parameter":
             return f"nn.Parameter(torch.zeros({self.args!r}))"
-        module = f"nn.{self.cls}({', '.join([repr(a) for a in self.args] + [f'{k}={v!r}' for k, v in self.kwargs])})"
+        arguments = ", ".join([repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs])
+        module = f"{'' if self.cls in EXTRA_LAYERS else 'nn.'}{self.cls}({arguments})"
         return WRAPS[self.wrap][0].format(module) if self.wrap else module
 
 
@@ -479,7 +485,7 @@ class Case:
              else f"torch.randn({self.input_shape}, dtype=torch.float64)")
         lines = ["# " + self.description, "import torch", "import torch.nn.functional as F", "from torch import nn",
                  "from symalg.verification.fuzz import alibi, rope_partial, rope_tables, rope_tables_per_head, "
-                 "rotate_every_two, rotate_half",
+                 "rotate_every_two, rotate_half", "from symalg.catalogue.rules.moe import SparseMoE",
                  "", "", "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()"]
         lines += [f"        self.{name} = {layer.source()}" for name, layer in self.layers]
         lines += ["", "    def forward(self, x):"] + [f"        {s.source()}" for s in self.steps]
@@ -2053,6 +2059,39 @@ def _recurrent(b: _Builder) -> _Drawn:
         return shape, 0, readout
     return shape, 0, (readout, b.linear(final, out, b.width())
                       if near == "final" else final)
+MOE_VARIANTS = ("plain", "plain", "shared", "unnormalised", "top1", "jitter", "jitter_eval", "logits", "widths",
+                "swapped")
+"""The ``moe`` family's blocks: recognised ones (Mixtral-like, Qwen2-MoE's sigmoid-gated shared expert, weights not
+renormalised, top-1, router noise in eval mode) and near misses (router noise in training mode, the router logits
+returned as an output, experts of different widths, the up rows before the gate rows)."""
+
+
+def _moe(b: _Builder) -> _Drawn:
+    """A sparse mixture-of-experts block (:class:`~symalg.catalogue.rules.moe.SparseMoE`, :data:`MOE_VARIANTS`) on a
+    stream from a dense layer, through an activation or a norm at times, in a residual branch at times, read by a dense
+    layer."""
+    rng = b.rng
+    n, d, inter, experts, m = b.width(), b.width(2), b.width(), rng.randint(2, 5), b.width()
+    kind = rng.choice(MOE_VARIANTS)
+    source = rng.choice(["linear", "act", "norm"])
+    residual = rng.random() < 0.4
+    b.variant += [kind, source, f"E{experts}"] + ["residual"] * residual
+    options: dict[str, Any] = {"experts": experts, "top_k": 1 if kind == "top1" else rng.randint(1, experts)}
+    variants: dict[str, dict[str, Any]] = {
+        "shared": {"shared": b.width()}, "unnormalised": {"normalise": False}, "jitter": {"jitter": 0.2},
+        "jitter_eval": {"jitter": 0.2}, "logits": {"logits": True},
+        "widths": {"widths": tuple(rng.randint(1, inter) for _ in range(experts))}, "swapped": {"swapped": True}}
+    options.update(variants.get(kind, {}))
+    h = b.linear("x", n, d)
+    h = b.act(h) if source == "act" else b.call(b.add("RMSNorm", d), h) if source == "norm" else h
+    block = b.add("SparseMoE", d, inter, train=kind == "jitter", **options)
+    if kind == "logits":
+        y, logits = b.ops("layer", h, outs=2, layer=block)
+    else:
+        y, logits = b.call(block, h), ""
+    y = b.op("add", h, y) if residual else y
+    out = b.linear(y, d, m)
+    return (rng.randint(1, 3), rng.randint(1, 4), n), 0, (out, logits) if logits else out
 
 
 FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
@@ -2079,11 +2118,12 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "centring": _centring,
     "rotary": _rotary,
     "recurrent": _recurrent,
+    "moe": _moe,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
 EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3, "rules": 0.3, "torch_layers": 0.3,
-            "bilinear": 0.3, "conv_transpose": 0.3, "einsum": 0.3, "rotary": 0.3, "recurrent": 0.3}
+            "bilinear": 0.3, "conv_transpose": 0.3, "einsum": 0.3, "rotary": 0.3, "recurrent": 0.3, "moe": 0.3}
 """Families some of whose models are traced by ``torch.export`` alone (with this probability, drawn apart from the
 model), since fx traces every generated model and export decomposes ``nn.MultiheadAttention`` and spells attention
 with ATen ops (``bmm``, ``baddbmm``, ``select``, ``squeeze``) that attention folding must read exactly (fx traces

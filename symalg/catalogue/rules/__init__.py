@@ -15,6 +15,8 @@ misses; the registrations live in one module per family:
 - :mod:`~symalg.catalogue.rules.normalisation`: batch, layer, RMS and group norms;
 - :mod:`~symalg.catalogue.rules.attention`: attention and ``nn.MultiheadAttention``;
 - :mod:`~symalg.catalogue.rules.torch_layers`: ``bilinear`` and ``conv_transpose1d/2d`` (torch's own layers);
+- :mod:`~symalg.catalogue.rules.recurrent`: ``nn.RNN``, ``nn.GRU`` and ``nn.LSTM`` (their gate blocks and hidden units);
+- :mod:`~symalg.catalogue.rules.moe`: sparse mixture-of-experts blocks (the routing as one op);
 - :mod:`~symalg.catalogue.rules.passes`: ops a front-end pass consumes (spellings only).
 
 Activations are served by the catalogue (:mod:`symalg.catalogue`), and an op nobody declared is handled by
@@ -25,8 +27,8 @@ True
 """
 from __future__ import annotations
 
-from symalg.catalogue.rules import (attention, data, dense, einsum, elementwise, normalisation, passes, recurrent,
-                                    reductions, structural, torch_layers)
+from symalg.catalogue.rules import (attention, data, dense, einsum, elementwise, moe, normalisation, passes,
+                                    recurrent, reductions, structural, torch_layers)
 from symalg.catalogue.rules._base import Inputs, NodeData, Rule, Value, WeightExpr, activation_rule, unknown_rule
 from symalg.catalogue.rules.registry import (_RULES, CAPABILITIES, OP_RULES, REGISTRY, RULE_EXAMPLES, OpSpellings,
                                              Registration, capable, register_rule, register_spelling, spelling_table)
@@ -37,5 +39,5 @@ __all__ = ["CAPABILITIES", "Inputs", "NodeData", "OP_RULES", "OpSpellings", "REG
            "register_spelling", "spelling_table", "unknown_rule", "identity_rule", "_RULES"]
 
 FAMILIES = (data, dense, einsum, elementwise, structural, reductions, normalisation, attention, torch_layers, recurrent,
-            passes)
+            moe, passes)
 """The family modules, each registering its rules on import."""
