@@ -372,6 +372,10 @@ def _match_layout(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set
         keys, values = _repeated(keys, queries.heads), _repeated(values, queries.heads)
         if keys is None or values is None:
             return None
+    if form == "explicit":   # ``matmul`` broadcasts the instance axes (one key/value head read by every query head)
+        keys, values = _broadcast(keys, queries.head.shape), _broadcast(values, queries.head.shape)
+        if keys is None or values is None:
+            return None
     instances, heads, groups = queries.head.shape, queries.heads, keys.heads
     if (keys.head.shape != instances or values.head.shape != instances or keys.width != queries.width
             or values.heads != groups or heads % groups or not torch.equal(values.head, keys.head)
@@ -540,6 +544,19 @@ def _repeated(split: _Split | None, heads: int) -> _Split | None:
                   split.rows.repeat_interleave(r, -2), split.rotations)
 
 
+def _broadcast(split: _Split, instances: torch.Size) -> _Split | None:
+    """``split`` as ``matmul`` reads it against an operand with instance axes ``instances``: its own broadcast to
+    them (``None`` where they do not broadcast)."""
+    if split.head.shape == instances:
+        return split
+    try:
+        head = split.head.expand(instances)
+        rows = split.rows.expand(*instances, split.length)
+    except RuntimeError:
+        return None
+    return _Split(split.root, split.chain, split.width, split.starts, head, rows, split.rotations)
+
+
 def _slots(queries: _Split, keys: _Split) -> torch.Tensor | None:
     """Every head's instances read the same query and key rows, each query row once per head: the *slot* of an
     instance (shape ``I``) numbers its rows within its head, so that instances of one slot differ by their head
@@ -692,10 +709,10 @@ def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> 
                 continue     # the pieces are cut by their ``getitem``
             elif data["op"] == "getitem" and graph.nodes[data["inputs"][0]]["op"] in ("split", "chunk"):
                 tensor = _piece(graph.nodes[data["inputs"][0]], data["arguments"].get("arg1"), tensor)
-            elif data["op"] == "aten.slice" or data["op"] == "getitem" and _slices(data["arguments"]):
+            elif data["op"] == "aten.slice":
                 tensor = _sliced(graph, name, tensor)
             elif data["op"] == "getitem":
-                tensor = tensor[_new_axes(data["arguments"])]
+                tensor = tensor[_plain_index(data["arguments"])]
             elif data["op"] == "expand":
                 tensor = tensor.expand(data["shape"])
             elif data["op"] == "repeat_interleave":
@@ -724,14 +741,15 @@ def _piece(split: dict, index: object, tensor: torch.Tensor) -> torch.Tensor:
     return tensor.narrow(dim, start, pieces[index][dim])
 
 
-def _new_axes(arguments: dict[str, object]) -> tuple[slice | EllipsisType | None, ...]:
-    """An index of whole slices, ``None`` (new axes) and ``...`` only (``x[:, :, None]``): it moves no entry."""
+def _plain_index(arguments: dict[str, object]) -> tuple[int | slice | EllipsisType | None, ...]:
+    """The index of ``x[…]`` where it is integers, slices with integer bounds, ``None`` (new axes) and ``...`` only
+    (``x[:, :, None]``, Phi-3's ``qkv[..., :d]``, BLOOM's ``fused[..., 0, :]``): replayed exactly."""
     index = arguments.get("arg1")
     items = index if isinstance(index, tuple) else (index,)
-    kept = tuple(i for i in items if i is None or i is Ellipsis or isinstance(i, slice) and i == slice(None))
-    if len(kept) != len(items):
-        raise ValueError(f"index {index} selects entries")
-    return kept
+    if not all(i is None or i is Ellipsis or _is_int(i) or isinstance(i, slice) and all(
+            b is None or _is_int(b) for b in (i.start, i.stop, i.step)) for i in items):
+        raise ValueError(f"index {index} is not plain")
+    return items
 
 
 def _repeats(arguments: dict[str, object]) -> tuple[int, int]:
@@ -790,8 +808,8 @@ def _is_step(data: dict, graph: nx.DiGraph, cuts: bool = False) -> bool:
     (divided by) a nonzero number, ``q · d^-½``: it scales the scores or the values by that number, which every
     action commutes with (the last two replayed as the identity); with ``cuts`` also a cut (:func:`_is_cut`)."""
     inputs, arguments = data["inputs"], data["arguments"]
-    if cuts and _is_cut(data, graph):
-        return True
+    if _is_cut(data, graph):
+        return cuts
     if data["op"] == "cat":
         shapes = [graph.nodes[i]["shape"] for i in inputs if i is not None]
         return len(shapes) == len(inputs) > 1 and all(isinstance(shape, tuple) for shape in shapes) and \
@@ -804,9 +822,9 @@ def _is_step(data: dict, graph: nx.DiGraph, cuts: bool = False) -> bool:
 
 
 def _is_cut(data: dict, graph: nx.DiGraph) -> bool:
-    """A cut of one tensor replayed exactly: ``aten.slice`` with recorded bounds, ``split``/``chunk`` (a tuple of
-    pieces) and the ``getitem`` taking one piece (Phi-3's ``qkv[..., :d]``, GPT-NeoX's ``qkv.chunk(3, -1)``,
-    GPTBigCode's ``split((d, d_k, d_k), -1)``)."""
+    """A cut of one tensor replayed exactly: ``aten.slice`` with recorded bounds, ``x[…]`` with a slice other than
+    ``:`` (:func:`_plain_index`), ``split``/``chunk`` (a tuple of pieces) and the ``getitem`` taking one piece
+    (Phi-3's ``qkv[..., :d]``, GPT-NeoX's ``qkv.chunk(3, -1)``, GPTBigCode's ``split((d, d_k, d_k), -1)``)."""
     op, inputs = data["op"], data["inputs"]
     if not _single_input(data):
         return False
@@ -818,15 +836,11 @@ def _is_cut(data: dict, graph: nx.DiGraph) -> bool:
         return False
     if graph.nodes[inputs[0]]["op"] in ("split", "chunk"):
         return _is_int(data["arguments"].get("arg1"))
-    return _slices(data["arguments"])
-
-
-def _slices(arguments: dict[str, object]) -> bool:
-    """The index of ``x[…]`` is slices with integer bounds and ``...`` only (``qkv[..., :d]``)."""
-    index = arguments.get("arg1")
-    items = index if isinstance(index, tuple) else (index,)
-    return all(i is Ellipsis or isinstance(i, slice) and all(b is None or _is_int(b) for b in (i.start, i.stop, i.step))
-               for i in items)
+    try:
+        index = _plain_index(data["arguments"])
+    except ValueError:
+        return False
+    return any(isinstance(i, slice) and i != slice(None) for i in index)
 
 
 def _operand(data: dict, graph: nx.DiGraph) -> str:
