@@ -284,8 +284,8 @@ def _scores_path(graph: nx.DiGraph, name: str) -> tuple[str, tuple[_Modifier, ..
                 or set(data["arguments"]) - {"arg0", "arg1", "arg2", "beta", "alpha"}:
             return None
         return name, (_Modifier(name, name, data["inputs"][0], True),)
-    options = [_Modifier(name, data["inputs"][0], None, True)] if _instances_reshaped(graph, name) else \
-        _modifier_options(graph, name)
+    options = [_Modifier(name, data["inputs"][0], None, True)] if _instances_reshaped(graph, name) or \
+        _float_cast(data) else _modifier_options(graph, name)
     for modifier in options:
         rest = _scores_path(graph, modifier.scores) if only_user(graph, modifier.scores) == name else None
         if rest is not None:
@@ -303,6 +303,13 @@ def _instances_reshaped(graph: nx.DiGraph, name: str) -> bool:
     shape, before = data["shape"], graph.nodes[data["inputs"][0]]["shape"]
     return (isinstance(shape, tuple) and isinstance(before, tuple) and len(shape) >= 3 and len(before) >= 3
             and shape[-2:] == before[-2:] and math.prod(shape) == math.prod(before))
+
+
+def _float_cast(data: dict) -> bool:
+    """A cast of the scores to a floating dtype (MPT's ``.float()`` before the softmax): it changes values by
+    rounding only (the fold records the lowest precision for the certification's tolerance)."""
+    dtypes = [v for v in data["arguments"].values() if isinstance(v, torch.dtype)]
+    return data["op"] == "identity" and _single_input(data) and len(dtypes) == 1 and dtypes[0].is_floating_point
 
 
 def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
