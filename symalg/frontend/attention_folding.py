@@ -1,13 +1,25 @@
 """Fold multi-head attention written out op by op into one ``attention`` node of a
 :class:`~symalg.frontend.tracing.ModelGraph`.
 
-A root value ``X`` of shape ``(…, F)`` (typically a ``q``, ``k`` or ``v`` linear's output, or a packed
-in-projection read three times) is *split into heads* by a chain of layout ops whose result ``X_split`` has
-shape ``(*I, L, d)``: each *instance* ``n`` (an index of the leading axes ``I``) reads one head ``h(n)`` of ``X``,
-``d`` consecutive feature columns ``[o + h(n)·d, o + (h(n)+1)·d)`` (``o``: the offset of a packed piece), at ``L``
-rows ``r(n, 0), …, r(n, L−1)`` of ``X`` (a row: an index of the axes before the features, in row-major order):
+A root value ``X`` of shape ``(…, F)`` (typically a ``q``, ``k`` or ``v`` linear's output, ``x @ W.T``, or a
+packed in-projection read three times) is *split into heads* by a chain of layout ops and cuts whose result
+``X_split`` has shape ``(*I, L, d)``: each *instance* ``n`` (an index of the leading axes ``I``) reads one head
+``h(n)`` of ``X``, ``d`` consecutive feature columns from the head's first column ``c_h`` (the *column map*), at
+``L`` rows ``r(n, 0), …, r(n, L−1)`` of ``X`` (a row: an index of the axes before the features, in row-major order):
 
-    X_split[n, i, j] = X[r(n, i), o + h(n)·d + j].
+    X_split[n, i, j] = X[r(n, i), c_{h(n)} + j].
+
+The heads are the distinct first columns, numbered in increasing order, and must be disjoint. The standard split
+has ``c_h = o + h·d`` (``o``: the offset of a packed piece; the node's setting ``offsets``); GPT-NeoX's
+``view(B, T, H, 3d)`` cut by ``chunk(3, -1)`` has query columns ``c_h = 3hd``, key columns ``3hd + d``, value
+columns ``3hd + 2d``, BLOOM's ``view(B, T, H, 3, d)`` read by ``select`` the same, Falcon's ``view(B, T, H + 2, d)``
+cut by slices ``c_h = hd`` and one key/value head at ``Hd``, ``(H + 1)d`` (any other map: the setting ``columns``,
+each role's first columns). Cuts are replayed like layout ops: ``aten.slice``, ``x[…]`` with integer slices, and
+the pieces of ``split``/``chunk`` (Phi-3's ``qkv[..., :d]``, GPTBigCode's ``split((D, d, d), -1)``); the chains
+are first read through cuts up to the projection, then, where that does not fold (a piece read elsewhere too),
+with the pieces as roots. ``matmul`` broadcasts the instance axes (one key/value head ``(B, 1, L, d)`` read by
+every query head), and the scores may be cast to a floating dtype or have their instance axes reshaped (BLOOM's
+``view(B·H, L, L) → (B, H, L, L)`` and back) between the product and the softmax.
 
 The standard split ``X.view(B, L, H, d).transpose(1, 2)`` has ``I = (B, H)``, ``h(b, h) = h``,
 ``r((b, h), i) = b·L + i``; ``nn.MultiheadAttention`` under ``torch.export`` cuts its packed projection
@@ -53,9 +65,11 @@ any function of it and of tensors that do not depend on it, unchanged.
 
 (``add(mul(X, cos), mul(cat(neg(slice(X)), slice(X)), sin))`` as ``torch.export`` writes Hugging Face's
 ``apply_rotary_pos_emb``; ``x[..., :m]``, ``torch.cat((-x2, x1), dim=-1)`` in fx; either operand order of every
-``mul`` and of the ``add``), where ``X`` is the standard split ``X.view(…, L, H, d_k).transpose(-3, -2)``
-(possibly repeated over the heads; its head axis ``-3``, its head coordinate ``j`` along the last axis, checked by
-replay) and ``cos``, ``sin`` are tensors computed without the attention's inputs that broadcast to ``X``.
+``mul`` and of the ``add``), where ``X`` is a head split ``(…, H', L, d_k)`` of the root: the heads along axis
+``-3``, each row of the last axis one head's ``d_k`` columns in order (the standard
+``X.view(…, L, H, d_k).transpose(-3, -2)``, possibly repeated over the heads, or GPT-NeoX's pieces; checked by
+replay, :func:`_head_split`, and each such row is a head of the final split) and ``cos``, ``sin`` are tensors
+computed without the attention's inputs that broadcast to ``X``.
 ``rotate_half`` is checked exactly, sign included, by replaying it on ``arange(1, n + 1)``; the steps' nodes are
 folded, the tables become further inputs of the node (nothing may move them), and the node gets the
 setting ``rotary = {"queries", "keys": bool, "pairing": "halves", "equal_halves": bool}``. ``equal_halves`` says
@@ -234,9 +248,9 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | _Unfolded | None:
     scores, modifiers = path
     body = {name, scores} | {m.node for m in modifiers}
     probabilities, random = name, False
-    while (after := only_user(graph, probabilities)) is not None and (_instances_reshaped(graph, after) or
-                                                                      graph.nodes[after]["op"] in ("dropout", "identity")
-                                                                      and _single_input(graph.nodes[after])):
+    while (after := only_user(graph, probabilities)) is not None and (
+            _instances_reshaped(graph, after) or
+            graph.nodes[after]["op"] in ("dropout", "identity") and _single_input(graph.nodes[after])):
         probabilities, random = after, random or dropout_active(graph.nodes[after])
         body.add(probabilities)
     readers = [u for u in graph.successors(probabilities) if _weighs_values(graph.nodes[u], probabilities)]

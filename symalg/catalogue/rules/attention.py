@@ -170,12 +170,12 @@ def _unit_blocks(units: list[list[Piece]]) -> list[Binding] | None:
     for i, (bindings, _, _) in enumerate(units[0]):
         producers.setdefault(tuple(bindings), []).append(i)
     moved: list[Binding] = []
-    for bindings, positions in producers.items():
+    for producer, positions in producers.items():
         for parts in ([positions], [[i] for i in positions]):
             blocks = [_block([[unit[i] for i in part] for unit in units]) for part in parts]
             if all(block is not None for block in blocks):
                 for first, size in (block for block in blocks if block is not None):
-                    moved += [b.restrict(first, len(units) * size).coarsen(size) for b in bindings]
+                    moved += [b.restrict(first, len(units) * size).coarsen(size) for b in producer]
                 break
         else:
             return None
@@ -316,9 +316,10 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
                 state.opaque.setdefault(tensor, node)
     roots = data["inputs"][:3]
     d_k, d_v = settings["head_dim"], settings["value_head_dim"]
-    columns = HeadColumns(*settings["columns"], d_k, d_v) if "columns" in settings else HeadColumns(*(
+    starts = settings["columns"] if "columns" in settings else tuple(
         tuple(range(offset, offset + n * width, width)) for offset, n, width in
-        zip(settings.get("offsets", (0, 0, 0)), (heads, groups, groups), (d_k, d_k, d_v))), d_k, d_v)
+        zip(settings.get("offsets", (0, 0, 0)), (heads, groups, groups), (d_k, d_k, d_v)))
+    columns = HeadColumns(starts[0], starts[1], starts[2], d_k, d_v)
     pieces = list(zip(roots, inputs[:3], (columns.queries, columns.keys, columns.values), (d_k, d_k, d_v)))
     sites = _map_outputs(state, node, pieces)
     value = inputs[2]
