@@ -255,7 +255,9 @@ class Grouped(nn.Module):
 
 
 @pytest.mark.parametrize("repeat", [lambda t: t.repeat_interleave(2, dim=1),
-                                    lambda t: t[:, :, None].expand(B, 2, 2, L, 2).reshape(B, 4, L, 2)])
+                                    lambda t: t[:, :, None].expand(B, 2, 2, L, 2).reshape(B, 4, L, 2),
+                                    # picks a copy (an integer index, replayed exactly), then repeats
+                                    lambda t: t[:, :, None].expand(B, 2, 2, L, 2)[:, :, 0].repeat_interleave(2, dim=1)])
 def test_grouped_query_attention_folds_with_its_key_value_heads(repeat):
     graph = trace(Grouped(repeat), (x(),)).graph
     (name,) = attention_nodes(graph)
@@ -266,8 +268,7 @@ def test_grouped_query_attention_folds_with_its_key_value_heads(repeat):
 @pytest.mark.parametrize("repeat", [
     lambda t: t[:, None].expand(B, 2, 2, L, 2).reshape(B, 4, L, 2),   # tiled: head h reads key/value head h % 2
     lambda t: t.repeat(1, 2, 1, 1),                                    # tiled too
-    lambda t: t[:, :, None].expand(B, 2, 2, L, 2)[:, :, 0].repeat_interleave(2, dim=1),   # picks a copy: fine,
-])                                                                      # but an integer index is not a layout op
+])
 def test_other_repeats_of_key_value_heads_are_not_folded(repeat):
     assert_unchanged(Grouped(repeat))
 

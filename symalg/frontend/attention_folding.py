@@ -1,13 +1,25 @@
 """Fold multi-head attention written out op by op into one ``attention`` node of a
 :class:`~symalg.frontend.tracing.ModelGraph`.
 
-A root value ``X`` of shape ``(…, F)`` (typically a ``q``, ``k`` or ``v`` linear's output, or a packed
-in-projection read three times) is *split into heads* by a chain of layout ops whose result ``X_split`` has
-shape ``(*I, L, d)``: each *instance* ``n`` (an index of the leading axes ``I``) reads one head ``h(n)`` of ``X``,
-``d`` consecutive feature columns ``[o + h(n)·d, o + (h(n)+1)·d)`` (``o``: the offset of a packed piece), at ``L``
-rows ``r(n, 0), …, r(n, L−1)`` of ``X`` (a row: an index of the axes before the features, in row-major order):
+A root value ``X`` of shape ``(…, F)`` (typically a ``q``, ``k`` or ``v`` linear's output, ``x @ W.T``, or a
+packed in-projection read three times) is *split into heads* by a chain of layout ops and cuts whose result
+``X_split`` has shape ``(*I, L, d)``: each *instance* ``n`` (an index of the leading axes ``I``) reads one head
+``h(n)`` of ``X``, ``d`` consecutive feature columns from the head's first column ``c_h`` (the *column map*), at
+``L`` rows ``r(n, 0), …, r(n, L−1)`` of ``X`` (a row: an index of the axes before the features, in row-major order):
 
-    X_split[n, i, j] = X[r(n, i), o + h(n)·d + j].
+    X_split[n, i, j] = X[r(n, i), c_{h(n)} + j].
+
+The heads are the distinct first columns, numbered in increasing order, and must be disjoint. The standard split
+has ``c_h = o + h·d`` (``o``: the offset of a packed piece; the node's setting ``offsets``); GPT-NeoX's
+``view(B, T, H, 3d)`` cut by ``chunk(3, -1)`` has query columns ``c_h = 3hd``, key columns ``3hd + d``, value
+columns ``3hd + 2d``, BLOOM's ``view(B, T, H, 3, d)`` read by ``select`` the same, Falcon's ``view(B, T, H + 2, d)``
+cut by slices ``c_h = hd`` and one key/value head at ``Hd``, ``(H + 1)d`` (any other map: the setting ``columns``,
+each role's first columns). Cuts are replayed like layout ops: ``aten.slice``, ``x[…]`` with integer slices, and
+the pieces of ``split``/``chunk`` (Phi-3's ``qkv[..., :d]``, GPTBigCode's ``split((D, d, d), -1)``); the chains
+are first read through cuts up to the projection, then, where that does not fold (a piece read elsewhere too),
+with the pieces as roots. ``matmul`` broadcasts the instance axes (one key/value head ``(B, 1, L, d)`` read by
+every query head), and the scores may be cast to a floating dtype or have their instance axes reshaped (BLOOM's
+``view(B·H, L, L) → (B, H, L, L)`` and back) between the product and the softmax.
 
 The standard split ``X.view(B, L, H, d).transpose(1, 2)`` has ``I = (B, H)``, ``h(b, h) = h``,
 ``r((b, h), i) = b·L + i``; ``nn.MultiheadAttention`` under ``torch.export`` cuts its packed projection
@@ -56,9 +68,11 @@ any function of it and of tensors that do not depend on it, unchanged.
 
 (``add(mul(X, cos), mul(cat(neg(slice(X)), slice(X)), sin))`` as ``torch.export`` writes Hugging Face's
 ``apply_rotary_pos_emb``; ``x[..., :m]``, ``torch.cat((-x2, x1), dim=-1)`` in fx; either operand order of every
-``mul`` and of the ``add``), where ``X`` is the standard split ``X.view(…, L, H, d_k).transpose(-3, -2)``
-(possibly repeated over the heads; its head axis ``-3``, its head coordinate ``j`` along the last axis, checked by
-replay) and ``cos``, ``sin`` are tensors computed without the attention's inputs that broadcast to ``X``.
+``mul`` and of the ``add``), where ``X`` is a head split ``(…, H', L, d_k)`` of the root: the heads along axis
+``-3``, each row of the last axis one head's ``d_k`` columns in order (the standard
+``X.view(…, L, H, d_k).transpose(-3, -2)``, possibly repeated over the heads, or GPT-NeoX's pieces; checked by
+replay, :func:`_head_split`, and each such row is a head of the final split) and ``cos``, ``sin`` are tensors
+computed without the attention's inputs that broadcast to ``X``.
 ``rotate_half`` is checked exactly, sign included, by replaying it on ``arange(1, n + 1)``; the steps' nodes are
 folded, the tables become further inputs of the node (nothing may move them), and the node gets the
 setting ``rotary = {"queries", "keys": bool, "pairing": "halves", "equal_halves": bool}``. ``equal_halves`` says
@@ -133,14 +147,14 @@ class _Rotary:
 @dataclass(frozen=True, eq=False)
 class _Split:
     """A root ``(…, features)`` read by ``chain`` as ``(*I, L, width)``: per instance, its head (``head``, shape
-    ``I``) and the root rows it reads (``rows``, shape ``(*I, L)``); the heads start at feature column ``offset``.
-    ``rotations``: the rotary steps of the chain (each acting on the standard split of the root)."""
+    ``I``) and the root rows it reads (``rows``, shape ``(*I, L)``); head ``h`` reads the feature columns
+    ``[starts[h], starts[h] + width)`` (the column map; ``starts`` ascending, the heads disjoint).
+    ``rotations``: the rotary steps of the chain (each acting on a head split of the root, :func:`_head_split`)."""
 
     root: str
     chain: tuple[str, ...]
     width: int
-    offset: int
-    heads: int
+    starts: tuple[int, ...]
     head: torch.Tensor
     rows: torch.Tensor
     rotations: tuple[_Rotary, ...] = ()
@@ -148,6 +162,10 @@ class _Split:
     @property
     def length(self) -> int:
         return self.rows.shape[-1]
+
+    @property
+    def heads(self) -> int:
+        return len(self.starts)
 
 
 @dataclass(frozen=True)
@@ -167,7 +185,7 @@ class _Match:
     are read outside, the probabilities (the node whose readers read them, and their layout)."""
 
     roots: tuple[str, str, str]
-    offsets: tuple[int, int, int]
+    columns: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
     extras: tuple[str, ...]
     heads_alike: bool
     key_shifts: bool
@@ -242,8 +260,9 @@ def _match_explicit(graph: nx.DiGraph, name: str) -> _Match | _Unfolded | None:
     scores, modifiers = path
     body = {name, scores} | {m.node for m in modifiers}
     probabilities, random = name, False
-    while (after := only_user(graph, probabilities)) is not None and \
-            graph.nodes[after]["op"] in ("dropout", "identity") and _single_input(graph.nodes[after]):
+    while (after := only_user(graph, probabilities)) is not None and (
+            _instances_reshaped(graph, after) or
+            graph.nodes[after]["op"] in ("dropout", "identity") and _single_input(graph.nodes[after])):
         probabilities, random = after, random or dropout_active(graph.nodes[after])
         body.add(probabilities)
     readers = [u for u in graph.successors(probabilities) if _weighs_values(graph.nodes[u], probabilities)]
@@ -272,7 +291,8 @@ def _scores_operands(data: dict) -> tuple[str, str] | None:
     """``(Q, Kᵀ)`` of ``Q @ Kᵀ`` (``matmul``, ``bmm``) or ``baddbmm(E, Q, Kᵀ)``."""
     inputs = tuple(data["inputs"])
     count = {"matmul": 2, "baddbmm": 3}.get(data["op"])
-    if count is None or len(inputs) != count or None in inputs[count - 2:]:
+    if count is None or len(inputs) < count or None in inputs[count - 2:count] or any(
+            i is not None for i in inputs[count:]):    # (``torch.export`` records ``baddbmm``'s factors as constants)
         return None
     return inputs[count - 2], inputs[count - 1]
 
@@ -290,11 +310,32 @@ def _scores_path(graph: nx.DiGraph, name: str) -> tuple[str, tuple[_Modifier, ..
                 or set(data["arguments"]) - {"arg0", "arg1", "arg2", "beta", "alpha"}:
             return None
         return name, (_Modifier(name, name, data["inputs"][0], True),)
-    for modifier in _modifier_options(graph, name):
+    options = [_Modifier(name, data["inputs"][0], None, True)] if _instances_reshaped(graph, name) or \
+        _float_cast(data) else _modifier_options(graph, name)
+    for modifier in options:
         rest = _scores_path(graph, modifier.scores) if only_user(graph, modifier.scores) == name else None
         if rest is not None:
             return rest[0], (modifier,) + rest[1]
     return None
+
+
+def _instances_reshaped(graph: nx.DiGraph, name: str) -> bool:
+    """``name`` reshapes the instance axes of scores or weights ``(*I, L_q, L_k)`` only (BLOOM's ``view`` of
+    ``(B·H, L, L)`` as ``(B, H, L, L)`` and back): the entries keep their row-major order, so an instance keeps its
+    number; a score modifier that changes no value."""
+    data = graph.nodes[name]
+    if data["op"] != "reshape" or not _is_layout(data):
+        return False
+    shape, before = data["shape"], graph.nodes[data["inputs"][0]]["shape"]
+    return (isinstance(shape, tuple) and isinstance(before, tuple) and len(shape) >= 3 and len(before) >= 3
+            and shape[-2:] == before[-2:] and math.prod(shape) == math.prod(before))
+
+
+def _float_cast(data: dict) -> bool:
+    """A cast of the scores to a floating dtype (MPT's ``.float()`` before the softmax): it changes values by
+    rounding only (the fold records the lowest precision for the certification's tolerance)."""
+    dtypes = [v for v in data["arguments"].values() if isinstance(v, torch.dtype)]
+    return data["op"] == "identity" and _single_input(data) and len(dtypes) == 1 and dtypes[0].is_floating_point
 
 
 def _modifier_options(graph: nx.DiGraph, name: str) -> list[_Modifier]:
@@ -348,12 +389,34 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
     """Check the three head splits, their agreement, the output shape, the merge of the heads and, where the
     ``probabilities`` are read outside, their layout. With ``repeats_keys`` (``sdpa(..., enable_gqa=True)``) keys
     and values may have fewer heads, which ``sdpa`` repeats by ``repeat_interleave`` along axis ``-3``. A pattern
-    that matches but for another value read outside (keys returned in a cache) is :class:`_Unfolded`."""
-    queries, keys, values = _split(graph, q, False), _split(graph, k, keys_transposed), _split(graph, v, False)
+    that matches but for another value read outside (keys returned in a cache) is :class:`_Unfolded`.
+
+    The head splits are read first through cuts (``aten.slice``, the pieces of ``split``/``chunk``) up to the
+    projection they cut, then, where that does not fold (a piece also read elsewhere), with the pieces as roots."""
+    unfolded = None
+    for cuts in (True, False):
+        match = _match_layout(graph, q, k, v, out, body, form, modifiers, keys_transposed, repeats_keys,
+                              probabilities, value_shifts, cuts)
+        if isinstance(match, _Match):
+            return match
+        unfolded = unfolded or match
+    return unfolded
+
+
+def _match_layout(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[str], form: str,
+                  modifiers: tuple[_Modifier, ...], keys_transposed: bool, repeats_keys: bool,
+                  probabilities: str | None, value_shifts: bool, cuts: bool) -> _Match | _Unfolded | None:
+    """:func:`_match_core` with head splits read through cuts or not (``cuts``)."""
+    queries, keys, values = (_split(graph, q, False, cuts), _split(graph, k, keys_transposed, cuts),
+                             _split(graph, v, False, cuts))
     if queries is None or keys is None or values is None or values.rotations:
         return None
     if repeats_keys and keys.heads != queries.heads:
         keys, values = _repeated(keys, queries.heads), _repeated(values, queries.heads)
+        if keys is None or values is None:
+            return None
+    if form == "explicit":   # ``matmul`` broadcasts the instance axes (one key/value head read by every query head)
+        keys, values = _broadcast(keys, queries.head.shape), _broadcast(values, queries.head.shape)
         if keys is None or values is None:
             return None
     instances, heads, groups = queries.head.shape, queries.heads, keys.heads
@@ -396,7 +459,9 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
     if any(graph.nodes[e]["shape"] is None for e in extras):
         return None
     scores = (*instances, queries.length, keys.length)
-    heads_alike = value_shifts and all(_alike(graph, e, scores, queries, slots) for e in masks) and all(
+    heads_alike = value_shifts and all(   # a modifier's own shape: the scores, their instance axes reshaped perhaps
+        _alike(graph, m.extra, graph.nodes[m.node]["shape"] if form == "explicit" else scores, queries, slots)
+        for m in modifiers if m.extra is not None) and all(
         len(s) < 3 or s[-3] == 1 for s in (graph.nodes[t]["shape"] for t in tables))   # dropout masks differ
     rotary = None if not rotations else {
         "queries": bool(queries.rotations), "keys": bool(keys.rotations), "pairing": "halves",
@@ -406,8 +471,8 @@ def _match_core(graph: nx.DiGraph, q: str, k: str, v: str, out: str, body: set[s
         rotary["dims"] = dims.pop() if len(dims) == 1 else None
     # R_j b_k varies with the key j: a key bias translates on coordinates no step rotates only
     key_shifts = all(m.key_shifts for m in modifiers) and (not keys.rotations or bool(rotary and rotary.get("dims")))
-    offsets = (queries.offset, keys.offset, values.offset)
-    return _Match(roots, offsets, extras, heads_alike, key_shifts, value_shifts, heads, groups, queries.width,
+    columns = (queries.starts, keys.starts, values.starts)
+    return _Match(roots, columns, extras, heads_alike, key_shifts, value_shifts, heads, groups, queries.width,
                   values.width, form, frozenset(folded), final, probabilities, layout, rotary)
 
 
@@ -421,10 +486,11 @@ def _reader(graph: nx.DiGraph, node: str, reader: str) -> str:
         "the model output"
 
 
-def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
-    """The longest chain of layout ops, scalings and rotary steps ending at ``name`` that splits its root into heads
-    (``None`` if none does); a node above ``name`` may have several readers where all of them are layout ops or
-    scalings (the pieces of a packed projection); the input of a rotary step is read by that step's nodes alone.
+def _split(graph: nx.DiGraph, name: str, transposed: bool, cuts: bool = False) -> _Split | None:
+    """The longest chain of layout ops, scalings, rotary steps and, with ``cuts``, cuts (:func:`_is_cut`) ending at
+    ``name`` that splits its root into heads (``None`` if none does); a node above ``name`` may have several readers
+    where all of them are such steps (the pieces of a packed projection); the input of a rotary step is read by that
+    step's nodes alone.
 
     With ``transposed`` the chain must end in the split's transpose on its last two axes (``Kᵀ``).
     """
@@ -432,8 +498,8 @@ def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
     rotations: dict[str, _Rotary] = {}
     node, readers = name, None      # readers: who must read ``node`` (None: layout ops or scalings)
     while node == name or (set(graph.successors(node)) == readers if readers is not None else
-                           all(_is_step(graph.nodes[u], graph) for u in graph.successors(node))):
-        if _is_step(graph.nodes[node], graph):
+                           all(_is_step(graph.nodes[u], graph, cuts) for u in graph.successors(node))):
+        if _is_step(graph.nodes[node], graph, cuts):
             path.append(node)
             node, readers = _operand(graph.nodes[node], graph), None
         elif (rotary := _rotary(graph, node) or _partial_rotary(graph, node)) is not None:
@@ -455,49 +521,60 @@ def _split(graph: nx.DiGraph, name: str, transposed: bool) -> _Split | None:
 def _check_split(graph: nx.DiGraph, root: str, chain: tuple[str, ...], transposed: bool,
                  rotations: Mapping[str, _Rotary]) -> _Split | None:
     """Replay ``chain`` on the root's index tensor and read the instances' heads and rows off it (see the module
-    docstring); ``None`` unless every instance reads ``width`` consecutive columns of one head at fixed rows. A
-    rotary step keeps every entry's place (it mixes entries along the last axis within a head) and must act on the
-    standard split of the root (:func:`_standard_split`)."""
+    docstring); ``None`` unless every instance reads ``width`` consecutive columns at fixed rows, the instances that
+    start at the same column being one head and the heads' columns disjoint. A rotary step keeps every entry's place
+    (it mixes entries along the last axis within a head) and must act on a head split (:func:`_head_split`) whose
+    rows are heads of the final split."""
     shape, out = graph.nodes[root]["shape"], graph.nodes[chain[-1] if chain else root]["shape"]
     if (shape is None or out is None or not all(_is_int(n) for n in (*shape, *out)) or len(shape) < 2
             or len(out) < 3 or 0 in shape):
         return None    # no shape, or the tuple of shapes of a multi-output op (``split``)
     replayed: torch.Tensor | None = _index(shape)
+    rotated: list[tuple[torch.Tensor, int]] = []     # the first columns and width of the heads a rotary step rotates
     for step in chain:
         if replayed is None:
             return None
         if step not in rotations:
             replayed = _replay(graph, replayed, (step,))
-        elif not _standard_split(replayed, shape):
+        elif (starts := _head_split(replayed, shape[-1])) is None:
             return None     # a rotary step elsewhere than on the heads' coordinates
+        else:
+            rotated.append((starts, replayed.shape[-1]))
     if replayed is None:
         return None
     replayed = (replayed.transpose(-2, -1) if transposed else replayed).long()
     features, width = shape[-1], replayed.shape[-1]
     rows, columns = replayed // features, replayed % features
-    first = columns[..., :1, :1]
-    if not (bool((columns == first + torch.arange(width)).all()) and bool((rows == rows[..., :1]).all())):
+    first = columns[..., :1]
+    if not (bool((columns == first + torch.arange(width)).all()) and bool((rows == rows[..., :1]).all())
+            and bool((first == first[..., :1, :]).all())):
         return None
-    offset = int(first.min())
-    start = first[..., 0, 0] - offset
-    head = start // width
-    heads = int(head.max()) + 1
-    if bool((start % width).any()) or torch.unique(head).numel() != heads:
-        return None
-    return _Split(root, chain, width, offset, heads, head, rows[..., 0],
+    start = first[..., 0, 0]
+    starts = torch.unique(start)     # sorted: head ``h`` is the ``h``-th first column
+    if bool((starts.diff() < width).any()) or any(w != width or not bool(torch.isin(s, starts).all())
+                                                 for s, w in rotated):
+        return None    # heads overlapping, or a rotation across two heads
+    head = torch.searchsorted(starts, start.contiguous())
+    return _Split(root, chain, width, tuple(int(c) for c in starts), head, rows[..., 0],
                   tuple(rotations[s] for s in chain if s in rotations))
 
 
-def _standard_split(replayed: torch.Tensor, shape: tuple[int, ...]) -> bool:
-    """``replayed`` (indices of a root of ``shape``) is ``root.view(…, L, G, d).transpose(-3, -2)`` with its
-    ``G`` heads repeated ``r`` times each along axis ``-3`` (``d`` its last axis, ``r ≥ 1``)."""
-    width = replayed.shape[-1] if replayed.dim() >= 3 else 0
-    if not width or shape[-1] % width:
-        return False
-    groups = shape[-1] // width
-    standard = _index(shape).reshape(*shape[:-1], groups, width).transpose(-3, -2)
-    repeats = replayed.shape[-3] // groups
-    return repeats > 0 and _same(replayed, standard.repeat_interleave(repeats, -3))
+def _head_split(replayed: torch.Tensor, features: int) -> torch.Tensor | None:
+    """The first columns of ``replayed`` (indices of a root with ``features`` columns) where it is a head split
+    ``(…, H', L, d)``: along its last axis ``d`` consecutive columns of one root row (a head's coordinates), the
+    heads along axis ``-3`` (the same columns whatever the other axes), the rows along the others (the same whatever
+    the head). The standard ``root.view(…, L, G, d).transpose(-3, -2)`` (possibly repeated over the heads) is one,
+    so is GPT-NeoX's ``view(…, L, H, 3d).transpose(-3, -2).chunk(3, -1)``. ``None`` where it is not."""
+    if replayed.dim() < 3:
+        return None
+    index = replayed.long()
+    rows, columns = index // features, index % features
+    first = columns[..., :1]
+    lead = (0,) * (replayed.dim() - 3)
+    if not (bool((columns == first + torch.arange(replayed.shape[-1])).all()) and bool((rows == rows[..., :1]).all())
+            and bool((first == first[lead][..., :1, :]).all()) and bool((rows == rows[..., :1, :, :]).all())):
+        return None
+    return first[lead][:, 0, 0]
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -510,8 +587,21 @@ def _repeated(split: _Split | None, heads: int) -> _Split | None:
     if split is None or split.head.dim() < 1 or heads % split.head.shape[-1]:
         return None
     r = heads // split.head.shape[-1]
-    return _Split(split.root, split.chain, split.width, split.offset, split.heads,
-                  split.head.repeat_interleave(r, -1), split.rows.repeat_interleave(r, -2), split.rotations)
+    return _Split(split.root, split.chain, split.width, split.starts, split.head.repeat_interleave(r, -1),
+                  split.rows.repeat_interleave(r, -2), split.rotations)
+
+
+def _broadcast(split: _Split, instances: torch.Size) -> _Split | None:
+    """``split`` as ``matmul`` reads it against an operand with instance axes ``instances``: its own broadcast to
+    them (``None`` where they do not broadcast)."""
+    if split.head.shape == instances:
+        return split
+    try:
+        head = split.head.expand(instances)
+        rows = split.rows.expand(*instances, split.length)
+    except RuntimeError:
+        return None
+    return _Split(split.root, split.chain, split.width, split.starts, head, rows, split.rotations)
 
 
 def _slots(queries: _Split, keys: _Split) -> torch.Tensor | None:
@@ -662,8 +752,14 @@ def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> 
         try:
             if data["op"] in ("reshape", "flatten", "unsqueeze", "squeeze"):
                 tensor = tensor.reshape(data["shape"])
+            elif data["op"] in ("split", "chunk"):
+                continue     # the pieces are cut by their ``getitem``
+            elif data["op"] == "getitem" and graph.nodes[data["inputs"][0]]["op"] in ("split", "chunk"):
+                tensor = _piece(graph.nodes[data["inputs"][0]], data["arguments"].get("arg1"), tensor)
+            elif data["op"] == "aten.slice":
+                tensor = _sliced(graph, name, tensor)
             elif data["op"] == "getitem":
-                tensor = tensor[_new_axes(data["arguments"])]
+                tensor = tensor[_plain_index(data["arguments"])]
             elif data["op"] == "expand":
                 tensor = tensor.expand(data["shape"])
             elif data["op"] == "repeat_interleave":
@@ -681,14 +777,26 @@ def _replay(graph: nx.DiGraph, tensor: torch.Tensor, chain: tuple[str, ...]) -> 
     return tensor
 
 
-def _new_axes(arguments: dict[str, object]) -> tuple[slice | EllipsisType | None, ...]:
-    """An index of whole slices, ``None`` (new axes) and ``...`` only (``x[:, :, None]``): it moves no entry."""
+def _piece(split: dict, index: object, tensor: torch.Tensor) -> torch.Tensor:
+    """Piece ``index`` of ``tensor`` cut as the ``split``/``chunk`` node ``split`` cuts its input (its recorded
+    piece shapes, along its ``dim``)."""
+    arguments, pieces = split["arguments"], split["shape"]
+    dim = arguments.get("dim", arguments.get("arg2", 0))
+    if not _is_int(index) or not _is_int(dim) or not 0 <= index < len(pieces):
+        raise ValueError(f"piece {index} of a cut along {dim} not recorded")
+    start = sum(piece[dim] for piece in pieces[:index])
+    return tensor.narrow(dim, start, pieces[index][dim])
+
+
+def _plain_index(arguments: dict[str, object]) -> tuple[int | slice | EllipsisType | None, ...]:
+    """The index of ``x[…]`` where it is integers, slices with integer bounds, ``None`` (new axes) and ``...`` only
+    (``x[:, :, None]``, Phi-3's ``qkv[..., :d]``, BLOOM's ``fused[..., 0, :]``): replayed exactly."""
     index = arguments.get("arg1")
     items = index if isinstance(index, tuple) else (index,)
-    kept = tuple(i for i in items if i is None or i is Ellipsis or isinstance(i, slice) and i == slice(None))
-    if len(kept) != len(items):
-        raise ValueError(f"index {index} selects entries")
-    return kept
+    if not all(i is None or i is Ellipsis or _is_int(i) or isinstance(i, slice) and all(
+            b is None or _is_int(b) for b in (i.start, i.stop, i.step)) for i in items):
+        raise ValueError(f"index {index} is not plain")
+    return items
 
 
 def _repeats(arguments: dict[str, object]) -> tuple[int, int]:
@@ -742,11 +850,13 @@ def _is_layout(data: dict) -> bool:
             and not any(isinstance(v, torch.dtype) for v in data["arguments"].values()))
 
 
-def _is_step(data: dict, graph: nx.DiGraph) -> bool:
+def _is_step(data: dict, graph: nx.DiGraph, cuts: bool = False) -> bool:
     """A layout op, a concatenation with empty tensors only (an empty key/value cache), or one tensor times
     (divided by) a nonzero number, ``q · d^-½``: it scales the scores or the values by that number, which every
-    action commutes with (the last two replayed as the identity)."""
+    action commutes with (the last two replayed as the identity); with ``cuts`` also a cut (:func:`_is_cut`)."""
     inputs, arguments = data["inputs"], data["arguments"]
+    if _is_cut(data, graph):
+        return cuts
     if data["op"] == "cat":
         shapes = [graph.nodes[i]["shape"] for i in inputs if i is not None]
         return len(shapes) == len(inputs) > 1 and all(isinstance(shape, tuple) for shape in shapes) and \
@@ -756,6 +866,28 @@ def _is_step(data: dict, graph: nx.DiGraph) -> bool:
     number = 1 if inputs[0] is not None else 0 if data["op"] == "mul" else None   # not c / x
     return (number is not None and inputs[number] is None and inputs[1 - number] is not None
             and scale_constant(arguments[f"arg{number}"]) and arguments[f"arg{number}"] != 0)
+
+
+def _is_cut(data: dict, graph: nx.DiGraph) -> bool:
+    """A cut of one tensor replayed exactly: ``aten.slice`` with recorded bounds, ``x[…]`` with a slice other than
+    ``:`` (:func:`_plain_index`), ``split``/``chunk`` (a tuple of pieces) and the ``getitem`` taking one piece
+    (Phi-3's ``qkv[..., :d]``, GPT-NeoX's ``qkv.chunk(3, -1)``, GPTBigCode's ``split((d, d_k, d_k), -1)``)."""
+    op, inputs = data["op"], data["inputs"]
+    if not _single_input(data):
+        return False
+    if op == "aten.slice":
+        return all(_is_int(v) for k, v in data["arguments"].items() if k != "arg0")
+    if op in ("split", "chunk"):
+        return isinstance(data["shape"], tuple) and all(isinstance(p, tuple) for p in data["shape"])
+    if op != "getitem":
+        return False
+    if graph.nodes[inputs[0]]["op"] in ("split", "chunk"):
+        return _is_int(data["arguments"].get("arg1"))
+    try:
+        index = _plain_index(data["arguments"])
+    except ValueError:
+        return False
+    return any(isinstance(i, slice) and i != slice(None) for i in index)
 
 
 def _operand(data: dict, graph: nx.DiGraph) -> str:
@@ -776,10 +908,14 @@ def _fold(graph: nx.DiGraph, match: _Match) -> None:
     settings = {"heads": match.heads, "head_dim": match.head_dim, "value_head_dim": match.value_head_dim,
                 "form": match.form, "heads_alike": match.heads_alike, "key_shifts": match.key_shifts,
                 "value_shifts": match.value_shifts}
-    widths = (match.heads * match.head_dim, match.kv_heads * match.head_dim, match.kv_heads * match.value_head_dim)
-    if any(offset or graph.nodes[root]["shape"][-1] != width
-           for root, offset, width in zip(match.roots, match.offsets, widths)):
-        settings["offsets"] = match.offsets
+    widths = (match.head_dim, match.head_dim, match.value_head_dim)
+    offsets = tuple(starts[0] for starts in match.columns)
+    if any(starts != tuple(range(starts[0], starts[0] + len(starts) * width, width))
+           for starts, width in zip(match.columns, widths)):
+        settings["columns"] = match.columns    # a head reads other columns than the h-th block at an offset
+    elif any(offset or graph.nodes[root]["shape"][-1] != len(starts) * width
+             for root, offset, starts, width in zip(match.roots, offsets, match.columns, widths)):
+        settings["offsets"] = offsets
     if match.kv_heads != match.heads:
         settings["kv_heads"] = match.kv_heads
     if match.rotary:

@@ -231,6 +231,8 @@ OPS: dict[str, Op] = {
                         lambda m, x, cos, sin, r: rope_partial(x, cos, sin, r, trailing=True)),
     "softcap": Op("torch.tanh({0} / {c}) * {c}", lambda m, x, c: torch.tanh(x / c) * c),
     "tanh": Op("torch.tanh({0})", lambda m, x: torch.tanh(x)),
+    "cut": Op("{0}[..., {a}:{b}]", lambda m, x, a, b: x[..., a:b]),
+    "cut_slots": Op("{0}[:, :, :, {a}:{b}]", lambda m, x, a, b: x[:, :, :, a:b]),
     "sub": Op("{0} - {1}", lambda m, a, b: a - b),
     "cumsum": Op("{0}.cumsum(-1)", lambda m, x: x.cumsum(-1)),
     "add_alpha": Op("torch.add({0}, {1}, alpha={alpha})", lambda m, a, b, alpha: torch.add(a, b, alpha=alpha)),
@@ -905,6 +907,64 @@ def _scores(b: _Builder) -> _Drawn:
         pieces = [b.act(first), b.act(second)]
         y = b.linear(b.op("cat", *(pieces if rng.random() < 0.7 else pieces[::-1]), dim=-1), m, b.width())
     return (batch, t, n), 0, y
+
+
+def _layouts(b: _Builder) -> _Drawn:
+    """Multi-head attention whose heads read other columns of one packed projection than the ``h``-th block
+    (:mod:`symalg.frontend.attention_folding`'s column map): GPT-NeoX's ``view(B, T, H, 3d)`` cut by ``chunk`` (the
+    pieces in any order, CodeGen's ``q, v, k`` too), BLOOM's ``view(B, T, H, 3, d)`` read by ``select``, Phi-3's
+    ``[Q | K | V]`` cut by slices (grouped-query: ``repeat_interleave``) and Falcon's ``view(B, T, G, r + 2, d)`` cut
+    into ``r`` query slots and one key and one value slot per group; written with ``sdpa`` or explicitly. Near
+    misses: the keys are the queries (shared columns), a key slice overlapping the queries' last column, and the
+    keys' heads reordered by layout ops (query head ``h`` meets another head's keys)."""
+    rng = b.rng
+    heads, dk = rng.randint(1, 4), rng.randint(1, 3)
+    d, n, t, batch = heads * dk, b.width(), b.width(2), 2
+    groups = rng.choice([g for g in range(1, heads + 1) if heads % g == 0])
+    r, kv = heads // groups, groups * dk
+    layout = rng.choice(["neox", "bloom", "sliced", "slots"])
+    miss = rng.choice(["", "", "", "shared", "overlap"] + ["crossed"] * (heads == 4))
+    b.variant += [layout] + [f"gqa{groups}"] * (layout in ("sliced", "slots") and groups != heads) + \
+        [f"miss-{miss}"] * bool(miss)
+
+    def split(z: str, h: int) -> str:
+        return b.op("transpose", b.op("reshape", z, shape=(batch, t, h, dk)), a=1, b=2)
+
+    if layout == "neox":
+        order = rng.choice([(0, 1, 2), (0, 2, 1), (1, 0, 2)])
+        b.variant.append("order" + "".join(map(str, order)))
+        packed = b.op("transpose", b.op("view", b.linear("x", n, 3 * d), shape=(batch, t, heads, 3 * dk)), a=1, b=2)
+        pieces = b.ops("chunk", packed, n=3, outs=3)
+        q, k, v = (pieces[i] for i in order)
+    elif layout == "bloom":
+        fused = b.op("view", b.linear("x", n, 3 * d), shape=(batch, t, heads, 3, dk))
+        q, k, v = (b.op("transpose", b.op("select", fused, dim=3, index=i), a=1, b=2) for i in range(3))
+    elif layout == "sliced":
+        packed = b.linear("x", n, d + 2 * kv)
+        low = d - 1 if miss == "overlap" and d > 1 else d
+        q, k, v = (split(b.op("cut", packed, a=a, b=a + w), h)
+                   for a, w, h in ((0, d, heads), (low, kv, groups), (d + kv, kv, groups)))
+        if r > 1:
+            k, v = (b.op("repeat_interleave", z, r=r) for z in (k, v))
+    else:
+        fused = b.op("view", b.linear("x", n, groups * (r + 2) * dk), shape=(batch, t, groups, r + 2, dk))
+        q = b.op("reshape", b.op("cut_slots", fused, a=0, b=r), shape=(batch, t, heads, dk))
+        k, v = (b.op("reshape", b.op("cut_slots", fused, a=a, b=a + 1), shape=(batch, t, groups, dk))
+                for a in (r, r + 1))
+        q, k, v = (b.op("transpose", z, a=1, b=2) for z in (q, k, v))
+        if r > 1:
+            k, v = (b.op("repeat_interleave", z, r=r) for z in (k, v))
+    if miss == "shared":
+        k = q
+    elif miss == "crossed":   # heads (0, 2, 1, 3) of the keys, by layout ops alone
+        k = b.op("reshape", b.op("transpose", b.op("reshape", k, shape=(batch, 2, 2, t, dk)), a=1, b=2),
+                 shape=(batch, 4, t, dk))
+    if rng.random() < 0.5:
+        o = b.op("sdpa", q, k, v, causal=rng.random() < 0.5)
+    else:
+        o = b.op("matmul", b.op("softmax", b.op("scale", b.op("matmul_t", q, k), c=dk ** -0.5), dim=-1), v)
+    o = b.op("reshape", b.op("transpose", o, a=1, b=2), shape=(batch, t, d))
+    return (batch, t, n), 0, b.linear(o, d, b.width())
 
 
 def _embedding(b: _Builder) -> _Drawn:
@@ -2119,11 +2179,13 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "rotary": _rotary,
     "recurrent": _recurrent,
     "moe": _moe,
+    "layouts": _layouts,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
 EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3, "rules": 0.3, "torch_layers": 0.3,
-            "bilinear": 0.3, "conv_transpose": 0.3, "einsum": 0.3, "rotary": 0.3, "recurrent": 0.3, "moe": 0.3}
+            "bilinear": 0.3, "conv_transpose": 0.3, "einsum": 0.3, "rotary": 0.3, "recurrent": 0.3, "moe": 0.3,
+            "layouts": 0.3}
 """Families some of whose models are traced by ``torch.export`` alone (with this probability, drawn apart from the
 model), since fx traces every generated model and export decomposes ``nn.MultiheadAttention`` and spells attention
 with ATen ops (``bmm``, ``baddbmm``, ``select``, ``squeeze``) that attention folding must read exactly (fx traces

@@ -7,7 +7,7 @@ the query/key and value/output spaces (:func:`attention_sites`).
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -30,17 +30,44 @@ def _only_into(state: Inference, source: str, node: str) -> bool:
                                + _PASSING and _only_into(state, user, node) for user in users)
 
 
+@dataclass(frozen=True)
+class HeadColumns:
+    """The column map of a head split: query head ``h`` reads the coordinates ``[queries[h], queries[h] + head_dim)``
+    of its producer's site, key/value head ``g`` ``[keys[g], keys[g] + head_dim)`` and
+    ``[values[g], values[g] + value_head_dim)`` of theirs (GPT-NeoX's packed ``(…, H, 3d)``: ``queries[h] = 3hd``,
+    ``keys[h] = 3hd + d``, ``values[h] = 3hd + 2d``)."""
+
+    queries: tuple[int, ...]
+    keys: tuple[int, ...]
+    values: tuple[int, ...]
+    head_dim: int
+    value_head_dim: int
+
+    @staticmethod
+    def consecutive(heads: int, groups: int, head_dim: int, value_head_dim: int) -> "HeadColumns":
+        """Head ``h`` reads the ``h``-th block of its site's coordinates."""
+        return HeadColumns(tuple(range(0, heads * head_dim, head_dim)), tuple(range(0, groups * head_dim, head_dim)),
+                           tuple(range(0, groups * value_head_dim, value_head_dim)), head_dim, value_head_dim)
+
+
 def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k: list[Binding],
                     v: list[Binding] | None, heads_alike: bool = True, key_shifts: bool = True,
                     kv_heads: int | None = None, rotary: Mapping[str, Any] | None = None,
-                    value_shifts: bool = False, apart: str = "") -> tuple[Label, Label]:
+                    value_shifts: bool = False, apart: str = "", columns: HeadColumns | None = None
+                    ) -> tuple[Label, Label]:
     """Per head ``GL(d_k)`` on the query/key maps (keys by ``g⁻ᵀ``), per head ``GL(d_v)`` on the
     value map (and the output map's columns, through the returned label), and one permutation of
     heads moving all per-head blocks together (only when the scores of every head are treated alike,
-    ``heads_alike``). ``q, k, v`` are the producers' out-bindings. Returns the label of the merged output
+    ``heads_alike``). ``q, k, v`` are the producers' out-bindings (equal lists: one packed producer), each head
+    reading the coordinates ``columns`` says (by default the ``h``-th block). Returns the label of the merged output
     (``(…, H·d_v)``) and the label of a per-head value's head axis ``-3`` (the attention probabilities
     ``softmax(s·Q_h K_hᵀ + M)``, ``(…, H, L_q, L_k)``): it carries the head permutations only, since the
     probabilities are invariant under every ``GL`` and key-bias translation here and do not depend on values.
+
+    A permutation of heads (or key/value groups) moves each unit's rows of every producer as one block of
+    consecutive rows (:func:`_unit_blocks`): per producer either the units' rows of all its roles together (GPT-NeoX:
+    head ``h``'s ``q, k, v`` rows ``[3hd, 3(h+1)d)``) or each role's apart (``[Q | K | V]``); a layout in which
+    neither is a sequence of equal blocks gets no permutation.
 
     ``v = None``: the values are not a map's output (``softmax(q kᵀ) σ(v x)``, or a value read elsewhere too), so
     nothing models how they move: only the ``qk`` sites are made (the probabilities do not depend on the values),
@@ -74,7 +101,9 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
     """
     groups = heads if kv_heads is None else kv_heads
     r = heads // groups
-    d_k = q[0].width // heads
+    columns = columns or HeadColumns.consecutive(heads, groups, q[0].width // heads,
+                                                 v[0].width // groups if v else 0)
+    d_k, d_v = columns.head_dim, columns.value_head_dim
     stem = site_stem([b.tensor for b in q + k + (v or [])], node)  # the attention module's path (``attn``)
     rotation = _rotary_restriction(state, node, rotary)
     key_biases = [b for b in k if len(state.shapes[b.tensor]) == 1] if key_shifts and not (
@@ -87,40 +116,43 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
         members = range(g * r, (g + 1) * r)
         name = f"{stem}.head{g}" if r == 1 else f"{stem}.group{g}"
         # the coordinates a partial rotary embedding rotates, and the others (the scores are the sum of both parts)
+        key = columns.keys[g]
         spans = [(0, d_k, "qk")] if rotated in (0, d_k) else [(0, rotated, "qk.rotated"), (rotated, d_k - rotated,
                                                                                          "qk.passed")]
         for start, width, part in spans:
-            qk = state.new_site(node, width, [b.restrict(h * d_k + start, width) for h in members for b in q] +
-                                [b.restrict(g * d_k + start, width).flipped() for b in k], name=f"{name}.{part}",
+            qk = state.new_site(node, width, [b.restrict(columns.queries[h] + start, width) for h in members for b in q]
+                                + [b.restrict(key + start, width).flipped() for b in k], name=f"{name}.{part}",
                                 allowed=(ALL - {"T1"}) | (GRANTED if rotation else set()))
             if rotation is not None and start < rotated:
                 state.restrict(qk, rotation[0], node, rotation[1], blocked=rotation[2])
             else:
                 state.site(qk).translations.extend(
-                    ("T", b.node, TranslationFamily("entries", (b.restrict(g * d_k + start, width),)))
+                    ("T", b.node, TranslationFamily("entries", (b.restrict(key + start, width),)))
                     for b in key_biases)
         if v is None:
             continue
-        d_v = v[0].width // groups
-        site = state.new_site(node, d_v, [b.restrict(g * d_v, d_v) for b in v], name=f"{name}.vo",
+        value = columns.values[g]
+        site = state.new_site(node, d_v, [b.restrict(value, d_v) for b in v], name=f"{name}.vo",
                               allowed=(ALL - TRANSLATIONS) | ({"T"} if value_biases else set()))
-        state.site(site).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(g * d_v, d_v),)))
+        state.site(site).translations.extend(("T", b.node, TranslationFamily("entries", (b.restrict(value, d_v),)))
                                              for b in value_biases)
         segments += [Segment(site, h * d_v, d_v) for h in members]
     if v is None:
         return Label.data(), Label(-3, heads, ())
-    d_v = v[0].width // groups
     permutations = []
     if r > 1:
         for g in range(groups):
-            within = state.new_site(node, r, [b.restrict(g * r * d_k, r * d_k).coarsen(d_k) for b in q],
-                                    name=f"{stem}.group{g}.heads", allowed={"S"})
-            permutations.append(Segment(within, g * r * d_v, r, d_v))
+            moved = _unit_blocks([[(q, columns.queries[h], d_k)] for h in range(g * r, (g + 1) * r)])
+            if moved is not None:
+                within = state.new_site(node, r, moved, name=f"{stem}.group{g}.heads", allowed={"S"})
+                permutations.append(Segment(within, g * r * d_v, r, d_v))
     if groups > 1:
-        whole = state.new_site(node, groups, [b.coarsen(r * d_k) for b in q] + [b.coarsen(d_k) for b in k] +
-                               [b.coarsen(d_v) for b in v], name=f"{stem}.heads" if r == 1 else f"{stem}.groups",
-                               allowed={"S"})
-        permutations.append(Segment(whole, 0, groups, r * d_v))
+        moved = _unit_blocks([[(q, columns.queries[h], d_k) for h in range(g * r, (g + 1) * r)] +
+                              [(k, columns.keys[g], d_k), (v, columns.values[g], d_v)] for g in range(groups)])
+        if moved is not None:
+            whole = state.new_site(node, groups, moved, name=f"{stem}.heads" if r == 1 else f"{stem}.groups",
+                                   allowed={"S"})
+            permutations.append(Segment(whole, 0, groups, r * d_v))
     for segment in permutations:
         if not heads_alike:   # ``apart``: the named op that makes the heads differ (a blocked note)
             why = apart or "a mask, bias, temperature or dropout differs between heads"
@@ -128,6 +160,50 @@ def attention_sites(state: Inference, node: str, heads: int, q: list[Binding], k
                                                       "them", blocked=bool(apart))
     head_axis = tuple(replace(s, offset=s.offset // d_v, block=s.block // d_v) for s in permutations)
     return Label(-1, d_v * heads, tuple(segments + permutations)), Label(-3, heads, head_axis)
+
+
+Piece = tuple[list[Binding], int, int]
+"""``(bindings, start, width)``: coordinates ``[start, start + width)`` of the producer site of ``bindings``."""
+
+
+def _unit_blocks(units: list[list[Piece]]) -> list[Binding] | None:
+    """Bindings under which a permutation of the ``units`` (heads, or key/value groups) moves each unit's pieces to
+    the corresponding pieces of its image, or ``None`` where the layout allows no such bindings.
+
+    Per producer (the pieces with equal bindings, the ``i``-th piece of every unit corresponding), a permutation
+    moves blocks ``[first + u·size, first + (u + 1)·size)`` of its coordinates; that is the permutation of the
+    units when unit ``u``'s pieces tile that block exactly, at the same places within it for every ``u``. All the
+    producer's pieces are tried as one block per unit (GPT-NeoX's ``[q_h | k_h | v_h]``), then each piece position
+    apart (``[Q | K | V]``)."""
+    producers: dict[tuple, list[int]] = {}
+    for i, (bindings, _, _) in enumerate(units[0]):
+        producers.setdefault(tuple(bindings), []).append(i)
+    moved: list[Binding] = []
+    for producer, positions in producers.items():
+        for parts in ([positions], [[i] for i in positions]):
+            blocks = [_block([[unit[i] for i in part] for unit in units]) for part in parts]
+            if all(block is not None for block in blocks):
+                for first, size in (block for block in blocks if block is not None):
+                    moved += [b.restrict(first, len(units) * size).coarsen(size) for b in producer]
+                break
+        else:
+            return None
+    return moved
+
+
+def _block(units: list[list[Piece]]) -> tuple[int, int] | None:
+    """``(first, size)`` where unit ``u``'s pieces tile ``[first + u·size, first + (u + 1)·size)``, each at the
+    same offset within it as in unit 0; else ``None``."""
+    tiles = [sorted((start, width) for _, start, width in unit) for unit in units]
+    first = tiles[0][0][0]
+    size = sum(width for _, width in tiles[0])
+    for u, (unit, tile) in enumerate(zip(units, tiles)):
+        base = first + u * size
+        ends = [start + width for start, width in tile]
+        if tile[0][0] != base or ends[-1] != base + size or any(e != s for e, (s, _) in zip(ends, tile[1:])) or \
+                any(start - base != start0 - first for (_, start, _), (_, start0, _) in zip(unit, units[0])):
+            return None
+    return first, size
 
 
 def _rotary_restriction(state: Inference, node: str, rotary: Mapping[str, Any] | None) -> tuple | None:
@@ -202,10 +278,12 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
     return (Label(-1, d, (Segment(site, 0, d),)), head_axis if per_head else Label.data())
 
 
-def _map_outputs(state: Inference, node: str, pieces: Sequence[tuple[str, object, int, int]]) -> dict | None:
-    """The sites of the attention roots ``pieces`` (``(root, label, offset, width)``), when each is the whole output
-    of linear maps (out-bindings only, power 1) read by ``node`` alone, distinct roots have distinct sites, and
-    pieces of one packed root do not overlap; else ``None``."""
+def _map_outputs(state: Inference, node: str, pieces: Sequence[tuple[str, object, tuple[int, ...], int]]
+                 ) -> dict | None:
+    """The sites of the attention roots ``pieces`` (``(root, label, starts, width)``: its heads read the columns
+    ``[start, start + width)``), when each is the whole output of linear maps (out-bindings only, power 1) read by
+    ``node`` alone, distinct roots have distinct sites, and no two heads read the same column of a root (a query
+    head and a key head sharing columns cannot move them by ``g`` and ``g⁻ᵀ`` at once); else ``None``."""
     sites = {}
     for root, label, _, _ in pieces:
         if not isinstance(label, Label) or len(label.segments) != 1:
@@ -214,7 +292,7 @@ def _map_outputs(state: Inference, node: str, pieces: Sequence[tuple[str, object
         if segment.power != 1 or (segment.offset, segment.width, segment.block) != (0, label.size, 1):
             return None
         sites[root] = state.site(segment.site)
-    spans = sorted((root, offset, offset + width) for root, _, offset, width in pieces)
+    spans = sorted((root, start, start + width) for root, _, starts, width in pieces for start in starts)
     overlapping = any(a[0] == b[0] and b[1] < a[2] for a, b in zip(spans, spans[1:]))
     if overlapping or len({s.id for s in sites.values()}) != len(sites) or \
             not all(_only_into(state, s.node, node) for s in sites.values()) or \
@@ -230,7 +308,8 @@ def _map_outputs(state: Inference, node: str, pieces: Sequence[tuple[str, object
 def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """Attention folded by :mod:`symalg.frontend.attention_folding`: the first three inputs are the outputs of the
     ``q``, ``k``, ``v`` maps (each read by nothing else), whose sites are split into heads; a root read by two or
-    three of them (a packed in-projection) is cut at the ``offsets`` they read from, which must not overlap. The
+    three of them (a packed in-projection) is cut at the columns they read (settings ``offsets``: head ``h`` of a role
+    at ``offset + h·d``; or ``columns``: each head's first column, :class:`HeadColumns`), which must not overlap. The
     other inputs are the tensors the scores are combined with (masks, biases, temperatures) and the tables of
     rotary embeddings, which nothing may move.
 
@@ -249,9 +328,12 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
             for tensor in (extra.tensors if isinstance(extra, WeightExpr) else (extra[1],)):
                 state.opaque.setdefault(tensor, node)
     roots = data["inputs"][:3]
-    offsets = settings.get("offsets", (0, 0, 0))
-    widths = (heads * settings["head_dim"], groups * settings["head_dim"], groups * settings["value_head_dim"])
-    pieces = list(zip(roots, inputs[:3], offsets, widths))
+    d_k, d_v = settings["head_dim"], settings["value_head_dim"]
+    starts = settings["columns"] if "columns" in settings else tuple(
+        tuple(range(offset, offset + n * width, width)) for offset, n, width in
+        zip(settings.get("offsets", (0, 0, 0)), (heads, groups, groups), (d_k, d_k, d_v)))
+    columns = HeadColumns(starts[0], starts[1], starts[2], d_k, d_v)
+    pieces = list(zip(roots, inputs[:3], (columns.queries, columns.keys, columns.values), (d_k, d_k, d_v)))
     sites = _map_outputs(state, node, pieces)
     value = inputs[2]
     if sites is None:   # the values may come through an op: the scores alone keep their symmetries
@@ -263,11 +345,12 @@ def attention_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) 
                                     "attention alone, so the value/output maps and the heads keep no symmetry")
     for site in sites.values():
         site.dissolved = True
-    q, k = ([b.restrict(offset, width) for b in sites[root].bindings] for root, _, offset, width in pieces[:2])
-    v = [b.restrict(offsets[2], widths[2]) for b in sites[roots[2]].bindings] if roots[2] in sites else None
+    q, k = (list(sites[root].bindings) for root in roots[:2])
+    v = list(sites[roots[2]].bindings) if roots[2] in sites else None
     output, head_axis = attention_sites(state, node, heads, q, k, v, heads_alike=settings.get("heads_alike", True),
                                         key_shifts=settings.get("key_shifts", True), kv_heads=settings.get("kv_heads"),
-                                        rotary=settings.get("rotary"), value_shifts=settings.get("value_shifts", False))
+                                        rotary=settings.get("rotary"), value_shifts=settings.get("value_shifts", False),
+                                        columns=columns)
     if "probabilities" not in settings:
         return output
     if settings["probabilities"] != "heads":
