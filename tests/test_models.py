@@ -114,10 +114,13 @@ def test_batch_norm_in_eval_mode_permutes_running_statistics():
     model.eval()
     analysis, report, _ = analyse(model, torch.randn(5, 3, 8, 8))
     # Theory: the running statistics replace the batch statistics, so a conv-bias translation leaves the
-    # output unchanged only when the running mean moves with it; eps > 0 still blocks the scalings.
+    # output unchanged only when the running mean moves with it. A scaling d of the conv's channels (sign flips
+    # too) moves the running mean by d and the gain by 1/d, whatever eps (the variance stays).
     assert table(analysis) == sorted([
         ("c1", "Translations(4, bias)", 4), ("c1", "S(4)", 0), ("b1", "PositiveScaling(4, alpha=1)", 4),
-        ("c2", "Translations(6, bias)", 6), ("c2", "S(6)", 0), ("b2", "PositiveScaling(6, alpha=1)", 6)])
+        ("c1", "PositiveScaling(4, alpha=1)", 4), ("c1", "SignFlips(4)", 0),
+        ("c2", "Translations(6, bias)", 6), ("c2", "S(6)", 0), ("b2", "PositiveScaling(6, alpha=1)", 6),
+        ("c2", "PositiveScaling(6, alpha=1)", 6), ("c2", "SignFlips(6)", 0)])
     assert report.passed
     permutation = next(s for s in analysis.symmetries if s.label == "S(4) on c1")
     assert {"b1.running_mean", "b1.running_var"} <= set(permutation.tensors)

@@ -513,7 +513,19 @@ def _node_record(node: torch.fx.Node, gm: torch.fx.GraphModule, by_id: Mapping[i
             record.update(_layer_operands(node, gm, by_id, op))
         if node.op == "call_method" and node.target in _IN_PLACE:
             record["settings"]["inplace"] = True
+    if ALIASED_IN_PLACE in node.meta:   # not its functional op: no rule reads it, and the note says why
+        record["op"] = f"{_callee_name(node, gm)} in place ({node.meta[ALIASED_IN_PLACE]})"
     return record
+
+
+def _callee_name(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
+    """``aten.add_``, ``relu_``, ``iadd`` or the module's class: the callee as written."""
+    target = node.target
+    if node.op == "call_module":
+        return type(gm.get_submodule(str(target))).__name__
+    if isinstance(target, torch._ops.OpOverload):
+        return f"aten.{target.__name__.split('.')[0]}"
+    return str(target) if node.op == "call_method" else getattr(target, "__name__", str(target))
 
 
 _LAYER_SETTINGS = _SPELLINGS.arguments
@@ -674,15 +686,83 @@ def _shape_of(meta: Mapping[str, Any]) -> tuple | None:
     return None
 
 
+_IN_PLACE_OPERATORS = frozenset({operator.iadd, operator.isub, operator.imul, operator.itruediv})
+_ALIASING_CALLS = frozenset({"dropout", "alpha_dropout", "feature_alpha_dropout", "identity"})
+"""Callees that may return their input itself (dropout off) although ATen's schema gives a fresh tensor."""
+_ALIASING_MODULES = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
+                     nn.FeatureAlphaDropout, nn.Flatten, nn.Unflatten)
+ALIASED_IN_PLACE = "symalg_aliased_in_place"
+"""``node.meta`` key of an in-place op left as it is: the reason (its tensor is a view, or is viewed)."""
+
+
+def _in_place(node: torch.fx.Node, gm: torch.fx.GraphModule) -> bool:
+    """True for an op writing its first argument: fx's in-place methods, functions, ``x += y`` and modules with
+    ``inplace=True``, and any ATen overload whose schema writes its first argument (export's ``aten.add_``)."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        arguments = target._schema.arguments
+        return bool(arguments) and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
+    return (node.op == "call_method" and target in _IN_PLACE) or \
+        (node.op == "call_function" and target in IN_PLACE_FUNCTIONS | _IN_PLACE_OPERATORS) or \
+        (node.op == "call_module" and getattr(gm.get_submodule(str(target)), "inplace", False)) or \
+        (node.op == "call_function" and bool(node.kwargs.get("inplace", False)))
+
+
+def _returns_alias(node: torch.fx.Node, gm: torch.fx.GraphModule) -> bool:
+    """True when ``node``'s result may share memory with an input (a view: ``view``, ``transpose``, indexing,
+    ``reshape``, a dropout that is off, ``nn.Identity``), by ATen's schema of the callee where it has one
+    (``Tensor(a)`` returned, nothing written); indexing and unknown module kinds above count as views."""
+    target = node.target
+    if node.op == "call_module":
+        return isinstance(gm.get_submodule(str(target)), _ALIASING_MODULES)
+    if node.op not in ("call_function", "call_method") or _in_place(node, gm):
+        return False
+    if target is operator.getitem:
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        schemas = [target._schema]
+    else:
+        name = str(target) if node.op == "call_method" else getattr(target, "__name__", "")
+        if name in _ALIASING_CALLS:
+            return True
+        packet = getattr(torch.ops.aten, name, None) if name.isidentifier() else None
+        schemas = [getattr(packet, o)._schema for o in packet.overloads()] if \
+            isinstance(packet, torch._ops.OpOverloadPacket) else []
+    return any(r.alias_info is not None and not r.alias_info.is_write for schema in schemas for r in schema.returns)
+
+
+def _aliasing_conflict(node: torch.fx.Node, gm: torch.fx.GraphModule) -> str | None:
+    """Why the in-place ``node`` is not its functional op, or ``None``. The tensor it writes is followed back through
+    earlier in-place ops to the value that made it; reading the write as a new value is exact unless that value is a
+    parameter or buffer (the model's state changes), a view of another tensor (which the write changes too), or is
+    viewed by another node (whose readers would see the write)."""
+    chain = [node]
+    while isinstance(chain[-1].args[0], torch.fx.Node) and _in_place(chain[-1].args[0], gm):
+        chain.append(chain[-1].args[0])
+    root = chain[-1].args[0]
+    assert isinstance(root, torch.fx.Node)  # (checked by the caller)
+    if root.op == "get_attr":
+        return f"it writes the model's tensor {root.target!r}"
+    if _returns_alias(root, gm):
+        return f"it writes node {root.name!r}, a view of another tensor"
+    for value in (root, *chain[1:]):
+        for user in value.users:
+            if user not in chain and _returns_alias(user, gm):
+                return f"node {user.name!r} is a view of the tensor it writes"
+    return None
+
+
 def _redirect_in_place(gm: torch.fx.GraphModule) -> None:
-    """After ``y = x.relu_()``, later readers of ``x`` see the mutated tensor: make them read ``y``."""
+    """After ``y = x.relu_()`` (``aten.add_(x, r)``, ``x += r``), later readers of ``x`` see the mutated tensor: make
+    them read ``y``, which is then the functional op's result. Where that is not exact (:func:`_aliasing_conflict`)
+    the node keeps its in-place name (no rule reads it) and ``node.meta[ALIASED_IN_PLACE]`` the reason."""
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     for node in list(gm.graph.nodes):
-        in_place = (node.op == "call_method" and node.target in _IN_PLACE) or \
-            (node.op == "call_function" and node.target in IN_PLACE_FUNCTIONS | {operator.iadd, operator.imul}) or \
-            (node.op == "call_module" and getattr(gm.get_submodule(node.target), "inplace", False)) or \
-            (node.op == "call_function" and node.kwargs.get("inplace", False))
-        if not in_place or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        if not node.args or not isinstance(node.args[0], torch.fx.Node) or not _in_place(node, gm):
+            continue
+        conflict = _aliasing_conflict(node, gm)
+        if conflict is not None:
+            node.meta[ALIASED_IN_PLACE] = conflict
             continue
         source = node.args[0]
         for user in list(source.users):

@@ -304,12 +304,23 @@ OPS: dict[str, Op] = {
     "pow_method": Op("{0}.pow({1})", lambda m, a, b: a.pow(b)),
     "pow_fn": Op("torch.pow({0}, {1})", lambda m, a, b: torch.pow(a, b)),
     "pow_number": Op("{0} ** {c}", lambda m, x, c: x ** c),
+    "add_": Op("{0}.add_({1})", lambda m, a, b: a.add_(b)),
+    "iadd": Op("_iadd({0}, {1})", lambda m, a, b: _iadd(a, b)),
+    "mul_": Op("{0}.mul_({c})", lambda m, x, c: x.mul_(c)),
+    "relu_": Op("F.relu({0}, inplace=True)", lambda m, x: F.relu(x, inplace=True)),
+    "channels": Op("{0}[:, :{k}]", lambda m, x, k: x[:, :k]),
     "mha_causal": Op("self.{layer}({0}, {0}, {0}, attn_mask=torch.ones({t}, {t}, dtype=torch.bool).triu(1), "
                      "need_weights={need}, average_attn_weights={average})",
                      lambda m, x, layer, t, need, average: getattr(m, layer)(
                          x, x, x, attn_mask=torch.ones(t, t, dtype=torch.bool).triu(1), need_weights=need,
                          average_attn_weights=average)),
 }
+
+
+def _iadd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a += b``, as a residual block writes it (fx: ``operator.iadd``; export: ``aten.add_``)."""
+    a += b
+    return a
 
 
 def _weight_norm(module: nn.Module, dim: int | None) -> nn.Module:
@@ -486,7 +497,7 @@ class Case:
         x = (f"torch.randint(0, {self.vocab}, {self.input_shape})" if self.vocab
              else f"torch.randn({self.input_shape}, dtype=torch.float64)")
         lines = ["# " + self.description, "import torch", "import torch.nn.functional as F", "from torch import nn",
-                 "from symalg.verification.fuzz import alibi, rope_partial, rope_tables, rope_tables_per_head, "
+                 "from symalg.verification.fuzz import _iadd, alibi, rope_partial, rope_tables, rope_tables_per_head, "
                  "rotate_every_two, rotate_half", "from symalg.catalogue.rules.moe import SparseMoE",
                  "", "", "class Model(nn.Module):", "    def __init__(self):", "        super().__init__()"]
         lines += [f"        self.{name} = {layer.source()}" for name, layer in self.layers]
@@ -1851,6 +1862,51 @@ def _centring(b: _Builder) -> _Drawn:
     if kind == "returned":
         return (2, t) if tokens else (2, t, n), vocab, b.op("cat", head, x, dim=-1)
     return ((2, t) if tokens else (2, t, n)), vocab, head
+VISION = ("resnet", "resnet", "mobilenet", "mobilenet", "viewed", "view_written", "train", "no_gain")
+"""What the ``vision`` family draws: a ResNet block (conv → BN → ReLU, conv → BN, ``out += shortcut``, in-place ReLU),
+a MobileNet block (1×1 expansion, depthwise conv, each with BN and ReLU6 or hardtanh, 1×1 projection with BN), and
+the near misses: a slice of the residual taken before the in-place add and returned (it sees the write), an in-place
+write to a slice (it writes its base), batch norm in training mode, batch norm without a gain."""
+
+
+def _vision(b: _Builder) -> _Drawn:
+    """Convolutional blocks of vision models (:data:`VISION`): bias-free convolutions, eval-mode batch norm,
+    in-place residual adds and activations; traced by fx or by export alone (:data:`EXPORTED`)."""
+    rng, c_in, c = b.rng, b.width(), b.width(2)
+    kind = rng.choice(VISION)
+    b.variant.append(kind)
+    size = rng.randint(3, 6)
+    shape = (rng.randint(2, 3), c_in, size, size)
+
+    def conv_bn(x: str, n_in: int, n_out: int, kernel: int, groups: int = 1) -> str:
+        eps = rng.choice([1e-5, 1e-3, 0.0])
+        x = b.call(b.add("Conv2d", n_in, n_out, kernel, padding=kernel // 2, groups=groups,
+                         bias=rng.random() < 0.3), x)
+        return b.call(b.add("BatchNorm2d", n_out, eps=eps, affine=kind != "no_gain",
+                            train=kind == "train"), x)
+
+    def activate(x: str) -> str:
+        return b.op("relu_", x) if rng.random() < 0.5 else b.act(x, ("relu", "relu6", "hardtanh", "silu", "tanh"))
+
+    h = activate(conv_bn("x", c_in, c, rng.choice([1, 3])))
+    views: tuple[str, ...] = ()
+    if kind == "mobilenet":
+        wide = c * rng.randint(1, 2)
+        y = activate(conv_bn(h, c, wide, 1))
+        y = activate(conv_bn(y, wide, wide, 3, groups=wide))
+        y = conv_bn(y, wide, c, 1)
+        h = b.op("add", h, y) if rng.random() < 0.5 else b.op("iadd", y, h)
+    else:
+        y = conv_bn(activate(conv_bn(h, c, c, 3)), c, c, rng.choice([1, 3]))
+        if kind == "viewed":
+            views = (b.op("channels", y, k=rng.randint(1, c)),)
+        if kind == "view_written":
+            b.op("mul_", b.op("channels", y, k=rng.randint(1, c)), c=rng.choice([2.0, -1.0]))
+        h = b.op("add_" if rng.random() < 0.5 else "iadd", y, h)
+        h = b.op("relu_", h)
+    head = b.call(b.add("Conv2d", c, b.width(), 1), h)
+    out = b.op("mean", head, dim=(-2, -1)) if rng.random() < 0.6 else b.op("flatten", head)
+    return shape, 0, (out, *views) if views else out
 
 
 def registered_models() -> list[tuple[str, int]]:
@@ -2180,12 +2236,13 @@ FAMILIES: dict[str, Callable[[_Builder], _Drawn]] = {
     "recurrent": _recurrent,
     "moe": _moe,
     "layouts": _layouts,
+    "vision": _vision,
 }
 """Model families by name; :func:`generate` draws from them in turn."""
 
 EXPORTED = {"mha": 0.3, "attention": 0.3, "scores": 0.3, "block": 0.3, "rules": 0.3, "torch_layers": 0.3,
             "bilinear": 0.3, "conv_transpose": 0.3, "einsum": 0.3, "rotary": 0.3, "recurrent": 0.3, "moe": 0.3,
-            "layouts": 0.3}
+            "layouts": 0.3, "vision": 0.5}
 """Families some of whose models are traced by ``torch.export`` alone (with this probability, drawn apart from the
 model), since fx traces every generated model and export decomposes ``nn.MultiheadAttention`` and spells attention
 with ATen ops (``bmm``, ``baddbmm``, ``select``, ``squeeze``) that attention folding must read exactly (fx traces

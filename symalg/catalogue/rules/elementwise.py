@@ -44,8 +44,9 @@ def _ramp() -> torch.Tensor:
 
 @register_rule("add", "sub", capabilities={"arithmetic", "entrywise", "products", "weights"},
                spellings={"add": OpSpellings(functions=(operator.add, torch.add, operator.iadd),
-                                             methods=("add", "add_"), aten=("add",)),
-                          "sub": OpSpellings(functions=(operator.sub, torch.sub), methods=("sub",), aten=("sub",))},
+                                             methods=("add", "add_"), aten=("add", "add_")),
+                          "sub": OpSpellings(functions=(operator.sub, torch.sub, operator.isub),
+                                             methods=("sub", "sub_"), aten=("sub", "sub_"))},
                near_misses={  # a fixed summand that is not constant along the site: it pins the site
                    "add": (around(lambda self, h: torch.relu(h) + self.shift, shift=_ramp),),
                    "sub": (around(lambda self, h: torch.relu(h) - self.shift, shift=_ramp),)},
@@ -122,9 +123,9 @@ def _add_parameter(state: Inference, node: str, label: Label, tensor: str) -> No
 
 @register_rule("mul", "div", capabilities={"arithmetic", "entrywise", "products", "weights"},
                spellings={"mul": OpSpellings(functions=(operator.mul, torch.mul, operator.imul),
-                                             methods=("mul", "mul_"), aten=("mul",)),
-                          "div": OpSpellings(functions=(operator.truediv, torch.div), methods=("div", "div_"),
-                                             aten=("div",))},
+                                             methods=("mul", "mul_"), aten=("mul", "mul_")),
+                          "div": OpSpellings(functions=(operator.truediv, torch.div, operator.itruediv),
+                                             methods=("div", "div_"), aten=("div", "div_"))},
                near_misses={  # a factor not constant along the site: permutations go, scalings stay; a parameter
                    # factor: a layer scale γ moves with the permutations, one γ for all or per position is refused
                    "mul": (around(lambda self, h: torch.relu(h) * self.scale, scale=_ramp),

@@ -66,24 +66,16 @@ def batch_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
     if _across_sites(state, node, label, (channel,), {"S"}, "batch norm"):
         return label
     batch_statistics = settings["training"] or not settings.get("track_running_stats", True)
+    affine = settings.get("affine", "weight" in data["params"])
+    if not batch_statistics and affine:
+        return _eval_affine(state, node, label, data, channel)
     kinds = {"S", "T"} | ({"PS"} if settings["eps"] == 0 else set())
     reason = f"{state.where(node)} normalises each channel" + (
         "" if settings["eps"] == 0 else f" (eps = {settings['eps']} breaks its scale invariance: BN(d·x) is BN with "
                                         "eps/d²; only eval mode admits eps = 0)")
     state.restrict_label(label, kinds, node, reason, blocked=settings["eps"] != 0)
     if not batch_statistics:
-        for seg in label.segments:
-            mean = Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out", seg.power,
-                           buffer=True, node=node, invariant=seg.unmoved())
-            state.bind(seg.site, mean)
-            state.bind(seg.site, Binding(buffers["running_var"], 0, seg.offset, seg.width, seg.block, "out",
-                                         2 * seg.power, buffer=True, node=node, invariant=seg.unmoved()))
-            site = state.site(seg.site)
-            if seg.block != 1:
-                state.restrict(seg.site, ALL - {"T"}, node, f"{state.where(node)}: channels in blocks", blocked=True)
-            if "T" not in seg.invariant:
-                site.translations[:] = [(kind, producer, family.extended(mean) if kind == "T" else family)
-                                        for kind, producer, family in site.translations]
+        _running_statistics(state, node, label, buffers, 2)
     elif "running_mean" in buffers:
         for seg in label.segments:
             state.bind(seg.site, Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out",
@@ -92,9 +84,42 @@ def batch_norm_rule(state: Inference, node: str, data: NodeData, inputs: Inputs)
                                          Fraction(0), buffer=True, diagonal=True, node=node, invariant=seg.unmoved()))
     normalised = Label(channel, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, Fraction(0),
                                                           s.invariant | {"T"}) for s in label.segments))
-    if not settings.get("affine", "weight" in data["params"]):
+    if not affine:
         return normalised
     return _diagonal_map(state, node, normalised, data["params"]["weight"], data["params"].get("bias"), channel)
+
+
+def _running_statistics(state: Inference, node: str, label: Label, buffers: dict, var_power: int) -> None:
+    """Bind eval-mode running statistics to the input's sites: ``μ ↦ d μ`` (and with a bias translation of the
+    input, ``μ ↦ μ + t``, unless the input ignores it), ``σ² ↦ d^var_power σ²`` (``0``: permuted only, sign flips
+    leave it too)."""
+    for seg in label.segments:
+        mean = Binding(buffers["running_mean"], 0, seg.offset, seg.width, seg.block, "out", seg.power,
+                       buffer=True, node=node, invariant=seg.unmoved())
+        state.bind(seg.site, mean)
+        state.bind(seg.site, Binding(buffers["running_var"], 0, seg.offset, seg.width, seg.block, "out",
+                                     var_power * seg.power, buffer=True, diagonal=var_power == 0, node=node,
+                                     invariant=seg.unmoved() | (frozenset({"SF"}) if var_power == 0 else frozenset())))
+        site = state.site(seg.site)
+        if seg.block != 1:
+            state.restrict(seg.site, ALL - {"T"}, node, f"{state.where(node)}: channels in blocks", blocked=True)
+        if "T" not in seg.invariant:
+            site.translations[:] = [(kind, producer, family.extended(mean) if kind == "T" else family)
+                                    for kind, producer, family in site.translations]
+
+
+def _eval_affine(state: Inference, node: str, label: Label, data: NodeData, channel: int) -> Label:
+    """Eval-mode batch norm with a gain: ``y = γ (x − μ)/√(σ² + ε) + β`` per channel is a diagonal map of ``x``.
+    A scaling ``x ↦ d x`` of the input's sites (any invertible diagonal ``d``: ``PS`` and ``SF``) is given back
+    exactly by ``μ ↦ d μ``, ``γ ↦ γ/d`` with ``σ²`` and ``β`` kept, whatever ``ε``:
+    ``(γ/d)(d x − d μ)/√(σ² + ε) = γ (x − μ)/√(σ² + ε)`` (scaling ``σ²`` by ``d²`` instead is exact only for
+    ``ε = 0``). A translation of the input's bias moves ``μ`` with it; permutations move every channel vector. The
+    output is the diagonal map's own site (its scalings on ``γ, β`` and the readers)."""
+    state.restrict_label(label, {"S", "T", "PS", "SF"}, node, f"{state.where(node)} normalises each channel")
+    _running_statistics(state, node, label, data["buffers"], 0)
+    centred = Label(channel, label.size, tuple(Segment(s.site, s.offset, s.width, s.block, s.power,
+                                                       s.invariant | {"T"}) for s in label.segments))
+    return _diagonal_map(state, node, centred, data["params"]["weight"], data["params"].get("bias"), channel)
 
 
 @register_rule("layer_norm", capabilities={"weights"},
