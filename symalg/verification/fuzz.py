@@ -926,39 +926,48 @@ def _layouts(b: _Builder) -> _Drawn:
     pieces in any order, CodeGen's ``q, v, k`` too), BLOOM's ``view(B, T, H, 3, d)`` read by ``select``, Phi-3's
     ``[Q | K | V]`` cut by slices (grouped-query: ``repeat_interleave``) and Falcon's ``view(B, T, G, r + 2, d)`` cut
     into ``r`` query slots and one key and one value slot per group; written with ``sdpa`` or explicitly. Near
-    misses: the keys are the queries (shared columns), a key slice overlapping the queries' last column, and the
-    keys' heads reordered by layout ops (query head ``h`` meets another head's keys)."""
+    misses: the keys are the queries (shared columns), a key slice overlapping the queries' last column, the
+    keys' heads reordered by layout ops (query head ``h`` meets another head's keys), and the packed projection
+    normed as a whole before the split (``normed``)."""
     rng = b.rng
     heads, dk = rng.randint(1, 4), rng.randint(1, 3)
     d, n, t, batch = heads * dk, b.width(), b.width(2), 2
     groups = rng.choice([g for g in range(1, heads + 1) if heads % g == 0])
     r, kv = heads // groups, groups * dk
     layout = rng.choice(["neox", "bloom", "sliced", "slots"])
-    miss = rng.choice(["", "", "", "shared", "overlap"] + ["crossed"] * (heads == 4))
+    miss = rng.choice(["", "", "", "shared", "overlap", "normed"] + ["crossed"] * (heads == 4))
     b.variant += [layout] + [f"gqa{groups}"] * (layout in ("sliced", "slots") and groups != heads) + \
         [f"miss-{miss}"] * bool(miss)
 
     def split(z: str, h: int) -> str:
         return b.op("transpose", b.op("reshape", z, shape=(batch, t, h, dk)), a=1, b=2)
 
+    def project(width: int) -> str:
+        """The packed projection; for the near miss ``normed``, through a norm over all of it (OLMoE's ``q_norm``
+        before the head split: its gain allows no per-head group)."""
+        y = b.linear("x", n, width)
+        if miss != "normed":
+            return y
+        return b.call(b.add(rng.choice(["RMSNorm", "LayerNorm"]), width), y)
+
     if layout == "neox":
         order = rng.choice([(0, 1, 2), (0, 2, 1), (1, 0, 2)])
         b.variant.append("order" + "".join(map(str, order)))
-        packed = b.op("transpose", b.op("view", b.linear("x", n, 3 * d), shape=(batch, t, heads, 3 * dk)), a=1, b=2)
+        packed = b.op("transpose", b.op("view", project(3 * d), shape=(batch, t, heads, 3 * dk)), a=1, b=2)
         pieces = b.ops("chunk", packed, n=3, outs=3)
         q, k, v = (pieces[i] for i in order)
     elif layout == "bloom":
-        fused = b.op("view", b.linear("x", n, 3 * d), shape=(batch, t, heads, 3, dk))
+        fused = b.op("view", project(3 * d), shape=(batch, t, heads, 3, dk))
         q, k, v = (b.op("transpose", b.op("select", fused, dim=3, index=i), a=1, b=2) for i in range(3))
     elif layout == "sliced":
-        packed = b.linear("x", n, d + 2 * kv)
+        packed = project(d + 2 * kv)
         low = d - 1 if miss == "overlap" and d > 1 else d
         q, k, v = (split(b.op("cut", packed, a=a, b=a + w), h)
                    for a, w, h in ((0, d, heads), (low, kv, groups), (d + kv, kv, groups)))
         if r > 1:
             k, v = (b.op("repeat_interleave", z, r=r) for z in (k, v))
     else:
-        fused = b.op("view", b.linear("x", n, groups * (r + 2) * dk), shape=(batch, t, groups, r + 2, dk))
+        fused = b.op("view", project(groups * (r + 2) * dk), shape=(batch, t, groups, r + 2, dk))
         q = b.op("reshape", b.op("cut_slots", fused, a=0, b=r), shape=(batch, t, heads, dk))
         k, v = (b.op("reshape", b.op("cut_slots", fused, a=a, b=a + 1), shape=(batch, t, groups, dk))
                 for a in (r, r + 1))

@@ -281,9 +281,11 @@ def multihead_attention_rule(state: Inference, node: str, data: NodeData, inputs
 def _map_outputs(state: Inference, node: str, pieces: Sequence[tuple[str, object, tuple[int, ...], int]]
                  ) -> dict | None:
     """The sites of the attention roots ``pieces`` (``(root, label, starts, width)``: its heads read the columns
-    ``[start, start + width)``), when each is the whole output of linear maps (out-bindings only, power 1) read by
-    ``node`` alone, distinct roots have distinct sites, and no two heads read the same column of a root (a query
-    head and a key head sharing columns cannot move them by ``g`` and ``g⁻ᵀ`` at once); else ``None``."""
+    ``[start, start + width)``), when each is the whole output of linear maps (out-bindings only, power 1, the site
+    still allowing ``GL``) read by ``node`` alone, distinct roots have distinct sites, and no two heads read the same
+    column of a root (a query head and a key head sharing columns cannot move them by ``g`` and ``g⁻ᵀ`` at once); else
+    ``None``. A root produced by a per-feature map (the gain of a norm over the whole projection, OLMoE's ``q_norm``)
+    has lost ``GL`` there: its site is dissolved into the heads' sites, which would not inherit that restriction."""
     sites = {}
     for root, label, _, _ in pieces:
         if not isinstance(label, Label) or len(label.segments) != 1:
@@ -292,6 +294,8 @@ def _map_outputs(state: Inference, node: str, pieces: Sequence[tuple[str, object
         if segment.power != 1 or (segment.offset, segment.width, segment.block) != (0, label.size, 1):
             return None
         sites[root] = state.site(segment.site)
+        if "GL" not in sites[root].allowed:
+            return None
     spans = sorted((root, start, start + width) for root, _, starts, width in pieces for start in starts)
     overlapping = any(a[0] == b[0] and b[1] < a[2] for a, b in zip(spans, spans[1:]))
     if overlapping or len({s.id for s in sites.values()}) != len(sites) or \
