@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -119,6 +120,48 @@ def test_whitened_potential_closed_forms_and_relu_refusal():
         whitened_conserved(torch.ones(2, 3), torch.ones(2, 3), torch.tanh)
 
 
+# ---------------------------------------------------------------- [Zhao2026] Fig. 2.3: eq. 2.17's Q at Xavier init
+
+
+def _xavier_q_moments(activation_name: str, m: int, h: int, n: int) -> tuple[float, float]:
+    """Exact mean and variance of eq. 2.17's ``Q`` at Xavier init (``U_ij ~ N(0, 1/h)``, ``V_aj ~ N(0, s²)``,
+    ``s² = 1/n``), from ``E e^{tv} = e^{t²s²/2}`` and ``E[v e^v] = s² e^{s²/2}``:
+    ``½Tr UᵀU``: mean ``m/2``, variance ``m/(2h)``; per entry ``Φ(v)``: identity ``v²/2`` (mean ``s²/2``, variance
+    ``s⁴/2``); tanh ``(cosh 2v − 1)/4`` (mean ``(e^{2s²} − 1)/4``, variance ``(e^{4s²} − 1)²/32``); sigmoid
+    ``v + eᵛ − 1`` (mean ``e^{s²/2} − 1``, variance ``s² + e^{s²}(e^{s²} − 1) + 2s²e^{s²/2}``)."""
+    s2 = 1 / n
+    phi = {"identity": (s2 / 2, s2 ** 2 / 2),
+           "tanh": ((math.exp(2 * s2) - 1) / 4, (math.exp(4 * s2) - 1) ** 2 / 32),
+           "sigmoid": (math.exp(s2 / 2) - 1, s2 + math.exp(s2) * (math.exp(s2) - 1) + 2 * s2 * math.exp(s2 / 2))}
+    mean, var = phi[activation_name]
+    return m / 2 - h * n * mean, m / (2 * h) + h * n * var
+
+
+def test_fig_2_3_xavier_distribution_of_the_whitened_quantity():
+    """Fig. 2.3's setting: ``m = h = n = 100``, 1000 Xavier draws, ``Q`` of eq. 2.17 (``potential``, 8 nodes).
+    The sample mean and standard deviation match the derived moments (``_xavier_q_moments``). The caption's "similar
+    to linear networks" holds for tanh (standard deviation ≈ 1.0, the linear network's 1.0) but not for the
+    sigmoid: ``σ(0)/σ'(0) = 2`` gives ``Φ(v) ≈ 2v``, a linear term whose spread is ``√(4h) = 20``; ReLU has no
+    ``Q`` at Xavier init (``σ' = 0`` on the negative entries)."""
+    m = h = n = 100
+    draws = 1000
+    gen = torch.Generator().manual_seed(23)
+    stds = {}
+    for name, activation in (("identity", lambda x: x), ("tanh", torch.tanh), ("sigmoid", torch.sigmoid)):
+        Q = torch.cat([0.5 * (torch.randn(100, m, h, generator=gen, dtype=DT) ** 2).sum((1, 2)) / h
+                       - potential(activation, torch.randn(100, h, n, generator=gen, dtype=DT) / math.sqrt(n),
+                                   nodes=8).sum((1, 2))
+                       for _ in range(draws // 100)])                     # eq. 2.17, 100 draws at a time
+        mean, var = _xavier_q_moments(name, m, h, n)
+        assert abs(float(Q.mean()) - mean) < 4 * math.sqrt(var / draws), name
+        assert abs(float(Q.std()) / math.sqrt(var) - 1) < 0.1, name          # χ² spread of 1000 draws: ≈ 0.022
+        stds[name] = float(Q.std())
+    assert 0.9 < stds["tanh"] / stds["identity"] < 1.1
+    assert stds["sigmoid"] > 15 * stds["identity"]
+    with pytest.raises(ValueError, match="derivative vanishes"):
+        whitened_conserved(torch.ones(m, h, dtype=DT), -torch.ones(h, n, dtype=DT) / n, torch.relu)
+
+
 # ---------------------------------------------------------------- [Zhao2026] Fig. 2.6: Q selects the minimum reached
 
 
@@ -191,18 +234,19 @@ def _newtonian(loss, w0, dt, steps, friction=None, t0=1.0):
     return path
 
 
-def _wide_relu(m: int, seed: int = 4):
+def _wide_relu(m: int, seed: int = 4, bias: bool = False):
     """A two-layer tanh regression with ``m`` hidden units (LeCun init, ``1/√m`` readout): ``L(w(0))`` is O(1).
     Eq. 49 assumes nothing about the architecture; a smooth activation keeps the leapfrog's energy error at
-    ``O(dt²)`` (ReLU's kinks make it ``O(dt)``)."""
+    ``O(dt²)`` (ReLU's kinks make it ``O(dt)``). ``bias=True`` appends a readout bias ``b`` (started at 0) as the
+    last parameter: ``f = aᵀtanh(Wx)/√m + b``."""
     gen = torch.Generator().manual_seed(seed)
     X, y = torch.randn(5, 3, generator=gen, dtype=DT), torch.randn(5, generator=gen, dtype=DT)
     w0 = torch.cat([torch.randn(m * 3, generator=gen, dtype=DT) / math.sqrt(3),
-                    torch.randn(m, generator=gen, dtype=DT)])
+                    torch.randn(m, generator=gen, dtype=DT), torch.zeros(int(bias), dtype=DT)])
 
     def loss(w):
-        W, a = w[:m * 3].reshape(m, 3), w[m * 3:]
-        return 0.5 * ((torch.tanh(X @ W.T) @ a / math.sqrt(m) - y) ** 2).sum()
+        W, a = w[:m * 3].reshape(m, 3), w[m * 3:m * 4]
+        return 0.5 * ((torch.tanh(X @ W.T) @ a / math.sqrt(m) + w[m * 4:].sum() - y) ** 2).sum()
     return loss, w0
 
 
@@ -233,6 +277,30 @@ def test_noether_gradient_flow_bound_on_the_mean_displacement():
         mean_move, L0, LT = float((w - w0).abs().mean()), float(loss(w0)), float(loss(w))
         assert math.sqrt(T * (L0 - LT)) >= float((w - w0).norm())
         assert mean_move <= math.sqrt(T * L0 / w0.numel())
+
+
+def test_noether_eqs_50_51_the_energy_controls_the_mean_speed_but_not_the_max():
+    """Eqs. 50–51 claim ``max_i|ẇ_i|`` and ``max_i|Δw_i|`` are ``O(1/√m)``. The energy gives only
+    ``‖ẇ‖ ≤ √(2L(0))``: the mean bound ``(1/P)Σ|ẇ_i| ≤ √(2L(0)/P)`` follows, the max bound does not. Construction:
+    the same width-``m`` tanh regression with a readout bias ``b`` (``f = aᵀtanh(Wx)/√m + b``): ``∂L/∂b = Σ(f − y)``
+    does not shrink with ``m``, so under ND ``max_i|ẇ_i| ≥ |ḃ|`` and ``max_i|Δw_i| ≥ |Δb|`` stay of order one while
+    the mean bound falls like ``1/√P``. Measured at ``m = 4, 64, 1024`` along leapfrog ND from rest."""
+    rows = []
+    for m in (4, 64, 1024):
+        loss, w0 = _wide_relu(m, bias=True)
+        L0, P = float(loss(w0)), w0.numel()
+        path = _newtonian(loss, w0, 1e-2, 200)
+        mean_speed = max(float(v.abs().mean()) for _, v in path)
+        max_speed = max(float(v.abs().max()) for _, v in path)
+        max_move = max(float((w - w0).abs().max()) for w, _ in path)
+        assert mean_speed <= math.sqrt(2 * L0 / P) * (1 + 1e-4)            # eq. 49: holds at every width
+        assert max_speed <= math.sqrt(2 * L0) * (1 + 1e-4)                 # all the energy allows
+        rows.append((P, max_speed, max_move, math.sqrt(2 * L0)))
+    for P, max_speed, max_move, energy_bound in rows:
+        assert max_speed > 0.1 * energy_bound and max_move > 0.05          # not decaying with the width
+    (P_small, speed_small, move_small, _), (P_large, speed_large, move_large, _) = rows[0], rows[-1]
+    assert speed_large > 0.5 * speed_small and move_large > 0.5 * move_small
+    assert speed_large * math.sqrt(P_large) > 10 * speed_small * math.sqrt(P_small)   # not O(1/√P)
 
 
 def test_noether_ntk_sketch_has_the_wrong_sign_and_a_nonzero_relu_curvature():
@@ -431,3 +499,47 @@ def test_radial_spectral_flow_conserves_lambda_and_converges_at_the_printed_rate
     small = (start[0] / math.sqrt(2), start[1] / math.sqrt(2))
     ends = [_rk4(field, s, 1e-3, 500)[-1] for s in (start, small)]
     assert float(loss(*ends[1])) < 0.7 * float(loss(*ends[0]))                 # measured: 0.0091 against 0.0156
+
+
+# ---------------------------------------------------------------- [Zhao2023] App. C.8.1: the polar radius
+
+
+def test_zhao2023_app_c_polar_radius_is_the_root_of_the_sum_of_squares():
+    """App. C.8.1: on a gradient flow of a loss invariant under ``exp(tM)``, ``M`` antisymmetric,
+    ``γ̇ᵀMγ = Σ_{i<j} m_ij(γ̇_iγ_j − γ_iγ̇_j) = 0``, written as ``Σ m_ij r_ij² θ̇_ij`` with ``θ_ij`` the polar angle of
+    ``(γ_i, γ_j)``. The printed ``r_ij = √(γ_i² − γ_j²)`` is wrong (imaginary when ``|γ_j| > |γ_i|``); the polar radius
+    is ``√(γ_i² + γ_j²)``, and ``γ_i²(γ_j/γ_i)' = γ_iγ̇_j − γ_jγ̇_i`` is ``−(γ̇_iγ_j − γ_iγ̇_j)`` (a sign the proof
+    drops; the sum is zero either way). Measured along RK4 gradient flow in ``R³``, ``θ̇`` by central differences of
+    the unwrapped angle: the corrected sum vanishes to the difference error, the printed one does not."""
+    gen = torch.Generator().manual_seed(7)
+    A = torch.randn(3, 3, generator=gen, dtype=DT)
+    M = A - A.T
+    axis = torch.stack([M[1, 2], -M[0, 2], M[0, 1]])                    # M @ axis = 0: the rotation's axis
+    axis = axis / axis.norm()
+
+    def loss(w):                                                       # invariant under exp(tM)
+        return (w @ w - 1) ** 2 + (axis @ w - 0.3) ** 2 + (w @ w) * (axis @ w)
+    grad = torch.func.grad(loss)
+    w0 = torch.randn(3, generator=gen, dtype=DT)
+    torch.testing.assert_close(loss(torch.linalg.matrix_exp(0.7 * M) @ w0), loss(w0), rtol=1e-12, atol=0)
+    dt = 1e-3
+    path = torch.stack([s[0] for s in _rk4(lambda s: (-grad(s[0]),), (w0,), dt, 400)])
+    pairs = [(0, 1), (0, 2), (1, 2)]
+    theta = torch.stack([torch.atan2(path[:, j], path[:, i]) for i, j in pairs], 1)
+    theta_dot = torch.diff(torch.from_numpy(np.unwrap(theta.numpy(), axis=0)), dim=0)
+    theta_dot = (theta_dot[1:] + theta_dot[:-1]) / (2 * dt)             # central differences at path[1:-1]
+    inner = path[1:-1]
+    weights = torch.stack([M[i, j] for i, j in pairs])
+    corrected = torch.stack([inner[:, i] ** 2 + inner[:, j] ** 2 for i, j in pairs], 1)
+    printed = torch.stack([inner[:, i] ** 2 - inner[:, j] ** 2 for i, j in pairs], 1)
+    scale = float((weights * corrected * theta_dot.abs()).sum(1).max())
+    assert scale > 0.1                                                 # the flow really rotates
+    residual = float((corrected * theta_dot @ weights).abs().max())
+    assert residual < 1e-5 * scale
+    assert float((printed * theta_dot @ weights).abs().max()) > max(0.01 * scale, 1e3 * residual)
+    for column, (i, j) in enumerate(pairs):                            # (r cos θ, r sin θ) = (γ_i, γ_j)
+        def deviation(r2, angle=theta[1:-1, column], point=inner[:, [i, j]]):
+            r = r2.abs().sqrt()
+            return float((torch.stack([r * torch.cos(angle), r * torch.sin(angle)], 1) - point).abs().max())
+        assert deviation(corrected[:, column]) < 1e-12
+        assert deviation(printed[:, column]) > 1e-2
