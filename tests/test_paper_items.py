@@ -455,6 +455,168 @@ def test_mirror_theorem_4_part_2_hessian_splits_on_the_fixed_set():
     assert float((R @ off @ R - off).abs().max()) > 1e-2
 
 
+# ---------------------------------------------------------------- [Zhao2026] Thm. 4.5.9, Prop. 4.5.12, 4.5.14–4.5.16
+
+
+def test_thm_4_5_9_argmax_is_infinite_on_a_scaling_orbit_and_the_bound_holds_for_a_compact_group():
+    """Thm. 4.5.9 assumes ``argmax_g ‖∇L(g·w)‖²`` exists. (a) On the scaling orbit of ``L = ½(uv − y)²``,
+    ``‖∇L(gu, v/g)‖² = (uv − y)²(v²/g² + g²u²)`` grows like ``g²``: no maximiser, the left side of eq. 4.46 is
+    infinite off the minima. (b) With a compact group the maximiser exists and the proof goes through (the descent
+    lemma at ``g^t·w^t``, using only ``L(g·w) = L(w)`` and each ``L(·, ξ)`` β-smooth): ``G = {1, g}``,
+    ``g = [[1, 1], [0, −1]]`` (``g² = 1``, not orthogonal), ``L(w, ξ) = ½‖w − c_ξ‖² + ½‖gw − c_ξ‖²``; SGD with a teleport to the larger
+    gradient before every step, ``η = 1/(β√(T − 1))``, 400 runs for the expectation: eq. 4.46 holds, and the
+    teleport does change the gradient (the max over ``G`` exceeds ``‖∇L(w)‖`` along the runs)."""
+    u, v, y = torch.tensor(0.7, dtype=DT), torch.tensor(-1.3, dtype=DT), 2.0
+    norms = [float((u * v - y) ** 2 * ((v / s) ** 2 + (s * u) ** 2)) for s in (10.0, 100.0, 1000.0)]
+    assert norms[1] / norms[0] > 90 and norms[2] / norms[1] > 99          # unbounded: no argmax on the orbit
+
+    gen = torch.Generator().manual_seed(9)
+    g = torch.tensor([[1.0, 1.0], [0.0, -1.0]], dtype=DT)
+    torch.testing.assert_close(g @ g, torch.eye(2, dtype=DT))
+    centres = torch.randn(8, 2, generator=gen, dtype=DT)                 # ξ uniform over 8 data points
+    A = torch.eye(2, dtype=DT) + g.T @ g                                 # every L(·, ξ) has Hessian A
+    beta = float(torch.linalg.eigvalsh(A).max())
+
+    def grads(w, c):                                                     # ∇_w L(w, ξ) for rows w, c
+        return (w - c) + ((w @ g.T) - c) @ g
+
+    def losses(w, c):
+        return 0.5 * (((w - c) ** 2).sum(-1) + (((w @ g.T) - c) ** 2).sum(-1))
+    full_minimiser = torch.linalg.solve(A, (centres + centres @ g).mean(0))
+    point_minima = torch.linalg.solve(A, (centres + centres @ g).T).T
+    L_star = float(losses(full_minimiser, centres).mean())
+    sigma2 = L_star - float(losses(point_minima, centres).mean())
+    runs, T = 400, 101
+    eta = 1 / (beta * math.sqrt(T - 1))
+    w = torch.full((runs, 2), 3.0, dtype=DT)
+    w[:, 1] = -2.0
+    L0 = float(losses(w[:1], centres).mean())
+
+    def full_grad(w):
+        return torch.stack([grads(w, c) for c in centres]).mean(0)
+    orbit_max, plain = [], []
+    for _ in range(T):
+        candidates = torch.stack([w, w @ g.T])                           # the orbit {w, g·w}
+        sq = (torch.stack([full_grad(c) for c in candidates]) ** 2).sum(-1)
+        orbit_max.append(float(sq.max(0).values.mean()))
+        plain.append(float(sq[0].mean()))
+        w = torch.where((sq[1] > sq[0])[:, None], candidates[1], candidates[0])   # g^t ∈ argmax
+        xi = torch.randint(len(centres), (runs,), generator=gen)
+        w = w - eta * grads(w, centres[xi])
+    bound = 2 * beta / math.sqrt(T - 1) * (L0 - L_star) + beta * sigma2 / math.sqrt(T - 1)
+    assert min(orbit_max) <= bound
+    assert max(a / b for a, b in zip(orbit_max, plain)) > 1.5            # the teleport is not the identity
+
+
+def test_prop_4_5_12_eigenvalue_bound_and_linear_factor_are_misprinted():
+    """Prop. 4.5.12. At ``w' = argmax_{L(w) = L(w₀)} ‖∇L‖²`` the Lagrange condition is ``∇²L(w')∇L(w') = λ₀∇L(w')``,
+    so ``w₁ = w' − γ∇L(w')`` is the damped Newton step ``w' − γλ₀∇²L(w')⁻¹∇L(w')`` (eq. 4.51, holds). Two errata:
+    (a) ``λ₀`` is an eigenvalue of ``∇²L(w')``, bounded by ``λ_max(∇²L(w'))``, not ``λ_max(∇²L(w₀))``: on
+    ``L = ½x² + ¼y⁴``, level 1, ``w₀ = (√2, 0)``: ``λ_max(∇²L(w₀)) = 1``, ``w' = (0, √2)``, ``λ₀ = 6``. (b) The linear
+    factor is ``L/μ``, not ``L/(2μ)`` (Lemma C.3.1 integrates ``∫s ds`` on a term that has no ``s``): on
+    ``L = ½wᵀHw``, ``H = diag(1, 1.5)``, ``w₁ = (1 − γλ₀)w'`` exactly, above the printed ``0.75|1 − γλ₀|‖w'‖``."""
+    def quartic(w):
+        return 0.5 * w[0] ** 2 + 0.25 * w[1] ** 4
+    angle = torch.linspace(0, 2 * math.pi, 20001, dtype=DT)[:-1]         # level 1: x = √2 cos a, y² = 2|sin a|
+    level = torch.stack([math.sqrt(2) * torch.cos(angle), torch.sign(torch.sin(angle))
+                         * (2 * torch.sin(angle).abs()).sqrt()], 1)
+    torch.testing.assert_close(torch.vmap(quartic)(level), torch.ones(len(level), dtype=DT))
+    sq = (torch.vmap(torch.func.grad(quartic))(level) ** 2).sum(1)
+    w_prime = level[int(sq.argmax())]
+    torch.testing.assert_close(w_prime.abs(), torch.tensor([0.0, math.sqrt(2)], dtype=DT), rtol=0, atol=1e-9)
+    H_prime, gradient = torch.func.hessian(quartic)(w_prime), torch.func.grad(quartic)(w_prime)
+    lam0 = float(gradient @ H_prime @ gradient / (gradient @ gradient))
+    torch.testing.assert_close(H_prime @ gradient, lam0 * gradient)      # the Lagrange condition (C.42)
+    w0 = torch.tensor([math.sqrt(2), 0.0], dtype=DT)
+    assert abs(lam0 - 6) < 1e-9
+    assert lam0 > 5 * float(torch.linalg.eigvalsh(torch.func.hessian(quartic)(w0)).max())   # printed bound fails
+    assert lam0 <= float(torch.linalg.eigvalsh(H_prime).max()) + 1e-12                     # corrected bound
+
+    H = torch.diag(torch.tensor([1.0, 1.5], dtype=DT))                   # μ = 1, L = 1.5, G = 0, w* = 0
+    w_prime = torch.tensor([0.0, 0.8], dtype=DT)                         # the top eigenvector: the argmax
+    for gamma in (0.1, 0.4, 0.6):
+        lam0 = 1.5
+        w1 = w_prime - gamma * H @ w_prime
+        torch.testing.assert_close(w1, w_prime - gamma * lam0 * torch.linalg.solve(H, H @ w_prime))  # eq. 4.51
+        distance = float(w1.norm())
+        assert distance > abs(1 - gamma * lam0) * (1.5 / 2) * float(w_prime.norm()) * 1.3     # printed fails
+        assert distance <= abs(1 - gamma * lam0) * 1.5 * float(w_prime.norm()) + 1e-15         # L/μ holds
+
+
+def _cubic_with_an_optimal_point(T_scale: float, n: int = 3, seed: int = 12):
+    """``L(w) = gᵀd + ½dᵀH₀d + ⅙T(d, d, d)``, ``d = w − w₀``, with ``H₀ ≻ 0`` and ``g`` an eigenvector of ``H₀``:
+    ``w₀`` is optimal (``∇²L∇L ∥ ∇L``); ``T`` a random symmetric 3-tensor times ``T_scale``."""
+    gen = torch.Generator().manual_seed(seed)
+    Q = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=DT)).Q
+    H0 = Q @ torch.diag(torch.tensor([1.0, 2.0, 3.5], dtype=DT)) @ Q.T
+    g = 0.8 * Q[:, 1]
+    raw = torch.randn(n, n, n, generator=gen, dtype=DT)
+    T = T_scale * sum(raw.permute(p) for p in ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))) / 6
+    w0 = torch.randn(n, generator=gen, dtype=DT)
+
+    def loss(w):
+        d = w - w0
+        return g @ d + 0.5 * d @ H0 @ d + torch.einsum("ijk,i,j,k->", T, d, d, d) / 6
+    return loss, w0, T
+
+
+def _bracket_terms(loss, M):
+    """``[A, R]L`` for ``A = M∇L``, ``R = −∇L``, from the bracket of vector fields ``[A, R] = DR·A − DA·R``."""
+    grad = torch.func.grad(loss)
+
+    def A(w):
+        return M @ grad(w)
+
+    def R(w):
+        return -grad(w)
+
+    def bracket_L(w):
+        field = torch.func.jacfwd(R)(w) @ A(w) - torch.func.jacfwd(A)(w) @ R(w)
+        return grad(w) @ field
+    return bracket_L, A, R
+
+
+def test_props_4_5_14_to_4_5_16_one_teleport_is_enough_for_quadratics_not_in_general():
+    """Prop. 4.5.14: ``[A, R]L = −Af`` with ``f = ‖∇L‖²`` (``A ⊥ ∇L``), checked at a generic point from the bracket
+    of the vector fields. Prop. 4.5.16: at an optimal point (``∇²L∇L = λ∇L``), ``R[A, R]L = −2 M_ij ∂_iL ∂³_{jlk}L
+    ∂_lL ∂_kL`` for ``A = M∇L``: the printed condition up to the factor ``−2``; its other terms are
+    ``−2(∇Lᵀ∇²LM∇²L∇L − ∇Lᵀ(∇²L)²M∇L)``, zero there. Prop. 4.5.15 (with ``d/dt [A, R]L(γ(t)) = +R[A, R]L``; the
+    proof's eq. 4.53 has a minus) on a cubic: ``T = 0`` (a quadratic) keeps the flow from an optimal point optimal
+    to ``1e-10`` (one teleport is enough); a generic ``T`` makes ``R[A, R]L ≠ 0`` and the flow leaves optimality at
+    the predicted first-order rate."""
+    basis = [torch.zeros(3, 3, dtype=DT) for _ in range(3)]
+    for M, (i, j) in zip(basis, ((0, 1), (0, 2), (1, 2))):
+        M[i, j], M[j, i] = 1.0, -1.0
+    loss, w0, T = _cubic_with_an_optimal_point(1.0)
+    grad = torch.func.grad(loss)
+
+    def f(w):
+        return (grad(w) ** 2).sum()
+    generic = w0 + torch.tensor([0.3, -0.2, 0.5], dtype=DT)
+    for M in basis:
+        bracket_L, A, R = _bracket_terms(loss, M)
+        torch.testing.assert_close(bracket_L(generic), -(A(generic) @ torch.func.grad(f)(generic)))  # 4.5.14
+        assert abs(float(bracket_L(generic))) > 1e-2                      # not optimal there
+        assert abs(float(bracket_L(w0))) < 1e-12                          # w₀ is optimal
+        rate = R(w0) @ torch.func.grad(bracket_L)(w0)                     # R[A, R]L at w₀
+        g0 = grad(w0)
+        printed = torch.einsum("ij,i,jlk,l,k->", M, g0, T, g0, g0)      # T = ∂³L at w₀
+        torch.testing.assert_close(rate, -2 * printed)                    # 4.5.16
+    rates = [abs(float(R(w0) @ torch.func.grad(_bracket_terms(loss, M)[0])(w0))) for M in basis]
+    assert max(rates) > 1e-2                                              # the condition fails for this cubic
+    t = 0.01
+    for T_scale in (0.0, 1.0):
+        loss, w0, _ = _cubic_with_an_optimal_point(T_scale)
+        (w_t,) = _rk4(lambda s, grad=torch.func.grad(loss): (-grad(s[0]),), (w0,), t / 10, 10)[-1]
+        for M in basis:
+            bracket_L, _, R = _bracket_terms(loss, M)
+            drift = float(bracket_L(w_t))
+            if T_scale == 0:
+                assert abs(drift) < 1e-10                                 # Prop. 4.5.15: stays optimal
+            else:                                                         # leaves at the rate R[A, R]L
+                predicted = t * float(R(w0) @ torch.func.grad(bracket_L)(w0))
+                assert abs(drift - predicted) < 0.05 * t * max(rates)
+
 # ---------------------------------------------------------------- [Zhao2026] Props. 2.7.1–2.7.3, Fig. 2.5
 
 
