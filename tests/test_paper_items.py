@@ -140,9 +140,10 @@ def _xavier_q_moments(activation_name: str, m: int, h: int, n: int) -> tuple[flo
 def test_fig_2_3_xavier_distribution_of_the_whitened_quantity():
     """Fig. 2.3's setting: ``m = h = n = 100``, 1000 Xavier draws, ``Q`` of eq. 2.17 (``potential`` with 4 nodes:
     ``Φ`` to ``1e-7`` at ``|v| ≤ 1``, far below the sampling error). The sample mean and standard deviation match
-    the derived moments (``_xavier_q_moments``). The caption's "similar to linear networks" holds for tanh (standard deviation ≈ 1.0, the linear network's 1.0) but not for the
-    sigmoid: ``σ(0)/σ'(0) = 2`` gives ``Φ(v) ≈ 2v``, a linear term whose spread is ``√(4h) = 20``; ReLU has no
-    ``Q`` at Xavier init (``σ' = 0`` on the negative entries)."""
+    the derived moments (``_xavier_q_moments``). The caption's "similar to linear networks" holds for tanh
+    (standard deviation ≈ 1.0, the linear network's 1.0) but not for the sigmoid: ``σ(0)/σ'(0) = 2`` gives
+    ``Φ(v) ≈ 2v``, a linear term whose spread is ``√(4h) = 20``; ReLU has no ``Q`` at Xavier init (``σ' = 0`` on
+    the negative entries)."""
     m = h = n = 100
     draws = 1000
     gen = torch.Generator().manual_seed(23)
