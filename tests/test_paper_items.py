@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -119,6 +120,49 @@ def test_whitened_potential_closed_forms_and_relu_refusal():
         whitened_conserved(torch.ones(2, 3), torch.ones(2, 3), torch.tanh)
 
 
+# ---------------------------------------------------------------- [Zhao2026] Fig. 2.3: eq. 2.17's Q at Xavier init
+
+
+def _xavier_q_moments(activation_name: str, m: int, h: int, n: int) -> tuple[float, float]:
+    """Exact mean and variance of eq. 2.17's ``Q`` at Xavier init (``U_ij ~ N(0, 1/h)``, ``V_aj ~ N(0, s²)``,
+    ``s² = 1/n``), from ``E e^{tv} = e^{t²s²/2}`` and ``E[v e^v] = s² e^{s²/2}``:
+    ``½Tr UᵀU``: mean ``m/2``, variance ``m/(2h)``; per entry ``Φ(v)``: identity ``v²/2`` (mean ``s²/2``, variance
+    ``s⁴/2``); tanh ``(cosh 2v − 1)/4`` (mean ``(e^{2s²} − 1)/4``, variance ``(e^{4s²} − 1)²/32``); sigmoid
+    ``v + eᵛ − 1`` (mean ``e^{s²/2} − 1``, variance ``s² + e^{s²}(e^{s²} − 1) + 2s²e^{s²/2}``)."""
+    s2 = 1 / n
+    phi = {"identity": (s2 / 2, s2 ** 2 / 2),
+           "tanh": ((math.exp(2 * s2) - 1) / 4, (math.exp(4 * s2) - 1) ** 2 / 32),
+           "sigmoid": (math.exp(s2 / 2) - 1, s2 + math.exp(s2) * (math.exp(s2) - 1) + 2 * s2 * math.exp(s2 / 2))}
+    mean, var = phi[activation_name]
+    return m / 2 - h * n * mean, m / (2 * h) + h * n * var
+
+
+def test_fig_2_3_xavier_distribution_of_the_whitened_quantity():
+    """Fig. 2.3's setting: ``m = h = n = 100``, 1000 Xavier draws, ``Q`` of eq. 2.17 (``potential`` with 4 nodes:
+    ``Φ`` to ``1e-7`` at ``|v| ≤ 1``, far below the sampling error). The sample mean and standard deviation match
+    the derived moments (``_xavier_q_moments``). The caption's "similar to linear networks" holds for tanh
+    (standard deviation ≈ 1.0, the linear network's 1.0) but not for the sigmoid: ``σ(0)/σ'(0) = 2`` gives
+    ``Φ(v) ≈ 2v``, a linear term whose spread is ``√(4h) = 20``; ReLU has no ``Q`` at Xavier init (``σ' = 0`` on
+    the negative entries)."""
+    m = h = n = 100
+    draws = 1000
+    gen = torch.Generator().manual_seed(23)
+    stds = {}
+    for name, activation in (("identity", lambda x: x), ("tanh", torch.tanh), ("sigmoid", torch.sigmoid)):
+        Q = torch.cat([0.5 * (torch.randn(100, m, h, generator=gen, dtype=DT) ** 2).sum((1, 2)) / h
+                       - potential(activation, torch.randn(100, h, n, generator=gen, dtype=DT) / math.sqrt(n),
+                                   nodes=4).sum((1, 2))
+                       for _ in range(draws // 100)])                     # eq. 2.17, 100 draws at a time
+        mean, var = _xavier_q_moments(name, m, h, n)
+        assert abs(float(Q.mean()) - mean) < 4 * math.sqrt(var / draws), name
+        assert abs(float(Q.std()) / math.sqrt(var) - 1) < 0.1, name          # χ² spread of 1000 draws: ≈ 0.022
+        stds[name] = float(Q.std())
+    assert 0.9 < stds["tanh"] / stds["identity"] < 1.1
+    assert stds["sigmoid"] > 15 * stds["identity"]
+    with pytest.raises(ValueError, match="derivative vanishes"):
+        whitened_conserved(torch.ones(m, h, dtype=DT), -torch.ones(h, n, dtype=DT) / n, torch.relu)
+
+
 # ---------------------------------------------------------------- [Zhao2026] Fig. 2.6: Q selects the minimum reached
 
 
@@ -191,18 +235,19 @@ def _newtonian(loss, w0, dt, steps, friction=None, t0=1.0):
     return path
 
 
-def _wide_relu(m: int, seed: int = 4):
+def _wide_relu(m: int, seed: int = 4, bias: bool = False):
     """A two-layer tanh regression with ``m`` hidden units (LeCun init, ``1/√m`` readout): ``L(w(0))`` is O(1).
     Eq. 49 assumes nothing about the architecture; a smooth activation keeps the leapfrog's energy error at
-    ``O(dt²)`` (ReLU's kinks make it ``O(dt)``)."""
+    ``O(dt²)`` (ReLU's kinks make it ``O(dt)``). ``bias=True`` appends a readout bias ``b`` (started at 0) as the
+    last parameter: ``f = aᵀtanh(Wx)/√m + b``."""
     gen = torch.Generator().manual_seed(seed)
     X, y = torch.randn(5, 3, generator=gen, dtype=DT), torch.randn(5, generator=gen, dtype=DT)
     w0 = torch.cat([torch.randn(m * 3, generator=gen, dtype=DT) / math.sqrt(3),
-                    torch.randn(m, generator=gen, dtype=DT)])
+                    torch.randn(m, generator=gen, dtype=DT), torch.zeros(int(bias), dtype=DT)])
 
     def loss(w):
-        W, a = w[:m * 3].reshape(m, 3), w[m * 3:]
-        return 0.5 * ((torch.tanh(X @ W.T) @ a / math.sqrt(m) - y) ** 2).sum()
+        W, a = w[:m * 3].reshape(m, 3), w[m * 3:m * 4]
+        return 0.5 * ((torch.tanh(X @ W.T) @ a / math.sqrt(m) + w[m * 4:].sum() - y) ** 2).sum()
     return loss, w0
 
 
@@ -233,6 +278,30 @@ def test_noether_gradient_flow_bound_on_the_mean_displacement():
         mean_move, L0, LT = float((w - w0).abs().mean()), float(loss(w0)), float(loss(w))
         assert math.sqrt(T * (L0 - LT)) >= float((w - w0).norm())
         assert mean_move <= math.sqrt(T * L0 / w0.numel())
+
+
+def test_noether_eqs_50_51_the_energy_controls_the_mean_speed_but_not_the_max():
+    """Eqs. 50–51 claim ``max_i|ẇ_i|`` and ``max_i|Δw_i|`` are ``O(1/√m)``. The energy gives only
+    ``‖ẇ‖ ≤ √(2L(0))``: the mean bound ``(1/P)Σ|ẇ_i| ≤ √(2L(0)/P)`` follows, the max bound does not. Construction:
+    the same width-``m`` tanh regression with a readout bias ``b`` (``f = aᵀtanh(Wx)/√m + b``): ``∂L/∂b = Σ(f − y)``
+    does not shrink with ``m``, so under ND ``max_i|ẇ_i| ≥ |ḃ|`` and ``max_i|Δw_i| ≥ |Δb|`` stay of order one while
+    the mean bound falls like ``1/√P``. Measured at ``m = 4, 64, 1024`` along leapfrog ND from rest."""
+    rows = []
+    for m in (4, 64, 1024):
+        loss, w0 = _wide_relu(m, bias=True)
+        L0, P = float(loss(w0)), w0.numel()
+        path = _newtonian(loss, w0, 1e-2, 200)
+        mean_speed = max(float(v.abs().mean()) for _, v in path)
+        max_speed = max(float(v.abs().max()) for _, v in path)
+        max_move = max(float((w - w0).abs().max()) for w, _ in path)
+        assert mean_speed <= math.sqrt(2 * L0 / P) * (1 + 1e-4)            # eq. 49: holds at every width
+        assert max_speed <= math.sqrt(2 * L0) * (1 + 1e-4)                 # all the energy allows
+        rows.append((P, max_speed, max_move, math.sqrt(2 * L0)))
+    for P, max_speed, max_move, energy_bound in rows:
+        assert max_speed > 0.1 * energy_bound and max_move > 0.05          # not decaying with the width
+    (P_small, speed_small, move_small, _), (P_large, speed_large, move_large, _) = rows[0], rows[-1]
+    assert speed_large > 0.5 * speed_small and move_large > 0.5 * move_small
+    assert speed_large * math.sqrt(P_large) > 10 * speed_small * math.sqrt(P_small)   # not O(1/√P)
 
 
 def test_noether_ntk_sketch_has_the_wrong_sign_and_a_nonzero_relu_curvature():
@@ -387,6 +456,171 @@ def test_mirror_theorem_4_part_2_hessian_splits_on_the_fixed_set():
     assert float((R @ off @ R - off).abs().max()) > 1e-2
 
 
+# ---------------------------------------------------------------- [Zhao2026] Thm. 4.5.9, Prop. 4.5.12, 4.5.14–4.5.16
+
+
+def test_thm_4_5_9_argmax_is_infinite_on_a_scaling_orbit_and_the_bound_holds_for_a_compact_group():
+    """Thm. 4.5.9 assumes ``argmax_g ‖∇L(g·w)‖²`` exists. (a) On the scaling orbit of ``L = ½(uv − y)²``,
+    ``‖∇L(gu, v/g)‖² = (uv − y)²(v²/g² + g²u²)`` grows like ``g²``: no maximiser, the left side of eq. 4.46 is
+    infinite off the minima. (b) With a compact group the maximiser exists and the proof goes through (the descent
+    lemma at ``g^t·w^t``, using only ``L(g·w) = L(w)`` and each ``L(·, ξ)`` β-smooth): ``G = {1, g}``,
+    ``g = [[1, 1], [0, −1]]`` (``g² = 1``, not orthogonal), ``L(w, ξ) = ½‖w − c_ξ‖² + ½‖gw − c_ξ‖²``; SGD with a
+    teleport to the larger gradient before every step, ``η = 1/(β√(T − 1))``, 400 runs for the expectation:
+    eq. 4.46 holds, and the teleport does change the gradient (the max over ``G`` exceeds ``‖∇L(w)‖``)."""
+    def product_loss(w):
+        return 0.5 * (w[0] * w[1] - 2.0) ** 2
+    w = torch.tensor([0.7, -1.3], dtype=DT)
+    norms = [float((torch.func.grad(product_loss)(w * torch.tensor([s, 1 / s], dtype=DT)) ** 2).sum())
+             for s in (10.0, 100.0, 1000.0)]
+    assert norms[1] / norms[0] > 90 and norms[2] / norms[1] > 99          # unbounded: no argmax on the orbit
+
+    gen = torch.Generator().manual_seed(9)
+    g = torch.tensor([[1.0, 1.0], [0.0, -1.0]], dtype=DT)
+    torch.testing.assert_close(g @ g, torch.eye(2, dtype=DT))
+    centres = torch.randn(8, 2, generator=gen, dtype=DT)                 # ξ uniform over 8 data points
+    A = torch.eye(2, dtype=DT) + g.T @ g                                 # every L(·, ξ) has Hessian A
+    beta = float(torch.linalg.eigvalsh(A).max())
+
+    def grads(w, c):                                                     # ∇_w L(w, ξ) for rows w, c
+        return (w - c) + ((w @ g.T) - c) @ g
+
+    def losses(w, c):
+        return 0.5 * (((w - c) ** 2).sum(-1) + (((w @ g.T) - c) ** 2).sum(-1))
+    full_minimiser = torch.linalg.solve(A, (centres + centres @ g).mean(0))
+    point_minima = torch.linalg.solve(A, (centres + centres @ g).T).T
+    L_star = float(losses(full_minimiser, centres).mean())
+    sigma2 = L_star - float(losses(point_minima, centres).mean())
+    runs, T = 400, 101
+    eta = 1 / (beta * math.sqrt(T - 1))
+    w = torch.full((runs, 2), 3.0, dtype=DT)
+    w[:, 1] = -2.0
+    L0 = float(losses(w[:1], centres).mean())
+
+    def full_grad(w):
+        return torch.stack([grads(w, c) for c in centres]).mean(0)
+    orbit_max, plain = [], []
+    for _ in range(T):
+        candidates = torch.stack([w, w @ g.T])                           # the orbit {w, g·w}
+        sq = (torch.stack([full_grad(c) for c in candidates]) ** 2).sum(-1)
+        orbit_max.append(float(sq.max(0).values.mean()))
+        plain.append(float(sq[0].mean()))
+        w = torch.where((sq[1] > sq[0])[:, None], candidates[1], candidates[0])   # g^t ∈ argmax
+        xi = torch.randint(len(centres), (runs,), generator=gen)
+        w = w - eta * grads(w, centres[xi])
+    bound = 2 * beta / math.sqrt(T - 1) * (L0 - L_star) + beta * sigma2 / math.sqrt(T - 1)
+    assert min(orbit_max) <= bound
+    assert max(a / b for a, b in zip(orbit_max, plain)) > 1.5            # the teleport is not the identity
+
+
+def test_prop_4_5_12_eigenvalue_bound_and_linear_factor_are_misprinted():
+    """Prop. 4.5.12. At ``w' = argmax_{L(w) = L(w₀)} ‖∇L‖²`` the Lagrange condition is ``∇²L(w')∇L(w') = λ₀∇L(w')``,
+    so ``w₁ = w' − γ∇L(w')`` is the damped Newton step ``w' − γλ₀∇²L(w')⁻¹∇L(w')`` (eq. 4.51, holds). Two errata:
+    (a) ``λ₀`` is an eigenvalue of ``∇²L(w')``, bounded by ``λ_max(∇²L(w'))``, not ``λ_max(∇²L(w₀))``: on
+    ``L = ½x² + ¼y⁴``, level 1, ``w₀ = (√2, 0)``: ``λ_max(∇²L(w₀)) = 1``, ``w' = (0, √2)``, ``λ₀ = 6``. (b) The linear
+    factor is ``L/μ``, not ``L/(2μ)`` (Lemma C.3.1 integrates ``∫s ds`` on a term that has no ``s``): on
+    ``L = ½wᵀHw``, ``H = diag(1, 1.5)``, ``w₁ = (1 − γλ₀)w'`` exactly, above the printed ``0.75|1 − γλ₀|‖w'‖``."""
+    def quartic(w):
+        return 0.5 * w[0] ** 2 + 0.25 * w[1] ** 4
+    angle = torch.linspace(0, 2 * math.pi, 20001, dtype=DT)[:-1]         # level 1: x = √2 cos a, y² = 2|sin a|
+    level = torch.stack([math.sqrt(2) * torch.cos(angle), torch.sign(torch.sin(angle))
+                         * (2 * torch.sin(angle).abs()).sqrt()], 1)
+    torch.testing.assert_close(torch.vmap(quartic)(level), torch.ones(len(level), dtype=DT))
+    sq = (torch.vmap(torch.func.grad(quartic))(level) ** 2).sum(1)
+    w_prime = level[int(sq.argmax())]
+    torch.testing.assert_close(w_prime.abs(), torch.tensor([0.0, math.sqrt(2)], dtype=DT), rtol=0, atol=1e-9)
+    H_prime, gradient = torch.func.hessian(quartic)(w_prime), torch.func.grad(quartic)(w_prime)
+    lam0 = float(gradient @ H_prime @ gradient / (gradient @ gradient))
+    torch.testing.assert_close(H_prime @ gradient, lam0 * gradient)      # the Lagrange condition (C.42)
+    w0 = torch.tensor([math.sqrt(2), 0.0], dtype=DT)
+    assert abs(lam0 - 6) < 1e-9
+    assert lam0 > 5 * float(torch.linalg.eigvalsh(torch.func.hessian(quartic)(w0)).max())   # printed bound fails
+    assert lam0 <= float(torch.linalg.eigvalsh(H_prime).max()) + 1e-12                     # corrected bound
+
+    H = torch.diag(torch.tensor([1.0, 1.5], dtype=DT))                   # μ = 1, L = 1.5, G = 0, w* = 0
+    w_prime = torch.tensor([0.0, 0.8], dtype=DT)                         # the top eigenvector: the argmax
+    for gamma in (0.1, 0.4, 0.6):
+        lam0 = 1.5
+        w1 = w_prime - gamma * H @ w_prime
+        torch.testing.assert_close(w1, w_prime - gamma * lam0 * torch.linalg.solve(H, H @ w_prime))  # eq. 4.51
+        distance = float(w1.norm())
+        assert distance > abs(1 - gamma * lam0) * (1.5 / 2) * float(w_prime.norm()) * 1.3     # printed fails
+        assert distance <= abs(1 - gamma * lam0) * 1.5 * float(w_prime.norm()) + 1e-15         # L/μ holds
+
+
+def _cubic_with_an_optimal_point(T_scale: float, n: int = 3, seed: int = 12):
+    """``L(w) = gᵀd + ½dᵀH₀d + ⅙T(d, d, d)``, ``d = w − w₀``, with ``H₀ ≻ 0`` and ``g`` an eigenvector of ``H₀``:
+    ``w₀`` is optimal (``∇²L∇L ∥ ∇L``); ``T`` a random symmetric 3-tensor times ``T_scale``."""
+    gen = torch.Generator().manual_seed(seed)
+    Q = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=DT)).Q
+    H0 = Q @ torch.diag(torch.tensor([1.0, 2.0, 3.5], dtype=DT)) @ Q.T
+    g = 0.8 * Q[:, 1]
+    raw = torch.randn(n, n, n, generator=gen, dtype=DT)
+    T = T_scale * sum(raw.permute(p) for p in ((0, 1, 2), (0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))) / 6
+    w0 = torch.randn(n, generator=gen, dtype=DT)
+
+    def loss(w):
+        d = w - w0
+        return g @ d + 0.5 * d @ H0 @ d + torch.einsum("ijk,i,j,k->", T, d, d, d) / 6
+    return loss, w0, T
+
+
+def _bracket_terms(loss, M):
+    """``[A, R]L`` for ``A = M∇L``, ``R = −∇L``, from the bracket of vector fields ``[A, R] = DR·A − DA·R``."""
+    grad = torch.func.grad(loss)
+
+    def A(w):
+        return M @ grad(w)
+
+    def R(w):
+        return -grad(w)
+
+    def bracket_L(w):
+        field = torch.func.jacfwd(R)(w) @ A(w) - torch.func.jacfwd(A)(w) @ R(w)
+        return grad(w) @ field
+    return bracket_L, A, R
+
+
+def test_props_4_5_14_to_4_5_16_one_teleport_is_enough_for_quadratics_not_in_general():
+    """Prop. 4.5.14: ``[A, R]L = −Af`` with ``f = ‖∇L‖²`` (``A ⊥ ∇L``), checked at a generic point from the bracket
+    of the vector fields. Prop. 4.5.16: at an optimal point (``∇²L∇L = λ∇L``), ``R[A, R]L = −2 M_ij ∂_iL ∂³_{jlk}L
+    ∂_lL ∂_kL`` for ``A = M∇L``: the printed condition up to the factor ``−2``; its other terms are
+    ``−2(∇Lᵀ∇²LM∇²L∇L − ∇Lᵀ(∇²L)²M∇L)``, zero there. Prop. 4.5.15 (with ``d/dt [A, R]L(γ(t)) = +R[A, R]L``; the
+    proof's eq. 4.53 has a minus) on a cubic: ``T = 0`` (a quadratic) keeps the flow from an optimal point optimal
+    to ``1e-10`` (one teleport is enough); a generic ``T`` makes ``R[A, R]L ≠ 0`` and the flow leaves optimality at
+    the predicted first-order rate."""
+    basis = [torch.zeros(3, 3, dtype=DT) for _ in range(3)]
+    for M, (i, j) in zip(basis, ((0, 1), (0, 2), (1, 2))):
+        M[i, j], M[j, i] = 1.0, -1.0
+    loss, w0, T = _cubic_with_an_optimal_point(1.0)
+    grad = torch.func.grad(loss)
+
+    def f(w):
+        return (grad(w) ** 2).sum()
+    generic = w0 + torch.tensor([0.3, -0.2, 0.5], dtype=DT)
+    for M in basis:
+        bracket_L, A, R = _bracket_terms(loss, M)
+        torch.testing.assert_close(bracket_L(generic), -(A(generic) @ torch.func.grad(f)(generic)))  # 4.5.14
+        assert abs(float(bracket_L(generic))) > 1e-2                      # not optimal there
+        assert abs(float(bracket_L(w0))) < 1e-12                          # w₀ is optimal
+        rate = R(w0) @ torch.func.grad(bracket_L)(w0)                     # R[A, R]L at w₀
+        g0 = grad(w0)
+        printed = torch.einsum("ij,i,jlk,l,k->", M, g0, T, g0, g0)      # T = ∂³L at w₀
+        torch.testing.assert_close(rate, -2 * printed)                    # 4.5.16
+    rates = [abs(float(R(w0) @ torch.func.grad(_bracket_terms(loss, M)[0])(w0))) for M in basis]
+    assert max(rates) > 1e-2                                              # the condition fails for this cubic
+    t = 0.01
+    for T_scale in (0.0, 1.0):
+        loss, w0, _ = _cubic_with_an_optimal_point(T_scale)
+        (w_t,) = _rk4(lambda s, grad=torch.func.grad(loss): (-grad(s[0]),), (w0,), t / 10, 10)[-1]
+        for M in basis:
+            bracket_L, _, R = _bracket_terms(loss, M)
+            drift = float(bracket_L(w_t))
+            if T_scale == 0:
+                assert abs(drift) < 1e-10                                 # Prop. 4.5.15: stays optimal
+            else:                                                         # leaves at the rate R[A, R]L
+                predicted = t * float(R(w0) @ torch.func.grad(bracket_L)(w0))
+                assert abs(drift - predicted) < 0.05 * t * max(rates)
+
 # ---------------------------------------------------------------- [Zhao2026] Props. 2.7.1–2.7.3, Fig. 2.5
 
 
@@ -431,3 +665,47 @@ def test_radial_spectral_flow_conserves_lambda_and_converges_at_the_printed_rate
     small = (start[0] / math.sqrt(2), start[1] / math.sqrt(2))
     ends = [_rk4(field, s, 1e-3, 500)[-1] for s in (start, small)]
     assert float(loss(*ends[1])) < 0.7 * float(loss(*ends[0]))                 # measured: 0.0091 against 0.0156
+
+
+# ---------------------------------------------------------------- [Zhao2023] App. C.8.1: the polar radius
+
+
+def test_zhao2023_app_c_polar_radius_is_the_root_of_the_sum_of_squares():
+    """App. C.8.1: on a gradient flow of a loss invariant under ``exp(tM)``, ``M`` antisymmetric,
+    ``γ̇ᵀMγ = Σ_{i<j} m_ij(γ̇_iγ_j − γ_iγ̇_j) = 0``, written as ``Σ m_ij r_ij² θ̇_ij`` with ``θ_ij`` the polar angle of
+    ``(γ_i, γ_j)``. The printed ``r_ij = √(γ_i² − γ_j²)`` is wrong (imaginary when ``|γ_j| > |γ_i|``); the polar radius
+    is ``√(γ_i² + γ_j²)``, and ``γ_i²(γ_j/γ_i)' = γ_iγ̇_j − γ_jγ̇_i`` is ``−(γ̇_iγ_j − γ_iγ̇_j)`` (a sign the proof
+    drops; the sum is zero either way). Measured along RK4 gradient flow in ``R³``, ``θ̇`` by central differences of
+    the unwrapped angle: the corrected sum vanishes to the difference error, the printed one does not."""
+    gen = torch.Generator().manual_seed(7)
+    A = torch.randn(3, 3, generator=gen, dtype=DT)
+    M = A - A.T
+    axis = torch.stack([M[1, 2], -M[0, 2], M[0, 1]])                    # M @ axis = 0: the rotation's axis
+    axis = axis / axis.norm()
+
+    def loss(w):                                                       # invariant under exp(tM)
+        return (w @ w - 1) ** 2 + (axis @ w - 0.3) ** 2 + (w @ w) * (axis @ w)
+    grad = torch.func.grad(loss)
+    w0 = torch.randn(3, generator=gen, dtype=DT)
+    torch.testing.assert_close(loss(torch.linalg.matrix_exp(0.7 * M) @ w0), loss(w0), rtol=1e-12, atol=0)
+    dt = 1e-3
+    path = torch.stack([s[0] for s in _rk4(lambda s: (-grad(s[0]),), (w0,), dt, 400)])
+    pairs = [(0, 1), (0, 2), (1, 2)]
+    theta = torch.stack([torch.atan2(path[:, j], path[:, i]) for i, j in pairs], 1)
+    theta_dot = torch.diff(torch.from_numpy(np.unwrap(theta.numpy(), axis=0)), dim=0)
+    theta_dot = (theta_dot[1:] + theta_dot[:-1]) / (2 * dt)             # central differences at path[1:-1]
+    inner = path[1:-1]
+    weights = torch.stack([M[i, j] for i, j in pairs])
+    corrected = torch.stack([inner[:, i] ** 2 + inner[:, j] ** 2 for i, j in pairs], 1)
+    printed = torch.stack([inner[:, i] ** 2 - inner[:, j] ** 2 for i, j in pairs], 1)
+    scale = float((weights * corrected * theta_dot.abs()).sum(1).max())
+    assert scale > 0.1                                                 # the flow really rotates
+    residual = float((corrected * theta_dot @ weights).abs().max())
+    assert residual < 1e-5 * scale
+    assert float((printed * theta_dot @ weights).abs().max()) > max(0.01 * scale, 1e3 * residual)
+    for column, (i, j) in enumerate(pairs):                            # (r cos θ, r sin θ) = (γ_i, γ_j)
+        def deviation(r2, angle=theta[1:-1, column], point=inner[:, [i, j]]):
+            r = r2.abs().sqrt()
+            return float((torch.stack([r * torch.cos(angle), r * torch.sin(angle)], 1) - point).abs().max())
+        assert deviation(corrected[:, column]) < 1e-12
+        assert deviation(printed[:, column]) > 1e-2
