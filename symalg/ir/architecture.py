@@ -300,7 +300,7 @@ def _number(value: object) -> str:
 
 
 def to_spec_string(arch: Architecture) -> str:
-    """The spec string of ``arch`` (round-trips through :func:`parse` for catalogue activations)."""
+    """The spec string of ``arch`` (round-trips through :func:`symalg.parse` for catalogue activations)."""
     parts = []
     for name in arch.layer_names:
         node = arch.node(name)
