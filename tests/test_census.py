@@ -80,13 +80,14 @@ def test_meta_census_finds_the_attention_groups_of_bert():
     analysis = symalg.derive(symalg.trace(model, inputs), certify=False)
     kinds = [type(s.group).__name__ for s in analysis.symmetries]
     assert kinds.count("GeneralLinear") == 2 * 4           # per head: GL(d_k) on Q·Kᵀ, GL(d_v) on V·O, 4 heads
-    assert kinds.count("Translations") == 4                # each head's key bias (softmax ignores it)
+    assert kinds.count("Translations") == 4 + 1            # each head's key bias (softmax ignores it); the rows
+    # of the three embedding tables along 1 (their sum is read by the embedding LayerNorm alone: 578 directions)
     assert kinds.count("Shears") == 4                      # each head's value bias into the output bias
     # each head's key-bias translation and value-bias shear move their own slice of the bias: once the GLs are
     # fixed by their weights, each is fixed by its slice. The generic value needs no values: no stabiliser,
-    # 8 · 64 + 4 · 8 + 4 · 8 = 576, as on real weights
+    # 8 · 64 + 4 · 8 + 4 · 8 + 578 = 1154, as on real weights
     real_model, real_inputs = _build("cpu", _hf_make("bert"))
-    assert analysis.orbit_dimension() == symalg.derive(symalg.trace(real_model, real_inputs)).orbit_dimension() == 576
+    assert analysis.orbit_dimension() == symalg.derive(symalg.trace(real_model, real_inputs)).orbit_dimension() == 1154
 
 
 def test_meta_census_finds_the_rotary_attention_groups_of_llama():
@@ -143,5 +144,8 @@ def test_meta_analysis_verifies_with_every_value_given():
     reference = symalg.verify(symalg.derive(symalg.trace(real_model, real_inputs)), flow_steps=1)
     # the same checks with the same errors as the model with those weights: the values came from params
     assert [(c.check, c.symmetry) for c in report.checks] == [(c.check, c.symmetry) for c in reference.checks]
+    # (a check skipped alike in both, such as the exact SymPy lowering of the embeddings' 578 centring directions
+    # reading more entries than symbolic_limit, has no error: nan in both)
     assert [c.max_error for c in report.checks] == pytest.approx([c.max_error for c in reference.checks],
-                                                                 rel=1e-6, abs=1e-15)
+                                                                 rel=1e-6, abs=1e-15, nan_ok=True)
+    assert [c.skipped for c in report.checks] == [c.skipped for c in reference.checks]
