@@ -383,7 +383,9 @@ def test_eval_mode_batch_norm_translations_move_the_running_mean():
     analysis = symalg.derive(symalg.trace(model, (torch.randn(4, 2, 6, 6, dtype=torch.float64),)))
     assert any(s.acts_on_buffers for s in analysis.symmetries)
     result = model_orbit_dimension(analysis)
-    assert result.dimension == model_orbit_dimension(analysis, method="dense").dimension == 6
+    # 3 translations (the conv bias with the running mean), 3 ReLU scalings, and 3 scalings of the conv's channels
+    # that the eval norm gives back (running mean by d, gain by 1/d)
+    assert result.dimension == model_orbit_dimension(analysis, method="dense").dimension == 9
 
 
 class GainFreeStream(nn.Module):
@@ -412,6 +414,12 @@ class GainFreeStream(nn.Module):
 
 # (1, 9, 1): dim O(9)_1 = 28, f = 9 − rank[embed rows, up columns, down rows, head columns | 1] = 9 − 6 = 3,
 # kernel so(3): 28 − 3 + 1 (the ReLU scaling) = 26
+def centring(n, h, bias):
+    """The stream's writers ``embed`` (``n`` columns) and ``down`` (``h``) move along ``1``, their biases too: every
+    reader of the stream is a LayerNorm (LayerNorm centring, ``Translations(·, along 1)``)."""
+    return n + h + (2 if bias else 0)
+
+
 ORTHOGONAL_STREAMS = [(3, 6, 4, True, 14), (1, 9, 1, False, 26), (2, 9, 2, False, 30), (8, 5, 3, True, 9)]
 
 
@@ -427,7 +435,8 @@ def test_orthogonal_group_fixing_ones_has_a_closed_form(n, d, h, bias, expected)
     result = model_orbit_dimension(analysis)
     assert {c.method for c in result.components} == {"closed form"}
     assert result.dimension == model_orbit_dimension(analysis, method="dense").dimension
-    assert result.dimension == model_orbit_dimension_formula(analysis) == result.expected == expected
+    assert result.dimension == model_orbit_dimension_formula(analysis) == result.expected == \
+        expected + centring(n, h, bias)
 
 
 @pytest.mark.parametrize("n, d, h, bias, expected", ORTHOGONAL_STREAMS)
@@ -441,7 +450,8 @@ def test_linear_readers_of_a_gain_free_norm_add_their_row_shifts_to_the_orbit(n,
     analysis = symalg.derive(symalg.trace(model, (torch.randn(4, n, dtype=torch.float64),)))
     assert {"up.columns", "head.columns"} <= {s.site for s in analysis.symmetries if s.group.kind == "T"}
     result = model_orbit_dimension(analysis)
-    assert result.dimension == model_orbit_dimension(analysis, method="dense").dimension == expected + h + 2
+    assert result.dimension == model_orbit_dimension(analysis, method="dense").dimension == \
+        expected + h + 2 + centring(n, h, bias)
 
 
 def test_a_group_kind_it_does_not_know_falls_back_to_a_dense_rank_over_its_component():
