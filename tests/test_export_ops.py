@@ -298,7 +298,8 @@ def test_bert_embeddings_permute_the_tables_through_the_layer_norm():
     torch.manual_seed(0)
     analysis = verified(Head(BertEmbeddings(config), first_token=False), torch.randint(0, 20, (2, 5)), tracer="auto")
     assert [s.label for s in analysis.symmetries] == [
-        "Translations(38, along 1) on body.word_embeddings", "PositiveScaling(8, alpha=1) on body.LayerNorm", "SignFlips(8) on body.LayerNorm",
+        "Translations(38, along 1) on body.word_embeddings", "PositiveScaling(8, alpha=1) on body.LayerNorm",
+        "SignFlips(8) on body.LayerNorm",
         "Shears(8) on body.LayerNorm", "S(8) on body.word_embeddings"]   # the norm's bias into the head's
     (permutation,) = [s for s in analysis.symmetries if s.group.name == "S(8)"]
     assert {b.tensor for b in permutation.bindings} >= {"body.word_embeddings.weight",

@@ -149,6 +149,7 @@ def test_a_registration_naming_unknown_capabilities_or_taken_spellings_is_refuse
 
 ALLOWED = {
     "symalg.frontend.tracing._SHAPE_ARITHMETIC": "Python arithmetic on sizes (floordiv, mod), not a rule capability",
+    "symalg.frontend.tracing._ALIASING_CALLS": "module calls whose result aliases their input (the in-place guard)",
     "symalg.verification.fuzz.OPS": "the fuzzer's own model language (print templates), not ops of the registry",
     "symalg.verification.fuzz.FAMILIES": "fuzz family names",
     "symalg.verification.fuzz.EXPORTED": "fuzz family names (the share of each that torch.export traces)",

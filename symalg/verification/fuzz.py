@@ -1833,7 +1833,7 @@ def _layer_scale(b: _Builder) -> _Drawn:
     return shape, 0, b.linear(y, d, m)
 
 
-CENTRING = ("pre_ln", "post_ln", "sub", "alpha", "parameter", "input", "rms", "linear_reader", "returned",
+CENTRING = ("pre_ln", "post_ln", "minus", "alpha", "plus_parameter", "plus_input", "rms", "linear_reader", "returned",
             "two_axes")
 """What the ``centring`` family draws: a residual stream written by an embedding or a linear map and by 1-3 blocks,
 read by LayerNorms (``LN(x + a 1) = LN(x)``: every writer may move its output along ``1``), its sums spelled ``+``,
@@ -1859,13 +1859,13 @@ def _centring(b: _Builder) -> _Drawn:
 
     for _ in range(rng.randint(1, 3)):
         branch = b.mlp(b.act(b.linear(x if kind == "post_ln" else read(x), d, d)), d, d, rng.randint(1, 2))
-        op = {"sub": "sub", "alpha": "add_alpha"}.get(kind, "add")
+        op = {"minus": "sub", "alpha": "add_alpha"}.get(kind, "add")
         x = b.op(op, x, branch, **({"alpha": 0.5} if op == "add_alpha" else {}))
         if kind == "post_ln":
             x = read(x)
-    if kind == "parameter":
+    if kind == "plus_parameter":
         x = b.op("add", x, b.op("param", layer=b.add("Parameter", d)))
-    if kind == "input" and not tokens and n == d:
+    if kind == "plus_input" and not tokens and n == d:
         x = b.op("add", x, "x")
     head = b.linear(x if kind == "linear_reader" else read(x), d, b.width())
     if kind == "returned":

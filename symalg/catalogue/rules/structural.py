@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from symalg.catalogue.bindings import Binding, TranslationFamily
-from symalg.catalogue.rule_examples import around, split_heads_attention
+from symalg.catalogue.rule_examples import around
 from symalg.symbolic.inference import ALL, TRANSLATIONS, Inference, Label, Segment
 from symalg.catalogue.rules._base import (Inputs, NodeData, Value, WeightExpr, _argument, _drop_axes, _first, _is_param,
                                           _normalise, _splittable, _weight, unknown_rule)
@@ -62,8 +62,8 @@ def cat_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Lab
                examples={
     "split": around(lambda self, h: (lambda p: torch.cat([torch.relu(p[0]), torch.tanh(p[1])], -1))(
         h.split([1, 3], -1))),
-    "chunk": around(lambda self, h: split_heads_attention(self, h, packed=True), shape=(5, 3, 3),
-                    qkv=lambda: torch.nn.Linear(4, 12))})
+    "chunk": around(lambda self, h: (lambda p: torch.cat([torch.relu(p[0]), torch.tanh(p[1])], -1))(
+        h.chunk(2, -1)))})
 def split_rule(state: Inference, node: str, data: NodeData, inputs: Inputs) -> Value:
     """``x.split(sizes, dim)`` / ``x.chunk(n, dim)``: a tuple of pieces (read by ``getitem``).
 
