@@ -139,7 +139,7 @@ def test_a_returned_key_value_cache_blocks_the_attention_groups_it_changes(one_t
     errors = claim_errors(dataclasses.replace(plain, model_graph=cached.model_graph))
     moved = {e.symmetry.label: (e.error, e.output) for e in errors}
     for label, (error, output) in moved.items():
-        if label.startswith("S(32)"):
+        if label.startswith(("S(32)", CENTRING["bert"])):   # neither moves keys or values
             assert error <= CERTIFICATION_TOLERANCE
         else:
             assert error > 1e3 * CERTIFICATION_TOLERANCE and output.startswith("cache.layers.0."), label
